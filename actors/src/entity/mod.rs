@@ -1,0 +1,15 @@
+//! sea-orm entities, one module per table; the schema itself lives in the migrations crate.
+
+pub mod activity_event;
+pub mod api_token;
+pub mod bot;
+pub mod computer;
+pub mod computer_run;
+pub mod home_revision;
+pub mod lease;
+pub mod maintenance_operation;
+pub mod run;
+pub mod screen;
+pub mod space;
+pub mod space_member;
+pub mod user;

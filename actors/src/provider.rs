@@ -1,0 +1,261 @@
+//! The `SandboxProvider` port: the one boundary every computer backend implements.
+//!
+//! Backends differ only in how commands, files and screens reach the machine; everything above
+//! this trait (actors, leases, tools) is provider-neutral. Vendor errors are translated into
+//! [`ProviderError`] at the adapter's edge; nothing above it matches on vendor types.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DomainError, ErrorCode};
+
+/// An opaque machine reference. Only ever handed back to the provider kind that issued it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProviderRef(pub String);
+
+/// What a provider can do, as `describe()` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// Can allocate distinct screens for several bots of one Team Computer.
+    pub multi_screen: bool,
+    /// Serves a browser terminal (`connectTerminal`).
+    pub terminal: bool,
+    /// Implements the page-browser contract (CDP helper).
+    pub page_browser: bool,
+    /// The vendor bills while the machine runs (uptime cap applies).
+    pub bills_while_running: bool,
+}
+
+/// The provider's self-description.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Description {
+    /// The provider kind, as named in `SANDBOX_PROVIDER` (`fake`, `docker`, ...).
+    pub kind: String,
+    /// What it supports.
+    pub capabilities: Capabilities,
+}
+
+/// What a machine is for: enough for the provider to name, label and mount it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineSpec {
+    /// The computer's id.
+    pub computer_id: String,
+    /// The space (workspace) id, for labels.
+    pub space_id: String,
+    /// The bot of a Private Computer.
+    pub bot_id: Option<String>,
+    /// The home key naming the durable workspace.
+    pub home_key: String,
+}
+
+/// A command to run inside the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecRequest {
+    /// Shell command line, run by the machine's shell.
+    pub command: String,
+    /// Working directory relative to the workspace root (empty = the root).
+    pub cwd: String,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Hard deadline; the provider stops the command when it passes.
+    pub timeout: Duration,
+}
+
+/// The outcome of a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecOutput {
+    /// Exit status (`-1` when killed by the deadline).
+    pub exit_code: i32,
+    /// Captured standard output.
+    pub stdout: String,
+    /// Captured standard error.
+    pub stderr: String,
+    /// Whether the deadline stopped the command.
+    pub timed_out: bool,
+}
+
+/// A directory entry in the workspace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileEntry {
+    /// Name within its directory.
+    pub name: String,
+    /// Path relative to the workspace root.
+    pub path: String,
+    /// `file` or `dir`.
+    pub kind: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+}
+
+/// One captured frame of a screen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// PNG bytes.
+    pub png: Vec<u8>,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+/// A mouse button.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Button {
+    /// Primary button.
+    Left,
+    /// Middle button.
+    Middle,
+    /// Secondary button.
+    Right,
+}
+
+/// One step of an ordered action batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    /// Move the pointer.
+    Move { x: i32, y: i32 },
+    /// Click at a point.
+    Click {
+        x: i32,
+        y: i32,
+        #[serde(default = "default_button")]
+        button: Button,
+        #[serde(default)]
+        double: bool,
+    },
+    /// Press at one point, release at another.
+    Drag { from_x: i32, from_y: i32, to_x: i32, to_y: i32 },
+    /// Scroll by wheel notches (positive = down/right).
+    Scroll { x: i32, y: i32, dx: i32, dy: i32 },
+    /// Type literal text.
+    Type { text: String },
+    /// Press a key combination such as `ctrl+l` or `Return`.
+    Key { keys: String },
+    /// Pause.
+    Wait { ms: u64 },
+}
+
+fn default_button() -> Button {
+    Button::Left
+}
+
+/// The result of an action batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActOutcome {
+    /// How many actions completed, in order.
+    pub completed: usize,
+    /// The settled frame after the batch.
+    pub frame: Frame,
+}
+
+/// An allocated screen: the display slot a bot's desktop runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScreenInfo {
+    /// Display slot (X display `:slot+1`).
+    pub slot: u32,
+}
+
+/// Provider failures, classified for the actors above.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// The machine no longer exists (or can never be resumed): replace and restore.
+    #[error("machine gone")]
+    MachineGone,
+    /// No further display can be allocated on this machine.
+    #[error("no further screen can be allocated")]
+    MultiScreenUnavailable,
+    /// A path is outside the workspace or not allowed.
+    #[error("path rejected: {0}")]
+    PathRejected(String),
+    /// The file or directory does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A size limit was exceeded.
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// A stored workspace archive was refused.
+    #[error("archive rejected: {0}")]
+    ArchiveRejected(String),
+    /// The capability is not supported by this provider.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Any other failure; the machine may still be there.
+    #[error("provider failure: {0}")]
+    Failed(String),
+}
+
+impl From<ProviderError> for DomainError {
+    fn from(err: ProviderError) -> Self {
+        let code = match &err {
+            ProviderError::MachineGone => ErrorCode::MachineGone,
+            ProviderError::MultiScreenUnavailable => ErrorCode::MultiScreenUnavailable,
+            ProviderError::PathRejected(_) => ErrorCode::PathRejected,
+            ProviderError::NotFound(_) => ErrorCode::NotFound,
+            ProviderError::TooLarge(_) => ErrorCode::TooLarge,
+            ProviderError::ArchiveRejected(_) => ErrorCode::InvalidParams,
+            ProviderError::Unsupported(_) => ErrorCode::InvalidParams,
+            ProviderError::Failed(_) => ErrorCode::ProviderFailed,
+        };
+        DomainError::new(code, err.to_string())
+    }
+}
+
+/// Result alias for provider calls.
+pub type ProviderResult<T> = Result<T, ProviderError>;
+
+/// The provider boundary: lifecycle, desktop, execution and files.
+#[async_trait]
+pub trait SandboxProvider: Send + Sync + 'static {
+    /// Kind and capabilities.
+    fn describe(&self) -> Description;
+
+    // --- lifecycle -------------------------------------------------------------------------
+
+    /// Create a fresh machine for `spec`, with an empty workspace.
+    async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef>;
+    /// Reattach to an existing machine, resuming it if stopped; `MachineGone` when it cannot.
+    async fn reconnect(&self, machine: &ProviderRef, spec: &MachineSpec) -> ProviderResult<()>;
+    /// Stop (suspend) the machine, keeping it resumable.
+    async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()>;
+    /// Destroy the machine; destroying a machine that is already gone succeeds.
+    async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()>;
+
+    // --- desktop ---------------------------------------------------------------------------
+
+    /// Allocate (or return the existing) screen of `bot_id`; `MultiScreenUnavailable` when
+    /// the machine cannot host another display.
+    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo>;
+    /// Tear down a bot's screen; its profile stays in the workspace.
+    async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()>;
+    /// Capture the bot's screen.
+    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame>;
+    /// Perform an ordered batch; stops at the first failure and reports how far it got.
+    async fn act(&self, machine: &ProviderRef, bot_id: &str, actions: &[Action]) -> ProviderResult<ActOutcome>;
+
+    // --- execution -------------------------------------------------------------------------
+
+    /// Run a command; dropping the future cancels it.
+    async fn exec(&self, machine: &ProviderRef, request: &ExecRequest) -> ProviderResult<ExecOutput>;
+
+    // --- files -----------------------------------------------------------------------------
+
+    /// List a directory of the workspace.
+    async fn list_files(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<FileEntry>>;
+    /// Read a workspace file.
+    async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>>;
+    /// Write a workspace file, creating parent directories.
+    async fn write_file(&self, machine: &ProviderRef, path: &str, data: &[u8]) -> ProviderResult<()>;
+    /// Export the whole workspace as a tar archive of directories and regular files.
+    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>>;
+    /// Replace the whole workspace with a tar archive (as produced by `export_workspace`).
+    async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()>;
+}

@@ -1,0 +1,19 @@
+//! Database migrations for Rakazo Runtime; the same set runs on SQLite and Postgres.
+//!
+//! Times are stored as integer milliseconds since the Unix epoch (`*_at_ms`) and identifiers
+//! as text, so both backends see exactly the same column types.
+
+pub use sea_orm_migration::MigratorTrait;
+use sea_orm_migration::prelude::*;
+
+mod m20261129_000001_initial;
+
+/// Every migration of the product, oldest first.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261129_000001_initial::Migration)]
+    }
+}

@@ -1,0 +1,1 @@
+//! Rakazo library root.

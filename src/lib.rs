@@ -1,1 +1,26 @@
-//! Rakazo library root.
+//! Rakazo Runtime: self-hostable computers for AI agents.
+//!
+//! A tour of this crate (the composition root):
+//! - [`config`]: typed configuration from `config/default.toml`, a file and the environment.
+//! - [`db`]: database connection and migrations.
+//! - [`auth`]: bearer tokens and the operator token.
+//! - [`app`]: wiring of database, provider, stores and actors.
+//! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
+//! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
+//! - [`stores`]: `HomeStore` adapters.
+//! - [`server`]: the HTTP server around [`api::configure`].
+//!
+//! The actors and domain rules live in the `rakazo-actors` crate; the screen proxy in
+//! `rakazo-web-proxy`.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod providers;
+pub mod server;
+pub mod stores;
+pub mod telemetry;

@@ -1,1 +1,146 @@
-fn main() {}
+//! The `rakazo` binary: `serve`, `migrate`, `config example`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use rakazo::app::App;
+use rakazo::config::{Config, ProcessEnv};
+
+/// Rakazo Runtime: self-hostable computers for AI agents.
+#[derive(Parser)]
+#[command(name = "rakazo", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API, the dashboard and the screen proxy.
+    Serve {
+        /// Address to listen on (overrides RAKAZO_LISTEN).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// A TOML configuration file (keys are the variable names in lower case).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        /// A TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the annotated example environment file.
+    Example,
+}
+
+fn load(file: Option<&PathBuf>) -> Result<Config, ExitCode> {
+    Config::load(&ProcessEnv, file.map(PathBuf::as_path)).map_err(|err| {
+        eprintln!("rakazo: {err}");
+        ExitCode::from(2)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Config {
+            command: ConfigCommand::Example,
+        } => {
+            print!("{}", rakazo::config::render_example());
+            ExitCode::SUCCESS
+        }
+        Command::Migrate { config } => {
+            let config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            rakazo::telemetry::init(&config.log_filter);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            match rt.block_on(async {
+                let db = rakazo::db::connect(&config.database_url.0).await?;
+                rakazo::db::migrate(&db).await
+            }) {
+                Ok(()) => {
+                    tracing::info!(event = "db.migrated", database = config.database_kind());
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("rakazo: migration failed: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Serve { listen, config } => {
+            let mut config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Some(listen) = listen {
+                config.listen = listen;
+            }
+            rakazo::telemetry::init(&config.log_filter);
+            actix_rt::System::new().block_on(serve(config))
+        }
+    }
+}
+
+async fn serve(config: Config) -> ExitCode {
+    let listen = config.listen;
+    let (app, operator_token) = match App::start(config).await {
+        Ok(started) => started,
+        Err(err) => {
+            eprintln!("rakazo: cannot start: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(token) = operator_token {
+        // Printed once, to the terminal only (never to the log).
+        println!("Operator token (also stored in DATA_DIR/operator-token): {token}");
+    }
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(err) => {
+            eprintln!("rakazo: cannot listen on {listen}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(event = "server.listening", addr = %listen, sandbox = %app.provider_status.sandbox,
+        database = app.config.database_kind());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let server = match rakazo::server::build(app, listener, workers) {
+        Ok(s) => s,
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let handle = server.handle();
+    actix_rt::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!(event = "server.stopping");
+        handle.stop(true).await;
+    });
+    match server.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -129,7 +129,10 @@ pub struct DomainError {
 impl DomainError {
     /// An error with an explicit message.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// An error with the code's default message.

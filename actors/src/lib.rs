@@ -3,7 +3,7 @@
 //! A tour of the crate:
 //! - [`provider`] and [`home_store`]: the ports every backend and store implements.
 //! - [`entity`]: the database rows (sea-orm); the schema is in the migrations crate.
-//! - [`leases`]: fenced lease grants, decided at the database by compare-and-set.
+//! - [`leases`], [`runs`], [`computers`]: the domain rules, decided at the database.
 //! - [`computer`], [`screen`], [`lease_actor`], [`checkpoint`]: the actors, one mailbox each.
 //! - [`registry`]: the live actors of this process, by computer id.
 //! - [`events`]: the in-process bus that feeds live subscriptions.
@@ -13,9 +13,21 @@
 
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 pub mod clock;
+pub mod computer;
+pub mod computers;
+pub mod conformance;
 pub mod entity;
 pub mod error;
+pub mod events;
+pub mod home_store;
+pub mod lease_actor;
+pub mod leases;
 pub mod provider;
+pub mod registry;
+pub mod runs;
+pub mod runtime;
+pub mod screen;
 
 pub use error::{DomainError, DomainResult, ErrorCode};

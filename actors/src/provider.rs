@@ -132,7 +132,12 @@ pub enum Action {
         double: bool,
     },
     /// Press at one point, release at another.
-    Drag { from_x: i32, from_y: i32, to_x: i32, to_y: i32 },
+    Drag {
+        from_x: i32,
+        from_y: i32,
+        to_x: i32,
+        to_y: i32,
+    },
     /// Scroll by wheel notches (positive = down/right).
     Scroll { x: i32, y: i32, dx: i32, dy: i32 },
     /// Type literal text.
@@ -239,21 +244,36 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// Capture the bot's screen.
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame>;
     /// Perform an ordered batch; stops at the first failure and reports how far it got.
-    async fn act(&self, machine: &ProviderRef, bot_id: &str, actions: &[Action]) -> ProviderResult<ActOutcome>;
+    async fn act(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+    ) -> ProviderResult<ActOutcome>;
 
     // --- execution -------------------------------------------------------------------------
 
     /// Run a command; dropping the future cancels it.
-    async fn exec(&self, machine: &ProviderRef, request: &ExecRequest) -> ProviderResult<ExecOutput>;
+    async fn exec(
+        &self,
+        machine: &ProviderRef,
+        request: &ExecRequest,
+    ) -> ProviderResult<ExecOutput>;
 
     // --- files -----------------------------------------------------------------------------
 
     /// List a directory of the workspace.
-    async fn list_files(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<FileEntry>>;
+    async fn list_files(&self, machine: &ProviderRef, path: &str)
+    -> ProviderResult<Vec<FileEntry>>;
     /// Read a workspace file.
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>>;
     /// Write a workspace file, creating parent directories.
-    async fn write_file(&self, machine: &ProviderRef, path: &str, data: &[u8]) -> ProviderResult<()>;
+    async fn write_file(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        data: &[u8],
+    ) -> ProviderResult<()>;
     /// Export the whole workspace as a tar archive of directories and regular files.
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>>;
     /// Replace the whole workspace with a tar archive (as produced by `export_workspace`).

@@ -60,7 +60,13 @@ fn tables() -> Vec<TableCreateStatement> {
     vec![
         table(
             "users",
-            &[("id", Id), ("name", Text), ("email", TextNull), ("is_operator", Bool), ("created_at_ms", Int)],
+            &[
+                ("id", Id),
+                ("name", Text),
+                ("email", TextNull),
+                ("is_operator", Bool),
+                ("created_at_ms", Int),
+            ],
         ),
         table(
             "api_tokens",
@@ -86,7 +92,13 @@ fn tables() -> Vec<TableCreateStatement> {
         ),
         table(
             "space_members",
-            &[("id", Id), ("space_id", Text), ("user_id", Text), ("role", Text), ("created_at_ms", Int)],
+            &[
+                ("id", Id),
+                ("space_id", Text),
+                ("user_id", Text),
+                ("role", Text),
+                ("created_at_ms", Int),
+            ],
         ),
         table(
             "bots",
@@ -229,19 +241,54 @@ fn tables() -> Vec<TableCreateStatement> {
 fn indexes() -> Vec<IndexCreateStatement> {
     vec![
         index("ux_api_tokens_hash", "api_tokens", &["token_hash"], true),
-        index("ux_space_members", "space_members", &["space_id", "user_id"], true),
+        index(
+            "ux_space_members",
+            "space_members",
+            &["space_id", "user_id"],
+            true,
+        ),
         index("ix_bots_space", "bots", &["space_id"], false),
         index("ux_computers_home_key", "computers", &["home_key"], true),
         index("ix_computers_space", "computers", &["space_id"], false),
-        index("ux_screens_bot", "screens", &["computer_id", "bot_id"], true),
+        index(
+            "ux_screens_bot",
+            "screens",
+            &["computer_id", "bot_id"],
+            true,
+        ),
         // The fence of one lease key only grows: two grants racing for the same next fence
         // collide here and exactly one wins.
-        index("ux_leases_fence", "leases", &["computer_id", "kind", "subject", "fence"], true),
+        index(
+            "ux_leases_fence",
+            "leases",
+            &["computer_id", "kind", "subject", "fence"],
+            true,
+        ),
         index("ix_runs_bot", "runs", &["bot_id", "state"], false),
-        index("ux_home_revisions", "home_revisions", &["computer_id", "revision"], true),
-        index("ix_maintenance_computer", "maintenance_operations", &["computer_id", "state"], false),
-        index("ix_computer_runs_computer", "computer_runs", &["computer_id"], false),
-        index("ix_activity_bot", "activity_events", &["bot_id", "created_at_ms"], false),
+        index(
+            "ux_home_revisions",
+            "home_revisions",
+            &["computer_id", "revision"],
+            true,
+        ),
+        index(
+            "ix_maintenance_computer",
+            "maintenance_operations",
+            &["computer_id", "state"],
+            false,
+        ),
+        index(
+            "ix_computer_runs_computer",
+            "computer_runs",
+            &["computer_id"],
+            false,
+        ),
+        index(
+            "ix_activity_bot",
+            "activity_events",
+            &["bot_id", "created_at_ms"],
+            false,
+        ),
     ]
 }
 

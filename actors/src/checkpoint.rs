@@ -1,0 +1,157 @@
+//! The `CheckpointActor`: one per computer; serializes workspace checkpoints and applies the
+//! deferral rules.
+//!
+//! A run's checkpoint defers while another bot holds an execution or control lease: the last
+//! finishing run (or the idle job) saves the shared workspace. Stop and idle checkpoints never
+//! defer. Checkpoints run one at a time (`AtomicResponse`), so a computer never has two.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use sea_orm::{ActiveModelTrait, Set};
+
+use crate::clock::{new_id, now_ms};
+use crate::computers::Computers;
+use crate::entity::home_revision;
+use crate::error::DomainResult;
+use crate::home_store::HomeId;
+use crate::leases::{LeaseKind, Leases};
+use crate::provider::ProviderRef;
+use crate::runtime::Runtime;
+
+/// Why a checkpoint is asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// A run of `bot_id` ended (completed or failed).
+    RunEnded {
+        /// The bot whose run ended.
+        bot_id: String,
+    },
+    /// Before an explicit stop.
+    Stop,
+    /// Before idle suspension.
+    Idle,
+    /// Asked for by a person or maintenance.
+    Explicit,
+}
+
+impl Reason {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Self::RunEnded { .. } => "run_ended",
+            Self::Stop => "stop",
+            Self::Idle => "idle",
+            Self::Explicit => "explicit",
+        }
+    }
+}
+
+/// What a checkpoint request did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Saved as this revision.
+    Saved(i64),
+    /// Deferred until the last active bot finishes.
+    Deferred,
+}
+
+/// Save the workspace of `machine`.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Outcome>")]
+pub struct Checkpoint {
+    /// Why.
+    pub reason: Reason,
+    /// The machine to export from.
+    pub machine: ProviderRef,
+}
+
+/// Serializes the checkpoints of one computer.
+pub struct CheckpointActor {
+    computer_id: String,
+    rt: Arc<Runtime>,
+    /// A run's checkpoint was deferred; the next non-deferred request saves it.
+    pending: bool,
+}
+
+impl CheckpointActor {
+    /// The checkpoint actor of a computer.
+    pub fn new(computer_id: String, rt: Arc<Runtime>) -> Self {
+        Self {
+            computer_id,
+            rt,
+            pending: false,
+        }
+    }
+}
+
+impl Actor for CheckpointActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Checkpoint> for CheckpointActor {
+    type Result = AtomicResponse<Self, DomainResult<Outcome>>;
+
+    fn handle(&mut self, msg: Checkpoint, _: &mut Context<Self>) -> Self::Result {
+        let rt = self.rt.clone();
+        let computer_id = self.computer_id.clone();
+        AtomicResponse::new(Box::pin(
+            async move { checkpoint(&rt, &computer_id, &msg).await }
+                .into_actor(self)
+                .map(|res, act, _| {
+                    match &res {
+                        Ok(Outcome::Deferred) => act.pending = true,
+                        Ok(Outcome::Saved(_)) => act.pending = false,
+                        Err(_) => {}
+                    }
+                    res
+                }),
+        ))
+    }
+}
+
+async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> DomainResult<Outcome> {
+    if let Reason::RunEnded { bot_id } = &msg.reason {
+        let others_active = Leases::new(rt.db.clone())
+            .live_on(computer_id)
+            .await?
+            .iter()
+            .any(|g| {
+                matches!(g.kind, LeaseKind::Execution | LeaseKind::Control) && g.subject != *bot_id
+            });
+        if others_active {
+            tracing::info!(event = "checkpoint.deferred", computer.id = computer_id);
+            return Ok(Outcome::Deferred);
+        }
+    }
+    let provider = rt.provider()?;
+    let computers = Computers::new(rt.db.clone());
+    let row = computers.get(computer_id).await?;
+    let archive = provider.export_workspace(&msg.machine).await?;
+    let revision = row.revision + 1;
+    let home = HomeId {
+        home_key: row.home_key.clone(),
+        storage_id: row.storage_id.clone(),
+    };
+    rt.homes.save(&home, revision, &archive).await?;
+    home_revision::ActiveModel {
+        id: Set(new_id()),
+        computer_id: Set(computer_id.into()),
+        home_key: Set(row.home_key.clone()),
+        revision: Set(revision),
+        size_bytes: Set(archive.len() as i64),
+        object_key: Set(None),
+        reason: Set(msg.reason.as_str().into()),
+        created_at_ms: Set(now_ms()),
+    }
+    .insert(&rt.db)
+    .await?;
+    computers.set_revision(computer_id, revision).await?;
+    tracing::info!(
+        event = "checkpoint.saved",
+        computer.id = computer_id,
+        revision,
+        bytes = archive.len(),
+        reason = msg.reason.as_str()
+    );
+    Ok(Outcome::Saved(revision))
+}

@@ -1,0 +1,499 @@
+//! The `ComputerActor`: one per active computer. Owns the machine handle and its lifecycle.
+//!
+//! Lifecycle: stopped → provisioning → running → stopping → stopped; a provider call that
+//! reports "machine gone" stops the actor, its `actix::Supervisor` restarts it (with backoff)
+//! and the restarted actor reconnects through the stored providerRef or provisions a
+//! replacement that imports the last checkpoint. A call in flight during the restart is
+//! answered `MACHINE_GONE` (the call that saw the loss) or `COMPUTER_UNAVAILABLE` (dropped
+//! with the old context), never left hanging.
+//!
+//! Getting a machine runs under `ctx.wait`, so no other message interleaves with it; tool
+//! calls themselves run concurrently (different bots work at once).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
+use crate::computers::{ComputerState, Computers, EndReason};
+use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::home_store::HomeId;
+use crate::leases::Leases;
+use crate::provider::{
+    ActOutcome, Action, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec, ProviderError,
+    ProviderRef, ScreenInfo,
+};
+use crate::runtime::Runtime;
+
+/// First restart delay; doubles per consecutive restart.
+const RESTART_BACKOFF_BASE: Duration = Duration::from_millis(50);
+/// Upper bound of the restart delay.
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often the idle timer looks.
+const IDLE_CHECK_INTERVAL: Duration = Duration::from_secs(15);
+/// Grace past a command's own timeout before the actor gives up on the provider.
+const EXEC_GRACE: Duration = Duration::from_secs(5);
+
+/// One provider operation on the computer's machine.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Run a command.
+    Exec(ExecRequest),
+    /// List a workspace directory.
+    ListFiles(String),
+    /// Read a workspace file.
+    ReadFile(String),
+    /// Write a workspace file.
+    WriteFile(String, Vec<u8>),
+    /// Open (or get) a bot's screen.
+    OpenScreen(String),
+    /// Tear down a bot's screen.
+    CloseScreen(String),
+    /// Capture a bot's screen.
+    Observe(String),
+    /// Perform an action batch on a bot's screen.
+    Act(String, Vec<Action>),
+}
+
+/// What an [`Op`] returned.
+#[derive(Clone, Debug)]
+pub enum OpOutput {
+    /// From `Exec`.
+    Exec(ExecOutput),
+    /// From `ListFiles`.
+    Files(Vec<FileEntry>),
+    /// From `ReadFile`.
+    Bytes(Vec<u8>),
+    /// From `OpenScreen`.
+    Screen(ScreenInfo),
+    /// From `Observe`.
+    Frame(Frame),
+    /// From `Act`.
+    Act(ActOutcome),
+    /// From operations with no result.
+    Done,
+}
+
+/// Run an operation on the machine, getting one first if needed.
+#[derive(Message)]
+#[rtype(result = "DomainResult<OpOutput>")]
+pub struct Call(pub Op);
+
+/// Make sure a machine runs; answers its reference.
+#[derive(Message)]
+#[rtype(result = "DomainResult<ProviderRef>")]
+pub struct Ensure;
+
+/// Checkpoint the workspace now (if a machine runs).
+#[derive(Message)]
+#[rtype(result = "DomainResult<Option<Outcome>>")]
+pub struct SaveWorkspace(pub Reason);
+
+/// Checkpoint and stop the machine.
+#[derive(Message)]
+#[rtype(result = "DomainResult<()>")]
+pub struct Suspend(pub EndReason);
+
+/// The machine reference currently in use, if any (for status and tests).
+#[derive(Message)]
+#[rtype(result = "Option<ProviderRef>")]
+pub struct CurrentMachine;
+
+/// One computer's actor.
+pub struct ComputerActor {
+    id: String,
+    rt: Arc<Runtime>,
+    /// The machine in use; `None` until the first call, after a stop, or after a loss.
+    machine: Option<ProviderRef>,
+    /// Why the last attempt to get a machine failed (answered to the calls that waited).
+    last_error: Option<DomainError>,
+    /// Consecutive supervised restarts, for backoff; reset by a successful call.
+    restarts: u32,
+    /// Serializes checkpoints.
+    checkpoints: Option<Addr<CheckpointActor>>,
+    /// When the current machine became ready, for the uptime cap.
+    running_since: Option<Instant>,
+}
+
+impl ComputerActor {
+    /// The actor of computer `id`.
+    pub fn new(id: String, rt: Arc<Runtime>) -> Self {
+        Self {
+            id,
+            rt,
+            machine: None,
+            last_error: None,
+            restarts: 0,
+            checkpoints: None,
+            running_since: None,
+        }
+    }
+
+    /// Get a machine under `ctx.wait`: nothing else runs on this actor until it is settled.
+    fn ensure_machine(&mut self, ctx: &mut Context<Self>, delay: Duration) {
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        let fut = async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            acquire_machine(&rt, &id).await
+        };
+        ctx.wait(fut.into_actor(self).map(|res, act, _| match res {
+            Ok(machine) => {
+                act.machine = Some(machine);
+                act.last_error = None;
+                act.running_since = Some(Instant::now());
+            }
+            Err(err) => act.last_error = Some(err),
+        }));
+    }
+
+    fn checkpoints(&mut self) -> Addr<CheckpointActor> {
+        self.checkpoints
+            .get_or_insert_with(|| CheckpointActor::new(self.id.clone(), self.rt.clone()).start())
+            .clone()
+    }
+
+    fn check_idle(&mut self, ctx: &mut Context<Self>) {
+        if self.machine.is_none() || ctx.waiting() {
+            return;
+        }
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        let since = self.running_since;
+        let fut = async move { idle_decision(&rt, &id, since).await };
+        ctx.spawn(fut.into_actor(self).map(|decision, _, ctx| {
+            if let Ok(Some(reason)) = decision {
+                ctx.notify(SuspendNow(reason));
+            }
+        }));
+    }
+}
+
+/// Internal: suspend after the idle or uptime check decided so.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SuspendNow(EndReason);
+
+impl Actor for ComputerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(IDLE_CHECK_INTERVAL, |act, ctx| act.check_idle(ctx));
+        if self.restarts > 0 {
+            // A restart after a lost machine: replace it now, so the next call finds it ready.
+            let backoff = RESTART_BACKOFF_BASE
+                .saturating_mul(1 << (self.restarts - 1).min(16))
+                .min(RESTART_BACKOFF_MAX);
+            tracing::warn!(event = "computer.restarting", computer.id = %self.id, restarts = self.restarts,
+                backoff_ms = backoff.as_millis() as u64);
+            self.ensure_machine(ctx, backoff);
+        }
+    }
+}
+
+impl Supervised for ComputerActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.machine = None;
+        self.running_since = None;
+        self.restarts = self.restarts.saturating_add(1);
+    }
+}
+
+impl Handler<Call> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
+
+    fn handle(&mut self, Call(op): Call, ctx: &mut Context<Self>) -> Self::Result {
+        if self.machine.is_none() {
+            self.ensure_machine(ctx, Duration::ZERO);
+        }
+        let fut = actix::fut::ready(()).then(move |_, act: &mut Self, _| {
+            let machine = act.machine.clone();
+            let last_error = act.last_error.clone();
+            let rt = act.rt.clone();
+            let id = act.id.clone();
+            async move {
+                let Some(machine) = machine else {
+                    return Err(last_error
+                        .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable)));
+                };
+                let provider = rt.provider()?;
+                let _ = Computers::new(rt.db.clone()).touch(&id).await;
+                run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await
+            }
+            .into_actor(act)
+        });
+        Box::pin(fut.map(|res, act, ctx| match res {
+            Err(err) if err.code == ErrorCode::MachineGone => {
+                tracing::warn!(event = "computer.machine_gone", computer.id = %act.id);
+                let rt = act.rt.clone();
+                let id = act.id.clone();
+                actix::spawn(async move {
+                    let computers = Computers::new(rt.db.clone());
+                    let _ = computers.set_state(&id, ComputerState::Replacing).await;
+                    let _ = computers.close_runs(&id, EndReason::Gone).await;
+                });
+                ctx.stop();
+                Err(err)
+            }
+            other => {
+                if other.is_ok() {
+                    act.restarts = 0;
+                }
+                other
+            }
+        }))
+    }
+}
+
+impl Handler<Ensure> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<ProviderRef>>;
+
+    fn handle(&mut self, _: Ensure, ctx: &mut Context<Self>) -> Self::Result {
+        if self.machine.is_none() {
+            self.ensure_machine(ctx, Duration::ZERO);
+        }
+        Box::pin(actix::fut::ready(()).map(|_, act: &mut Self, _| {
+            act.machine.clone().ok_or_else(|| {
+                act.last_error
+                    .clone()
+                    .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable))
+            })
+        }))
+    }
+}
+
+impl Handler<CurrentMachine> for ComputerActor {
+    type Result = Option<ProviderRef>;
+
+    fn handle(&mut self, _: CurrentMachine, _: &mut Context<Self>) -> Self::Result {
+        self.machine.clone()
+    }
+}
+
+impl Handler<SaveWorkspace> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<Option<Outcome>>>;
+
+    fn handle(
+        &mut self,
+        SaveWorkspace(reason): SaveWorkspace,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let machine = self.machine.clone();
+        let checkpoints = self.checkpoints();
+        Box::pin(
+            async move {
+                let Some(machine) = machine else {
+                    return Ok(None);
+                };
+                Ok(Some(
+                    checkpoints.send(Checkpoint { reason, machine }).await??,
+                ))
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<Suspend> for ComputerActor {
+    type Result = AtomicResponse<Self, DomainResult<()>>;
+
+    fn handle(&mut self, Suspend(reason): Suspend, _: &mut Context<Self>) -> Self::Result {
+        let machine = self.machine.clone();
+        let checkpoints = self.checkpoints();
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        AtomicResponse::new(Box::pin(
+            async move {
+                let Some(machine) = machine else {
+                    return Ok(());
+                };
+                suspend(&rt, &id, &machine, reason, &checkpoints).await
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                if res.is_ok() {
+                    act.machine = None;
+                    act.running_since = None;
+                }
+                res
+            }),
+        ))
+    }
+}
+
+impl Handler<SuspendNow> for ComputerActor {
+    type Result = ();
+
+    fn handle(&mut self, SuspendNow(reason): SuspendNow, ctx: &mut Context<Self>) {
+        let addr = ctx.address();
+        actix::spawn(async move {
+            let _ = addr.send(Suspend(reason)).await;
+        });
+    }
+}
+
+async fn suspend(
+    rt: &Runtime,
+    id: &str,
+    machine: &ProviderRef,
+    reason: EndReason,
+    checkpoints: &Addr<CheckpointActor>,
+) -> DomainResult<()> {
+    let computers = Computers::new(rt.db.clone());
+    computers.set_state(id, ComputerState::Stopping).await?;
+    let why = if reason == EndReason::Idle {
+        Reason::Idle
+    } else {
+        Reason::Stop
+    };
+    // A failed checkpoint keeps the machine running: its work is not saved anywhere else.
+    checkpoints
+        .send(Checkpoint {
+            reason: why,
+            machine: machine.clone(),
+        })
+        .await??;
+    rt.provider()?.stop(machine).await?;
+    computers.close_runs(id, reason).await?;
+    computers.set_state(id, ComputerState::Stopped).await?;
+    tracing::info!(
+        event = "computer.suspended",
+        computer.id = id,
+        reason = reason.as_str()
+    );
+    Ok(())
+}
+
+/// Whether an idle or uptime suspension is due.
+async fn idle_decision(
+    rt: &Runtime,
+    id: &str,
+    since: Option<Instant>,
+) -> DomainResult<Option<EndReason>> {
+    if !Leases::new(rt.db.clone()).live_on(id).await?.is_empty() {
+        return Ok(None);
+    }
+    let row = Computers::new(rt.db.clone()).get(id).await?;
+    let idle_for = crate::clock::now_ms()
+        .saturating_sub(row.last_active_at_ms)
+        .max(0) as u128;
+    if !rt.settings.idle.is_zero() && idle_for >= rt.settings.idle.as_millis() {
+        return Ok(Some(EndReason::Idle));
+    }
+    let bills = rt
+        .provider
+        .as_ref()
+        .is_some_and(|p| p.describe().capabilities.bills_while_running);
+    if bills
+        && !rt.settings.max_active.is_zero()
+        && since.is_some_and(|s| s.elapsed() >= rt.settings.max_active)
+    {
+        return Ok(Some(EndReason::ActiveLimit));
+    }
+    Ok(None)
+}
+
+/// Reconnect through the stored providerRef (same provider kind only) or provision a
+/// replacement that imports the latest checkpoint.
+async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
+    let provider = rt.provider()?;
+    let kind = provider.describe().kind;
+    let computers = Computers::new(rt.db.clone());
+    let row = computers.get(id).await?;
+    let spec = MachineSpec {
+        computer_id: row.id.clone(),
+        space_id: row.space_id.clone(),
+        bot_id: row.bot_id.clone(),
+        home_key: row.home_key.clone(),
+    };
+    let same_kind = row.provider_kind.as_deref() == Some(kind.as_str());
+    if let (Some(stored), true) = (row.provider_ref.clone(), same_kind) {
+        let stored = ProviderRef(stored);
+        match provider.reconnect(&stored, &spec).await {
+            Ok(()) => {
+                if row.state != ComputerState::Running.as_str() {
+                    computers.set_state(id, ComputerState::Running).await?;
+                    computers.open_run(&row, &kind).await?;
+                }
+                tracing::info!(event = "computer.reconnected", computer.id = id);
+                return Ok(stored);
+            }
+            Err(ProviderError::MachineGone) => {
+                tracing::warn!(event = "computer.reconnect_gone", computer.id = id);
+                computers.close_runs(id, EndReason::Gone).await?;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    } else if row.provider_ref.is_some() {
+        // A provider-kind change: the old reference is never handed to another kind.
+        computers.close_runs(id, EndReason::Replaced).await?;
+    }
+    computers.set_state(id, ComputerState::Provisioning).await?;
+    let machine = provider.provision(&spec).await?;
+    if row.revision > 0 {
+        let home = HomeId {
+            home_key: row.home_key.clone(),
+            storage_id: row.storage_id.clone(),
+        };
+        let restored = async {
+            let archive = rt.homes.load(&home, row.revision).await?;
+            provider.import_workspace(&machine, &archive).await?;
+            DomainResult::Ok(())
+        };
+        if let Err(err) = restored.await {
+            let _ = provider.destroy(&machine).await;
+            computers.set_state(id, ComputerState::Stopped).await?;
+            return Err(err);
+        }
+    }
+    let row = computers.record_machine(id, &kind, &machine).await?;
+    computers.open_run(&row, &kind).await?;
+    tracing::info!(
+        event = "computer.provisioned",
+        computer.id = id,
+        restored_revision = row.revision,
+        provisioning_fence = row.provisioning_fence
+    );
+    rt.events.publish(
+        &row.space_id,
+        "computer.state",
+        serde_json::json!({
+            "computerId": id, "state": "running", "provisioningFence": row.provisioning_fence,
+        }),
+    );
+    Ok(machine)
+}
+
+async fn run_op(
+    provider: &dyn crate::provider::SandboxProvider,
+    machine: &ProviderRef,
+    op: Op,
+    max_timeout: Duration,
+) -> DomainResult<OpOutput> {
+    Ok(match op {
+        Op::Exec(mut req) => {
+            req.timeout = req.timeout.min(max_timeout);
+            let deadline = req.timeout + EXEC_GRACE;
+            match tokio::time::timeout(deadline, provider.exec(machine, &req)).await {
+                Ok(out) => OpOutput::Exec(out?),
+                Err(_) => return Err(DomainError::code(ErrorCode::CommandTimeout)),
+            }
+        }
+        Op::ListFiles(path) => OpOutput::Files(provider.list_files(machine, &path).await?),
+        Op::ReadFile(path) => OpOutput::Bytes(provider.read_file(machine, &path).await?),
+        Op::WriteFile(path, data) => {
+            provider.write_file(machine, &path, &data).await?;
+            OpOutput::Done
+        }
+        Op::OpenScreen(bot) => OpOutput::Screen(provider.open_screen(machine, &bot).await?),
+        Op::CloseScreen(bot) => {
+            provider.close_screen(machine, &bot).await?;
+            OpOutput::Done
+        }
+        Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
+        Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+    })
+}

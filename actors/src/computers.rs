@@ -1,0 +1,239 @@
+//! Computer rows: creation for Team and Private bots, lifecycle states, machine records and
+//! `computer_runs` accounting.
+
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,
+    Set,
+};
+use serde::Serialize;
+
+use crate::clock::{new_id, now_ms};
+use crate::entity::{bot, computer, computer_run};
+use crate::error::{DomainError, DomainResult};
+use crate::provider::ProviderRef;
+
+/// Lifecycle states of a computer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputerState {
+    /// No machine runs; the workspace is stored.
+    Stopped,
+    /// A machine is being created or reattached.
+    Provisioning,
+    /// A machine runs and serves tools.
+    Running,
+    /// Checkpointing and stopping.
+    Stopping,
+    /// The machine was lost; a replacement is being made.
+    Replacing,
+}
+
+impl ComputerState {
+    /// Stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Provisioning => "provisioning",
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Replacing => "replacing",
+        }
+    }
+}
+
+/// Why a `computer_runs` stretch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// Explicit stop.
+    Stopped,
+    /// Idle suspension.
+    Idle,
+    /// Uptime cap on billed providers.
+    ActiveLimit,
+    /// Replaced (update, recovery, reset, provider change).
+    Replaced,
+    /// The provider had lost the machine.
+    Gone,
+    /// The computer was deleted.
+    Deleted,
+}
+
+impl EndReason {
+    /// Stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Idle => "idle",
+            Self::ActiveLimit => "active_limit",
+            Self::Replaced => "replaced",
+            Self::Gone => "gone",
+            Self::Deleted => "deleted",
+        }
+    }
+}
+
+/// The home key of a bot's computer: `team-<space id>` or the bot id.
+pub fn home_key(bot: &bot::Model) -> String {
+    if bot.computer_mode == "private" {
+        bot.id.clone()
+    } else {
+        format!("team-{}", bot.space_id)
+    }
+}
+
+/// Computer rules over the database.
+#[derive(Clone)]
+pub struct Computers {
+    db: DatabaseConnection,
+}
+
+impl Computers {
+    /// Rules over a database.
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// A computer by id.
+    pub async fn get(&self, id: &str) -> DomainResult<computer::Model> {
+        computer::Entity::find_by_id(id)
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| DomainError::not_found("computer"))
+    }
+
+    /// Computers of a space.
+    pub async fn in_space(&self, space_id: &str) -> DomainResult<Vec<computer::Model>> {
+        Ok(computer::Entity::find()
+            .filter(computer::Column::SpaceId.eq(space_id))
+            .all(&self.db)
+            .await?)
+    }
+
+    /// The computer a bot uses, created on first need (the space's Team Computer, or the
+    /// bot's Private Computer).
+    pub async fn for_bot(&self, bot: &bot::Model, owner_id: &str) -> DomainResult<computer::Model> {
+        let key = home_key(bot);
+        if let Some(found) = computer::Entity::find()
+            .filter(computer::Column::HomeKey.eq(&key))
+            .one(&self.db)
+            .await?
+        {
+            return Ok(found);
+        }
+        let now = now_ms();
+        let private = bot.computer_mode == "private";
+        let row = computer::ActiveModel {
+            id: Set(new_id()),
+            space_id: Set(bot.space_id.clone()),
+            owner_id: Set(owner_id.into()),
+            bot_id: Set(private.then(|| bot.id.clone())),
+            kind: Set(if private { "private" } else { "team" }.into()),
+            home_key: Set(key.clone()),
+            provider_kind: Set(None),
+            provider_ref: Set(None),
+            state: Set(ComputerState::Stopped.as_str().into()),
+            revision: Set(0),
+            storage_id: Set(new_id()),
+            wrapped_data_key: Set(None),
+            provisioning_fence: Set(0),
+            lease_epoch: Set(0),
+            quarantined: Set(false),
+            last_active_at_ms: Set(now),
+            created_at_ms: Set(now),
+            updated_at_ms: Set(now),
+        };
+        match row.insert(&self.db).await {
+            Ok(row) => Ok(row),
+            // Created concurrently by another request: the unique home key decides.
+            Err(_) => computer::Entity::find()
+                .filter(computer::Column::HomeKey.eq(&key))
+                .one(&self.db)
+                .await?
+                .ok_or_else(|| DomainError::not_found("computer")),
+        }
+    }
+
+    /// Record a lifecycle state.
+    pub async fn set_state(&self, id: &str, state: ComputerState) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(computer::Column::State, Expr::value(state.as_str()))
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Record use, for idle suspension.
+    pub async fn touch(&self, id: &str) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(computer::Column::LastActiveAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Record a new machine: provider kind and reference, the next provisioning fence.
+    pub async fn record_machine(
+        &self,
+        id: &str,
+        kind: &str,
+        machine: &ProviderRef,
+    ) -> DomainResult<computer::Model> {
+        let row = self.get(id).await?;
+        let fence = row.provisioning_fence + 1;
+        let mut active = row.into_active_model();
+        active.provider_kind = Set(Some(kind.into()));
+        active.provider_ref = Set(Some(machine.0.clone()));
+        active.provisioning_fence = Set(fence);
+        active.state = Set(ComputerState::Running.as_str().into());
+        active.updated_at_ms = Set(now_ms());
+        Ok(active.update(&self.db).await?)
+    }
+
+    /// Record a new checkpoint revision.
+    pub async fn set_revision(&self, id: &str, revision: i64) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(computer::Column::Revision, Expr::value(revision))
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Open a `computer_runs` stretch for a machine that became ready.
+    pub async fn open_run(&self, row: &computer::Model, provider_kind: &str) -> DomainResult<()> {
+        computer_run::ActiveModel {
+            id: Set(new_id()),
+            computer_id: Set(row.id.clone()),
+            user_id: Set(Some(row.owner_id.clone())),
+            space_id: Set(Some(row.space_id.clone())),
+            kind: Set(row.kind.clone()),
+            provider_kind: Set(provider_kind.into()),
+            started_at_ms: Set(now_ms()),
+            ended_at_ms: Set(None),
+            end_reason: Set(None),
+        }
+        .insert(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Close every open `computer_runs` stretch of a computer.
+    pub async fn close_runs(&self, id: &str, reason: EndReason) -> DomainResult<()> {
+        computer_run::Entity::update_many()
+            .col_expr(computer_run::Column::EndedAtMs, Expr::value(now_ms()))
+            .col_expr(
+                computer_run::Column::EndReason,
+                Expr::value(reason.as_str()),
+            )
+            .filter(computer_run::Column::ComputerId.eq(id))
+            .filter(computer_run::Column::EndedAtMs.is_null())
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,185 @@
+//! The `LeaseActor`: one per computer; the mailbox in front of the fenced lease table.
+//!
+//! The database decides every grant (see [`crate::leases`]); this actor serializes the
+//! decisions of its computer inside one process and notices when control grants lapse, so
+//! their live screen sockets can be revoked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::clock::now_ms;
+use crate::error::DomainResult;
+use crate::leases::{Grant, LeaseKey, LeaseKind, Leases};
+use crate::runtime::Runtime;
+
+/// How often lapsed control grants are looked for.
+const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Grant a lease.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Grant>")]
+pub struct Acquire {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// Who will hold it.
+    pub holder: String,
+    /// Lifetime unless renewed.
+    pub ttl_ms: i64,
+}
+
+/// Check a fence.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Grant>")]
+pub struct Verify {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// The fence presented.
+    pub fence: i64,
+}
+
+/// Extend a grant.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Grant>")]
+pub struct Renew {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// The fence presented.
+    pub fence: i64,
+    /// New lifetime from now.
+    pub ttl_ms: i64,
+}
+
+/// Release a grant.
+#[derive(Message)]
+#[rtype(result = "DomainResult<()>")]
+pub struct Release {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// The fence presented.
+    pub fence: i64,
+}
+
+/// Tells the space's subscribers (and through them the screen gateway) that a control grant
+/// ended, by release or by expiry.
+fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+    rt.events.publish(
+        space_id,
+        "lease.changed",
+        serde_json::json!({
+            "computerId": grant.computer_id, "botId": grant.subject, "kind": "control",
+            "fence": grant.fence, "state": why,
+        }),
+    );
+}
+
+/// One computer's lease mailbox.
+pub struct LeaseActor {
+    computer_id: String,
+    space_id: String,
+    rt: Arc<Runtime>,
+    leases: Leases,
+    /// Control grants handed out here, watched for expiry.
+    control: HashMap<String, Grant>,
+}
+
+impl LeaseActor {
+    /// The lease actor of a computer.
+    pub fn new(computer_id: String, space_id: String, rt: Arc<Runtime>) -> Self {
+        Self {
+            computer_id,
+            space_id,
+            leases: Leases::new(rt.db.clone()),
+            rt,
+            control: HashMap::new(),
+        }
+    }
+}
+
+impl Actor for LeaseActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(EXPIRY_CHECK_INTERVAL, |act, _| {
+            let now = now_ms();
+            let lapsed: Vec<Grant> = act.control.values().filter(|g| g.expires_at_ms <= now).cloned().collect();
+            for grant in lapsed {
+                act.control.remove(&grant.subject);
+                tracing::info!(event = "lease.expired", computer.id = %act.computer_id, kind = "control", fence = grant.fence);
+                publish_control_ended(&act.rt, &act.space_id, &grant, "expired");
+            }
+        });
+    }
+}
+
+impl Handler<Acquire> for LeaseActor {
+    type Result = AtomicResponse<Self, DomainResult<Grant>>;
+
+    fn handle(&mut self, msg: Acquire, _: &mut Context<Self>) -> Self::Result {
+        let leases = self.leases.clone();
+        AtomicResponse::new(Box::pin(
+            async move { leases.acquire(&msg.key, &msg.holder, msg.ttl_ms).await }
+                .into_actor(self)
+                .map(|res, act, _| {
+                    if let Ok(grant) = &res {
+                        if grant.kind == LeaseKind::Control {
+                            act.control.insert(grant.subject.clone(), grant.clone());
+                        }
+                    }
+                    res
+                }),
+        ))
+    }
+}
+
+impl Handler<Verify> for LeaseActor {
+    type Result = ResponseFuture<DomainResult<Grant>>;
+
+    fn handle(&mut self, msg: Verify, _: &mut Context<Self>) -> Self::Result {
+        let leases = self.leases.clone();
+        Box::pin(async move { leases.verify(&msg.key, msg.fence).await })
+    }
+}
+
+impl Handler<Renew> for LeaseActor {
+    type Result = AtomicResponse<Self, DomainResult<Grant>>;
+
+    fn handle(&mut self, msg: Renew, _: &mut Context<Self>) -> Self::Result {
+        let leases = self.leases.clone();
+        AtomicResponse::new(Box::pin(
+            async move { leases.renew(&msg.key, msg.fence, msg.ttl_ms).await }
+                .into_actor(self)
+                .map(|res, act, _| {
+                    if let Ok(grant) = &res {
+                        if grant.kind == LeaseKind::Control {
+                            act.control.insert(grant.subject.clone(), grant.clone());
+                        }
+                    }
+                    res
+                }),
+        ))
+    }
+}
+
+impl Handler<Release> for LeaseActor {
+    type Result = AtomicResponse<Self, DomainResult<()>>;
+
+    fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> Self::Result {
+        let leases = self.leases.clone();
+        let key = msg.key.clone();
+        AtomicResponse::new(Box::pin(
+            async move { leases.release(&msg.key, msg.fence).await }
+                .into_actor(self)
+                .map(move |res, act, _| {
+                    if res.is_ok() && key.kind == LeaseKind::Control {
+                        if let Some(grant) = act.control.remove(&key.subject) {
+                            publish_control_ended(&act.rt, &act.space_id, &grant, "released");
+                        }
+                    }
+                    res
+                }),
+        ))
+    }
+}

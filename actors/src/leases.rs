@@ -1,0 +1,344 @@
+//! Fenced leases, decided at the database.
+//!
+//! Every grant is a row of `leases` with a fence that only grows per lease key (computer, kind,
+//! subject); the unique index on (key, fence) makes two racing grants collide so that exactly one
+//! wins, in one process or many. Decisions that read other keys (takeover rules, the maintenance
+//! reservation) first bump `computers.lease_epoch` inside the transaction, which takes the
+//! computer row's write lock on Postgres and the database write lock on SQLite: lease decisions
+//! of one computer are serialized without any in-memory lock.
+
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    QueryOrder, Set, TransactionTrait,
+};
+use serde::Serialize;
+
+use crate::clock::{new_id, now_ms};
+use crate::entity::{bot, computer, lease, run};
+use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::runs::RunState;
+
+/// The three kinds of lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseKind {
+    /// One driver per bot: a run's right to use the computer as that bot.
+    Execution,
+    /// One user per bot screen: the embedded viewer accepts input.
+    Control,
+    /// Computer-wide reservation for update and recovery; excludes new execution leases,
+    /// takeover and stop.
+    Maintenance,
+}
+
+impl LeaseKind {
+    /// Stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Execution => "execution",
+            Self::Control => "control",
+            Self::Maintenance => "maintenance",
+        }
+    }
+}
+
+/// The subject of the computer-wide maintenance reservation.
+pub const WHOLE_COMPUTER: &str = "*";
+
+/// Identifies one lease: its fence sequence belongs to this key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseKey {
+    /// The computer.
+    pub computer_id: String,
+    /// What kind of lease.
+    pub kind: LeaseKind,
+    /// The bot id, or [`WHOLE_COMPUTER`].
+    pub subject: String,
+}
+
+impl LeaseKey {
+    /// The execution lease of a bot on a computer.
+    pub fn execution(computer_id: &str, bot_id: &str) -> Self {
+        Self {
+            computer_id: computer_id.into(),
+            kind: LeaseKind::Execution,
+            subject: bot_id.into(),
+        }
+    }
+
+    /// The control lease of a bot's screen.
+    pub fn control(computer_id: &str, bot_id: &str) -> Self {
+        Self {
+            computer_id: computer_id.into(),
+            kind: LeaseKind::Control,
+            subject: bot_id.into(),
+        }
+    }
+
+    /// The computer-wide maintenance reservation.
+    pub fn maintenance(computer_id: &str) -> Self {
+        Self {
+            computer_id: computer_id.into(),
+            kind: LeaseKind::Maintenance,
+            subject: WHOLE_COMPUTER.into(),
+        }
+    }
+}
+
+/// A granted lease, as handed to its holder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The computer.
+    pub computer_id: String,
+    /// Kind of lease.
+    pub kind: LeaseKind,
+    /// Bot id or `*`.
+    pub subject: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The fence every mutating call must carry.
+    pub fence: i64,
+    /// Expiry unless renewed.
+    pub expires_at_ms: i64,
+}
+
+impl Grant {
+    fn from_row(kind: LeaseKind, row: &lease::Model) -> Self {
+        Self {
+            computer_id: row.computer_id.clone(),
+            kind,
+            subject: row.subject.clone(),
+            holder: row.holder.clone(),
+            fence: row.fence,
+            expires_at_ms: row.expires_at_ms,
+        }
+    }
+}
+
+fn is_live(row: &lease::Model, now: i64) -> bool {
+    row.released_at_ms.is_none() && row.expires_at_ms > now
+}
+
+async fn latest<C: ConnectionTrait>(db: &C, key: &LeaseKey) -> DomainResult<Option<lease::Model>> {
+    Ok(lease::Entity::find()
+        .filter(lease::Column::ComputerId.eq(&key.computer_id))
+        .filter(lease::Column::Kind.eq(key.kind.as_str()))
+        .filter(lease::Column::Subject.eq(&key.subject))
+        .order_by_desc(lease::Column::Fence)
+        .one(db)
+        .await?)
+}
+
+async fn live<C: ConnectionTrait>(
+    db: &C,
+    key: &LeaseKey,
+    now: i64,
+) -> DomainResult<Option<lease::Model>> {
+    Ok(latest(db, key).await?.filter(|row| is_live(row, now)))
+}
+
+/// Serialize lease decisions of one computer (see the module docs).
+async fn lock_computer<C: ConnectionTrait>(db: &C, computer_id: &str) -> DomainResult<()> {
+    let res = computer::Entity::update_many()
+        .col_expr(
+            computer::Column::LeaseEpoch,
+            Expr::col(computer::Column::LeaseEpoch).add(1),
+        )
+        .filter(computer::Column::Id.eq(computer_id))
+        .exec(db)
+        .await?;
+    if res.rows_affected == 0 {
+        return Err(DomainError::not_found("computer"));
+    }
+    Ok(())
+}
+
+/// The lease table's rules.
+#[derive(Clone)]
+pub struct Leases {
+    db: DatabaseConnection,
+}
+
+impl Leases {
+    /// Rules over a database.
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// The live grant of a key, if any.
+    pub async fn live(&self, key: &LeaseKey) -> DomainResult<Option<Grant>> {
+        Ok(live(&self.db, key, now_ms())
+            .await?
+            .map(|row| Grant::from_row(key.kind, &row)))
+    }
+
+    /// Grant `key` to `holder` for `ttl_ms`, applying the kind's rules:
+    /// - execution: refused with `COMPUTER_RESERVED` under maintenance, `LEASE_HELD` while
+    ///   another holder drives the bot (the same holder gets its live grant back);
+    /// - control: `COMPUTER_RESERVED` under maintenance; for a Team bot `STOP_BOT_FIRST` while
+    ///   the bot holds a live execution lease or an active run, unless its run is
+    ///   `waiting_takeover`; `CONTROL_HELD` while another user controls the screen;
+    /// - maintenance: `COMPUTER_RESERVED` while another reservation is live.
+    pub async fn acquire(&self, key: &LeaseKey, holder: &str, ttl_ms: i64) -> DomainResult<Grant> {
+        let txn = self.db.begin().await?;
+        lock_computer(&txn, &key.computer_id).await?;
+        let now = now_ms();
+        if let Some(row) = live(&txn, &LeaseKey::maintenance(&key.computer_id), now).await? {
+            if key.kind != LeaseKind::Maintenance || row.holder != holder {
+                return Err(DomainError::code(ErrorCode::ComputerReserved));
+            }
+            return Ok(Grant::from_row(key.kind, &row));
+        }
+        if key.kind == LeaseKind::Control {
+            check_takeover(&txn, key, now).await?;
+        }
+        let previous = latest(&txn, key).await?;
+        if let Some(row) = previous.as_ref().filter(|row| is_live(row, now)) {
+            if row.holder == holder {
+                return Ok(Grant::from_row(key.kind, row));
+            }
+            return Err(DomainError::code(match key.kind {
+                LeaseKind::Control => ErrorCode::ControlHeld,
+                _ => ErrorCode::LeaseHeld,
+            }));
+        }
+        let fence = previous.map_or(1, |row| row.fence + 1);
+        let row = lease::ActiveModel {
+            id: Set(new_id()),
+            computer_id: Set(key.computer_id.clone()),
+            kind: Set(key.kind.as_str().into()),
+            subject: Set(key.subject.clone()),
+            holder: Set(holder.into()),
+            fence: Set(fence),
+            expires_at_ms: Set(now + ttl_ms),
+            released_at_ms: Set(None),
+            created_at_ms: Set(now),
+        };
+        let row = match row.insert(&txn).await {
+            Ok(row) => row,
+            // Another process took this fence first.
+            Err(_) => return Err(DomainError::code(ErrorCode::LeaseHeld)),
+        };
+        txn.commit().await?;
+        tracing::debug!(event = "lease.granted", kind = key.kind.as_str(), fence);
+        Ok(Grant::from_row(key.kind, &row))
+    }
+
+    /// The current grant if `fence` is it and it is live; `LEASE_FENCED` otherwise.
+    pub async fn verify(&self, key: &LeaseKey, fence: i64) -> DomainResult<Grant> {
+        match live(&self.db, key, now_ms()).await? {
+            Some(row) if row.fence == fence => Ok(Grant::from_row(key.kind, &row)),
+            _ => Err(DomainError::code(ErrorCode::LeaseFenced)),
+        }
+    }
+
+    /// Extend a live grant; `LEASE_FENCED` when `fence` is not the live grant.
+    pub async fn renew(&self, key: &LeaseKey, fence: i64, ttl_ms: i64) -> DomainResult<Grant> {
+        let now = now_ms();
+        let res = lease::Entity::update_many()
+            .col_expr(lease::Column::ExpiresAtMs, Expr::value(now + ttl_ms))
+            .filter(key_filter(key))
+            .filter(lease::Column::Fence.eq(fence))
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.gt(now))
+            .exec(&self.db)
+            .await?;
+        if res.rows_affected == 0 {
+            return Err(DomainError::code(ErrorCode::LeaseFenced));
+        }
+        self.verify(key, fence).await
+    }
+
+    /// Release the grant with `fence`; `LEASE_FENCED` when it is not live.
+    pub async fn release(&self, key: &LeaseKey, fence: i64) -> DomainResult<()> {
+        let now = now_ms();
+        let res = lease::Entity::update_many()
+            .col_expr(lease::Column::ReleasedAtMs, Expr::value(now))
+            .filter(key_filter(key))
+            .filter(lease::Column::Fence.eq(fence))
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.gt(now))
+            .exec(&self.db)
+            .await?;
+        if res.rows_affected == 0 {
+            return Err(DomainError::code(ErrorCode::LeaseFenced));
+        }
+        tracing::debug!(event = "lease.released", kind = key.kind.as_str(), fence);
+        Ok(())
+    }
+
+    /// Release whatever grant of `key` is live (stop, teardown); returns it.
+    pub async fn revoke(&self, key: &LeaseKey) -> DomainResult<Option<Grant>> {
+        let Some(grant) = self.live(key).await? else {
+            return Ok(None);
+        };
+        match self.release(key, grant.fence).await {
+            Ok(()) => Ok(Some(grant)),
+            Err(e) if e.code == ErrorCode::LeaseFenced => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Live grants of a computer (for deferral rules and status).
+    pub async fn live_on(&self, computer_id: &str) -> DomainResult<Vec<Grant>> {
+        let now = now_ms();
+        let rows = lease::Entity::find()
+            .filter(lease::Column::ComputerId.eq(computer_id))
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.gt(now))
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let kind = match row.kind.as_str() {
+                    "execution" => LeaseKind::Execution,
+                    "control" => LeaseKind::Control,
+                    "maintenance" => LeaseKind::Maintenance,
+                    _ => return None,
+                };
+                Some(Grant::from_row(kind, row))
+            })
+            .collect())
+    }
+}
+
+fn key_filter(key: &LeaseKey) -> sea_orm::Condition {
+    sea_orm::Condition::all()
+        .add(lease::Column::ComputerId.eq(&key.computer_id))
+        .add(lease::Column::Kind.eq(key.kind.as_str()))
+        .add(lease::Column::Subject.eq(&key.subject))
+}
+
+/// Take control of a Team bot's screen only while the bot is not driving, or is waiting for
+/// a person (`waiting_takeover`).
+async fn check_takeover<C: ConnectionTrait>(db: &C, key: &LeaseKey, now: i64) -> DomainResult<()> {
+    let bot = bot::Entity::find_by_id(&key.subject)
+        .one(db)
+        .await?
+        .ok_or_else(|| DomainError::not_found("bot"))?;
+    if bot.computer_mode != "team" {
+        return Ok(());
+    }
+    let active = run::Entity::find()
+        .filter(run::Column::BotId.eq(&bot.id))
+        .filter(run::Column::State.is_in([
+            RunState::Running.as_str(),
+            RunState::WaitingTakeover.as_str(),
+        ]))
+        .all(db)
+        .await?;
+    let waiting = active
+        .iter()
+        .any(|r| r.state == RunState::WaitingTakeover.as_str());
+    let running = active.iter().any(|r| r.state == RunState::Running.as_str());
+    let executing = live(db, &LeaseKey::execution(&key.computer_id, &bot.id), now)
+        .await?
+        .is_some();
+    if (running || executing) && !waiting {
+        return Err(DomainError::code(ErrorCode::StopBotFirst));
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! What every actor of a computer shares: database, provider, store, event bus and settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::DatabaseConnection;
+
+use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::events::EventBus;
+use crate::home_store::HomeStore;
+use crate::provider::SandboxProvider;
+
+/// Timing and capacity settings of computers.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Suspend a computer after this long without use (0 = never).
+    pub idle: Duration,
+    /// Suspend after this long up in one stretch on billed providers (0 = never).
+    pub max_active: Duration,
+    /// Default and maximum command timeout.
+    pub command_timeout: Duration,
+    /// Cap on active desktops per computer (0 = none).
+    pub team_screen_limit: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_millis(600_000),
+            max_active: Duration::from_millis(7_200_000),
+            command_timeout: Duration::from_millis(300_000),
+            team_screen_limit: 0,
+        }
+    }
+}
+
+/// Shared dependencies of the actors.
+pub struct Runtime {
+    /// The database.
+    pub db: DatabaseConnection,
+    /// The provider in use; `None` runs the product without computers.
+    pub provider: Option<Arc<dyn SandboxProvider>>,
+    /// Durable workspace revisions.
+    pub homes: Arc<dyn HomeStore>,
+    /// Live updates.
+    pub events: EventBus,
+    /// Settings.
+    pub settings: Settings,
+}
+
+impl Runtime {
+    /// The provider, or `NO_PROVIDER`.
+    pub fn provider(&self) -> DomainResult<Arc<dyn SandboxProvider>> {
+        self.provider.clone().ok_or_else(|| {
+            DomainError::new(
+                ErrorCode::NoProvider,
+                "no sandbox provider is configured (SANDBOX_PROVIDER=none)",
+            )
+        })
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: installs and starts what the tests need (idempotently), then runs every
+# test of the workspace. Usage: scripts/test.sh [extra cargo test arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+here=$(pwd)
+
+# One shared build directory across checkouts (CI clones afresh; compiled dependencies stay).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/rakazo/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+need_apt=()
+command -v pg_ctlcluster >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need_apt[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# A private Postgres cluster on a loopback port, owned by the postgres user.
+source scripts/lib/postgres.sh
+start_test_postgres
+export RAKAZO_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:${RAKAZO_PG_PORT}/postgres"
+
+cd "$here"
+cargo test --workspace "$@"

@@ -1,0 +1,251 @@
+//! Computers: listing, the bot's computer, commands under an execution lease, screens,
+//! stop.
+
+use std::time::Duration;
+
+use rakazo_actors::checkpoint::{Outcome, Reason};
+use rakazo_actors::computer::{Call, CurrentMachine, Op, OpOutput, SaveWorkspace, Suspend};
+use rakazo_actors::computers::{Computers, EndReason};
+use rakazo_actors::entity::{computer, run};
+use rakazo_actors::lease_actor::Verify;
+use rakazo_actors::leases::{LeaseKey, Leases};
+use rakazo_actors::provider::ExecRequest;
+use rakazo_actors::registry::ComputerHandle;
+use rakazo_actors::runs::Runs;
+use rakazo_actors::screen;
+use rakazo_actors::{DomainError, DomainResult, ErrorCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Ctx, access};
+
+/// JSON form of a computer. The providerRef is shown to operators only.
+pub fn computer_json(c: &computer::Model, operator: bool) -> Value {
+    let mut v = json!({
+        "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id, "homeKey": c.home_key,
+        "providerKind": c.provider_kind, "state": c.state, "revision": c.revision,
+        "provisioningFence": c.provisioning_fence, "lastActiveAtMs": c.last_active_at_ms,
+    });
+    if operator {
+        v["providerRef"] = json!(c.provider_ref);
+    }
+    v
+}
+
+/// The actors of a computer.
+pub fn handle(ctx: &Ctx<'_>, c: &computer::Model) -> ComputerHandle {
+    ctx.app.registry.computer(&c.id, &c.space_id)
+}
+
+/// The computer of a bot (created on first need).
+pub async fn of_bot(ctx: &Ctx<'_>, bot_id: &str) -> DomainResult<computer::Model> {
+    let (b, s) = access::bot(ctx.db(), ctx.caller, bot_id).await?;
+    Computers::new(ctx.db().clone())
+        .for_bot(&b, &s.owner_id)
+        .await
+}
+
+async fn visible(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<computer::Model> {
+    let c = Computers::new(ctx.db().clone()).get(computer_id).await?;
+    access::space(ctx.db(), ctx.caller, &c.space_id)
+        .await
+        .map_err(|_| DomainError::not_found("computer"))?;
+    if let Some(scoped) = &ctx.caller.bot_id {
+        if c.bot_id.as_ref().is_some_and(|b| b != scoped) {
+            return Err(DomainError::not_found("computer"));
+        }
+    }
+    Ok(c)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ById {
+    computer_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ByBot {
+    bot_id: String,
+}
+
+/// `computer.get {computerId}`.
+pub async fn get(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ById = super::params(params)?;
+    Ok(computer_json(
+        &visible(ctx, &p.computer_id).await?,
+        ctx.caller.is_operator,
+    ))
+}
+
+/// `computer.list {spaceId}`.
+pub async fn list(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: super::spaces::InSpace = super::params(params)?;
+    let s = access::space(ctx.db(), ctx.caller, &p.space_id).await?;
+    let rows = Computers::new(ctx.db().clone()).in_space(&s.id).await?;
+    Ok(Value::Array(
+        rows.iter()
+            .map(|c| computer_json(c, ctx.caller.is_operator))
+            .collect(),
+    ))
+}
+
+/// `computer.forBot {botId}`: the bot's computer, created on first need.
+pub async fn for_bot(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByBot = super::params(params)?;
+    Ok(computer_json(
+        &of_bot(ctx, &p.bot_id).await?,
+        ctx.caller.is_operator,
+    ))
+}
+
+/// The run behind a `{runId, fence}` pair, with its fence checked through the lease actor.
+pub async fn fenced_run(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    fence: i64,
+) -> DomainResult<(run::Model, ComputerHandle)> {
+    let run = Runs::new(ctx.db().clone()).get(run_id).await?;
+    access::bot(ctx.db(), ctx.caller, &run.bot_id)
+        .await
+        .map_err(|_| DomainError::not_found("run"))?;
+    if fence != run.lease_fence {
+        return Err(DomainError::code(ErrorCode::LeaseFenced));
+    }
+    let c = Computers::new(ctx.db().clone())
+        .get(&run.computer_id)
+        .await?;
+    let h = handle(ctx, &c);
+    h.leases
+        .send(Verify {
+            key: LeaseKey::execution(&run.computer_id, &run.bot_id),
+            fence,
+        })
+        .await??;
+    Ok((run, h))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Exec {
+    run_id: String,
+    fence: i64,
+    command: String,
+    #[serde(default)]
+    cwd: String,
+    timeout_ms: Option<u64>,
+}
+
+/// Longest accepted command line, in bytes.
+const MAX_COMMAND_LEN: usize = 64 * 1024;
+
+/// `computer.exec {runId, fence, command, cwd?, timeoutMs?}`: a shell command on the bot's
+/// computer under its execution lease.
+pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Exec = super::params(params)?;
+    if p.command.is_empty() || p.command.len() > MAX_COMMAND_LEN {
+        return Err(DomainError::invalid("command must be 1 byte to 64 KiB"));
+    }
+    let (run, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
+    let max = ctx.app.config.command_timeout;
+    let timeout = p
+        .timeout_ms
+        .map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
+    let cwd = if p.cwd.is_empty() && ctx.is_team_bot(&run).await? {
+        format!("bots/{}", run.bot_id)
+    } else {
+        p.cwd
+    };
+    if !cwd.is_empty() {
+        // The bot's folder exists before its first command runs in it.
+        let mkdir = ExecRequest {
+            command: format!("mkdir -p '{}'", cwd.replace('\'', "")),
+            cwd: String::new(),
+            env: Vec::new(),
+            timeout,
+        };
+        h.computer.send(Call(Op::Exec(mkdir))).await??;
+    }
+    let req = ExecRequest {
+        command: p.command,
+        cwd,
+        env: Vec::new(),
+        timeout,
+    };
+    let OpOutput::Exec(out) = h.computer.send(Call(Op::Exec(req))).await?? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    Ok(serde_json::to_value(out).unwrap_or_default())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Fenced {
+    run_id: String,
+    fence: i64,
+}
+
+/// `computer.openScreen {runId, fence}`: the bot's screen (display slot and generation).
+pub async fn open_screen(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Fenced = super::params(params)?;
+    let (run, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
+    let state = ctx
+        .app
+        .registry
+        .screen(&h, &run.bot_id)
+        .send(screen::Open)
+        .await??;
+    Ok(serde_json::to_value(state).unwrap_or_default())
+}
+
+/// `computer.machine {computerId}`: operators see the machine the actor holds right now.
+pub async fn machine(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    if !ctx.caller.is_operator {
+        return Err(DomainError::new(ErrorCode::Forbidden, "operators only"));
+    }
+    let p: ById = super::params(params)?;
+    let c = visible(ctx, &p.computer_id).await?;
+    let current = handle(ctx, &c).computer.send(CurrentMachine).await?;
+    Ok(json!({ "providerRef": current.map(|r| r.0) }))
+}
+
+/// `computer.stop {computerId}`: checkpoint, then stop the machine. Refused under a
+/// maintenance reservation.
+pub async fn stop(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ById = super::params(params)?;
+    let c = visible(ctx, &p.computer_id).await?;
+    if Leases::new(ctx.db().clone())
+        .live(&LeaseKey::maintenance(&c.id))
+        .await?
+        .is_some()
+    {
+        return Err(DomainError::code(ErrorCode::ComputerReserved));
+    }
+    handle(ctx, &c)
+        .computer
+        .send(Suspend(EndReason::Stopped))
+        .await??;
+    Ok(computer_json(
+        &Computers::new(ctx.db().clone()).get(&c.id).await?,
+        ctx.caller.is_operator,
+    ))
+}
+
+/// Checkpoint after a run ended; the result says saved (revision), deferred or nothing to do.
+pub async fn checkpoint_after_run(h: &ComputerHandle, bot_id: &str) -> DomainResult<Value> {
+    let outcome = h
+        .computer
+        .send(SaveWorkspace(Reason::RunEnded {
+            bot_id: bot_id.into(),
+        }))
+        .await??;
+    Ok(match outcome {
+        Some(Outcome::Saved(revision)) => json!({ "saved": revision }),
+        Some(Outcome::Deferred) => json!({ "deferred": true }),
+        None => Value::Null,
+    })
+}

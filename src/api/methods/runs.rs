@@ -1,0 +1,225 @@
+//! Runs and control: start, renew, request takeover, resume, finish, stop a bot, take and
+//! release control.
+
+use rakazo_actors::computers::Computers;
+use rakazo_actors::entity::run;
+use rakazo_actors::lease_actor::{Acquire, Release, Renew};
+use rakazo_actors::leases::{Grant, LeaseKey, Leases};
+use rakazo_actors::runs::{EXECUTION_LEASE_TTL_MS, RunState, RunTarget, Runs};
+use rakazo_actors::screen;
+use rakazo_actors::{DomainError, DomainResult};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::computers::{checkpoint_after_run, fenced_run, handle, of_bot};
+use super::{Ctx, access};
+
+/// Lifetime of a control lease unless renewed.
+const CONTROL_LEASE_TTL_MS: i64 = 15 * 60 * 1000;
+
+/// JSON form of a run.
+pub fn run_json(r: &run::Model) -> Value {
+    json!({ "id": r.id, "spaceId": r.space_id, "botId": r.bot_id, "computerId": r.computer_id,
+            "state": r.state, "leaseFence": r.lease_fence, "takeoverRequestedAtMs": r.takeover_requested_at_ms,
+            "createdAtMs": r.created_at_ms, "endedAtMs": r.ended_at_ms })
+}
+
+fn lease_json(g: &Grant) -> Value {
+    serde_json::to_value(g).unwrap_or_default()
+}
+
+fn publish_run(ctx: &Ctx<'_>, r: &run::Model) {
+    ctx.app
+        .runtime()
+        .events
+        .publish(&r.space_id, "run.state", run_json(r));
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ByBot {
+    bot_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Fenced {
+    run_id: String,
+    fence: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Finish {
+    run_id: String,
+    fence: i64,
+    outcome: String,
+}
+
+/// `run.start {botId}`: a run with the bot's execution lease; a second driver is refused.
+pub async fn start(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let target = RunTarget {
+        space_id: c.space_id.clone(),
+        bot_id: p.bot_id,
+        computer_id: c.id.clone(),
+    };
+    let (r, grant) = Runs::new(ctx.db().clone()).start(&target).await?;
+    publish_run(ctx, &r);
+    Ok(json!({ "run": run_json(&r), "lease": lease_json(&grant) }))
+}
+
+/// `run.get {runId}`.
+pub async fn get(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct ById {
+        run_id: String,
+    }
+    let p: ById = super::params(params)?;
+    let r = Runs::new(ctx.db().clone()).get(&p.run_id).await?;
+    access::bot(ctx.db(), ctx.caller, &r.bot_id)
+        .await
+        .map_err(|_| DomainError::not_found("run"))?;
+    Ok(run_json(&r))
+}
+
+/// `run.renew {runId, fence}`: extend the execution lease.
+pub async fn renew(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Fenced = super::params(params)?;
+    let (r, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
+    let key = LeaseKey::execution(&r.computer_id, &r.bot_id);
+    let grant = h
+        .leases
+        .send(Renew {
+            key,
+            fence: p.fence,
+            ttl_ms: EXECUTION_LEASE_TTL_MS,
+        })
+        .await??;
+    Ok(lease_json(&grant))
+}
+
+/// `run.requestTakeover {runId, fence}`: the bot asks for a person.
+pub async fn request_takeover(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Fenced = super::params(params)?;
+    let r = Runs::new(ctx.db().clone())
+        .request_takeover(&p.run_id, p.fence)
+        .await?;
+    // Asking for takeover restarts the idle timer.
+    Computers::new(ctx.db().clone())
+        .touch(&r.computer_id)
+        .await?;
+    publish_run(ctx, &r);
+    Ok(run_json(&r))
+}
+
+/// `run.resume {runId, fence}`: continue after the person released control.
+pub async fn resume(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Fenced = super::params(params)?;
+    let r = Runs::new(ctx.db().clone())
+        .resume(&p.run_id, p.fence)
+        .await?;
+    publish_run(ctx, &r);
+    Ok(run_json(&r))
+}
+
+/// `run.finish {runId, fence, outcome}`: end the run and release its lease. Completion
+/// revokes the run's control but keeps the screen; failure and cancelation tear the screen
+/// down. Then the workspace is checkpointed (or the checkpoint defers to the last bot).
+pub async fn finish(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Finish = super::params(params)?;
+    let outcome = RunState::parse_outcome(&p.outcome)
+        .ok_or_else(|| DomainError::invalid("outcome must be completed, failed or canceled"))?;
+    let (_, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
+    let r = Runs::new(ctx.db().clone())
+        .finish(&p.run_id, p.fence, outcome)
+        .await?;
+    publish_run(ctx, &r);
+    let leases = Leases::new(ctx.db().clone());
+    if let Some(grant) = leases
+        .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
+        .await?
+    {
+        ctx.app.runtime().events.publish(&r.space_id, "lease.changed", json!({
+            "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
+        }));
+    }
+    if outcome != RunState::Completed {
+        ctx.app
+            .registry
+            .screen(&h, &r.bot_id)
+            .send(screen::Teardown)
+            .await??;
+    }
+    let checkpoint = checkpoint_after_run(&h, &r.bot_id).await?;
+    Ok(json!({ "run": run_json(&r), "checkpoint": checkpoint }))
+}
+
+/// `bot.stop {botId}`: cancel the bot's runs and revoke its execution lease.
+pub async fn stop_bot(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let canceled = Runs::new(ctx.db().clone())
+        .stop_bot(&c.id, &p.bot_id)
+        .await?;
+    for r in &canceled {
+        publish_run(ctx, r);
+    }
+    if !canceled.is_empty() {
+        ctx.app
+            .registry
+            .screen(&handle(ctx, &c), &p.bot_id)
+            .send(screen::Teardown)
+            .await??;
+    }
+    Ok(json!({ "canceled": canceled.iter().map(run_json).collect::<Vec<_>>() }))
+}
+
+/// `computer.takeControl {botId}`: an exclusive control lease on the bot's screen.
+pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let key = LeaseKey::control(&c.id, &p.bot_id);
+    let acquire = Acquire {
+        key,
+        holder: ctx.caller.user_id.clone(),
+        ttl_ms: CONTROL_LEASE_TTL_MS,
+    };
+    let grant = handle(ctx, &c).leases.send(acquire).await??;
+    Computers::new(ctx.db().clone()).touch(&c.id).await?;
+    ctx.app.runtime().events.publish(
+        &c.space_id,
+        "lease.changed",
+        json!({
+            "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
+            "holder": grant.holder, "state": "granted",
+        }),
+    );
+    Ok(lease_json(&grant))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReleaseControl {
+    bot_id: String,
+    fence: i64,
+}
+
+/// `computer.releaseControl {botId, fence}`.
+pub async fn release_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: ReleaseControl = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let key = LeaseKey::control(&c.id, &p.bot_id);
+    handle(ctx, &c)
+        .leases
+        .send(Release {
+            key,
+            fence: p.fence,
+        })
+        .await??;
+    Ok(json!({ "released": true }))
+}

@@ -1,0 +1,101 @@
+//! The HTTP surface: health, JSON-RPC over `POST /rpc` and over the `/rpc/ws` websocket.
+//! One [`configure`] serves both `main` and the tests.
+
+pub mod methods;
+pub mod rpc;
+mod ws;
+
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use rakazo_actors::{DomainError, ErrorCode};
+use serde_json::{Value, json};
+
+use crate::app::App;
+use crate::auth::{self, Caller};
+
+/// Mount every route.
+pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        cfg.app_data(web::Data::from(app))
+            .route("/internal/health", web::get().to(health))
+            .route("/rpc", web::post().to(rpc_http))
+            .route("/rpc/ws", web::get().to(ws::upgrade));
+    }
+}
+
+async fn health(app: web::Data<App>) -> HttpResponse {
+    let db_ok = app.db.ping().await.is_ok();
+    let status = &app.provider_status;
+    let ok = db_ok && status.setup_error.is_none();
+    let mut body = json!({
+        "status": if ok { "ok" } else { "degraded" },
+        "sandbox": status.sandbox,
+        "database": app.config.database_kind(),
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    if let Some(err) = &status.setup_error {
+        body["setupError"] = json!(err);
+    }
+    if !db_ok {
+        body["databaseError"] = json!("the database did not answer");
+    }
+    HttpResponse::Ok().json(body)
+}
+
+/// The bearer token of a request, if any.
+pub fn bearer(req: &HttpRequest) -> Option<String> {
+    let value = req.headers().get("authorization")?.to_str().ok()?;
+    value.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+}
+
+/// Authenticate a request's bearer token.
+pub async fn caller(app: &App, req: &HttpRequest) -> Result<Caller, DomainError> {
+    match bearer(req) {
+        Some(token) => auth::authenticate(&app.db, &token).await,
+        None => Err(DomainError::new(
+            ErrorCode::Unauthorized,
+            "a bearer token is required",
+        )),
+    }
+}
+
+fn json_status(status: u16, body: Value) -> HttpResponse {
+    HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::OK)).json(body)
+}
+
+async fn rpc_http(
+    app: web::Data<App>,
+    req: HttpRequest,
+    mut payload: web::Payload,
+) -> HttpResponse {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let Ok(chunk) = chunk else {
+            return json_status(
+                400,
+                rpc::protocol_error(Value::Null, -32700, "unreadable body"),
+            );
+        };
+        if body.len() + chunk.len() > rpc::MAX_REQUEST_BYTES {
+            let err = DomainError::new(ErrorCode::TooLarge, "request exceeds 12 MiB");
+            return json_status(413, rpc::error(Value::Null, &err));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let caller = match caller(&app, &req).await {
+        Ok(c) => c,
+        Err(err) => return json_status(401, rpc::error(Value::Null, &err)),
+    };
+    let ctx = methods::Ctx {
+        app: &app,
+        caller: &caller,
+    };
+    let (resp, status) = rpc::handle_body(&ctx, &body).await;
+    if status == 204 {
+        return HttpResponse::NoContent().finish();
+    }
+    json_status(status, resp)
+}

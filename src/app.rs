@@ -1,0 +1,103 @@
+//! The composition root: configuration → database → provider → actors, shared by every
+//! transport. `App::start` is what `rakazo serve` and the tests call.
+
+use std::sync::Arc;
+
+use actix::Arbiter;
+use rakazo_actors::events::EventBus;
+use rakazo_actors::registry::Registry;
+use rakazo_actors::runtime::{Runtime, Settings};
+use rakazo_actors::screen::NoRevoker;
+use sea_orm::DatabaseConnection;
+
+use crate::config::Config;
+use crate::providers::{self, ProviderStatus};
+use crate::stores::local::LocalHomeStore;
+use crate::{auth, db};
+
+/// Why the app could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Database connection or migration failed.
+    #[error("database: {0}")]
+    Database(#[from] sea_orm::DbErr),
+    /// The provider refused its configuration.
+    #[error("{0}")]
+    Provider(String),
+    /// Bootstrap (operator token, data dir) failed.
+    #[error("{0}")]
+    Bootstrap(String),
+}
+
+/// Everything a request handler needs.
+pub struct App {
+    /// The configuration in force.
+    pub config: Config,
+    /// The database.
+    pub db: DatabaseConnection,
+    /// Live actors.
+    pub registry: Arc<Registry>,
+    /// What `/internal/health` reports about the provider.
+    pub provider_status: ProviderStatus,
+    /// The fake provider, when it is the one in use (tests drive its hooks).
+    pub fake: Option<Arc<providers::fake::FakeProvider>>,
+    /// The arbiter the actors run on; kept alive with the app.
+    _arbiter: Arbiter,
+}
+
+impl App {
+    /// Start the app; also returns the operator token when it was created just now.
+    pub async fn start(config: Config) -> Result<(Arc<App>, Option<String>), StartError> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            StartError::Bootstrap(format!("DATA_DIR {}: {e}", config.data_dir.display()))
+        })?;
+        let db = db::connect(&config.database_url.0).await?;
+        db::migrate(&db).await?;
+        let operator_token = auth::ensure_operator(&db, &config.data_dir)
+            .await
+            .map_err(|e| StartError::Bootstrap(e.message))?;
+        let built = providers::build(&config).map_err(StartError::Provider)?;
+        let homes = Arc::new(LocalHomeStore::new(
+            config.data_dir.join("home-revisions"),
+            config.keep_revisions as usize,
+        ));
+        let runtime = Arc::new(Runtime {
+            db: db.clone(),
+            provider: built.provider,
+            homes,
+            events: EventBus::new(),
+            settings: Settings {
+                idle: config.idle,
+                max_active: config.max_active,
+                command_timeout: config.command_timeout,
+                team_screen_limit: config.team_screen_limit,
+            },
+        });
+        let arbiter = Arbiter::new();
+        let registry = Arc::new(Registry::new(
+            runtime,
+            arbiter.handle(),
+            Arc::new(NoRevoker),
+        ));
+        let app = App {
+            config,
+            db,
+            registry,
+            provider_status: built.status,
+            fake: built.fake,
+            _arbiter: arbiter,
+        };
+        Ok((Arc::new(app), operator_token))
+    }
+
+    /// Shared actor dependencies.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        self.registry.runtime()
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self._arbiter.stop();
+    }
+}

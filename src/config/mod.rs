@@ -1,0 +1,427 @@
+//! Typed configuration: `config/default.toml`, an optional TOML file, then the environment.
+//!
+//! Parsing reads through the [`Env`] trait, which a `HashMap` also implements, so tests never
+//! touch the process environment. An invalid value is one [`ConfigError`] line naming the
+//! variable, the value and what is accepted.
+
+mod vars;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use vars::{ENVIRONMENTS, PROVIDERS, VARS, Var, render_example};
+
+/// The built-in defaults, compiled in.
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// Where variables come from.
+pub trait Env {
+    /// The value of a variable, if set.
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+/// A configuration failure; its display is the one line printed before exiting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A variable has a value outside what it accepts.
+    #[error("invalid {var}={value:?}: expected {accepted}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// The offending value (secrets are not echoed).
+        value: String,
+        /// What is accepted.
+        accepted: String,
+    },
+    /// A TOML file could not be read or parsed.
+    #[error("config file {path}: {reason}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A secret string: shown as `[redacted]` by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Deployment environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Environment {
+    /// Production: host-executing providers are refused.
+    Production,
+    /// Local development.
+    Development,
+    /// Automated tests.
+    Test,
+}
+
+/// Object storage settings (present when `OBJECT_STORAGE_BUCKET` is set).
+#[derive(Clone, Debug)]
+pub struct ObjectStorage {
+    /// Bucket name.
+    pub bucket: String,
+    /// Endpoint URL (S3-compatible services).
+    pub endpoint: Option<String>,
+    /// Region.
+    pub region: String,
+    /// Access key id.
+    pub access_key_id: Option<Secret>,
+    /// Secret key.
+    pub secret_access_key: Option<Secret>,
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `RAKAZO_ENV`.
+    pub environment: Environment,
+    /// `RAKAZO_LOG`.
+    pub log_filter: String,
+    /// `RAKAZO_LISTEN`.
+    pub listen: SocketAddr,
+    /// `DATA_DIR`.
+    pub data_dir: PathBuf,
+    /// `DATABASE_URL`, defaulted to SQLite under the data dir.
+    pub database_url: Secret,
+    /// `SANDBOX_PROVIDER`.
+    pub provider: String,
+    /// `SANDBOX_IDLE_MS`.
+    pub idle: Duration,
+    /// `COMPUTER_MAX_ACTIVE_MS`.
+    pub max_active: Duration,
+    /// `SANDBOX_TEAM_SCREEN_LIMIT`.
+    pub team_screen_limit: u32,
+    /// `SANDBOX_COMMAND_TIMEOUT_MS`.
+    pub command_timeout: Duration,
+    /// `SANDBOX_FAKE_SINGLE_SCREEN`.
+    pub fake_single_screen: bool,
+    /// `SANDBOX_SUPERVISOR_URL`.
+    pub supervisor_url: String,
+    /// `SANDBOX_SUPERVISOR_TOKEN`.
+    pub supervisor_token: Option<Secret>,
+    /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
+    pub screen_secret: Option<Secret>,
+    /// `OBJECT_STORAGE_*`.
+    pub object_storage: Option<ObjectStorage>,
+    /// `HOME_REVISIONS_KEEP`.
+    pub keep_revisions: u32,
+}
+
+/// Layers: environment, then an optional file, then the built-in defaults.
+struct Sources<'a> {
+    env: &'a dyn Env,
+    file: toml::Table,
+    defaults: toml::Table,
+}
+
+fn toml_string(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        // Tables, arrays and dates are never valid values: the parser reports them.
+        _ => "<not a scalar>".into(),
+    }
+}
+
+impl Sources<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        let key = name.to_ascii_lowercase();
+        self.env
+            .var(name)
+            .or_else(|| self.file.get(&key).map(toml_string))
+            .or_else(|| self.defaults.get(&key).map(toml_string))
+            .filter(|v| !v.is_empty())
+    }
+
+    fn invalid(&self, var: &'static str, value: &str, accepted: impl Into<String>) -> ConfigError {
+        let secret = VARS.iter().any(|v| v.name == var && v.secret);
+        ConfigError::Invalid {
+            var,
+            value: if secret {
+                "[redacted]".into()
+            } else {
+                value.into()
+            },
+            accepted: accepted.into(),
+        }
+    }
+
+    fn one_of(&self, var: &'static str, accepted: &[&str]) -> Result<String, ConfigError> {
+        let value = self.get(var).unwrap_or_default();
+        if accepted.contains(&value.as_str()) {
+            Ok(value)
+        } else {
+            Err(self.invalid(var, &value, format!("one of {}", accepted.join(", "))))
+        }
+    }
+
+    fn number(&self, var: &'static str, max: u64) -> Result<u64, ConfigError> {
+        let value = self.get(var).unwrap_or_default();
+        value
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= max)
+            .ok_or_else(|| self.invalid(var, &value, format!("a whole number from 0 to {max}")))
+    }
+
+    fn boolean(&self, var: &'static str) -> Result<bool, ConfigError> {
+        match self.get(var).as_deref().unwrap_or("false") {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            other => Err(self.invalid(var, other, "true or false")),
+        }
+    }
+
+    fn secret(&self, var: &'static str) -> Option<Secret> {
+        self.get(var).map(Secret)
+    }
+}
+
+fn parse_table(text: &str, path: &str) -> Result<toml::Table, ConfigError> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::File {
+            path: path.into(),
+            reason: e.message().into(),
+        })?;
+    for key in table.keys() {
+        if !VARS.iter().any(|v| v.name.eq_ignore_ascii_case(key)) {
+            return Err(ConfigError::File {
+                path: path.into(),
+                reason: format!("unknown key `{key}`"),
+            });
+        }
+    }
+    Ok(table)
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+impl Config {
+    /// Load from `env` over an optional TOML file over the built-in defaults.
+    pub fn load(env: &dyn Env, file: Option<&Path>) -> Result<Config, ConfigError> {
+        let file = match file {
+            Some(path) => {
+                let shown = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                    path: shown.clone(),
+                    reason: e.to_string(),
+                })?;
+                parse_table(&text, &shown)?
+            }
+            None => toml::Table::new(),
+        };
+        let s = Sources {
+            env,
+            file,
+            defaults: parse_table(DEFAULT_TOML, "config/default.toml")?,
+        };
+
+        let environment = match s.one_of("RAKAZO_ENV", ENVIRONMENTS)?.as_str() {
+            "development" => Environment::Development,
+            "test" => Environment::Test,
+            _ => Environment::Production,
+        };
+        let listen_raw = s.get("RAKAZO_LISTEN").unwrap_or_default();
+        let listen = listen_raw.parse().map_err(|_| {
+            s.invalid(
+                "RAKAZO_LISTEN",
+                &listen_raw,
+                "an address such as 127.0.0.1:3100",
+            )
+        })?;
+        let data_dir = PathBuf::from(s.get("DATA_DIR").unwrap_or_else(|| "./data".into()));
+        let database_url = match s.get("DATABASE_URL") {
+            Some(url)
+                if url.starts_with("sqlite:")
+                    || url.starts_with("postgres://")
+                    || url.starts_with("postgresql://") =>
+            {
+                url
+            }
+            Some(url) => {
+                return Err(s.invalid("DATABASE_URL", &url, "a sqlite:// or postgres:// URL"));
+            }
+            None => format!("sqlite://{}?mode=rwc", data_dir.join("rakazo.db").display()),
+        };
+        let screen_secret = s.secret("SCREEN_CAPABILITY_SECRET");
+        if let Some(secret) = &screen_secret {
+            if secret.0.len() != 64 || !secret.0.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(s.invalid(
+                    "SCREEN_CAPABILITY_SECRET",
+                    "",
+                    "64 hexadecimal characters (32 bytes)",
+                ));
+            }
+        }
+        let object_storage = s.get("OBJECT_STORAGE_BUCKET").map(|bucket| ObjectStorage {
+            bucket,
+            endpoint: s.get("OBJECT_STORAGE_ENDPOINT"),
+            region: s
+                .get("OBJECT_STORAGE_REGION")
+                .unwrap_or_else(|| "us-east-1".into()),
+            access_key_id: s.secret("OBJECT_STORAGE_ACCESS_KEY_ID"),
+            secret_access_key: s.secret("OBJECT_STORAGE_SECRET_ACCESS_KEY"),
+        });
+        let keep_revisions = s.number("HOME_REVISIONS_KEEP", 1000)? as u32;
+        if keep_revisions == 0 {
+            return Err(s.invalid("HOME_REVISIONS_KEEP", "0", "a whole number from 1 to 1000"));
+        }
+        Ok(Config {
+            environment,
+            log_filter: s.get("RAKAZO_LOG").unwrap_or_else(|| "info".into()),
+            listen,
+            data_dir,
+            database_url: Secret(database_url),
+            provider: s.one_of("SANDBOX_PROVIDER", PROVIDERS)?,
+            idle: Duration::from_millis(s.number("SANDBOX_IDLE_MS", 30 * DAY_MS)?),
+            max_active: Duration::from_millis(s.number("COMPUTER_MAX_ACTIVE_MS", 30 * DAY_MS)?),
+            team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
+            command_timeout: Duration::from_millis(
+                s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
+            ),
+            fake_single_screen: s.boolean("SANDBOX_FAKE_SINGLE_SCREEN")?,
+            supervisor_url: s.get("SANDBOX_SUPERVISOR_URL").unwrap_or_default(),
+            supervisor_token: s.secret("SANDBOX_SUPERVISOR_TOKEN"),
+            screen_secret,
+            object_storage,
+            keep_revisions,
+        })
+    }
+
+    /// `sqlite` or `postgres`, as `/internal/health` reports it.
+    pub fn database_kind(&self) -> &'static str {
+        if self.database_url.0.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let c = Config::load(&env(&[]), None).unwrap();
+        assert_eq!(c.provider, "docker");
+        assert_eq!(c.idle, Duration::from_millis(600_000));
+        assert_eq!(c.max_active, Duration::from_millis(7_200_000));
+        assert_eq!(c.command_timeout, Duration::from_millis(300_000));
+        assert_eq!(c.team_screen_limit, 0);
+        assert_eq!(c.listen.to_string(), "127.0.0.1:3100");
+        assert_eq!(c.database_kind(), "sqlite");
+        assert_eq!(c.keep_revisions, 3);
+        assert_eq!(c.environment, Environment::Production);
+    }
+
+    #[test]
+    fn unknown_provider_lists_every_accepted_name() {
+        let err = Config::load(&env(&[("SANDBOX_PROVIDER", "bogus")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("SANDBOX_PROVIDER") && err.contains("bogus"),
+            "{err}"
+        );
+        for name in PROVIDERS {
+            assert!(err.contains(name), "{err} lacks {name}");
+        }
+    }
+
+    #[test]
+    fn invalid_numbers_name_the_variable() {
+        let err = Config::load(&env(&[("SANDBOX_IDLE_MS", "soon")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("invalid SANDBOX_IDLE_MS=\"soon\""), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_not_echoed() {
+        let err = Config::load(&env(&[("DATABASE_URL", "mysql://u:hunter2@h/db")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        let c = Config::load(&env(&[("SANDBOX_SUPERVISOR_TOKEN", "hunter2")]), None).unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn env_wins_over_file_over_defaults() {
+        let dir = std::env::temp_dir().join(format!("rakazo-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rakazo.toml");
+        std::fs::write(&file, "sandbox_provider = \"fake\"\nsandbox_idle_ms = 5\n").unwrap();
+        let c = Config::load(&env(&[("SANDBOX_IDLE_MS", "7")]), Some(&file)).unwrap();
+        assert_eq!(
+            (c.provider.as_str(), c.idle),
+            ("fake", Duration::from_millis(7))
+        );
+        std::fs::write(&file, "no_such_key = 1\n").unwrap();
+        assert!(
+            Config::load(&env(&[]), Some(&file))
+                .unwrap_err()
+                .to_string()
+                .contains("no_such_key")
+        );
+    }
+
+    #[test]
+    fn the_example_file_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/rakazo.env.example");
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == render_example(),
+            "config/rakazo.env.example is stale: run `rakazo config example > {path}`"
+        );
+    }
+
+    #[test]
+    fn every_default_toml_key_is_documented() {
+        let table: toml::Table = DEFAULT_TOML.parse().unwrap();
+        for var in VARS {
+            let has = table.contains_key(&var.name.to_ascii_lowercase());
+            assert_eq!(has, !var.default.is_empty(), "{} default", var.name);
+        }
+    }
+}

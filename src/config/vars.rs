@@ -1,0 +1,199 @@
+//! The table of every configuration variable: its name, default and meaning. The annotated
+//! example file in `config/` is rendered from this table (and a test keeps them equal).
+
+/// One documented variable.
+pub struct Var {
+    /// Environment variable name; the same name in lower case is its key in TOML files.
+    pub name: &'static str,
+    /// Default, as written in the example (empty = unset).
+    pub default: &'static str,
+    /// Whether the value is a secret (never logged).
+    pub secret: bool,
+    /// What it does and what it accepts.
+    pub doc: &'static str,
+}
+
+/// The provider names `SANDBOX_PROVIDER` accepts.
+pub const PROVIDERS: &[&str] = &[
+    "docker",
+    "e2b",
+    "daytona",
+    "box",
+    "e2b-emulator",
+    "daytona-emulator",
+    "box-emulator",
+    "desktop",
+    "fake",
+    "kubernetes",
+    "none",
+];
+
+/// The deployment environments `RAKAZO_ENV` accepts.
+pub const ENVIRONMENTS: &[&str] = &["production", "development", "test"];
+
+/// Every variable, in the order the example file lists them.
+pub const VARS: &[Var] = &[
+    Var {
+        name: "RAKAZO_ENV",
+        default: "production",
+        secret: false,
+        doc: "Deployment environment: production, development or test. The desktop provider runs only in development or test.",
+    },
+    Var {
+        name: "RAKAZO_LOG",
+        default: "info",
+        secret: false,
+        doc: "Log filter (tracing EnvFilter syntax), for example `info,rakazo=debug`.",
+    },
+    Var {
+        name: "RAKAZO_LISTEN",
+        default: "127.0.0.1:3100",
+        secret: false,
+        doc: "Address the API, dashboard and screen proxy listen on (`rakazo serve --listen` overrides).",
+    },
+    Var {
+        name: "DATA_DIR",
+        default: "./data",
+        secret: false,
+        doc: "Rakazo-owned data: the SQLite database, homes, revisions and generated keys. Put it on a persistent, encrypted volume.",
+    },
+    Var {
+        name: "DATABASE_URL",
+        default: "",
+        secret: true,
+        doc: "Database URL: `sqlite://PATH` or `postgres://USER:PASSWORD@HOST/DB`. Unset: SQLite at DATA_DIR/rakazo.db.",
+    },
+    Var {
+        name: "SANDBOX_PROVIDER",
+        default: "docker",
+        secret: false,
+        doc: "Where computers run: docker, e2b, daytona, box, e2b-emulator, daytona-emulator, box-emulator, desktop, fake, kubernetes or none.",
+    },
+    Var {
+        name: "SANDBOX_IDLE_MS",
+        default: "600000",
+        secret: false,
+        doc: "Suspend a computer after this many milliseconds without use (0 = never).",
+    },
+    Var {
+        name: "COMPUTER_MAX_ACTIVE_MS",
+        default: "7200000",
+        secret: false,
+        doc: "On providers that bill while running, suspend after this long up in one stretch unless a run or a user holds it (0 = never).",
+    },
+    Var {
+        name: "SANDBOX_TEAM_SCREEN_LIMIT",
+        default: "0",
+        secret: false,
+        doc: "Cap on simultaneous desktops per computer (0 = no cap); beyond it graphical tools answer MULTI_SCREEN_UNAVAILABLE.",
+    },
+    Var {
+        name: "SANDBOX_COMMAND_TIMEOUT_MS",
+        default: "300000",
+        secret: false,
+        doc: "Default and maximum timeout of a shell command, in milliseconds.",
+    },
+    Var {
+        name: "SANDBOX_FAKE_SINGLE_SCREEN",
+        default: "false",
+        secret: false,
+        doc: "With SANDBOX_PROVIDER=fake: emulate a single-desktop vendor (true or false).",
+    },
+    Var {
+        name: "SANDBOX_SUPERVISOR_URL",
+        default: "http://127.0.0.1:7091",
+        secret: false,
+        doc: "URL of the Docker supervisor (`rakazo supervisor`); keep it on loopback or a private network.",
+    },
+    Var {
+        name: "SANDBOX_SUPERVISOR_TOKEN",
+        default: "",
+        secret: true,
+        doc: "Shared token between API and supervisor; required for docker, distinct from every other secret.",
+    },
+    Var {
+        name: "SCREEN_CAPABILITY_SECRET",
+        default: "",
+        secret: true,
+        doc: "64 hex characters (32 bytes) sealing screen capabilities. Unset: generated once and kept in DATA_DIR/screen-capability.key.",
+    },
+    Var {
+        name: "OBJECT_STORAGE_BUCKET",
+        default: "",
+        secret: false,
+        doc: "S3-compatible bucket holding sealed workspace checkpoints; unset keeps checkpoints under DATA_DIR.",
+    },
+    Var {
+        name: "OBJECT_STORAGE_ENDPOINT",
+        default: "",
+        secret: false,
+        doc: "Endpoint URL of the S3-compatible service (unset = AWS).",
+    },
+    Var {
+        name: "OBJECT_STORAGE_REGION",
+        default: "us-east-1",
+        secret: false,
+        doc: "Region of the bucket.",
+    },
+    Var {
+        name: "OBJECT_STORAGE_ACCESS_KEY_ID",
+        default: "",
+        secret: true,
+        doc: "Access key id for the bucket.",
+    },
+    Var {
+        name: "OBJECT_STORAGE_SECRET_ACCESS_KEY",
+        default: "",
+        secret: true,
+        doc: "Secret access key for the bucket.",
+    },
+    Var {
+        name: "HOME_REVISIONS_KEEP",
+        default: "3",
+        secret: false,
+        doc: "How many checkpoint revisions of each workspace are kept (at least 1).",
+    },
+];
+
+/// The annotated example environment file (`config/rakazo.env.example`).
+pub fn render_example() -> String {
+    let mut out = String::from(
+        "# Rakazo Runtime configuration: every variable, its default and what it accepts.\n\
+         # Generated by `rakazo config example`; a test keeps it equal to the code.\n\
+         # Each variable may also be set in a TOML file (`rakazo serve --config FILE`) under\n\
+         # its lower-case name; the environment wins over the file, the file over defaults.\n",
+    );
+    for var in VARS {
+        out.push('\n');
+        for line in wrap(var.doc, 96) {
+            out.push_str("# ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+        if var.secret {
+            out.push_str("# (secret: never logged)\n");
+        }
+        if var.default.is_empty() {
+            out.push_str(&format!("# {}=\n", var.name));
+        } else {
+            out.push_str(&format!("{}={}\n", var.name, var.default));
+        }
+    }
+    out
+}
+
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split_whitespace() {
+        let last = lines.last_mut().expect("one line");
+        if !last.is_empty() && last.len() + 1 + word.len() > width {
+            lines.push(word.to_owned());
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(word);
+        }
+    }
+    lines
+}

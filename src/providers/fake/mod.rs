@@ -1,0 +1,370 @@
+//! The `fake` provider: an in-process, stateful emulator of a computer backend.
+//!
+//! Each machine has a real in-memory file tree, an emulated shell ([`shell`]), desktops that
+//! render frames and record actions, and screen allocation. In single-screen mode it behaves
+//! like Box: one desktop per machine, so a second bot's graphical tools get
+//! `MultiScreenUnavailable` while shell and files keep working.
+//!
+//! Test hooks: [`FakeProvider::lose_machine`] makes a machine vanish (calls in flight and later
+//! ones see "machine gone"); the shell command `rakazo-fake-lose-machine` does the same from
+//! inside a command, for end-to-end tests through the API.
+
+mod frame;
+mod shell;
+mod tree;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rakazo_actors::provider::{
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
+    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+};
+
+use crate::providers::workspace_path::normalize;
+use shell::Step;
+use tree::Tree;
+
+/// Step of the emulated clock while a command sleeps (loss and deadline checks).
+const SLEEP_TICK: Duration = Duration::from_millis(10);
+/// The command that makes the machine vanish mid-command.
+const LOSE_MACHINE_COMMAND: &str = "rakazo-fake-lose-machine";
+
+/// One emulated desktop.
+#[derive(Clone, Debug, Hash)]
+struct Screen {
+    slot: u32,
+    pointer: (i32, i32),
+    typed: String,
+    actions: u64,
+}
+
+/// One emulated machine.
+#[derive(Debug, Default)]
+struct Machine {
+    files: Tree,
+    running: bool,
+    lost: bool,
+    screens: BTreeMap<String, Screen>,
+}
+
+/// How many desktops a fake machine can host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScreenMode {
+    /// Any number (bounded by `limit` when non-zero).
+    Multi {
+        /// Cap on simultaneous desktops (0 = none).
+        limit: u32,
+    },
+    /// One desktop per machine, like Box.
+    Single,
+}
+
+/// The in-process emulator.
+pub struct FakeProvider {
+    mode: ScreenMode,
+    machines: Mutex<HashMap<String, Machine>>,
+    next_id: AtomicU64,
+}
+
+impl FakeProvider {
+    /// A fake with the given screen mode.
+    pub fn new(mode: ScreenMode) -> Self {
+        Self {
+            mode,
+            machines: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Test hook: the machine vanishes, as if the vendor lost it.
+    pub fn lose_machine(&self, machine: &ProviderRef) {
+        if let Some(m) = self.lock().get_mut(&machine.0) {
+            m.lost = true;
+        }
+    }
+
+    /// How many machines exist and are not lost.
+    pub fn live_machines(&self) -> usize {
+        self.lock().values().filter(|m| !m.lost).count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Machine>> {
+        self.machines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` on a live, running machine.
+    fn with<T>(
+        &self,
+        machine: &ProviderRef,
+        f: impl FnOnce(&mut Machine) -> ProviderResult<T>,
+    ) -> ProviderResult<T> {
+        let mut machines = self.lock();
+        match machines.get_mut(&machine.0) {
+            Some(m) if !m.lost && m.running => f(m),
+            Some(m) if !m.lost => Err(ProviderError::Failed("machine is stopped".into())),
+            _ => Err(ProviderError::MachineGone),
+        }
+    }
+
+    fn alive(&self, machine: &ProviderRef) -> bool {
+        self.lock()
+            .get(&machine.0)
+            .is_some_and(|m| !m.lost && m.running)
+    }
+}
+
+fn max_screens(mode: ScreenMode) -> Option<usize> {
+    match mode {
+        ScreenMode::Single => Some(1),
+        ScreenMode::Multi { limit: 0 } => None,
+        ScreenMode::Multi { limit } => Some(limit as usize),
+    }
+}
+
+#[async_trait]
+impl SandboxProvider for FakeProvider {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "fake".into(),
+            capabilities: Capabilities {
+                multi_screen: self.mode != ScreenMode::Single,
+                terminal: true,
+                page_browser: false,
+                bills_while_running: false,
+            },
+        }
+    }
+
+    async fn provision(&self, _spec: &MachineSpec) -> ProviderResult<ProviderRef> {
+        let id = format!("fake-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.lock().insert(
+            id.clone(),
+            Machine {
+                running: true,
+                ..Machine::default()
+            },
+        );
+        Ok(ProviderRef(id))
+    }
+
+    async fn reconnect(&self, machine: &ProviderRef, _spec: &MachineSpec) -> ProviderResult<()> {
+        match self.lock().get_mut(&machine.0) {
+            Some(m) if !m.lost => {
+                m.running = true;
+                Ok(())
+            }
+            _ => Err(ProviderError::MachineGone),
+        }
+    }
+
+    async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        match self.lock().get_mut(&machine.0) {
+            Some(m) if !m.lost => {
+                m.running = false;
+                // Stopping a machine ends its desktops; the workspace stays.
+                m.screens.clear();
+                Ok(())
+            }
+            _ => Err(ProviderError::MachineGone),
+        }
+    }
+
+    async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.lock().remove(&machine.0);
+        Ok(())
+    }
+
+    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+        let mode = self.mode;
+        self.with(machine, |m| {
+            if let Some(s) = m.screens.get(bot_id) {
+                return Ok(ScreenInfo { slot: s.slot });
+            }
+            if max_screens(mode).is_some_and(|max| m.screens.len() >= max) {
+                return Err(ProviderError::MultiScreenUnavailable);
+            }
+            let slot = (0u32..)
+                .find(|i| m.screens.values().all(|s| s.slot != *i))
+                .unwrap_or(0);
+            m.screens.insert(
+                bot_id.into(),
+                Screen {
+                    slot,
+                    pointer: (0, 0),
+                    typed: String::new(),
+                    actions: 0,
+                },
+            );
+            Ok(ScreenInfo { slot })
+        })
+    }
+
+    async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
+        self.with(machine, |m| {
+            m.screens.remove(bot_id);
+            Ok(())
+        })
+    }
+
+    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        let screen = self.with(machine, |m| {
+            m.screens
+                .get(bot_id)
+                .cloned()
+                .ok_or_else(|| ProviderError::Failed("no screen for this bot".into()))
+        })?;
+        frame::render(&screen)
+    }
+
+    async fn act(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+    ) -> ProviderResult<ActOutcome> {
+        let mut completed = 0;
+        for action in actions {
+            if let Action::Wait { ms } = action {
+                tokio::time::sleep(Duration::from_millis((*ms).min(10_000))).await;
+            }
+            self.with(machine, |m| {
+                let s = m
+                    .screens
+                    .get_mut(bot_id)
+                    .ok_or_else(|| ProviderError::Failed("no screen for this bot".into()))?;
+                match action {
+                    Action::Move { x, y }
+                    | Action::Click { x, y, .. }
+                    | Action::Scroll { x, y, .. } => s.pointer = (*x, *y),
+                    Action::Drag { to_x, to_y, .. } => s.pointer = (*to_x, *to_y),
+                    Action::Type { text } => s.typed.push_str(text),
+                    Action::Key { keys } => s.typed.push_str(&format!("<{keys}>")),
+                    Action::Wait { .. } => {}
+                }
+                s.actions += 1;
+                Ok(())
+            })?;
+            completed += 1;
+        }
+        let frame = self.observe(machine, bot_id).await?;
+        Ok(ActOutcome { completed, frame })
+    }
+
+    async fn exec(
+        &self,
+        machine: &ProviderRef,
+        request: &ExecRequest,
+    ) -> ProviderResult<ExecOutput> {
+        let deadline = Instant::now() + request.timeout;
+        let cwd = normalize(&request.cwd, true)?;
+        let mut env: BTreeMap<String, String> = [
+            ("HOME", "/workspace"),
+            ("USER", "rakazo"),
+            ("PATH", "/usr/bin:/bin"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()))
+        .into();
+        env.extend(request.env.iter().cloned());
+        let mut out = ExecOutput {
+            exit_code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+            timed_out: false,
+        };
+        let steps = match shell::parse(&request.command, &env) {
+            Ok(steps) => steps,
+            Err(e) => {
+                self.with(machine, |_| Ok(()))?;
+                out.stderr = format!("sh: syntax error: {e}\n");
+                out.exit_code = 2;
+                return Ok(out);
+            }
+        };
+        for (and, or, cmd) in steps {
+            if (and && out.exit_code != 0) || (or && out.exit_code == 0) {
+                continue;
+            }
+            if cmd.argv.first().map(String::as_str) == Some(LOSE_MACHINE_COMMAND) {
+                self.lose_machine(machine);
+                return Err(ProviderError::MachineGone);
+            }
+            match self.with(machine, |m| {
+                Ok(shell::run_simple(&mut m.files, &cwd, &env, &cmd))
+            })? {
+                Step::Done {
+                    stdout,
+                    stderr,
+                    status,
+                } => {
+                    out.stdout.push_str(&String::from_utf8_lossy(&stdout));
+                    out.stderr.push_str(&String::from_utf8_lossy(&stderr));
+                    out.exit_code = status;
+                }
+                Step::Exit(code) => {
+                    out.exit_code = code;
+                    return Ok(out);
+                }
+                Step::Sleep(seconds) => {
+                    let until =
+                        Instant::now() + Duration::from_secs_f64(seconds.clamp(0.0, 86_400.0));
+                    while Instant::now() < until {
+                        if Instant::now() >= deadline {
+                            out.timed_out = true;
+                            out.exit_code = -1;
+                            return Ok(out);
+                        }
+                        if !self.alive(machine) {
+                            return Err(ProviderError::MachineGone);
+                        }
+                        tokio::time::sleep(SLEEP_TICK).await;
+                    }
+                    out.exit_code = 0;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn list_files(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+    ) -> ProviderResult<Vec<FileEntry>> {
+        let path = normalize(path, true)?;
+        self.with(machine, |m| m.files.list(&path))
+    }
+
+    async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
+        let path = normalize(path, false)?;
+        self.with(machine, |m| m.files.read(&path).map(<[u8]>::to_vec))
+    }
+
+    async fn write_file(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        data: &[u8],
+    ) -> ProviderResult<()> {
+        let path = normalize(path, false)?;
+        self.with(machine, |m| m.files.write(&path, data.to_vec()))
+    }
+
+    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
+        self.with(machine, |m| m.files.export())
+    }
+
+    async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {
+        let tree = Tree::import(archive)?;
+        self.with(machine, |m| {
+            m.files = tree;
+            Ok(())
+        })
+    }
+}
+
+/// Shared handle type used by the app and tests.
+pub type SharedFake = Arc<FakeProvider>;

@@ -1,0 +1,70 @@
+//! Provider adapters behind the `SandboxProvider` port, and the factory that picks one from
+//! the configuration.
+
+pub mod fake;
+pub mod workspace_path;
+
+use std::sync::Arc;
+
+use rakazo_actors::provider::SandboxProvider;
+use serde::Serialize;
+
+use crate::config::Config;
+
+/// What the deployment's provider is, as `/internal/health` reports it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStatus {
+    /// The provider actually in use (`none` when none).
+    pub sandbox: String,
+    /// A setup failure that keeps the configured provider from running, stated plainly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup_error: Option<String>,
+}
+
+/// The factory's result.
+pub struct Built {
+    /// The provider, if one runs.
+    pub provider: Option<Arc<dyn SandboxProvider>>,
+    /// Health status.
+    pub status: ProviderStatus,
+    /// The fake, when it is the provider (test hooks).
+    pub fake: Option<Arc<fake::FakeProvider>>,
+}
+
+fn unavailable(reason: String) -> Built {
+    tracing::error!(event = "sandbox.setup_failed", reason = %reason);
+    Built {
+        provider: None,
+        status: ProviderStatus {
+            sandbox: "none".into(),
+            setup_error: Some(reason),
+        },
+        fake: None,
+    }
+}
+
+/// Build the configured provider. A provider that cannot run is a setup failure reported by
+/// health and the startup log, never a silent fall back to `none`.
+pub fn build(config: &Config) -> Result<Built, String> {
+    match config.provider.as_str() {
+        "none" => Ok(Built { provider: None, status: ProviderStatus { sandbox: "none".into(), setup_error: None }, fake: None }),
+        "fake" => {
+            let mode = if config.fake_single_screen {
+                fake::ScreenMode::Single
+            } else {
+                fake::ScreenMode::Multi { limit: config.team_screen_limit }
+            };
+            let fake = Arc::new(fake::FakeProvider::new(mode));
+            Ok(Built {
+                provider: Some(fake.clone()),
+                status: ProviderStatus { sandbox: "fake".into(), setup_error: None },
+                fake: Some(fake),
+            })
+        }
+        "docker" if config.supervisor_token.is_none() => Ok(unavailable(
+            "SANDBOX_PROVIDER=docker requires SANDBOX_SUPERVISOR_TOKEN (non-empty, distinct from other secrets)".into(),
+        )),
+        other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),
+    }
+}

@@ -1,0 +1,22 @@
+//! The HTTP server: binds the API to a listener. Tests bind `127.0.0.1:0`.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::Server;
+
+use crate::api;
+use crate::app::App;
+
+/// Build the server on an already-bound listener; the caller runs (awaits or spawns) it.
+pub fn build(app: Arc<App>, listener: TcpListener, workers: usize) -> std::io::Result<Server> {
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new().configure(api::configure(app.clone()))
+    })
+    .workers(workers.max(1))
+    .disable_signals()
+    .shutdown_timeout(5)
+    .listen(listener)?
+    .run();
+    Ok(server)
+}

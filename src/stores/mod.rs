@@ -1,0 +1,3 @@
+//! `HomeStore` adapters.
+
+pub mod local;

@@ -1,0 +1,298 @@
+//! The HTTP surface: health, authentication, scoping, errors, screens and live events.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Backend, TestServer};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+
+#[actix_rt::test]
+async fn health_reports_provider_and_database() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let v: Value = s
+        .http
+        .get(format!("{}/internal/health", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            v["status"].as_str(),
+            v["sandbox"].as_str(),
+            v["database"].as_str()
+        ),
+        (Some("ok"), Some("fake"), Some("sqlite"))
+    );
+    assert!(v["version"].is_string());
+}
+
+#[actix_rt::test]
+async fn docker_without_its_token_is_a_plain_setup_failure() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "docker")])
+        .await
+        .unwrap();
+    let v: Value = s
+        .http
+        .get(format!("{}/internal/health", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "degraded");
+    assert!(
+        v["setupError"]
+            .as_str()
+            .unwrap()
+            .contains("SANDBOX_SUPERVISOR_TOKEN")
+    );
+}
+
+#[actix_rt::test]
+async fn calls_need_a_valid_token_and_see_only_their_spaces() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let err = s
+        .call_as("rkz_nope", "space.list", json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (401, "UNAUTHORIZED"));
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let bea = s.ok("user.create", json!({ "name": "Bea" })).await;
+    let bea = bea["token"].as_str().unwrap();
+    assert_eq!(
+        s.call_as(bea, "space.list", json!({})).await.unwrap(),
+        json!([])
+    );
+    for (method, params) in [
+        ("bot.list", json!({ "spaceId": space })),
+        ("computer.get", json!({ "computerId": computer["id"] })),
+        ("run.start", json!({ "botId": bots[0] })),
+        ("computer.takeControl", json!({ "botId": bots[0] })),
+    ] {
+        let err = s.call_as(bea, method, params).await.unwrap_err();
+        assert_eq!((err.0, err.1.as_str()), (404, "NOT_FOUND"), "{method}");
+    }
+    // A bot-scoped token drives its bot and nothing else.
+    let (_, more) = s.space_with_bots(1, "team").await;
+    let scoped = s
+        .ok("token.createForBot", json!({ "botId": bots[0] }))
+        .await;
+    let scoped = scoped["token"].as_str().unwrap();
+    assert!(
+        s.call_as(scoped, "run.start", json!({ "botId": bots[0] }))
+            .await
+            .is_ok()
+    );
+    let err = s
+        .call_as(scoped, "run.start", json!({ "botId": more[0] }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "FORBIDDEN");
+    assert_eq!(
+        s.call_as(scoped, "space.create", json!({ "name": "x" }))
+            .await
+            .unwrap_err()
+            .1,
+        "FORBIDDEN"
+    );
+}
+
+#[actix_rt::test]
+async fn bad_input_gets_stable_codes() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    assert_eq!(
+        s.call("no.such", json!({})).await.unwrap_err().1,
+        "INVALID_PARAMS"
+    );
+    assert_eq!(
+        s.call("space.create", json!({ "name": "" }))
+            .await
+            .unwrap_err()
+            .1,
+        "INVALID_PARAMS"
+    );
+    assert_eq!(
+        s.call("space.create", json!({ "name": "x", "extra": 1 }))
+            .await
+            .unwrap_err()
+            .1,
+        "INVALID_PARAMS"
+    );
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    assert_eq!(
+        s.exec(&run, fence, "").await.unwrap_err().1,
+        "INVALID_PARAMS"
+    );
+    let err = s
+        .call(
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "command": "x", "cwd": "../.." }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (400, "PATH_REJECTED"));
+    // Oversized request bodies are refused before parsing.
+    let huge = "x".repeat(13 * 1024 * 1024);
+    let resp = s
+        .http
+        .post(format!("{}/rpc", s.base))
+        .bearer_auth(&s.operator_token)
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["data"]["code"], "TOO_LARGE");
+    // Batches answer each call.
+    let batch = json!([
+        { "jsonrpc": "2.0", "id": 1, "method": "space.list" },
+        { "jsonrpc": "2.0", "id": 2, "method": "bogus" }
+    ]);
+    let v: Value = s
+        .http
+        .post(format!("{}/rpc", s.base))
+        .bearer_auth(&s.operator_token)
+        .json(&batch)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v[0]["result"].is_array());
+    assert_eq!(v[1]["error"]["data"]["code"], "INVALID_PARAMS");
+}
+
+#[actix_rt::test]
+async fn a_single_screen_provider_refuses_a_second_desktop_but_keeps_shell_and_files() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_FAKE_SINGLE_SCREEN", "true")])
+        .await
+        .unwrap();
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run_a, fence_a) = s.start_run(&bots[0]).await;
+    let (run_b, fence_b) = s.start_run(&bots[1]).await;
+    let screen = s
+        .ok(
+            "computer.openScreen",
+            json!({ "runId": run_a, "fence": fence_a }),
+        )
+        .await;
+    assert_eq!(screen["generation"], 1);
+    let err = s
+        .call(
+            "computer.openScreen",
+            json!({ "runId": run_b, "fence": fence_b }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "MULTI_SCREEN_UNAVAILABLE");
+    assert_eq!(
+        s.exec(&run_b, fence_b, "echo ok > f && cat f")
+            .await
+            .unwrap()["stdout"],
+        "ok\n"
+    );
+    // A failed run tears its screen down; the slot then serves the other bot.
+    s.ok(
+        "run.finish",
+        json!({ "runId": run_a, "fence": fence_a, "outcome": "failed" }),
+    )
+    .await;
+    let screen_b = s
+        .ok(
+            "computer.openScreen",
+            json!({ "runId": run_b, "fence": fence_b }),
+        )
+        .await;
+    assert_eq!(screen_b["slot"], screen["slot"]);
+}
+
+#[actix_rt::test]
+async fn checkpoints_defer_while_another_bot_works() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run_a, fence_a) = s.start_run(&bots[0]).await;
+    let (run_b, fence_b) = s.start_run(&bots[1]).await;
+    s.exec(&run_a, fence_a, "echo a > a.txt").await.unwrap();
+    let a = s
+        .ok(
+            "run.finish",
+            json!({ "runId": run_a, "fence": fence_a, "outcome": "completed" }),
+        )
+        .await;
+    assert_eq!(a["checkpoint"]["deferred"], true);
+    let b = s
+        .ok(
+            "run.finish",
+            json!({ "runId": run_b, "fence": fence_b, "outcome": "completed" }),
+        )
+        .await;
+    assert_eq!(
+        b["checkpoint"]["saved"], 1,
+        "the last finishing run saves the shared workspace"
+    );
+}
+
+#[actix_rt::test]
+async fn websocket_rpc_streams_live_events() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let url = format!("{}/rpc/ws", s.base.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.clone().into_client_request().unwrap())
+        .await
+        .unwrap();
+    let next = async |ws: &mut tokio_tungstenite::WebSocketStream<_>| -> Value {
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .expect("a message")
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = msg {
+                return serde_json::from_str(&t).unwrap();
+            }
+        }
+    };
+    let send = |v: Value| Message::Text(v.to_string().into());
+    ws.send(send(
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "space.list" }),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next(&mut ws).await["error"]["data"]["code"], "UNAUTHORIZED");
+    ws.send(send(json!({ "jsonrpc": "2.0", "id": 2, "method": "auth", "params": { "token": s.operator_token } }))).await.unwrap();
+    assert!(next(&mut ws).await["result"]["userId"].is_string());
+    ws.send(send(
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "subscribe", "params": { "spaceId": space } }),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next(&mut ws).await["id"], 3);
+    // A run started over HTTP shows up live.
+    let (run, _) = s.start_run(&bots[0]).await;
+    let event = next(&mut ws).await;
+    assert_eq!(
+        (event["method"].as_str(), event["params"]["topic"].as_str()),
+        (Some("event"), Some("run.state"))
+    );
+    assert_eq!(event["params"]["data"]["id"], run.as_str());
+    // Calls work over the socket too.
+    ws.send(send(
+        json!({ "jsonrpc": "2.0", "id": 4, "method": "bot.list", "params": { "spaceId": space } }),
+    ))
+    .await
+    .unwrap();
+    let listed = next(&mut ws).await;
+    assert_eq!(listed["id"], 4);
+    assert_eq!(listed["result"][0]["id"], bots[0].as_str());
+}

@@ -1,0 +1,190 @@
+//! Fenced leases, runs and takeover through the RPC API, on SQLite and on Postgres.
+
+mod common;
+
+use common::TestServer;
+use serde_json::json;
+
+on_both_databases!(
+    two_team_bots_drive_at_once,
+    a_second_driver_is_refused,
+    a_stale_fence_is_refused_after_the_lease_is_granted_again,
+    takeover_waits_for_the_bot,
+    racing_drivers_get_exactly_one_lease,
+    maintenance_reservation_excludes_new_leases,
+);
+
+async fn two_team_bots_drive_at_once(s: TestServer) {
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run_a, fence_a) = s.start_run(&bots[0]).await;
+    let (run_b, fence_b) = s.start_run(&bots[1]).await;
+    let a = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let b = s.ok("computer.forBot", json!({ "botId": bots[1] })).await;
+    assert_eq!(a["id"], b["id"], "Team bots share one Team Computer");
+    assert!(a["homeKey"].as_str().unwrap().starts_with("team-"));
+    // Both drive at the same time: two slow commands overlap.
+    let started = std::time::Instant::now();
+    let (x, y) = tokio::join!(
+        s.exec(&run_a, fence_a, "sleep 1 && echo a"),
+        s.exec(&run_b, fence_b, "sleep 1 && echo b")
+    );
+    assert_eq!(x.unwrap()["stdout"], "a\n");
+    assert_eq!(y.unwrap()["stdout"], "b\n");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1900),
+        "commands of two bots run concurrently"
+    );
+    // Each Team bot starts in its own folder.
+    let pwd = s.exec(&run_a, fence_a, "pwd").await.unwrap();
+    assert_eq!(pwd["stdout"], format!("/workspace/bots/{}\n", bots[0]));
+}
+
+async fn a_second_driver_is_refused(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    s.start_run(&bots[0]).await;
+    let err = s
+        .call("run.start", json!({ "botId": bots[0] }))
+        .await
+        .unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (409, "LEASE_HELD"));
+}
+
+async fn a_stale_fence_is_refused_after_the_lease_is_granted_again(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (old_run, old_fence) = s.start_run(&bots[0]).await;
+    s.exec(&old_run, old_fence, "echo first").await.unwrap();
+    s.ok("bot.stop", json!({ "botId": bots[0] })).await;
+    let (new_run, new_fence) = s.start_run(&bots[0]).await;
+    assert!(new_fence > old_fence, "fences only grow");
+    let err = s.exec(&old_run, old_fence, "echo stale").await.unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (409, "LEASE_FENCED"));
+    // The old run id with the new fence is no better.
+    let err = s.exec(&old_run, new_fence, "echo stale").await.unwrap_err();
+    assert_eq!(err.1, "LEASE_FENCED");
+    let err = s
+        .call(
+            "run.finish",
+            json!({ "runId": old_run, "fence": old_fence, "outcome": "completed" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "LEASE_FENCED");
+    assert_eq!(
+        s.exec(&new_run, new_fence, "echo fresh").await.unwrap()["stdout"],
+        "fresh\n"
+    );
+    let old = s.ok("run.get", json!({ "runId": old_run })).await;
+    assert_eq!(old["state"], "canceled");
+}
+
+async fn takeover_waits_for_the_bot(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    let err = s
+        .call("computer.takeControl", json!({ "botId": bot }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.0, err.1.as_str(), err.2.as_str()),
+        (409, "STOP_BOT_FIRST", "Stop the bot first")
+    );
+
+    let waiting = s
+        .ok(
+            "run.requestTakeover",
+            json!({ "runId": run, "fence": fence }),
+        )
+        .await;
+    assert_eq!(waiting["state"], "waiting_takeover");
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let control_fence = control["fence"].as_i64().unwrap();
+
+    // Another person cannot take the same screen.
+    let other = s.ok("user.create", json!({ "name": "Bea" })).await;
+    let space = s.ok("computer.forBot", json!({ "botId": bot })).await["spaceId"].clone();
+    s.ok(
+        "space.addMember",
+        json!({ "spaceId": space, "userId": other["id"] }),
+    )
+    .await;
+    let err = s
+        .call_as(
+            other["token"].as_str().unwrap(),
+            "computer.takeControl",
+            json!({ "botId": bot }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "CONTROL_HELD");
+
+    // The bot keeps its lease and can run commands while a person controls its screen.
+    assert_eq!(
+        s.exec(&run, fence, "echo busy").await.unwrap()["stdout"],
+        "busy\n"
+    );
+
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": control_fence }),
+    )
+    .await;
+    let err = s
+        .call(
+            "computer.releaseControl",
+            json!({ "botId": bot, "fence": control_fence }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "LEASE_FENCED", "a released control fence is stale");
+    let resumed = s
+        .ok("run.resume", json!({ "runId": run, "fence": fence }))
+        .await;
+    assert_eq!(resumed["state"], "running");
+    let err = s
+        .call("computer.takeControl", json!({ "botId": bot }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "STOP_BOT_FIRST");
+
+    // After stopping the bot, control is granted.
+    s.ok("bot.stop", json!({ "botId": bot })).await;
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    assert!(control["fence"].as_i64().unwrap() > control_fence);
+}
+
+async fn racing_drivers_get_exactly_one_lease(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let calls = (0..8).map(|_| s.call("run.start", json!({ "botId": bots[0] })));
+    let outcomes = futures_util::future::join_all(calls).await;
+    let won = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!(won, 1, "{outcomes:?}");
+    for lost in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+        assert_eq!(lost.1, "LEASE_HELD");
+    }
+}
+
+async fn maintenance_reservation_excludes_new_leases(s: TestServer) {
+    use rakazo_actors::leases::{LeaseKey, Leases};
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let leases = Leases::new(s.app.db.clone());
+    let key = LeaseKey::maintenance(computer["id"].as_str().unwrap());
+    let reservation = leases.acquire(&key, "op-1", 60_000).await.unwrap();
+    let err = s
+        .call("run.start", json!({ "botId": bots[1] }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "COMPUTER_RESERVED");
+    let err = s
+        .call("computer.stop", json!({ "computerId": computer["id"] }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "COMPUTER_RESERVED");
+    // A lease granted before the reservation keeps working until it ends.
+    assert!(s.exec(&run, fence, "true").await.is_ok());
+    leases.release(&key, reservation.fence).await.unwrap();
+    s.start_run(&bots[1]).await;
+}

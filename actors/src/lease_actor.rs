@@ -98,6 +98,17 @@ impl LeaseActor {
     }
 }
 
+impl LeaseActor {
+    /// Watch a control grant for expiry.
+    fn watch(&mut self, res: &DomainResult<Grant>) {
+        if let Ok(grant) = res
+            && grant.kind == LeaseKind::Control
+        {
+            self.control.insert(grant.subject.clone(), grant.clone());
+        }
+    }
+}
+
 impl Actor for LeaseActor {
     type Context = Context<Self>;
 
@@ -123,11 +134,7 @@ impl Handler<Acquire> for LeaseActor {
             async move { leases.acquire(&msg.key, &msg.holder, msg.ttl_ms).await }
                 .into_actor(self)
                 .map(|res, act, _| {
-                    if let Ok(grant) = &res {
-                        if grant.kind == LeaseKind::Control {
-                            act.control.insert(grant.subject.clone(), grant.clone());
-                        }
-                    }
+                    act.watch(&res);
                     res
                 }),
         ))
@@ -152,11 +159,7 @@ impl Handler<Renew> for LeaseActor {
             async move { leases.renew(&msg.key, msg.fence, msg.ttl_ms).await }
                 .into_actor(self)
                 .map(|res, act, _| {
-                    if let Ok(grant) = &res {
-                        if grant.kind == LeaseKind::Control {
-                            act.control.insert(grant.subject.clone(), grant.clone());
-                        }
-                    }
+                    act.watch(&res);
                     res
                 }),
         ))
@@ -173,10 +176,11 @@ impl Handler<Release> for LeaseActor {
             async move { leases.release(&msg.key, msg.fence).await }
                 .into_actor(self)
                 .map(move |res, act, _| {
-                    if res.is_ok() && key.kind == LeaseKind::Control {
-                        if let Some(grant) = act.control.remove(&key.subject) {
-                            publish_control_ended(&act.rt, &act.space_id, &grant, "released");
-                        }
+                    if res.is_ok()
+                        && key.kind == LeaseKind::Control
+                        && let Some(grant) = act.control.remove(&key.subject)
+                    {
+                        publish_control_ended(&act.rt, &act.space_id, &grant, "released");
                     }
                     res
                 }),

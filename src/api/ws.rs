@@ -84,9 +84,7 @@ async fn run(
                     AggregatedMessage::Text(text) => {
                         on_text(&app, &caller, &spaces, &mut session, text.as_bytes()).await;
                     }
-                    AggregatedMessage::Ping(bytes) => {
-                        if session.pong(&bytes).await.is_err() { break; }
-                    }
+                    AggregatedMessage::Ping(bytes) if session.pong(&bytes).await.is_err() => break,
                     AggregatedMessage::Close(_) => break,
                     _ => {}
                 }

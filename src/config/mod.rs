@@ -275,14 +275,11 @@ impl Config {
             None => format!("sqlite://{}?mode=rwc", data_dir.join("rakazo.db").display()),
         };
         let screen_secret = s.secret("SCREEN_CAPABILITY_SECRET");
-        if let Some(secret) = &screen_secret {
-            if secret.0.len() != 64 || !secret.0.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(s.invalid(
-                    "SCREEN_CAPABILITY_SECRET",
-                    "",
-                    "64 hexadecimal characters (32 bytes)",
-                ));
-            }
+        let well_formed =
+            |k: &Secret| k.0.len() == 64 && k.0.bytes().all(|b| b.is_ascii_hexdigit());
+        if screen_secret.as_ref().is_some_and(|k| !well_formed(k)) {
+            let accepted = "64 hexadecimal characters (32 bytes)";
+            return Err(s.invalid("SCREEN_CAPABILITY_SECRET", "", accepted));
         }
         let object_storage = s.get("OBJECT_STORAGE_BUCKET").map(|bucket| ObjectStorage {
             bucket,

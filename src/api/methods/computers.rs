@@ -50,10 +50,10 @@ async fn visible(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<computer::Mod
     access::space(ctx.db(), ctx.caller, &c.space_id)
         .await
         .map_err(|_| DomainError::not_found("computer"))?;
-    if let Some(scoped) = &ctx.caller.bot_id {
-        if c.bot_id.as_ref().is_some_and(|b| b != scoped) {
-            return Err(DomainError::not_found("computer"));
-        }
+    if let Some(scoped) = &ctx.caller.bot_id
+        && c.bot_id.as_ref().is_some_and(|b| b != scoped)
+    {
+        return Err(DomainError::not_found("computer"));
     }
     Ok(c)
 }

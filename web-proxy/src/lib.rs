@@ -18,6 +18,12 @@
 
 #![forbid(unsafe_code)]
 
+/// Log filter directives the server must add to its `EnvFilter`, whatever the operator asks
+/// for: the HTTP and websocket client crates name the upstream host and port at debug and trace
+/// level. With these, even `RUST_LOG=trace` logs no provider host (tested in `tests/logs.rs`).
+pub const SAFE_LOG_DIRECTIVES: &str =
+    "hyper_util=info,hyper=info,reqwest=info,tungstenite=info,tokio_tungstenite=info";
+
 pub mod authority;
 pub mod capability;
 pub mod gateway;

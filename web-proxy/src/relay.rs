@@ -18,8 +18,8 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as UpCloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message as UpMessage};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -148,7 +148,11 @@ pub(crate) async fn start(
             tungstenite::http::HeaderValue::from_static(BINARY_PROTOCOL),
         );
     }
-    let connecting = tokio_tungstenite::connect_async_with_config(request, None, true);
+    let config = WebSocketConfig::default()
+        .read_buffer_size(shared.config.upstream_read_buffer_bytes)
+        .max_message_size(Some(shared.config.max_upstream_message_bytes))
+        .max_frame_size(Some(shared.config.max_upstream_message_bytes));
+    let connecting = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
     let (upstream, response) =
         match tokio::time::timeout(shared.config.upstream_timeout, connecting).await {
             Ok(Ok(pair)) => pair,

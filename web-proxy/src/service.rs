@@ -39,6 +39,11 @@ pub struct ProxyConfig {
     pub max_body_bytes: usize,
     /// Largest websocket message accepted from a browser.
     pub max_client_message_bytes: usize,
+    /// Largest websocket message accepted from the screen gateway.
+    pub max_upstream_message_bytes: usize,
+    /// Read buffer of each upstream websocket (allocated up front: the main cost of an idle
+    /// socket).
+    pub upstream_read_buffer_bytes: usize,
 }
 
 /// Default [`ProxyConfig::upstream_timeout`].
@@ -47,6 +52,10 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Default [`ProxyConfig::max_client_message_bytes`].
 pub const DEFAULT_MAX_CLIENT_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Default [`ProxyConfig::max_upstream_message_bytes`].
+pub const DEFAULT_MAX_UPSTREAM_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Default [`ProxyConfig::upstream_read_buffer_bytes`].
+pub const DEFAULT_UPSTREAM_READ_BUFFER_BYTES: usize = 16 * 1024;
 
 impl Default for ProxyConfig {
     fn default() -> Self {
@@ -55,6 +64,8 @@ impl Default for ProxyConfig {
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_client_message_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
+            max_upstream_message_bytes: DEFAULT_MAX_UPSTREAM_MESSAGE_BYTES,
+            upstream_read_buffer_bytes: DEFAULT_UPSTREAM_READ_BUFFER_BYTES,
         }
     }
 }

@@ -12,6 +12,21 @@
 //! - [`rfb`]: the view-only RFB input filter.
 //! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
 //!
+//! Wiring it into a server (what the composition root does):
+//! 1. Build one [`Keyring`] (current key + older keys by id) shared by the API, which seals
+//!    capabilities with [`Keyring::seal`], and the proxy.
+//! 2. Start one [`GatewayActor`]; the screen and lease actors send it [`RevokeSlot`] before a
+//!    slot is torn down or reused and [`RevokeControl`] when a control lease ends, and await the
+//!    reply before going on. Terminal sockets register with it too
+//!    ([`gateway::Register`] with [`gateway::SocketKind::Terminal`]).
+//! 3. Implement [`Authority`] in process (check generation, control fence, computer running;
+//!    return the websockify base URL, the socket token and the policy), or point the proxy at
+//!    `POST {api}/internal/screen-authority` with [`HttpAuthority`].
+//! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`], and add
+//!    [`SAFE_LOG_DIRECTIVES`] to the log filter.
+//! 5. Screen URLs handed to browsers: `/screen/<capability>/vnc.html?autoconnect=1&resize=scale`
+//!    (the page shim points noVNC's websocket at `screen/<capability>/websockify`).
+//!
 //! Architecture invariants: the browser never sees an upstream host or socket token (they exist
 //! only in [`Target`], whose `Debug` is redacted); logs never contain a capability, socket token,
 //! upstream host, cookie or request header; a view connection never forwards input.

@@ -23,6 +23,10 @@ fn every_file_says_what_it_is_for() {
     assert!(files.len() > 10);
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        assert!(text.starts_with("//! "), "{} lacks a //! line", file.display());
+        assert!(
+            text.starts_with("//! "),
+            "{} lacks a //! line",
+            file.display()
+        );
     }
 }

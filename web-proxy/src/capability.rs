@@ -10,7 +10,7 @@
 //!
 //! The version and key id travel in clear so that the proxy can pick the key, and are the AEAD
 //! associated data, so changing them is detected like any other tampering. The plaintext is a
-//! fixed binary layout (see [`Capability::encode`]); identifiers that are canonical UUIDs take
+//! fixed binary layout (see `Capability::encode`); identifiers that are canonical UUIDs take
 //! 16 bytes, others are length-prefixed UTF-8.
 //!
 //! Opening checks, in order: shape and length (`Malformed`), key id (`UnknownKey`),

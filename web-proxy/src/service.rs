@@ -2,7 +2,7 @@
 //!
 //! Every request: open the capability, check the tail, ask the [`Authority`] for the current
 //! target, then either proxy an HTTP GET (rewriting HTML with the reporter) or relay a websocket
-//! ([`crate::relay`]). Refusals become responses in one place ([`Refusal::response`]): a fixed
+//! ([`crate::relay`]). Refusals become responses in one place (`Refusal::response`): a fixed
 //! human page, or JSON for callers that accept it, with the machine reason in headers. Logs
 //! carry only the connection id, policy, reasons, statuses and durations.
 

@@ -1,1 +1,53 @@
-//! x
+//! Rakazo's screen capability proxy: sealed capabilities, the HTTP + websocket relay to a
+//! computer's screen gateway, the noVNC page shim, the gateway registry and `screen.proxy.*`
+//! diagnostics.
+//!
+//! A tour, in the order a request meets them:
+//! - [`capability`]: AES-256-GCM sealed capabilities and the rotating [`Keyring`].
+//! - [`authority`]: the [`Authority`] port the proxy asks on every request for the current
+//!   [`Target`] (in process, or [`HttpAuthority`] over internal RPC).
+//! - [`service`]: [`configure`] mounts `/screen/{capability}/{tail}`; refusals and HTTP proxying.
+//! - [`page`]: the reporter script injected into noVNC pages, and the refusal page.
+//! - [`relay`]: the websocket relay (actix-ws toward the browser, tokio-tungstenite upstream).
+//! - [`rfb`]: the view-only RFB input filter.
+//! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
+//!
+//! Wiring it into a server (what the composition root does):
+//! 1. Build one [`Keyring`] (current key + older keys by id) shared by the API, which seals
+//!    capabilities with [`Keyring::seal`], and the proxy.
+//! 2. Start one [`GatewayActor`]; the screen and lease actors send it [`RevokeSlot`] before a
+//!    slot is torn down or reused and [`RevokeControl`] when a control lease ends, and await the
+//!    reply before going on. Terminal sockets register with it too
+//!    ([`gateway::Register`] with [`gateway::SocketKind::Terminal`]).
+//! 3. Implement [`Authority`] in process (check generation, control fence, computer running;
+//!    return the websockify base URL, the socket token and the policy), or point the proxy at
+//!    `POST {api}/internal/screen-authority` with [`HttpAuthority`].
+//! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`], and add
+//!    [`SAFE_LOG_DIRECTIVES`] to the log filter.
+//! 5. Screen URLs handed to browsers: `/screen/<capability>/vnc.html?autoconnect=1&resize=scale`
+//!    (the page shim points noVNC's websocket at `screen/<capability>/websockify`).
+//!
+//! Architecture invariants: the browser never sees an upstream host or socket token (they exist
+//! only in [`Target`], whose `Debug` is redacted); logs never contain a capability, socket token,
+//! upstream host, cookie or request header; a view connection never forwards input.
+
+#![forbid(unsafe_code)]
+
+/// Log filter directives the server must add to its `EnvFilter`, whatever the operator asks
+/// for: the HTTP and websocket client crates name the upstream host and port at debug and trace
+/// level. With these, even `RUST_LOG=trace` logs no provider host (tested in `tests/logs.rs`).
+pub const SAFE_LOG_DIRECTIVES: &str =
+    "hyper_util=info,hyper=info,reqwest=info,tungstenite=info,tokio_tungstenite=info";
+
+pub mod authority;
+pub mod capability;
+pub mod gateway;
+pub mod page;
+pub mod relay;
+pub mod rfb;
+pub mod service;
+
+pub use authority::{Authority, AuthorityError, HttpAuthority, RejectCause, Target};
+pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
+pub use gateway::{GatewayActor, RevokeControl, RevokeSlot};
+pub use service::{ProxyConfig, ProxyState, configure};

@@ -1,0 +1,280 @@
+//! Shared test fixtures: an in-process authority, a fake screen gateway, and a proxy server.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::Addr;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use async_trait::async_trait;
+use futures_util::{SinkExt as _, StreamExt as _};
+use rakazo_web_proxy::authority::{Authority, AuthorityError, RejectCause, Target};
+use rakazo_web_proxy::capability::{Capability, Keyring, Policy, now_ms};
+use rakazo_web_proxy::gateway::GatewayActor;
+use rakazo_web_proxy::service::{ProxyConfig, ProxyState, configure};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+use tokio_tungstenite::tungstenite::{self, Message};
+
+pub const COMPUTER: &str = "6f1c1f9e-2b1d-4c39-9b7e-0c6a2f1d9e11";
+pub const BOT: &str = "bot-1";
+pub const SLOT: u16 = 0;
+
+/// What the in-process authority currently believes.
+#[derive(Clone, Debug)]
+pub struct Live {
+    pub upstream: String,
+    pub socket_token: String,
+    pub generation: u64,
+    /// The live control lease fence, if any.
+    pub control_fence: Option<u64>,
+    /// Forced answer instead of a target.
+    pub fail: Option<AuthorityError>,
+}
+
+/// An in-process [`Authority`] over [`Live`], the way the server implements it.
+#[derive(Clone)]
+pub struct TestAuthority(pub Arc<Mutex<Live>>);
+
+impl TestAuthority {
+    pub fn new(upstream: &str, socket_token: &str) -> TestAuthority {
+        TestAuthority(Arc::new(Mutex::new(Live {
+            upstream: upstream.into(),
+            socket_token: socket_token.into(),
+            generation: 1,
+            control_fence: None,
+            fail: None,
+        })))
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut Live)) {
+        f(&mut self.0.lock().unwrap());
+    }
+}
+
+#[async_trait]
+impl Authority for TestAuthority {
+    async fn target(&self, c: &Capability) -> Result<Target, AuthorityError> {
+        let live = self.0.lock().unwrap().clone();
+        if let Some(e) = live.fail {
+            return Err(e);
+        }
+        if c.generation != live.generation {
+            return Err(AuthorityError::Rejected(RejectCause::StaleGeneration));
+        }
+        if c.policy == Policy::Control && live.control_fence != Some(c.fence) {
+            return Err(AuthorityError::Rejected(RejectCause::LeaseEnded));
+        }
+        Ok(Target::new(&live.upstream, &live.socket_token, c.policy)?)
+    }
+}
+
+pub fn capability(policy: Policy, generation: u64, fence: u64) -> Capability {
+    Capability {
+        computer_id: COMPUTER.into(),
+        bot_id: BOT.into(),
+        slot: SLOT,
+        generation,
+        policy,
+        fence,
+        expires_at_ms: now_ms() + 60_000,
+    }
+}
+
+fn bind() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").unwrap()
+}
+
+/// Starts the proxy in the current actix system. Returns its address and the gateway.
+pub fn start_proxy(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+) -> (SocketAddr, Addr<GatewayActor>) {
+    let gateway = GatewayActor::start_default();
+    let config = ProxyConfig {
+        authority_timeout: Duration::from_secs(2),
+        upstream_timeout: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    };
+    let state = ProxyState::new(keyring, authority, gateway.clone(), config).unwrap();
+    let listener = bind();
+    let addr = listener.local_addr().unwrap();
+    let server = HttpServer::new(move || {
+        let state = state.clone();
+        App::new().configure(move |cfg| configure(cfg, state))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_rt::spawn(server);
+    (addr, gateway)
+}
+
+/// What the fake gateway saw.
+#[derive(Default)]
+pub struct Seen {
+    /// Bytes received from the proxy on websockets, in order.
+    pub bytes: Vec<u8>,
+    /// Tokens presented on websocket requests.
+    pub tokens: Vec<String>,
+    /// Request headers names seen on HTTP requests.
+    pub header_names: Vec<String>,
+}
+
+pub const FAKE_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
+<script type=\"module\" src=\"app/ui.js\"></script></head><body>upstream-body</body></html>";
+
+/// A fake websockify: `/vnc.html`, `/app/ui.js`, and `/websockify?token=` that greets with
+/// `RFB 003.008\n`, records what it receives, and echoes a frame `ack` after each message.
+pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let token = token.to_string();
+    let listener = bind();
+    let addr = listener.local_addr().unwrap();
+    let data = seen.clone();
+    let server = HttpServer::new(move || {
+        let seen = data.clone();
+        let token = token.clone();
+        App::new()
+            .app_data(web::Data::new(seen))
+            .app_data(web::Data::new(token))
+            .route(
+                "/vnc.html",
+                web::get().to(
+                    |req: HttpRequest, seen: web::Data<Arc<Mutex<Seen>>>| async move {
+                        seen.lock()
+                            .unwrap()
+                            .header_names
+                            .extend(req.headers().keys().map(|k| k.as_str().to_string()));
+                        HttpResponse::Ok()
+                            .content_type("text/html")
+                            .insert_header(("set-cookie", "upstream=secret"))
+                            .body(FAKE_PAGE)
+                    },
+                ),
+            )
+            .route(
+                "/app/ui.js",
+                web::get().to(|| async {
+                    HttpResponse::Ok()
+                        .content_type("application/javascript")
+                        .body("export default 1;")
+                }),
+            )
+            .route("/websockify", web::get().to(fake_websockify))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_rt::spawn(server);
+    (addr, seen)
+}
+
+async fn fake_websockify(
+    req: HttpRequest,
+    body: web::Payload,
+    seen: web::Data<Arc<Mutex<Seen>>>,
+    token: web::Data<String>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let query = req.query_string().to_string();
+    let presented = query.strip_prefix("token=").unwrap_or_default().to_string();
+    seen.lock().unwrap().tokens.push(presented.clone());
+    if presented != *token.get_ref() {
+        return Ok(HttpResponse::Forbidden().finish());
+    }
+    let (response, mut session, mut stream) =
+        actix_ws::handle_with_protocols(&req, body, &["binary"])?;
+    let seen = seen.get_ref().clone();
+    actix_rt::spawn(async move {
+        let _ = session.binary(&b"RFB 003.008\n"[..]).await;
+        while let Some(Ok(msg)) = stream.recv().await {
+            match msg {
+                actix_ws::Message::Binary(b) => {
+                    seen.lock().unwrap().bytes.extend_from_slice(&b);
+                    if session.binary(&b"ack"[..]).await.is_err() {
+                        break;
+                    }
+                }
+                actix_ws::Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = session.close(None).await;
+    });
+    Ok(response)
+}
+
+pub type Client =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens a websocket through the proxy (offering the `binary` subprotocol like noVNC).
+pub async fn connect(proxy: SocketAddr, token: &str) -> Result<Client, tungstenite::Error> {
+    let mut request = format!("ws://{proxy}/screen/{token}/websockify")
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", "binary".parse().unwrap());
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(ws, _)| ws)
+}
+
+/// The HTTP status of a refused websocket upgrade.
+pub async fn refused_status(proxy: SocketAddr, token: &str) -> u16 {
+    match connect(proxy, token).await {
+        Err(tungstenite::Error::Http(resp)) => resp.status().as_u16(),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("upgrade was accepted"),
+    }
+}
+
+/// Next binary message, with a timeout.
+pub async fn next_binary(ws: &mut Client) -> Vec<u8> {
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("timed out waiting for a message")
+            .expect("stream ended")
+            .expect("websocket error");
+        match msg {
+            Message::Binary(b) => return b.to_vec(),
+            Message::Close(f) => panic!("closed: {f:?}"),
+            _ => {}
+        }
+    }
+}
+
+pub async fn send(ws: &mut Client, bytes: &[u8]) {
+    ws.send(Message::Binary(bytes.to_vec().into()))
+        .await
+        .unwrap();
+}
+
+/// Waits for the close frame; returns its reason and how long it took.
+pub async fn wait_close(ws: &mut Client, within: Duration) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let next = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .expect("socket not closed in time");
+        match next {
+            Some(Ok(Message::Close(f))) => return f.map(|f| f.reason.to_string()),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return None,
+        }
+    }
+}
+
+/// The client side of an RFB 3.8 handshake with security None and a shared ClientInit.
+pub const CLIENT_HANDSHAKE: &[u8] = b"RFB 003.008\n\x01\x01";
+/// PointerEvent: button mask 0, x = 300, y = 200.
+pub const POINTER: [u8; 6] = [5, 0, 0x01, 0x2c, 0x00, 0xc8];
+/// KeyEvent: down, keysym 'a'.
+pub const KEY: [u8; 8] = [4, 1, 0, 0, 0, 0, 0, 0x61];
+/// FramebufferUpdateRequest, incremental, 0,0 10x10.
+pub const FB_REQUEST: [u8; 10] = [3, 1, 0, 0, 0, 0, 0, 10, 0, 10];

@@ -1,0 +1,440 @@
+//! The proxy end to end against a fake screen gateway on real sockets.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::*;
+use rakazo_web_proxy::authority::{AuthorityError, RejectCause};
+use rakazo_web_proxy::capability::{Keyring, Policy, now_ms};
+use rakazo_web_proxy::gateway::{CountSockets, RevokeControl, RevokeSlot};
+use rakazo_web_proxy::page::{REPORTER_JS, SCREEN_FAILURE_MESSAGE};
+
+const TOKEN: &str = "sock3tT0ken_for-tests";
+
+struct Fixture {
+    proxy: std::net::SocketAddr,
+    gateway: actix::Addr<rakazo_web_proxy::GatewayActor>,
+    keyring: Arc<Keyring>,
+    authority: TestAuthority,
+    seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+fn fixture() -> Fixture {
+    let (upstream, seen) = start_fake_gateway(TOKEN);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+    let keyring = Arc::new(Keyring::random(1));
+    let (proxy, gateway) = start_proxy(keyring.clone(), Arc::new(authority.clone()));
+    Fixture {
+        proxy,
+        gateway,
+        keyring,
+        authority,
+        seen,
+    }
+}
+
+impl Fixture {
+    fn seal(&self, policy: Policy, generation: u64, fence: u64) -> String {
+        self.keyring
+            .seal(&capability(policy, generation, fence))
+            .unwrap()
+    }
+
+    fn url(&self, token: &str, tail: &str) -> String {
+        format!("http://{}/screen/{token}/{tail}", self.proxy)
+    }
+
+    /// Waits until the fake gateway has received at least `n` bytes.
+    async fn upstream_bytes(&self, n: usize) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let bytes = self.seen.lock().unwrap().bytes.clone();
+            if bytes.len() >= n || Instant::now() > deadline {
+                return bytes;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn page_is_proxied_with_reporter_and_safe_headers() {
+    let f = fixture();
+    let token = f.seal(Policy::View, 1, 0);
+    let http = reqwest::Client::new();
+    for tail in ["vnc.html", ""] {
+        let resp = http
+            .get(f.url(&token, tail))
+            .header("cookie", "session=browser-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let h = resp.headers().clone();
+        assert!(
+            h["cache-control"]
+                .to_str()
+                .unwrap()
+                .contains("no-transform")
+        );
+        assert_eq!(h["referrer-policy"], "no-referrer");
+        assert!(h.get("set-cookie").is_none(), "upstream cookie leaked");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains("upstream-body"));
+        let script = body.find(REPORTER_JS).expect("reporter injected");
+        assert!(script < body.find("type=\"module\"").unwrap());
+    }
+    // Browser headers (cookies, ...) never reach the gateway.
+    let names = f.seen.lock().unwrap().header_names.clone();
+    assert!(!names.iter().any(|n| n == "cookie"), "{names:?}");
+    // Static files pass through untouched, with the same cache policy.
+    let resp = http.get(f.url(&token, "app/ui.js")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("no-transform")
+    );
+    assert_eq!(resp.text().await.unwrap(), "export default 1;");
+    // Unknown files keep the upstream status.
+    let resp = http.get(f.url(&token, "nope.js")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    // The bare capability path redirects into the directory.
+    let no_redirect = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = no_redirect
+        .get(format!("http://{}/screen/{token}", f.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 308);
+    assert_eq!(resp.headers()["location"], format!("{token}/").as_str());
+}
+
+async fn refusal(f: &Fixture, token: &str, tail: &str) -> (u16, String, String, String) {
+    let resp = reqwest::Client::new()
+        .get(f.url(token, tail))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    assert!(
+        resp.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("no-transform")
+    );
+    let reason = resp.headers()["x-rakazo-screen-reason"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let detail = resp.headers()["x-rakazo-screen-detail"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["reason"], reason.as_str());
+    assert_eq!(body["error"]["message"], SCREEN_FAILURE_MESSAGE);
+    (status, reason, detail, body.to_string())
+}
+
+#[actix_rt::test]
+async fn refusals_carry_the_right_reason() {
+    let f = fixture();
+    let good = f.seal(Policy::View, 1, 0);
+
+    // Tampered: one byte of the ciphertext flipped.
+    let mut raw = URL_SAFE_NO_PAD.decode(&good).unwrap();
+    let last = raw.len() - 1;
+    raw[last] ^= 1;
+    let tampered = URL_SAFE_NO_PAD.encode(raw);
+    let (status, reason, detail, _) = refusal(&f, &tampered, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (404, "invalid_path", "tampered")
+    );
+
+    // Expired.
+    let mut cap = capability(Policy::View, 1, 0);
+    cap.expires_at_ms = now_ms() - 1;
+    let expired = f.keyring.seal(&cap).unwrap();
+    let (status, reason, detail, _) = refusal(&f, &expired, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (403, "authority_rejected", "expired")
+    );
+
+    // Wrong key: another deployment's keyring.
+    let foreign = Keyring::random(77)
+        .seal(&capability(Policy::View, 1, 0))
+        .unwrap();
+    let (status, reason, detail, _) = refusal(&f, &foreign, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (404, "invalid_path", "unknown_key")
+    );
+    // Same key id, different key.
+    let impostor = Keyring::random(1)
+        .seal(&capability(Policy::View, 1, 0))
+        .unwrap();
+    let (_, reason, detail, _) = refusal(&f, &impostor, "vnc.html").await;
+    assert_eq!(
+        (reason.as_str(), detail.as_str()),
+        ("invalid_path", "tampered")
+    );
+
+    // Wrong generation: the authority knows the slot moved on.
+    let stale = f.seal(Policy::View, 0, 0);
+    let (status, reason, detail, _) = refusal(&f, &stale, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (403, "authority_rejected", "stale_generation")
+    );
+
+    // Not a session path at all.
+    let (status, reason, detail, _) = refusal(&f, "not-a-capability", "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (404, "invalid_path", "malformed")
+    );
+    // (Clients normalize `..` away; what reaches us is checked segment by segment.)
+    for tail in ["a%20b", "a//b", "app/%2Fetc"] {
+        let (_, reason, detail, _) = refusal(&f, &good, tail).await;
+        assert_eq!(
+            (reason.as_str(), detail.as_str()),
+            ("invalid_path", "bad_path"),
+            "{tail}"
+        );
+    }
+
+    // Authority failures.
+    f.authority
+        .update(|l| l.fail = Some(AuthorityError::Unavailable("timeout")));
+    let (status, reason, ..) = refusal(&f, &good, "vnc.html").await;
+    assert_eq!((status, reason.as_str()), (503, "authority_unavailable"));
+    f.authority
+        .update(|l| l.fail = Some(AuthorityError::InvalidResponse("malformed_body")));
+    let (status, reason, ..) = refusal(&f, &good, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str()),
+        (502, "invalid_authority_response")
+    );
+    f.authority
+        .update(|l| l.fail = Some(AuthorityError::Rejected(RejectCause::ApiError)));
+    let (status, reason, detail, _) = refusal(&f, &good, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (403, "authority_rejected", "api_error")
+    );
+    f.authority.update(|l| l.fail = None);
+
+    // A browser (no JSON) gets the fixed human page.
+    let page = reqwest::get(f.url(&tampered, "vnc.html")).await.unwrap();
+    assert_eq!(page.status(), 404);
+    assert!(page.text().await.unwrap().contains(SCREEN_FAILURE_MESSAGE));
+
+    // Websocket upgrades are refused before any upgrade, with the same statuses.
+    assert_eq!(refused_status(f.proxy, &tampered).await, 404);
+    assert_eq!(refused_status(f.proxy, &stale).await, 403);
+    assert_eq!(refused_status(f.proxy, &expired).await, 403);
+    // The gateway was never asked for a socket with a bad token.
+    assert!(f.seen.lock().unwrap().tokens.is_empty());
+}
+
+#[actix_rt::test]
+async fn upstream_failures_are_reported() {
+    let f = fixture();
+    let good = f.seal(Policy::View, 1, 0);
+    // The gateway refuses the socket token.
+    f.authority.update(|l| l.socket_token = "wrong".into());
+    assert_eq!(refused_status(f.proxy, &good).await, 502);
+    // Nothing listens upstream.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    f.authority.update(|l| l.upstream = dead);
+    let (status, reason, detail, _) = refusal(&f, &good, "vnc.html").await;
+    assert_eq!(
+        (status, reason.as_str(), detail.as_str()),
+        (502, "upstream_failed", "connect")
+    );
+    assert_eq!(refused_status(f.proxy, &good).await, 502);
+}
+
+#[actix_rt::test]
+async fn view_never_forwards_input() {
+    let f = fixture();
+    let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    send(&mut ws, CLIENT_HANDSHAKE).await;
+    // Input split across frames and mixed with allowed messages in one frame.
+    send(&mut ws, &POINTER[..3]).await;
+    let mut mixed = POINTER[3..].to_vec();
+    mixed.extend(KEY);
+    mixed.extend(FB_REQUEST);
+    send(&mut ws, &mixed).await;
+    send(&mut ws, &[6, 0, 0, 0, 0, 0, 0, 3, b'a', b'b', b'c']).await;
+    send(&mut ws, &FB_REQUEST).await;
+    let mut expected = CLIENT_HANDSHAKE.to_vec();
+    expected.extend(FB_REQUEST);
+    expected.extend(FB_REQUEST);
+    let got = f.upstream_bytes(expected.len()).await;
+    assert_eq!(got, expected);
+    // Text frames never pass for view.
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(
+        "\u{5}".into(),
+    ))
+    .await
+    .unwrap();
+    // Something the filter cannot parse closes the connection.
+    send(&mut ws, &[0x7f]).await;
+    let reason = wait_close(&mut ws, Duration::from_secs(2)).await;
+    assert_eq!(reason.as_deref(), Some("view only"));
+    assert_eq!(f.seen.lock().unwrap().bytes, expected);
+}
+
+use futures_util::SinkExt as _;
+
+#[actix_rt::test]
+async fn control_forwards_input() {
+    let f = fixture();
+    f.authority.update(|l| l.control_fence = Some(5));
+    let mut ws = connect(f.proxy, &f.seal(Policy::Control, 1, 5))
+        .await
+        .unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    send(&mut ws, CLIENT_HANDSHAKE).await;
+    send(&mut ws, &POINTER).await;
+    send(&mut ws, &KEY).await;
+    let mut expected = CLIENT_HANDSHAKE.to_vec();
+    expected.extend(POINTER);
+    expected.extend(KEY);
+    assert_eq!(f.upstream_bytes(expected.len()).await, expected);
+    // Upstream to client passes through.
+    assert_eq!(next_binary(&mut ws).await, b"ack");
+}
+
+#[actix_rt::test]
+async fn release_closes_control_within_a_second_and_refuses_the_old_url() {
+    let f = fixture();
+    f.authority.update(|l| l.control_fence = Some(5));
+    let control = f.seal(Policy::Control, 1, 5);
+    let view = f.seal(Policy::View, 1, 0);
+    let mut control_ws = connect(f.proxy, &control).await.unwrap();
+    let mut view_ws = connect(f.proxy, &view).await.unwrap();
+    next_binary(&mut control_ws).await;
+    next_binary(&mut view_ws).await;
+    assert_eq!(f.gateway.send(CountSockets).await.unwrap(), 2);
+
+    // Release: the API ends the lease, then tells the gateway and awaits it.
+    let started = Instant::now();
+    f.authority.update(|l| l.control_fence = None);
+    let revoked = f
+        .gateway
+        .send(RevokeControl {
+            computer_id: COMPUTER.into(),
+            bot_id: BOT.into(),
+            fence: 5,
+        })
+        .await
+        .unwrap();
+    assert_eq!(revoked.closed, 1);
+    let reason = wait_close(&mut control_ws, Duration::from_secs(1)).await;
+    assert_eq!(reason.as_deref(), Some("revoked"));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // The view socket is untouched.
+    send(&mut view_ws, CLIENT_HANDSHAKE).await;
+    assert_eq!(next_binary(&mut view_ws).await, b"ack");
+    // The old control URL is refused, for the page and the socket.
+    assert_eq!(refused_status(f.proxy, &control).await, 403);
+    let (_, reason, detail, _) = refusal(&f, &control, "vnc.html").await;
+    assert_eq!(
+        (reason.as_str(), detail.as_str()),
+        ("authority_rejected", "lease_ended")
+    );
+}
+
+#[actix_rt::test]
+async fn slot_reuse_closes_everything_and_refuses_old_urls() {
+    let f = fixture();
+    f.authority.update(|l| l.control_fence = Some(9));
+    let control = f.seal(Policy::Control, 1, 9);
+    let view = f.seal(Policy::View, 1, 0);
+    let mut sockets = vec![
+        connect(f.proxy, &control).await.unwrap(),
+        connect(f.proxy, &view).await.unwrap(),
+    ];
+    for ws in &mut sockets {
+        next_binary(ws).await;
+    }
+    // Teardown: revoke first (awaiting the closes), then reuse the slot with a new generation.
+    let revoked = f
+        .gateway
+        .send(RevokeSlot {
+            computer_id: COMPUTER.into(),
+            slot: SLOT,
+            generation: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(revoked.closed, 2);
+    f.authority.update(|l| {
+        l.generation = 2;
+        l.control_fence = Some(10);
+    });
+    for ws in &mut sockets {
+        let reason = wait_close(ws, Duration::from_secs(1)).await;
+        assert_eq!(reason.as_deref(), Some("revoked"));
+    }
+    assert_eq!(f.gateway.send(CountSockets).await.unwrap(), 0);
+    for old in [&control, &view] {
+        assert_eq!(refused_status(f.proxy, old).await, 403);
+        let (_, reason, detail, _) = refusal(&f, old, "vnc.html").await;
+        assert_eq!(
+            (reason.as_str(), detail.as_str()),
+            ("authority_rejected", "stale_generation")
+        );
+    }
+    // New capabilities of the new generation work.
+    let mut fresh = connect(f.proxy, &f.seal(Policy::View, 2, 0)).await.unwrap();
+    assert_eq!(next_binary(&mut fresh).await, b"RFB 003.008\n");
+}
+
+#[actix_rt::test]
+async fn a_stale_authority_answer_is_still_refused_by_the_gateway() {
+    // The authority has not caught up yet, but the gateway already retired generation 1.
+    let f = fixture();
+    f.gateway
+        .send(RevokeSlot {
+            computer_id: COMPUTER.into(),
+            slot: SLOT,
+            generation: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        refused_status(f.proxy, &f.seal(Policy::View, 1, 0)).await,
+        403
+    );
+}
+
+#[actix_rt::test]
+async fn client_and_upstream_closes_unregister() {
+    let f = fixture();
+    let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    next_binary(&mut ws).await;
+    ws.close(None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while f.gateway.send(CountSockets).await.unwrap() != 0 {
+        assert!(Instant::now() < deadline, "socket still registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use rakazo::stores::archive::Limits;
 use rakazo::stores::local::LocalHomeStore;
 use rakazo_actors::clock::{new_id, now_ms};
 use rakazo_actors::entity::bot;
@@ -37,9 +38,10 @@ fn runtime(db: DatabaseConnection, dir: &std::path::Path) -> Arc<Runtime> {
     Arc::new(Runtime {
         db,
         provider: None,
-        homes: Arc::new(LocalHomeStore::new(dir, 3)),
+        homes: Arc::new(LocalHomeStore::new(dir, 3, Limits::default())),
         events: EventBus::new(),
         settings: Settings::default(),
+        master_key: rakazo_actors::keys::random_key(),
     })
 }
 
@@ -54,18 +56,33 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
         computer_mode: "team".into(),
         created_at_ms: now_ms(),
     };
-    let computer = rakazo_actors::computers::Computers::new(db.clone()).for_bot(&owner, "owner").await.unwrap();
+    let computer = rakazo_actors::computers::Computers::new(db.clone())
+        .for_bot(&owner, "owner")
+        .await
+        .unwrap();
     let arbiter = Arbiter::new();
     let registry = Registry::new(rt, arbiter.handle(), Arc::new(NoRevoker));
     let handle = registry.computer(&computer.id, &computer.space_id);
 
     // Baseline: the bare SQL a lease needs at the least (one insert, one update).
-    db.execute_unprepared("CREATE TABLE IF NOT EXISTS bench_baseline (id TEXT PRIMARY KEY, released BIGINT)").await.unwrap();
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS bench_baseline (id TEXT PRIMARY KEY, released BIGINT)",
+    )
+    .await
+    .unwrap();
     let started = Instant::now();
     for i in 0..LEASE_ROUNDS {
         let id = format!("{label}-{i}-{}", new_id());
-        db.execute_unprepared(&format!("INSERT INTO bench_baseline (id, released) VALUES ('{id}', NULL)")).await.unwrap();
-        db.execute_unprepared(&format!("UPDATE bench_baseline SET released = 1 WHERE id = '{id}'")).await.unwrap();
+        db.execute_unprepared(&format!(
+            "INSERT INTO bench_baseline (id, released) VALUES ('{id}', NULL)"
+        ))
+        .await
+        .unwrap();
+        db.execute_unprepared(&format!(
+            "UPDATE bench_baseline SET released = 1 WHERE id = '{id}'"
+        ))
+        .await
+        .unwrap();
     }
     let baseline = LEASE_ROUNDS as f64 / started.elapsed().as_secs_f64();
 
@@ -74,11 +91,23 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
     for _ in 0..LEASE_ROUNDS {
         let grant = handle
             .leases
-            .send(Acquire { key: key.clone(), holder: "bench".into(), ttl_ms: 60_000 })
+            .send(Acquire {
+                key: key.clone(),
+                holder: "bench".into(),
+                ttl_ms: 60_000,
+            })
             .await
             .unwrap()
             .unwrap();
-        handle.leases.send(Release { key: key.clone(), fence: grant.fence }).await.unwrap().unwrap();
+        handle
+            .leases
+            .send(Release {
+                key: key.clone(),
+                fence: grant.fence,
+            })
+            .await
+            .unwrap()
+            .unwrap();
     }
     let ours = LEASE_ROUNDS as f64 / started.elapsed().as_secs_f64();
     println!(
@@ -112,7 +141,10 @@ async fn actor_bench(dir: &std::path::Path) {
     }
     // Wait until the arbiter has started every actor: a round trip through the last one.
     let last = registry.computer(&format!("computer-{}", ACTORS - 1), "space");
-    last.computer.send(rakazo_actors::computer::CurrentMachine).await.unwrap();
+    last.computer
+        .send(rakazo_actors::computer::CurrentMachine)
+        .await
+        .unwrap();
     let ours_time = started.elapsed();
     let ours_mem = rss_kib().saturating_sub(before);
     println!(
@@ -132,17 +164,25 @@ async fn actor_bench(dir: &std::path::Path) {
 
 fn main() {
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let wants = |name: &str| only.as_deref().is_none_or(|o| name.contains(o) || o.contains(name));
+    let wants = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| name.contains(o) || o.contains(name))
+    };
     let dir = tempfile::tempdir().unwrap();
     System::new().block_on(async {
         if wants("leases") {
-            let sqlite = format!("sqlite://{}?mode=rwc", dir.path().join("bench.db").display());
+            let sqlite = format!(
+                "sqlite://{}?mode=rwc",
+                dir.path().join("bench.db").display()
+            );
             lease_bench("sqlite", &sqlite, dir.path()).await;
             match std::env::var("RAKAZO_TEST_POSTGRES_URL") {
                 Ok(admin) => {
                     let conn = sea_orm::Database::connect(&admin).await.unwrap();
                     let name = format!("rakazo_bench_{}", uuid::Uuid::new_v4().simple());
-                    conn.execute_unprepared(&format!("CREATE DATABASE {name}")).await.unwrap();
+                    conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+                        .await
+                        .unwrap();
                     let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
                     lease_bench("postgres", &format!("{base}/{name}"), dir.path()).await;
                 }

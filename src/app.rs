@@ -12,8 +12,9 @@ use sea_orm::DatabaseConnection;
 
 use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
+use crate::stores::archive::Limits;
 use crate::stores::local::LocalHomeStore;
-use crate::{auth, db};
+use crate::{auth, db, keyfile};
 
 /// Why the app could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +58,13 @@ impl App {
             .await
             .map_err(|e| StartError::Bootstrap(e.message))?;
         let built = providers::build(&config).map_err(StartError::Provider)?;
+        let master_key =
+            keyfile::load_or_create(config.content_key.as_ref(), &config.data_dir, "content.key")
+                .map_err(StartError::Bootstrap)?;
         let homes = Arc::new(LocalHomeStore::new(
-            config.data_dir.join("home-revisions"),
+            &config.data_dir,
             config.keep_revisions as usize,
+            Limits::default(),
         ));
         let runtime = Arc::new(Runtime {
             db: db.clone(),
@@ -72,6 +77,7 @@ impl App {
                 command_timeout: config.command_timeout,
                 team_screen_limit: config.team_screen_limit,
             },
+            master_key,
         });
         let arbiter = Arbiter::new();
         let registry = Arc::new(Registry::new(

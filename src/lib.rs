@@ -20,6 +20,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod keyfile;
 pub mod providers;
 pub mod server;
 pub mod stores;

@@ -14,7 +14,6 @@ use crate::clock::{new_id, now_ms};
 use crate::computers::Computers;
 use crate::entity::home_revision;
 use crate::error::DomainResult;
-use crate::home_store::HomeId;
 use crate::leases::{LeaseKind, Leases};
 use crate::provider::ProviderRef;
 use crate::runtime::Runtime;
@@ -128,10 +127,7 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let row = computers.get(computer_id).await?;
     let archive = provider.export_workspace(&msg.machine).await?;
     let revision = row.revision + 1;
-    let home = HomeId {
-        home_key: row.home_key.clone(),
-        storage_id: row.storage_id.clone(),
-    };
+    let home = rt.home_id(&row).await?;
     rt.homes.save(&home, revision, &archive).await?;
     home_revision::ActiveModel {
         id: Set(new_id()),

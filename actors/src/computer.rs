@@ -18,7 +18,6 @@ use actix::prelude::*;
 use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
-use crate::home_store::HomeId;
 use crate::leases::Leases;
 use crate::provider::{
     ActOutcome, Action, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec, ProviderError,
@@ -434,10 +433,7 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
     computers.set_state(id, ComputerState::Provisioning).await?;
     let machine = provider.provision(&spec).await?;
     if row.revision > 0 {
-        let home = HomeId {
-            home_key: row.home_key.clone(),
-            storage_id: row.storage_id.clone(),
-        };
+        let home = rt.home_id(&row).await?;
         let restored = async {
             let archive = rt.homes.load(&home, row.revision).await?;
             provider.import_workspace(&machine, &archive).await?;

@@ -43,6 +43,8 @@ pub enum ErrorCode {
     PathRejected,
     /// A file or request exceeds a size limit.
     TooLarge,
+    /// A workspace archive broke a restore rule or failed verification.
+    ArchiveRejected,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -69,6 +71,7 @@ impl ErrorCode {
             Self::CommandTimeout => "COMMAND_TIMEOUT",
             Self::PathRejected => "PATH_REJECTED",
             Self::TooLarge => "TOO_LARGE",
+            Self::ArchiveRejected => "ARCHIVE_REJECTED",
             Self::Internal => "INTERNAL",
         }
     }
@@ -76,7 +79,7 @@ impl ErrorCode {
     /// The HTTP status a transport uses for this code.
     pub fn http_status(self) -> u16 {
         match self {
-            Self::InvalidParams | Self::PathRejected => 400,
+            Self::InvalidParams | Self::PathRejected | Self::ArchiveRejected => 400,
             Self::Unauthorized => 401,
             Self::Forbidden => 403,
             Self::NotFound => 404,

@@ -1,24 +1,39 @@
-//! The `HomeStore` port (the spec's AgentHomeStore): durable workspace revisions per home.
+//! The `HomeStore` port (the spec's AgentHomeStore): durable, sealed workspace revisions per
+//! home, with a bounded history.
 
 use async_trait::async_trait;
 
-/// Which durable workspace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+use crate::keys::KeyBytes;
+
+/// Which durable workspace, and the key that seals it.
+#[derive(Clone, PartialEq, Eq)]
 pub struct HomeId {
-    /// `team-<space id>` or the bot id.
+    /// `team-<space id>` or the bot id; names the unpacked latest copy.
     pub home_key: String,
-    /// The computer's random storage id (binds sealed archives to it).
+    /// The computer's random storage id; names and binds its sealed archives.
     pub storage_id: String,
+    /// The workspace data key (unwrapped; never logged).
+    pub data_key: KeyBytes,
+}
+
+impl std::fmt::Debug for HomeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HomeId")
+            .field("home_key", &self.home_key)
+            .field("storage_id", &self.storage_id)
+            .finish()
+    }
 }
 
 /// Store failures.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The stored revision does not exist.
+    /// The stored revision does not exist (or is past the retention).
     #[error("revision not found")]
     NotFound,
-    /// A stored archive failed verification.
-    #[error("stored archive rejected: {0}")]
+    /// A stored or offered archive failed verification or broke a restore rule; the previous
+    /// workspace is untouched.
+    #[error("archive rejected: {0}")]
     Rejected(String),
     /// I/O or backend failure; the previous revision is intact.
     #[error("store failure: {0}")]
@@ -29,23 +44,26 @@ impl From<StoreError> for crate::DomainError {
     fn from(err: StoreError) -> Self {
         let code = match err {
             StoreError::NotFound => crate::ErrorCode::NotFound,
-            _ => crate::ErrorCode::Internal,
+            StoreError::Rejected(_) => crate::ErrorCode::ArchiveRejected,
+            StoreError::Failed(_) => crate::ErrorCode::Internal,
         };
         crate::DomainError::new(code, err.to_string())
     }
 }
 
-/// Durable workspace revisions. A revision becomes visible only once completely staged;
-/// callers serialize saves per computer (the checkpoint actor).
+/// Durable workspace revisions. A revision becomes current only once completely staged and
+/// verified; callers serialize saves per computer (the checkpoint actor).
 #[async_trait]
 pub trait HomeStore: Send + Sync + 'static {
-    /// Store `archive` (a workspace tar) as `revision`, then forget revisions older than the
-    /// store's retention.
+    /// Seal and store `archive` (a workspace tar) as `revision`, make it the latest copy, then
+    /// forget revisions older than the store's retention. A refused archive changes nothing.
     async fn save(&self, home: &HomeId, revision: i64, archive: &[u8]) -> Result<(), StoreError>;
-    /// Load a stored revision.
+    /// Load and verify a stored revision (the plaintext tar).
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError>;
     /// Kept revisions, oldest first.
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError>;
-    /// Forget every revision of a home.
-    async fn delete(&self, home: &HomeId) -> Result<(), StoreError>;
+    /// Forget every revision of a storage id and its latest copy.
+    async fn delete(&self, home_key: &str, storage_id: &str) -> Result<(), StoreError>;
+    /// Every storage id with stored revisions (for the reconciler).
+    async fn storage_ids(&self) -> Result<Vec<String>, StoreError>;
 }

@@ -22,6 +22,7 @@ pub mod entity;
 pub mod error;
 pub mod events;
 pub mod home_store;
+pub mod keys;
 pub mod lease_actor;
 pub mod leases;
 pub mod provider;

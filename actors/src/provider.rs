@@ -206,7 +206,7 @@ impl From<ProviderError> for DomainError {
             ProviderError::PathRejected(_) => ErrorCode::PathRejected,
             ProviderError::NotFound(_) => ErrorCode::NotFound,
             ProviderError::TooLarge(_) => ErrorCode::TooLarge,
-            ProviderError::ArchiveRejected(_) => ErrorCode::InvalidParams,
+            ProviderError::ArchiveRejected(_) => ErrorCode::ArchiveRejected,
             ProviderError::Unsupported(_) => ErrorCode::InvalidParams,
             ProviderError::Failed(_) => ErrorCode::ProviderFailed,
         };

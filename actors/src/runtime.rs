@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 
+use crate::entity::computer;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::events::EventBus;
-use crate::home_store::HomeStore;
+use crate::home_store::{HomeId, HomeStore};
+use crate::keys::{self, KeyBytes};
 use crate::provider::SandboxProvider;
 
 /// Timing and capacity settings of computers.
@@ -46,9 +48,20 @@ pub struct Runtime {
     pub events: EventBus,
     /// Settings.
     pub settings: Settings,
+    /// The deployment's master key; wraps the spaces' content keys.
+    pub master_key: KeyBytes,
 }
 
 impl Runtime {
+    /// The stored-workspace identity of a computer, with its (unwrapped) data key.
+    pub async fn home_id(&self, row: &computer::Model) -> DomainResult<HomeId> {
+        Ok(HomeId {
+            home_key: row.home_key.clone(),
+            storage_id: row.storage_id.clone(),
+            data_key: keys::data_key(&self.db, &self.master_key, &row.id).await?,
+        })
+    }
+
     /// The provider, or `NO_PROVIDER`.
     pub fn provider(&self) -> DomainResult<Arc<dyn SandboxProvider>> {
         self.provider.clone().ok_or_else(|| {

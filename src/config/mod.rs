@@ -128,6 +128,8 @@ pub struct Config {
     pub supervisor_token: Option<Secret>,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
+    /// `CONTENT_ENCRYPTION_KEY`, 32 bytes.
+    pub content_key: Option<Secret>,
     /// `OBJECT_STORAGE_*`.
     pub object_storage: Option<ObjectStorage>,
     /// `HOME_REVISIONS_KEEP`.
@@ -277,9 +279,13 @@ impl Config {
         let screen_secret = s.secret("SCREEN_CAPABILITY_SECRET");
         let well_formed =
             |k: &Secret| k.0.len() == 64 && k.0.bytes().all(|b| b.is_ascii_hexdigit());
+        let accepted = "64 hexadecimal characters (32 bytes)";
         if screen_secret.as_ref().is_some_and(|k| !well_formed(k)) {
-            let accepted = "64 hexadecimal characters (32 bytes)";
             return Err(s.invalid("SCREEN_CAPABILITY_SECRET", "", accepted));
+        }
+        let content_key = s.secret("CONTENT_ENCRYPTION_KEY");
+        if content_key.as_ref().is_some_and(|k| !well_formed(k)) {
+            return Err(s.invalid("CONTENT_ENCRYPTION_KEY", "", accepted));
         }
         let object_storage = s.get("OBJECT_STORAGE_BUCKET").map(|bucket| ObjectStorage {
             bucket,
@@ -311,6 +317,7 @@ impl Config {
             supervisor_url: s.get("SANDBOX_SUPERVISOR_URL").unwrap_or_default(),
             supervisor_token: s.secret("SANDBOX_SUPERVISOR_TOKEN"),
             screen_secret,
+            content_key,
             object_storage,
             keep_revisions,
         })

@@ -118,6 +118,12 @@ pub const VARS: &[Var] = &[
         doc: "64 hex characters (32 bytes) sealing screen capabilities. Unset: generated once and kept in DATA_DIR/screen-capability.key.",
     },
     Var {
+        name: "CONTENT_ENCRYPTION_KEY",
+        default: "",
+        secret: true,
+        doc: "64 hex characters (32 bytes): the master key wrapping every space's content key, which wraps each workspace's data key. Unset: generated once and kept in DATA_DIR/content.key. Keep a copy off the host: without it no checkpoint opens.",
+    },
+    Var {
         name: "OBJECT_STORAGE_BUCKET",
         default: "",
         secret: false,

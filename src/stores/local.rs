@@ -1,43 +1,181 @@
-//! The local home store: workspace archives under `DATA_DIR/home-revisions/<home key>/`.
+//! The local home store: sealed revisions under `DATA_DIR/home-revisions/<storage id>/` and
+//! the latest workspace unpacked under `DATA_DIR/homes/<home key>`.
 //!
-//! A revision is written to a temporary file, flushed, and renamed into place, so a crash
-//! leaves either the previous revisions or the new one, never a partial file. Only the last
-//! `keep` revisions are kept.
+//! Saving first unpacks the archive into a staging directory (which also enforces every
+//! restore rule), then writes the sealed revision (temporary file, fsync, rename), then swaps
+//! the staged copy in (current → `.old-*`, staged → current, drop old). A crash at any point
+//! leaves the old or the new workspace, never a mix: an interrupted swap is rolled back the
+//! next time the home is touched. The last `keep` revisions are kept.
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
 
-/// Archives under a root directory.
-pub struct LocalHomeStore {
-    root: PathBuf,
-    keep: usize,
+use super::archive::{self, ArchiveError, Limits};
+use super::seal::{self, Binding};
+
+/// Test hook: the environment variable naming a point where the process aborts, to prove
+/// crash safety (`home.before_swap`, `home.mid_swap`).
+pub const CRASH_AT_ENV: &str = "RAKAZO_CRASH_AT";
+
+fn crash_point(name: &str) {
+    if std::env::var(CRASH_AT_ENV).is_ok_and(|v| v == name) {
+        std::process::abort();
+    }
 }
 
-fn fail(e: std::io::Error) -> StoreError {
+fn fail(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(e.to_string())
 }
 
-impl LocalHomeStore {
-    /// A store rooted at `root` keeping `keep` revisions per home.
-    pub fn new(root: impl Into<PathBuf>, keep: usize) -> Self {
+fn safe_name(s: &str) -> Result<&str, StoreError> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    ok.then_some(s)
+        .ok_or_else(|| StoreError::Failed("invalid home key or storage id".into()))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fail)
+}
+
+/// Write `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    use std::io::Write;
+    let dir = path.parent().ok_or_else(|| fail("no parent directory"))?;
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut file = std::fs::File::create(&tmp).map_err(fail)?;
+    file.write_all(bytes).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)?;
+    sync_dir(dir)
+}
+
+/// The latest unpacked copies, with staged replacement.
+#[derive(Clone)]
+pub struct LatestCopies {
+    homes: PathBuf,
+    limits: Limits,
+}
+
+impl LatestCopies {
+    /// Copies under `homes` (usually `DATA_DIR/homes`).
+    pub fn new(homes: impl Into<PathBuf>, limits: Limits) -> Self {
         Self {
-            root: root.into(),
+            homes: homes.into(),
+            limits,
+        }
+    }
+
+    /// Where the latest copy of a home lives.
+    pub fn path(&self, home_key: &str) -> Result<PathBuf, StoreError> {
+        Ok(self.homes.join(safe_name(home_key)?))
+    }
+
+    /// Roll back an interrupted swap and drop stale staging directories.
+    pub fn recover(&self, home_key: &str) -> Result<(), StoreError> {
+        let current = self.path(home_key)?;
+        let Ok(entries) = std::fs::read_dir(&self.homes) else {
+            return Ok(());
+        };
+        let (old_prefix, staging_prefix) =
+            (format!(".old-{home_key}-"), format!(".staging-{home_key}-"));
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&old_prefix) {
+                if current.exists() {
+                    std::fs::remove_dir_all(entry.path()).map_err(fail)?;
+                } else {
+                    std::fs::rename(entry.path(), &current).map_err(fail)?;
+                    tracing::warn!(event = "home.swap_rolled_back", home.key = home_key);
+                }
+            } else if name.starts_with(&staging_prefix) {
+                std::fs::remove_dir_all(entry.path()).map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unpack `archive` into a staging directory (enforcing every restore rule).
+    pub fn stage(&self, home_key: &str, archive: &[u8]) -> Result<PathBuf, StoreError> {
+        std::fs::create_dir_all(&self.homes).map_err(fail)?;
+        self.recover(home_key)?;
+        let staged = self.homes.join(format!(
+            ".staging-{}-{}",
+            safe_name(home_key)?,
+            uuid::Uuid::new_v4().simple()
+        ));
+        archive::unpack(archive, &staged, self.limits).map_err(|e| match e {
+            ArchiveError::Refused(why) => StoreError::Rejected(why),
+            ArchiveError::Io(e) => fail(e),
+        })?;
+        Ok(staged)
+    }
+
+    /// Make a staged directory the latest copy.
+    pub fn swap_in(&self, home_key: &str, staged: &Path) -> Result<(), StoreError> {
+        let current = self.path(home_key)?;
+        crash_point("home.before_swap");
+        let old = self
+            .homes
+            .join(format!(".old-{home_key}-{}", uuid::Uuid::new_v4().simple()));
+        let had_current = current.exists();
+        if had_current {
+            std::fs::rename(&current, &old).map_err(fail)?;
+        }
+        crash_point("home.mid_swap");
+        std::fs::rename(staged, &current).map_err(fail)?;
+        sync_dir(&self.homes)?;
+        if had_current {
+            std::fs::remove_dir_all(&old).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the latest copy.
+    pub fn remove(&self, home_key: &str) -> Result<(), StoreError> {
+        match std::fs::remove_dir_all(self.path(home_key)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(fail(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Sealed revisions on local disk plus the latest unpacked copy (cheap to clone).
+#[derive(Clone)]
+pub struct LocalHomeStore {
+    revisions: PathBuf,
+    latest: LatestCopies,
+    keep: usize,
+}
+
+impl LocalHomeStore {
+    /// A store under `data_dir` (`homes/` and `home-revisions/`) keeping `keep` revisions.
+    pub fn new(data_dir: &Path, keep: usize, limits: Limits) -> Self {
+        Self {
+            revisions: data_dir.join("home-revisions"),
+            latest: LatestCopies::new(data_dir.join("homes"), limits),
             keep: keep.max(1),
         }
     }
 
-    fn dir(&self, home: &HomeId) -> Result<PathBuf, StoreError> {
-        let key = &home.home_key;
-        if key.is_empty()
-            || !key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(StoreError::Failed("invalid home key".into()));
-        }
-        Ok(self.root.join(key))
+    /// The latest unpacked copies.
+    pub fn latest(&self) -> &LatestCopies {
+        &self.latest
+    }
+
+    fn dir(&self, storage_id: &str) -> Result<PathBuf, StoreError> {
+        Ok(self.revisions.join(safe_name(storage_id)?))
     }
 
     fn list(dir: &Path) -> Result<Vec<i64>, StoreError> {
@@ -48,7 +186,7 @@ impl LocalHomeStore {
                     let name = entry.map_err(fail)?.file_name();
                     if let Some(rev) = name
                         .to_str()
-                        .and_then(|n| n.strip_suffix(".tar"))
+                        .and_then(|n| n.strip_suffix(".sealed"))
                         .and_then(|n| n.parse().ok())
                     {
                         revs.push(rev);
@@ -61,52 +199,100 @@ impl LocalHomeStore {
         revs.sort_unstable();
         Ok(revs)
     }
+
+    fn save_blocking(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: &[u8],
+    ) -> Result<(), StoreError> {
+        let staged = self.latest.stage(&home.home_key, archive)?;
+        let outcome = (|| {
+            let sealed = seal::seal(
+                &home.data_key,
+                &Binding {
+                    storage_id: &home.storage_id,
+                    revision,
+                },
+                archive,
+            );
+            let dir = self.dir(&home.storage_id)?;
+            write_atomic(&dir.join(format!("{revision}.sealed")), &sealed)?;
+            self.latest.swap_in(&home.home_key, &staged)?;
+            let revs = Self::list(&dir)?;
+            for old in revs.iter().take(revs.len().saturating_sub(self.keep)) {
+                std::fs::remove_file(dir.join(format!("{old}.sealed"))).map_err(fail)?;
+            }
+            Ok(())
+        })();
+        if outcome.is_err() {
+            let _ = std::fs::remove_dir_all(&staged);
+        }
+        outcome
+    }
+
+    fn load_blocking(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {
+        self.latest.recover(&home.home_key)?;
+        let path = self
+            .dir(&home.storage_id)?
+            .join(format!("{revision}.sealed"));
+        let sealed = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound),
+            Err(e) => return Err(fail(e)),
+        };
+        seal::open(
+            &home.data_key,
+            &Binding {
+                storage_id: &home.storage_id,
+                revision,
+            },
+            &sealed,
+        )
+        .map_err(|e| StoreError::Rejected(e.to_string()))
+    }
+}
+
+/// Run blocking store work off the async executor.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await.map_err(fail)?
 }
 
 #[async_trait]
 impl HomeStore for LocalHomeStore {
     async fn save(&self, home: &HomeId, revision: i64, archive: &[u8]) -> Result<(), StoreError> {
-        let dir = self.dir(home)?;
-        let keep = self.keep;
-        let archive = archive.to_vec();
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            std::fs::create_dir_all(&dir).map_err(fail)?;
-            let staged = dir.join(format!(".staging-{revision}-{}", std::process::id()));
-            let mut file = std::fs::File::create(&staged).map_err(fail)?;
-            file.write_all(&archive).map_err(fail)?;
-            file.sync_all().map_err(fail)?;
-            std::fs::rename(&staged, dir.join(format!("{revision}.tar"))).map_err(fail)?;
-            std::fs::File::open(&dir)
-                .and_then(|d| d.sync_all())
-                .map_err(fail)?;
-            let revs = Self::list(&dir)?;
-            for old in revs.iter().take(revs.len().saturating_sub(keep)) {
-                let _ = std::fs::remove_file(dir.join(format!("{old}.tar")));
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| StoreError::Failed(e.to_string()))?
+        let (me, home, archive) = (self.clone(), home.clone(), archive.to_vec());
+        blocking(move || me.save_blocking(&home, revision, &archive)).await
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {
-        let path = self.dir(home)?.join(format!("{revision}.tar"));
-        match tokio::fs::read(&path).await {
-            Ok(bytes) => Ok(bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound),
-            Err(e) => Err(fail(e)),
-        }
+        let (me, home) = (self.clone(), home.clone());
+        blocking(move || me.load_blocking(&home, revision)).await
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
-        Self::list(&self.dir(home)?)
+        Self::list(&self.dir(&home.storage_id)?)
     }
 
-    async fn delete(&self, home: &HomeId) -> Result<(), StoreError> {
-        match tokio::fs::remove_dir_all(self.dir(home)?).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(fail(e)),
-            _ => Ok(()),
+    async fn delete(&self, home_key: &str, storage_id: &str) -> Result<(), StoreError> {
+        match std::fs::remove_dir_all(self.dir(storage_id)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+            _ => {}
         }
+        self.latest.remove(home_key)
+    }
+
+    async fn storage_ids(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(&self.revisions) {
+            for entry in entries.flatten() {
+                if let Some(name) = entry.file_name().to_str().filter(|n| safe_name(n).is_ok()) {
+                    ids.push(name.to_owned());
+                }
+            }
+        }
+        Ok(ids)
     }
 }

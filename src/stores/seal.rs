@@ -1,0 +1,259 @@
+//! Sealed archives: AES-256-GCM in 64 KiB segments, bound to the home's storage id, the
+//! revision, the segment index and a final-segment flag.
+//!
+//! Layout: a header (`RKZS`, version, segment size, storage id, revision, nonce prefix), then
+//! segments of `ciphertext || tag`. Every segment's associated data is the whole header plus
+//! its index and the final flag, so a flipped byte, a truncated object (no final segment),
+//! reordered segments, or a segment spliced in from another revision or another home all fail
+//! to open. The header is authenticated through that associated data too.
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Key, Nonce};
+use rand::RngCore;
+
+/// Magic bytes of a sealed archive.
+const MAGIC: &[u8; 4] = b"RKZS";
+/// Format version.
+const VERSION: u8 = 1;
+/// Plaintext bytes per segment.
+pub const SEGMENT: usize = 64 * 1024;
+/// GCM tag length.
+const TAG: usize = 16;
+/// Longest storage id accepted in a header.
+const MAX_STORAGE_ID: usize = 128;
+
+/// Why a sealed archive did not open.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// Not a sealed archive of a known version.
+    #[error("not a sealed archive (bad magic or version)")]
+    BadHeader,
+    /// The archive belongs to another home or revision.
+    #[error("archive is bound to another home or revision")]
+    WrongBinding,
+    /// A segment failed authentication (tampered, reordered or spliced).
+    #[error("segment {0} failed authentication")]
+    Tampered(u64),
+    /// The archive ends before its final segment.
+    #[error("archive is truncated")]
+    Truncated,
+}
+
+/// What a sealed archive is bound to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding<'a> {
+    /// The home's storage id.
+    pub storage_id: &'a str,
+    /// The revision.
+    pub revision: i64,
+}
+
+fn header(binding: &Binding<'_>, nonce_prefix: &[u8; 4]) -> Vec<u8> {
+    let id = binding.storage_id.as_bytes();
+    let mut h = Vec::with_capacity(4 + 1 + 4 + 2 + id.len() + 8 + 4);
+    h.extend_from_slice(MAGIC);
+    h.push(VERSION);
+    h.extend_from_slice(&(SEGMENT as u32).to_be_bytes());
+    h.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    h.extend_from_slice(id);
+    h.extend_from_slice(&binding.revision.to_be_bytes());
+    h.extend_from_slice(nonce_prefix);
+    h
+}
+
+fn nonce(prefix: &[u8; 4], index: u64) -> [u8; 12] {
+    let mut n = [0u8; 12];
+    n[..4].copy_from_slice(prefix);
+    n[4..].copy_from_slice(&index.to_be_bytes());
+    n
+}
+
+fn aad(header: &[u8], index: u64, last: bool) -> Vec<u8> {
+    let mut a = Vec::with_capacity(header.len() + 9);
+    a.extend_from_slice(header);
+    a.extend_from_slice(&index.to_be_bytes());
+    a.push(u8::from(last));
+    a
+}
+
+/// Seal `plain` for `binding` under a 32-byte key.
+pub fn seal(key: &[u8; 32], binding: &Binding<'_>, plain: &[u8]) -> Vec<u8> {
+    let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
+    let mut prefix = [0u8; 4];
+    rand::rng().fill_bytes(&mut prefix);
+    let header = header(binding, &prefix);
+    let segments = plain.len().div_ceil(SEGMENT).max(1);
+    let mut out = Vec::with_capacity(header.len() + plain.len() + segments * TAG);
+    out.extend_from_slice(&header);
+    for index in 0..segments {
+        let chunk =
+            &plain[(index * SEGMENT).min(plain.len())..((index + 1) * SEGMENT).min(plain.len())];
+        let last = index + 1 == segments;
+        let n = nonce(&prefix, index as u64);
+        let ad = aad(&header, index as u64, last);
+        let sealed = cipher
+            .encrypt(
+                Nonce::from_slice(&n),
+                Payload {
+                    msg: chunk,
+                    aad: &ad,
+                },
+            )
+            .expect("AES-GCM encryption of a bounded segment cannot fail");
+        out.extend_from_slice(&sealed);
+    }
+    out
+}
+
+/// Open a sealed archive, checking it is bound to `binding`.
+pub fn open(key: &[u8; 32], binding: &Binding<'_>, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
+    let (header, prefix, body) = parse_header(sealed)?;
+    if header != self::header(binding, &prefix).as_slice() {
+        return Err(SealError::WrongBinding);
+    }
+    let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = body;
+    let mut index = 0u64;
+    loop {
+        if rest.is_empty() {
+            return Err(SealError::Truncated);
+        }
+        let take = rest.len().min(SEGMENT + TAG);
+        let (segment, tail) = rest.split_at(take);
+        let last = tail.is_empty();
+        let n = nonce(&prefix, index);
+        let plain = cipher
+            .decrypt(
+                Nonce::from_slice(&n),
+                Payload {
+                    msg: segment,
+                    aad: &aad(header, index, last),
+                },
+            )
+            .map_err(|_| {
+                if last {
+                    SealError::Truncated
+                } else {
+                    SealError::Tampered(index)
+                }
+            })?;
+        out.extend_from_slice(&plain);
+        if last {
+            return Ok(out);
+        }
+        rest = tail;
+        index += 1;
+    }
+}
+
+fn parse_header(sealed: &[u8]) -> Result<(&[u8], [u8; 4], &[u8]), SealError> {
+    let fixed = 4 + 1 + 4 + 2;
+    if sealed.len() < fixed || &sealed[..4] != MAGIC || sealed[4] != VERSION {
+        return Err(SealError::BadHeader);
+    }
+    if u32::from_be_bytes(sealed[5..9].try_into().expect("4 bytes")) as usize != SEGMENT {
+        return Err(SealError::BadHeader);
+    }
+    let id_len = u16::from_be_bytes([sealed[9], sealed[10]]) as usize;
+    let end = fixed + id_len + 8 + 4;
+    if id_len > MAX_STORAGE_ID || sealed.len() < end {
+        return Err(SealError::BadHeader);
+    }
+    let prefix: [u8; 4] = sealed[end - 4..end].try_into().expect("4 bytes");
+    Ok((&sealed[..end], prefix, &sealed[end..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: [u8; 32] = [7; 32];
+    const B: Binding<'static> = Binding {
+        storage_id: "home-a",
+        revision: 3,
+    };
+
+    fn sample() -> Vec<u8> {
+        (0..(SEGMENT * 3 + 123))
+            .map(|i| (i * 31 % 251) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn round_trips_including_empty_and_exact_segments() {
+        for len in [0, 1, SEGMENT, SEGMENT * 2, SEGMENT * 3 + 123] {
+            let plain: Vec<u8> = sample().into_iter().cycle().take(len).collect();
+            assert_eq!(open(&KEY, &B, &seal(&KEY, &B, &plain)).unwrap(), plain);
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_fails() {
+        let sealed = seal(&KEY, &B, &sample());
+        for pos in [0, 5, 12, 20, 40, sealed.len() / 2, sealed.len() - 1] {
+            let mut bad = sealed.clone();
+            bad[pos] ^= 0x01;
+            assert!(open(&KEY, &B, &bad).is_err(), "flip at {pos}");
+        }
+    }
+
+    #[test]
+    fn truncation_is_detected_at_every_segment_boundary() {
+        let sealed = seal(&KEY, &B, &sample());
+        let header_len = sealed.len() - (sample().len() + 4 * TAG);
+        for segments in 0..4 {
+            let cut = header_len + segments * (SEGMENT + TAG);
+            assert_eq!(
+                open(&KEY, &B, &sealed[..cut]),
+                Err(SealError::Truncated),
+                "{segments} segments"
+            );
+        }
+    }
+
+    #[test]
+    fn reordered_segments_fail() {
+        let sealed = seal(&KEY, &B, &sample());
+        let header_len = sealed.len() - (sample().len() + 4 * TAG);
+        let seg = SEGMENT + TAG;
+        let mut bad = sealed[..header_len].to_vec();
+        bad.extend_from_slice(&sealed[header_len + seg..header_len + 2 * seg]);
+        bad.extend_from_slice(&sealed[header_len..header_len + seg]);
+        bad.extend_from_slice(&sealed[header_len + 2 * seg..]);
+        assert_eq!(open(&KEY, &B, &bad), Err(SealError::Tampered(0)));
+    }
+
+    #[test]
+    fn segments_from_another_revision_or_home_fail() {
+        let plain = sample();
+        let ours = seal(&KEY, &B, &plain);
+        let other_rev = seal(
+            &KEY,
+            &Binding {
+                storage_id: "home-a",
+                revision: 4,
+            },
+            &plain,
+        );
+        let other_home = seal(
+            &KEY,
+            &Binding {
+                storage_id: "home-b",
+                revision: 3,
+            },
+            &plain,
+        );
+        assert_eq!(open(&KEY, &B, &other_rev), Err(SealError::WrongBinding));
+        assert_eq!(open(&KEY, &B, &other_home), Err(SealError::WrongBinding));
+        // Splice: our header with another archive's segment (same key, other binding).
+        let header_len = ours.len() - (plain.len() + 4 * TAG);
+        let other_header_len = other_rev.len() - (plain.len() + 4 * TAG);
+        let mut spliced = ours[..header_len + SEGMENT + TAG].to_vec();
+        spliced.extend_from_slice(&other_rev[other_header_len + SEGMENT + TAG..]);
+        assert!(open(&KEY, &B, &spliced).is_err());
+        // A wrong key never opens.
+        assert!(open(&[8; 32], &B, &ours).is_err());
+        assert_eq!(open(&KEY, &B, b"garbage"), Err(SealError::BadHeader));
+    }
+}

@@ -53,6 +53,8 @@ pub enum Op {
     Observe(String),
     /// Perform an action batch on a bot's screen.
     Act(String, Vec<Action>),
+    /// Replace the whole workspace with an archive (restore of a revision).
+    ImportWorkspace(Vec<u8>),
 }
 
 /// What an [`Op`] returned.
@@ -491,5 +493,9 @@ async fn run_op(
         }
         Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
         Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+        Op::ImportWorkspace(archive) => {
+            provider.import_workspace(machine, &archive).await?;
+            OpOutput::Done
+        }
     })
 }

@@ -45,7 +45,7 @@ pub async fn of_bot(ctx: &Ctx<'_>, bot_id: &str) -> DomainResult<computer::Model
         .await
 }
 
-async fn visible(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<computer::Model> {
+pub async fn visible(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<computer::Model> {
     let c = Computers::new(ctx.db().clone()).get(computer_id).await?;
     access::space(ctx.db(), ctx.caller, &c.space_id)
         .await

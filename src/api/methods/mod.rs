@@ -2,6 +2,7 @@
 
 mod access;
 mod computers;
+mod homes;
 mod runs;
 mod spaces;
 
@@ -64,6 +65,9 @@ pub const METHODS: &[&str] = &[
     "computer.openScreen",
     "computer.machine",
     "computer.stop",
+    "computer.revisions",
+    "computer.restoreRevision",
+    "computer.delete",
     "computer.takeControl",
     "computer.releaseControl",
     "run.start",
@@ -92,6 +96,9 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "computer.openScreen" => computers::open_screen(ctx, params).await,
         "computer.machine" => computers::machine(ctx, params).await,
         "computer.stop" => computers::stop(ctx, params).await,
+        "computer.revisions" => homes::revisions(ctx, params).await,
+        "computer.restoreRevision" => homes::restore(ctx, params).await,
+        "computer.delete" => homes::delete(ctx, params).await,
         "computer.takeControl" => runs::take_control(ctx, params).await,
         "computer.releaseControl" => runs::release_control(ctx, params).await,
         "run.start" => runs::start(ctx, params).await,

@@ -1,0 +1,185 @@
+//! Workspace revisions: list the kept ones, restore one, delete a computer with its stored
+//! workspace.
+
+use rakazo_actors::clock::{new_id, now_ms};
+use rakazo_actors::computer::{Call, CurrentMachine, Op};
+use rakazo_actors::computers::{Computers, EndReason};
+use rakazo_actors::entity::{computer, home_revision};
+use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
+use rakazo_actors::screen;
+use rakazo_actors::{DomainError, DomainResult, ErrorCode};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder, Set,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::computers::{handle, visible};
+use super::{Ctx, access};
+
+/// Lifetime of the reservation a restore holds.
+const RESTORE_RESERVATION_MS: i64 = 10 * 60 * 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ById {
+    computer_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Restore {
+    computer_id: String,
+    revision: i64,
+}
+
+/// `computer.revisions {computerId}`: the kept checkpoint revisions, newest first.
+pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ById = super::params(params)?;
+    let c = visible(ctx, &p.computer_id).await?;
+    let kept = ctx
+        .app
+        .runtime()
+        .homes
+        .revisions(&ctx.app.runtime().home_id(&c).await?)
+        .await?;
+    let rows = home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(&c.id))
+        .filter(home_revision::Column::Revision.is_in(kept))
+        .order_by_desc(home_revision::Column::Revision)
+        .all(ctx.db())
+        .await?;
+    Ok(Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({ "revision": r.revision, "sizeBytes": r.size_bytes, "reason": r.reason,
+                        "createdAtMs": r.created_at_ms, "current": r.revision == c.revision })
+            })
+            .collect(),
+    ))
+}
+
+/// `computer.restoreRevision {computerId, revision}`: make a kept revision the workspace
+/// again, as a new revision (history stays linear). Refused while a bot drives or a person
+/// controls a screen; holds the maintenance reservation meanwhile.
+pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: Restore = super::params(params)?;
+    let c = visible(ctx, &p.computer_id).await?;
+    let leases = Leases::new(ctx.db().clone());
+    if leases
+        .live_on(&c.id)
+        .await?
+        .iter()
+        .any(|g| g.kind != LeaseKind::Maintenance)
+    {
+        return Err(DomainError::new(
+            ErrorCode::LeaseHeld,
+            "stop the bots and release control before restoring",
+        ));
+    }
+    let key = LeaseKey::maintenance(&c.id);
+    let holder = format!("restore-{}", new_id());
+    let reservation = leases
+        .acquire(&key, &holder, RESTORE_RESERVATION_MS)
+        .await?;
+    let outcome = restore_reserved(ctx, &c, p.revision).await;
+    leases.release(&key, reservation.fence).await?;
+    outcome
+}
+
+async fn restore_reserved(
+    ctx: &Ctx<'_>,
+    c: &computer::Model,
+    revision: i64,
+) -> DomainResult<Value> {
+    let rt = ctx.app.runtime();
+    let home = rt.home_id(c).await?;
+    let archive = rt.homes.load(&home, revision).await?;
+    let h = handle(ctx, c);
+    if h.computer.send(CurrentMachine).await?.is_some() {
+        h.computer
+            .send(Call(Op::ImportWorkspace(archive.clone())))
+            .await??;
+    }
+    let row = Computers::new(ctx.db().clone()).get(&c.id).await?;
+    let new_revision = row.revision + 1;
+    rt.homes.save(&home, new_revision, &archive).await?;
+    home_revision::ActiveModel {
+        id: Set(new_id()),
+        computer_id: Set(c.id.clone()),
+        home_key: Set(c.home_key.clone()),
+        revision: Set(new_revision),
+        size_bytes: Set(archive.len() as i64),
+        object_key: Set(None),
+        reason: Set(format!("restore:{revision}")),
+        created_at_ms: Set(now_ms()),
+    }
+    .insert(ctx.db())
+    .await?;
+    Computers::new(ctx.db().clone())
+        .set_revision(&c.id, new_revision)
+        .await?;
+    tracing::info!(event = "home.restored", computer.id = %c.id, from = revision, revision = new_revision);
+    Ok(json!({ "revision": new_revision, "restoredFrom": revision }))
+}
+
+/// `computer.delete {computerId}`: tear down screens, destroy the machine, forget the stored
+/// workspace and the computer row (with its only wrapped data key).
+pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: ById = super::params(params)?;
+    let c = visible(ctx, &p.computer_id).await?;
+    let space = access::space(ctx.db(), ctx.caller, &c.space_id).await?;
+    if !ctx.caller.is_operator && space.owner_id != ctx.caller.user_id {
+        return Err(DomainError::new(
+            ErrorCode::Forbidden,
+            "only the space owner deletes computers",
+        ));
+    }
+    let leases = Leases::new(ctx.db().clone());
+    if leases
+        .live_on(&c.id)
+        .await?
+        .iter()
+        .any(|g| g.kind != LeaseKind::Control)
+    {
+        return Err(DomainError::new(
+            ErrorCode::LeaseHeld,
+            "stop the bots first",
+        ));
+    }
+    let rt = ctx.app.runtime();
+    let h = handle(ctx, &c);
+    for screen in rakazo_actors::entity::screen::Entity::find()
+        .filter(rakazo_actors::entity::screen::Column::ComputerId.eq(&c.id))
+        .all(ctx.db())
+        .await?
+    {
+        // Best effort: the machine is destroyed next anyway.
+        let _ = ctx
+            .app
+            .registry
+            .screen(&h, &screen.bot_id)
+            .send(screen::Teardown)
+            .await;
+    }
+    if let (Some(machine), Ok(provider)) = (h.computer.send(CurrentMachine).await?, rt.provider()) {
+        provider.destroy(&machine).await?;
+    } else if let (Some(stored), Some(kind), Ok(provider)) =
+        (&c.provider_ref, &c.provider_kind, rt.provider())
+    {
+        if *kind == provider.describe().kind {
+            provider
+                .destroy(&rakazo_actors::provider::ProviderRef(stored.clone()))
+                .await?;
+        }
+    }
+    let computers = Computers::new(ctx.db().clone());
+    computers.close_runs(&c.id, EndReason::Deleted).await?;
+    c.clone().delete(ctx.db()).await?;
+    ctx.app.registry.forget(&c.id);
+    rt.homes.delete(&c.home_key, &c.storage_id).await?;
+    tracing::info!(event = "computer.deleted", computer.id = %c.id);
+    Ok(json!({ "deleted": c.id }))
+}

@@ -1,0 +1,159 @@
+//! Durable workspaces through the API: revision history and restore, provider-kind changes,
+//! deletion.
+
+mod common;
+
+use common::{Backend, TestServer};
+use rakazo_actors::entity::computer;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::json;
+
+async fn finish(s: &TestServer, run: &str, fence: i64) -> serde_json::Value {
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await
+}
+
+#[actix_rt::test]
+async fn an_older_kept_revision_can_be_restored() {
+    let s = TestServer::start(Backend::Sqlite, &[("HOME_REVISIONS_KEEP", "3")])
+        .await
+        .unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    for version in ["one", "two", "three", "four"] {
+        let (run, fence) = s.start_run(&bots[0]).await;
+        s.exec(&run, fence, &format!("echo {version} > state.txt"))
+            .await
+            .unwrap();
+        finish(&s, &run, fence).await;
+    }
+    let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let revs = s
+        .ok("computer.revisions", json!({ "computerId": c["id"] }))
+        .await;
+    let numbers: Vec<i64> = revs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["revision"].as_i64().unwrap())
+        .collect();
+    assert_eq!(numbers, vec![4, 3, 2], "only the last three are kept");
+    assert_eq!(revs[0]["current"], true);
+
+    let err = s
+        .call(
+            "computer.restoreRevision",
+            json!({ "computerId": c["id"], "revision": 1 }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "NOT_FOUND", "a revision past the retention is gone");
+
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let err = s
+        .call(
+            "computer.restoreRevision",
+            json!({ "computerId": c["id"], "revision": 3 }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.1, "LEASE_HELD", "no restore under a working bot");
+    finish(&s, &run, fence).await;
+
+    let restored = s
+        .ok(
+            "computer.restoreRevision",
+            json!({ "computerId": c["id"], "revision": 3 }),
+        )
+        .await;
+    assert_eq!(
+        (
+            restored["revision"].as_i64(),
+            restored["restoredFrom"].as_i64()
+        ),
+        (Some(6), Some(3))
+    );
+    let (run, fence) = s.start_run(&bots[0]).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat state.txt").await.unwrap()["stdout"],
+        "three\n"
+    );
+}
+
+#[actix_rt::test]
+async fn a_provider_kind_change_boots_a_replacement_from_the_checkpoint() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo portable > p.txt").await.unwrap();
+    let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let before = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    // The machine was made by another provider kind: its reference is never handed to ours.
+    computer::Entity::update_many()
+        .col_expr(computer::Column::ProviderKind, Expr::value("desktop"))
+        .filter(computer::Column::Id.eq(c["id"].as_str().unwrap()))
+        .exec(&s.app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.exec(&run, fence, "cat p.txt").await.unwrap()["stdout"],
+        "portable\n"
+    );
+    let after = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert_ne!(after["providerRef"], before["providerRef"]);
+    assert_eq!(after["providerKind"], "fake");
+    assert_eq!(
+        s.app.fake.as_ref().unwrap().live_machines(),
+        2,
+        "the stopped machine was not resumed"
+    );
+}
+
+#[actix_rt::test]
+async fn deleting_a_computer_leaves_nothing_readable_behind() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo secret > s.txt").await.unwrap();
+    finish(&s, &run, fence).await;
+    let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let data_dir = s.app.config.data_dir.clone();
+    let storage_dir = std::fs::read_dir(data_dir.join("home-revisions"))
+        .unwrap()
+        .count();
+    assert_eq!(storage_dir, 1);
+    assert!(
+        data_dir
+            .join("homes")
+            .join(c["homeKey"].as_str().unwrap())
+            .join("s.txt")
+            .exists()
+    );
+    s.ok("computer.delete", json!({ "computerId": c["id"] }))
+        .await;
+    assert_eq!(
+        s.call("computer.get", json!({ "computerId": c["id"] }))
+            .await
+            .unwrap_err()
+            .1,
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        std::fs::read_dir(data_dir.join("home-revisions"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert!(
+        !data_dir
+            .join("homes")
+            .join(c["homeKey"].as_str().unwrap())
+            .exists()
+    );
+    assert_eq!(s.app.fake.as_ref().unwrap().live_machines(), 0);
+}

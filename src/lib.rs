@@ -1,1 +1,2 @@
 //! Rakazo library root.
+pub mod desktop;

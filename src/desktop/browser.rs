@@ -35,6 +35,7 @@ pub fn chromium_args(profile: &Path, width: u32, height: u32, no_sandbox: bool) 
         "--disable-component-update".into(),
         "--disable-background-networking".into(),
         "--disable-sync".into(),
+        "--disable-breakpad".into(),
         "--disable-dev-shm-usage".into(),
         "--disable-gpu".into(),
         "--window-position=0,0".into(),

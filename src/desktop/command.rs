@@ -219,6 +219,28 @@ impl CommandRunner for HostRunner {
     }
 }
 
+/// The environment variable that tags every process the runtime starts, so that what escapes
+/// its process group (Chromium's crash handler, a window manager's dialogs) can still be found.
+pub const TAG_VAR: &str = "RAKAZO_DESKTOP_TAG";
+
+/// A script that SIGKILLs every process of this user whose environment has a [`TAG_VAR`]
+/// value starting with `prefix`.
+pub fn sweep_script(prefix: &str) -> String {
+    let want = shell_quote(&format!("{TAG_VAR}={prefix}"));
+    format!(
+        r#"want={want}
+for e in /proc/[0-9]*/environ; do
+  p=${{e#/proc/}}; p=${{p%/environ}}
+  [ "$p" = "$$" ] && continue
+  while IFS= read -r -d '' line; do
+    case "$line" in "$want"*) kill -KILL "$p" 2>/dev/null; break ;; esac
+  done 2>/dev/null < "$e"
+done
+exit 0
+"#
+    )
+}
+
 /// `PATH`, `LANG`: enough for the runtime's own tools.
 pub fn minimal_env() -> Vec<(String, String)> {
     vec![
@@ -262,6 +284,23 @@ mod tests {
         let out = runner.run("sleep 30", Duration::from_millis(200)).await.unwrap();
         assert!(out.timed_out);
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn sweep_kills_tagged_processes_outside_the_group() {
+        let runner = HostRunner::minimal();
+        let tag = format!("/test-sweep-{}", std::process::id());
+        let mut env = minimal_env();
+        env.push((TAG_VAR.into(), format!("{tag}/a")));
+        // The child leaves the group and session, as Chromium's crash handler does.
+        let spec = SpawnSpec { argv: vec!["bash".into(), "-c".into(), "setsid sleep 30 & echo $! >&2; wait".into()], env, ..Default::default() };
+        let pid = runner.spawn(&spec).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let out = runner.run(&format!("ps -eo pid=,ppid= | awk '$2=={pid}{{print $1}}'"), SCRIPT_TIMEOUT).await.unwrap();
+        let child: u32 = out.stdout.trim().parse().unwrap();
+        runner.run(&sweep_script(&tag), SCRIPT_TIMEOUT).await.unwrap();
+        assert!(!runner.is_running(pid).await.unwrap());
+        assert!(!runner.is_running(child).await.unwrap());
     }
 
     #[tokio::test]

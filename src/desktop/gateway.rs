@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::Mutex;
 
-use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, minimal_env};
+use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env};
 use super::{DesktopError, shell_quote};
 
 /// How long a fresh x11vnc or websockify gets to start listening.
@@ -107,6 +107,13 @@ impl Gateway {
         }
     }
 
+    /// The environment of the gateway's processes, tagged for the runtime's final sweep.
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = minimal_env();
+        env.push((TAG_VAR.into(), format!("{}/gateway", self.run_dir.to_string_lossy())));
+        env
+    }
+
     /// The gateway's TCP port.
     pub fn port(&self) -> u16 {
         self.port
@@ -136,7 +143,7 @@ impl Gateway {
                 self.dir.to_string_lossy().into_owned(),
                 format!("127.0.0.1:{}", self.port),
             ],
-            env: minimal_env(),
+            env: self.env(),
             ..Default::default()
         };
         let pid = self.runner.spawn(&spec).await?;
@@ -188,7 +195,7 @@ impl Gateway {
         if policy == Policy::View {
             argv.push("-viewonly".into());
         }
-        let mut env = minimal_env();
+        let mut env = self.env();
         env.push(("HOME".into(), self.run_dir.to_string_lossy().into_owned()));
         let pid = self.runner.spawn(&SpawnSpec { argv, env, ..Default::default() }).await?;
         let probe = format!("test -S {}", shell_quote(&socket.to_string_lossy()));

@@ -25,6 +25,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
 pub const MAX_TYPE_CHARS: usize = 10_000;
 /// Most wheel notches of one `scroll` action.
 pub const MAX_SCROLL: i32 = 100;
+/// Pause after a key combination with modifiers (shortcuts move focus asynchronously).
+const SHORTCUT_PAUSE: Duration = Duration::from_millis(50);
 /// Pointer steps of a drag, so applications see the motion between press and release.
 const DRAG_STEPS: i32 = 8;
 /// Pause between drag steps.
@@ -217,6 +219,11 @@ impl XDisplay {
                     codes.push(self.keycode(m)?.0);
                 }
                 self.tap_keysym(*last, &codes)?;
+                if !codes.is_empty() {
+                    // Shortcuts usually move the focus; give the application a moment.
+                    self.sync()?;
+                    std::thread::sleep(SHORTCUT_PAUSE);
+                }
             }
             Action::Wait { ms } => {
                 let wait = Duration::from_millis(*ms);

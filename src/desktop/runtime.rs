@@ -18,7 +18,7 @@ use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 
 use super::browser::{LOCK_FILES, chromium_args, profile_dir};
 use super::capture::{XDisplay, x_err};
-use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, minimal_env};
+use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script};
 use super::gateway::{Capability, Gateway, Policy};
 use super::{DesktopError, check_id, shell_quote};
 
@@ -30,6 +30,10 @@ pub const SCREEN_HEIGHT: u32 = 800;
 const XVFB_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new browser gets to map its first window.
 const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
+/// First look, interval and limit of the wait for a new browser's screen to stop changing.
+const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
+const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
+const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long Chromium gets to save its session and cookies on SIGTERM.
 const BROWSER_STOP_GRACE: Duration = Duration::from_secs(8);
 /// How long Xvfb and the window manager get on SIGTERM.
@@ -150,6 +154,8 @@ pub struct ActResult {
 /// The processes and connection of one bot's screen.
 struct Screen {
     bot_id: String,
+    /// [`TAG_VAR`] value of every process of this screen, for the final sweep.
+    tag: String,
     display: u32,
     xvfb: Option<u32>,
     wm: Option<u32>,
@@ -350,6 +356,10 @@ impl DesktopRuntime {
         if let Err(e) = self.gateway.shutdown().await {
             failure = Some(e);
         }
+        if failure.is_none() {
+            let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
+            self.runner.run(&sweep_script(&prefix), SCRIPT_TIMEOUT).await?;
+        }
         failure.map_or(Ok(()), Err)
     }
 
@@ -482,6 +492,11 @@ impl DesktopRuntime {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
             screen.wm = None;
         }
+        // What left the process groups (crash handlers, dialogs) goes by its tag.
+        let out = self.runner.run(&sweep_script(&screen.tag), SCRIPT_TIMEOUT).await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack("could not sweep the screen's processes".into()));
+        }
         if let Some(pid) = screen.xvfb {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
             screen.xvfb = None;
@@ -490,8 +505,8 @@ impl DesktopRuntime {
         Ok(())
     }
 
-    fn env(&self, display: u32, home: &str) -> Vec<(String, String)> {
-        let mut env = minimal_env();
+    fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {
+        let mut env = tagged_env(tag);
         env.push(("DISPLAY".into(), format!(":{display}")));
         env.push(("HOME".into(), home.to_string()));
         env
@@ -500,10 +515,18 @@ impl DesktopRuntime {
     /// Starts Xvfb on a free display number and the window manager on it.
     async fn start_stack(&self, bot_id: &str) -> Result<Screen, DesktopError> {
         let run_dir = self.config.run_dir.to_string_lossy().into_owned();
-        let out = self.runner.run(&format!("mkdir -p {q}/wm && chmod 700 {q}", q = shell_quote(&run_dir)), SCRIPT_TIMEOUT).await?;
+        let prepare = format!(
+            "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q}\n\
+             printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
+             printf '%s\\n' 'background: none' > {q}/wm/.fluxbox/overlay\n",
+            q = shell_quote(&run_dir),
+            init = FLUXBOX_INIT.iter().map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm")))).collect::<Vec<_>>().join(" "),
+        );
+        let out = self.runner.run(&prepare, SCRIPT_TIMEOUT).await?;
         if out.exit_code != 0 {
             return Err(DesktopError::Stack(format!("run directory: {}", out.stderr.trim())));
         }
+        let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
         for _ in 0..DISPLAY_SEARCH {
             let display = self.config.displays.claim().ok_or_else(|| DesktopError::Stack("no free X display number".into()))?;
             // A live server owns this number (someone else's): keep it claimed and move on.
@@ -532,13 +555,14 @@ impl DesktopRuntime {
                         "-noreset".into(),
                     ]
                     .to_vec(),
-                    env: minimal_env(),
+                    env: tagged_env(&tag),
                     log: format!("{run_dir}/xvfb-{display}.log"),
                     ..Default::default()
                 })
                 .await?;
             let mut screen = Screen {
                 bot_id: bot_id.to_string(),
+                tag: tag.clone(),
                 display,
                 xvfb: Some(xvfb),
                 wm: None,
@@ -558,7 +582,7 @@ impl DesktopRuntime {
                 .runner
                 .spawn(&SpawnSpec {
                     argv: vec!["fluxbox".into()],
-                    env: self.env(display, &format!("{run_dir}/wm")),
+                    env: self.env(&tag, display, &format!("{run_dir}/wm")),
                     log: format!("{run_dir}/wm-{display}.log"),
                     ..Default::default()
                 })
@@ -595,19 +619,36 @@ impl DesktopRuntime {
         let locks: Vec<String> = LOCK_FILES.iter().map(|f| shell_quote(&format!("{profile_s}/{f}"))).collect();
         let out = self
             .runner
-            .run(&format!("mkdir -p {} && rm -f {} && id -u", shell_quote(&profile_s), locks.join(" ")), SCRIPT_TIMEOUT)
+            .run(
+                &format!(
+                    "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u",
+                    locks.join(" "),
+                    p = shell_quote(&profile_s)
+                ),
+                SCRIPT_TIMEOUT,
+            )
             .await?;
         if out.exit_code != 0 {
             return Err(DesktopError::Stack(format!("browser profile: {}", out.stderr.trim())));
         }
-        let as_root = *self.as_root.get_or_init(|| async { out.stdout.trim() == "0" }).await;
+        let mut lines = out.stdout.lines();
+        let fresh = lines.next() == Some("fresh");
+        let uid = lines.next().unwrap_or_default().trim().to_string();
+        let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
         let mut argv = vec!["chromium".to_string()];
         argv.extend(chromium_args(&profile, SCREEN_WIDTH, SCREEN_HEIGHT, as_root));
+        if fresh {
+            // A new profile opens a blank page rather than the new-tab page, which keeps
+            // loading without a network and resets the address bar when it gives up.
+            argv.push("about:blank".into());
+        }
         let log = format!("{}/browser-{}.log", self.config.run_dir.to_string_lossy(), screen.display);
-        let pid = self
-            .runner
-            .spawn(&SpawnSpec { argv, env: self.env(screen.display, &workspace), cwd: workspace.clone(), log })
-            .await?;
+        let mut env = self.env(&screen.tag, screen.display, &workspace);
+        // Chromium's own config and cache outside the profile stay out of the workspace.
+        let run_dir = self.config.run_dir.to_string_lossy();
+        env.push(("XDG_CONFIG_HOME".into(), format!("{run_dir}/xdg-config")));
+        env.push(("XDG_CACHE_HOME".into(), format!("{run_dir}/xdg-cache")));
+        let pid = self.runner.spawn(&SpawnSpec { argv, env, cwd: workspace.clone(), log }).await?;
         screen.browser = Some(pid);
         let x = screen.x.clone().ok_or_else(|| DesktopError::X("no display connection".into()))?;
         let started = Instant::now();
@@ -624,9 +665,30 @@ impl DesktopRuntime {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Let the first page finish loading: a page that replaces the address bar's contents
+        // would swallow what the first batch types there.
+        tokio::task::spawn_blocking(move || {
+            x.lock().unwrap_or_else(|e| e.into_inner()).settle(BROWSER_QUIET_DELAY, BROWSER_QUIET_INTERVAL, BROWSER_QUIET_TIMEOUT)
+        })
+        .await
+        .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
         tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
         Ok(())
     }
+}
+
+/// The window manager's settings: no toolbar, no wallpaper (whose failure would pop up a
+/// dialog that takes the focus), new windows focused.
+const FLUXBOX_INIT: &[&str] = &[
+    "session.screen0.toolbar.visible: false",
+    "session.screen0.focusNewWindows: true",
+    "session.styleOverlay: {home}/.fluxbox/overlay",
+];
+
+fn tagged_env(tag: &str) -> Vec<(String, String)> {
+    let mut env = minimal_env();
+    env.push((TAG_VAR.into(), tag.to_string()));
+    env
 }
 
 fn handle(slot: &Slot, i: usize) -> ScreenHandle {

@@ -16,7 +16,9 @@ use rakazo::desktop::command::{CommandRunner, HostRunner, sweep_script};
 use rakazo::desktop::gateway::{Policy, free_local_port};
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
-use rakazo_actors::provider::{Action, Button, ExecOutput, ExecRequest, MachineSpec, ProviderError, SandboxProvider};
+use rakazo_actors::provider::{
+    Action, Button, ExecOutput, ExecRequest, MachineSpec, ProviderError, SandboxProvider,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -32,7 +34,10 @@ struct Sweep(std::path::PathBuf);
 impl Drop for Sweep {
     fn drop(&mut self) {
         let script = sweep_script(&format!("{}/", self.0.display()));
-        let _ = std::process::Command::new("bash").arg("-c").arg(script).status();
+        let _ = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .status();
     }
 }
 
@@ -41,7 +46,10 @@ fn require_tools() {
         let found = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
             .unwrap_or(false);
-        assert!(found, "{tool} is missing: run scripts/install-desktop-deps.sh");
+        assert!(
+            found,
+            "{tool} is missing: run scripts/install-desktop-deps.sh"
+        );
     }
 }
 
@@ -74,7 +82,9 @@ impl Fixture {
         let log = seen.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((mut stream, _)) = listener.accept().await else { break };
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    break;
+                };
                 let log = log.clone();
                 tokio::spawn(async move {
                     let mut head = Vec::new();
@@ -89,11 +99,20 @@ impl Fixture {
                     let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
                     let cookie = head
                         .lines()
-                        .find_map(|l| l.strip_prefix("Cookie: ").or_else(|| l.strip_prefix("cookie: ")))
+                        .find_map(|l| {
+                            l.strip_prefix("Cookie: ")
+                                .or_else(|| l.strip_prefix("cookie: "))
+                        })
                         .map(str::to_string);
-                    log.lock().unwrap().push(Seen { path: path.clone(), cookie });
+                    log.lock().unwrap().push(Seen {
+                        path: path.clone(),
+                        cookie,
+                    });
                     let (extra, body) = if let Some(who) = path.strip_prefix("/set/") {
-                        (format!("Set-Cookie: session={who}; Max-Age=86400; Path=/\r\n"), format!("<h1>set {who}</h1>"))
+                        (
+                            format!("Set-Cookie: session={who}; Max-Age=86400; Path=/\r\n"),
+                            format!("<h1>set {who}</h1>"),
+                        )
                     } else if path.starts_with("/form/") {
                         (String::new(), FORM_PAGE.to_string())
                     } else {
@@ -122,7 +141,11 @@ impl Fixture {
             if let Some(s) = self.seen.lock().unwrap().iter().find(|s| pred(s)) {
                 return s.clone();
             }
-            assert!(started.elapsed() < PAGE_TIMEOUT, "the fixture never saw {what}; saw {:?}", self.seen.lock().unwrap());
+            assert!(
+                started.elapsed() < PAGE_TIMEOUT,
+                "the fixture never saw {what}; saw {:?}",
+                self.seen.lock().unwrap()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -131,13 +154,19 @@ impl Fixture {
 /// The batch that makes a browser go to `url` through its address bar.
 fn navigate(url: &str) -> Vec<Action> {
     vec![
-        Action::Key { keys: "ctrl+l".into() },
+        Action::Key {
+            keys: "ctrl+l".into(),
+        },
         // The address bar takes the focus asynchronously; keys sent before that reach the page.
         Action::Wait { ms: 300 },
         Action::Type { text: url.into() },
         // Drops any inline autocompletion before going.
-        Action::Key { keys: "Delete".into() },
-        Action::Key { keys: "Return".into() },
+        Action::Key {
+            keys: "Delete".into(),
+        },
+        Action::Key {
+            keys: "Return".into(),
+        },
     ]
 }
 
@@ -146,8 +175,13 @@ fn navigate(url: &str) -> Vec<Action> {
 async fn go(runtime: &DesktopRuntime, site: &Fixture, bot: &str, path: &str) -> Seen {
     let done = runtime.act(bot, &navigate(&site.url(path))).await.unwrap();
     assert_eq!(done.completed, 5, "{:?}", done.error);
-    let _ = std::fs::write(std::env::temp_dir().join(format!("desktop-go-{bot}.png")), &done.observation.frame.png);
-    let seen = site.wait_for(&format!("{bot}'s {path}"), |s| s.path == path).await;
+    let _ = std::fs::write(
+        std::env::temp_dir().join(format!("desktop-go-{bot}.png")),
+        &done.observation.frame.png,
+    );
+    let seen = site
+        .wait_for(&format!("{bot}'s {path}"), |s| s.path == path)
+        .await;
     let mut last = runtime.observe(bot).await.unwrap().hash;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -189,7 +223,10 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     let dir = tempfile::tempdir().unwrap();
     let _sweep = Sweep(dir.path().join("run"));
     let site = Fixture::start().await;
-    let runtime = DesktopRuntime::new(Arc::new(HostRunner::minimal()), runtime_config(dir.path(), 41, 0));
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir.path(), 41, 0),
+    );
     let mut events = runtime.subscribe();
 
     // Two bots, two displays, two browsers.
@@ -197,8 +234,16 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     let b = runtime.open_screen("bot-b").await.unwrap();
     assert_ne!(a.slot, b.slot);
     assert_ne!(a.display, b.display);
-    assert!(dir.path().join("workspace/.browser-profiles/bot-a").is_dir());
-    assert!(dir.path().join("workspace/.browser-profiles/bot-b").is_dir());
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-a")
+            .is_dir()
+    );
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-b")
+            .is_dir()
+    );
 
     // A gets a cookie; B does not have it.
     go(&runtime, &site, "bot-a", "/set/a").await;
@@ -210,19 +255,38 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     // A click into a text field and typing reach the page.
     go(&runtime, &site, "bot-b", "/form/1").await;
     let typed = "Hello, Rakazo 42!";
-    let batch = [Action::Click { x: 640, y: 500, button: Button::Left, double: false }, Action::Type { text: typed.into() }];
+    let batch = [
+        Action::Click {
+            x: 640,
+            y: 500,
+            button: Button::Left,
+            double: false,
+        },
+        Action::Type { text: typed.into() },
+    ];
     let result = runtime.act("bot-b", &batch).await.unwrap();
     assert_eq!(result.completed, 2, "{:?}", result.error);
-    assert_eq!((result.observation.frame.width, result.observation.frame.height), (1280, 800));
+    assert_eq!(
+        (
+            result.observation.frame.width,
+            result.observation.frame.height
+        ),
+        (1280, 800)
+    );
     assert!(result.observation.frame.png.starts_with(b"\x89PNG"));
     let expected = format!("/typed?v={}", "Hello%2C%20Rakazo%2042!");
-    site.wait_for("the typed value", |s| s.path == expected).await;
+    site.wait_for("the typed value", |s| s.path == expected)
+        .await;
 
     // Identical consecutive frames hash alike; a failing action reports progress.
     let first = runtime.observe("bot-b").await.unwrap();
     let second = runtime.observe("bot-b").await.unwrap();
     assert_eq!(first.hash, second.hash);
-    let bad = [Action::Move { x: 10, y: 10 }, Action::Move { x: 5000, y: 10 }, Action::Move { x: 20, y: 20 }];
+    let bad = [
+        Action::Move { x: 10, y: 10 },
+        Action::Move { x: 5000, y: 10 },
+        Action::Move { x: 20, y: 20 },
+    ];
     let result = runtime.act("bot-b", &bad).await.unwrap();
     assert_eq!(result.completed, 1);
     assert!(result.error.unwrap().contains("outside"));
@@ -230,8 +294,14 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     // A view capability reaches x11vnc through the gateway.
     let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
     assert_eq!((cap.slot, cap.generation), (a.slot, a.generation));
-    let greeting = gateway_greeting(cap.port, cap.token.expose()).await.expect("no greeting through the gateway");
-    assert!(greeting.starts_with(b"RFB 003.008"), "{:?}", String::from_utf8_lossy(&greeting));
+    let greeting = gateway_greeting(cap.port, cap.token.expose())
+        .await
+        .expect("no greeting through the gateway");
+    assert!(
+        greeting.starts_with(b"RFB 003.008"),
+        "{:?}",
+        String::from_utf8_lossy(&greeting)
+    );
     let socket = dir.path().join("run/gateway").join(cap.token.expose());
     assert!(socket.exists());
 
@@ -239,25 +309,50 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     // cannot be reached with the old token.
     runtime.close_screen("bot-a").await.unwrap();
     let event = events.try_recv().expect("no teardown event");
-    assert_eq!((event.slot, event.ended, event.bot_id.as_str()), (a.slot, a.generation, "bot-a"));
+    assert_eq!(
+        (event.slot, event.ended, event.bot_id.as_str()),
+        (a.slot, a.generation, "bot-a")
+    );
     assert!(event.generation > a.generation);
     assert!(!socket.exists());
     let c = runtime.open_screen("bot-c").await.unwrap();
     assert_eq!(c.slot, a.slot, "the freed slot is reused");
     assert!(c.generation > event.generation - 1);
     let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
-    assert_eq!(gateway_greeting(cap.port, cap.token.expose()).await, None, "an old token reached the recycled slot");
+    assert_eq!(
+        gateway_greeting(cap.port, cap.token.expose()).await,
+        None,
+        "an old token reached the recycled slot"
+    );
 
     // Reopened in another slot, bot-a still has its cookie and its restored session.
     let a2 = runtime.open_screen("bot-a").await.unwrap();
     assert_ne!(a2.slot, a.slot);
-    let restored = site.seen.lock().unwrap().iter().filter(|s| s.path == "/check/a-1").count();
+    let restored = site
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path == "/check/a-1")
+        .count();
     let seen = go(&runtime, &site, "bot-a", "/check/a-2").await;
-    assert_eq!(seen.cookie.as_deref(), Some("session=a"), "bot-a lost its cookie");
-    assert!(restored >= 2, "the restarted browser did not restore its last tab");
+    assert_eq!(
+        seen.cookie.as_deref(),
+        Some("session=a"),
+        "bot-a lost its cookie"
+    );
+    assert!(
+        restored >= 2,
+        "the restarted browser did not restore its last tab"
+    );
 
     runtime.shutdown().await.unwrap();
-    assert!(dir.path().join("workspace/.browser-profiles/bot-a").is_dir(), "profiles are kept");
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-a")
+            .is_dir(),
+        "profiles are kept"
+    );
 }
 
 #[tokio::test]
@@ -274,7 +369,12 @@ async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
         environment: "test".into(),
     })
     .unwrap();
-    let spec = MachineSpec { computer_id: "c1".into(), space_id: "s1".into(), bot_id: None, home_key: "team-s1".into() };
+    let spec = MachineSpec {
+        computer_id: "c1".into(),
+        space_id: "s1".into(),
+        bot_id: None,
+        home_key: "team-s1".into(),
+    };
     let machine = provider.provision(&spec).await.unwrap();
     let runtime = provider.runtime(&machine).await.unwrap();
 
@@ -282,13 +382,25 @@ async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
     runtime.set_controlled("bot-1", true).await;
     let refused = provider.open_screen(&machine, "bot-2").await;
     assert_eq!(refused, Err(ProviderError::MultiScreenUnavailable));
-    let shell = ExecRequest { command: "echo shell-ok".into(), cwd: String::new(), env: vec![], timeout: Duration::from_secs(10) };
-    assert_eq!(provider.exec(&machine, &shell).await.unwrap().stdout, "shell-ok\n");
+    let shell = ExecRequest {
+        command: "echo shell-ok".into(),
+        cwd: String::new(),
+        env: vec![],
+        timeout: Duration::from_secs(10),
+    };
+    assert_eq!(
+        provider.exec(&machine, &shell).await.unwrap().stdout,
+        "shell-ok\n"
+    );
 
     runtime.set_controlled("bot-1", false).await;
     let screen = provider.open_screen(&machine, "bot-2").await.unwrap();
     let open = runtime.screens().await;
-    assert_eq!(open.keys().collect::<Vec<_>>(), vec!["bot-2"], "bot-1 was not evicted");
+    assert_eq!(
+        open.keys().collect::<Vec<_>>(),
+        vec!["bot-2"],
+        "bot-1 was not evicted"
+    );
     assert_eq!(screen.slot, 0);
     let frame = provider.observe(&machine, "bot-2").await.unwrap();
     assert!(frame.png.starts_with(b"\x89PNG"));
@@ -312,7 +424,13 @@ impl CommandRunner for FlakyStop {
         if self.fail.load(Ordering::SeqCst) {
             return Err(DesktopError::Stack("injected failure".into()));
         }
-        let out = self.inner.run(&format!("kill -TERM {pid}; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true"), grace).await?;
+        let out = self
+            .inner
+            .run(
+                &format!("kill -TERM {pid}; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true"),
+                grace,
+            )
+            .await?;
         assert_eq!(out.exit_code, 0);
         Ok(())
     }
@@ -324,7 +442,10 @@ async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
     require_tools();
     let dir = tempfile::tempdir().unwrap();
     let _sweep = Sweep(dir.path().join("run"));
-    let runner = Arc::new(FlakyStop { inner: HostRunner::minimal(), fail: AtomicBool::new(false) });
+    let runner = Arc::new(FlakyStop {
+        inner: HostRunner::minimal(),
+        fail: AtomicBool::new(false),
+    });
     let runtime = DesktopRuntime::new(runner.clone(), runtime_config(dir.path(), 61, 0));
 
     let x = runtime.open_screen("bot-x").await.unwrap();
@@ -333,7 +454,10 @@ async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
     assert!(runtime.screen("bot-x").await.is_none());
     let y = runtime.open_screen("bot-y").await.unwrap();
     assert_ne!(y.slot, x.slot, "a reserved slot was reused");
-    assert!(runtime.open_screen("bot-x").await.is_err(), "bot-x reopened while its old browser may run");
+    assert!(
+        runtime.open_screen("bot-x").await.is_err(),
+        "bot-x reopened while its old browser may run"
+    );
     assert_eq!(runtime.retry_teardowns().await, 1);
 
     runner.fail.store(false, Ordering::SeqCst);

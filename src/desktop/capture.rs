@@ -39,15 +39,30 @@ impl XDisplay {
         let (conn, screen) = x11rb::connect(Some(&format!(":{number}"))).map_err(x_err)?;
         let setup = conn.setup();
         if setup.image_byte_order != ImageOrder::LSB_FIRST {
-            return Err(DesktopError::X("only LSB-first image byte order is supported".into()));
+            return Err(DesktopError::X(
+                "only LSB-first image byte order is supported".into(),
+            ));
         }
         let s = &setup.roots[screen];
-        let (root, width, height, depth) = (s.root, s.width_in_pixels, s.height_in_pixels, s.root_depth);
-        let bpp = setup.pixmap_formats.iter().find(|f| f.depth == depth).map(|f| f.bits_per_pixel);
+        let (root, width, height, depth) =
+            (s.root, s.width_in_pixels, s.height_in_pixels, s.root_depth);
+        let bpp = setup
+            .pixmap_formats
+            .iter()
+            .find(|f| f.depth == depth)
+            .map(|f| f.bits_per_pixel);
         if depth != 24 || bpp != Some(32) {
-            return Err(DesktopError::X(format!("unsupported visual: depth {depth}, {bpp:?} bits per pixel")));
+            return Err(DesktopError::X(format!(
+                "unsupported visual: depth {depth}, {bpp:?} bits per pixel"
+            )));
         }
-        Ok(Self { conn, root, width, height, keymap: None })
+        Ok(Self {
+            conn,
+            root,
+            width,
+            height,
+            keymap: None,
+        })
     }
 
     /// Screen size in pixels.
@@ -59,19 +74,35 @@ impl XDisplay {
     pub fn grab(&self) -> Result<RawFrame, DesktopError> {
         let reply = self
             .conn
-            .get_image(ImageFormat::Z_PIXMAP, self.root, 0, 0, self.width, self.height, !0)
+            .get_image(
+                ImageFormat::Z_PIXMAP,
+                self.root,
+                0,
+                0,
+                self.width,
+                self.height,
+                !0,
+            )
             .map_err(x_err)?
             .reply()
             .map_err(x_err)?;
         let (width, height) = self.size();
         let expected = width as usize * height as usize * 4;
         if reply.data.len() < expected {
-            return Err(DesktopError::X(format!("short image: {} of {expected} bytes", reply.data.len())));
+            return Err(DesktopError::X(format!(
+                "short image: {} of {expected} bytes",
+                reply.data.len()
+            )));
         }
         let mut bgrx = reply.data;
         bgrx.truncate(expected);
         let hash = frame_hash(&bgrx);
-        Ok(RawFrame { width, height, bgrx, hash })
+        Ok(RawFrame {
+            width,
+            height,
+            bgrx,
+            hash,
+        })
     }
 }
 
@@ -141,7 +172,12 @@ mod tests {
         let (width, height) = (4u32, 2u32);
         let mut bgrx = vec![0u8; 32];
         bgrx[0..4].copy_from_slice(&[1, 2, 3, 0]);
-        let frame = RawFrame { width, height, hash: frame_hash(&bgrx), bgrx };
+        let frame = RawFrame {
+            width,
+            height,
+            hash: frame_hash(&bgrx),
+            bgrx,
+        };
         let png = frame.encode_png().unwrap();
         let decoder = png::Decoder::new(std::io::Cursor::new(png));
         let mut reader = decoder.read_info().unwrap();

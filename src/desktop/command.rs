@@ -12,7 +12,6 @@ use async_trait::async_trait;
 use rakazo_actors::provider::ExecOutput;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-
 use super::{DesktopError, shell_quote};
 
 /// How long the short lifecycle scripts of the runtime may take.
@@ -45,27 +44,36 @@ pub trait CommandRunner: Send + Sync + 'static {
     /// returns its pid (which is also its process group id).
     async fn spawn(&self, spec: &SpawnSpec) -> Result<u32, DesktopError> {
         let out = self.run(&spawn_script(spec), SCRIPT_TIMEOUT).await?;
-        out.stdout
-            .trim()
-            .parse::<u32>()
-            .map_err(|_| DesktopError::Command(format!("spawn of {} printed no pid: {}", program(spec), out.stderr.trim())))
+        out.stdout.trim().parse::<u32>().map_err(|_| {
+            DesktopError::Command(format!(
+                "spawn of {} printed no pid: {}",
+                program(spec),
+                out.stderr.trim()
+            ))
+        })
     }
 
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
     /// session and cookies), up to `grace` for it to exit, then SIGKILL to the whole group.
     /// Succeeds when the leader is gone (or was never there).
     async fn stop(&self, pid: u32, grace: Duration) -> Result<(), DesktopError> {
-        let out = self.run(&stop_script(pid, grace), grace + SCRIPT_TIMEOUT).await?;
+        let out = self
+            .run(&stop_script(pid, grace), grace + SCRIPT_TIMEOUT)
+            .await?;
         if out.exit_code == 0 {
             Ok(())
         } else {
-            Err(DesktopError::Stack(format!("process {pid} survived SIGKILL")))
+            Err(DesktopError::Stack(format!(
+                "process {pid} survived SIGKILL"
+            )))
         }
     }
 
     /// Whether `pid` is a live (not zombie) process.
     async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
-        let out = self.run(&format!("{}\nalive {pid}", ALIVE_FN), SCRIPT_TIMEOUT).await?;
+        let out = self
+            .run(&format!("{}\nalive {pid}", ALIVE_FN), SCRIPT_TIMEOUT)
+            .await?;
         Ok(out.exit_code == 0)
     }
 }
@@ -78,9 +86,21 @@ fn program(spec: &SpawnSpec) -> &str {
 const ALIVE_FN: &str = r#"alive() { s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }"#;
 
 fn spawn_script(spec: &SpawnSpec) -> String {
-    let cwd = if spec.cwd.is_empty() { "/" } else { spec.cwd.as_str() };
-    let log = if spec.log.is_empty() { "/dev/null" } else { spec.log.as_str() };
-    let env: Vec<String> = spec.env.iter().map(|(k, v)| shell_quote(&format!("{k}={v}"))).collect();
+    let cwd = if spec.cwd.is_empty() {
+        "/"
+    } else {
+        spec.cwd.as_str()
+    };
+    let log = if spec.log.is_empty() {
+        "/dev/null"
+    } else {
+        spec.log.as_str()
+    };
+    let env: Vec<String> = spec
+        .env
+        .iter()
+        .map(|(k, v)| shell_quote(&format!("{k}={v}")))
+        .collect();
     let argv: Vec<String> = spec.argv.iter().map(|a| shell_quote(a)).collect();
     // `setsid` is not a group leader here (no job control), so it calls setsid() itself and
     // execs: `$!` is the pid of the final program and of its new process group.
@@ -144,7 +164,9 @@ impl HostRunner {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| DesktopError::Command(format!("bash: {e}")))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| DesktopError::Command(format!("bash: {e}")))?;
         // Kills the whole process group if this future is dropped or the deadline passes.
         let mut guard = GroupKill(child.id());
         let stdout = Captured::start(child.stdout.take());
@@ -204,7 +226,10 @@ impl Captured {
     }
 
     async fn finish(mut self) -> String {
-        if tokio::time::timeout(DRAIN_GRACE, &mut self.task).await.is_err() {
+        if tokio::time::timeout(DRAIN_GRACE, &mut self.task)
+            .await
+            .is_err()
+        {
             self.task.abort();
         }
         let out = self.buf.lock().unwrap_or_else(|e| e.into_inner());
@@ -244,7 +269,10 @@ exit 0
 /// `PATH`, `LANG`: enough for the runtime's own tools.
 pub fn minimal_env() -> Vec<(String, String)> {
     vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into()),
+        (
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ),
         ("LANG".into(), "C.UTF-8".into()),
     ]
 }
@@ -272,7 +300,10 @@ mod tests {
     #[tokio::test]
     async fn runs_scripts_with_only_the_given_environment() {
         let runner = HostRunner::minimal();
-        let out = runner.run("echo \"$PATH|${HOME:-none}\"; exit 3", SCRIPT_TIMEOUT).await.unwrap();
+        let out = runner
+            .run("echo \"$PATH|${HOME:-none}\"; exit 3", SCRIPT_TIMEOUT)
+            .await
+            .unwrap();
         assert_eq!(out.exit_code, 3);
         assert!(out.stdout.trim().ends_with("|none"), "{}", out.stdout);
     }
@@ -281,7 +312,10 @@ mod tests {
     async fn deadline_kills_the_script() {
         let runner = HostRunner::minimal();
         let started = std::time::Instant::now();
-        let out = runner.run("sleep 30", Duration::from_millis(200)).await.unwrap();
+        let out = runner
+            .run("sleep 30", Duration::from_millis(200))
+            .await
+            .unwrap();
         assert!(out.timed_out);
         assert!(started.elapsed() < Duration::from_secs(5));
     }
@@ -293,12 +327,29 @@ mod tests {
         let mut env = minimal_env();
         env.push((TAG_VAR.into(), format!("{tag}/a")));
         // The child leaves the group and session, as Chromium's crash handler does.
-        let spec = SpawnSpec { argv: vec!["bash".into(), "-c".into(), "setsid sleep 30 & echo $! >&2; wait".into()], env, ..Default::default() };
+        let spec = SpawnSpec {
+            argv: vec![
+                "bash".into(),
+                "-c".into(),
+                "setsid sleep 30 & echo $! >&2; wait".into(),
+            ],
+            env,
+            ..Default::default()
+        };
         let pid = runner.spawn(&spec).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let out = runner.run(&format!("ps -eo pid=,ppid= | awk '$2=={pid}{{print $1}}'"), SCRIPT_TIMEOUT).await.unwrap();
+        let out = runner
+            .run(
+                &format!("ps -eo pid=,ppid= | awk '$2=={pid}{{print $1}}'"),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+            .unwrap();
         let child: u32 = out.stdout.trim().parse().unwrap();
-        runner.run(&sweep_script(&tag), SCRIPT_TIMEOUT).await.unwrap();
+        runner
+            .run(&sweep_script(&tag), SCRIPT_TIMEOUT)
+            .await
+            .unwrap();
         assert!(!runner.is_running(pid).await.unwrap());
         assert!(!runner.is_running(child).await.unwrap());
     }
@@ -306,7 +357,11 @@ mod tests {
     #[tokio::test]
     async fn spawn_and_stop_a_background_process() {
         let runner = HostRunner::minimal();
-        let spec = SpawnSpec { argv: vec!["sleep".into(), "30".into()], env: minimal_env(), ..Default::default() };
+        let spec = SpawnSpec {
+            argv: vec!["sleep".into(), "30".into()],
+            env: minimal_env(),
+            ..Default::default()
+        };
         let pid = runner.spawn(&spec).await.unwrap();
         assert!(runner.is_running(pid).await.unwrap());
         runner.stop(pid, Duration::from_millis(500)).await.unwrap();

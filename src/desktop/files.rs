@@ -21,18 +21,32 @@ pub const MAX_IMPORT_BYTES: u64 = 16 << 30;
 /// Most entries an imported archive may hold.
 pub const MAX_IMPORT_ENTRIES: u64 = 1_000_000;
 /// Transient browser files and folders left out of exports (only inside `.browser-profiles`).
-pub const TRANSIENT_PROFILE_NAMES: &[&str] =
-    &["Cache", "Code Cache", "GPUCache", "GrShaderCache", "ShaderCache", "GraphiteDawnCache", "Crashpad", "component_crx_cache"];
+pub const TRANSIENT_PROFILE_NAMES: &[&str] = &[
+    "Cache",
+    "Code Cache",
+    "GPUCache",
+    "GrShaderCache",
+    "ShaderCache",
+    "GraphiteDawnCache",
+    "Crashpad",
+    "component_crx_cache",
+];
 
 fn rejected(path: &str, why: &str) -> ProviderError {
-    ProviderError::PathRejected(format!("{}: {why}", path.chars().take(200).collect::<String>()))
+    ProviderError::PathRejected(format!(
+        "{}: {why}",
+        path.chars().take(200).collect::<String>()
+    ))
 }
 
 fn io_err(path: &str, e: std::io::Error) -> ProviderError {
     if e.kind() == std::io::ErrorKind::NotFound {
         ProviderError::NotFound(path.chars().take(200).collect())
     } else {
-        ProviderError::Failed(format!("{}: {e}", path.chars().take(200).collect::<String>()))
+        ProviderError::Failed(format!(
+            "{}: {e}",
+            path.chars().take(200).collect::<String>()
+        ))
     }
 }
 
@@ -48,7 +62,9 @@ pub fn lexical_join(root: &Path, rel: &str) -> Result<PathBuf, ProviderError> {
             Component::Normal(part) => out.push(part),
             Component::CurDir => return Err(rejected(rel, "`.` segments are not allowed")),
             Component::ParentDir => return Err(rejected(rel, "`..` segments are not allowed")),
-            Component::RootDir | Component::Prefix(_) => return Err(rejected(rel, "absolute paths are not allowed")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(rejected(rel, "absolute paths are not allowed"));
+            }
         }
     }
     Ok(out)
@@ -84,7 +100,11 @@ pub fn list(root: &Path, rel: &str) -> Result<Vec<FileEntry>, ProviderError> {
         let entry = entry.map_err(|e| io_err(rel, e))?;
         let meta = entry.metadata().map_err(|e| io_err(rel, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let path = if rel.is_empty() { name.clone() } else { format!("{}/{name}", rel.trim_end_matches('/')) };
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{}/{name}", rel.trim_end_matches('/'))
+        };
         let is_dir = meta.is_dir();
         entries.push(FileEntry {
             name,
@@ -105,10 +125,16 @@ pub fn read(root: &Path, rel: &str) -> Result<Vec<u8>, ProviderError> {
         return Err(rejected(rel, "not a regular file"));
     }
     if meta.len() > MAX_READ_BYTES {
-        return Err(ProviderError::TooLarge(format!("file is larger than {MAX_READ_BYTES} bytes")));
+        return Err(ProviderError::TooLarge(format!(
+            "file is larger than {MAX_READ_BYTES} bytes"
+        )));
     }
     let mut data = Vec::with_capacity(meta.len() as usize);
-    fs::File::open(&path).map_err(|e| io_err(rel, e))?.take(MAX_READ_BYTES + 1).read_to_end(&mut data).map_err(|e| io_err(rel, e))?;
+    fs::File::open(&path)
+        .map_err(|e| io_err(rel, e))?
+        .take(MAX_READ_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| io_err(rel, e))?;
     Ok(data)
 }
 
@@ -118,7 +144,9 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
         return Err(rejected(rel, "names the home itself"));
     }
     let path = resolve(root, rel)?;
-    let parent = path.parent().ok_or_else(|| rejected(rel, "has no parent"))?;
+    let parent = path
+        .parent()
+        .ok_or_else(|| rejected(rel, "has no parent"))?;
     fs::create_dir_all(parent).map_err(|e| io_err(rel, e))?;
     // Re-check now that the parents exist: one of them may be a symlink created meanwhile.
     resolve(root, rel)?;
@@ -133,7 +161,9 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
 fn is_transient(rel: &Path) -> bool {
     let mut parts = rel.components();
     matches!(parts.next(), Some(Component::Normal(p)) if p == PROFILES_DIR)
-        && rel.file_name().is_some_and(|n| TRANSIENT_PROFILE_NAMES.iter().any(|t| n == *t))
+        && rel
+            .file_name()
+            .is_some_and(|n| TRANSIENT_PROFILE_NAMES.iter().any(|t| n == *t))
 }
 
 /// Packs the home into a tar of its directories and regular files (symlinks, sockets and
@@ -144,7 +174,10 @@ pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = root.join(&rel);
-        let mut names: Vec<_> = fs::read_dir(&dir).map_err(|e| io_err("", e))?.collect::<Result<_, _>>().map_err(|e| io_err("", e))?;
+        let mut names: Vec<_> = fs::read_dir(&dir)
+            .map_err(|e| io_err("", e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| io_err("", e))?;
         names.sort_by_key(|e| e.file_name());
         for entry in names {
             let child = rel.join(entry.file_name());
@@ -153,15 +186,21 @@ pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
             }
             let meta = fs::symlink_metadata(entry.path()).map_err(|e| io_err("", e))?;
             if meta.is_dir() {
-                builder.append_dir(&child, entry.path()).map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
+                builder
+                    .append_dir(&child, entry.path())
+                    .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
                 stack.push(child);
             } else if meta.is_file() {
                 let mut file = fs::File::open(entry.path()).map_err(|e| io_err("", e))?;
-                builder.append_file(&child, &mut file).map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
+                builder
+                    .append_file(&child, &mut file)
+                    .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
             }
         }
     }
-    builder.into_inner().map_err(|e| ProviderError::Failed(format!("export: {e}")))
+    builder
+        .into_inner()
+        .map_err(|e| ProviderError::Failed(format!("export: {e}")))
 }
 
 /// Unpacks `archive` into the empty directory `dest`, accepting only relative paths without
@@ -177,7 +216,10 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<(), ProviderError> {
             return Err(bad(format!("more than {MAX_IMPORT_ENTRIES} entries")));
         }
         let raw = entry.path_bytes().into_owned();
-        let rel = std::str::from_utf8(&raw).map_err(|_| bad("path is not UTF-8".into()))?.trim_end_matches('/').to_string();
+        let rel = std::str::from_utf8(&raw)
+            .map_err(|_| bad("path is not UTF-8".into()))?
+            .trim_end_matches('/')
+            .to_string();
         let target = lexical_join(dest, &rel).map_err(|e| bad(e.to_string()))?;
         if rel.is_empty() {
             continue;
@@ -188,16 +230,22 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<(), ProviderError> {
         } else if kind.is_file() {
             bytes += entry.size();
             if bytes > MAX_IMPORT_BYTES {
-                return Err(bad(format!("unpacks to more than {MAX_IMPORT_BYTES} bytes")));
+                return Err(bad(format!(
+                    "unpacks to more than {MAX_IMPORT_BYTES} bytes"
+                )));
             }
             if let Some(parent) = target.parent() {
                 fs::create_dir_all(parent).map_err(|e| bad(e.to_string()))?;
             }
             let mut file = fs::File::create(&target).map_err(|e| bad(e.to_string()))?;
             let size = entry.size();
-            std::io::copy(&mut (&mut entry).take(size), &mut file).map_err(|e| bad(e.to_string()))?;
+            std::io::copy(&mut (&mut entry).take(size), &mut file)
+                .map_err(|e| bad(e.to_string()))?;
         } else {
-            return Err(bad(format!("entry {:?} is neither a directory nor a regular file", rel.chars().take(200).collect::<String>())));
+            return Err(bad(format!(
+                "entry {:?} is neither a directory nor a regular file",
+                rel.chars().take(200).collect::<String>()
+            )));
         }
     }
     Ok(())
@@ -206,8 +254,14 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<(), ProviderError> {
 /// Replaces the home `root` with the archive's contents: unpack into a sibling staging
 /// directory, then swap, so a refused archive leaves the home untouched.
 pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
-    let parent = root.parent().ok_or_else(|| ProviderError::Failed("home has no parent".into()))?;
-    let name = root.file_name().ok_or_else(|| ProviderError::Failed("home has no name".into()))?.to_string_lossy().into_owned();
+    let parent = root
+        .parent()
+        .ok_or_else(|| ProviderError::Failed("home has no parent".into()))?;
+    let name = root
+        .file_name()
+        .ok_or_else(|| ProviderError::Failed("home has no name".into()))?
+        .to_string_lossy()
+        .into_owned();
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let staging = parent.join(format!(".staging-{name}-{nonce}"));
     let old = parent.join(format!(".replaced-{name}-{nonce}"));
@@ -243,14 +297,32 @@ mod tests {
         let root = dir.path().join("home");
         fs::create_dir_all(root.join("a")).unwrap();
         std::os::unix::fs::symlink("/etc", root.join("escape")).unwrap();
-        for bad in ["/etc/passwd", "../x", "a/../../x", "./a", "escape/passwd", "escape", "a\0b"] {
-            assert!(matches!(resolve(&root, bad), Err(ProviderError::PathRejected(_))), "{bad:?} accepted");
+        for bad in [
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "./a",
+            "escape/passwd",
+            "escape",
+            "a\0b",
+        ] {
+            assert!(
+                matches!(resolve(&root, bad), Err(ProviderError::PathRejected(_))),
+                "{bad:?} accepted"
+            );
         }
         assert!(resolve(&root, "a/new/file.txt").is_ok());
-        assert!(matches!(write(&root, "escape/x", b"1"), Err(ProviderError::PathRejected(_))));
+        assert!(matches!(
+            write(&root, "escape/x", b"1"),
+            Err(ProviderError::PathRejected(_))
+        ));
         write(&root, "a/b/c.txt", b"hi").unwrap();
         assert_eq!(read(&root, "a/b/c.txt").unwrap(), b"hi");
-        let names: Vec<_> = list(&root, "a").unwrap().into_iter().map(|e| (e.path, e.kind)).collect();
+        let names: Vec<_> = list(&root, "a")
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.path, e.kind))
+            .collect();
         assert_eq!(names, vec![("a/b".to_string(), "dir".to_string())]);
     }
 
@@ -269,7 +341,10 @@ mod tests {
         fs::write(other.join("stale"), b"x").unwrap();
         import(&other, &archive).unwrap();
         assert_eq!(fs::read(other.join("bots/b1/notes.txt")).unwrap(), b"one");
-        assert_eq!(fs::read(other.join(".browser-profiles/b1/Default/Cookies")).unwrap(), b"c");
+        assert_eq!(
+            fs::read(other.join(".browser-profiles/b1/Default/Cookies")).unwrap(),
+            b"c"
+        );
         assert!(!other.join(".browser-profiles/b1/Default/Cache").exists());
         assert!(!other.join("link").exists());
         assert!(!other.join("stale").exists());
@@ -290,7 +365,10 @@ mod tests {
             b.append_link(&mut h, "evil", "/etc").unwrap();
             b.finish().unwrap();
         }
-        assert!(matches!(import(&root, &hostile), Err(ProviderError::ArchiveRejected(_))));
+        assert!(matches!(
+            import(&root, &hostile),
+            Err(ProviderError::ArchiveRejected(_))
+        ));
         let mut dotdot = Vec::new();
         {
             let mut h = tar::Header::new_gnu();
@@ -303,7 +381,10 @@ mod tests {
             dotdot.extend_from_slice(&[b'x'; 512]);
             dotdot.extend_from_slice(&[0; 1024]);
         }
-        assert!(matches!(import(&root, &dotdot), Err(ProviderError::ArchiveRejected(_))));
+        assert!(matches!(
+            import(&root, &dotdot),
+            Err(ProviderError::ArchiveRejected(_))
+        ));
         assert_eq!(fs::read(root.join("keep.txt")).unwrap(), b"k");
         assert!(!dir.path().join("evil").exists());
     }

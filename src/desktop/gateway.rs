@@ -110,7 +110,10 @@ impl Gateway {
     /// The environment of the gateway's processes, tagged for the runtime's final sweep.
     fn env(&self) -> Vec<(String, String)> {
         let mut env = minimal_env();
-        env.push((TAG_VAR.into(), format!("{}/gateway", self.run_dir.to_string_lossy())));
+        env.push((
+            TAG_VAR.into(),
+            format!("{}/gateway", self.run_dir.to_string_lossy()),
+        ));
         env
     }
 
@@ -128,9 +131,18 @@ impl Gateway {
             return Ok(());
         }
         let dir = shell_quote(&self.dir.to_string_lossy());
-        let out = self.runner.run(&format!("mkdir -p {dir} && chmod 700 {dir}"), SCRIPT_TIMEOUT).await?;
+        let out = self
+            .runner
+            .run(
+                &format!("mkdir -p {dir} && chmod 700 {dir}"),
+                SCRIPT_TIMEOUT,
+            )
+            .await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack(format!("gateway directory: {}", out.stderr.trim())));
+            return Err(DesktopError::Stack(format!(
+                "gateway directory: {}",
+                out.stderr.trim()
+            )));
         }
         let spec = SpawnSpec {
             argv: vec![
@@ -164,17 +176,30 @@ impl Gateway {
              for i in $(seq 1 {n}); do ({probe}) 2>/dev/null && exit 0; alive || exit 2; sleep 0.05; done; exit 1",
             n = LISTEN_TIMEOUT.as_millis() / 50,
         );
-        let out = self.runner.run(&script, LISTEN_TIMEOUT + SCRIPT_TIMEOUT).await?;
+        let out = self
+            .runner
+            .run(&script, LISTEN_TIMEOUT + SCRIPT_TIMEOUT)
+            .await?;
         match out.exit_code {
             0 => Ok(()),
-            2 => Err(DesktopError::Stack("gateway process exited before listening".into())),
-            _ => Err(DesktopError::Stack("gateway process did not start listening in time".into())),
+            2 => Err(DesktopError::Stack(
+                "gateway process exited before listening".into(),
+            )),
+            _ => Err(DesktopError::Stack(
+                "gateway process did not start listening in time".into(),
+            )),
         }
     }
 
     /// Grants a capability on display `:display` of `slot` at `generation`: a fresh token and
     /// its own x11vnc (`-viewonly` for [`Policy::View`]).
-    pub async fn grant(&self, slot: u32, generation: u64, display: u32, policy: Policy) -> Result<Capability, DesktopError> {
+    pub async fn grant(
+        &self,
+        slot: u32,
+        generation: u64,
+        display: u32,
+        policy: Policy,
+    ) -> Result<Capability, DesktopError> {
         self.ensure_started().await?;
         let token = Token::fresh();
         let socket = self.dir.join(token.expose());
@@ -197,16 +222,43 @@ impl Gateway {
         }
         let mut env = self.env();
         env.push(("HOME".into(), self.run_dir.to_string_lossy().into_owned()));
-        let pid = self.runner.spawn(&SpawnSpec { argv, env, ..Default::default() }).await?;
+        let pid = self
+            .runner
+            .spawn(&SpawnSpec {
+                argv,
+                env,
+                ..Default::default()
+            })
+            .await?;
         let probe = format!("test -S {}", shell_quote(&socket.to_string_lossy()));
         if let Err(e) = self.wait_for(pid, &probe).await {
             let _ = self.runner.stop(pid, STOP_GRACE).await;
-            let _ = self.runner.run(&format!("rm -f {}", shell_quote(&socket.to_string_lossy())), SCRIPT_TIMEOUT).await;
+            let _ = self
+                .runner
+                .run(
+                    &format!("rm -f {}", shell_quote(&socket.to_string_lossy())),
+                    SCRIPT_TIMEOUT,
+                )
+                .await;
             return Err(e);
         }
-        self.grants.lock().await.insert(token.clone(), Grant { slot, generation, policy, pid });
+        self.grants.lock().await.insert(
+            token.clone(),
+            Grant {
+                slot,
+                generation,
+                policy,
+                pid,
+            },
+        );
         tracing::info!(screen.slot = slot, screen.generation = generation, screen.policy = ?policy, "desktop.gateway.granted");
-        Ok(Capability { slot, generation, policy, port: self.port, token })
+        Ok(Capability {
+            slot,
+            generation,
+            policy,
+            port: self.port,
+            token,
+        })
     }
 
     /// Revokes one capability. Revoking an unknown token succeeds.
@@ -227,7 +279,14 @@ impl Gateway {
     /// Revokes every capability of `slot`. Capabilities that could not be stopped stay listed
     /// (so a retry finds them) and make the call fail.
     pub async fn revoke_slot(&self, slot: u32) -> Result<(), DesktopError> {
-        let tokens: Vec<Token> = self.grants.lock().await.iter().filter(|(_, g)| g.slot == slot).map(|(t, _)| t.clone()).collect();
+        let tokens: Vec<Token> = self
+            .grants
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, g)| g.slot == slot)
+            .map(|(t, _)| t.clone())
+            .collect();
         let mut failure = None;
         for token in tokens {
             if let Err(e) = self.revoke(&token).await {
@@ -239,15 +298,25 @@ impl Gateway {
 
     /// How many capabilities of `slot` are live.
     pub async fn live_count(&self, slot: u32) -> usize {
-        self.grants.lock().await.values().filter(|g| g.slot == slot).count()
+        self.grants
+            .lock()
+            .await
+            .values()
+            .filter(|g| g.slot == slot)
+            .count()
     }
 
     async fn stop_grant(&self, token: &Token, grant: &Grant) -> Result<(), DesktopError> {
         // The socket goes first: from this moment the token reaches nothing.
         let socket = shell_quote(&self.dir.join(token.expose()).to_string_lossy());
-        let out = self.runner.run(&format!("rm -f {socket}"), SCRIPT_TIMEOUT).await?;
+        let out = self
+            .runner
+            .run(&format!("rm -f {socket}"), SCRIPT_TIMEOUT)
+            .await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack("could not remove a capability socket".into()));
+            return Err(DesktopError::Stack(
+                "could not remove a capability socket".into(),
+            ));
         }
         self.runner.stop(grant.pid, STOP_GRACE).await?;
         tracing::info!(
@@ -279,8 +348,12 @@ impl Gateway {
 
 /// Picks a free loopback TCP port on this host (for host-run gateways).
 pub fn free_local_port() -> Result<u16, DesktopError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| DesktopError::Stack(format!("port: {e}")))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| DesktopError::Stack(format!("port: {e}")))
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| DesktopError::Stack(format!("port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| DesktopError::Stack(format!("port: {e}")))
 }
 
 /// The spec's per-screen port formula for providers that publish one port per capability:

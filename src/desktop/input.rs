@@ -7,13 +7,13 @@
 use std::time::{Duration, Instant};
 
 use rakazo_actors::provider::{Action, Button};
+use x11rb::CURRENT_TIME;
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{
-    BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, ConnectionExt as _, KEY_PRESS_EVENT, KEY_RELEASE_EVENT,
-    MOTION_NOTIFY_EVENT,
+    BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, ConnectionExt as _, KEY_PRESS_EVENT,
+    KEY_RELEASE_EVENT, MOTION_NOTIFY_EVENT,
 };
 use x11rb::protocol::xtest::ConnectionExt as _;
-use x11rb::CURRENT_TIME;
 
 use super::DesktopError;
 use super::capture::{RawFrame, XDisplay, x_err};
@@ -50,7 +50,12 @@ impl Keymap {
     fn load(xd: &XDisplay) -> Result<Self, DesktopError> {
         let setup = xd.conn.setup();
         let (min, max) = (setup.min_keycode, setup.max_keycode);
-        let reply = xd.conn.get_keyboard_mapping(min, max - min + 1).map_err(x_err)?.reply().map_err(x_err)?;
+        let reply = xd
+            .conn
+            .get_keyboard_mapping(min, max - min + 1)
+            .map_err(x_err)?
+            .reply()
+            .map_err(x_err)?;
         let per = usize::from(reply.keysyms_per_keycode).max(1);
         let syms = reply.keysyms;
         let spare = syms
@@ -59,7 +64,13 @@ impl Keymap {
             .filter(|(_, ks)| ks.iter().all(|&k| k == 0))
             .map(|(i, _)| min + i as u8)
             .collect();
-        Ok(Self { min, per, syms, spare, next_spare: 0 })
+        Ok(Self {
+            min,
+            per,
+            syms,
+            spare,
+            next_spare: 0,
+        })
     }
 
     /// The keycode producing `keysym`, and whether Shift is needed.
@@ -90,7 +101,9 @@ impl XDisplay {
         }
         let map = self.keymap()?;
         if map.spare.is_empty() {
-            return Err(DesktopError::X(format!("no spare keycode to bind keysym {keysym:#x}")));
+            return Err(DesktopError::X(format!(
+                "no spare keycode to bind keysym {keysym:#x}"
+            )));
         }
         let code = map.spare[map.next_spare % map.spare.len()];
         map.next_spare += 1;
@@ -100,7 +113,9 @@ impl XDisplay {
             *slot = if i < 2 { keysym } else { 0 };
         }
         let row: Vec<u32> = map.syms[idx..idx + per].to_vec();
-        self.conn.change_keyboard_mapping(1, code, per as u8, &row).map_err(x_err)?;
+        self.conn
+            .change_keyboard_mapping(1, code, per as u8, &row)
+            .map_err(x_err)?;
         self.sync()?;
         // Clients reload their map on MappingNotify; give them a moment before the key arrives.
         std::thread::sleep(Duration::from_millis(20));
@@ -109,18 +124,27 @@ impl XDisplay {
 
     /// Waits until the server has processed everything sent so far.
     pub fn sync(&self) -> Result<(), DesktopError> {
-        self.conn.get_input_focus().map_err(x_err)?.reply().map_err(x_err)?;
+        self.conn
+            .get_input_focus()
+            .map_err(x_err)?
+            .reply()
+            .map_err(x_err)?;
         Ok(())
     }
 
     fn fake(&self, kind: u8, detail: u8, x: i16, y: i16) -> Result<(), DesktopError> {
-        self.conn.xtest_fake_input(kind, detail, CURRENT_TIME, self.root, x, y, 0).map_err(x_err)?;
+        self.conn
+            .xtest_fake_input(kind, detail, CURRENT_TIME, self.root, x, y, 0)
+            .map_err(x_err)?;
         Ok(())
     }
 
     fn point(&self, x: i32, y: i32) -> Result<(i16, i16), String> {
         if x < 0 || y < 0 || x >= i32::from(self.width) || y >= i32::from(self.height) {
-            return Err(format!("point ({x}, {y}) is outside the {}x{} screen", self.width, self.height));
+            return Err(format!(
+                "point ({x}, {y}) is outside the {}x{} screen",
+                self.width, self.height
+            ));
         }
         Ok((x as i16, y as i16))
     }
@@ -130,16 +154,38 @@ impl XDisplay {
     }
 
     fn button(&self, button: u8, press: bool) -> Result<(), DesktopError> {
-        self.fake(if press { BUTTON_PRESS_EVENT } else { BUTTON_RELEASE_EVENT }, button, 0, 0)
+        self.fake(
+            if press {
+                BUTTON_PRESS_EVENT
+            } else {
+                BUTTON_RELEASE_EVENT
+            },
+            button,
+            0,
+            0,
+        )
     }
 
     fn key(&self, code: u8, press: bool) -> Result<(), DesktopError> {
-        self.fake(if press { KEY_PRESS_EVENT } else { KEY_RELEASE_EVENT }, code, 0, 0)
+        self.fake(
+            if press {
+                KEY_PRESS_EVENT
+            } else {
+                KEY_RELEASE_EVENT
+            },
+            code,
+            0,
+            0,
+        )
     }
 
     fn tap_keysym(&mut self, keysym: u32, extra_mods: &[u8]) -> Result<(), DesktopError> {
         let (code, shift) = self.keycode(keysym)?;
-        let shift_code = if shift { Some(self.keycode(sym::SHIFT_L)?.0) } else { None };
+        let shift_code = if shift {
+            Some(self.keycode(sym::SHIFT_L)?.0)
+        } else {
+            None
+        };
         for &m in extra_mods.iter().chain(shift_code.iter()) {
             self.key(m, true)?;
         }
@@ -159,7 +205,12 @@ impl XDisplay {
                 let (x, y) = self.point(*x, *y).map_err(invalid)?;
                 self.move_to(x, y)?;
             }
-            Action::Click { x, y, button, double } => {
+            Action::Click {
+                x,
+                y,
+                button,
+                double,
+            } => {
                 let (x, y) = self.point(*x, *y).map_err(invalid)?;
                 let b = match button {
                     Button::Left => 1,
@@ -172,7 +223,12 @@ impl XDisplay {
                     self.button(b, false)?;
                 }
             }
-            Action::Drag { from_x, from_y, to_x, to_y } => {
+            Action::Drag {
+                from_x,
+                from_y,
+                to_x,
+                to_y,
+            } => {
                 let (fx, fy) = self.point(*from_x, *from_y).map_err(invalid)?;
                 let (tx, ty) = self.point(*to_x, *to_y).map_err(invalid)?;
                 self.move_to(fx, fy)?;
@@ -189,10 +245,13 @@ impl XDisplay {
             Action::Scroll { x, y, dx, dy } => {
                 let (x, y) = self.point(*x, *y).map_err(invalid)?;
                 if dx.abs() > MAX_SCROLL || dy.abs() > MAX_SCROLL {
-                    return Err(DesktopError::Invalid(format!("scroll of more than {MAX_SCROLL} notches")));
+                    return Err(DesktopError::Invalid(format!(
+                        "scroll of more than {MAX_SCROLL} notches"
+                    )));
                 }
                 self.move_to(x, y)?;
-                let (vertical, horizontal) = (if *dy > 0 { 5 } else { 4 }, if *dx > 0 { 7 } else { 6 });
+                let (vertical, horizontal) =
+                    (if *dy > 0 { 5 } else { 4 }, if *dx > 0 { 7 } else { 6 });
                 for (b, n) in [(vertical, dy.abs()), (horizontal, dx.abs())] {
                     for _ in 0..n {
                         self.button(b, true)?;
@@ -202,7 +261,9 @@ impl XDisplay {
             }
             Action::Type { text } => {
                 if text.chars().count() > MAX_TYPE_CHARS {
-                    return Err(DesktopError::Invalid(format!("text longer than {MAX_TYPE_CHARS} characters")));
+                    return Err(DesktopError::Invalid(format!(
+                        "text longer than {MAX_TYPE_CHARS} characters"
+                    )));
                 }
                 for (i, c) in text.chars().enumerate() {
                     self.tap_keysym(char_keysym(c), &[])?;
@@ -213,7 +274,9 @@ impl XDisplay {
             }
             Action::Key { keys } => {
                 let syms = parse_combo(keys).map_err(invalid)?;
-                let (last, mods) = syms.split_last().expect("parse_combo returns at least one key");
+                let (last, mods) = syms
+                    .split_last()
+                    .expect("parse_combo returns at least one key");
                 let mut codes = Vec::with_capacity(mods.len());
                 for &m in mods {
                     codes.push(self.keycode(m)?.0);
@@ -228,7 +291,10 @@ impl XDisplay {
             Action::Wait { ms } => {
                 let wait = Duration::from_millis(*ms);
                 if wait > MAX_WAIT {
-                    return Err(DesktopError::Invalid(format!("wait longer than {} ms", MAX_WAIT.as_millis())));
+                    return Err(DesktopError::Invalid(format!(
+                        "wait longer than {} ms",
+                        MAX_WAIT.as_millis()
+                    )));
                 }
                 self.sync()?;
                 std::thread::sleep(wait);
@@ -243,14 +309,25 @@ impl XDisplay {
         for (index, action) in actions.iter().enumerate() {
             self.apply(action)
                 .and_then(|()| self.conn.flush().map_err(x_err))
-                .map_err(|e| DesktopError::Action { index, reason: e.to_string() })?;
+                .map_err(|e| DesktopError::Action {
+                    index,
+                    reason: e.to_string(),
+                })?;
         }
-        self.sync().map_err(|e| DesktopError::Action { index: actions.len(), reason: e.to_string() })
+        self.sync().map_err(|e| DesktopError::Action {
+            index: actions.len(),
+            reason: e.to_string(),
+        })
     }
 
     /// Polls the screen until two consecutive frames are identical or `timeout` passes, and
     /// returns the last frame. `first_delay` lets applications react before the first look.
-    pub fn settle(&self, first_delay: Duration, interval: Duration, timeout: Duration) -> Result<RawFrame, DesktopError> {
+    pub fn settle(
+        &self,
+        first_delay: Duration,
+        interval: Duration,
+        timeout: Duration,
+    ) -> Result<RawFrame, DesktopError> {
         let deadline = Instant::now() + timeout;
         std::thread::sleep(first_delay);
         let mut last = self.grab()?;

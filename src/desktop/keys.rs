@@ -110,7 +110,8 @@ pub fn parse_combo(combo: &str) -> Result<Vec<u32>, String> {
         .iter()
         .map(|p| {
             let p = p.trim();
-            name_keysym(p).ok_or_else(|| format!("unknown key {:?}", p.chars().take(32).collect::<String>()))
+            name_keysym(p)
+                .ok_or_else(|| format!("unknown key {:?}", p.chars().take(32).collect::<String>()))
         })
         .collect()
 }
@@ -121,10 +122,19 @@ mod tests {
 
     #[test]
     fn combos_parse_to_keysyms() {
-        assert_eq!(parse_combo("ctrl+l").unwrap(), vec![sym::CONTROL_L, 'l' as u32]);
+        assert_eq!(
+            parse_combo("ctrl+l").unwrap(),
+            vec![sym::CONTROL_L, 'l' as u32]
+        );
         assert_eq!(parse_combo("Return").unwrap(), vec![sym::RETURN]);
-        assert_eq!(parse_combo("ctrl+shift+Tab").unwrap(), vec![sym::CONTROL_L, sym::SHIFT_L, sym::TAB]);
-        assert_eq!(parse_combo("ctrl++").unwrap(), vec![sym::CONTROL_L, '+' as u32]);
+        assert_eq!(
+            parse_combo("ctrl+shift+Tab").unwrap(),
+            vec![sym::CONTROL_L, sym::SHIFT_L, sym::TAB]
+        );
+        assert_eq!(
+            parse_combo("ctrl++").unwrap(),
+            vec![sym::CONTROL_L, '+' as u32]
+        );
         assert_eq!(parse_combo("F5").unwrap(), vec![0xffc2]);
         assert!(parse_combo("ctrl+nosuchkey").is_err());
         assert!(parse_combo("").is_err());

@@ -80,8 +80,14 @@ pub fn check_id(id: &str) -> Result<(), DesktopError> {
     let ok = !id.is_empty()
         && id.len() <= 128
         && !id.starts_with('.')
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok { Ok(()) } else { Err(DesktopError::InvalidId(id.chars().take(64).collect())) }
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(DesktopError::InvalidId(id.chars().take(64).collect()))
+    }
 }
 
 /// Quotes a string for a POSIX shell.
@@ -96,7 +102,16 @@ mod tests {
     #[test]
     fn ids_are_single_safe_components() {
         assert!(check_id("bot-1_a.b").is_ok());
-        for bad in ["", ".", "..", ".hidden", "a/b", "a b", "a\0b", &"x".repeat(129)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "a\0b",
+            &"x".repeat(129),
+        ] {
             assert!(check_id(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
-    ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
+    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
 };
 use tokio::sync::Mutex;
 
@@ -63,9 +63,14 @@ impl DesktopProvider {
                 config.environment
             )));
         }
-        std::fs::create_dir_all(&config.homes_root).map_err(|e| ProviderError::Failed(format!("homes root: {e}")))?;
+        std::fs::create_dir_all(&config.homes_root)
+            .map_err(|e| ProviderError::Failed(format!("homes root: {e}")))?;
         let displays = DisplayPool::new(config.first_display.max(1));
-        Ok(Self { config, displays, machines: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            config,
+            displays,
+            machines: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The desktop runtime of a computer, for wiring its gateway and teardown events.
@@ -124,8 +129,12 @@ impl DesktopProvider {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ProviderResult<T> + Send + 'static) -> ProviderResult<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ProviderResult<T> + Send + 'static,
+) -> ProviderResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
 }
 
 #[async_trait]
@@ -133,7 +142,12 @@ impl SandboxProvider for DesktopProvider {
     fn describe(&self) -> Description {
         Description {
             kind: "desktop".into(),
-            capabilities: Capabilities { multi_screen: true, terminal: false, page_browser: false, bills_while_running: false },
+            capabilities: Capabilities {
+                multi_screen: true,
+                terminal: false,
+                page_browser: false,
+                bills_while_running: false,
+            },
         }
     }
 
@@ -168,35 +182,71 @@ impl SandboxProvider for DesktopProvider {
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
-        Ok(self.machine(machine).await?.runtime.close_screen(bot_id).await?)
+        Ok(self
+            .machine(machine)
+            .await?
+            .runtime
+            .close_screen(bot_id)
+            .await?)
     }
 
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
-        Ok(self.machine(machine).await?.runtime.observe(bot_id).await?.frame)
+        Ok(self
+            .machine(machine)
+            .await?
+            .runtime
+            .observe(bot_id)
+            .await?
+            .frame)
     }
 
-    async fn act(&self, machine: &ProviderRef, bot_id: &str, actions: &[Action]) -> ProviderResult<ActOutcome> {
-        let result = self.machine(machine).await?.runtime.act(bot_id, actions).await?;
+    async fn act(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+    ) -> ProviderResult<ActOutcome> {
+        let result = self
+            .machine(machine)
+            .await?
+            .runtime
+            .act(bot_id, actions)
+            .await?;
         if let Some(reason) = &result.error {
             tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "desktop.act.stopped");
         }
-        Ok(ActOutcome { completed: result.completed, frame: result.observation.frame })
+        Ok(ActOutcome {
+            completed: result.completed,
+            frame: result.observation.frame,
+        })
     }
 
-    async fn exec(&self, machine: &ProviderRef, request: &ExecRequest) -> ProviderResult<ExecOutput> {
+    async fn exec(
+        &self,
+        machine: &ProviderRef,
+        request: &ExecRequest,
+    ) -> ProviderResult<ExecOutput> {
         let m = self.machine(machine).await?;
         let home = m.home.clone();
         let cwd_rel = request.cwd.clone();
         let cwd = blocking(move || files::resolve(&home, &cwd_rel)).await?;
         if !cwd.is_dir() {
-            return Err(ProviderError::NotFound(request.cwd.chars().take(200).collect()));
+            return Err(ProviderError::NotFound(
+                request.cwd.chars().take(200).collect(),
+            ));
         }
         let runner = HostRunner::new(Self::exec_env(&m.home), cwd.clone());
         let script = format!("exec bash -lc {}", shell_quote(&request.command));
-        Ok(runner.run_in(&script, &cwd, &request.env, request.timeout).await?)
+        Ok(runner
+            .run_in(&script, &cwd, &request.env, request.timeout)
+            .await?)
     }
 
-    async fn list_files(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<FileEntry>> {
+    async fn list_files(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+    ) -> ProviderResult<Vec<FileEntry>> {
         let home = self.machine(machine).await?.home.clone();
         let path = path.to_string();
         blocking(move || files::list(&home, &path)).await
@@ -208,7 +258,12 @@ impl SandboxProvider for DesktopProvider {
         blocking(move || files::read(&home, &path)).await
     }
 
-    async fn write_file(&self, machine: &ProviderRef, path: &str, data: &[u8]) -> ProviderResult<()> {
+    async fn write_file(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        data: &[u8],
+    ) -> ProviderResult<()> {
         let home = self.machine(machine).await?.home.clone();
         let (path, data) = (path.to_string(), data.to_vec());
         blocking(move || files::write(&home, &path, &data)).await
@@ -246,7 +301,10 @@ mod tests {
     fn refuses_to_start_outside_development_and_test() {
         let dir = tempfile::tempdir().unwrap();
         for env in ["production", "", "Development"] {
-            assert!(matches!(DesktopProvider::new(config(env, dir.path())), Err(ProviderError::Unsupported(_))));
+            assert!(matches!(
+                DesktopProvider::new(config(env, dir.path())),
+                Err(ProviderError::Unsupported(_))
+            ));
         }
         assert!(DesktopProvider::new(config("test", dir.path())).is_ok());
     }
@@ -255,9 +313,17 @@ mod tests {
     async fn exec_runs_in_the_home_without_server_secrets() {
         let dir = tempfile::tempdir().unwrap();
         let provider = DesktopProvider::new(config("test", dir.path())).unwrap();
-        let spec = MachineSpec { computer_id: "c".into(), space_id: "s".into(), bot_id: None, home_key: "team-s".into() };
+        let spec = MachineSpec {
+            computer_id: "c".into(),
+            space_id: "s".into(),
+            bot_id: None,
+            home_key: "team-s".into(),
+        };
         let machine = provider.provision(&spec).await.unwrap();
-        provider.write_file(&machine, "bots/b/x.txt", b"hello").await.unwrap();
+        provider
+            .write_file(&machine, "bots/b/x.txt", b"hello")
+            .await
+            .unwrap();
         // A variable the test process certainly has (CARGO) must not reach the command.
         let request = ExecRequest {
             command: "pwd; cat x.txt; echo \"[${CARGO:-}]\"; echo \"$EXTRA\"".into(),
@@ -269,7 +335,13 @@ mod tests {
         let home = dir.path().join("homes/team-s/bots/b");
         assert_eq!(out.exit_code, 0, "{out:?}");
         assert_eq!(out.stdout, format!("{}\nhello[]\ngiven\n", home.display()));
-        let escape = ExecRequest { cwd: "../".into(), ..request };
-        assert!(matches!(provider.exec(&machine, &escape).await, Err(ProviderError::PathRejected(_))));
+        let escape = ExecRequest {
+            cwd: "../".into(),
+            ..request
+        };
+        assert!(matches!(
+            provider.exec(&machine, &escape).await,
+            Err(ProviderError::PathRejected(_))
+        ));
     }
 }

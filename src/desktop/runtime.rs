@@ -18,7 +18,9 @@ use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 
 use super::browser::{LOCK_FILES, chromium_args, profile_dir};
 use super::capture::{XDisplay, x_err};
-use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script};
+use super::command::{
+    CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script,
+};
 use super::gateway::{Capability, Gateway, Policy};
 use super::{DesktopError, check_id, shell_quote};
 
@@ -74,7 +76,10 @@ pub struct DisplayPool {
 impl DisplayPool {
     /// A pool handing out `:first` upward.
     pub fn new(first: u32) -> Arc<Self> {
-        Arc::new(Self { first, taken: StdMutex::new(BTreeSet::new()) })
+        Arc::new(Self {
+            first,
+            taken: StdMutex::new(BTreeSet::new()),
+        })
     }
 
     fn claim(&self) -> Option<u32> {
@@ -85,7 +90,10 @@ impl DisplayPool {
     }
 
     fn release(&self, n: u32) {
-        self.taken.lock().unwrap_or_else(|e| e.into_inner()).remove(&n);
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
     }
 }
 
@@ -188,15 +196,22 @@ struct Table {
 
 impl Table {
     fn slot_of(&self, bot_id: &str) -> Option<usize> {
-        self.slots.iter().position(|s| matches!(&s.state, SlotState::Active(sc) if sc.bot_id == bot_id))
+        self.slots
+            .iter()
+            .position(|s| matches!(&s.state, SlotState::Active(sc) if sc.bot_id == bot_id))
     }
 
     fn reserved_of(&self, bot_id: &str) -> Option<usize> {
-        self.slots.iter().position(|s| matches!(&s.state, SlotState::Reserved(sc) if sc.bot_id == bot_id))
+        self.slots
+            .iter()
+            .position(|s| matches!(&s.state, SlotState::Reserved(sc) if sc.bot_id == bot_id))
     }
 
     fn occupied(&self) -> usize {
-        self.slots.iter().filter(|s| !matches!(s.state, SlotState::Free)).count()
+        self.slots
+            .iter()
+            .filter(|s| !matches!(s.state, SlotState::Free))
+            .count()
     }
 }
 
@@ -220,7 +235,10 @@ impl DesktopRuntime {
             runner,
             config,
             gateway,
-            table: Mutex::new(Table { slots: Vec::new(), controlled: HashSet::new() }),
+            table: Mutex::new(Table {
+                slots: Vec::new(),
+                controlled: HashSet::new(),
+            }),
             events,
             as_root: tokio::sync::OnceCell::new(),
         }
@@ -277,7 +295,9 @@ impl DesktopRuntime {
         self.retry_reserved(&mut table).await;
         if table.reserved_of(bot_id).is_some() {
             // Its old browser may still hold the profile: starting another would fight it.
-            return Err(DesktopError::Stack("the bot's previous screen could not be torn down yet".into()));
+            return Err(DesktopError::Stack(
+                "the bot's previous screen could not be torn down yet".into(),
+            ));
         }
         let limit = self.config.screen_limit;
         if limit > 0 && table.occupied() >= limit {
@@ -287,7 +307,8 @@ impl DesktopRuntime {
                 .enumerate()
                 .filter_map(|(i, s)| match &s.state {
                     SlotState::Active(sc)
-                        if !table.controlled.contains(&sc.bot_id) && sc.busy.load(Ordering::SeqCst) == 0 =>
+                        if !table.controlled.contains(&sc.bot_id)
+                            && sc.busy.load(Ordering::SeqCst) == 0 =>
                     {
                         Some((sc.last_used, i))
                     }
@@ -296,19 +317,34 @@ impl DesktopRuntime {
                 .min()
                 .map(|(_, i)| i);
             let Some(victim) = victim else {
-                tracing::info!(bot.id = bot_id, screen.limit = limit, "desktop.screen.refused");
+                tracing::info!(
+                    bot.id = bot_id,
+                    screen.limit = limit,
+                    "desktop.screen.refused"
+                );
                 return Err(DesktopError::MultiScreenUnavailable);
             };
-            tracing::info!(screen.slot = victim, bot.id = bot_id, "desktop.screen.evicting");
+            tracing::info!(
+                screen.slot = victim,
+                bot.id = bot_id,
+                "desktop.screen.evicting"
+            );
             self.teardown(&mut table, victim).await?;
             if table.occupied() >= limit {
                 return Err(DesktopError::MultiScreenUnavailable);
             }
         }
-        let i = match table.slots.iter().position(|s| matches!(s.state, SlotState::Free)) {
+        let i = match table
+            .slots
+            .iter()
+            .position(|s| matches!(s.state, SlotState::Free))
+        {
             Some(i) => i,
             None => {
-                table.slots.push(Slot { generation: 0, state: SlotState::Free });
+                table.slots.push(Slot {
+                    generation: 0,
+                    state: SlotState::Free,
+                });
                 table.slots.len() - 1
             }
         };
@@ -319,7 +355,13 @@ impl DesktopRuntime {
         }
         let slot = &mut table.slots[i];
         slot.generation += 1;
-        tracing::info!(screen.slot = i, screen.generation = slot.generation, screen.display = screen.display, bot.id = bot_id, "desktop.screen.started");
+        tracing::info!(
+            screen.slot = i,
+            screen.generation = slot.generation,
+            screen.display = screen.display,
+            bot.id = bot_id,
+            "desktop.screen.started"
+        );
         slot.state = SlotState::Active(Box::new(screen));
         Ok(handle(slot, i))
     }
@@ -331,9 +373,9 @@ impl DesktopRuntime {
         self.retry_reserved(&mut table).await;
         match table.slot_of(bot_id) {
             Some(i) => self.teardown(&mut table, i).await,
-            None if table.reserved_of(bot_id).is_some() => {
-                Err(DesktopError::Stack("the bot's screen teardown is still failing".into()))
-            }
+            None if table.reserved_of(bot_id).is_some() => Err(DesktopError::Stack(
+                "the bot's screen teardown is still failing".into(),
+            )),
             None => Ok(()),
         }
     }
@@ -351,14 +393,18 @@ impl DesktopRuntime {
         }
         self.retry_reserved(&mut table).await;
         if table.occupied() > 0 && failure.is_none() {
-            failure = Some(DesktopError::Stack("some screens could not be torn down".into()));
+            failure = Some(DesktopError::Stack(
+                "some screens could not be torn down".into(),
+            ));
         }
         if let Err(e) = self.gateway.shutdown().await {
             failure = Some(e);
         }
         if failure.is_none() {
             let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
-            self.runner.run(&sweep_script(&prefix), SCRIPT_TIMEOUT).await?;
+            self.runner
+                .run(&sweep_script(&prefix), SCRIPT_TIMEOUT)
+                .await?;
         }
         failure.map_or(Ok(()), Err)
     }
@@ -367,15 +413,23 @@ impl DesktopRuntime {
     pub async fn retry_teardowns(&self) -> usize {
         let mut table = self.table.lock().await;
         self.retry_reserved(&mut table).await;
-        table.slots.iter().filter(|s| matches!(s.state, SlotState::Reserved(_))).count()
+        table
+            .slots
+            .iter()
+            .filter(|s| matches!(s.state, SlotState::Reserved(_)))
+            .count()
     }
 
     /// Grants a view or control capability on the bot's screen through the gateway.
     pub async fn grant(&self, bot_id: &str, policy: Policy) -> Result<Capability, DesktopError> {
         let table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &table.slots[i].state else { unreachable!("slot_of finds active slots") };
-        self.gateway.grant(i as u32, table.slots[i].generation, screen.display, policy).await
+        let SlotState::Active(screen) = &table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        self.gateway
+            .grant(i as u32, table.slots[i].generation, screen.display, policy)
+            .await
     }
 
     /// A screenshot of the bot's screen.
@@ -385,7 +439,11 @@ impl DesktopRuntime {
             let x = x.lock().unwrap_or_else(|e| e.into_inner());
             let raw = x.grab()?;
             Ok(Observation {
-                frame: Frame { png: raw.encode_png()?, width: raw.width, height: raw.height },
+                frame: Frame {
+                    png: raw.encode_png()?,
+                    width: raw.width,
+                    height: raw.height,
+                },
                 hash: raw.hash,
             })
         })
@@ -411,7 +469,11 @@ impl DesktopRuntime {
                 completed,
                 error,
                 observation: Observation {
-                    frame: Frame { png: raw.encode_png()?, width: raw.width, height: raw.height },
+                    frame: Frame {
+                        png: raw.encode_png()?,
+                        width: raw.width,
+                        height: raw.height,
+                    },
                     hash: raw.hash,
                 },
             })
@@ -421,12 +483,20 @@ impl DesktopRuntime {
     }
 
     /// The display connection of the bot's screen, marking it used and busy.
-    async fn use_screen(&self, bot_id: &str) -> Result<(Arc<StdMutex<XDisplay>>, BusyGuard), DesktopError> {
+    async fn use_screen(
+        &self,
+        bot_id: &str,
+    ) -> Result<(Arc<StdMutex<XDisplay>>, BusyGuard), DesktopError> {
         let mut table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else { unreachable!("slot_of finds active slots") };
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
         screen.last_used = Instant::now();
-        let x = screen.x.clone().ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let x = screen
+            .x
+            .clone()
+            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
         screen.busy.fetch_add(1, Ordering::SeqCst);
         Ok((x, BusyGuard(screen.busy.clone())))
     }
@@ -435,12 +505,18 @@ impl DesktopRuntime {
     /// the slot is reserved for a retry.
     async fn teardown(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
         let slot = &mut table.slots[i];
-        let SlotState::Active(mut screen) = std::mem::replace(&mut slot.state, SlotState::Free) else {
+        let SlotState::Active(mut screen) = std::mem::replace(&mut slot.state, SlotState::Free)
+        else {
             return Ok(());
         };
         let ended = slot.generation;
         slot.generation += 1;
-        let _ = self.events.send(Teardown { slot: i as u32, ended, generation: slot.generation, bot_id: screen.bot_id.clone() });
+        let _ = self.events.send(Teardown {
+            slot: i as u32,
+            ended,
+            generation: slot.generation,
+            bot_id: screen.bot_id.clone(),
+        });
         let result = match self.gateway.revoke_slot(i as u32).await {
             Ok(()) => self.stop_screen(&mut screen).await,
             Err(e) => Err(e),
@@ -463,7 +539,9 @@ impl DesktopRuntime {
             if !matches!(table.slots[i].state, SlotState::Reserved(_)) {
                 continue;
             }
-            let SlotState::Reserved(mut screen) = std::mem::replace(&mut table.slots[i].state, SlotState::Free) else {
+            let SlotState::Reserved(mut screen) =
+                std::mem::replace(&mut table.slots[i].state, SlotState::Free)
+            else {
                 continue;
             };
             let result = match self.gateway.revoke_slot(i as u32).await {
@@ -471,7 +549,9 @@ impl DesktopRuntime {
                 Err(e) => Err(e),
             };
             match result {
-                Ok(()) => tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.screen.torn_down"),
+                Ok(()) => {
+                    tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.screen.torn_down")
+                }
                 Err(e) => {
                     tracing::warn!(screen.slot = i, bot.id = %screen.bot_id, error = %e, "desktop.screen.teardown_failed");
                     table.slots[i].state = SlotState::Reserved(screen);
@@ -493,9 +573,14 @@ impl DesktopRuntime {
             screen.wm = None;
         }
         // What left the process groups (crash handlers, dialogs) goes by its tag.
-        let out = self.runner.run(&sweep_script(&screen.tag), SCRIPT_TIMEOUT).await?;
+        let out = self
+            .runner
+            .run(&sweep_script(&screen.tag), SCRIPT_TIMEOUT)
+            .await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack("could not sweep the screen's processes".into()));
+            return Err(DesktopError::Stack(
+                "could not sweep the screen's processes".into(),
+            ));
         }
         if let Some(pid) = screen.xvfb {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
@@ -520,15 +605,26 @@ impl DesktopRuntime {
              printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
              printf '%s\\n' 'background: none' > {q}/wm/.fluxbox/overlay\n",
             q = shell_quote(&run_dir),
-            init = FLUXBOX_INIT.iter().map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm")))).collect::<Vec<_>>().join(" "),
+            init = FLUXBOX_INIT
+                .iter()
+                .map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm"))))
+                .collect::<Vec<_>>()
+                .join(" "),
         );
         let out = self.runner.run(&prepare, SCRIPT_TIMEOUT).await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack(format!("run directory: {}", out.stderr.trim())));
+            return Err(DesktopError::Stack(format!(
+                "run directory: {}",
+                out.stderr.trim()
+            )));
         }
         let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
         for _ in 0..DISPLAY_SEARCH {
-            let display = self.config.displays.claim().ok_or_else(|| DesktopError::Stack("no free X display number".into()))?;
+            let display = self
+                .config
+                .displays
+                .claim()
+                .ok_or_else(|| DesktopError::Stack("no free X display number".into()))?;
             // A live server owns this number (someone else's): keep it claimed and move on.
             let check = format!(
                 "lock=/tmp/.X{display}-lock\n\
@@ -601,7 +697,9 @@ impl DesktopRuntime {
 
     /// Restarts the browser of slot `i` if it is gone.
     async fn ensure_browser(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
-        let SlotState::Active(screen) = &mut table.slots[i].state else { return Ok(()) };
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            return Ok(());
+        };
         if let Some(pid) = screen.browser
             && self.runner.is_running(pid).await?
         {
@@ -616,7 +714,10 @@ impl DesktopRuntime {
         let workspace = self.config.workspace.to_string_lossy().into_owned();
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let profile_s = profile.to_string_lossy().into_owned();
-        let locks: Vec<String> = LOCK_FILES.iter().map(|f| shell_quote(&format!("{profile_s}/{f}"))).collect();
+        let locks: Vec<String> = LOCK_FILES
+            .iter()
+            .map(|f| shell_quote(&format!("{profile_s}/{f}")))
+            .collect();
         let out = self
             .runner
             .run(
@@ -629,46 +730,77 @@ impl DesktopRuntime {
             )
             .await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack(format!("browser profile: {}", out.stderr.trim())));
+            return Err(DesktopError::Stack(format!(
+                "browser profile: {}",
+                out.stderr.trim()
+            )));
         }
         let mut lines = out.stdout.lines();
         let fresh = lines.next() == Some("fresh");
         let uid = lines.next().unwrap_or_default().trim().to_string();
         let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
         let mut argv = vec!["chromium".to_string()];
-        argv.extend(chromium_args(&profile, SCREEN_WIDTH, SCREEN_HEIGHT, as_root));
+        argv.extend(chromium_args(
+            &profile,
+            SCREEN_WIDTH,
+            SCREEN_HEIGHT,
+            as_root,
+        ));
         if fresh {
             // A new profile opens a blank page rather than the new-tab page, which keeps
             // loading without a network and resets the address bar when it gives up.
             argv.push("about:blank".into());
         }
-        let log = format!("{}/browser-{}.log", self.config.run_dir.to_string_lossy(), screen.display);
+        let log = format!(
+            "{}/browser-{}.log",
+            self.config.run_dir.to_string_lossy(),
+            screen.display
+        );
         let mut env = self.env(&screen.tag, screen.display, &workspace);
         // Chromium's own config and cache outside the profile stay out of the workspace.
         let run_dir = self.config.run_dir.to_string_lossy();
         env.push(("XDG_CONFIG_HOME".into(), format!("{run_dir}/xdg-config")));
         env.push(("XDG_CACHE_HOME".into(), format!("{run_dir}/xdg-cache")));
-        let pid = self.runner.spawn(&SpawnSpec { argv, env, cwd: workspace.clone(), log }).await?;
+        let pid = self
+            .runner
+            .spawn(&SpawnSpec {
+                argv,
+                env,
+                cwd: workspace.clone(),
+                log,
+            })
+            .await?;
         screen.browser = Some(pid);
-        let x = screen.x.clone().ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let x = screen
+            .x
+            .clone()
+            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
         let started = Instant::now();
         loop {
             let x2 = x.clone();
-            let clients = tokio::task::spawn_blocking(move || client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner())))
-                .await
-                .map_err(|e| DesktopError::X(format!("window task: {e}")))??;
+            let clients = tokio::task::spawn_blocking(move || {
+                client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+            })
+            .await
+            .map_err(|e| DesktopError::X(format!("window task: {e}")))??;
             if clients > 0 {
                 break;
             }
             if started.elapsed() > BROWSER_WINDOW_TIMEOUT || !self.runner.is_running(pid).await? {
-                return Err(DesktopError::Stack("the browser did not open a window".into()));
+                return Err(DesktopError::Stack(
+                    "the browser did not open a window".into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
         tokio::task::spawn_blocking(move || {
-            x.lock().unwrap_or_else(|e| e.into_inner()).settle(BROWSER_QUIET_DELAY, BROWSER_QUIET_INTERVAL, BROWSER_QUIET_TIMEOUT)
+            x.lock().unwrap_or_else(|e| e.into_inner()).settle(
+                BROWSER_QUIET_DELAY,
+                BROWSER_QUIET_INTERVAL,
+                BROWSER_QUIET_TIMEOUT,
+            )
         })
         .await
         .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
@@ -696,7 +828,11 @@ fn handle(slot: &Slot, i: usize) -> ScreenHandle {
         SlotState::Active(sc) | SlotState::Reserved(sc) => sc.display,
         SlotState::Free => 0,
     };
-    ScreenHandle { slot: i as u32, generation: slot.generation, display }
+    ScreenHandle {
+        slot: i as u32,
+        generation: slot.generation,
+        display,
+    }
 }
 
 /// Decrements a screen's busy count when an operation ends.
@@ -722,10 +858,21 @@ async fn connect_when_ready(display: u32, timeout: Duration) -> Result<XDisplay,
 
 /// How many client windows the window manager lists (`_NET_CLIENT_LIST`).
 fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
-    let atom = x.conn.intern_atom(true, b"_NET_CLIENT_LIST").map_err(x_err)?.reply().map_err(x_err)?.atom;
+    let atom = x
+        .conn
+        .intern_atom(true, b"_NET_CLIENT_LIST")
+        .map_err(x_err)?
+        .reply()
+        .map_err(x_err)?
+        .atom;
     if atom == 0 {
         return Ok(0);
     }
-    let reply = x.conn.get_property(false, x.root, atom, AtomEnum::WINDOW, 0, 1024).map_err(x_err)?.reply().map_err(x_err)?;
+    let reply = x
+        .conn
+        .get_property(false, x.root, atom, AtomEnum::WINDOW, 0, 1024)
+        .map_err(x_err)?
+        .reply()
+        .map_err(x_err)?;
     Ok(reply.value_len as usize)
 }

@@ -98,8 +98,22 @@ fn main() {
         .block_on(runtime.open_screen("bench"))
         .expect("open screen");
     let d = screen.display;
-    std::thread::sleep(Duration::from_secs(2));
-    println!("desktop bench on :{d} (1280x800x24, fluxbox + Chromium)");
+    // A busy page: gradient background and a screenful of text, like real sites.
+    let page = "data:text/html,<body style='background:linear-gradient(45deg,%23f06,%2348f);font:14px serif'>\
+        <script>for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%16777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>')</script>";
+    let go = [
+        Action::Key {
+            keys: "ctrl+l".into(),
+        },
+        Action::Wait { ms: 300 },
+        Action::Type { text: page.into() },
+        Action::Key {
+            keys: "Return".into(),
+        },
+        Action::Wait { ms: 1500 },
+    ];
+    rt.block_on(runtime.act("bench", &go)).unwrap();
+    println!("desktop bench on :{d} (1280x800x24, fluxbox + Chromium on a busy page)");
 
     // Observe: capture + hash + PNG, as the tools call it.
     for _ in 0..5 {

@@ -6,6 +6,7 @@
 //! - [`auth`]: bearer tokens and the operator token.
 //! - [`app`]: wiring of database, provider, stores and actors.
 //! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
+//! - [`desktop`]: the shared Linux desktop runtime (Xvfb, browser, screen gateway, capture, input).
 //! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
 //! - [`stores`]: `HomeStore` adapters.
 //! - [`server`]: the HTTP server around [`api::configure`].
@@ -20,6 +21,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod desktop;
 pub mod keyfile;
 pub mod providers;
 pub mod server;

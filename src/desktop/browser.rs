@@ -1,0 +1,67 @@
+//! How a bot's Chromium is launched: its persistent profile under the workspace and its flags.
+//!
+//! A profile belongs to one bot for good: it is never cloned from another bot, merged or
+//! deleted here. Only Chromium's single-instance lock files are removed before a launch, since
+//! the runtime knows no other Chromium of that bot is running (a stale lock left by a killed
+//! browser, or one written on another machine, would otherwise block the start).
+
+use std::path::{Path, PathBuf};
+
+/// Directory, relative to the workspace root, that holds every bot's profile.
+pub const PROFILES_DIR: &str = ".browser-profiles";
+
+/// Chromium's single-instance lock files inside a profile.
+pub const LOCK_FILES: [&str; 3] = ["SingletonLock", "SingletonSocket", "SingletonCookie"];
+
+/// The profile directory of `bot_id` (already checked with [`super::check_id`]).
+pub fn profile_dir(workspace: &Path, bot_id: &str) -> PathBuf {
+    workspace.join(PROFILES_DIR).join(bot_id)
+}
+
+/// Chromium's arguments for a bot's browser on a `width`x`height` screen.
+///
+/// `no_sandbox` is only for a browser that has to run as root (Chromium refuses otherwise);
+/// the computer is then the security boundary, as the spec's providers document.
+pub fn chromium_args(profile: &Path, width: u32, height: u32, no_sandbox: bool) -> Vec<String> {
+    let mut args = vec![
+        format!("--user-data-dir={}/", profile.display()),
+        "--password-store=basic".into(),
+        "--restore-last-session".into(),
+        "--no-first-run".into(),
+        "--no-default-browser-check".into(),
+        "--disable-session-crashed-bubble".into(),
+        "--hide-crash-restore-bubble".into(),
+        "--disable-features=Translate,MediaRouter,OptimizationHints".into(),
+        "--disable-component-update".into(),
+        "--disable-background-networking".into(),
+        "--disable-sync".into(),
+        "--disable-breakpad".into(),
+        "--disable-dev-shm-usage".into(),
+        "--disable-gpu".into(),
+        "--window-position=0,0".into(),
+        format!("--window-size={width},{height}"),
+        "--start-maximized".into(),
+    ];
+    if no_sandbox {
+        // `--test-type` hides the "unsupported command-line flag" bar that would shift the page.
+        args.push("--no-sandbox".into());
+        args.push("--test-type".into());
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_lives_under_the_workspace_per_bot() {
+        let p = profile_dir(Path::new("/w"), "bot-a");
+        assert_eq!(p, Path::new("/w/.browser-profiles/bot-a"));
+        let args = chromium_args(&p, 1280, 800, false);
+        assert!(args.contains(&"--user-data-dir=/w/.browser-profiles/bot-a/".to_string()));
+        assert!(args.contains(&"--password-store=basic".to_string()));
+        assert!(args.contains(&"--restore-last-session".to_string()));
+        assert!(!args.iter().any(|a| a == "--no-sandbox"));
+    }
+}

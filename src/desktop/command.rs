@@ -1,0 +1,370 @@
+//! Running commands on the machine: the [`CommandRunner`] port and its host implementation.
+//!
+//! The desktop runtime needs nothing else from a provider to start and stop its processes:
+//! every operation is a short shell script, so a remote provider implements [`CommandRunner::run`]
+//! with its vendor's "run a command" call and inherits `spawn`, `stop` and `is_running`.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rakazo_actors::provider::ExecOutput;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::{DesktopError, shell_quote};
+
+/// How long the short lifecycle scripts of the runtime may take.
+pub const SCRIPT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Cap on captured stdout and stderr, each; the rest is drained and dropped.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// A long-lived process to start in the background.
+#[derive(Clone, Debug, Default)]
+pub struct SpawnSpec {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// The complete environment of the process (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Working directory (absolute); `/` when empty.
+    pub cwd: String,
+    /// File receiving stdout and stderr; `/dev/null` when empty.
+    pub log: String,
+}
+
+/// Runs shell scripts on the machine.
+#[async_trait]
+pub trait CommandRunner: Send + Sync + 'static {
+    /// Runs `script` with `bash -c`, waiting at most `timeout` (then the script is killed and
+    /// `timed_out` is set). A non-zero exit is an outcome, not an error.
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError>;
+
+    /// Starts a process in its own session and process group, detached from the runner, and
+    /// returns its pid (which is also its process group id).
+    async fn spawn(&self, spec: &SpawnSpec) -> Result<u32, DesktopError> {
+        let out = self.run(&spawn_script(spec), SCRIPT_TIMEOUT).await?;
+        out.stdout.trim().parse::<u32>().map_err(|_| {
+            DesktopError::Command(format!(
+                "spawn of {} printed no pid: {}",
+                program(spec),
+                out.stderr.trim()
+            ))
+        })
+    }
+
+    /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
+    /// session and cookies), up to `grace` for it to exit, then SIGKILL to the whole group.
+    /// Succeeds when the leader is gone (or was never there).
+    async fn stop(&self, pid: u32, grace: Duration) -> Result<(), DesktopError> {
+        let out = self
+            .run(&stop_script(pid, grace), grace + SCRIPT_TIMEOUT)
+            .await?;
+        if out.exit_code == 0 {
+            Ok(())
+        } else {
+            Err(DesktopError::Stack(format!(
+                "process {pid} survived SIGKILL"
+            )))
+        }
+    }
+
+    /// Whether `pid` is a live (not zombie) process.
+    async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
+        let out = self
+            .run(&format!("{}\nalive {pid}", ALIVE_FN), SCRIPT_TIMEOUT)
+            .await?;
+        Ok(out.exit_code == 0)
+    }
+}
+
+fn program(spec: &SpawnSpec) -> &str {
+    spec.argv.first().map(String::as_str).unwrap_or("<nothing>")
+}
+
+/// `alive PID`: true for a live process, false for a missing or zombie one.
+const ALIVE_FN: &str = r#"alive() { s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }"#;
+
+fn spawn_script(spec: &SpawnSpec) -> String {
+    let cwd = if spec.cwd.is_empty() {
+        "/"
+    } else {
+        spec.cwd.as_str()
+    };
+    let log = if spec.log.is_empty() {
+        "/dev/null"
+    } else {
+        spec.log.as_str()
+    };
+    let env: Vec<String> = spec
+        .env
+        .iter()
+        .map(|(k, v)| shell_quote(&format!("{k}={v}")))
+        .collect();
+    let argv: Vec<String> = spec.argv.iter().map(|a| shell_quote(a)).collect();
+    // `setsid` is not a group leader here (no job control), so it calls setsid() itself and
+    // execs: `$!` is the pid of the final program and of its new process group.
+    format!(
+        "cd {cwd} || exit 1\nenv -i {env} setsid {argv} >{log} 2>&1 </dev/null &\necho $!",
+        cwd = shell_quote(cwd),
+        env = env.join(" "),
+        argv = argv.join(" "),
+        log = shell_quote(log),
+    )
+}
+
+fn stop_script(pid: u32, grace: Duration) -> String {
+    let steps = (grace.as_millis() / 50).max(1);
+    format!(
+        "{ALIVE_FN}\npid={pid}\nkill -TERM \"$pid\" 2>/dev/null\n\
+         i=0; while alive \"$pid\" && [ $i -lt {steps} ]; do sleep 0.05; i=$((i+1)); done\n\
+         kill -KILL -- \"-$pid\" 2>/dev/null; kill -KILL \"$pid\" 2>/dev/null\n\
+         i=0; while alive \"$pid\" && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done\n\
+         alive \"$pid\" && exit 1; exit 0\n"
+    )
+}
+
+/// Runs scripts as local processes on this host, with a fixed minimal environment.
+#[derive(Clone, Debug)]
+pub struct HostRunner {
+    /// The whole environment of every script (nothing of the server's own is inherited).
+    env: Vec<(String, String)>,
+    /// Working directory of every script.
+    cwd: PathBuf,
+}
+
+impl HostRunner {
+    /// A runner whose scripts see only `env` and start in `cwd`.
+    pub fn new(env: Vec<(String, String)>, cwd: PathBuf) -> Self {
+        Self { env, cwd }
+    }
+
+    /// A runner with just `PATH` and `LANG`, starting in `/`.
+    pub fn minimal() -> Self {
+        Self::new(minimal_env(), PathBuf::from("/"))
+    }
+
+    /// Runs `script` in `cwd` with `env` added to the runner's environment.
+    pub async fn run_in(
+        &self,
+        script: &str,
+        cwd: &std::path::Path,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, DesktopError> {
+        let mut cmd = tokio::process::Command::new("bash");
+        cmd.arg("-c")
+            .arg(script)
+            .env_clear()
+            .envs(self.env.iter().cloned())
+            .envs(env.iter().cloned())
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| DesktopError::Command(format!("bash: {e}")))?;
+        // Kills the whole process group if this future is dropped or the deadline passes.
+        let mut guard = GroupKill(child.id());
+        let stdout = Captured::start(child.stdout.take());
+        let stderr = Captured::start(child.stderr.take());
+        let status = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => status.map_err(|e| DesktopError::Command(format!("wait: {e}")))?,
+            Err(_) => {
+                drop(guard);
+                return Ok(ExecOutput {
+                    exit_code: -1,
+                    stdout: stdout.finish().await,
+                    stderr: stderr.finish().await,
+                    timed_out: true,
+                });
+            }
+        };
+        // The script finished: what it started in the background keeps running.
+        guard.0 = None;
+        Ok(ExecOutput {
+            exit_code: status.code().unwrap_or(-1),
+            stdout: stdout.finish().await,
+            stderr: stderr.finish().await,
+            timed_out: false,
+        })
+    }
+}
+
+/// How long output is still collected after the script exits (a background child may hold
+/// the pipe open forever).
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// Output collected from a pipe by a background task, capped at [`OUTPUT_CAP`].
+struct Captured {
+    buf: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Captured {
+    fn start<R: AsyncRead + Unpin + Send + 'static>(reader: Option<R>) -> Self {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let task = tokio::spawn(async move {
+            let Some(mut reader) = reader else { return };
+            let mut chunk = [0u8; 8192];
+            loop {
+                match reader.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let mut out = sink.lock().unwrap_or_else(|e| e.into_inner());
+                        let room = OUTPUT_CAP.saturating_sub(out.len());
+                        out.extend_from_slice(&chunk[..n.min(room)]);
+                    }
+                }
+            }
+        });
+        Self { buf, task }
+    }
+
+    async fn finish(mut self) -> String {
+        if tokio::time::timeout(DRAIN_GRACE, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        let out = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+#[async_trait]
+impl CommandRunner for HostRunner {
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.run_in(script, &self.cwd, &[], timeout).await
+    }
+}
+
+/// The environment variable that tags every process the runtime starts, so that what escapes
+/// its process group (Chromium's crash handler, a window manager's dialogs) can still be found.
+pub const TAG_VAR: &str = "RAKAZO_DESKTOP_TAG";
+
+/// A script that SIGKILLs every process of this user whose environment has a [`TAG_VAR`]
+/// value starting with `prefix`.
+pub fn sweep_script(prefix: &str) -> String {
+    let want = shell_quote(&format!("{TAG_VAR}={prefix}"));
+    format!(
+        r#"want={want}
+for e in /proc/[0-9]*/environ; do
+  p=${{e#/proc/}}; p=${{p%/environ}}
+  [ "$p" = "$$" ] && continue
+  while IFS= read -r -d '' line; do
+    case "$line" in "$want"*) kill -KILL "$p" 2>/dev/null; break ;; esac
+  done 2>/dev/null < "$e"
+done
+exit 0
+"#
+    )
+}
+
+/// `PATH`, `LANG`: enough for the runtime's own tools.
+pub fn minimal_env() -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
+}
+
+/// Sends SIGKILL to a process group when dropped.
+struct GroupKill(Option<u32>);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            // Best effort; the group may already be gone.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn runs_scripts_with_only_the_given_environment() {
+        let runner = HostRunner::minimal();
+        let out = runner
+            .run("echo \"$PATH|${HOME:-none}\"; exit 3", SCRIPT_TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 3);
+        assert!(out.stdout.trim().ends_with("|none"), "{}", out.stdout);
+    }
+
+    #[tokio::test]
+    async fn deadline_kills_the_script() {
+        let runner = HostRunner::minimal();
+        let started = std::time::Instant::now();
+        let out = runner
+            .run("sleep 30", Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(out.timed_out);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn sweep_kills_tagged_processes_outside_the_group() {
+        let runner = HostRunner::minimal();
+        let tag = format!("/test-sweep-{}", std::process::id());
+        let mut env = minimal_env();
+        env.push((TAG_VAR.into(), format!("{tag}/a")));
+        // The child leaves the group and session, as Chromium's crash handler does.
+        let spec = SpawnSpec {
+            argv: vec![
+                "bash".into(),
+                "-c".into(),
+                "setsid sleep 30 & echo $! >&2; wait".into(),
+            ],
+            env,
+            ..Default::default()
+        };
+        let pid = runner.spawn(&spec).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let out = runner
+            .run(
+                &format!("ps -eo pid=,ppid= | awk '$2=={pid}{{print $1}}'"),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+            .unwrap();
+        let child: u32 = out.stdout.trim().parse().unwrap();
+        runner
+            .run(&sweep_script(&tag), SCRIPT_TIMEOUT)
+            .await
+            .unwrap();
+        assert!(!runner.is_running(pid).await.unwrap());
+        assert!(!runner.is_running(child).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn spawn_and_stop_a_background_process() {
+        let runner = HostRunner::minimal();
+        let spec = SpawnSpec {
+            argv: vec!["sleep".into(), "30".into()],
+            env: minimal_env(),
+            ..Default::default()
+        };
+        let pid = runner.spawn(&spec).await.unwrap();
+        assert!(runner.is_running(pid).await.unwrap());
+        runner.stop(pid, Duration::from_millis(500)).await.unwrap();
+        assert!(!runner.is_running(pid).await.unwrap());
+    }
+}

@@ -1,0 +1,384 @@
+//! The screen gateway of one machine: one websockify for every display, and one x11vnc per
+//! view or control capability, listening on a unix socket named by a fresh 128-bit token.
+//!
+//! websockify's `UnixDomainSocketDirectory` plugin maps `?token=<t>` to `<dir>/<t>`, so a
+//! capability lives exactly as long as its socket: revoking removes the socket and stops its
+//! x11vnc, and a display slot that is recycled can never be reached with an old token.
+//! Tokens are handed to the caller only; they are never logged (websockify's own output, which
+//! names socket paths, goes to `/dev/null`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::Mutex;
+
+use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env};
+use super::{DesktopError, shell_quote};
+
+/// How long a fresh x11vnc or websockify gets to start listening.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long x11vnc and websockify get to exit on SIGTERM.
+const STOP_GRACE: Duration = Duration::from_millis(1500);
+
+/// What a capability allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Watch only (`x11vnc -viewonly`).
+    View,
+    /// Watch and send input.
+    Control,
+}
+
+/// A socket token: 128 random bits in hex. Its `Debug` never shows it, and it has no `Display`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token(String);
+
+impl Token {
+    fn fresh() -> Self {
+        Self(format!("{:032x}", rand::rng().random::<u128>()))
+    }
+
+    /// The token itself, for the one caller that puts it in a gateway URL.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// A live view or control capability on one slot generation.
+#[derive(Clone, Debug)]
+pub struct Capability {
+    /// The display slot.
+    pub slot: u32,
+    /// The slot generation the capability was granted for.
+    pub generation: u64,
+    /// View or control.
+    pub policy: Policy,
+    /// The gateway's TCP port on the machine (websockify).
+    pub port: u16,
+    /// The socket token (`?token=` of the gateway URL).
+    pub token: Token,
+}
+
+/// A granted capability's process.
+struct Grant {
+    slot: u32,
+    generation: u64,
+    policy: Policy,
+    /// x11vnc's pid (and process group).
+    pid: u32,
+}
+
+/// The gateway of one machine.
+pub struct Gateway {
+    runner: Arc<dyn CommandRunner>,
+    /// Directory of the capability sockets (mode 0700).
+    dir: PathBuf,
+    /// Directory for x11vnc's home and logs.
+    run_dir: PathBuf,
+    /// websockify's listening port.
+    port: u16,
+    /// websockify's pid, once started.
+    websockify: Mutex<Option<u32>>,
+    /// Live capabilities by token.
+    grants: Mutex<HashMap<Token, Grant>>,
+}
+
+impl Gateway {
+    /// A gateway whose sockets live in `run_dir/gateway` and that listens on loopback `port`.
+    pub fn new(runner: Arc<dyn CommandRunner>, run_dir: PathBuf, port: u16) -> Self {
+        Self {
+            runner,
+            dir: run_dir.join("gateway"),
+            run_dir,
+            port,
+            websockify: Mutex::new(None),
+            grants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The environment of the gateway's processes, tagged for the runtime's final sweep.
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = minimal_env();
+        env.push((
+            TAG_VAR.into(),
+            format!("{}/gateway", self.run_dir.to_string_lossy()),
+        ));
+        env
+    }
+
+    /// The gateway's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts websockify unless it is already running.
+    pub async fn ensure_started(&self) -> Result<(), DesktopError> {
+        let mut ws = self.websockify.lock().await;
+        if let Some(pid) = *ws
+            && self.runner.is_running(pid).await?
+        {
+            return Ok(());
+        }
+        let dir = shell_quote(&self.dir.to_string_lossy());
+        let out = self
+            .runner
+            .run(
+                &format!("mkdir -p {dir} && chmod 700 {dir}"),
+                SCRIPT_TIMEOUT,
+            )
+            .await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(format!(
+                "gateway directory: {}",
+                out.stderr.trim()
+            )));
+        }
+        let spec = SpawnSpec {
+            argv: vec![
+                "websockify".into(),
+                "--web".into(),
+                "/usr/share/novnc".into(),
+                "--token-plugin".into(),
+                "UnixDomainSocketDirectory".into(),
+                "--token-source".into(),
+                self.dir.to_string_lossy().into_owned(),
+                format!("127.0.0.1:{}", self.port),
+            ],
+            env: self.env(),
+            ..Default::default()
+        };
+        let pid = self.runner.spawn(&spec).await?;
+        let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{}", self.port);
+        if let Err(e) = self.wait_for(pid, &probe).await {
+            let _ = self.runner.stop(pid, STOP_GRACE).await;
+            return Err(e);
+        }
+        *ws = Some(pid);
+        tracing::info!(gateway.port = self.port, "desktop.gateway.started");
+        Ok(())
+    }
+
+    /// Polls `probe` (a shell test) until it succeeds, failing if `pid` dies or time runs out.
+    async fn wait_for(&self, pid: u32, probe: &str) -> Result<(), DesktopError> {
+        let script = format!(
+            "alive() {{ s=$(ps -o stat= -p {pid} 2>/dev/null) || return 1; [ \"${{s#Z}}\" = \"$s\" ]; }}\n\
+             for i in $(seq 1 {n}); do ({probe}) 2>/dev/null && exit 0; alive || exit 2; sleep 0.05; done; exit 1",
+            n = LISTEN_TIMEOUT.as_millis() / 50,
+        );
+        let out = self
+            .runner
+            .run(&script, LISTEN_TIMEOUT + SCRIPT_TIMEOUT)
+            .await?;
+        match out.exit_code {
+            0 => Ok(()),
+            2 => Err(DesktopError::Stack(
+                "gateway process exited before listening".into(),
+            )),
+            _ => Err(DesktopError::Stack(
+                "gateway process did not start listening in time".into(),
+            )),
+        }
+    }
+
+    /// Grants a capability on display `:display` of `slot` at `generation`: a fresh token and
+    /// its own x11vnc (`-viewonly` for [`Policy::View`]).
+    pub async fn grant(
+        &self,
+        slot: u32,
+        generation: u64,
+        display: u32,
+        policy: Policy,
+    ) -> Result<Capability, DesktopError> {
+        self.ensure_started().await?;
+        let token = Token::fresh();
+        let socket = self.dir.join(token.expose());
+        let mut argv: Vec<String> = vec![
+            "x11vnc".into(),
+            "-display".into(),
+            format!(":{display}"),
+            "-unixsock".into(),
+            socket.to_string_lossy().into_owned(),
+            "-rfbport".into(),
+            "0".into(),
+            "-shared".into(),
+            "-forever".into(),
+            "-nopw".into(),
+            "-quiet".into(),
+            "-noxdamage".into(),
+        ];
+        if policy == Policy::View {
+            argv.push("-viewonly".into());
+        }
+        let mut env = self.env();
+        env.push(("HOME".into(), self.run_dir.to_string_lossy().into_owned()));
+        let pid = self
+            .runner
+            .spawn(&SpawnSpec {
+                argv,
+                env,
+                ..Default::default()
+            })
+            .await?;
+        let probe = format!("test -S {}", shell_quote(&socket.to_string_lossy()));
+        if let Err(e) = self.wait_for(pid, &probe).await {
+            let _ = self.runner.stop(pid, STOP_GRACE).await;
+            let _ = self
+                .runner
+                .run(
+                    &format!("rm -f {}", shell_quote(&socket.to_string_lossy())),
+                    SCRIPT_TIMEOUT,
+                )
+                .await;
+            return Err(e);
+        }
+        self.grants.lock().await.insert(
+            token.clone(),
+            Grant {
+                slot,
+                generation,
+                policy,
+                pid,
+            },
+        );
+        tracing::info!(screen.slot = slot, screen.generation = generation, screen.policy = ?policy, "desktop.gateway.granted");
+        Ok(Capability {
+            slot,
+            generation,
+            policy,
+            port: self.port,
+            token,
+        })
+    }
+
+    /// Revokes one capability. Revoking an unknown token succeeds.
+    pub async fn revoke(&self, token: &Token) -> Result<(), DesktopError> {
+        let grant = self.grants.lock().await.remove(token);
+        match grant {
+            Some(grant) => {
+                let result = self.stop_grant(token, &grant).await;
+                if result.is_err() {
+                    self.grants.lock().await.insert(token.clone(), grant);
+                }
+                result
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Revokes every capability of `slot`. Capabilities that could not be stopped stay listed
+    /// (so a retry finds them) and make the call fail.
+    pub async fn revoke_slot(&self, slot: u32) -> Result<(), DesktopError> {
+        let tokens: Vec<Token> = self
+            .grants
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, g)| g.slot == slot)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let mut failure = None;
+        for token in tokens {
+            if let Err(e) = self.revoke(&token).await {
+                failure = Some(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// How many capabilities of `slot` are live.
+    pub async fn live_count(&self, slot: u32) -> usize {
+        self.grants
+            .lock()
+            .await
+            .values()
+            .filter(|g| g.slot == slot)
+            .count()
+    }
+
+    async fn stop_grant(&self, token: &Token, grant: &Grant) -> Result<(), DesktopError> {
+        // The socket goes first: from this moment the token reaches nothing.
+        let socket = shell_quote(&self.dir.join(token.expose()).to_string_lossy());
+        let out = self
+            .runner
+            .run(&format!("rm -f {socket}"), SCRIPT_TIMEOUT)
+            .await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(
+                "could not remove a capability socket".into(),
+            ));
+        }
+        self.runner.stop(grant.pid, STOP_GRACE).await?;
+        tracing::info!(
+            screen.slot = grant.slot,
+            screen.generation = grant.generation,
+            screen.policy = ?grant.policy,
+            "desktop.gateway.revoked"
+        );
+        Ok(())
+    }
+
+    /// Revokes everything and stops websockify.
+    pub async fn shutdown(&self) -> Result<(), DesktopError> {
+        let tokens: Vec<Token> = self.grants.lock().await.keys().cloned().collect();
+        let mut failure = None;
+        for token in tokens {
+            if let Err(e) = self.revoke(&token).await {
+                failure = Some(e);
+            }
+        }
+        if let Some(pid) = self.websockify.lock().await.take()
+            && let Err(e) = self.runner.stop(pid, STOP_GRACE).await
+        {
+            failure = Some(e);
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+/// Picks a free loopback TCP port on this host (for host-run gateways).
+pub fn free_local_port() -> Result<u16, DesktopError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| DesktopError::Stack(format!("port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| DesktopError::Stack(format!("port: {e}")))
+}
+
+/// The spec's per-screen port formula for providers that publish one port per capability:
+/// view `6080 + 2i`, control `6081 + 2i` for slot `i`.
+pub fn published_port(slot: u32, policy: Policy) -> u32 {
+    6080 + 2 * slot + u32::from(policy == Policy::Control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_never_printed() {
+        let (a, b) = (Token::fresh(), Token::fresh());
+        assert_eq!(a.expose().len(), 32);
+        assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn published_ports_follow_the_spec() {
+        assert_eq!(published_port(0, Policy::View), 6080);
+        assert_eq!(published_port(0, Policy::Control), 6081);
+        assert_eq!(published_port(3, Policy::View), 6086);
+    }
+}

@@ -1,0 +1,123 @@
+//! The shared Linux desktop runtime: per-bot X displays, browsers, screen gateway, capture and input.
+//!
+//! A tour of the files:
+//! - [`command`]: the one thing a provider must supply, a [`command::CommandRunner`] that runs
+//!   shell scripts on the machine, plus the host implementation.
+//! - [`runtime`]: [`runtime::DesktopRuntime`], the per-machine screen table: display slots and
+//!   their generations, the stack per slot (Xvfb, window manager, Chromium), the screen limit
+//!   and the teardown event.
+//! - [`browser`]: how a bot's Chromium is launched on its persistent profile.
+//! - [`gateway`]: the token-protected screen gateway (websockify + one x11vnc per capability).
+//! - [`capture`]: screenshots straight from the X server, PNG encoding and frame hashes.
+//! - [`input`] and [`keys`]: ordered action batches through XTEST, and key names to keysyms.
+//! - [`files`]: workspace path checks and tar export/import for host workspaces.
+//! - [`provider`]: the `desktop` [`rakazo_actors::provider::SandboxProvider`] on the host.
+//!
+//! Architecture invariant: nothing here knows about HTTP, the database or leases. The caller
+//! (the screen actor) decides who controls a screen and when to tear it down; this module only
+//! keeps the processes and sockets true to that decision.
+
+pub mod browser;
+pub mod capture;
+pub mod command;
+pub mod files;
+pub mod gateway;
+pub mod input;
+pub mod keys;
+pub mod provider;
+pub mod runtime;
+
+use rakazo_actors::provider::ProviderError;
+
+/// Failures of the desktop runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum DesktopError {
+    /// The screen limit is reached and no idle, uncontrolled screen can be evicted.
+    #[error("no further screen can be allocated")]
+    MultiScreenUnavailable,
+    /// The bot has no open screen.
+    #[error("no screen is open for this bot")]
+    NoScreen,
+    /// A command on the machine failed to run or exited badly.
+    #[error("command failed: {0}")]
+    Command(String),
+    /// A process of the display stack did not start or did not stop.
+    #[error("display stack: {0}")]
+    Stack(String),
+    /// Talking to the X server failed.
+    #[error("x server: {0}")]
+    X(String),
+    /// A request was malformed (a point off the screen, an unknown key, a too long wait).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// An action of a batch was invalid or could not be applied.
+    #[error("action {index} failed: {reason}")]
+    Action {
+        /// Zero-based index of the failing action; also how many completed before it.
+        index: usize,
+        /// Why it failed.
+        reason: String,
+    },
+    /// An identifier (bot id, home key) is not acceptable as a path component.
+    #[error("invalid identifier: {0}")]
+    InvalidId(String),
+}
+
+impl From<DesktopError> for ProviderError {
+    fn from(err: DesktopError) -> Self {
+        match err {
+            DesktopError::MultiScreenUnavailable => ProviderError::MultiScreenUnavailable,
+            DesktopError::NoScreen => ProviderError::NotFound(err.to_string()),
+            DesktopError::InvalidId(_) => ProviderError::PathRejected(err.to_string()),
+            other => ProviderError::Failed(other.to_string()),
+        }
+    }
+}
+
+/// Accepts ids used as single path components and process arguments: ASCII letters, digits,
+/// `-`, `_` and `.`, not starting with `.`, at most 128 bytes.
+pub fn check_id(id: &str) -> Result<(), DesktopError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(DesktopError::InvalidId(id.chars().take(64).collect()))
+    }
+}
+
+/// Quotes a string for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_single_safe_components() {
+        assert!(check_id("bot-1_a.b").is_ok());
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "a\0b",
+            &"x".repeat(129),
+        ] {
+            assert!(check_id(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}

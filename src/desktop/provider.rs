@@ -1,0 +1,347 @@
+//! The `desktop` provider (`SANDBOX_PROVIDER=desktop`): computers that are workspace
+//! directories on this host, with screens from the shared [`DesktopRuntime`].
+//!
+//! For development and tests only: commands run as the server's own user, so the constructor
+//! refuses any environment but `development` and `test`. The workspace of a computer is
+//! `<homes root>/<home key>`, the very directory the local home store keeps, so neither
+//! `provision` nor `destroy` empties it: the host directory already is the latest workspace.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rakazo_actors::provider::{
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
+    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+};
+use tokio::sync::Mutex;
+
+use super::command::{HostRunner, minimal_env};
+use super::gateway::free_local_port;
+use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use super::{check_id, files, shell_quote};
+
+/// The environments the provider agrees to run in (`RAKAZO_ENV`).
+pub const ALLOWED_ENVIRONMENTS: [&str; 2] = ["development", "test"];
+
+/// How the provider is set up.
+#[derive(Clone, Debug)]
+pub struct DesktopProviderConfig {
+    /// `DATA_DIR/homes`: one workspace directory per home key.
+    pub homes_root: PathBuf,
+    /// Where runtimes keep logs, window-manager homes and gateway sockets (one folder per
+    /// computer); should be private to the server's user.
+    pub run_root: PathBuf,
+    /// `SANDBOX_TEAM_SCREEN_LIMIT` (0 = none).
+    pub screen_limit: usize,
+    /// First X display number to use (`:1` by default).
+    pub first_display: u32,
+    /// `RAKAZO_ENV`.
+    pub environment: String,
+}
+
+/// One host computer.
+struct Machine {
+    home: PathBuf,
+    runtime: Arc<DesktopRuntime>,
+}
+
+/// The `desktop` provider.
+pub struct DesktopProvider {
+    config: DesktopProviderConfig,
+    displays: Arc<DisplayPool>,
+    machines: Mutex<HashMap<String, Arc<Machine>>>,
+}
+
+impl DesktopProvider {
+    /// Creates the provider; refuses unless `environment` is `development` or `test`.
+    pub fn new(config: DesktopProviderConfig) -> ProviderResult<Self> {
+        if !ALLOWED_ENVIRONMENTS.contains(&config.environment.as_str()) {
+            return Err(ProviderError::Unsupported(format!(
+                "the desktop provider runs commands on this host and only starts when RAKAZO_ENV is development or test (got {:?})",
+                config.environment
+            )));
+        }
+        std::fs::create_dir_all(&config.homes_root)
+            .map_err(|e| ProviderError::Failed(format!("homes root: {e}")))?;
+        let displays = DisplayPool::new(config.first_display.max(1));
+        Ok(Self {
+            config,
+            displays,
+            machines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The desktop runtime of a computer, for wiring its gateway and teardown events.
+    pub async fn runtime(&self, machine: &ProviderRef) -> ProviderResult<Arc<DesktopRuntime>> {
+        Ok(self.machine(machine).await?.runtime.clone())
+    }
+
+    fn home_of(&self, key: &str) -> ProviderResult<PathBuf> {
+        check_id(key).map_err(|e| ProviderError::PathRejected(e.to_string()))?;
+        Ok(self.config.homes_root.join(key))
+    }
+
+    /// The machine behind `machine`, attaching to its directory if this process has not yet.
+    async fn machine(&self, machine: &ProviderRef) -> ProviderResult<Arc<Machine>> {
+        let home = self.home_of(&machine.0)?;
+        let mut machines = self.machines.lock().await;
+        if let Some(m) = machines.get(&machine.0) {
+            return Ok(m.clone());
+        }
+        if !home.is_dir() {
+            return Err(ProviderError::MachineGone);
+        }
+        let config = RuntimeConfig {
+            workspace: home.clone(),
+            run_dir: self.config.run_root.join(&machine.0),
+            screen_limit: self.config.screen_limit,
+            displays: self.displays.clone(),
+            gateway_port: free_local_port()?,
+            settle: Settle::default(),
+        };
+        let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
+        let m = Arc::new(Machine { home, runtime });
+        machines.insert(machine.0.clone(), m.clone());
+        Ok(m)
+    }
+
+    async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        let m = self.machines.lock().await.remove(&machine.0);
+        if let Some(m) = m
+            && let Err(e) = m.runtime.shutdown().await
+        {
+            // Keep it attached so a retry finds the reserved slots.
+            self.machines.lock().await.insert(machine.0.clone(), m);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// The environment of the shell tool: nothing of the server's own.
+    fn exec_env(home: &std::path::Path) -> Vec<(String, String)> {
+        let mut env = minimal_env();
+        let home = home.to_string_lossy().into_owned();
+        env.push(("HOME".into(), home));
+        env.push(("TERM".into(), "dumb".into()));
+        env
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ProviderResult<T> + Send + 'static,
+) -> ProviderResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
+}
+
+#[async_trait]
+impl SandboxProvider for DesktopProvider {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "desktop".into(),
+            capabilities: Capabilities {
+                multi_screen: true,
+                terminal: false,
+                page_browser: false,
+                bills_while_running: false,
+            },
+        }
+    }
+
+    async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {
+        let home = self.home_of(&spec.home_key)?;
+        std::fs::create_dir_all(&home).map_err(|e| ProviderError::Failed(format!("home: {e}")))?;
+        let machine = ProviderRef(spec.home_key.clone());
+        self.machine(&machine).await?;
+        Ok(machine)
+    }
+
+    async fn reconnect(&self, machine: &ProviderRef, spec: &MachineSpec) -> ProviderResult<()> {
+        if machine.0 != spec.home_key {
+            return Err(ProviderError::MachineGone);
+        }
+        self.machine(machine).await.map(|_| ())
+    }
+
+    async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.detach(machine).await
+    }
+
+    async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.home_of(&machine.0)?;
+        self.detach(machine).await
+    }
+
+    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+        let m = self.machine(machine).await?;
+        let screen = m.runtime.open_screen(bot_id).await?;
+        Ok(ScreenInfo { slot: screen.slot })
+    }
+
+    async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
+        Ok(self
+            .machine(machine)
+            .await?
+            .runtime
+            .close_screen(bot_id)
+            .await?)
+    }
+
+    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        Ok(self
+            .machine(machine)
+            .await?
+            .runtime
+            .observe(bot_id)
+            .await?
+            .frame)
+    }
+
+    async fn act(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+    ) -> ProviderResult<ActOutcome> {
+        let result = self
+            .machine(machine)
+            .await?
+            .runtime
+            .act(bot_id, actions)
+            .await?;
+        if let Some(reason) = &result.error {
+            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "desktop.act.stopped");
+        }
+        Ok(ActOutcome {
+            completed: result.completed,
+            frame: result.observation.frame,
+        })
+    }
+
+    async fn exec(
+        &self,
+        machine: &ProviderRef,
+        request: &ExecRequest,
+    ) -> ProviderResult<ExecOutput> {
+        let m = self.machine(machine).await?;
+        let home = m.home.clone();
+        let cwd_rel = request.cwd.clone();
+        let cwd = blocking(move || files::resolve(&home, &cwd_rel)).await?;
+        if !cwd.is_dir() {
+            return Err(ProviderError::NotFound(
+                request.cwd.chars().take(200).collect(),
+            ));
+        }
+        let runner = HostRunner::new(Self::exec_env(&m.home), cwd.clone());
+        let script = format!("exec bash -lc {}", shell_quote(&request.command));
+        Ok(runner
+            .run_in(&script, &cwd, &request.env, request.timeout)
+            .await?)
+    }
+
+    async fn list_files(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+    ) -> ProviderResult<Vec<FileEntry>> {
+        let home = self.machine(machine).await?.home.clone();
+        let path = path.to_string();
+        blocking(move || files::list(&home, &path)).await
+    }
+
+    async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
+        let home = self.machine(machine).await?.home.clone();
+        let path = path.to_string();
+        blocking(move || files::read(&home, &path)).await
+    }
+
+    async fn write_file(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        data: &[u8],
+    ) -> ProviderResult<()> {
+        let home = self.machine(machine).await?.home.clone();
+        let (path, data) = (path.to_string(), data.to_vec());
+        blocking(move || files::write(&home, &path, &data)).await
+    }
+
+    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
+        let home = self.machine(machine).await?.home.clone();
+        blocking(move || files::export(&home)).await
+    }
+
+    async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        // Browsers hold files of the old workspace open: a replaced workspace starts fresh.
+        m.runtime.shutdown().await?;
+        let (home, archive) = (m.home.clone(), archive.to_vec());
+        blocking(move || files::import(&home, &archive)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(env: &str, dir: &std::path::Path) -> DesktopProviderConfig {
+        DesktopProviderConfig {
+            homes_root: dir.join("homes"),
+            run_root: dir.join("run"),
+            screen_limit: 0,
+            first_display: 1,
+            environment: env.into(),
+        }
+    }
+
+    #[test]
+    fn refuses_to_start_outside_development_and_test() {
+        let dir = tempfile::tempdir().unwrap();
+        for env in ["production", "", "Development"] {
+            assert!(matches!(
+                DesktopProvider::new(config(env, dir.path())),
+                Err(ProviderError::Unsupported(_))
+            ));
+        }
+        assert!(DesktopProvider::new(config("test", dir.path())).is_ok());
+    }
+
+    #[tokio::test]
+    async fn exec_runs_in_the_home_without_server_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = DesktopProvider::new(config("test", dir.path())).unwrap();
+        let spec = MachineSpec {
+            computer_id: "c".into(),
+            space_id: "s".into(),
+            bot_id: None,
+            home_key: "team-s".into(),
+        };
+        let machine = provider.provision(&spec).await.unwrap();
+        provider
+            .write_file(&machine, "bots/b/x.txt", b"hello")
+            .await
+            .unwrap();
+        // A variable the test process certainly has (CARGO) must not reach the command.
+        let request = ExecRequest {
+            command: "pwd; cat x.txt; echo \"[${CARGO:-}]\"; echo \"$EXTRA\"".into(),
+            cwd: "bots/b".into(),
+            env: vec![("EXTRA".into(), "given".into())],
+            timeout: std::time::Duration::from_secs(10),
+        };
+        let out = provider.exec(&machine, &request).await.unwrap();
+        let home = dir.path().join("homes/team-s/bots/b");
+        assert_eq!(out.exit_code, 0, "{out:?}");
+        assert_eq!(out.stdout, format!("{}\nhello[]\ngiven\n", home.display()));
+        let escape = ExecRequest {
+            cwd: "../".into(),
+            ..request
+        };
+        assert!(matches!(
+            provider.exec(&machine, &escape).await,
+            Err(ProviderError::PathRejected(_))
+        ));
+    }
+}

@@ -1,0 +1,878 @@
+//! [`DesktopRuntime`]: the screens of one machine, one per active bot, each on a display slot.
+//!
+//! A slot runs Xvfb (`:display`, 1280x800x24), a window manager and the bot's Chromium on its
+//! persistent profile. Every (re)assignment and every teardown bumps the slot's generation.
+//! Teardown announces the ended generation on [`DesktopRuntime::subscribe`] first, then revokes
+//! the slot's gateway capabilities, then stops the processes; only then is the slot free. A
+//! teardown that fails leaves the slot reserved (not reusable) until a retry succeeds.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use rakazo_actors::provider::{Action, Frame};
+use tokio::sync::{Mutex, broadcast};
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+
+use super::browser::{LOCK_FILES, chromium_args, profile_dir};
+use super::capture::{XDisplay, x_err};
+use super::command::{
+    CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script,
+};
+use super::gateway::{Capability, Gateway, Policy};
+use super::{DesktopError, check_id, shell_quote};
+
+/// Screen size of every display.
+pub const SCREEN_WIDTH: u32 = 1280;
+/// Screen height of every display.
+pub const SCREEN_HEIGHT: u32 = 800;
+/// How long Xvfb gets to accept connections.
+const XVFB_READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new browser gets to map its first window.
+const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
+/// First look, interval and limit of the wait for a new browser's screen to stop changing.
+const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
+const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
+const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long Chromium gets to save its session and cookies on SIGTERM.
+const BROWSER_STOP_GRACE: Duration = Duration::from_secs(8);
+/// How long Xvfb and the window manager get on SIGTERM.
+const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
+/// Display numbers tried before giving up on finding a free one.
+const DISPLAY_SEARCH: u32 = 64;
+
+/// How a batch waits for the screen to stop changing.
+#[derive(Clone, Copy, Debug)]
+pub struct Settle {
+    /// Pause before the first look, so applications can react.
+    pub first_delay: Duration,
+    /// Pause between looks.
+    pub interval: Duration,
+    /// Give up and return the latest frame after this long.
+    pub timeout: Duration,
+}
+
+impl Default for Settle {
+    fn default() -> Self {
+        Self {
+            first_delay: Duration::from_millis(50),
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// X display numbers of one host, shared by every runtime whose displays live there.
+#[derive(Debug)]
+pub struct DisplayPool {
+    /// First display number (`:1` by default).
+    first: u32,
+    /// Numbers in use by us, or found in use by someone else.
+    taken: StdMutex<BTreeSet<u32>>,
+}
+
+impl DisplayPool {
+    /// A pool handing out `:first` upward.
+    pub fn new(first: u32) -> Arc<Self> {
+        Arc::new(Self {
+            first,
+            taken: StdMutex::new(BTreeSet::new()),
+        })
+    }
+
+    fn claim(&self) -> Option<u32> {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let n = (self.first..self.first + DISPLAY_SEARCH).find(|n| !taken.contains(n))?;
+        taken.insert(n);
+        Some(n)
+    }
+
+    fn release(&self, n: u32) {
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+    }
+}
+
+/// What a runtime needs to know about its machine.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// The workspace root on the machine (profiles live under it).
+    pub workspace: PathBuf,
+    /// A private directory on the machine for logs, the window manager's home and gateway sockets.
+    pub run_dir: PathBuf,
+    /// Most active screens at once; 0 = no limit (`SANDBOX_TEAM_SCREEN_LIMIT`).
+    pub screen_limit: usize,
+    /// X display numbers to use.
+    pub displays: Arc<DisplayPool>,
+    /// The gateway's TCP port on the machine.
+    pub gateway_port: u16,
+    /// How batches settle.
+    pub settle: Settle,
+}
+
+/// Announced when a slot generation ends, before the slot can be reused: every capability and
+/// connection of `slot` granted at `ended` or earlier must be closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Teardown {
+    /// The display slot.
+    pub slot: u32,
+    /// The generation that ended.
+    pub ended: u64,
+    /// The slot's generation from now on.
+    pub generation: u64,
+    /// The bot whose screen it was.
+    pub bot_id: String,
+}
+
+/// A bot's open screen, as callers see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScreenHandle {
+    /// Display slot (ports and capabilities are per slot).
+    pub slot: u32,
+    /// The slot's current generation.
+    pub generation: u64,
+    /// X display number (`:display`).
+    pub display: u32,
+}
+
+/// A frame and its hash.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// The PNG frame.
+    pub frame: Frame,
+    /// Hash of the pixels; equal to the previous observation's when nothing changed.
+    pub hash: u64,
+}
+
+/// The outcome of a batch.
+#[derive(Clone, Debug)]
+pub struct ActResult {
+    /// How many actions completed, in order.
+    pub completed: usize,
+    /// Why the next action failed, if one did.
+    pub error: Option<String>,
+    /// The settled screen after the batch.
+    pub observation: Observation,
+}
+
+/// The processes and connection of one bot's screen.
+struct Screen {
+    bot_id: String,
+    /// [`TAG_VAR`] value of every process of this screen, for the final sweep.
+    tag: String,
+    display: u32,
+    xvfb: Option<u32>,
+    wm: Option<u32>,
+    browser: Option<u32>,
+    /// The persistent X connection for capture and input.
+    x: Option<Arc<StdMutex<XDisplay>>>,
+    /// When the screen was last observed or acted on (eviction picks the oldest).
+    last_used: Instant,
+    /// Operations in progress; a screen with any is not idle.
+    busy: Arc<AtomicUsize>,
+}
+
+enum SlotState {
+    Free,
+    Active(Box<Screen>),
+    /// Teardown failed; the slot stays out of use until a retry stops what is left.
+    Reserved(Box<Screen>),
+}
+
+struct Slot {
+    generation: u64,
+    state: SlotState,
+}
+
+struct Table {
+    slots: Vec<Slot>,
+    /// Bots whose screen a user controls (never evicted).
+    controlled: HashSet<String>,
+}
+
+impl Table {
+    fn slot_of(&self, bot_id: &str) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| matches!(&s.state, SlotState::Active(sc) if sc.bot_id == bot_id))
+    }
+
+    fn reserved_of(&self, bot_id: &str) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| matches!(&s.state, SlotState::Reserved(sc) if sc.bot_id == bot_id))
+    }
+
+    fn occupied(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| !matches!(s.state, SlotState::Free))
+            .count()
+    }
+}
+
+/// The screens of one machine.
+pub struct DesktopRuntime {
+    runner: Arc<dyn CommandRunner>,
+    config: RuntimeConfig,
+    gateway: Gateway,
+    table: Mutex<Table>,
+    events: broadcast::Sender<Teardown>,
+    /// Whether the browser must run without its sandbox (we are root); probed once.
+    as_root: tokio::sync::OnceCell<bool>,
+}
+
+impl DesktopRuntime {
+    /// A runtime with no screens yet; nothing starts until the first [`Self::open_screen`].
+    pub fn new(runner: Arc<dyn CommandRunner>, config: RuntimeConfig) -> Self {
+        let gateway = Gateway::new(runner.clone(), config.run_dir.clone(), config.gateway_port);
+        let (events, _) = broadcast::channel(64);
+        Self {
+            runner,
+            config,
+            gateway,
+            table: Mutex::new(Table {
+                slots: Vec::new(),
+                controlled: HashSet::new(),
+            }),
+            events,
+            as_root: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Teardown announcements, sent before a slot is reused.
+    pub fn subscribe(&self) -> broadcast::Receiver<Teardown> {
+        self.events.subscribe()
+    }
+
+    /// The machine's screen gateway.
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateway
+    }
+
+    /// Marks whether a user controls `bot_id`'s screen; controlled screens are never evicted.
+    pub async fn set_controlled(&self, bot_id: &str, controlled: bool) {
+        let mut table = self.table.lock().await;
+        if controlled {
+            table.controlled.insert(bot_id.to_string());
+        } else {
+            table.controlled.remove(bot_id);
+        }
+    }
+
+    /// The bot's screen, if one is open.
+    pub async fn screen(&self, bot_id: &str) -> Option<ScreenHandle> {
+        let table = self.table.lock().await;
+        table.slot_of(bot_id).map(|i| handle(&table.slots[i], i))
+    }
+
+    /// Every open screen by bot.
+    pub async fn screens(&self) -> HashMap<String, ScreenHandle> {
+        let table = self.table.lock().await;
+        let mut out = HashMap::new();
+        for (i, slot) in table.slots.iter().enumerate() {
+            if let SlotState::Active(sc) = &slot.state {
+                out.insert(sc.bot_id.clone(), handle(slot, i));
+            }
+        }
+        out
+    }
+
+    /// Opens `bot_id`'s screen (display, window manager and browser), or returns the open one
+    /// after making sure its browser still runs. At the screen limit the oldest idle screen no
+    /// user controls is torn down first; if there is none, [`DesktopError::MultiScreenUnavailable`].
+    pub async fn open_screen(&self, bot_id: &str) -> Result<ScreenHandle, DesktopError> {
+        check_id(bot_id)?;
+        let mut table = self.table.lock().await;
+        if let Some(i) = table.slot_of(bot_id) {
+            self.ensure_browser(&mut table, i).await?;
+            return Ok(handle(&table.slots[i], i));
+        }
+        self.retry_reserved(&mut table).await;
+        if table.reserved_of(bot_id).is_some() {
+            // Its old browser may still hold the profile: starting another would fight it.
+            return Err(DesktopError::Stack(
+                "the bot's previous screen could not be torn down yet".into(),
+            ));
+        }
+        let limit = self.config.screen_limit;
+        if limit > 0 && table.occupied() >= limit {
+            let victim = table
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| match &s.state {
+                    SlotState::Active(sc)
+                        if !table.controlled.contains(&sc.bot_id)
+                            && sc.busy.load(Ordering::SeqCst) == 0 =>
+                    {
+                        Some((sc.last_used, i))
+                    }
+                    _ => None,
+                })
+                .min()
+                .map(|(_, i)| i);
+            let Some(victim) = victim else {
+                tracing::info!(
+                    bot.id = bot_id,
+                    screen.limit = limit,
+                    "desktop.screen.refused"
+                );
+                return Err(DesktopError::MultiScreenUnavailable);
+            };
+            tracing::info!(
+                screen.slot = victim,
+                bot.id = bot_id,
+                "desktop.screen.evicting"
+            );
+            self.teardown(&mut table, victim).await?;
+            if table.occupied() >= limit {
+                return Err(DesktopError::MultiScreenUnavailable);
+            }
+        }
+        let i = match table
+            .slots
+            .iter()
+            .position(|s| matches!(s.state, SlotState::Free))
+        {
+            Some(i) => i,
+            None => {
+                table.slots.push(Slot {
+                    generation: 0,
+                    state: SlotState::Free,
+                });
+                table.slots.len() - 1
+            }
+        };
+        let mut screen = self.start_stack(bot_id).await?;
+        if let Err(e) = self.start_browser(&mut screen).await {
+            let _ = self.stop_screen(&mut screen).await;
+            return Err(e);
+        }
+        let slot = &mut table.slots[i];
+        slot.generation += 1;
+        tracing::info!(
+            screen.slot = i,
+            screen.generation = slot.generation,
+            screen.display = screen.display,
+            bot.id = bot_id,
+            "desktop.screen.started"
+        );
+        slot.state = SlotState::Active(Box::new(screen));
+        Ok(handle(slot, i))
+    }
+
+    /// Tears down `bot_id`'s screen; its profile stays in the workspace. Closing a bot with no
+    /// screen succeeds.
+    pub async fn close_screen(&self, bot_id: &str) -> Result<(), DesktopError> {
+        let mut table = self.table.lock().await;
+        self.retry_reserved(&mut table).await;
+        match table.slot_of(bot_id) {
+            Some(i) => self.teardown(&mut table, i).await,
+            None if table.reserved_of(bot_id).is_some() => Err(DesktopError::Stack(
+                "the bot's screen teardown is still failing".into(),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Tears down every screen and stops the gateway (machine stop).
+    pub async fn shutdown(&self) -> Result<(), DesktopError> {
+        let mut table = self.table.lock().await;
+        let mut failure = None;
+        for i in 0..table.slots.len() {
+            if matches!(table.slots[i].state, SlotState::Active(_))
+                && let Err(e) = self.teardown(&mut table, i).await
+            {
+                failure = Some(e);
+            }
+        }
+        self.retry_reserved(&mut table).await;
+        if table.occupied() > 0 && failure.is_none() {
+            failure = Some(DesktopError::Stack(
+                "some screens could not be torn down".into(),
+            ));
+        }
+        if let Err(e) = self.gateway.shutdown().await {
+            failure = Some(e);
+        }
+        if failure.is_none() {
+            let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
+            self.runner
+                .run(&sweep_script(&prefix), SCRIPT_TIMEOUT)
+                .await?;
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Retries the teardown of reserved slots; returns how many are still reserved.
+    pub async fn retry_teardowns(&self) -> usize {
+        let mut table = self.table.lock().await;
+        self.retry_reserved(&mut table).await;
+        table
+            .slots
+            .iter()
+            .filter(|s| matches!(s.state, SlotState::Reserved(_)))
+            .count()
+    }
+
+    /// Grants a view or control capability on the bot's screen through the gateway.
+    pub async fn grant(&self, bot_id: &str, policy: Policy) -> Result<Capability, DesktopError> {
+        let table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        self.gateway
+            .grant(i as u32, table.slots[i].generation, screen.display, policy)
+            .await
+    }
+
+    /// A screenshot of the bot's screen.
+    pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
+        let (x, _busy) = self.use_screen(bot_id).await?;
+        tokio::task::spawn_blocking(move || {
+            let x = x.lock().unwrap_or_else(|e| e.into_inner());
+            let raw = x.grab()?;
+            Ok(Observation {
+                frame: Frame {
+                    png: raw.encode_png()?,
+                    width: raw.width,
+                    height: raw.height,
+                },
+                hash: raw.hash,
+            })
+        })
+        .await
+        .map_err(|e| DesktopError::X(format!("capture task: {e}")))?
+    }
+
+    /// Applies `actions` in order, waits for the screen to settle and returns the frame. A
+    /// failing action stops the batch; the result says how many completed and why.
+    pub async fn act(&self, bot_id: &str, actions: &[Action]) -> Result<ActResult, DesktopError> {
+        let (x, _busy) = self.use_screen(bot_id).await?;
+        let actions = actions.to_vec();
+        let settle = self.config.settle;
+        tokio::task::spawn_blocking(move || {
+            let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
+            let (completed, error) = match x.apply_batch(&actions) {
+                Ok(()) => (actions.len(), None),
+                Err(DesktopError::Action { index, reason }) => (index, Some(reason)),
+                Err(e) => (0, Some(e.to_string())),
+            };
+            let raw = x.settle(settle.first_delay, settle.interval, settle.timeout)?;
+            Ok(ActResult {
+                completed,
+                error,
+                observation: Observation {
+                    frame: Frame {
+                        png: raw.encode_png()?,
+                        width: raw.width,
+                        height: raw.height,
+                    },
+                    hash: raw.hash,
+                },
+            })
+        })
+        .await
+        .map_err(|e| DesktopError::X(format!("input task: {e}")))?
+    }
+
+    /// The display connection of the bot's screen, marking it used and busy.
+    async fn use_screen(
+        &self,
+        bot_id: &str,
+    ) -> Result<(Arc<StdMutex<XDisplay>>, BusyGuard), DesktopError> {
+        let mut table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        screen.last_used = Instant::now();
+        let x = screen
+            .x
+            .clone()
+            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        screen.busy.fetch_add(1, Ordering::SeqCst);
+        Ok((x, BusyGuard(screen.busy.clone())))
+    }
+
+    /// Ends slot `i`'s generation: announce, revoke capabilities, stop processes. On failure
+    /// the slot is reserved for a retry.
+    async fn teardown(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
+        let slot = &mut table.slots[i];
+        let SlotState::Active(mut screen) = std::mem::replace(&mut slot.state, SlotState::Free)
+        else {
+            return Ok(());
+        };
+        let ended = slot.generation;
+        slot.generation += 1;
+        let _ = self.events.send(Teardown {
+            slot: i as u32,
+            ended,
+            generation: slot.generation,
+            bot_id: screen.bot_id.clone(),
+        });
+        let result = match self.gateway.revoke_slot(i as u32).await {
+            Ok(()) => self.stop_screen(&mut screen).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, "desktop.screen.torn_down");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, error = %e, "desktop.screen.teardown_failed");
+                table.slots[i].state = SlotState::Reserved(screen);
+                Err(e)
+            }
+        }
+    }
+
+    async fn retry_reserved(&self, table: &mut Table) {
+        for i in 0..table.slots.len() {
+            if !matches!(table.slots[i].state, SlotState::Reserved(_)) {
+                continue;
+            }
+            let SlotState::Reserved(mut screen) =
+                std::mem::replace(&mut table.slots[i].state, SlotState::Free)
+            else {
+                continue;
+            };
+            let result = match self.gateway.revoke_slot(i as u32).await {
+                Ok(()) => self.stop_screen(&mut screen).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.screen.torn_down")
+                }
+                Err(e) => {
+                    tracing::warn!(screen.slot = i, bot.id = %screen.bot_id, error = %e, "desktop.screen.teardown_failed");
+                    table.slots[i].state = SlotState::Reserved(screen);
+                }
+            }
+        }
+    }
+
+    /// Stops a screen's processes, browser first (so it saves its session), clearing each pid
+    /// once it is gone. The display number returns to the pool when all are gone.
+    async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        screen.x = None;
+        if let Some(pid) = screen.browser {
+            self.runner.stop(pid, BROWSER_STOP_GRACE).await?;
+            screen.browser = None;
+        }
+        if let Some(pid) = screen.wm {
+            self.runner.stop(pid, STACK_STOP_GRACE).await?;
+            screen.wm = None;
+        }
+        // What left the process groups (crash handlers, dialogs) goes by its tag.
+        let out = self
+            .runner
+            .run(&sweep_script(&screen.tag), SCRIPT_TIMEOUT)
+            .await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(
+                "could not sweep the screen's processes".into(),
+            ));
+        }
+        if let Some(pid) = screen.xvfb {
+            self.runner.stop(pid, STACK_STOP_GRACE).await?;
+            screen.xvfb = None;
+            self.config.displays.release(screen.display);
+        }
+        Ok(())
+    }
+
+    fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {
+        let mut env = tagged_env(tag);
+        env.push(("DISPLAY".into(), format!(":{display}")));
+        env.push(("HOME".into(), home.to_string()));
+        env
+    }
+
+    /// Starts Xvfb on a free display number and the window manager on it.
+    async fn start_stack(&self, bot_id: &str) -> Result<Screen, DesktopError> {
+        let run_dir = self.config.run_dir.to_string_lossy().into_owned();
+        let prepare = format!(
+            "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q}\n\
+             printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
+             printf '%s\\n' 'background: none' > {q}/wm/.fluxbox/overlay\n",
+            q = shell_quote(&run_dir),
+            init = FLUXBOX_INIT
+                .iter()
+                .map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm"))))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        let out = self.runner.run(&prepare, SCRIPT_TIMEOUT).await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(format!(
+                "run directory: {}",
+                out.stderr.trim()
+            )));
+        }
+        let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
+        for _ in 0..DISPLAY_SEARCH {
+            let display = self
+                .config
+                .displays
+                .claim()
+                .ok_or_else(|| DesktopError::Stack("no free X display number".into()))?;
+            // A live server owns this number (someone else's): keep it claimed and move on.
+            let check = format!(
+                "lock=/tmp/.X{display}-lock\n\
+                 if [ -e \"$lock\" ]; then pid=$(tr -d ' \\n' < \"$lock\" 2>/dev/null)\n\
+                   s=$(ps -o stat= -p \"$pid\" 2>/dev/null) && [ \"${{s#Z}}\" = \"$s\" ] && exit 3\n\
+                 fi\n\
+                 rm -f \"$lock\" /tmp/.X11-unix/X{display}\n"
+            );
+            let out = self.runner.run(&check, SCRIPT_TIMEOUT).await?;
+            if out.exit_code == 3 {
+                continue;
+            }
+            let xvfb = self
+                .runner
+                .spawn(&SpawnSpec {
+                    argv: [
+                        "Xvfb".to_string(),
+                        format!(":{display}"),
+                        "-screen".into(),
+                        "0".into(),
+                        format!("{SCREEN_WIDTH}x{SCREEN_HEIGHT}x24"),
+                        "-nolisten".into(),
+                        "tcp".into(),
+                        "-noreset".into(),
+                    ]
+                    .to_vec(),
+                    env: tagged_env(&tag),
+                    log: format!("{run_dir}/xvfb-{display}.log"),
+                    ..Default::default()
+                })
+                .await?;
+            let mut screen = Screen {
+                bot_id: bot_id.to_string(),
+                tag: tag.clone(),
+                display,
+                xvfb: Some(xvfb),
+                wm: None,
+                browser: None,
+                x: None,
+                last_used: Instant::now(),
+                busy: Arc::new(AtomicUsize::new(0)),
+            };
+            match connect_when_ready(display, XVFB_READY_TIMEOUT).await {
+                Ok(x) => screen.x = Some(Arc::new(StdMutex::new(x))),
+                Err(e) => {
+                    let _ = self.stop_screen(&mut screen).await;
+                    return Err(e);
+                }
+            }
+            let wm = self
+                .runner
+                .spawn(&SpawnSpec {
+                    argv: vec!["fluxbox".into()],
+                    env: self.env(&tag, display, &format!("{run_dir}/wm")),
+                    log: format!("{run_dir}/wm-{display}.log"),
+                    ..Default::default()
+                })
+                .await;
+            match wm {
+                Ok(pid) => screen.wm = Some(pid),
+                Err(e) => {
+                    let _ = self.stop_screen(&mut screen).await;
+                    return Err(e);
+                }
+            }
+            return Ok(screen);
+        }
+        Err(DesktopError::Stack("no free X display number".into()))
+    }
+
+    /// Restarts the browser of slot `i` if it is gone.
+    async fn ensure_browser(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            return Ok(());
+        };
+        if let Some(pid) = screen.browser
+            && self.runner.is_running(pid).await?
+        {
+            return Ok(());
+        }
+        tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.browser.restarting");
+        self.start_browser(screen).await
+    }
+
+    /// Starts the bot's Chromium on its profile and waits for its first window.
+    async fn start_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        let workspace = self.config.workspace.to_string_lossy().into_owned();
+        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        let profile_s = profile.to_string_lossy().into_owned();
+        let locks: Vec<String> = LOCK_FILES
+            .iter()
+            .map(|f| shell_quote(&format!("{profile_s}/{f}")))
+            .collect();
+        let out = self
+            .runner
+            .run(
+                &format!(
+                    "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u",
+                    locks.join(" "),
+                    p = shell_quote(&profile_s)
+                ),
+                SCRIPT_TIMEOUT,
+            )
+            .await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(format!(
+                "browser profile: {}",
+                out.stderr.trim()
+            )));
+        }
+        let mut lines = out.stdout.lines();
+        let fresh = lines.next() == Some("fresh");
+        let uid = lines.next().unwrap_or_default().trim().to_string();
+        let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
+        let mut argv = vec!["chromium".to_string()];
+        argv.extend(chromium_args(
+            &profile,
+            SCREEN_WIDTH,
+            SCREEN_HEIGHT,
+            as_root,
+        ));
+        if fresh {
+            // A new profile opens a blank page rather than the new-tab page, which keeps
+            // loading without a network and resets the address bar when it gives up.
+            argv.push("about:blank".into());
+        }
+        let log = format!(
+            "{}/browser-{}.log",
+            self.config.run_dir.to_string_lossy(),
+            screen.display
+        );
+        let mut env = self.env(&screen.tag, screen.display, &workspace);
+        // Chromium's own config and cache outside the profile stay out of the workspace.
+        let run_dir = self.config.run_dir.to_string_lossy();
+        env.push(("XDG_CONFIG_HOME".into(), format!("{run_dir}/xdg-config")));
+        env.push(("XDG_CACHE_HOME".into(), format!("{run_dir}/xdg-cache")));
+        let pid = self
+            .runner
+            .spawn(&SpawnSpec {
+                argv,
+                env,
+                cwd: workspace.clone(),
+                log,
+            })
+            .await?;
+        screen.browser = Some(pid);
+        let x = screen
+            .x
+            .clone()
+            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let started = Instant::now();
+        loop {
+            let x2 = x.clone();
+            let clients = tokio::task::spawn_blocking(move || {
+                client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+            })
+            .await
+            .map_err(|e| DesktopError::X(format!("window task: {e}")))??;
+            if clients > 0 {
+                break;
+            }
+            if started.elapsed() > BROWSER_WINDOW_TIMEOUT || !self.runner.is_running(pid).await? {
+                return Err(DesktopError::Stack(
+                    "the browser did not open a window".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Let the first page finish loading: a page that replaces the address bar's contents
+        // would swallow what the first batch types there.
+        tokio::task::spawn_blocking(move || {
+            x.lock().unwrap_or_else(|e| e.into_inner()).settle(
+                BROWSER_QUIET_DELAY,
+                BROWSER_QUIET_INTERVAL,
+                BROWSER_QUIET_TIMEOUT,
+            )
+        })
+        .await
+        .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
+        tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
+        Ok(())
+    }
+}
+
+/// The window manager's settings: no toolbar, no wallpaper (whose failure would pop up a
+/// dialog that takes the focus), new windows focused.
+const FLUXBOX_INIT: &[&str] = &[
+    "session.screen0.toolbar.visible: false",
+    "session.screen0.focusNewWindows: true",
+    "session.styleOverlay: {home}/.fluxbox/overlay",
+];
+
+fn tagged_env(tag: &str) -> Vec<(String, String)> {
+    let mut env = minimal_env();
+    env.push((TAG_VAR.into(), tag.to_string()));
+    env
+}
+
+fn handle(slot: &Slot, i: usize) -> ScreenHandle {
+    let display = match &slot.state {
+        SlotState::Active(sc) | SlotState::Reserved(sc) => sc.display,
+        SlotState::Free => 0,
+    };
+    ScreenHandle {
+        slot: i as u32,
+        generation: slot.generation,
+        display,
+    }
+}
+
+/// Decrements a screen's busy count when an operation ends.
+struct BusyGuard(Arc<AtomicUsize>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn connect_when_ready(display: u32, timeout: Duration) -> Result<XDisplay, DesktopError> {
+    let started = Instant::now();
+    loop {
+        match tokio::task::spawn_blocking(move || XDisplay::connect(display)).await {
+            Ok(Ok(x)) => return Ok(x),
+            Ok(Err(e)) if started.elapsed() > timeout => return Err(e),
+            Err(e) => return Err(DesktopError::X(format!("connect task: {e}"))),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// How many client windows the window manager lists (`_NET_CLIENT_LIST`).
+fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
+    let atom = x
+        .conn
+        .intern_atom(true, b"_NET_CLIENT_LIST")
+        .map_err(x_err)?
+        .reply()
+        .map_err(x_err)?
+        .atom;
+    if atom == 0 {
+        return Ok(0);
+    }
+    let reply = x
+        .conn
+        .get_property(false, x.root, atom, AtomEnum::WINDOW, 0, 1024)
+        .map_err(x_err)?
+        .reply()
+        .map_err(x_err)?;
+    Ok(reply.value_len as usize)
+}

@@ -1,0 +1,471 @@
+//! The shared desktop runtime against real Xvfb, fluxbox, Chromium, x11vnc and websockify.
+//!
+//! Needs the packages of `scripts/install-desktop-deps.sh`. Tests run one at a time (each
+//! starts several browsers on a 2-core machine) and use their own X display numbers.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use rakazo::desktop::DesktopError;
+use rakazo::desktop::command::{CommandRunner, HostRunner, sweep_script};
+use rakazo::desktop::gateway::{Policy, free_local_port};
+use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
+use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use rakazo_actors::provider::{
+    Action, Button, ExecOutput, ExecRequest, MachineSpec, ProviderError, SandboxProvider,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// One test at a time: each runs real browsers.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long a browser gets to fetch a page after an action.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Kills every process the test's runtimes started, even when the test fails halfway.
+struct Sweep(std::path::PathBuf);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        let script = sweep_script(&format!("{}/", self.0.display()));
+        let _ = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .status();
+    }
+}
+
+fn require_tools() {
+    for tool in ["Xvfb", "fluxbox", "chromium", "x11vnc", "websockify"] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+            .unwrap_or(false);
+        assert!(
+            found,
+            "{tool} is missing: run scripts/install-desktop-deps.sh"
+        );
+    }
+}
+
+/// A request the fixture site saw.
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    cookie: Option<String>,
+}
+
+/// A tiny HTTP site on loopback that records every request.
+struct Fixture {
+    port: u16,
+    seen: Arc<StdMutex<Vec<Seen>>>,
+}
+
+const FORM_PAGE: &str = r#"<!doctype html><html><body style="margin:0">
+<input id="f" autofocus style="position:fixed;left:0;top:0;width:100vw;height:100vh;font-size:48px;border:0">
+<script>
+document.getElementById('f').addEventListener('input', e => {
+  fetch('/typed?v=' + encodeURIComponent(e.target.value));
+});
+</script></body></html>"#;
+
+impl Fixture {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    break;
+                };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let cookie = head
+                        .lines()
+                        .find_map(|l| {
+                            l.strip_prefix("Cookie: ")
+                                .or_else(|| l.strip_prefix("cookie: "))
+                        })
+                        .map(str::to_string);
+                    log.lock().unwrap().push(Seen {
+                        path: path.clone(),
+                        cookie,
+                    });
+                    let (extra, body) = if let Some(who) = path.strip_prefix("/set/") {
+                        (
+                            format!("Set-Cookie: session={who}; Max-Age=86400; Path=/\r\n"),
+                            format!("<h1>set {who}</h1>"),
+                        )
+                    } else if path.starts_with("/form/") {
+                        (String::new(), FORM_PAGE.to_string())
+                    } else {
+                        (String::new(), format!("<h1>{path}</h1>"))
+                    };
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nCache-Control: no-store\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Self { port, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Waits until a request matches `pred` and returns it.
+    async fn wait_for(&self, what: &str, pred: impl Fn(&Seen) -> bool) -> Seen {
+        let started = Instant::now();
+        loop {
+            if let Some(s) = self.seen.lock().unwrap().iter().find(|s| pred(s)) {
+                return s.clone();
+            }
+            assert!(
+                started.elapsed() < PAGE_TIMEOUT,
+                "the fixture never saw {what}; saw {:?}",
+                self.seen.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The batch that makes a browser go to `url` through its address bar.
+fn navigate(url: &str) -> Vec<Action> {
+    vec![
+        Action::Key {
+            keys: "ctrl+l".into(),
+        },
+        // The address bar takes the focus asynchronously; keys sent before that reach the page.
+        Action::Wait { ms: 300 },
+        Action::Type { text: url.into() },
+        // Drops any inline autocompletion before going.
+        Action::Key {
+            keys: "Delete".into(),
+        },
+        Action::Key {
+            keys: "Return".into(),
+        },
+    ]
+}
+
+/// Navigates `bot`'s browser to `path` of the site and waits until the request arrived and the
+/// page stopped changing; returns what the site saw.
+async fn go(runtime: &DesktopRuntime, site: &Fixture, bot: &str, path: &str) -> Seen {
+    let done = runtime.act(bot, &navigate(&site.url(path))).await.unwrap();
+    assert_eq!(done.completed, 5, "{:?}", done.error);
+    let _ = std::fs::write(
+        std::env::temp_dir().join(format!("desktop-go-{bot}.png")),
+        &done.observation.frame.png,
+    );
+    let seen = site
+        .wait_for(&format!("{bot}'s {path}"), |s| s.path == path)
+        .await;
+    let mut last = runtime.observe(bot).await.unwrap().hash;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let next = runtime.observe(bot).await.unwrap().hash;
+        if next == last {
+            break;
+        }
+        last = next;
+    }
+    seen
+}
+
+fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig {
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
+    RuntimeConfig {
+        workspace: dir.join("workspace"),
+        run_dir: dir.join("run"),
+        screen_limit: limit,
+        displays: DisplayPool::new(first_display),
+        gateway_port: free_local_port().unwrap(),
+        settle: Settle::default(),
+    }
+}
+
+/// Reads the first websocket message from the gateway for `token`, if any comes.
+async fn gateway_greeting(port: u16, token: &str) -> Option<Vec<u8>> {
+    let url = format!("ws://127.0.0.1:{port}/websockify?token={token}");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+    match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        Ok(Some(Ok(msg))) if msg.is_binary() || msg.is_text() => Some(msg.into_data().to_vec()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let site = Fixture::start().await;
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir.path(), 41, 0),
+    );
+    let mut events = runtime.subscribe();
+
+    // Two bots, two displays, two browsers.
+    let a = runtime.open_screen("bot-a").await.unwrap();
+    let b = runtime.open_screen("bot-b").await.unwrap();
+    assert_ne!(a.slot, b.slot);
+    assert_ne!(a.display, b.display);
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-a")
+            .is_dir()
+    );
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-b")
+            .is_dir()
+    );
+
+    // A gets a cookie; B does not have it.
+    go(&runtime, &site, "bot-a", "/set/a").await;
+    let seen = go(&runtime, &site, "bot-a", "/check/a-1").await;
+    assert_eq!(seen.cookie.as_deref(), Some("session=a"));
+    let seen = go(&runtime, &site, "bot-b", "/check/b-1").await;
+    assert_eq!(seen.cookie, None, "bot-b sees bot-a's cookie");
+
+    // A click into a text field and typing reach the page.
+    go(&runtime, &site, "bot-b", "/form/1").await;
+    let typed = "Hello, Rakazo 42!";
+    let batch = [
+        Action::Click {
+            x: 640,
+            y: 500,
+            button: Button::Left,
+            double: false,
+        },
+        Action::Type { text: typed.into() },
+    ];
+    let result = runtime.act("bot-b", &batch).await.unwrap();
+    assert_eq!(result.completed, 2, "{:?}", result.error);
+    assert_eq!(
+        (
+            result.observation.frame.width,
+            result.observation.frame.height
+        ),
+        (1280, 800)
+    );
+    assert!(result.observation.frame.png.starts_with(b"\x89PNG"));
+    let expected = format!("/typed?v={}", "Hello%2C%20Rakazo%2042!");
+    site.wait_for("the typed value", |s| s.path == expected)
+        .await;
+
+    // Identical consecutive frames hash alike; a failing action reports progress.
+    let first = runtime.observe("bot-b").await.unwrap();
+    let second = runtime.observe("bot-b").await.unwrap();
+    assert_eq!(first.hash, second.hash);
+    let bad = [
+        Action::Move { x: 10, y: 10 },
+        Action::Move { x: 5000, y: 10 },
+        Action::Move { x: 20, y: 20 },
+    ];
+    let result = runtime.act("bot-b", &bad).await.unwrap();
+    assert_eq!(result.completed, 1);
+    assert!(result.error.unwrap().contains("outside"));
+
+    // A view capability reaches x11vnc through the gateway.
+    let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
+    assert_eq!((cap.slot, cap.generation), (a.slot, a.generation));
+    let greeting = gateway_greeting(cap.port, cap.token.expose())
+        .await
+        .expect("no greeting through the gateway");
+    assert!(
+        greeting.starts_with(b"RFB 003.008"),
+        "{:?}",
+        String::from_utf8_lossy(&greeting)
+    );
+    let socket = dir.path().join("run/gateway").join(cap.token.expose());
+    assert!(socket.exists());
+
+    // Teardown announces the ended generation, removes the socket, and the slot's next bot
+    // cannot be reached with the old token.
+    runtime.close_screen("bot-a").await.unwrap();
+    let event = events.try_recv().expect("no teardown event");
+    assert_eq!(
+        (event.slot, event.ended, event.bot_id.as_str()),
+        (a.slot, a.generation, "bot-a")
+    );
+    assert!(event.generation > a.generation);
+    assert!(!socket.exists());
+    let c = runtime.open_screen("bot-c").await.unwrap();
+    assert_eq!(c.slot, a.slot, "the freed slot is reused");
+    assert!(c.generation > event.generation - 1);
+    let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
+    assert_eq!(
+        gateway_greeting(cap.port, cap.token.expose()).await,
+        None,
+        "an old token reached the recycled slot"
+    );
+
+    // Reopened in another slot, bot-a still has its cookie and its restored session.
+    let a2 = runtime.open_screen("bot-a").await.unwrap();
+    assert_ne!(a2.slot, a.slot);
+    let restored = site
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path == "/check/a-1")
+        .count();
+    let seen = go(&runtime, &site, "bot-a", "/check/a-2").await;
+    assert_eq!(
+        seen.cookie.as_deref(),
+        Some("session=a"),
+        "bot-a lost its cookie"
+    );
+    assert!(
+        restored >= 2,
+        "the restarted browser did not restore its last tab"
+    );
+
+    runtime.shutdown().await.unwrap();
+    assert!(
+        dir.path()
+            .join("workspace/.browser-profiles/bot-a")
+            .is_dir(),
+        "profiles are kept"
+    );
+}
+
+#[tokio::test]
+async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let provider = DesktopProvider::new(DesktopProviderConfig {
+        homes_root: dir.path().join("homes"),
+        run_root: dir.path().join("run"),
+        screen_limit: 1,
+        first_display: 51,
+        environment: "test".into(),
+    })
+    .unwrap();
+    let spec = MachineSpec {
+        computer_id: "c1".into(),
+        space_id: "s1".into(),
+        bot_id: None,
+        home_key: "team-s1".into(),
+    };
+    let machine = provider.provision(&spec).await.unwrap();
+    let runtime = provider.runtime(&machine).await.unwrap();
+
+    provider.open_screen(&machine, "bot-1").await.unwrap();
+    runtime.set_controlled("bot-1", true).await;
+    let refused = provider.open_screen(&machine, "bot-2").await;
+    assert_eq!(refused, Err(ProviderError::MultiScreenUnavailable));
+    let shell = ExecRequest {
+        command: "echo shell-ok".into(),
+        cwd: String::new(),
+        env: vec![],
+        timeout: Duration::from_secs(10),
+    };
+    assert_eq!(
+        provider.exec(&machine, &shell).await.unwrap().stdout,
+        "shell-ok\n"
+    );
+
+    runtime.set_controlled("bot-1", false).await;
+    let screen = provider.open_screen(&machine, "bot-2").await.unwrap();
+    let open = runtime.screens().await;
+    assert_eq!(
+        open.keys().collect::<Vec<_>>(),
+        vec!["bot-2"],
+        "bot-1 was not evicted"
+    );
+    assert_eq!(screen.slot, 0);
+    let frame = provider.observe(&machine, "bot-2").await.unwrap();
+    assert!(frame.png.starts_with(b"\x89PNG"));
+
+    provider.stop(&machine).await.unwrap();
+}
+
+/// A host runner whose `stop` can be made to fail.
+struct FlakyStop {
+    inner: HostRunner,
+    fail: AtomicBool,
+}
+
+#[async_trait]
+impl CommandRunner for FlakyStop {
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.inner.run(script, timeout).await
+    }
+
+    async fn stop(&self, pid: u32, grace: Duration) -> Result<(), DesktopError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(DesktopError::Stack("injected failure".into()));
+        }
+        let out = self
+            .inner
+            .run(
+                &format!("kill -TERM {pid}; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true"),
+                grace,
+            )
+            .await?;
+        assert_eq!(out.exit_code, 0);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let runner = Arc::new(FlakyStop {
+        inner: HostRunner::minimal(),
+        fail: AtomicBool::new(false),
+    });
+    let runtime = DesktopRuntime::new(runner.clone(), runtime_config(dir.path(), 61, 0));
+
+    let x = runtime.open_screen("bot-x").await.unwrap();
+    runner.fail.store(true, Ordering::SeqCst);
+    assert!(runtime.close_screen("bot-x").await.is_err());
+    assert!(runtime.screen("bot-x").await.is_none());
+    let y = runtime.open_screen("bot-y").await.unwrap();
+    assert_ne!(y.slot, x.slot, "a reserved slot was reused");
+    assert!(
+        runtime.open_screen("bot-x").await.is_err(),
+        "bot-x reopened while its old browser may run"
+    );
+    assert_eq!(runtime.retry_teardowns().await, 1);
+
+    runner.fail.store(false, Ordering::SeqCst);
+    assert_eq!(runtime.retry_teardowns().await, 0);
+    let x2 = runtime.open_screen("bot-x").await.unwrap();
+    assert_eq!(x2.slot, x.slot);
+    assert!(x2.generation > x.generation + 1);
+    let all: HashMap<_, _> = runtime.screens().await;
+    assert_eq!(all.len(), 2);
+    runtime.shutdown().await.unwrap();
+}

@@ -17,6 +17,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# Real screens: Xvfb, x11vnc, websockify + noVNC, fluxbox, Chromium and the reference tools.
+scripts/install-desktop-deps.sh
+scripts/install-screen-deps.sh >/dev/null
+export RAKAZO_REQUIRE_REAL_SCREEN=1
+
 # A private Postgres cluster on a loopback port, owned by the postgres user.
 source scripts/lib/postgres.sh
 start_test_postgres

@@ -70,7 +70,7 @@ async fn revisions_round_trip_and_only_the_last_ones_are_kept() {
         let archive = Tar::new()
             .file("notes.txt", format!("rev {rev}").as_bytes())
             .bytes();
-        s.save(&h, rev, &archive).await.unwrap();
+        s.save(&h, rev, &archive, true).await.unwrap();
     }
     assert_eq!(s.revisions(&h).await.unwrap(), vec![3, 4, 5]);
     assert_eq!(s.load(&h, 2).await, Err(StoreError::NotFound));
@@ -96,7 +96,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     };
     let s = store(dir.path(), limits);
     let h = home("team-b");
-    s.save(&h, 1, &Tar::new().file("keep.txt", b"good").bytes())
+    s.save(&h, 1, &Tar::new().file("keep.txt", b"good").bytes(), true)
         .await
         .unwrap();
     let many = (0..11).fold(Tar::new(), |t, i| t.file(&format!("f{i}"), b"x"));
@@ -149,7 +149,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
         ),
     ];
     for (what, archive) in cases {
-        let outcome = s.save(&h, 2, &archive).await;
+        let outcome = s.save(&h, 2, &archive, true).await;
         assert!(
             matches!(outcome, Err(StoreError::Rejected(_))),
             "{what}: {outcome:?}"
@@ -182,9 +182,9 @@ async fn a_tampered_stored_revision_is_refused() {
     let (a, b) = (home("a"), home("b"));
     let big: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
     let archive = Tar::new().file("data.bin", &big).bytes();
-    s.save(&a, 1, &archive).await.unwrap();
-    s.save(&a, 2, &archive).await.unwrap();
-    s.save(&b, 1, &archive).await.unwrap();
+    s.save(&a, 1, &archive, true).await.unwrap();
+    s.save(&a, 2, &archive, true).await.unwrap();
+    s.save(&b, 1, &archive, true).await.unwrap();
     let path = |h: &str, rev: i64| {
         dir.path()
             .join(format!("home-revisions/storage-{h}/{rev}.sealed"))
@@ -270,7 +270,7 @@ async fn crash_child() {
         .file("a.txt", b"new a")
         .file("b.txt", b"new b")
         .bytes();
-    let _ = s.save(&home("crash"), 2, &archive).await;
+    let _ = s.save(&home("crash"), 2, &archive, true).await;
 }
 
 #[actix_rt::test]
@@ -282,7 +282,7 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
             .file("a.txt", b"old a")
             .file("only-old.txt", b"old")
             .bytes();
-        s.save(&home("crash"), 1, &old).await.unwrap();
+        s.save(&home("crash"), 1, &old, true).await.unwrap();
         let status = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env("RAKAZO_CRASH_CHILD_DIR", dir.path())
@@ -300,7 +300,7 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
         );
         // And the next save succeeds normally.
         let new = Tar::new().file("a.txt", b"new a").bytes();
-        s.save(&home("crash"), 2, &new).await.unwrap();
+        s.save(&home("crash"), 2, &new, true).await.unwrap();
         assert_eq!(read(&latest.join("a.txt")), "new a");
     }
 }

@@ -128,7 +128,8 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let archive = provider.export_workspace(&msg.machine).await?;
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
-    rt.homes.save(&home, revision, &archive).await?;
+    let mounted = provider.describe().capabilities.mounted_home;
+    rt.homes.save(&home, revision, &archive, !mounted).await?;
     home_revision::ActiveModel {
         id: Set(new_id()),
         computer_id: Set(computer_id.into()),

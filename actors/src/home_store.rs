@@ -55,9 +55,16 @@ impl From<StoreError> for crate::DomainError {
 /// verified; callers serialize saves per computer (the checkpoint actor).
 #[async_trait]
 pub trait HomeStore: Send + Sync + 'static {
-    /// Seal and store `archive` (a workspace tar) as `revision`, make it the latest copy, then
+    /// Seal and store `archive` (a workspace tar) as `revision`, make it the latest unpacked
+    /// copy when `replace_latest` (not when a machine works in that copy directly), then
     /// forget revisions older than the store's retention. A refused archive changes nothing.
-    async fn save(&self, home: &HomeId, revision: i64, archive: &[u8]) -> Result<(), StoreError>;
+    async fn save(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: &[u8],
+        replace_latest: bool,
+    ) -> Result<(), StoreError>;
     /// Load and verify a stored revision (the plaintext tar).
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError>;
     /// Kept revisions, oldest first.

@@ -27,6 +27,9 @@ pub struct Capabilities {
     pub page_browser: bool,
     /// The vendor bills while the machine runs (uptime cap applies).
     pub bills_while_running: bool,
+    /// The machine's workspace is the store's latest copy itself (`DATA_DIR/homes/<key>`,
+    /// mounted or on this host): checkpoints seal a revision but never replace that copy.
+    pub mounted_home: bool,
 }
 
 /// The provider's self-description.

@@ -83,6 +83,10 @@ fn program(spec: &SpawnSpec) -> &str {
 }
 
 /// `alive PID`: true for a live process, false for a missing or zombie one.
+/// Whether any process of the group led by `$1` is still running (zombies do not count).
+const GROUP_ALIVE_FN: &str =
+    r#"group_alive() { ps -o stat= -g "$1" 2>/dev/null | grep -qv '^Z'; }"#;
+
 const ALIVE_FN: &str = r#"alive() { s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }"#;
 
 fn spawn_script(spec: &SpawnSpec) -> String {
@@ -115,9 +119,11 @@ fn spawn_script(spec: &SpawnSpec) -> String {
 
 fn stop_script(pid: u32, grace: Duration) -> String {
     let steps = (grace.as_millis() / 50).max(1);
+    // Wait for the whole group, not just its leader: Chromium's network service writes the
+    // cookie database after the browser process is gone.
     format!(
-        "{ALIVE_FN}\npid={pid}\nkill -TERM \"$pid\" 2>/dev/null\n\
-         i=0; while alive \"$pid\" && [ $i -lt {steps} ]; do sleep 0.05; i=$((i+1)); done\n\
+        "{ALIVE_FN}\n{GROUP_ALIVE_FN}\npid={pid}\nkill -TERM \"$pid\" 2>/dev/null\n\
+         i=0; while group_alive \"$pid\" && [ $i -lt {steps} ]; do sleep 0.05; i=$((i+1)); done\n\
          kill -KILL -- \"-$pid\" 2>/dev/null; kill -KILL \"$pid\" 2>/dev/null\n\
          i=0; while alive \"$pid\" && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done\n\
          alive \"$pid\" && exit 1; exit 0\n"

@@ -12,25 +12,13 @@ use std::path::{Component, Path, PathBuf};
 
 use rakazo_actors::provider::{FileEntry, ProviderError};
 
-use super::browser::PROFILES_DIR;
+use rakazo_actors::home_store::StoreError;
+
+use crate::stores::archive::{self, Limits};
+use crate::stores::local::LatestCopies;
 
 /// Largest file `read_file` returns.
 pub const MAX_READ_BYTES: u64 = 64 << 20;
-/// Largest total of file bytes an imported archive may unpack to.
-pub const MAX_IMPORT_BYTES: u64 = 16 << 30;
-/// Most entries an imported archive may hold.
-pub const MAX_IMPORT_ENTRIES: u64 = 1_000_000;
-/// Transient browser files and folders left out of exports (only inside `.browser-profiles`).
-pub const TRANSIENT_PROFILE_NAMES: &[&str] = &[
-    "Cache",
-    "Code Cache",
-    "GPUCache",
-    "GrShaderCache",
-    "ShaderCache",
-    "GraphiteDawnCache",
-    "Crashpad",
-    "component_crx_cache",
-];
 
 fn rejected(path: &str, why: &str) -> ProviderError {
     ProviderError::PathRejected(format!(
@@ -158,133 +146,26 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
     fs::write(&path, data).map_err(|e| io_err(rel, e))
 }
 
-fn is_transient(rel: &Path) -> bool {
-    let mut parts = rel.components();
-    matches!(parts.next(), Some(Component::Normal(p)) if p == PROFILES_DIR)
-        && rel
-            .file_name()
-            .is_some_and(|n| TRANSIENT_PROFILE_NAMES.iter().any(|t| n == *t))
-}
-
-/// Packs the home into a tar of its directories and regular files (symlinks, sockets and
-/// transient browser caches are left out).
+/// Packs the home into a tar of its directories and regular files (the workspace archive
+/// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left out).
 pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        let mut names: Vec<_> = fs::read_dir(&dir)
-            .map_err(|e| io_err("", e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| io_err("", e))?;
-        names.sort_by_key(|e| e.file_name());
-        for entry in names {
-            let child = rel.join(entry.file_name());
-            if is_transient(&child) {
-                continue;
-            }
-            let meta = fs::symlink_metadata(entry.path()).map_err(|e| io_err("", e))?;
-            if meta.is_dir() {
-                builder
-                    .append_dir(&child, entry.path())
-                    .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
-                stack.push(child);
-            } else if meta.is_file() {
-                let mut file = fs::File::open(entry.path()).map_err(|e| io_err("", e))?;
-                builder
-                    .append_file(&child, &mut file)
-                    .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
-            }
-        }
-    }
-    builder
-        .into_inner()
-        .map_err(|e| ProviderError::Failed(format!("export: {e}")))
+    archive::pack(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))
 }
 
-/// Unpacks `archive` into the empty directory `dest`, accepting only relative paths without
-/// `.` or `..` segments, directories and regular files, within the size and entry caps.
-pub fn unpack(archive: &[u8], dest: &Path) -> Result<(), ProviderError> {
-    let bad = |why: String| ProviderError::ArchiveRejected(why);
-    let mut tar = tar::Archive::new(archive);
-    let (mut bytes, mut count) = (0u64, 0u64);
-    for entry in tar.entries().map_err(|e| bad(e.to_string()))? {
-        let mut entry = entry.map_err(|e| bad(e.to_string()))?;
-        count += 1;
-        if count > MAX_IMPORT_ENTRIES {
-            return Err(bad(format!("more than {MAX_IMPORT_ENTRIES} entries")));
-        }
-        let raw = entry.path_bytes().into_owned();
-        let rel = std::str::from_utf8(&raw)
-            .map_err(|_| bad("path is not UTF-8".into()))?
-            .trim_end_matches('/')
-            .to_string();
-        let target = lexical_join(dest, &rel).map_err(|e| bad(e.to_string()))?;
-        if rel.is_empty() {
-            continue;
-        }
-        let kind = entry.header().entry_type();
-        if kind.is_dir() {
-            fs::create_dir_all(&target).map_err(|e| bad(e.to_string()))?;
-        } else if kind.is_file() {
-            bytes += entry.size();
-            if bytes > MAX_IMPORT_BYTES {
-                return Err(bad(format!(
-                    "unpacks to more than {MAX_IMPORT_BYTES} bytes"
-                )));
-            }
-            if let Some(parent) = target.parent() {
-                fs::create_dir_all(parent).map_err(|e| bad(e.to_string()))?;
-            }
-            let mut file = fs::File::create(&target).map_err(|e| bad(e.to_string()))?;
-            let size = entry.size();
-            std::io::copy(&mut (&mut entry).take(size), &mut file)
-                .map_err(|e| bad(e.to_string()))?;
-        } else {
-            return Err(bad(format!(
-                "entry {:?} is neither a directory nor a regular file",
-                rel.chars().take(200).collect::<String>()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Replaces the home `root` with the archive's contents: unpack into a sibling staging
-/// directory, then swap, so a refused archive leaves the home untouched.
+/// Replaces the home `root` (`<homes>/<home key>`) with the archive's contents: staged and
+/// checked completely, then swapped in, so a refused archive leaves the home untouched.
 pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
-    let parent = root
-        .parent()
-        .ok_or_else(|| ProviderError::Failed("home has no parent".into()))?;
-    let name = root
-        .file_name()
-        .ok_or_else(|| ProviderError::Failed("home has no name".into()))?
-        .to_string_lossy()
-        .into_owned();
-    let nonce = uuid::Uuid::new_v4().simple().to_string();
-    let staging = parent.join(format!(".staging-{name}-{nonce}"));
-    let old = parent.join(format!(".replaced-{name}-{nonce}"));
-    fs::create_dir_all(&staging).map_err(|e| io_err("", e))?;
-    if let Err(e) = unpack(archive, &staging) {
-        let _ = fs::remove_dir_all(&staging);
-        return Err(e);
-    }
-    let had_old = root.exists();
-    if had_old {
-        fs::rename(root, &old).map_err(|e| io_err("", e))?;
-    }
-    if let Err(e) = fs::rename(&staging, root) {
-        if had_old {
-            let _ = fs::rename(&old, root);
-        }
-        let _ = fs::remove_dir_all(&staging);
-        return Err(io_err("", e));
-    }
-    if had_old {
-        let _ = fs::remove_dir_all(&old);
-    }
-    Ok(())
+    let (Some(homes), Some(key)) = (root.parent(), root.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(ProviderError::Failed("home has no parent".into()));
+    };
+    let copies = LatestCopies::new(homes, Limits::default());
+    let to_provider = |e: StoreError| match e {
+        StoreError::Rejected(why) => ProviderError::ArchiveRejected(why),
+        other => ProviderError::Failed(other.to_string()),
+    };
+    let staged = copies.stage(key, archive).map_err(to_provider)?;
+    copies.swap_in(key, &staged).map_err(to_provider)
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ pub struct DesktopProvider {
     config: DesktopProviderConfig,
     displays: Arc<DisplayPool>,
     machines: Mutex<HashMap<String, Arc<Machine>>>,
+    /// Machines destroyed in this process: their references never attach again (a host
+    /// directory outlives its machine, so without this a destroyed reference would revive).
+    destroyed: Mutex<std::collections::HashSet<String>>,
 }
 
 impl DesktopProvider {
@@ -70,6 +73,7 @@ impl DesktopProvider {
             config,
             displays,
             machines: Mutex::new(HashMap::new()),
+            destroyed: Mutex::new(Default::default()),
         })
     }
 
@@ -86,6 +90,9 @@ impl DesktopProvider {
     /// The machine behind `machine`, attaching to its directory if this process has not yet.
     async fn machine(&self, machine: &ProviderRef) -> ProviderResult<Arc<Machine>> {
         let home = self.home_of(&machine.0)?;
+        if self.destroyed.lock().await.contains(&machine.0) {
+            return Err(ProviderError::MachineGone);
+        }
         let mut machines = self.machines.lock().await;
         if let Some(m) = machines.get(&machine.0) {
             return Ok(m.clone());
@@ -147,6 +154,7 @@ impl SandboxProvider for DesktopProvider {
                 terminal: false,
                 page_browser: false,
                 bills_while_running: false,
+                mounted_home: true,
             },
         }
     }
@@ -155,6 +163,7 @@ impl SandboxProvider for DesktopProvider {
         let home = self.home_of(&spec.home_key)?;
         std::fs::create_dir_all(&home).map_err(|e| ProviderError::Failed(format!("home: {e}")))?;
         let machine = ProviderRef(spec.home_key.clone());
+        self.destroyed.lock().await.remove(&machine.0);
         self.machine(&machine).await?;
         Ok(machine)
     }
@@ -172,7 +181,9 @@ impl SandboxProvider for DesktopProvider {
 
     async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {
         self.home_of(&machine.0)?;
-        self.detach(machine).await
+        self.detach(machine).await?;
+        self.destroyed.lock().await.insert(machine.0.clone());
+        Ok(())
     }
 
     async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {

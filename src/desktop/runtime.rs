@@ -16,7 +16,7 @@ use rakazo_actors::provider::{Action, Frame};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 
-use super::browser::{LOCK_FILES, chromium_args, profile_dir};
+use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script,
@@ -37,7 +37,7 @@ const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
 const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
 const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long Chromium gets to save its session and cookies on SIGTERM.
-const BROWSER_STOP_GRACE: Duration = Duration::from_secs(8);
+const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long Xvfb and the window manager get on SIGTERM.
 const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
 /// Display numbers tried before giving up on finding a free one.
@@ -565,6 +565,16 @@ impl DesktopRuntime {
     async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
         screen.x = None;
         if let Some(pid) = screen.browser {
+            // Quit like a person would first, so cookies and the session are written; the
+            // signals below only clean up what is left.
+            let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+            let closed = self
+                .runner
+                .run(&close_script(&profile), SCRIPT_TIMEOUT)
+                .await;
+            if !closed.as_ref().is_ok_and(|o| o.exit_code == 0) {
+                tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.close_fallback");
+            }
             self.runner.stop(pid, BROWSER_STOP_GRACE).await?;
             screen.browser = None;
         }

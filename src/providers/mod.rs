@@ -9,7 +9,8 @@ use std::sync::Arc;
 use rakazo_actors::provider::SandboxProvider;
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, Environment};
+use crate::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 
 /// What the deployment's provider is, as `/internal/health` reports it.
 #[derive(Clone, Debug, Serialize)]
@@ -60,6 +61,26 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 provider: Some(fake.clone()),
                 status: ProviderStatus { sandbox: "fake".into(), setup_error: None },
                 fake: Some(fake),
+            })
+        }
+        "desktop" => {
+            let environment = match config.environment {
+                Environment::Production => "production",
+                Environment::Development => "development",
+                Environment::Test => "test",
+            };
+            let desktop = DesktopProvider::new(DesktopProviderConfig {
+                homes_root: config.data_dir.join("homes"),
+                run_root: config.data_dir.join("run").join("desktop"),
+                screen_limit: config.team_screen_limit as usize,
+                first_display: 1,
+                environment: environment.into(),
+            })
+            .map_err(|e| format!("SANDBOX_PROVIDER=desktop: {e}"))?;
+            Ok(Built {
+                provider: Some(Arc::new(desktop)),
+                status: ProviderStatus { sandbox: "desktop".into(), setup_error: None },
+                fake: None,
             })
         }
         "docker" if config.supervisor_token.is_none() => Ok(unavailable(

@@ -19,6 +19,7 @@ const TRANSIENT: &[&str] = &[
     "SingletonLock",
     "SingletonSocket",
     "SingletonCookie",
+    "DevToolsActivePort",
     "Cache",
     "Code Cache",
     "GPUCache",

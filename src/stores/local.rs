@@ -205,7 +205,9 @@ impl LocalHomeStore {
         home: &HomeId,
         revision: i64,
         archive: &[u8],
+        replace_latest: bool,
     ) -> Result<(), StoreError> {
+        // Staging checks every restore rule, also when the copy is not swapped in.
         let staged = self.latest.stage(&home.home_key, archive)?;
         let outcome = (|| {
             let sealed = seal::seal(
@@ -218,14 +220,16 @@ impl LocalHomeStore {
             );
             let dir = self.dir(&home.storage_id)?;
             write_atomic(&dir.join(format!("{revision}.sealed")), &sealed)?;
-            self.latest.swap_in(&home.home_key, &staged)?;
+            if replace_latest {
+                self.latest.swap_in(&home.home_key, &staged)?;
+            }
             let revs = Self::list(&dir)?;
             for old in revs.iter().take(revs.len().saturating_sub(self.keep)) {
                 std::fs::remove_file(dir.join(format!("{old}.sealed"))).map_err(fail)?;
             }
             Ok(())
         })();
-        if outcome.is_err() {
+        if outcome.is_err() || !replace_latest {
             let _ = std::fs::remove_dir_all(&staged);
         }
         outcome
@@ -262,9 +266,15 @@ async fn blocking<T: Send + 'static>(
 
 #[async_trait]
 impl HomeStore for LocalHomeStore {
-    async fn save(&self, home: &HomeId, revision: i64, archive: &[u8]) -> Result<(), StoreError> {
+    async fn save(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: &[u8],
+        replace_latest: bool,
+    ) -> Result<(), StoreError> {
         let (me, home, archive) = (self.clone(), home.clone(), archive.to_vec());
-        blocking(move || me.save_blocking(&home, revision, &archive)).await
+        blocking(move || me.save_blocking(&home, revision, &archive, replace_latest)).await
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {

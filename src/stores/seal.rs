@@ -147,7 +147,10 @@ pub fn open(key: &[u8; 32], binding: &Binding<'_>, sealed: &[u8]) -> Result<Vec<
     }
 }
 
-fn parse_header(sealed: &[u8]) -> Result<(&[u8], [u8; 4], &[u8]), SealError> {
+/// A parsed archive: the header bytes, the nonce prefix and the segments.
+type Parsed<'a> = (&'a [u8], [u8; 4], &'a [u8]);
+
+fn parse_header(sealed: &[u8]) -> Result<Parsed<'_>, SealError> {
     let fixed = 4 + 1 + 4 + 2;
     if sealed.len() < fixed || &sealed[..4] != MAGIC || sealed[4] != VERSION {
         return Err(SealError::BadHeader);

@@ -96,6 +96,9 @@ async fn restore_reserved(
     let rt = ctx.app.runtime();
     let home = rt.home_id(c).await?;
     let archive = rt.homes.load(&home, revision).await?;
+    let mounted = rt
+        .provider()
+        .is_ok_and(|p| p.describe().capabilities.mounted_home);
     let h = handle(ctx, c);
     if h.computer.send(CurrentMachine).await?.is_some() {
         h.computer
@@ -104,7 +107,9 @@ async fn restore_reserved(
     }
     let row = Computers::new(ctx.db().clone()).get(&c.id).await?;
     let new_revision = row.revision + 1;
-    rt.homes.save(&home, new_revision, &archive).await?;
+    rt.homes
+        .save(&home, new_revision, &archive, !mounted)
+        .await?;
     home_revision::ActiveModel {
         id: Set(new_id()),
         computer_id: Set(c.id.clone()),
@@ -164,15 +169,16 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             .send(screen::Teardown)
             .await;
     }
-    if let (Some(machine), Ok(provider)) = (h.computer.send(CurrentMachine).await?, rt.provider()) {
-        provider.destroy(&machine).await?;
-    } else if let (Some(stored), Some(kind), Ok(provider)) =
-        (&c.provider_ref, &c.provider_kind, rt.provider())
-    {
-        if *kind == provider.describe().kind {
-            provider
-                .destroy(&rakazo_actors::provider::ProviderRef(stored.clone()))
-                .await?;
+    if let Ok(provider) = rt.provider() {
+        // The live machine, or the stored one when it belongs to this provider kind.
+        let same_kind = c.provider_kind.as_deref() == Some(provider.describe().kind.as_str());
+        let stored = c
+            .provider_ref
+            .clone()
+            .filter(|_| same_kind)
+            .map(rakazo_actors::provider::ProviderRef);
+        if let Some(machine) = h.computer.send(CurrentMachine).await?.or(stored) {
+            provider.destroy(&machine).await?;
         }
     }
     let computers = Computers::new(ctx.db().clone());

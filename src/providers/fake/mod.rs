@@ -135,6 +135,7 @@ impl SandboxProvider for FakeProvider {
                 terminal: true,
                 page_browser: false,
                 bills_while_running: false,
+                mounted_home: false,
             },
         }
     }

@@ -572,7 +572,13 @@ impl DesktopRuntime {
                 .runner
                 .run(&close_script(&profile), SCRIPT_TIMEOUT)
                 .await;
-            if !closed.as_ref().is_ok_and(|o| o.exit_code == 0) {
+            // A browser that quits writes its cookie database after its window is gone: let it
+            // finish before any signal.
+            let exited = match closed {
+                Ok(o) if o.exit_code == 0 => self.runner.wait_exit(pid, BROWSER_STOP_GRACE).await?,
+                _ => false,
+            };
+            if !exited {
                 tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.close_fallback");
             }
             self.runner.stop(pid, BROWSER_STOP_GRACE).await?;

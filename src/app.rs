@@ -7,11 +7,13 @@ use actix::Arbiter;
 use rakazo_actors::events::EventBus;
 use rakazo_actors::registry::Registry;
 use rakazo_actors::runtime::{Runtime, Settings};
-use rakazo_actors::screen::NoRevoker;
 use sea_orm::DatabaseConnection;
+
+use rakazo_web_proxy::{GatewayActor, Keyring, ProxyConfig, ProxyState};
 
 use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
+use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_control_watch};
 use crate::stores::archive::Limits;
 use crate::stores::local::LocalHomeStore;
 use crate::{auth, db, keyfile};
@@ -42,6 +44,10 @@ pub struct App {
     pub provider_status: ProviderStatus,
     /// The fake provider, when it is the one in use (tests drive its hooks).
     pub fake: Option<Arc<providers::fake::FakeProvider>>,
+    /// Live screens: capabilities, routes, revocation.
+    pub screens: Screens,
+    /// The screen proxy's state (mounted by the server).
+    pub proxy: ProxyState,
     /// The arbiter the actors run on; kept alive with the app.
     _arbiter: Arbiter,
 }
@@ -80,17 +86,40 @@ impl App {
             master_key,
         });
         let arbiter = Arbiter::new();
-        let registry = Arc::new(Registry::new(
-            runtime,
-            arbiter.handle(),
-            Arc::new(NoRevoker),
-        ));
+        let screen_key = keyfile::load_or_create(
+            config.screen_secret.as_ref(),
+            &config.data_dir,
+            "screen-capability.key",
+        )
+        .map_err(StartError::Bootstrap)?;
+        let keyring = Arc::new(Keyring::new(1, &screen_key));
+        let gateway = GatewayActor::start_default();
+        let routes: Arc<RouteBook> = Arc::default();
+        spawn_control_watch(
+            &runtime.events,
+            gateway.clone(),
+            routes.clone(),
+            runtime.provider.clone(),
+        );
+        let revoker = Arc::new(GatewayRevoker::new(gateway.clone(), routes.clone()));
+        let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
+        let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
+        let proxy = ProxyState::new(
+            keyring.clone(),
+            authority,
+            gateway.clone(),
+            ProxyConfig::default(),
+        )
+        .map_err(|e| StartError::Bootstrap(format!("screen proxy: {e}")))?;
+        let screens = Screens::new(keyring, gateway, routes);
         let app = App {
             config,
             db,
             registry,
             provider_status: built.status,
             fake: built.fake,
+            screens,
+            proxy,
             _arbiter: arbiter,
         };
         Ok((Arc::new(app), operator_token))

@@ -8,6 +8,7 @@
 //! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
 //! - [`desktop`]: the shared Linux desktop runtime (Xvfb, browser, screen gateway, capture, input).
 //! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
+//! - [`screens`]: live screens for people: capabilities, routes, the proxy's authority.
 //! - [`stores`]: `HomeStore` adapters.
 //! - [`server`]: the HTTP server around [`api::configure`].
 //!
@@ -24,6 +25,7 @@ pub mod db;
 pub mod desktop;
 pub mod keyfile;
 pub mod providers;
+pub mod screens;
 pub mod server;
 pub mod stores;
 pub mod telemetry;

@@ -45,6 +45,8 @@ pub enum ErrorCode {
     TooLarge,
     /// A workspace archive broke a restore rule or failed verification.
     ArchiveRejected,
+    /// The provider does not offer this (for example live screens on the `fake` emulator).
+    Unsupported,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -72,6 +74,7 @@ impl ErrorCode {
             Self::PathRejected => "PATH_REJECTED",
             Self::TooLarge => "TOO_LARGE",
             Self::ArchiveRejected => "ARCHIVE_REJECTED",
+            Self::Unsupported => "UNSUPPORTED",
             Self::Internal => "INTERNAL",
         }
     }
@@ -90,7 +93,7 @@ impl ErrorCode {
             | Self::ComputerReserved
             | Self::RunStateConflict => 409,
             Self::TooLarge => 413,
-            Self::MultiScreenUnavailable | Self::NoProvider => 422,
+            Self::MultiScreenUnavailable | Self::NoProvider | Self::Unsupported => 422,
             Self::CommandTimeout => 504,
             Self::MachineGone | Self::ComputerUnavailable | Self::ProviderFailed => 503,
             Self::Internal => 500,

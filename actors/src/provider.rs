@@ -172,6 +172,32 @@ pub struct ScreenInfo {
     pub slot: u32,
 }
 
+/// What a person may do on a live screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScreenPolicy {
+    /// Watch only.
+    View,
+    /// Watch and send input.
+    Control,
+}
+
+/// A route to one screen through the machine's screen gateway. Both fields are secret from
+/// browsers and logs: only the screen proxy uses them, through the authority.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScreenRoute {
+    /// Base URL of the gateway as the server reaches it (`http://host:port`).
+    pub upstream: String,
+    /// The gateway's per-route socket token.
+    pub token: String,
+}
+
+impl std::fmt::Debug for ScreenRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScreenRoute([redacted])")
+    }
+}
+
 /// Provider failures, classified for the actors above.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
@@ -210,7 +236,7 @@ impl From<ProviderError> for DomainError {
             ProviderError::NotFound(_) => ErrorCode::NotFound,
             ProviderError::TooLarge(_) => ErrorCode::TooLarge,
             ProviderError::ArchiveRejected(_) => ErrorCode::ArchiveRejected,
-            ProviderError::Unsupported(_) => ErrorCode::InvalidParams,
+            ProviderError::Unsupported(_) => ErrorCode::Unsupported,
             ProviderError::Failed(_) => ErrorCode::ProviderFailed,
         };
         DomainError::new(code, err.to_string())
@@ -253,6 +279,23 @@ pub trait SandboxProvider: Send + Sync + 'static {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome>;
+    /// Open a fresh route to the bot's (open) screen for a person: its own VNC server behind
+    /// the gateway, view-only for `View`. Providers without a live screen answer
+    /// `Unsupported`.
+    async fn open_route(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        Err(ProviderError::Unsupported(
+            "this provider serves no live screens".into(),
+        ))
+    }
+    /// Close a route: its token stops working and its VNC server stops.
+    async fn close_route(&self, _machine: &ProviderRef, _token: &str) -> ProviderResult<()> {
+        Ok(())
+    }
 
     // --- execution -------------------------------------------------------------------------
 

@@ -14,11 +14,12 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ScreenPolicy, ScreenRoute,
 };
 use tokio::sync::Mutex;
 
 use super::command::{HostRunner, minimal_env};
-use super::gateway::free_local_port;
+use super::gateway::{Policy, free_local_port};
 use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
@@ -102,7 +103,8 @@ impl DesktopProvider {
         }
         let config = RuntimeConfig {
             workspace: home.clone(),
-            run_dir: self.config.run_root.join(&machine.0),
+            // Short: the gateway's unix sockets live below it (108-byte path limit).
+            run_dir: self.config.run_root.join(short_name(&machine.0)),
             screen_limit: self.config.screen_limit,
             displays: self.displays.clone(),
             gateway_port: free_local_port()?,
@@ -134,6 +136,16 @@ impl DesktopProvider {
         env.push(("TERM".into(), "dumb".into()));
         env
     }
+}
+
+/// A short, stable directory name for a machine (12 hex characters of a SHA-256).
+fn short_name(machine: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(machine.as_bytes())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 async fn blocking<T: Send + 'static>(
@@ -190,6 +202,28 @@ impl SandboxProvider for DesktopProvider {
         let m = self.machine(machine).await?;
         let screen = m.runtime.open_screen(bot_id).await?;
         Ok(ScreenInfo { slot: screen.slot })
+    }
+
+    async fn open_route(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        let m = self.machine(machine).await?;
+        let policy = match policy {
+            ScreenPolicy::View => Policy::View,
+            ScreenPolicy::Control => Policy::Control,
+        };
+        let cap = m.runtime.grant(bot_id, policy).await?;
+        Ok(ScreenRoute {
+            upstream: format!("http://127.0.0.1:{}", cap.port),
+            token: cap.token.expose().to_owned(),
+        })
+    }
+
+    async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
+        Ok(self.machine(machine).await?.runtime.revoke(token).await?)
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

@@ -432,6 +432,13 @@ impl DesktopRuntime {
             .await
     }
 
+    /// Revokes one capability: its socket goes and its VNC server stops.
+    pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
+        self.gateway
+            .revoke(&super::gateway::Token::from_secret(token))
+            .await
+    }
+
     /// A screenshot of the bot's screen.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
         let (x, _busy) = self.use_screen(bot_id).await?;

@@ -22,6 +22,12 @@ scripts/install-desktop-deps.sh
 scripts/install-screen-deps.sh >/dev/null
 export RAKAZO_REQUIRE_REAL_SCREEN=1
 
+# The ecosystem's MCP client, which the MCP test drives our endpoint with.
+if ! python3 -c "import mcp.client.streamable_http" >/dev/null 2>&1; then
+  echo "test.sh: installing the mcp package"
+  python3 -m pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
+fi
+
 # A private Postgres cluster on a loopback port, owned by the postgres user.
 source scripts/lib/postgres.sh
 start_test_postgres

@@ -46,6 +46,10 @@ pub struct App {
     pub fake: Option<Arc<providers::fake::FakeProvider>>,
     /// Live screens: capabilities, routes, revocation.
     pub screens: Screens,
+    /// Live MCP sessions.
+    pub mcp: crate::api::mcp::Sessions,
+    /// Model-context economy of the agent tools.
+    pub tools: crate::tools::Economy,
     /// The screen proxy's state (mounted by the server).
     pub proxy: ProxyState,
     /// The arbiter the actors run on; kept alive with the app.
@@ -119,6 +123,8 @@ impl App {
             provider_status: built.status,
             fake: built.fake,
             screens,
+            tools: Default::default(),
+            mcp: Default::default(),
             proxy,
             _arbiter: arbiter,
         };

@@ -10,6 +10,7 @@
 //! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
 //! - [`screens`]: live screens for people: capabilities, routes, the proxy's authority.
 //! - [`stores`]: `HomeStore` adapters.
+//! - [`tools`]: the computer tools agents call (JSON-RPC `tools/*` and MCP).
 //! - [`server`]: the HTTP server around [`api::configure`].
 //!
 //! The actors and domain rules live in the `rakazo-actors` crate; the screen proxy in
@@ -29,3 +30,4 @@ pub mod screens;
 pub mod server;
 pub mod stores;
 pub mod telemetry;
+pub mod tools;

@@ -55,6 +55,8 @@ pub enum Op {
     Act(String, Vec<Action>),
     /// Replace the whole workspace with an archive (restore of a revision).
     ImportWorkspace(Vec<u8>),
+    /// Start a graphical program on a bot's screen.
+    Launch(String, Vec<String>),
 }
 
 /// What an [`Op`] returned.
@@ -493,6 +495,10 @@ async fn run_op(
         }
         Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
         Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+        Op::Launch(bot, argv) => {
+            provider.launch(machine, &bot, &argv).await?;
+            OpOutput::Done
+        }
         Op::ImportWorkspace(archive) => {
             provider.import_workspace(machine, &archive).await?;
             OpOutput::Done

@@ -47,6 +47,8 @@ pub enum ErrorCode {
     ArchiveRejected,
     /// The provider does not offer this (for example live screens on the `fake` emulator).
     Unsupported,
+    /// The same visual action kept leaving the screen unchanged; use page tools or takeover.
+    RepeatedNoOp,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -75,6 +77,7 @@ impl ErrorCode {
             Self::TooLarge => "TOO_LARGE",
             Self::ArchiveRejected => "ARCHIVE_REJECTED",
             Self::Unsupported => "UNSUPPORTED",
+            Self::RepeatedNoOp => "REPEATED_NO_OP",
             Self::Internal => "INTERNAL",
         }
     }
@@ -91,7 +94,8 @@ impl ErrorCode {
             | Self::StopBotFirst
             | Self::ControlHeld
             | Self::ComputerReserved
-            | Self::RunStateConflict => 409,
+            | Self::RunStateConflict
+            | Self::RepeatedNoOp => 409,
             Self::TooLarge => 413,
             Self::MultiScreenUnavailable | Self::NoProvider | Self::Unsupported => 422,
             Self::CommandTimeout => 504,

@@ -292,6 +292,17 @@ pub trait SandboxProvider: Send + Sync + 'static {
             "this provider serves no live screens".into(),
         ))
     }
+    /// Start a graphical program on the bot's screen (`launch_app`, `open_path`).
+    async fn launch(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _argv: &[String],
+    ) -> ProviderResult<()> {
+        Err(ProviderError::Unsupported(
+            "this provider cannot start programs on a screen".into(),
+        ))
+    }
     /// Close a route: its token stops working and its VNC server stops.
     async fn close_route(&self, _machine: &ProviderRef, _token: &str) -> ProviderResult<()> {
         Ok(())

@@ -222,6 +222,16 @@ impl SandboxProvider for DesktopProvider {
         })
     }
 
+    async fn launch(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        argv: &[String],
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        Ok(m.runtime.launch(bot_id, argv.to_vec()).await?)
+    }
+
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
         Ok(self.machine(machine).await?.runtime.revoke(token).await?)
     }

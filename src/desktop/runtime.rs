@@ -432,6 +432,25 @@ impl DesktopRuntime {
             .await
     }
 
+    /// Starts a program on the bot's display (an app, or a file or URL handed to the bot's
+    /// browser), as the workspace user with the screen's environment; it is swept with the
+    /// screen.
+    pub async fn launch(&self, bot_id: &str, argv: Vec<String>) -> Result<(), DesktopError> {
+        let table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        let workspace = self.config.workspace.to_string_lossy().into_owned();
+        let spec = SpawnSpec {
+            argv,
+            env: self.env(&screen.tag, screen.display, &workspace),
+            cwd: workspace,
+            log: String::new(),
+        };
+        self.runner.spawn(&spec).await.map(|_| ())
+    }
+
     /// Revokes one capability: its socket goes and its VNC server stops.
     pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
         self.gateway

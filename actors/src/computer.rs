@@ -57,6 +57,8 @@ pub enum Op {
     ImportWorkspace(Vec<u8>),
     /// Start a graphical program on a bot's screen.
     Launch(String, Vec<String>),
+    /// Open a URL or workspace file in a bot's browser.
+    Open(String, String),
 }
 
 /// What an [`Op`] returned.
@@ -495,6 +497,10 @@ async fn run_op(
         }
         Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
         Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+        Op::Open(bot, target) => {
+            provider.open(machine, &bot, &target).await?;
+            OpOutput::Done
+        }
         Op::Launch(bot, argv) => {
             provider.launch(machine, &bot, &argv).await?;
             OpOutput::Done

@@ -303,6 +303,11 @@ pub trait SandboxProvider: Send + Sync + 'static {
             "this provider cannot start programs on a screen".into(),
         ))
     }
+    /// Open a URL or an absolute file path in the bot's browser (`open_path`).
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        self.launch(machine, bot_id, &["xdg-open".to_owned(), target.to_owned()])
+            .await
+    }
     /// Close a route: its token stops working and its VNC server stops.
     async fn close_route(&self, _machine: &ProviderRef, _token: &str) -> ProviderResult<()> {
         Ok(())

@@ -232,6 +232,18 @@ impl SandboxProvider for DesktopProvider {
         Ok(m.runtime.launch(bot_id, argv.to_vec()).await?)
     }
 
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        let target = if target.starts_with("http://") || target.starts_with("https://") {
+            target.to_owned()
+        } else {
+            files::resolve(&m.home, target)?
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(m.runtime.open_in_browser(bot_id, &target).await?)
+    }
+
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
         Ok(self.machine(machine).await?.runtime.revoke(token).await?)
     }

@@ -451,6 +451,22 @@ impl DesktopRuntime {
         self.runner.spawn(&spec).await.map(|_| ())
     }
 
+    /// Opens a URL or file in the bot's own browser: a second Chromium on the same profile
+    /// hands it to the running one (a new tab) and exits.
+    pub async fn open_in_browser(&self, bot_id: &str, target: &str) -> Result<(), DesktopError> {
+        let profile = profile_dir(&self.config.workspace, bot_id);
+        let as_root = *self.as_root.get().unwrap_or(&false);
+        let mut argv = vec!["chromium".to_string()];
+        argv.extend(chromium_args(
+            &profile,
+            SCREEN_WIDTH,
+            SCREEN_HEIGHT,
+            as_root,
+        ));
+        argv.push(target.to_owned());
+        self.launch(bot_id, argv).await
+    }
+
     /// Revokes one capability: its socket goes and its VNC server stops.
     pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
         self.gateway

@@ -471,9 +471,7 @@ async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     if !is_url {
         crate::providers::workspace_path::normalize(&path, false)?;
     }
-    let profile = format!("--user-data-dir=.browser-profiles/{}/", ctx.run.bot_id);
-    let argv = vec!["chromium".to_owned(), profile, path.clone()];
-    let outcome = ctx.op(Op::Launch(ctx.run.bot_id.clone(), argv)).await;
+    let outcome = ctx.op(Op::Open(ctx.run.bot_id.clone(), path.clone())).await;
     ctx.record(
         "open_path",
         format!("open {path}"),

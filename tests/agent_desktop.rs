@@ -19,6 +19,12 @@ document.getElementById('f').addEventListener('keyup', e => {
 });
 </script></body></html>"#;
 
+const FORM: &str = r#"<!doctype html><html><head><title>Sign in</title></head><body>
+<h1>Sign in</h1>
+<input id="user" placeholder="user name"><input id="pw" type="password" value="hunter2" placeholder="password">
+<button id="go" onclick="this.remove(); document.body.insertAdjacentHTML('beforeend', '<button>Go again</button>')">Go</button>
+</body></html>"#;
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -40,7 +46,11 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     let value = v.replace("%20", " ").replace("%21", "!");
                     seen.lock().unwrap().push(value);
                 }
-                let body = if path == "/" { PAGE } else { "ok" };
+                let body = match path.as_str() {
+                    "/" => PAGE,
+                    "/form" => FORM,
+                    _ => "ok",
+                };
                 let resp = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -112,6 +122,73 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         typed.lock().unwrap().last().map(String::as_str),
         Some("Hello Rakazo!")
     );
+
+    // Page tools on the same visible browser: password values are masked, a ref made stale by
+    // the page is refused rather than retargeted.
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_navigate",
+        json!({ "url": format!("{site}/form") }),
+    )
+    .await;
+    let snap =
+        tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
+    assert_eq!(snap["title"], "Sign in");
+    assert!(
+        !snap.to_string().contains("hunter2"),
+        "a password leaked: {snap}"
+    );
+    let elements = snap["elements"].as_array().unwrap();
+    let by_name = |n: &str| {
+        elements
+            .iter()
+            .find(|e| e["name"].as_str().unwrap_or("").contains(n))
+            .unwrap()["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (user, go) = (by_name("user name"), by_name("Go"));
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": user, "action": "type", "text": "alice" }),
+    )
+    .await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": go, "action": "click" }),
+    )
+    .await;
+    let stale = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "browser_act",
+                                           "arguments": { "ref": go, "action": "click" } }),
+        )
+        .await;
+    assert_eq!(
+        stale["structuredContent"]["error"]["code"], "STALE_REF",
+        "{stale}"
+    );
+    let after =
+        tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
+    let user_value = after["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "user name")
+        .unwrap()["value"]
+        .clone();
+    assert_eq!(user_value, "alice");
+    assert!(after["text"].as_str().unwrap().contains("Sign in"));
 
     // Shell and files on the same computer.
     tool(

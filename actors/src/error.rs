@@ -49,6 +49,10 @@ pub enum ErrorCode {
     Unsupported,
     /// The same visual action kept leaving the screen unchanged; use page tools or takeover.
     RepeatedNoOp,
+    /// A page-browser ref is stale: the page changed since the snapshot (nothing was done).
+    StaleRef,
+    /// A page-browser action failed; the message says which steps were confirmed.
+    PageActionFailed,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -78,6 +82,8 @@ impl ErrorCode {
             Self::ArchiveRejected => "ARCHIVE_REJECTED",
             Self::Unsupported => "UNSUPPORTED",
             Self::RepeatedNoOp => "REPEATED_NO_OP",
+            Self::StaleRef => "STALE_REF",
+            Self::PageActionFailed => "PAGE_ACTION_FAILED",
             Self::Internal => "INTERNAL",
         }
     }
@@ -95,9 +101,13 @@ impl ErrorCode {
             | Self::ControlHeld
             | Self::ComputerReserved
             | Self::RunStateConflict
-            | Self::RepeatedNoOp => 409,
+            | Self::RepeatedNoOp
+            | Self::StaleRef => 409,
             Self::TooLarge => 413,
-            Self::MultiScreenUnavailable | Self::NoProvider | Self::Unsupported => 422,
+            Self::MultiScreenUnavailable
+            | Self::NoProvider
+            | Self::Unsupported
+            | Self::PageActionFailed => 422,
             Self::CommandTimeout => 504,
             Self::MachineGone | Self::ComputerUnavailable | Self::ProviderFailed => 503,
             Self::Internal => 500,

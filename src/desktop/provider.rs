@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenPolicy, ScreenRoute,
 };
 use tokio::sync::Mutex;
 
@@ -56,6 +56,8 @@ pub struct DesktopProvider {
     /// Machines destroyed in this process: their references never attach again (a host
     /// directory outlives its machine, so without this a destroyed reference would revive).
     destroyed: Mutex<std::collections::HashSet<String>>,
+    /// DevTools connections of the page-browser tools, by machine and bot.
+    pages: Mutex<super::cdp::Connections>,
 }
 
 impl DesktopProvider {
@@ -75,6 +77,7 @@ impl DesktopProvider {
             displays,
             machines: Mutex::new(HashMap::new()),
             destroyed: Mutex::new(Default::default()),
+            pages: Mutex::new(Default::default()),
         })
     }
 
@@ -242,6 +245,36 @@ impl SandboxProvider for DesktopProvider {
                 .into_owned()
         };
         Ok(m.runtime.open_in_browser(bot_id, &target).await?)
+    }
+
+    async fn browser(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        let m = self.machine(machine).await?;
+        let key = format!("{}/{bot_id}", machine.0);
+        let mut pages = self.pages.lock().await;
+        // A connection from an earlier browser (restarted, closed) is replaced once.
+        for attempt in 0..2 {
+            if !pages.contains_key(&key) {
+                let profile = super::browser::profile_dir(&m.home, bot_id);
+                pages.insert(key.clone(), super::cdp::Cdp::connect(&profile).await?);
+            }
+            let cdp = pages.get_mut(&key).expect("inserted above");
+            match super::page::run(cdp, command).await {
+                Err(super::DesktopError::Browser(msg))
+                    if attempt == 0 && msg.contains("DevTools connection") =>
+                {
+                    pages.remove(&key);
+                }
+                other => return Ok(other?),
+            }
+        }
+        Err(ProviderError::PageAction(
+            "the browser's DevTools connection keeps closing".into(),
+        ))
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {

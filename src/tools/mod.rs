@@ -12,7 +12,7 @@ use base64::Engine;
 use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, Op, OpOutput};
 use rakazo_actors::entity::run;
-use rakazo_actors::provider::{Action, ExecRequest, Frame};
+use rakazo_actors::provider::{Action, BrowserCommand, ExecRequest, Frame};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
@@ -143,6 +143,7 @@ async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value
         "open_path" => open_path(ctx, a).await,
         "launch_app" => launch_app(ctx, a).await,
         "request_takeover" => request_takeover(ctx, a).await,
+        "browser_navigate" | "browser_snapshot" | "browser_act" => browser(ctx, name, a).await,
         other => Err(DomainError::invalid(format!("unknown tool `{other}`"))),
     }
 }
@@ -552,4 +553,22 @@ async fn request_takeover(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         )],
         json!({ "state": run.state, "reason": why }),
     ))
+}
+
+async fn browser(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value> {
+    let mut a = if a.is_null() { json!({}) } else { a };
+    let Value::Object(m) = &mut a else {
+        return Err(DomainError::invalid("arguments must be an object"));
+    };
+    m.insert("command".into(), json!(name.trim_start_matches("browser_")));
+    let command: BrowserCommand = serde_json::from_value(a)
+        .map_err(|e| DomainError::invalid(format!("invalid arguments: {e}")))?;
+    open_screen(ctx).await?;
+    let OpOutput::Json(v) = ctx.op(Op::Browser(ctx.run.bot_id.clone(), command)).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    Ok(ok(vec![text(v.to_string())], v))
 }

@@ -67,6 +67,24 @@ pub fn definitions() -> Vec<Value> {
             json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": { "path": path } }),
         ),
         tool(
+            "browser_navigate",
+            "Load an http(s) URL in your browser's active tab and wait for it.",
+            json!({ "type": "object", "required": ["url"], "additionalProperties": false, "properties": {
+                "url": { "type": "string" } } }),
+        ),
+        tool(
+            "browser_snapshot",
+            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked). Frames need the desktop tools.",
+            json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+        ),
+        tool(
+            "browser_act",
+            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value) or press a key. A stale ref is refused; nothing is replayed.",
+            json!({ "type": "object", "required": ["ref", "action"], "additionalProperties": false, "properties": {
+                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press"] },
+                "text": { "type": "string" } } }),
+        ),
+        tool(
             "request_takeover",
             "Ask a person to take over your screen (a login, 2FA, a CAPTCHA, or a judgement call). Your run waits until they release control.",
             json!({ "type": "object", "additionalProperties": false, "properties": { "reason": { "type": "string" } } }),

@@ -25,11 +25,11 @@ fn crash_point(name: &str) {
     }
 }
 
-fn fail(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn fail(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(e.to_string())
 }
 
-fn safe_name(s: &str) -> Result<&str, StoreError> {
+pub(crate) fn safe_name(s: &str) -> Result<&str, StoreError> {
     let ok = !s.is_empty()
         && s.len() <= 128
         && s.chars()

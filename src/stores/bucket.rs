@@ -1,5 +1,5 @@
 //! Builds the S3-compatible bucket client from `OBJECT_STORAGE_*`: path-style addressing,
-//! HTTPS through rustls (ring provider), plain HTTP only for an endpoint on loopback.
+//! HTTPS through rustls (aws-lc-rs), plain HTTP only for an endpoint on loopback.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -30,8 +30,6 @@ fn loopback_http(url: &reqwest::Url) -> bool {
 
 /// The bucket client for `cfg`.
 pub fn open(cfg: &ObjectStorage) -> Result<Arc<dyn ObjectStore>, BucketError> {
-    // reqwest is built without a default crypto provider; ring is the process's one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = AmazonS3Builder::new()
         .with_bucket_name(&cfg.bucket)
         .with_region(&cfg.region);

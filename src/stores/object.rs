@@ -242,9 +242,13 @@ impl HomeStore for ObjectHomeStore {
                 Bytes::from(seal::seal(&key, &binding, &archive))
             })
         };
-        let (staged, sealed) = (staging.await.map_err(fail)?, sealing.await.map_err(fail)?);
-        let staged = staged?;
-        if let Err(e) = self.upload(&path, sealed).await {
+        // A refused archive returns here; the sealing thread's result is dropped.
+        let staged = staging.await.map_err(fail)??;
+        let uploaded = match sealing.await {
+            Ok(sealed) => self.upload(&path, sealed).await,
+            Err(e) => Err(fail(e)),
+        };
+        if let Err(e) = uploaded {
             let _ = std::fs::remove_dir_all(&staged);
             return Err(e);
         }

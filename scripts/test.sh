@@ -33,5 +33,9 @@ source scripts/lib/postgres.sh
 start_test_postgres
 export RAKAZO_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:${RAKAZO_PG_PORT}/postgres"
 
+# A moto S3 server on a loopback port for the object-store tests (sets RAKAZO_TEST_S3_ENDPOINT).
+source scripts/lib/moto.sh
+start_test_s3
+
 cd "$here"
 cargo test --workspace "$@"

@@ -413,6 +413,12 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         long,
     )
     .await;
+    cdp.wait_for(
+        "view screen after release",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
     cdp.click(&format!("{card} [data-action=take]")).await;
     cdp.wait_for(
         "stop the bot first",
@@ -446,6 +452,57 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         long,
     )
     .await;
+
+    cdp.wait_for(
+        "control screen after takeover",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-dock=browser]")).await;
+    cdp.shot("08-taken-over-dock-hidden").await;
+
+    // 8. Refusals: a refused capability shows the fixed reason and Retry in place of the
+    // screen; a frame that never reports past `loading` fails after 15 seconds.
+    cdp.eval(
+        "(async () => {
+            const { Screen } = await import('/assets/screen.js');
+            for (const [id, url] of [['refused', '/screen/not-a-capability/vnc.html'], ['silent', '/internal/health']]) {
+                const stage = document.createElement('div');
+                stage.className = 'stage';
+                stage.id = 'probe-' + id;
+                stage.style.width = '400px';
+                document.getElementById('bot-list').append(stage);
+                new Screen(stage, 'probe', async () => url).open();
+            }
+            return true;
+        })()",
+    )
+    .await;
+    let refused = cdp
+        .wait_for(
+            "refusal reason",
+            "document.getElementById('probe-refused').dataset.screen === 'failed' && document.querySelector('#probe-refused [data-role=screen-message]').textContent",
+            long,
+        )
+        .await;
+    assert_eq!(refused, json!("The screen did not respond."));
+    assert_eq!(
+        cdp.eval("!!document.querySelector('#probe-refused [data-action=retry]')")
+            .await,
+        json!(true)
+    );
+    let began = Instant::now();
+    cdp.wait_for(
+        "watchdog",
+        "document.getElementById('probe-silent').dataset.screen === 'failed' && !!document.querySelector('#probe-silent [data-action=retry]')",
+        Duration::from_secs(25),
+    )
+    .await;
+    assert!(began.elapsed() >= Duration::from_secs(10));
+    cdp.eval("document.getElementById('probe-silent').scrollIntoView(); true")
+        .await;
+    cdp.shot("09-refused-and-watchdog").await;
 
     let problems: Vec<&String> = cdp
         .logs

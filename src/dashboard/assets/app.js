@@ -136,7 +136,7 @@ class BotView {
     this.holder = null;
     this.runState = null;
     this.notice = el("p", { class: "notice", role: "status" });
-    this.runBadge = el("span", { class: "state", "data-role": "run" }, "idle");
+    this.runBadge = el("span", { class: "state", "data-role": "run", hidden: true });
     this.controlBadge = el("span", { class: "muted", "data-role": "control" });
     this.takeBtn = el("button", { class: "primary", "data-action": "take", onclick: () => this.take() }, "Take control");
     this.releaseBtn = el("button", { "data-action": "release", hidden: true, onclick: () => this.release() }, "Release");
@@ -230,7 +230,8 @@ class BotView {
 
   onRun(run) {
     this.runState = run.state;
-    this.runBadge.textContent = run.state.replace("_", " ");
+    this.runBadge.hidden = false;
+    this.runBadge.textContent = run.state.replaceAll("_", " ");
     this.runBadge.dataset.state = run.state;
     this.root.classList.toggle("waiting", run.state === "waiting_takeover");
     if (run.state === "waiting_takeover") this.say("The bot is waiting for you to take over.");

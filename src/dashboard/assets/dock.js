@@ -58,7 +58,12 @@ class FilesWindow {
   }
   pause() { clearInterval(this.timer); this.timer = null; }
 
-  say(text, bad = false) { this.message.textContent = text; this.message.classList.toggle("error", bad); }
+  say(text, bad = false) {
+    this.message.textContent = text;
+    this.message.classList.toggle("error", bad);
+    clearTimeout(this.sayTimer);
+    if (text) this.sayTimer = setTimeout(() => { this.message.textContent = ""; }, 8000);
+  }
 
   setControl(mine) {
     this.upload.disabled = !mine;

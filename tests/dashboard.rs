@@ -16,9 +16,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-type Socket = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// Headless Chromium; killed (by its own pid) when dropped.
 struct Browser {
@@ -69,7 +68,10 @@ impl Browser {
             {
                 break port;
             }
-            assert!(Instant::now() < deadline, "chromium wrote no DevToolsActivePort");
+            assert!(
+                Instant::now() < deadline,
+                "chromium wrote no DevToolsActivePort"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         Browser {
@@ -161,11 +163,7 @@ impl Cdp {
             Some("Runtime.consoleAPICalled") => {
                 let args: Vec<String> = p["args"]
                     .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|x| x["value"].to_string())
-                            .collect::<Vec<_>>()
-                    })
+                    .map(|a| a.iter().map(|x| x["value"].to_string()).collect::<Vec<_>>())
                     .unwrap_or_default();
                 self.logs
                     .push(format!("console.{}: {}", p["type"], args.join(" ")));

@@ -510,3 +510,116 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     assert!(problems.is_empty(), "page problems: {problems:?}");
     drop(browser);
 }
+
+/// With the computer stopped, the Files window lists and previews the stored workspace and
+/// download is refused with a clear message (on the `fake` provider, whose computers have no
+/// live screens: the screen shows its reason instead of a blank frame).
+#[actix_rt::test]
+async fn stopped_computer_files_in_headless_chromium() {
+    let Some(bin) = chromium() else {
+        assert!(std::env::var("CI").is_err(), "CI must install chromium");
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = bots[0].clone();
+    let card = format!("[data-bot=\"{bot}\"]");
+    let uploads = format!("bots/{bot}/uploads");
+    // Boot the computer, leave a file in the bot's folder, stop the computer.
+    let (run, fence) = s.start_run(&bot).await;
+    s.exec(&run, fence, "true").await.expect("exec");
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let up = s
+        .ok(
+            "files.upload",
+            json!({ "botId": bot, "name": "kept.txt", "contentBase64": "a2VwdCBhZnRlciBzdG9wCg==" }),
+        )
+        .await;
+    assert!(up["path"].as_str().unwrap().ends_with("uploads/kept.txt"));
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": control["fence"] }),
+    )
+    .await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.ok("computer.stop", json!({ "computerId": computer }))
+        .await;
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    let long = Duration::from_secs(60);
+    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    cdp.wait_for(
+        "sign-in form",
+        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
+        long,
+    )
+    .await;
+    cdp.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
+        json!(s.operator_token)
+    ))
+    .await;
+    cdp.wait_for(
+        "bot card",
+        &format!("!!document.querySelector('{card}')"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-dock=files]")).await;
+    cdp.wait_for(
+        "stored listing",
+        &format!(
+            "document.querySelector('{card} [data-window=files]').dataset.live === 'false' && !!document.querySelector('{card} [data-entry=bots]')"
+        ),
+        long,
+    )
+    .await;
+    for dir in ["bots".to_owned(), format!("bots/{bot}"), uploads.clone()] {
+        let sel = format!("{card} [data-entry=\"{dir}\"]");
+        cdp.wait_for(
+            "folder",
+            &format!("!!document.querySelector('{sel}')"),
+            long,
+        )
+        .await;
+        cdp.click(&sel).await;
+    }
+    let entry = format!("{card} [data-entry=\"{uploads}/kept.txt\"]");
+    cdp.wait_for(
+        "stored file",
+        &format!("!!document.querySelector('{entry}')"),
+        long,
+    )
+    .await;
+    cdp.click(&entry).await;
+    cdp.wait_for(
+        "stored preview",
+        &format!(
+            "(document.querySelector('{card} [data-role=text]')?.textContent || '').includes('kept after stop')"
+        ),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-action=download]")).await;
+    cdp.wait_for(
+        "download refused",
+        &format!(
+            "(document.querySelector('{card} [data-role=files-message]')?.textContent || '').includes('Download needs a running computer')"
+        ),
+        long,
+    )
+    .await;
+    cdp.shot("10-stopped-computer-files").await;
+    drop(browser);
+}

@@ -158,6 +158,12 @@ class BotView {
       const c = await rpc("computer.forBot", { botId: this.bot.id });
       this.computerId = c.id;
       if (!state.computers.has(c.id)) { state.computers.set(c.id, c); renderComputers(); }
+      // Watching must not wake a computer that was stopped (it has a stored revision): Retry does.
+      if (c.state === "stopped" && c.revision > 0) {
+        this.screen.fail("stopped");
+        this.activity.load();
+        return;
+      }
     } catch (e) { this.say(e.message, true); }
     this.screen.open();
     this.activity.load();
@@ -255,7 +261,10 @@ class BotView {
     this.dock.onCommand();
   }
 
-  onComputerState(s) { this.dock.onComputerState(s); }
+  onComputerState(s) {
+    this.dock.onComputerState(s);
+    if (s === "running" && this.screen.state !== "connected" && this.screen.state !== "opening") this.screen.open();
+  }
 }
 
 function renderComputers() {

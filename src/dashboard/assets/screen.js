@@ -7,6 +7,7 @@ export const REASONS = {
   failed: "The screen did not respond.",
   disconnected: "The screen disconnected.",
   unavailable: "The screen is not available.",
+  stopped: "The computer is stopped. Retry starts it.",
 };
 /** How long a frame may stay silent or at `loading` before it counts as failed. */
 export const WATCHDOG_MS = 15000;

@@ -6,7 +6,6 @@
 //! Run: `scripts/bench.sh tools`.
 
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::app::App;
@@ -22,7 +21,12 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
 }
 
 fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
-    let (r50, r95, a50, a95) = (percentile(raw.clone(), 0.5), percentile(raw, 0.95), percentile(rpc.clone(), 0.5), percentile(rpc, 0.95));
+    let (r50, r95, a50, a95) = (
+        percentile(raw.clone(), 0.5),
+        percentile(raw, 0.95),
+        percentile(rpc.clone(), 0.5),
+        percentile(rpc, 0.95),
+    );
     println!(
         "{label}: raw p50 {r50:.2} ms p95 {r95:.2} ms | rpc p50 {a50:.2} ms p95 {a95:.2} ms | overhead p50 +{:.2} ms (ratio {:.2})",
         a50 - r50,
@@ -30,9 +34,24 @@ fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
     );
 }
 
-async fn rpc(http: &reqwest::Client, base: &str, token: &str, method: &str, params: Value) -> Value {
+async fn rpc(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    params: Value,
+) -> Value {
     let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let v: Value = http.post(format!("{base}/rpc")).bearer_auth(token).json(&body).send().await.unwrap().json().await.unwrap();
+    let v: Value = http
+        .post(format!("{base}/rpc"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(v.get("error").is_none(), "{method}: {v}");
     v["result"].clone()
 }

@@ -6,6 +6,7 @@
 //! - [`auth`]: bearer tokens and the operator token.
 //! - [`app`]: wiring of database, provider, stores and actors.
 //! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
+//! - [`dashboard`]: the web dashboard's static files, served at `/`.
 //! - [`desktop`]: the shared Linux desktop runtime (Xvfb, browser, screen gateway, capture, input).
 //! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
 //! - [`screens`]: live screens for people: capabilities, routes, the proxy's authority.
@@ -22,6 +23,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod dashboard;
 pub mod db;
 pub mod desktop;
 pub mod keyfile;

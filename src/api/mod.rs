@@ -30,7 +30,8 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
                     .route(web::post().to(mcp::post))
                     .route(web::delete().to(mcp::delete))
                     .route(web::get().to(mcp::get)),
-            );
+            )
+            .configure(crate::dashboard::configure);
     }
 }
 

@@ -1,0 +1,190 @@
+// The dock over a bot's screen: the Files window (browse, preview, upload, download), the Terminal window, the browser button.
+import { el, rpc } from "./app.js";
+
+const REFRESH_MS = 4000;
+const MAX_UPLOAD = 8 * 1024 * 1024;
+
+function human(n) {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / 1024 / 1024).toFixed(1)} MiB`;
+}
+
+function toBase64(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(String(r.result).replace(/^data:[^,]*,/, ""));
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+}
+
+/** The Files window: the bot's workspace, also from the stored copy when the computer is stopped. */
+class FilesWindow {
+  constructor(bot) {
+    this.bot = bot;
+    this.path = "";
+    this.live = false;
+    this.selected = null;
+    this.timer = null;
+    this.busy = false;
+    this.pathLabel = el("span", { class: "path", "data-role": "path" }, "/");
+    this.list = el("ul", { "data-role": "entries" });
+    this.preview = el("div", { "data-role": "preview" });
+    this.message = el("span", { "data-role": "files-message", role: "status" });
+    this.upload = el("input", { type: "file", "data-role": "upload", onchange: () => this.onUpload() });
+    this.uploadHint = el("span", { class: "muted" }, "Take control to upload.");
+    this.download = el("button", { "data-action": "download", onclick: () => this.onDownload() }, "Download");
+    this.root = el("section", { class: "win files", "data-window": "files", hidden: true },
+      el("header", {},
+        el("span", { class: "title" }, "Files"), this.pathLabel, el("span", { class: "spacer" }),
+        el("button", { "data-action": "up", onclick: () => this.cd(this.path.split("/").slice(0, -1).join("/")) }, "Up"),
+        el("button", { "data-action": "refresh", onclick: () => this.refresh() }, "Refresh")),
+      el("div", { class: "content" }, this.list, this.preview),
+      el("div", { class: "foot" }, this.upload, this.uploadHint, this.download, this.message));
+    this.setControl(false);
+  }
+
+  get visible() { return !this.root.hidden && !this.root.closest("[data-dock-hidden='true']"); }
+
+  show() { this.root.hidden = false; this.resume(); }
+  hide() { this.root.hidden = true; this.pause(); }
+  /** Refresh the open folder every few seconds while visible. */
+  resume() {
+    if (!this.visible) return;
+    this.refresh();
+    clearInterval(this.timer);
+    this.timer = setInterval(() => { if (this.visible && !document.hidden) this.refresh(); }, REFRESH_MS);
+  }
+  pause() { clearInterval(this.timer); this.timer = null; }
+
+  say(text, bad = false) {
+    this.message.textContent = text;
+    this.message.classList.toggle("error", bad);
+    clearTimeout(this.sayTimer);
+    if (text) this.sayTimer = setTimeout(() => { this.message.textContent = ""; }, 8000);
+  }
+
+  setControl(mine) {
+    this.upload.disabled = !mine;
+    this.uploadHint.hidden = mine;
+  }
+
+  cd(path) { this.path = path; this.selected = null; this.preview.replaceChildren(); this.refresh(); }
+
+  async refresh() {
+    if (this.busy) return;
+    this.busy = true;
+    try {
+      const r = await rpc("files.list", { botId: this.bot.bot.id, path: this.path });
+      this.live = r.live;
+      this.root.dataset.live = String(r.live);
+      this.pathLabel.textContent = `/${this.path}${r.live ? "" : " (stored copy)"}`;
+      this.list.replaceChildren(...r.entries.map((e) => el("li", {},
+        el("button", { "data-entry": e.path, "data-kind": e.kind, onclick: () => (e.kind === "dir" ? this.cd(e.path) : this.open(e)) },
+          el("span", {}, e.kind === "dir" ? `${e.name}/` : e.name),
+          el("span", { class: "size" }, e.kind === "dir" ? "" : human(e.size))))));
+      if (!r.entries.length) this.list.append(el("li", { class: "muted" }, "This folder is empty."));
+    } catch (e) {
+      this.say(e.message, true);
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async open(entry) {
+    this.selected = entry;
+    try {
+      const r = await rpc("files.read", { botId: this.bot.bot.id, path: entry.path });
+      this.selected.read = r;
+      this.preview.replaceChildren(el("div", { class: "muted" }, `${entry.path} · ${human(r.size)}`),
+        r.text !== undefined ? el("pre", { "data-role": "text" }, r.text) : el("p", { class: "muted" }, "Binary file: no preview."));
+    } catch (e) {
+      this.preview.replaceChildren(el("p", { class: "error" }, e.message));
+    }
+  }
+
+  onDownload() {
+    if (!this.selected) return this.say("Choose a file first.", true);
+    if (!this.live) return this.say("Download needs a running computer: this one is stopped (browse and preview still work).", true);
+    const r = this.selected.read;
+    if (!r) return;
+    const blob = r.text !== undefined ? new Blob([r.text])
+      : new Blob([Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0))]);
+    const a = el("a", { href: URL.createObjectURL(blob), download: this.selected.name });
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+    this.say("");
+  }
+
+  async onUpload() {
+    const file = this.upload.files[0];
+    if (!file) return;
+    if (file.size > MAX_UPLOAD) { this.say("Uploads are limited to 8 MiB.", true); this.upload.value = ""; return; }
+    this.say(`Uploading ${file.name}…`);
+    try {
+      const r = await rpc("files.upload", { botId: this.bot.bot.id, name: file.name, contentBase64: await toBase64(file) });
+      this.say(`Uploaded to ${r.path}.`);
+      this.cd(r.path.split("/").slice(0, -1).join("/"));
+    } catch (e) {
+      this.say(e.message, true);
+    } finally {
+      this.upload.value = "";
+    }
+  }
+}
+
+/** The Terminal window; the shell server is not part of this runtime yet. */
+class TerminalWindow {
+  constructor() {
+    this.root = el("section", { class: "win terminal", "data-window": "terminal", hidden: true },
+      el("header", {}, el("span", { class: "title" }, "Terminal")),
+      el("div", { class: "content", "data-role": "terminal" },
+        el("p", {}, "The shell is not available on this computer.")));
+  }
+  show() { this.root.hidden = false; }
+  hide() { this.root.hidden = true; }
+}
+
+/** The dock bar and its windows; the browser button hides the windows and keeps their sessions. */
+export class Dock {
+  constructor(stage, bot) {
+    this.files = new FilesWindow(bot);
+    this.terminal = new TerminalWindow();
+    this.layer = el("div", { "data-dock-hidden": "false" }, this.files.root, this.terminal.root);
+    this.buttons = {
+      files: el("button", { "data-dock": "files", "aria-pressed": "false", onclick: () => this.toggle("files") }, "Files"),
+      terminal: el("button", { "data-dock": "terminal", "aria-pressed": "false", onclick: () => this.toggle("terminal") }, "Terminal"),
+      browser: el("button", { "data-dock": "browser", "aria-pressed": "true", title: "Show the whole screen", onclick: () => this.showBrowser() }, "Browser"),
+    };
+    stage.append(this.layer, el("div", { class: "dock-bar" }, this.buttons.browser, this.buttons.files, this.buttons.terminal));
+  }
+
+  toggle(name) {
+    const w = this[name];
+    this.layer.dataset.dockHidden = "false";
+    this.layer.hidden = false;
+    if (w.root.hidden) w.show(); else w.hide();
+    this.files.resume();
+    this.sync();
+  }
+
+  /** Hide every window (their state is kept) so the whole screen shows. */
+  showBrowser() {
+    const hidden = this.layer.dataset.dockHidden === "true";
+    this.layer.dataset.dockHidden = String(!hidden);
+    this.layer.hidden = !hidden;
+    if (hidden) this.files.resume(); else this.files.pause();
+    this.sync();
+  }
+
+  sync() {
+    const shown = this.layer.dataset.dockHidden !== "true";
+    for (const name of ["files", "terminal"]) this.buttons[name].setAttribute("aria-pressed", String(shown && !this[name].root.hidden));
+    this.buttons.browser.setAttribute("aria-pressed", String(!shown || (this.files.root.hidden && this.terminal.root.hidden)));
+  }
+
+  onControl(mine) { this.files.setControl(mine); }
+  onCommand() { if (this.files.visible) this.files.refresh(); }
+  onComputerState() { if (this.files.visible) this.files.refresh(); }
+}

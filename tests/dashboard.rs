@@ -1,0 +1,625 @@
+//! The web dashboard end to end in headless Chromium (Debian's package), driven over the
+//! DevTools protocol: sign in, a bot's real screen reaches `connected`, take control, upload a
+//! file and see it in the Files window, the bot's commands appear in Activity without a reload,
+//! "Stop the bot first" and the waiting-for-takeover highlight. Screenshots of every step go to
+//! `target/dashboard-artifacts/`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::{Backend, TestServer};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Headless Chromium; killed (by its own pid) when dropped.
+struct Browser {
+    child: Child,
+    _profile: tempfile::TempDir,
+    port: u16,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chromium() -> Option<&'static str> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+}
+
+impl Browser {
+    async fn launch(bin: &str) -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let child = Command::new(bin)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--hide-scrollbars",
+                "--window-size=1400,1000",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        let port_file = profile.path().join("DevToolsActivePort");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Ok(text) = std::fs::read_to_string(&port_file)
+                && let Some(port) = text.lines().next().and_then(|l| l.trim().parse().ok())
+            {
+                break port;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chromium wrote no DevToolsActivePort"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        Browser {
+            child,
+            _profile: profile,
+            port,
+        }
+    }
+
+    /// A DevTools session on the first page.
+    async fn page(&self) -> Cdp {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let url = loop {
+            let list: Value = match http
+                .get(format!("http://127.0.0.1:{}/json/list", self.port))
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            };
+            let page = list
+                .as_array()
+                .and_then(|l| l.iter().find(|t| t["type"] == "page"))
+                .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_owned));
+            if let Some(url) = page {
+                break url;
+            }
+            assert!(Instant::now() < deadline, "chromium shows no page target");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut cdp = Cdp {
+            ws,
+            id: 0,
+            logs: Vec::new(),
+            shots: artifacts(),
+        };
+        cdp.call("Page.enable", json!({})).await;
+        cdp.call("Runtime.enable", json!({})).await;
+        cdp.call("Log.enable", json!({})).await;
+        cdp
+    }
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A DevTools protocol session on one page.
+struct Cdp {
+    ws: Socket,
+    id: u64,
+    /// Console messages, exceptions and log entries (CSP violations), for failure reports.
+    logs: Vec<String>,
+    shots: PathBuf,
+}
+
+impl Cdp {
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.id += 1;
+        let id = self.id;
+        let msg = json!({ "id": id, "method": method, "params": params }).to_string();
+        self.ws.send(Message::text(msg)).await.unwrap();
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(60), self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {method}"))
+                .expect("devtools socket open")
+                .unwrap();
+            let Message::Text(text) = frame else { continue };
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["id"] == id {
+                if let Some(err) = v.get("error") {
+                    panic!("{method} failed: {err}");
+                }
+                return v["result"].clone();
+            }
+            self.note(&v);
+        }
+    }
+
+    fn note(&mut self, v: &Value) {
+        let p = &v["params"];
+        match v["method"].as_str() {
+            Some("Runtime.consoleAPICalled") => {
+                let args: Vec<String> = p["args"]
+                    .as_array()
+                    .map(|a| a.iter().map(|x| x["value"].to_string()).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                self.logs
+                    .push(format!("console.{}: {}", p["type"], args.join(" ")));
+            }
+            Some("Runtime.exceptionThrown") => self.logs.push(format!(
+                "exception: {}",
+                p["exceptionDetails"]["exception"]["description"]
+            )),
+            Some("Log.entryAdded") => self.logs.push(format!(
+                "log {}: {}",
+                p["entry"]["level"], p["entry"]["text"]
+            )),
+            _ => {}
+        }
+    }
+
+    /// Evaluate an expression in the page (promises awaited); its JSON value.
+    async fn eval(&mut self, expr: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({ "expression": expr, "returnByValue": true, "awaitPromise": true }),
+            )
+            .await;
+        if let Some(ex) = r.get("exceptionDetails") {
+            panic!("`{expr}` threw: {ex}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    async fn shot(&mut self, name: &str) {
+        let r = self
+            .call("Page.captureScreenshot", json!({ "format": "png" }))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(r["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(self.shots.join(format!("{name}.png")), png).unwrap();
+    }
+
+    /// Wait until `expr` is truthy; on timeout save a screenshot and fail with the page's text
+    /// and what the console said.
+    async fn wait_for(&mut self, what: &str, expr: &str, limit: Duration) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let v = self.eval(expr).await;
+            if !(v.is_null() || v == json!(false) || v == json!("") || v == json!(0)) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                self.shot(&format!("timeout-{}", what.replace(' ', "-")))
+                    .await;
+                let text = self.eval("document.body.innerText").await;
+                panic!(
+                    "timed out waiting for {what}\npage:\n{}\nconsole:\n{}",
+                    text.as_str().unwrap_or_default(),
+                    self.logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn click(&mut self, selector: &str) {
+        let found = self
+            .eval(&format!(
+                "(() => {{ const b = document.querySelector({sel}); if (!b) return false; b.click(); return true; }})()",
+                sel = json!(selector)
+            ))
+            .await;
+        assert_eq!(found, json!(true), "nothing to click at {selector}");
+    }
+
+    async fn set_files(&mut self, selector: &str, file: &Path) {
+        let doc = self.call("DOM.getDocument", json!({})).await;
+        let node = self
+            .call(
+                "DOM.querySelector",
+                json!({ "nodeId": doc["root"]["nodeId"], "selector": selector }),
+            )
+            .await;
+        self.call(
+            "DOM.setFileInputFiles",
+            json!({ "nodeId": node["nodeId"], "files": [file.display().to_string()] }),
+        )
+        .await;
+    }
+}
+
+#[actix_rt::test]
+async fn dashboard_end_to_end_in_headless_chromium() {
+    let Some(bin) = chromium() else {
+        assert!(std::env::var("CI").is_err(), "CI must install chromium");
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
+    )
+    .await
+    .unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = bots[0].clone();
+    let card = format!("[data-bot=\"{bot}\"]");
+
+    // The page is served with its policy and without caching.
+    let page = s.http.get(format!("{}/", s.base)).send().await.unwrap();
+    assert_eq!(page.headers()["cache-control"], "no-cache");
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("frame-src 'self'") && csp.contains("script-src 'self'"));
+    let js = s
+        .http
+        .get(format!("{}/assets/app.js", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        js.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    let long = Duration::from_secs(60);
+
+    // 1. Sign in with the API token.
+    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    cdp.wait_for(
+        "sign-in form",
+        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
+        long,
+    )
+    .await;
+    cdp.shot("01-sign-in").await;
+    cdp.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
+        json!(s.operator_token)
+    ))
+    .await;
+
+    // 2. The bot's real screen reaches `connected` through the proxy and the reporter.
+    cdp.wait_for(
+        "live events",
+        "document.getElementById('live').dataset.state === 'live'",
+        long,
+    )
+    .await;
+    cdp.wait_for(
+        "screen connected",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cdp.shot("02-screen-connected").await;
+
+    // 3. Take control: the frame switches to the control capability and connects again.
+    cdp.click(&format!("{card} [data-action=take]")).await;
+    cdp.wait_for(
+        "control",
+        &format!("document.querySelector('{card}').dataset.control === 'mine'"),
+        long,
+    )
+    .await;
+    cdp.wait_for(
+        "control screen connected",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    cdp.shot("03-control").await;
+
+    // 4. Upload a file through the Files window and see it listed and previewed.
+    cdp.click(&format!("{card} [data-dock=files]")).await;
+    cdp.wait_for(
+        "files window",
+        &format!(
+            "!document.querySelector('{card} [data-window=files]').hidden && document.querySelector('{card} [data-window=files]').dataset.live === 'true'"
+        ),
+        long,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hello-dashboard.txt");
+    std::fs::write(&file, "hello from the dashboard test\n").unwrap();
+    cdp.set_files(&format!("{card} [data-role=upload]"), &file)
+        .await;
+    let entry = format!("{card} [data-entry$=\"hello-dashboard.txt\"]");
+    cdp.wait_for(
+        "uploaded file listed",
+        &format!("!!document.querySelector('{entry}')"),
+        long,
+    )
+    .await;
+    cdp.click(&entry).await;
+    cdp.wait_for(
+        "preview",
+        &format!(
+            "(document.querySelector('{card} [data-role=text]')?.textContent || '').includes('hello from the dashboard test')"
+        ),
+        long,
+    )
+    .await;
+    cdp.shot("04-upload-in-files").await;
+
+    // 5. The bot runs a command (RPC, as the bot): it appears in Activity without a reload.
+    let bot_token = s.ok("token.createForBot", json!({ "botId": bot })).await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let started = s
+        .call_as(&bot_token, "run.start", json!({ "botId": bot }))
+        .await
+        .expect("the bot starts a run while a person holds control");
+    let run = started["run"]["id"].as_str().unwrap().to_owned();
+    let fence = started["lease"]["fence"].as_i64().unwrap();
+    let marker = format!("dashboard-activity-{}", std::process::id());
+    s.call_as(
+        &bot_token,
+        "computer.exec",
+        json!({ "runId": run, "fence": fence, "command": format!("echo {marker}") }),
+    )
+    .await
+    .expect("exec");
+    cdp.wait_for(
+        "activity",
+        &format!(
+            "(document.querySelector('{card} [data-role=activity]')?.innerText || '').includes({})",
+            json!(marker)
+        ),
+        long,
+    )
+    .await;
+    cdp.shot("05-activity-live").await;
+
+    // 6. Release, then taking control while the bot runs says "Stop the bot first".
+    cdp.click(&format!("{card} [data-action=release]")).await;
+    cdp.wait_for(
+        "released",
+        &format!("document.querySelector('{card}').dataset.control === 'none'"),
+        long,
+    )
+    .await;
+    cdp.wait_for(
+        "view screen after release",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-action=take]")).await;
+    cdp.wait_for(
+        "stop the bot first",
+        &format!(
+            "(document.querySelector('{card} .notice')?.textContent || '').includes('Stop the bot first')"
+        ),
+        long,
+    )
+    .await;
+    cdp.shot("06-stop-bot-first").await;
+
+    // 7. The bot asks for takeover: its card is highlighted live, and control is granted.
+    s.call_as(
+        &bot_token,
+        "run.requestTakeover",
+        json!({ "runId": run, "fence": fence }),
+    )
+    .await
+    .expect("request takeover");
+    cdp.wait_for(
+        "waiting highlight",
+        &format!("document.querySelector('{card}').classList.contains('waiting')"),
+        long,
+    )
+    .await;
+    cdp.shot("07-waiting-takeover").await;
+    cdp.click(&format!("{card} [data-action=take]")).await;
+    cdp.wait_for(
+        "control after takeover request",
+        &format!("document.querySelector('{card}').dataset.control === 'mine'"),
+        long,
+    )
+    .await;
+
+    cdp.wait_for(
+        "control screen after takeover",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-dock=browser]")).await;
+    cdp.shot("08-taken-over-dock-hidden").await;
+
+    // 8. Refusals: a refused capability shows the fixed reason and Retry in place of the
+    // screen; a frame that never reports past `loading` fails after 15 seconds.
+    cdp.eval(
+        "(async () => {
+            const { Screen } = await import('/assets/screen.js');
+            for (const [id, url] of [['refused', '/screen/not-a-capability/vnc.html'], ['silent', '/internal/health']]) {
+                const stage = document.createElement('div');
+                stage.className = 'stage';
+                stage.id = 'probe-' + id;
+                stage.style.width = '400px';
+                document.getElementById('bot-list').append(stage);
+                new Screen(stage, 'probe', async () => url).open();
+            }
+            return true;
+        })()",
+    )
+    .await;
+    let refused = cdp
+        .wait_for(
+            "refusal reason",
+            "document.getElementById('probe-refused').dataset.screen === 'failed' && document.querySelector('#probe-refused [data-role=screen-message]').textContent",
+            long,
+        )
+        .await;
+    assert_eq!(refused, json!("The screen did not respond."));
+    assert_eq!(
+        cdp.eval("!!document.querySelector('#probe-refused [data-action=retry]')")
+            .await,
+        json!(true)
+    );
+    let began = Instant::now();
+    cdp.wait_for(
+        "watchdog",
+        "document.getElementById('probe-silent').dataset.screen === 'failed' && !!document.querySelector('#probe-silent [data-action=retry]')",
+        Duration::from_secs(25),
+    )
+    .await;
+    assert!(began.elapsed() >= Duration::from_secs(10));
+    cdp.eval("document.getElementById('probe-silent').scrollIntoView(); true")
+        .await;
+    cdp.shot("09-refused-and-watchdog").await;
+
+    let problems: Vec<&String> = cdp
+        .logs
+        .iter()
+        .filter(|l| l.starts_with("exception") || l.contains("Content Security Policy"))
+        .collect();
+    assert!(problems.is_empty(), "page problems: {problems:?}");
+    drop(browser);
+}
+
+/// With the computer stopped, the Files window lists and previews the stored workspace and
+/// download is refused with a clear message (on the `fake` provider, whose computers have no
+/// live screens: the screen shows its reason instead of a blank frame).
+#[actix_rt::test]
+async fn stopped_computer_files_in_headless_chromium() {
+    let Some(bin) = chromium() else {
+        assert!(std::env::var("CI").is_err(), "CI must install chromium");
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = bots[0].clone();
+    let card = format!("[data-bot=\"{bot}\"]");
+    let uploads = format!("bots/{bot}/uploads");
+    // Boot the computer, leave a file in the bot's folder, stop the computer.
+    let (run, fence) = s.start_run(&bot).await;
+    s.exec(&run, fence, "true").await.expect("exec");
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let up = s
+        .ok(
+            "files.upload",
+            json!({ "botId": bot, "name": "kept.txt", "contentBase64": "a2VwdCBhZnRlciBzdG9wCg==" }),
+        )
+        .await;
+    assert!(up["path"].as_str().unwrap().ends_with("uploads/kept.txt"));
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": control["fence"] }),
+    )
+    .await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.ok("computer.stop", json!({ "computerId": computer }))
+        .await;
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    let long = Duration::from_secs(60);
+    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    cdp.wait_for(
+        "sign-in form",
+        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
+        long,
+    )
+    .await;
+    cdp.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
+        json!(s.operator_token)
+    ))
+    .await;
+    cdp.wait_for(
+        "bot card",
+        &format!("!!document.querySelector('{card}')"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-dock=files]")).await;
+    cdp.wait_for(
+        "stored listing",
+        &format!(
+            "document.querySelector('{card} [data-window=files]').dataset.live === 'false' && !!document.querySelector('{card} [data-entry=bots]')"
+        ),
+        long,
+    )
+    .await;
+    for dir in ["bots".to_owned(), format!("bots/{bot}"), uploads.clone()] {
+        let sel = format!("{card} [data-entry=\"{dir}\"]");
+        cdp.wait_for(
+            "folder",
+            &format!("!!document.querySelector('{sel}')"),
+            long,
+        )
+        .await;
+        cdp.click(&sel).await;
+    }
+    let entry = format!("{card} [data-entry=\"{uploads}/kept.txt\"]");
+    cdp.wait_for(
+        "stored file",
+        &format!("!!document.querySelector('{entry}')"),
+        long,
+    )
+    .await;
+    cdp.click(&entry).await;
+    cdp.wait_for(
+        "stored preview",
+        &format!(
+            "(document.querySelector('{card} [data-role=text]')?.textContent || '').includes('kept after stop')"
+        ),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-action=download]")).await;
+    cdp.wait_for(
+        "download refused",
+        &format!(
+            "(document.querySelector('{card} [data-role=files-message]')?.textContent || '').includes('Download needs a running computer')"
+        ),
+        long,
+    )
+    .await;
+    cdp.shot("10-stopped-computer-files").await;
+    drop(browser);
+}

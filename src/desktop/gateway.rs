@@ -221,6 +221,9 @@ impl Gateway {
             "-nopw".into(),
             "-quiet".into(),
             "-noxdamage".into(),
+            // The desktop name reaches the viewer: never the machine's host name.
+            "-desktop".into(),
+            "Rakazo".into(),
         ];
         if policy == Policy::View {
             argv.push("-viewonly".into());

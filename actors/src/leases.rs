@@ -234,11 +234,17 @@ impl Leases {
         }
     }
 
-    /// Extend a live grant; `LEASE_FENCED` when `fence` is not the live grant.
-    pub async fn renew(&self, key: &LeaseKey, fence: i64, ttl_ms: i64) -> DomainResult<Grant> {
+    /// Set `column` on the live grant of `key` with `fence`; `LEASE_FENCED` when there is none.
+    async fn update_live(
+        &self,
+        key: &LeaseKey,
+        fence: i64,
+        column: lease::Column,
+        value: i64,
+    ) -> DomainResult<()> {
         let now = now_ms();
         let res = lease::Entity::update_many()
-            .col_expr(lease::Column::ExpiresAtMs, Expr::value(now + ttl_ms))
+            .col_expr(column, Expr::value(value))
             .filter(key_filter(key))
             .filter(lease::Column::Fence.eq(fence))
             .filter(lease::Column::ReleasedAtMs.is_null())
@@ -248,23 +254,20 @@ impl Leases {
         if res.rows_affected == 0 {
             return Err(DomainError::code(ErrorCode::LeaseFenced));
         }
+        Ok(())
+    }
+
+    /// Extend a live grant; `LEASE_FENCED` when `fence` is not the live grant.
+    pub async fn renew(&self, key: &LeaseKey, fence: i64, ttl_ms: i64) -> DomainResult<Grant> {
+        self.update_live(key, fence, lease::Column::ExpiresAtMs, now_ms() + ttl_ms)
+            .await?;
         self.verify(key, fence).await
     }
 
     /// Release the grant with `fence`; `LEASE_FENCED` when it is not live.
     pub async fn release(&self, key: &LeaseKey, fence: i64) -> DomainResult<()> {
-        let now = now_ms();
-        let res = lease::Entity::update_many()
-            .col_expr(lease::Column::ReleasedAtMs, Expr::value(now))
-            .filter(key_filter(key))
-            .filter(lease::Column::Fence.eq(fence))
-            .filter(lease::Column::ReleasedAtMs.is_null())
-            .filter(lease::Column::ExpiresAtMs.gt(now))
-            .exec(&self.db)
+        self.update_live(key, fence, lease::Column::ReleasedAtMs, now_ms())
             .await?;
-        if res.rows_affected == 0 {
-            return Err(DomainError::code(ErrorCode::LeaseFenced));
-        }
         tracing::debug!(event = "lease.released", kind = key.kind.as_str(), fence);
         Ok(())
     }

@@ -459,6 +459,14 @@ async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     ))
 }
 
+/// Run a one-line mutating operation and record it in the activity feed, failed or not.
+async fn recorded(ctx: &ToolCtx<'_>, tool: &str, line: String, op: Op) -> DomainResult<OpOutput> {
+    let outcome = ctx.op(op).await;
+    let error = outcome.as_ref().err().map(|e| e.message.clone());
+    ctx.record(tool, line, None, None, error).await;
+    outcome
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OpenArgs {
@@ -472,16 +480,8 @@ async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     if !is_url {
         crate::providers::workspace_path::normalize(&path, false)?;
     }
-    let outcome = ctx.op(Op::Open(ctx.run.bot_id.clone(), path.clone())).await;
-    ctx.record(
-        "open_path",
-        format!("open {path}"),
-        None,
-        None,
-        outcome.as_ref().err().map(|e| e.message.clone()),
-    )
-    .await;
-    outcome?;
+    let op = Op::Open(ctx.run.bot_id.clone(), path.clone());
+    recorded(ctx, "open_path", format!("open {path}"), op).await?;
     Ok(ok(
         vec![text(format!("opened {path}"))],
         json!({ "path": path }),
@@ -508,18 +508,8 @@ async fn launch_app(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let line = std::iter::once(command.clone())
         .chain(rest.iter().cloned())
         .collect::<Vec<_>>();
-    let outcome = ctx
-        .op(Op::Launch(ctx.run.bot_id.clone(), line.clone()))
-        .await;
-    ctx.record(
-        "launch_app",
-        line.join(" "),
-        None,
-        None,
-        outcome.as_ref().err().map(|e| e.message.clone()),
-    )
-    .await;
-    outcome?;
+    let op = Op::Launch(ctx.run.bot_id.clone(), line.clone());
+    recorded(ctx, "launch_app", line.join(" "), op).await?;
     Ok(ok(
         vec![text(format!("started {command}"))],
         json!({ "command": command }),

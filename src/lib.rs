@@ -7,7 +7,9 @@
 //! - [`app`]: wiring of database, provider, stores and actors.
 //! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
 //! - [`desktop`]: the shared Linux desktop runtime (Xvfb, browser, screen gateway, capture, input).
-//! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
+//! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, `docker`, ...).
+//! - [`supervisor`]: `rakazo supervisor`, the only process that talks to the Docker engine.
+//! - [`image`]: the computer image recipe, its tag and `rakazo image build`.
 //! - [`stores`]: `HomeStore` adapters.
 //! - [`server`]: the HTTP server around [`api::configure`].
 //!
@@ -22,8 +24,10 @@ pub mod auth;
 pub mod config;
 pub mod db;
 pub mod desktop;
+pub mod image;
 pub mod keyfile;
 pub mod providers;
 pub mod server;
 pub mod stores;
+pub mod supervisor;
 pub mod telemetry;

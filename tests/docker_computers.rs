@@ -110,11 +110,14 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     let out = p.exec(&m, &cmd("ps -eo uid= | sort -u | tr -d ' '")).await.unwrap();
     assert_eq!(out.stdout.trim(), "1000", "{out:?}");
     let out = p
-        .exec(&m, &cmd("ps -eo args | grep -c '^chromium.*--no-sandbox' || true"))
+        .exec(&m, &cmd("ps -eo args | grep '^/usr/lib/chromium/chromium' | grep -c -- --no-sandbox || true"))
         .await
         .unwrap();
     assert_eq!(out.stdout.trim(), "0");
-    let out = p.exec(&m, &cmd("ps -eo args | grep -c '^chromium'")).await.unwrap();
+    let out = p
+        .exec(&m, &cmd("ps -eo args | grep -c '^/usr/lib/chromium/chromium'"))
+        .await
+        .unwrap();
     assert_ne!(out.stdout.trim(), "0");
 
     // The gateway is reached through the loopback-published port; an old token is refused
@@ -140,8 +143,9 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     assert_eq!(p.reconnect(&m, &spec).await, Err(ProviderError::MachineGone));
 }
 
-/// A site served inside the computer: `/set/<v>` sets a persistent cookie, `/check/<tag>`
-/// logs `<tag> <cookie header>` to `fixture/seen.log` in the workspace.
+/// A site served inside the computer: `/set/<v>` sets a persistent cookie (logged as
+/// `set:<v>`), `/check/<tag>` logs `<tag> <cookie header>` to `fixture/seen.log` in the
+/// workspace.
 const SITE: &str = r#"import http.server, os
 LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.log")
 class H(http.server.BaseHTTPRequestHandler):
@@ -150,9 +154,10 @@ class H(http.server.BaseHTTPRequestHandler):
         headers = []
         if parts[0] == "set":
             headers.append(("Set-Cookie", "session=%s; Path=/; Max-Age=86400" % parts[1]))
-        if parts[0] == "check":
+        if parts[0] in ("set", "check"):
+            tag = parts[1] if parts[0] == "check" else "set:" + parts[1]
             with open(LOG, "a") as f:
-                f.write("%s %s\n" % (parts[1], self.headers.get("Cookie", "-")))
+                f.write("%s %s\n" % (tag, self.headers.get("Cookie", "-")))
         body = ("<html><head><title>%s</title></head><body><h1>%s</h1></body></html>" % (self.path, self.path)).encode()
         self.send_response(200)
         for k, v in headers:
@@ -182,27 +187,37 @@ fn navigate(url: &str) -> Vec<Action> {
     ]
 }
 
-/// Sends `bot` to `path` of the fixture site; for `/check/<tag>` returns the cookie it sent.
+/// Sends `bot` to `path` of the fixture site and waits until the site saw the request;
+/// returns the cookie header the browser sent.
+/// A browser that has just restored its session can swallow the first address typed while
+/// the restored page still loads: the navigation is retried, at most three times.
 async fn go(p: &DockerProvider, m: &ProviderRef, bot: &str, path: &str) -> Option<String> {
     let url = format!("http://127.0.0.1:8765{path}");
-    let outcome = p.act(m, bot, &navigate(&url)).await.unwrap();
-    assert_eq!(outcome.completed, 5);
-    let tag = path.strip_prefix("/check/")?;
-    let started = Instant::now();
-    loop {
-        if let Ok(log) = p.read_file(m, "fixture/seen.log").await
-            && let Some(line) = String::from_utf8_lossy(&log)
-                .lines()
-                .find(|l| l.split(' ').next() == Some(tag))
-        {
-            return Some(line.split_once(' ').unwrap().1.to_string());
+    let tag = match path.strip_prefix("/set/") {
+        Some(v) => format!("set:{v}"),
+        None => path.trim_start_matches("/check/").to_string(),
+    };
+    let tag = tag.as_str();
+    for attempt in 0..3 {
+        let outcome = p.act(m, bot, &navigate(&url)).await.unwrap();
+        assert_eq!(outcome.completed, 5);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(8) {
+            if let Ok(log) = p.read_file(m, "fixture/seen.log").await
+                && let Some(line) = String::from_utf8_lossy(&log)
+                    .lines()
+                    .find(|l| l.split(' ').next() == Some(tag))
+            {
+                return Some(line.split_once(' ').unwrap().1.to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{bot} never reached {path}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        eprintln!("{bot}: navigation to {path} not seen (attempt {attempt}); retrying");
     }
+    let frame = p.observe(m, bot).await.unwrap();
+    let shot = std::env::temp_dir().join(format!("docker-computers-{bot}.png"));
+    std::fs::write(&shot, frame.png).unwrap();
+    panic!("{bot} never reached {path}; its screen: {}", shot.display());
 }
 
 /// Whether a gateway token's unix socket answers with an RFB greeting inside the computer.
@@ -244,12 +259,13 @@ async fn team_screens_without_network_keep_cookies_apart_and_profiles_across_rel
     p.write_file(&m, "fixture/site.py", SITE.as_bytes())
         .await
         .unwrap();
-    p.exec(
+    let started = p.exec(
         &m,
         &cmd("setsid python3 fixture/site.py >/dev/null 2>&1 </dev/null & for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
     )
     .await
     .unwrap();
+    assert_eq!(started.exit_code, 0, "fixture site: {started:?}");
 
     // Two bots, two desktops in parallel, two browsers.
     let (a, b) = tokio::join!(p.open_screen(&m, "bot-a"), p.open_screen(&m, "bot-b"));

@@ -18,7 +18,7 @@ use rakazo_actors::provider::{
 };
 use serde_json::Value;
 
-use docker_support::{TestSupervisor, docker_ready};
+use docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
@@ -71,6 +71,7 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
         home_key: bot.clone(),
     };
     let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
     let c = docker_inspect(&m.0).expect("container exists");
 
     assert_eq!(c["Name"], format!("/rakazo-bot-{bot}"));
@@ -244,6 +245,7 @@ async fn team_screens_without_network_keep_cookies_apart_and_profiles_across_rel
         home_key: format!("team-{space}"),
     };
     let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
     let c = docker_inspect(&m.0).unwrap();
     assert_eq!(c["Name"], format!("/rakazo-team-{space}"));
     assert_eq!(c["HostConfig"]["NetworkMode"], "none");

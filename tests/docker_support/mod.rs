@@ -101,3 +101,16 @@ impl TestSupervisor {
         )
     }
 }
+
+/// Removes a container when dropped, so a failing test leaves no computer running.
+pub struct RemoveOnDrop(pub String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}

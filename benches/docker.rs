@@ -49,7 +49,10 @@ fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
 }
 
 fn spec(tag: &str) -> MachineSpec {
-    let id = format!("bench-{tag}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let id = format!(
+        "bench-{tag}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     MachineSpec {
         computer_id: id.clone(),
         space_id: "bench".into(),
@@ -80,7 +83,11 @@ fn main() {
     let image = rakazo::image::default_image();
     if !rakazo::image::exists(&image) {
         eprintln!("docker bench: {image} is missing; run scripts/build-computer-image.sh");
-        std::process::exit(if std::env::var_os("CI").is_some() { 1 } else { 0 });
+        std::process::exit(if std::env::var_os("CI").is_some() {
+            1
+        } else {
+            0
+        });
     }
     let dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
@@ -148,9 +155,8 @@ fn main() {
             readings.push(now);
             last = now;
         }
-        let per_additional = (readings[DESKTOPS - 1] as f64 - readings[0] as f64)
-            / (DESKTOPS - 1) as f64
-            / 1024.0;
+        let per_additional =
+            (readings[DESKTOPS - 1] as f64 - readings[0] as f64) / (DESKTOPS - 1) as f64 / 1024.0;
         println!("PSS per additional desktop (desktops 2..{DESKTOPS}): {per_additional:.0} MiB");
         p.destroy(&m).await.unwrap();
     });

@@ -160,7 +160,14 @@ mod tests {
     fn the_desktop_stack_is_in_the_recipe() {
         let p = packages();
         for needed in [
-            "xvfb", "fluxbox", "x11vnc", "websockify", "novnc", "chromium", "xdotool", "python3",
+            "xvfb",
+            "fluxbox",
+            "x11vnc",
+            "websockify",
+            "novnc",
+            "chromium",
+            "xdotool",
+            "python3",
             "procps",
         ] {
             assert!(p.contains(&needed), "{needed} missing");

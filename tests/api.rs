@@ -75,7 +75,10 @@ async fn docker_with_its_token_reports_the_docker_sandbox() {
         .json()
         .await
         .unwrap();
-    assert_eq!((v["status"].as_str(), v["sandbox"].as_str()), (Some("ok"), Some("docker")));
+    assert_eq!(
+        (v["status"].as_str(), v["sandbox"].as_str()),
+        (Some("ok"), Some("docker"))
+    );
     assert!(v.get("setupError").is_none());
 }
 

@@ -21,7 +21,10 @@ use serde_json::Value;
 use docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 fn cmd(command: &str) -> ExecRequest {
@@ -95,7 +98,9 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     assert_eq!(c["HostConfig"]["CapDrop"][0], "ALL");
     assert_eq!(c["HostConfig"]["NanoCpus"], 2_000_000_000i64);
     assert_eq!(c["HostConfig"]["PidsLimit"], 2048);
-    let ports = c["NetworkSettings"]["Ports"]["6080/tcp"].as_array().unwrap();
+    let ports = c["NetworkSettings"]["Ports"]["6080/tcp"]
+        .as_array()
+        .unwrap();
     assert!(!ports.is_empty());
     for binding in ports {
         assert_eq!(binding["HostIp"], "127.0.0.1", "published beyond loopback");
@@ -108,7 +113,10 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
 
     // Every process, the desktop included, runs as uid 1000; Chromium keeps its sandbox.
     p.open_screen(&m, "bot-a").await.unwrap();
-    let out = p.exec(&m, &cmd("ps -eo uid= | sort -u | tr -d ' '")).await.unwrap();
+    let out = p
+        .exec(&m, &cmd("ps -eo uid= | sort -u | tr -d ' '"))
+        .await
+        .unwrap();
     assert_eq!(out.stdout.trim(), "1000", "{out:?}");
     let out = p
         .exec(&m, &cmd("ps -eo args | grep '^/usr/lib/chromium/chromium' | grep -c -- --no-sandbox || true"))
@@ -116,14 +124,21 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
         .unwrap();
     assert_eq!(out.stdout.trim(), "0");
     let out = p
-        .exec(&m, &cmd("ps -eo args | grep -c '^/usr/lib/chromium/chromium'"))
+        .exec(
+            &m,
+            &cmd("ps -eo args | grep -c '^/usr/lib/chromium/chromium'"),
+        )
         .await
         .unwrap();
     assert_ne!(out.stdout.trim(), "0");
 
     // The gateway is reached through the loopback-published port; an old token is refused
     // once its slot has been torn down and reused.
-    let addr = p.gateway_addr(&m).await.unwrap().expect("published gateway");
+    let addr = p
+        .gateway_addr(&m)
+        .await
+        .unwrap()
+        .expect("published gateway");
     assert!(addr.ip().is_loopback());
     let runtime = p.runtime(&m).await.unwrap();
     let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
@@ -134,14 +149,20 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     p.close_screen(&m, "bot-a").await.unwrap();
     p.open_screen(&m, "bot-b").await.unwrap();
     let _b = runtime.grant("bot-b", Policy::View).await.unwrap();
-    assert_eq!(gateway_greeting(addr.port(), cap.token.expose()).await, None);
+    assert_eq!(
+        gateway_greeting(addr.port(), cap.token.expose()).await,
+        None
+    );
 
     // Destroy removes the container, keeps the home, and the reference is gone for good.
     p.write_file(&m, "kept.txt", b"kept").await.unwrap();
     p.destroy(&m).await.unwrap();
     assert!(docker_inspect(&m.0).is_none());
     assert_eq!(std::fs::read(home.join("kept.txt")).unwrap(), b"kept");
-    assert_eq!(p.reconnect(&m, &spec).await, Err(ProviderError::MachineGone));
+    assert_eq!(
+        p.reconnect(&m, &spec).await,
+        Err(ProviderError::MachineGone)
+    );
 }
 
 /// A site served inside the computer: `/set/<v>` sets a persistent cookie (logged as
@@ -316,10 +337,7 @@ async fn team_screens_without_network_keep_cookies_apart_and_profiles_across_rel
         go(&p, &m, "bot-a", "/check/a2").await.as_deref(),
         Some("session=alpha")
     );
-    assert_eq!(
-        go(&p, &m, "bot-c", "/check/c1").await.as_deref(),
-        Some("-")
-    );
+    assert_eq!(go(&p, &m, "bot-c", "/check/c1").await.as_deref(), Some("-"));
 
     p.destroy(&m).await.unwrap();
 }

@@ -331,7 +331,10 @@ impl Config {
         let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
         if let Some(token) = &supervisor_token {
             let others = [&screen_secret, &content_key];
-            if others.iter().any(|o| o.as_ref().is_some_and(|o| o.0 == token.0)) {
+            if others
+                .iter()
+                .any(|o| o.as_ref().is_some_and(|o| o.0 == token.0))
+            {
                 return Err(s.invalid(
                     "SANDBOX_SUPERVISOR_TOKEN",
                     "",
@@ -353,13 +356,22 @@ impl Config {
             .parse::<f64>()
             .ok()
             .filter(|c| c.is_finite() && (0.0..=1024.0).contains(c))
-            .ok_or_else(|| s.invalid("SANDBOX_DOCKER_CPUS", &cpus_raw, "a number of CPUs from 0 to 1024"))?;
+            .ok_or_else(|| {
+                s.invalid(
+                    "SANDBOX_DOCKER_CPUS",
+                    &cpus_raw,
+                    "a number of CPUs from 0 to 1024",
+                )
+            })?;
         let docker = DockerSettings {
             image: s.get("SANDBOX_DOCKER_IMAGE"),
             nano_cpus: (cpus * 1e9) as i64,
             memory_bytes: (s.number("SANDBOX_DOCKER_MEMORY_MB", 1 << 24)? as i64) << 20,
             pids_limit: s.number("SANDBOX_DOCKER_PIDS_LIMIT", 1 << 22)? as i64,
-            network: match s.one_of("SANDBOX_DOCKER_NETWORK", &["bridge", "none"])?.as_str() {
+            network: match s
+                .one_of("SANDBOX_DOCKER_NETWORK", &["bridge", "none"])?
+                .as_str()
+            {
                 "none" => DockerNetwork::None,
                 _ => DockerNetwork::Bridge,
             },

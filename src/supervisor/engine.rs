@@ -13,8 +13,8 @@ use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig, PortBinding};
 use bollard::query_parameters::{
-    CreateContainerOptions, InspectContainerOptions, ListContainersOptions,
-    RemoveContainerOptions, StopContainerOptions,
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StopContainerOptions,
 };
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
@@ -113,7 +113,9 @@ fn check_id(what: &str, id: &str) -> Result<(), EngineError> {
 impl Engine {
     /// Connects to the local engine socket (`DOCKER_HOST=unix://...` or the default).
     pub async fn connect(settings: EngineSettings) -> Result<Self, EngineError> {
-        let docker = Docker::connect_with_unix_defaults()?.negotiate_version().await?;
+        let docker = Docker::connect_with_unix_defaults()?
+            .negotiate_version()
+            .await?;
         Ok(Self { docker, settings })
     }
 

@@ -59,7 +59,11 @@ impl SupervisorClient {
         let resp = req.send().await.map_err(|e| {
             ProviderError::Failed(format!(
                 "supervisor unreachable ({})",
-                if e.is_timeout() { "timeout" } else { "connection" }
+                if e.is_timeout() {
+                    "timeout"
+                } else {
+                    "connection"
+                }
             ))
         })?;
         let status = resp.status();
@@ -94,8 +98,13 @@ impl SupervisorClient {
     /// Creates and starts a computer.
     pub async fn create(&self, req: &CreateComputer) -> ProviderResult<ComputerInfo> {
         Self::some(
-            self.call(reqwest::Method::POST, "/v1/computers", Some(req), CALL_TIMEOUT)
-                .await?,
+            self.call(
+                reqwest::Method::POST,
+                "/v1/computers",
+                Some(req),
+                CALL_TIMEOUT,
+            )
+            .await?,
         )
     }
 

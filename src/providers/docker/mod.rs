@@ -153,7 +153,9 @@ impl DockerProvider {
 
     fn home(m: &Machine) -> ProviderResult<PathBuf> {
         if m.info.home_dir.is_empty() {
-            return Err(ProviderError::Failed("the computer has no mounted home".into()));
+            return Err(ProviderError::Failed(
+                "the computer has no mounted home".into(),
+            ));
         }
         Ok(PathBuf::from(&m.info.home_dir))
     }

@@ -154,6 +154,30 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
         None
     );
 
+    // A command whose caller gives up is killed, not left running until its deadline.
+    let mut long = cmd("sleep 47; echo late > late.txt");
+    long.timeout = Duration::from_secs(120);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), p.exec(&m, &long))
+            .await
+            .is_err()
+    );
+    let started = Instant::now();
+    loop {
+        let out = p
+            .exec(&m, &cmd("ps -eo args | grep -c '^sleep 47' || true"))
+            .await
+            .unwrap();
+        if out.stdout.trim() == "0" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a dropped command kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Destroy removes the container, keeps the home, and the reference is gone for good.
     p.write_file(&m, "kept.txt", b"kept").await.unwrap();
     p.destroy(&m).await.unwrap();

@@ -423,6 +423,39 @@ mod tests {
     }
 
     #[test]
+    fn docker_settings_and_a_distinct_supervisor_token() {
+        let key = "ab".repeat(32);
+        let same = Config::load(
+            &env(&[
+                ("SANDBOX_SUPERVISOR_TOKEN", &key),
+                ("SCREEN_CAPABILITY_SECRET", &key),
+            ]),
+            None,
+        );
+        assert!(matches!(
+            same,
+            Err(ConfigError::Invalid {
+                var: "SANDBOX_SUPERVISOR_TOKEN",
+                ..
+            })
+        ));
+        let c = Config::load(
+            &env(&[
+                ("SANDBOX_DOCKER_CPUS", "1.5"),
+                ("SANDBOX_DOCKER_NETWORK", "none"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.docker.nano_cpus, 1_500_000_000);
+        assert_eq!(c.docker.memory_bytes, 4096 << 20);
+        assert_eq!(c.docker.pids_limit, 2048);
+        assert_eq!(c.docker.network, DockerNetwork::None);
+        assert_eq!(c.supervisor_listen, "127.0.0.1:7091".parse().unwrap());
+        assert!(Config::load(&env(&[("SANDBOX_DOCKER_NETWORK", "host")]), None).is_err());
+    }
+
+    #[test]
     fn defaults_follow_the_spec() {
         let c = Config::load(&env(&[]), None).unwrap();
         assert_eq!(c.provider, "docker");

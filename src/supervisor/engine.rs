@@ -357,7 +357,13 @@ impl Engine {
             return Err(EngineError::Gone);
         }
         let timeout = Duration::from_millis(body.timeout_ms.max(1));
-        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let run_id = match &body.run_id {
+            Some(id) => {
+                check_run_id(id)?;
+                id.clone()
+            }
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
         let secs = format!("{:.3}", timeout.as_secs_f64());
         let cmd = vec![
             "bash".to_string(),
@@ -439,6 +445,14 @@ impl Engine {
         })
     }
 
+    /// Kills the process group of the exec `run_id` in the computer `id`, if it still runs.
+    pub async fn kill(&self, id: &str, run_id: &str) -> Result<(), EngineError> {
+        check_run_id(run_id)?;
+        let info = self.inspect(id).await?;
+        self.kill_run(&info.id, run_id).await;
+        Ok(())
+    }
+
     async fn kill_run(&self, container: &str, run_id: &str) {
         let script = format!(
             "p=$(cat /tmp/.rakazo-exec/{run_id}/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; rm -rf /tmp/.rakazo-exec/{run_id}"
@@ -484,6 +498,19 @@ head -c 1048576 "$d/out"
 head -c 1048576 "$d/err" >&2
 rm -rf "$d"
 exit $rc"#;
+
+/// Run ids name a directory in the container: 32 lowercase hex digits only.
+fn check_run_id(id: &str) -> Result<(), EngineError> {
+    if id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("bad run id".into()))
+    }
+}
 
 fn append_capped(buf: &mut Vec<u8>, data: &[u8]) {
     let room = OUTPUT_CAP.saturating_sub(buf.len());

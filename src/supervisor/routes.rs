@@ -44,7 +44,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/computers/{id}", web::delete().to(remove))
                 .route("/computers/{id}/start", web::post().to(start))
                 .route("/computers/{id}/stop", web::post().to(stop))
-                .route("/computers/{id}/exec", web::post().to(exec)),
+                .route("/computers/{id}/exec", web::post().to(exec))
+                .route("/computers/{id}/exec/{run}/kill", web::post().to(kill)),
         );
 }
 
@@ -157,4 +158,10 @@ async fn exec(
     body: web::Json<ExecBody>,
 ) -> Answer {
     Ok(HttpResponse::Ok().json(s.engine.exec(&id, &body).await?))
+}
+
+async fn kill(_: Authorized, s: web::Data<State>, path: web::Path<(String, String)>) -> Answer {
+    let (id, run) = path.into_inner();
+    s.engine.kill(&id, &run).await?;
+    Ok(HttpResponse::NoContent().finish())
 }

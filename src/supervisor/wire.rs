@@ -57,6 +57,10 @@ pub struct ExecBody {
     pub env: Vec<(String, String)>,
     /// Deadline in milliseconds; the script's process group is killed when it passes.
     pub timeout_ms: u64,
+    /// A caller-chosen id (32 hex digits) under which `POST .../exec/{run}/kill` stops the
+    /// script early: the caller sends it when it gives up waiting (its future was dropped).
+    #[serde(default)]
+    pub run_id: Option<String>,
 }
 
 /// The outcome of an exec.

@@ -171,18 +171,42 @@ impl SupervisorClient {
         .map(|_| ())
     }
 
-    /// Runs a script in the computer `id` as uid 1000.
+    /// Runs a script in the computer `id` as uid 1000. Dropping the future before the answer
+    /// asks the supervisor to kill the script (its run id is chosen here for that).
     pub async fn exec(&self, id: &str, body: &ExecBody) -> ProviderResult<ExecResult> {
         let timeout = Duration::from_millis(body.timeout_ms) + EXEC_SLACK;
-        Self::some(
-            self.call(
+        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let body = ExecBody {
+            run_id: Some(run_id.clone()),
+            ..body.clone()
+        };
+        let mut guard = KillOnDrop {
+            client: Some(self.clone()),
+            container: path_segment(id)?.to_string(),
+            run_id,
+        };
+        let result = self
+            .call(
                 reqwest::Method::POST,
                 &format!("/v1/computers/{}/exec", path_segment(id)?),
-                Some(body),
+                Some(&body),
                 timeout,
             )
-            .await?,
-        )
+            .await;
+        guard.client = None;
+        Self::some(result?)
+    }
+
+    async fn kill(&self, id: &str, run_id: &str) {
+        let _ = self
+            .call::<()>(
+                reqwest::Method::POST,
+                &format!("/v1/computers/{id}/exec/{run_id}/kill"),
+                None::<&()>,
+                CALL_TIMEOUT,
+            )
+            .await;
+        tracing::info!("docker.exec.cancelled");
     }
 }
 
@@ -190,4 +214,22 @@ impl SupervisorClient {
 fn path_segment(s: &str) -> ProviderResult<&str> {
     crate::desktop::check_id(s).map_err(|_| ProviderError::MachineGone)?;
     Ok(s)
+}
+
+/// Asks the supervisor to kill an exec whose caller went away, unless disarmed.
+struct KillOnDrop {
+    client: Option<SupervisorClient>,
+    container: String,
+    run_id: String,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let (container, run_id) = (self.container.clone(), self.run_id.clone());
+            handle.spawn(async move { client.kill(&container, &run_id).await });
+        }
+    }
 }

@@ -322,6 +322,7 @@ impl SandboxProvider for DockerProvider {
             cwd: cwd.to_string_lossy().into_owned(),
             env: Self::exec_env(request),
             timeout_ms: request.timeout.as_millis() as u64,
+            run_id: None,
         };
         let out = self.client.exec(&m.info.id, &body).await?;
         Ok(ExecOutput {

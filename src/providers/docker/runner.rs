@@ -27,6 +27,7 @@ impl CommandRunner for SupervisorRunner {
             cwd: "/".into(),
             env: minimal_env(),
             timeout_ms: timeout.as_millis() as u64,
+            run_id: None,
         };
         let out = self
             .client

@@ -394,3 +394,38 @@ async fn supervisor_refuses_a_wrong_token() {
         "{err:?}"
     );
 }
+
+#[actix_rt::test]
+async fn supervisor_reaches_only_managed_containers() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::Bridge);
+    // A container the supervisor did not make (no `rakazo.managed` label).
+    let name = unique("unmanaged");
+    let out = std::process::Command::new("docker")
+        .args(["run", "-d", "--name", &name, "--network", "none"])
+        .arg(rakazo::image::default_image())
+        .args(["sleep", "300"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _cleanup = RemoveOnDrop(id.clone());
+    let p = sup.provider();
+    let m = ProviderRef(id.clone());
+    assert_eq!(p.info(&m).await.unwrap_err(), ProviderError::MachineGone);
+    assert!(matches!(
+        p.exec(&m, &cmd("true")).await,
+        Err(ProviderError::MachineGone)
+    ));
+    p.destroy(&m).await.unwrap();
+    assert!(
+        docker_inspect(&id).is_some(),
+        "an unmanaged container was removed"
+    );
+}

@@ -429,3 +429,43 @@ async fn supervisor_reaches_only_managed_containers() {
         "an unmanaged container was removed"
     );
 }
+
+#[actix_rt::test]
+async fn a_container_removed_behind_our_back_is_machine_gone() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let space = unique("space");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    p.open_screen(&m, "bot-a").await.unwrap();
+    let gone = std::process::Command::new("docker")
+        .args(["rm", "-f", &m.0])
+        .output()
+        .unwrap();
+    assert!(gone.status.success());
+    assert_eq!(
+        p.observe(&m, "bot-a").await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.exec(&m, &cmd("true")).await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.open_screen(&m, "bot-b").await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.reconnect(&m, &spec).await,
+        Err(ProviderError::MachineGone)
+    );
+}

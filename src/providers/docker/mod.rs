@@ -151,6 +151,28 @@ impl DockerProvider {
         Ok(())
     }
 
+    /// A failed call on a container that is no longer there (or no longer running) is
+    /// `MachineGone`, whatever failed first (a broken X connection, an exec error); the stale
+    /// machine is forgotten so the next call looks again.
+    async fn classify(&self, machine: &ProviderRef, err: ProviderError) -> ProviderError {
+        let gone = match &err {
+            ProviderError::MachineGone => true,
+            ProviderError::Failed(_) => match self.client.inspect(&machine.0).await {
+                Ok(info) => !info.running,
+                Err(ProviderError::MachineGone) => true,
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        if gone {
+            self.machines.lock().await.remove(&machine.0);
+            tracing::info!("docker.computer.gone");
+            ProviderError::MachineGone
+        } else {
+            err
+        }
+    }
+
     fn home(m: &Machine) -> ProviderResult<PathBuf> {
         if m.info.home_dir.is_empty() {
             return Err(ProviderError::Failed(
@@ -267,18 +289,26 @@ impl SandboxProvider for DockerProvider {
 
     async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
         let m = self.machine(machine).await?;
-        let screen = m.runtime.open_screen(bot_id).await?;
-        Ok(ScreenInfo { slot: screen.slot })
+        match m.runtime.open_screen(bot_id).await {
+            Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
         let m = self.machine(machine).await?;
-        Ok(m.runtime.close_screen(bot_id).await?)
+        match m.runtime.close_screen(bot_id).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
     }
 
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
         let m = self.machine(machine).await?;
-        Ok(m.runtime.observe(bot_id).await?.frame)
+        match m.runtime.observe(bot_id).await {
+            Ok(o) => Ok(o.frame),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
     }
 
     async fn act(
@@ -288,7 +318,10 @@ impl SandboxProvider for DockerProvider {
         actions: &[Action],
     ) -> ProviderResult<ActOutcome> {
         let m = self.machine(machine).await?;
-        let result = m.runtime.act(bot_id, actions).await?;
+        let result = match m.runtime.act(bot_id, actions).await {
+            Ok(r) => r,
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        };
         if let Some(reason) = &result.error {
             tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "docker.act.stopped");
         }
@@ -324,7 +357,10 @@ impl SandboxProvider for DockerProvider {
             timeout_ms: request.timeout.as_millis() as u64,
             run_id: None,
         };
-        let out = self.client.exec(&m.info.id, &body).await?;
+        let out = match self.client.exec(&m.info.id, &body).await {
+            Ok(out) => out,
+            Err(e) => return Err(self.classify(machine, e).await),
+        };
         Ok(ExecOutput {
             exit_code: out.exit_code,
             stdout: out.stdout,

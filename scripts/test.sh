@@ -32,10 +32,20 @@ elif [ -n "${CI:-}" ]; then
   exit 1
 fi
 
+# The ecosystem's MCP client, which the MCP test drives our endpoint with.
+if ! python3 -c "import mcp.client.streamable_http" >/dev/null 2>&1; then
+  echo "test.sh: installing the mcp package"
+  python3 -m pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
+fi
+
 # A private Postgres cluster on a loopback port, owned by the postgres user.
 source scripts/lib/postgres.sh
 start_test_postgres
 export RAKAZO_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:${RAKAZO_PG_PORT}/postgres"
+
+# A moto S3 server on a loopback port for the object-store tests (sets RAKAZO_TEST_S3_ENDPOINT).
+source scripts/lib/moto.sh
+start_test_s3
 
 cd "$here"
 cargo test --workspace "$@"

@@ -3,17 +3,23 @@
 
 use std::sync::Arc;
 
-use actix::Arbiter;
+use actix::{Actor, Addr, Arbiter};
 use rakazo_actors::events::EventBus;
+use rakazo_actors::home_store::HomeStore;
 use rakazo_actors::registry::Registry;
 use rakazo_actors::runtime::{Runtime, Settings};
-use rakazo_actors::screen::NoRevoker;
 use sea_orm::DatabaseConnection;
+
+use rakazo_web_proxy::{GatewayActor, Keyring, ProxyConfig, ProxyState};
 
 use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
+use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_control_watch};
 use crate::stores::archive::Limits;
+use crate::stores::bucket;
 use crate::stores::local::LocalHomeStore;
+use crate::stores::object::ObjectHomeStore;
+use crate::stores::reconciler::{RECONCILE_EVERY, Reconciler};
 use crate::{auth, db, keyfile};
 
 /// Why the app could not start.
@@ -42,6 +48,16 @@ pub struct App {
     pub provider_status: ProviderStatus,
     /// The fake provider, when it is the one in use (tests drive its hooks).
     pub fake: Option<Arc<providers::fake::FakeProvider>>,
+    /// Live screens: capabilities, routes, revocation.
+    pub screens: Screens,
+    /// Live MCP sessions.
+    pub mcp: crate::api::mcp::Sessions,
+    /// Model-context economy of the agent tools.
+    pub tools: crate::tools::Economy,
+    /// The screen proxy's state (mounted by the server).
+    pub proxy: ProxyState,
+    /// The reconciler of unowned stored revisions (object storage only).
+    pub reconciler: Option<Addr<Reconciler>>,
     /// The arbiter the actors run on; kept alive with the app.
     _arbiter: Arbiter,
 }
@@ -61,11 +77,32 @@ impl App {
         let master_key =
             keyfile::load_or_create(config.content_key.as_ref(), &config.data_dir, "content.key")
                 .map_err(StartError::Bootstrap)?;
-        let homes = Arc::new(LocalHomeStore::new(
-            &config.data_dir,
-            config.keep_revisions as usize,
-            Limits::default(),
-        ));
+        let keep = config.keep_revisions as usize;
+        let arbiter = Arbiter::new();
+        let (homes, reconciler): (Arc<dyn HomeStore>, _) = match &config.object_storage {
+            Some(cfg) => {
+                let bucket = bucket::open(cfg).map_err(|e| StartError::Bootstrap(e.to_string()))?;
+                let store = Arc::new(ObjectHomeStore::new(
+                    bucket,
+                    &config.data_dir,
+                    keep,
+                    Limits::default(),
+                ));
+                let (db, reconciled) = (db.clone(), store.clone());
+                let addr = Reconciler::start_in_arbiter(&arbiter.handle(), move |_| {
+                    Reconciler::new(db, reconciled, RECONCILE_EVERY)
+                });
+                (store, Some(addr))
+            }
+            None => (
+                Arc::new(LocalHomeStore::new(
+                    &config.data_dir,
+                    keep,
+                    Limits::default(),
+                )),
+                None,
+            ),
+        };
         let runtime = Arc::new(Runtime {
             db: db.clone(),
             provider: built.provider,
@@ -79,18 +116,43 @@ impl App {
             },
             master_key,
         });
-        let arbiter = Arbiter::new();
-        let registry = Arc::new(Registry::new(
-            runtime,
-            arbiter.handle(),
-            Arc::new(NoRevoker),
-        ));
+        let screen_key = keyfile::load_or_create(
+            config.screen_secret.as_ref(),
+            &config.data_dir,
+            "screen-capability.key",
+        )
+        .map_err(StartError::Bootstrap)?;
+        let keyring = Arc::new(Keyring::new(1, &screen_key));
+        let gateway = GatewayActor::start_default();
+        let routes: Arc<RouteBook> = Arc::default();
+        spawn_control_watch(
+            &runtime.events,
+            gateway.clone(),
+            routes.clone(),
+            runtime.provider.clone(),
+        );
+        let revoker = Arc::new(GatewayRevoker::new(gateway.clone(), routes.clone()));
+        let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
+        let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
+        let proxy = ProxyState::new(
+            keyring.clone(),
+            authority,
+            gateway.clone(),
+            ProxyConfig::default(),
+        )
+        .map_err(|e| StartError::Bootstrap(format!("screen proxy: {e}")))?;
+        let screens = Screens::new(keyring, gateway, routes);
         let app = App {
             config,
             db,
             registry,
             provider_status: built.status,
             fake: built.fake,
+            screens,
+            tools: Default::default(),
+            mcp: Default::default(),
+            proxy,
+            reconciler,
             _arbiter: arbiter,
         };
         Ok((Arc::new(app), operator_token))

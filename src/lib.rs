@@ -10,7 +10,9 @@
 //! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, `docker`, ...).
 //! - [`supervisor`]: `rakazo supervisor`, the only process that talks to the Docker engine.
 //! - [`image`]: the computer image recipe, its tag and `rakazo image build`.
+//! - [`screens`]: live screens for people: capabilities, routes, the proxy's authority.
 //! - [`stores`]: `HomeStore` adapters.
+//! - [`tools`]: the computer tools agents call (JSON-RPC `tools/*` and MCP).
 //! - [`server`]: the HTTP server around [`api::configure`].
 //!
 //! The actors and domain rules live in the `rakazo-actors` crate; the screen proxy in
@@ -27,7 +29,9 @@ pub mod desktop;
 pub mod image;
 pub mod keyfile;
 pub mod providers;
+pub mod screens;
 pub mod server;
 pub mod stores;
 pub mod supervisor;
 pub mod telemetry;
+pub mod tools;

@@ -11,7 +11,10 @@ use crate::app::App;
 /// Build the server on an already-bound listener; the caller runs (awaits or spawns) it.
 pub fn build(app: Arc<App>, listener: TcpListener, workers: usize) -> std::io::Result<Server> {
     let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new().configure(api::configure(app.clone()))
+        let proxy = app.proxy.clone();
+        actix_web::App::new()
+            .configure(api::configure(app.clone()))
+            .configure(|cfg| rakazo_web_proxy::configure(cfg, proxy))
     })
     .workers(workers.max(1))
     .disable_signals()

@@ -5,7 +5,11 @@ use tracing_subscriber::EnvFilter;
 
 /// Install the global subscriber (once; later calls are ignored).
 pub fn init(filter: &str) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    // The HTTP and websocket client crates name upstream hosts at debug level: they stay
+    // quiet whatever the operator asks for.
+    let safe = rakazo_web_proxy::SAFE_LOG_DIRECTIVES;
+    let filter = EnvFilter::try_new(format!("{filter},{safe}"))
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,{safe}")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

@@ -20,8 +20,8 @@ use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::Leases;
 use crate::provider::{
-    ActOutcome, Action, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec, ProviderError,
-    ProviderRef, ScreenInfo,
+    ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
+    ProviderError, ProviderRef, ScreenInfo,
 };
 use crate::runtime::Runtime;
 
@@ -55,6 +55,12 @@ pub enum Op {
     Act(String, Vec<Action>),
     /// Replace the whole workspace with an archive (restore of a revision).
     ImportWorkspace(Vec<u8>),
+    /// Start a graphical program on a bot's screen.
+    Launch(String, Vec<String>),
+    /// Open a URL or workspace file in a bot's browser.
+    Open(String, String),
+    /// A page-browser command on a bot's browser.
+    Browser(String, BrowserCommand),
 }
 
 /// What an [`Op`] returned.
@@ -72,6 +78,8 @@ pub enum OpOutput {
     Frame(Frame),
     /// From `Act`.
     Act(ActOutcome),
+    /// From `Browser`.
+    Json(serde_json::Value),
     /// From operations with no result.
     Done,
 }
@@ -493,6 +501,17 @@ async fn run_op(
         }
         Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
         Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+        Op::Browser(bot, command) => {
+            OpOutput::Json(provider.browser(machine, &bot, &command).await?)
+        }
+        Op::Open(bot, target) => {
+            provider.open(machine, &bot, &target).await?;
+            OpOutput::Done
+        }
+        Op::Launch(bot, argv) => {
+            provider.launch(machine, &bot, &argv).await?;
+            OpOutput::Done
+        }
         Op::ImportWorkspace(archive) => {
             provider.import_workspace(machine, &archive).await?;
             OpOutput::Done

@@ -45,6 +45,14 @@ pub enum ErrorCode {
     TooLarge,
     /// A workspace archive broke a restore rule or failed verification.
     ArchiveRejected,
+    /// The provider does not offer this (for example live screens on the `fake` emulator).
+    Unsupported,
+    /// The same visual action kept leaving the screen unchanged; use page tools or takeover.
+    RepeatedNoOp,
+    /// A page-browser ref is stale: the page changed since the snapshot (nothing was done).
+    StaleRef,
+    /// A page-browser action failed; the message says which steps were confirmed.
+    PageActionFailed,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -72,6 +80,10 @@ impl ErrorCode {
             Self::PathRejected => "PATH_REJECTED",
             Self::TooLarge => "TOO_LARGE",
             Self::ArchiveRejected => "ARCHIVE_REJECTED",
+            Self::Unsupported => "UNSUPPORTED",
+            Self::RepeatedNoOp => "REPEATED_NO_OP",
+            Self::StaleRef => "STALE_REF",
+            Self::PageActionFailed => "PAGE_ACTION_FAILED",
             Self::Internal => "INTERNAL",
         }
     }
@@ -88,9 +100,14 @@ impl ErrorCode {
             | Self::StopBotFirst
             | Self::ControlHeld
             | Self::ComputerReserved
-            | Self::RunStateConflict => 409,
+            | Self::RunStateConflict
+            | Self::RepeatedNoOp
+            | Self::StaleRef => 409,
             Self::TooLarge => 413,
-            Self::MultiScreenUnavailable | Self::NoProvider => 422,
+            Self::MultiScreenUnavailable
+            | Self::NoProvider
+            | Self::Unsupported
+            | Self::PageActionFailed => 422,
             Self::CommandTimeout => 504,
             Self::MachineGone | Self::ComputerUnavailable | Self::ProviderFailed => 503,
             Self::Internal => 500,

@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod checkpoint;
 pub mod clock;
 pub mod computer;

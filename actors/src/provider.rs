@@ -172,6 +172,56 @@ pub struct ScreenInfo {
     pub slot: u32,
 }
 
+/// What a person may do on a live screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScreenPolicy {
+    /// Watch only.
+    View,
+    /// Watch and send input.
+    Control,
+}
+
+/// A route to one screen through the machine's screen gateway. Both fields are secret from
+/// browsers and logs: only the screen proxy uses them, through the authority.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScreenRoute {
+    /// Base URL of the gateway as the server reaches it (`http://host:port`).
+    pub upstream: String,
+    /// The gateway's per-route socket token.
+    pub token: String,
+}
+
+impl std::fmt::Debug for ScreenRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScreenRoute([redacted])")
+    }
+}
+
+/// A page-browser command on the bot's visible browser (the `browser_*` tools).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum BrowserCommand {
+    /// Load a URL in the active tab and wait for it.
+    Navigate {
+        /// An http(s) URL.
+        url: String,
+    },
+    /// Bounded page text and up to 80 interactive elements with refs.
+    Snapshot,
+    /// Act on an element of the last snapshot.
+    Act {
+        /// The element's ref from the last snapshot.
+        #[serde(rename = "ref")]
+        element: String,
+        /// `click`, `type` (replace the value with `text`), `press` (a key such as `Enter`).
+        action: String,
+        /// Text for `type`, key for `press`.
+        #[serde(default)]
+        text: Option<String>,
+    },
+}
+
 /// Provider failures, classified for the actors above.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
@@ -196,6 +246,12 @@ pub enum ProviderError {
     /// The capability is not supported by this provider.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A page-browser ref no longer names the element it was taken from.
+    #[error("{0}")]
+    StaleRef(String),
+    /// A page-browser command failed; its message says what was confirmed.
+    #[error("{0}")]
+    PageAction(String),
     /// Any other failure; the machine may still be there.
     #[error("provider failure: {0}")]
     Failed(String),
@@ -210,7 +266,9 @@ impl From<ProviderError> for DomainError {
             ProviderError::NotFound(_) => ErrorCode::NotFound,
             ProviderError::TooLarge(_) => ErrorCode::TooLarge,
             ProviderError::ArchiveRejected(_) => ErrorCode::ArchiveRejected,
-            ProviderError::Unsupported(_) => ErrorCode::InvalidParams,
+            ProviderError::Unsupported(_) => ErrorCode::Unsupported,
+            ProviderError::StaleRef(_) => ErrorCode::StaleRef,
+            ProviderError::PageAction(_) => ErrorCode::PageActionFailed,
             ProviderError::Failed(_) => ErrorCode::ProviderFailed,
         };
         DomainError::new(code, err.to_string())
@@ -253,6 +311,52 @@ pub trait SandboxProvider: Send + Sync + 'static {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome>;
+    /// Open a fresh route to the bot's (open) screen for a person: its own VNC server behind
+    /// the gateway, view-only for `View`. Providers without a live screen answer
+    /// `Unsupported`.
+    async fn open_route(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        Err(ProviderError::Unsupported(
+            "this provider serves no live screens".into(),
+        ))
+    }
+    /// Start a graphical program on the bot's screen (`launch_app`, `open_path`).
+    async fn launch(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _argv: &[String],
+    ) -> ProviderResult<()> {
+        Err(ProviderError::Unsupported(
+            "this provider cannot start programs on a screen".into(),
+        ))
+    }
+    /// Open a URL or an absolute file path in the bot's browser (`open_path`).
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        self.launch(machine, bot_id, &["xdg-open".to_owned(), target.to_owned()])
+            .await
+    }
+    /// Run a page-browser command; providers without the page-browser contract answer
+    /// `Unsupported` (desktop tools still work).
+    async fn browser(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        Err(ProviderError::Unsupported(
+            "page tools are not available on this computer: use computer_observe and computer_act"
+                .into(),
+        ))
+    }
+    /// Close a route: its token stops working and its VNC server stops.
+    async fn close_route(&self, _machine: &ProviderRef, _token: &str) -> ProviderResult<()> {
+        Ok(())
+    }
 
     // --- execution -------------------------------------------------------------------------
 

@@ -7,12 +7,15 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, Set};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, Set, TransactionTrait,
+};
 use serde::Serialize;
 
 use crate::clock::{new_id, now_ms};
 use crate::computer::{Call, ComputerActor, Op, OpOutput};
-use crate::entity::screen;
+use crate::entity::{computer, screen};
 use crate::error::{DomainError, DomainResult};
 use crate::runtime::Runtime;
 
@@ -114,6 +117,27 @@ async fn row(rt: &Runtime, computer_id: &str, bot_id: &str) -> DomainResult<scre
     .await?)
 }
 
+/// The next screen generation of a computer: one counter for all its slots (the computer
+/// row's epoch, bumped under its row lock), so a generation never repeats on any slot and a
+/// revocation watermark of one bot's slot can never cover the next bot's capabilities.
+async fn next_generation(rt: &Runtime, computer_id: &str) -> DomainResult<i64> {
+    let txn = rt.db.begin().await?;
+    computer::Entity::update_many()
+        .col_expr(
+            computer::Column::LeaseEpoch,
+            Expr::col(computer::Column::LeaseEpoch).add(1),
+        )
+        .filter(computer::Column::Id.eq(computer_id))
+        .exec(&txn)
+        .await?;
+    let row = computer::Entity::find_by_id(computer_id)
+        .one(&txn)
+        .await?
+        .ok_or_else(|| DomainError::not_found("computer"))?;
+    txn.commit().await?;
+    Ok(row.lease_epoch)
+}
+
 impl Handler<Open> for ScreenActor {
     type Result = AtomicResponse<Self, DomainResult<ScreenState>>;
 
@@ -144,7 +168,7 @@ impl Handler<Open> for ScreenActor {
                 let generation = if unchanged {
                     existing.generation
                 } else {
-                    existing.generation + 1
+                    next_generation(&rt, &computer_id).await?
                 };
                 active.slot = Set(Some(info.slot as i64));
                 active.generation = Set(generation);
@@ -185,7 +209,7 @@ impl Handler<Teardown> for ScreenActor {
                 let existing = row(&rt, &computer_id, &bot_id).await?;
                 let Some(slot) = existing.slot else { return Ok(()) };
                 // The generation moves first: every capability bound to the old one is dead.
-                let generation = existing.generation + 1;
+                let generation = next_generation(&rt, &computer_id).await?;
                 let mut active = existing.into_active_model();
                 active.generation = Set(generation);
                 active.state = Set("teardown_failed".into());

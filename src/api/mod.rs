@@ -1,6 +1,7 @@
 //! The HTTP surface: health, JSON-RPC over `POST /rpc` and over the `/rpc/ws` websocket.
 //! One [`configure`] serves both `main` and the tests.
 
+pub mod mcp;
 pub mod methods;
 pub mod rpc;
 mod ws;
@@ -22,7 +23,14 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(web::Data::from(app))
             .route("/internal/health", web::get().to(health))
             .route("/rpc", web::post().to(rpc_http))
-            .route("/rpc/ws", web::get().to(ws::upgrade));
+            .route("/rpc/ws", web::get().to(ws::upgrade))
+            .service(
+                web::resource("/mcp")
+                    .app_data(web::PayloadConfig::new(rpc::MAX_REQUEST_BYTES))
+                    .route(web::post().to(mcp::post))
+                    .route(web::delete().to(mcp::delete))
+                    .route(web::get().to(mcp::get)),
+            );
     }
 }
 

@@ -69,6 +69,17 @@ pub trait CommandRunner: Send + Sync + 'static {
         }
     }
 
+    /// Waits up to `timeout` for every process of the group led by `pid` to exit on its own;
+    /// answers whether they did.
+    async fn wait_exit(&self, pid: u32, timeout: Duration) -> Result<bool, DesktopError> {
+        let steps = (timeout.as_millis() / 50).max(1);
+        let script = format!(
+            "{GROUP_ALIVE_FN}\ni=0; while group_alive {pid}; do [ $i -ge {steps} ] && exit 1; sleep 0.05; i=$((i+1)); done\n"
+        );
+        let out = self.run(&script, timeout + SCRIPT_TIMEOUT).await?;
+        Ok(out.exit_code == 0)
+    }
+
     /// Whether `pid` is a live (not zombie) process.
     async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
         let out = self

@@ -39,6 +39,11 @@ pub enum Policy {
 pub struct Token(String);
 
 impl Token {
+    /// A token the gateway handed out earlier, given back to revoke it.
+    pub fn from_secret(secret: &str) -> Self {
+        Self(secret.to_owned())
+    }
+
     fn fresh() -> Self {
         Self(format!("{:032x}", rand::rng().random::<u128>()))
     }

@@ -19,11 +19,13 @@
 
 pub mod browser;
 pub mod capture;
+mod cdp;
 pub mod command;
 pub mod files;
 pub mod gateway;
 pub mod input;
 pub mod keys;
+mod page;
 pub mod provider;
 pub mod runtime;
 
@@ -61,6 +63,9 @@ pub enum DesktopError {
     /// An identifier (bot id, home key) is not acceptable as a path component.
     #[error("invalid identifier: {0}")]
     InvalidId(String),
+    /// A page-browser command failed (a stale ref, an unsupported action, DevTools trouble).
+    #[error("{0}")]
+    Browser(String),
 }
 
 impl From<DesktopError> for ProviderError {
@@ -69,6 +74,10 @@ impl From<DesktopError> for ProviderError {
             DesktopError::MultiScreenUnavailable => ProviderError::MultiScreenUnavailable,
             DesktopError::NoScreen => ProviderError::NotFound(err.to_string()),
             DesktopError::InvalidId(_) => ProviderError::PathRejected(err.to_string()),
+            DesktopError::Browser(msg) if msg.starts_with("stale ref") => {
+                ProviderError::StaleRef(msg)
+            }
+            DesktopError::Browser(msg) => ProviderError::PageAction(msg),
             other => ProviderError::Failed(other.to_string()),
         }
     }

@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenPolicy, ScreenRoute,
 };
 use tokio::sync::Mutex;
 
 use super::command::{HostRunner, minimal_env};
-use super::gateway::free_local_port;
+use super::gateway::{Policy, free_local_port};
 use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
@@ -55,6 +56,8 @@ pub struct DesktopProvider {
     /// Machines destroyed in this process: their references never attach again (a host
     /// directory outlives its machine, so without this a destroyed reference would revive).
     destroyed: Mutex<std::collections::HashSet<String>>,
+    /// DevTools connections of the page-browser tools, by machine and bot.
+    pages: Mutex<super::cdp::Connections>,
 }
 
 impl DesktopProvider {
@@ -74,6 +77,7 @@ impl DesktopProvider {
             displays,
             machines: Mutex::new(HashMap::new()),
             destroyed: Mutex::new(Default::default()),
+            pages: Mutex::new(Default::default()),
         })
     }
 
@@ -102,7 +106,8 @@ impl DesktopProvider {
         }
         let config = RuntimeConfig {
             workspace: home.clone(),
-            run_dir: self.config.run_root.join(&machine.0),
+            // Short: the gateway's unix sockets live below it (108-byte path limit).
+            run_dir: self.config.run_root.join(short_name(&machine.0)),
             screen_limit: self.config.screen_limit,
             displays: self.displays.clone(),
             gateway_port: free_local_port()?,
@@ -136,6 +141,16 @@ impl DesktopProvider {
         env.push(("TERM".into(), "dumb".into()));
         env
     }
+}
+
+/// A short, stable directory name for a machine (12 hex characters of a SHA-256).
+fn short_name(machine: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(machine.as_bytes())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 async fn blocking<T: Send + 'static>(
@@ -192,6 +207,80 @@ impl SandboxProvider for DesktopProvider {
         let m = self.machine(machine).await?;
         let screen = m.runtime.open_screen(bot_id).await?;
         Ok(ScreenInfo { slot: screen.slot })
+    }
+
+    async fn open_route(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        let m = self.machine(machine).await?;
+        let policy = match policy {
+            ScreenPolicy::View => Policy::View,
+            ScreenPolicy::Control => Policy::Control,
+        };
+        let cap = m.runtime.grant(bot_id, policy).await?;
+        Ok(ScreenRoute {
+            upstream: format!("http://127.0.0.1:{}", cap.port),
+            token: cap.token.expose().to_owned(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        argv: &[String],
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        Ok(m.runtime.launch(bot_id, argv.to_vec()).await?)
+    }
+
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        let target = if target.starts_with("http://") || target.starts_with("https://") {
+            target.to_owned()
+        } else {
+            files::resolve(&m.home, target)?
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(m.runtime.open_in_browser(bot_id, &target).await?)
+    }
+
+    async fn browser(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        let m = self.machine(machine).await?;
+        let key = format!("{}/{bot_id}", machine.0);
+        let mut pages = self.pages.lock().await;
+        // A connection from an earlier browser (restarted, closed) is replaced once.
+        for attempt in 0..2 {
+            if !pages.contains_key(&key) {
+                let profile = super::browser::profile_dir(&m.home, bot_id);
+                pages.insert(key.clone(), super::cdp::Cdp::connect(&profile).await?);
+            }
+            let cdp = pages.get_mut(&key).expect("inserted above");
+            match super::page::run(cdp, command).await {
+                Err(super::DesktopError::Browser(msg))
+                    if attempt == 0 && msg.contains("DevTools connection") =>
+                {
+                    pages.remove(&key);
+                }
+                other => return Ok(other?),
+            }
+        }
+        Err(ProviderError::PageAction(
+            "the browser's DevTools connection keeps closing".into(),
+        ))
+    }
+
+    async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
+        Ok(self.machine(machine).await?.runtime.revoke(token).await?)
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

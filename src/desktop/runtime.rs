@@ -440,6 +440,48 @@ impl DesktopRuntime {
             .await
     }
 
+    /// Starts a program on the bot's display (an app, or a file or URL handed to the bot's
+    /// browser), as the workspace user with the screen's environment; it is swept with the
+    /// screen.
+    pub async fn launch(&self, bot_id: &str, argv: Vec<String>) -> Result<(), DesktopError> {
+        let table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        let workspace = self.config.workspace.to_string_lossy().into_owned();
+        let spec = SpawnSpec {
+            argv,
+            env: self.env(&screen.tag, screen.display, &workspace),
+            cwd: workspace,
+            log: String::new(),
+        };
+        self.runner.spawn(&spec).await.map(|_| ())
+    }
+
+    /// Opens a URL or file in the bot's own browser: a second Chromium on the same profile
+    /// hands it to the running one (a new tab) and exits.
+    pub async fn open_in_browser(&self, bot_id: &str, target: &str) -> Result<(), DesktopError> {
+        let profile = profile_dir(&self.config.workspace, bot_id);
+        let as_root = *self.as_root.get().unwrap_or(&false);
+        let mut argv = vec!["chromium".to_string()];
+        argv.extend(chromium_args(
+            &profile,
+            SCREEN_WIDTH,
+            SCREEN_HEIGHT,
+            as_root,
+        ));
+        argv.push(target.to_owned());
+        self.launch(bot_id, argv).await
+    }
+
+    /// Revokes one capability: its socket goes and its VNC server stops.
+    pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
+        self.gateway
+            .revoke(&super::gateway::Token::from_secret(token))
+            .await
+    }
+
     /// A screenshot of the bot's screen.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
         let (x, _busy) = self.use_screen(bot_id).await?;
@@ -580,7 +622,13 @@ impl DesktopRuntime {
                 .runner
                 .run(&close_script(&profile), SCRIPT_TIMEOUT)
                 .await;
-            if !closed.as_ref().is_ok_and(|o| o.exit_code == 0) {
+            // A browser that quits writes its cookie database after its window is gone: let it
+            // finish before any signal.
+            let exited = match closed {
+                Ok(o) if o.exit_code == 0 => self.runner.wait_exit(pid, BROWSER_STOP_GRACE).await?,
+                _ => false,
+            };
+            if !exited {
                 tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.close_fallback");
             }
             self.runner.stop(pid, BROWSER_STOP_GRACE).await?;

@@ -25,11 +25,11 @@ fn crash_point(name: &str) {
     }
 }
 
-fn fail(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn fail(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(e.to_string())
 }
 
-fn safe_name(s: &str) -> Result<&str, StoreError> {
+pub(crate) fn safe_name(s: &str) -> Result<&str, StoreError> {
     let ok = !s.is_empty()
         && s.len() <= 128
         && s.chars()
@@ -89,7 +89,7 @@ impl LatestCopies {
             return Ok(());
         };
         let (old_prefix, staging_prefix) =
-            (format!(".old-{home_key}-"), format!(".staging-{home_key}-"));
+            (format!(".old-{home_key}."), format!(".staging-{home_key}."));
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(&old_prefix) {
@@ -111,7 +111,7 @@ impl LatestCopies {
         std::fs::create_dir_all(&self.homes).map_err(fail)?;
         self.recover(home_key)?;
         let staged = self.homes.join(format!(
-            ".staging-{}-{}",
+            ".staging-{}.{}",
             safe_name(home_key)?,
             uuid::Uuid::new_v4().simple()
         ));
@@ -128,7 +128,7 @@ impl LatestCopies {
         crash_point("home.before_swap");
         let old = self
             .homes
-            .join(format!(".old-{home_key}-{}", uuid::Uuid::new_v4().simple()));
+            .join(format!(".old-{home_key}.{}", uuid::Uuid::new_v4().simple()));
         let had_current = current.exists();
         if had_current {
             std::fs::rename(&current, &old).map_err(fail)?;

@@ -1,5 +1,9 @@
-//! `HomeStore` adapters and the pieces they share: workspace archives, sealing, atomic files.
+//! `HomeStore` adapters and the pieces they share: workspace archives, sealing, atomic files,
+//! the bucket client and the reconciler of unowned stored revisions.
 
 pub mod archive;
+pub mod bucket;
 pub mod local;
+pub mod object;
+pub mod reconciler;
 pub mod seal;

@@ -173,6 +173,17 @@ impl TestServer {
     }
 }
 
+impl Drop for TestServer {
+    /// Host desktops are detached processes: stop every one this server started.
+    fn drop(&mut self) {
+        let prefix = format!("{}/", self.app.config.data_dir.join("run").display());
+        let _ = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(rakazo::desktop::command::sweep_script(&prefix))
+            .status();
+    }
+}
+
 /// Instantiate an async scenario on both SQLite and Postgres.
 #[macro_export]
 macro_rules! on_both_databases {

@@ -1,15 +1,12 @@
 //! Computers: listing, the bot's computer, commands under an execution lease, screens,
 //! stop.
 
-use std::time::Duration;
-
 use rakazo_actors::checkpoint::{Outcome, Reason};
-use rakazo_actors::computer::{Call, CurrentMachine, Op, OpOutput, SaveWorkspace, Suspend};
+use rakazo_actors::computer::{CurrentMachine, SaveWorkspace, Suspend};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::entity::{computer, run};
 use rakazo_actors::lease_actor::Verify;
 use rakazo_actors::leases::{LeaseKey, Leases};
-use rakazo_actors::provider::ExecRequest;
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::screen;
@@ -137,48 +134,20 @@ struct Exec {
     timeout_ms: Option<u64>,
 }
 
-/// Longest accepted command line, in bytes.
-const MAX_COMMAND_LEN: usize = 64 * 1024;
-
 /// `computer.exec {runId, fence, command, cwd?, timeoutMs?}`: a shell command on the bot's
-/// computer under its execution lease.
+/// computer under its execution lease (the `shell` tool, with the whole output).
 pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Exec = super::params(params)?;
-    if p.command.is_empty() || p.command.len() > MAX_COMMAND_LEN {
-        return Err(DomainError::invalid("command must be 1 byte to 64 KiB"));
-    }
-    let (run, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
-    let max = ctx.app.config.command_timeout;
-    let timeout = p
-        .timeout_ms
-        .map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
-    let cwd = if p.cwd.is_empty() && ctx.is_team_bot(&run).await? {
-        format!("bots/{}", run.bot_id)
-    } else {
-        p.cwd
+    let (run, handle) = fenced_run(ctx, &p.run_id, p.fence).await?;
+    let team = ctx.is_team_bot(&run).await?;
+    let tcx = crate::tools::ToolCtx {
+        app: ctx.app,
+        run,
+        team,
+        handle,
+        vision: false,
     };
-    if !cwd.is_empty() {
-        // The bot's folder exists before its first command runs in it.
-        let mkdir = ExecRequest {
-            command: format!("mkdir -p '{}'", cwd.replace('\'', "")),
-            cwd: String::new(),
-            env: Vec::new(),
-            timeout,
-        };
-        h.computer.send(Call(Op::Exec(mkdir))).await??;
-    }
-    let req = ExecRequest {
-        command: p.command,
-        cwd,
-        env: Vec::new(),
-        timeout,
-    };
-    let OpOutput::Exec(out) = h.computer.send(Call(Op::Exec(req))).await?? else {
-        return Err(DomainError::new(
-            ErrorCode::Internal,
-            "unexpected provider reply",
-        ));
-    };
+    let out = crate::tools::shell_exec(&tcx, p.command, Some(p.cwd), p.timeout_ms).await?;
     Ok(serde_json::to_value(out).unwrap_or_default())
 }
 

@@ -1,9 +1,13 @@
 //! The RPC methods, transport-free: HTTP and websocket both call [`call`].
 
 mod access;
+mod activity;
 mod computers;
 mod homes;
 mod runs;
+mod tool_calls;
+
+pub use runs::run_json;
 mod spaces;
 
 use rakazo_actors::entity::run;
@@ -69,6 +73,7 @@ pub const METHODS: &[&str] = &[
     "computer.restoreRevision",
     "computer.delete",
     "computer.takeControl",
+    "computer.screenUrl",
     "computer.releaseControl",
     "run.start",
     "run.get",
@@ -76,6 +81,12 @@ pub const METHODS: &[&str] = &[
     "run.requestTakeover",
     "run.resume",
     "run.finish",
+    "tools/list",
+    "tools/call",
+    "activity.list",
+    "files.list",
+    "files.read",
+    "files.upload",
 ];
 
 /// Dispatch one method call.
@@ -100,6 +111,7 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "computer.restoreRevision" => homes::restore(ctx, params).await,
         "computer.delete" => homes::delete(ctx, params).await,
         "computer.takeControl" => runs::take_control(ctx, params).await,
+        "computer.screenUrl" => runs::screen_url(ctx, params).await,
         "computer.releaseControl" => runs::release_control(ctx, params).await,
         "run.start" => runs::start(ctx, params).await,
         "run.get" => runs::get(ctx, params).await,
@@ -107,6 +119,12 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "run.requestTakeover" => runs::request_takeover(ctx, params).await,
         "run.resume" => runs::resume(ctx, params).await,
         "run.finish" => runs::finish(ctx, params).await,
+        "tools/list" => Ok(serde_json::json!({ "tools": crate::tools::definitions() })),
+        "tools/call" => tool_calls::call(ctx, params).await,
+        "activity.list" => activity::list(ctx, params).await,
+        "files.list" => activity::list_files(ctx, params).await,
+        "files.read" => activity::read_file(ctx, params).await,
+        "files.upload" => activity::upload(ctx, params).await,
         other => Err(DomainError::new(
             ErrorCode::InvalidParams,
             format!("unknown method `{other}`"),
@@ -119,4 +137,24 @@ pub async fn visible_space(ctx: &Ctx<'_>, space_id: &str) -> DomainResult<()> {
     access::space(ctx.db(), ctx.caller, space_id)
         .await
         .map(|_| ())
+}
+
+/// A bot the caller may use, with its space (for transports outside `call`).
+pub async fn access_bot(
+    ctx: &Ctx<'_>,
+    bot_id: &str,
+) -> DomainResult<(
+    rakazo_actors::entity::bot::Model,
+    rakazo_actors::entity::space::Model,
+)> {
+    access::bot(ctx.db(), ctx.caller, bot_id).await
+}
+
+/// A run with its fence checked, and its computer's actors.
+pub async fn fenced(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    fence: i64,
+) -> DomainResult<(run::Model, rakazo_actors::registry::ComputerHandle)> {
+    computers::fenced_run(ctx, run_id, fence).await
 }

@@ -5,9 +5,12 @@ use rakazo_actors::computers::Computers;
 use rakazo_actors::entity::run;
 use rakazo_actors::lease_actor::{Acquire, Release, Renew};
 use rakazo_actors::leases::{Grant, LeaseKey, Leases};
+use rakazo_actors::provider::ScreenPolicy;
 use rakazo_actors::runs::{EXECUTION_LEASE_TTL_MS, RunState, RunTarget, Runs};
 use rakazo_actors::screen;
-use rakazo_actors::{DomainError, DomainResult};
+use rakazo_actors::{DomainError, DomainResult, ErrorCode};
+
+use crate::screens::VIEW_TTL;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -177,19 +180,47 @@ pub async fn stop_bot(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     Ok(json!({ "canceled": canceled.iter().map(run_json).collect::<Vec<_>>() }))
 }
 
-/// `computer.takeControl {botId}`: an exclusive control lease on the bot's screen.
+/// `computer.takeControl {botId}`: an exclusive control lease on the bot's screen, and a
+/// control URL bound to its fence (on providers with live screens).
 pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     access::not_bot_scoped(ctx.caller)?;
     let p: ByBot = super::params(params)?;
     let c = of_bot(ctx, &p.bot_id).await?;
     let key = LeaseKey::control(&c.id, &p.bot_id);
     let acquire = Acquire {
-        key,
+        key: key.clone(),
         holder: ctx.caller.user_id.clone(),
         ttl_ms: CONTROL_LEASE_TTL_MS,
     };
-    let grant = handle(ctx, &c).leases.send(acquire).await??;
+    let h = handle(ctx, &c);
+    let grant = h.leases.send(acquire).await??;
     Computers::new(ctx.db().clone()).touch(&c.id).await?;
+    let issued = ctx
+        .app
+        .screens
+        .issue(
+            &ctx.app.registry,
+            &c,
+            &p.bot_id,
+            ScreenPolicy::Control,
+            grant.fence,
+            grant.expires_at_ms,
+        )
+        .await;
+    let control_url = match issued {
+        Ok(url) => Some(url),
+        Err(e) if e.code == ErrorCode::Unsupported => None,
+        Err(e) => {
+            let _ = h
+                .leases
+                .send(Release {
+                    key,
+                    fence: grant.fence,
+                })
+                .await;
+            return Err(e);
+        }
+    };
     ctx.app.runtime().events.publish(
         &c.space_id,
         "lease.changed",
@@ -198,7 +229,29 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             "holder": grant.holder, "state": "granted",
         }),
     );
-    Ok(lease_json(&grant))
+    let mut out = lease_json(&grant);
+    out["controlUrl"] = json!(control_url);
+    Ok(out)
+}
+
+/// `computer.screenUrl {botId}`: a view URL of the bot's screen, for anyone in the space.
+pub async fn screen_url(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let expires = rakazo_actors::clock::now_ms() + VIEW_TTL.as_millis() as i64;
+    let url = ctx
+        .app
+        .screens
+        .issue(
+            &ctx.app.registry,
+            &c,
+            &p.bot_id,
+            ScreenPolicy::View,
+            0,
+            expires,
+        )
+        .await?;
+    Ok(serde_json::to_value(url).unwrap_or_default())
 }
 
 #[derive(Deserialize)]

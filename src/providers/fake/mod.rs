@@ -34,12 +34,20 @@ const SLEEP_TICK: Duration = Duration::from_millis(10);
 const LOSE_MACHINE_COMMAND: &str = "rakazo-fake-lose-machine";
 
 /// One emulated desktop.
-#[derive(Clone, Debug, Hash)]
+#[derive(Clone, Debug)]
 struct Screen {
     slot: u32,
     pointer: (i32, i32),
     typed: String,
     actions: u64,
+}
+
+/// What is visible: the pointer and what was typed (a click where the pointer already is
+/// changes nothing on screen).
+impl std::hash::Hash for Screen {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.slot, self.pointer, &self.typed).hash(h);
+    }
 }
 
 /// One emulated machine.
@@ -253,6 +261,23 @@ impl SandboxProvider for FakeProvider {
         }
         let frame = self.observe(machine, bot_id).await?;
         Ok(ActOutcome { completed, frame })
+    }
+
+    async fn launch(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        argv: &[String],
+    ) -> ProviderResult<()> {
+        self.with(machine, |m| {
+            let s = m
+                .screens
+                .get_mut(bot_id)
+                .ok_or_else(|| ProviderError::Failed("no screen for this bot".into()))?;
+            s.typed.push_str(&format!("<launch {}>", argv.join(" ")));
+            s.actions += 1;
+            Ok(())
+        })
     }
 
     async fn exec(

@@ -280,14 +280,25 @@ pub fn run_simple(
         stderr: msg.into_bytes(),
         status,
     };
-    let Some(name) = cmd.argv.first() else {
+    // Leading `NAME=value` words set the command's environment; the emulator's builtins read
+    // none of it, so they are dropped.
+    let assignment = |w: &&String| {
+        w.split_once('=').is_some_and(|(k, _)| {
+            k.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    let argv: Vec<String> = cmd.argv.iter().skip_while(assignment).cloned().collect();
+    let Some(name) = argv.first() else {
         return Step::Done {
             stdout: vec![],
             stderr: vec![],
             status: 0,
         };
     };
-    let args = &cmd.argv[1..];
+    let args = &argv[1..];
     let stdin = match &cmd.stdin_from {
         Some(src) => match path_arg(cwd, src)
             .and_then(|p| tree.read(&p).map(|b| b.to_vec()).map_err(|_| p))

@@ -1,0 +1,223 @@
+//! The activity feed: every mutating tool call on a computer becomes a `computer.command`
+//! event, recorded with secrets redacted and streamed live to the space's subscribers.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use regex::Regex;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set,
+};
+use serde::Serialize;
+
+use crate::clock::{new_id, now_ms};
+use crate::entity::activity_event;
+use crate::error::DomainResult;
+use crate::events::EventBus;
+
+/// Longest output tail kept per event, in characters.
+pub const OUTPUT_TAIL_CHARS: usize = 2000;
+/// Longest command kept per event, in characters.
+const COMMAND_CHARS: usize = 4000;
+/// What replaces a secret.
+const REDACTED: &str = "[redacted]";
+
+static SEQ: AtomicI64 = AtomicI64::new(0);
+
+/// Patterns of secrets in command lines and output, each replacing its capture group 1.
+static SECRETS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    [
+        // Assignments of *_TOKEN, *_KEY, *_SECRET, *PASSWORD, *_PASS (env style or flags).
+        r"(?i)\b[A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS)[A-Z0-9_]*\s*=\s*('[^']*'|\x22[^\x22]*\x22|[^\s'\x22]+)",
+        // Bearer and basic authorization headers.
+        r"(?i)\bauthorization:\s*(?:bearer|basic|token)\s+([A-Za-z0-9._~+/=-]+)",
+        r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{8,})",
+        // Passwords in URLs: scheme://user:password@host.
+        r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]+:([^@\s/]+)@",
+        // Common token shapes: GitHub, Slack, OpenAI-style, AWS access keys, our own.
+        r"\b((?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{16,})",
+        r"\b(xox[abpr]-[A-Za-z0-9-]{10,})",
+        r"\b(sk-[A-Za-z0-9_-]{16,})",
+        r"\b(AKIA[0-9A-Z]{16})",
+        r"\b(rkz_[A-Za-z0-9_-]{16,})",
+        // --password VALUE / --token VALUE / -p'value' style flags.
+        r"(?i)--(?:password|passwd|token|secret|api-key|apikey)[= ]('[^']*'|\x22[^\x22]*\x22|\S+)",
+    ]
+    .iter()
+    .map(|p| Regex::new(p).expect("valid secret pattern"))
+    .collect()
+});
+
+/// Replace every secret in `text`.
+pub fn redact(text: &str) -> String {
+    let mut out = text.to_owned();
+    for re in SECRETS.iter() {
+        out = re
+            .replace_all(&out, |caps: &regex::Captures<'_>| {
+                let whole = caps.get(0).expect("match");
+                let secret = caps.get(1).expect("group");
+                let (start, end) = (secret.start() - whole.start(), secret.end() - whole.start());
+                let w = whole.as_str();
+                format!("{}{REDACTED}{}", &w[..start], &w[end..])
+            })
+            .into_owned();
+    }
+    out
+}
+
+fn tail(text: &str, chars: usize) -> String {
+    let count = text.chars().count();
+    text.chars().skip(count.saturating_sub(chars)).collect()
+}
+
+/// One mutating tool call, as recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Command {
+    /// The space.
+    pub space_id: String,
+    /// The computer.
+    pub computer_id: String,
+    /// The bot.
+    pub bot_id: String,
+    /// `shell`, `write_file`, `attach_file`, `open_path`, `launch_app`.
+    pub tool: String,
+    /// The command line or a one-line description (redacted here).
+    pub command: String,
+    /// Output, of which the tail is kept (redacted here).
+    pub output: Option<String>,
+    /// Bytes written, for writes.
+    pub size_bytes: Option<i64>,
+    /// The error, if the call failed.
+    pub error: Option<String>,
+}
+
+/// An event as clients see it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivityJson {
+    /// Identifier.
+    pub id: String,
+    /// The bot.
+    pub bot_id: String,
+    /// The computer.
+    pub computer_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Redacted command.
+    pub command: String,
+    /// Redacted output tail.
+    pub output_tail: Option<String>,
+    /// Bytes written.
+    pub size_bytes: Option<i64>,
+    /// Error.
+    pub error: Option<String>,
+    /// When.
+    pub created_at_ms: i64,
+}
+
+impl From<&activity_event::Model> for ActivityJson {
+    fn from(m: &activity_event::Model) -> Self {
+        Self {
+            id: m.id.clone(),
+            bot_id: m.bot_id.clone(),
+            computer_id: m.computer_id.clone(),
+            tool: m.tool.clone(),
+            command: m.command.clone(),
+            output_tail: m.output_tail.clone(),
+            size_bytes: m.size_bytes,
+            error: m.error.clone(),
+            created_at_ms: m.created_at_ms,
+        }
+    }
+}
+
+/// Record one call and stream it to the space's subscribers.
+pub async fn record(
+    db: &DatabaseConnection,
+    events: &EventBus,
+    c: Command,
+) -> DomainResult<ActivityJson> {
+    let row = activity_event::ActiveModel {
+        id: Set(new_id()),
+        seq: Set(SEQ.fetch_add(1, Ordering::Relaxed)),
+        space_id: Set(c.space_id.clone()),
+        computer_id: Set(c.computer_id),
+        bot_id: Set(c.bot_id),
+        kind: Set("computer.command".into()),
+        tool: Set(c.tool),
+        command: Set(tail(&redact(&c.command), COMMAND_CHARS)),
+        output_tail: Set(c
+            .output
+            .map(|o| redact(&tail(&o, OUTPUT_TAIL_CHARS * 2)))
+            .map(|o| tail(&o, OUTPUT_TAIL_CHARS))),
+        size_bytes: Set(c.size_bytes),
+        error: Set(c.error.map(|e| redact(&e))),
+        created_at_ms: Set(now_ms()),
+    }
+    .insert(db)
+    .await?;
+    let json = ActivityJson::from(&row);
+    events.publish(
+        &c.space_id,
+        "computer.command",
+        serde_json::to_value(&json).unwrap_or_default(),
+    );
+    Ok(json)
+}
+
+/// A bot's history, newest first.
+pub async fn history(
+    db: &DatabaseConnection,
+    bot_id: &str,
+    before_ms: Option<i64>,
+    limit: u64,
+) -> DomainResult<Vec<ActivityJson>> {
+    let mut q = activity_event::Entity::find().filter(activity_event::Column::BotId.eq(bot_id));
+    if let Some(before) = before_ms {
+        q = q.filter(activity_event::Column::CreatedAtMs.lt(before));
+    }
+    let rows = q
+        .order_by_desc(activity_event::Column::CreatedAtMs)
+        .order_by_desc(activity_event::Column::Seq)
+        .limit(limit.clamp(1, 500))
+        .all(db)
+        .await?;
+    Ok(rows.iter().map(ActivityJson::from).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn secrets_are_redacted_and_the_rest_kept() {
+        let cases = [
+            (
+                "GITHUB_TOKEN=abc123 git push",
+                "GITHUB_TOKEN=[redacted] git push",
+            ),
+            (
+                "export AWS_SECRET_ACCESS_KEY='x y z'",
+                "export AWS_SECRET_ACCESS_KEY=[redacted]",
+            ),
+            (
+                "curl -H 'Authorization: Bearer eyJhbGciOi.x.y' https://api",
+                "curl -H 'Authorization: Bearer [redacted]' https://api",
+            ),
+            (
+                "git clone https://me:hunter2@example.com/r.git",
+                "git clone https://me:[redacted]@example.com/r.git",
+            ),
+            ("echo ghp_0123456789abcdefABCDEF", "echo [redacted]"),
+            (
+                "mysql --password=s3cret -u root",
+                "mysql --password=[redacted] -u root",
+            ),
+            ("ls -la /tmp", "ls -la /tmp"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(redact(input), want, "{input}");
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Checkpoint benchmark: pack + seal + store of a ~1 GiB workspace (~20,000 small files and a
+//! few large ones) through the local and the S3 home stores, side by side with
+//! `tar -cf - DIR | openssl enc -aes-256-ctr` in the same run, plus a checkpoint when nothing
+//! changed and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
+//! (`scripts/bench.sh checkpoint` starts moto). Run: `cargo bench --bench checkpoint`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rakazo::config::{ObjectStorage, Secret};
+use rakazo::stores::archive::{self, Limits};
+use rakazo::stores::local::{LatestCopies, LocalHomeStore};
+use rakazo::stores::object::ObjectHomeStore;
+use rakazo::stores::{bucket, seal};
+use rakazo_actors::home_store::{HomeId, HomeStore};
+
+/// The generated workspace, reused across runs.
+const WORKSPACE: &str = "/tmp/rakazo-bench-workspace-v1";
+const SMALL_FILES: usize = 20_000;
+const FILES_PER_DIR: usize = 100;
+const LARGE_FILES: usize = 4;
+const LARGE_BYTES: usize = 176 << 20;
+/// Runs per leg; the best is reported (page cache warm, least noise).
+const RUNS: usize = 3;
+
+/// Deterministic, incompressible bytes.
+fn fill(seed: u64, buf: &mut [u8]) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+fn workspace() -> PathBuf {
+    let root = PathBuf::from(WORKSPACE);
+    if root.join(".complete").exists() {
+        return root.join("home");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let home = root.join("home");
+    let mut buf = vec![0u8; LARGE_BYTES];
+    for i in 0..SMALL_FILES {
+        let dir = home.join(format!("src/d{:03}", i / FILES_PER_DIR));
+        if i % FILES_PER_DIR == 0 {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        // 1 KiB .. 31 KiB, about 16 KiB on average.
+        let len = 1024 + (i * 7919 % 30) * 1024;
+        fill(i as u64, &mut buf[..len]);
+        std::fs::write(dir.join(format!("f{i:05}.txt")), &buf[..len]).unwrap();
+    }
+    std::fs::create_dir_all(home.join("data")).unwrap();
+    for i in 0..LARGE_FILES {
+        fill(1_000_000 + i as u64, &mut buf);
+        std::fs::write(home.join(format!("data/large{i}.bin")), &buf).unwrap();
+    }
+    std::fs::write(root.join(".complete"), b"").unwrap();
+    home
+}
+
+fn best(mut f: impl FnMut() -> Duration) -> Duration {
+    (0..RUNS).map(|_| f()).min().unwrap()
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+fn baseline(dir: &Path) -> Duration {
+    let script = format!(
+        "tar -cf - -C '{}' . | openssl enc -aes-256-ctr -pass pass:x -pbkdf2 > /dev/null",
+        dir.display()
+    );
+    timed(|| {
+        let status = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    })
+    .1
+}
+
+fn home() -> HomeId {
+    HomeId {
+        home_key: "bench-home".into(),
+        storage_id: "bench-storage".into(),
+        data_key: [9; 32],
+    }
+}
+
+async fn s3_store(data_dir: &Path) -> Option<ObjectHomeStore> {
+    let endpoint = std::env::var("RAKAZO_TEST_S3_ENDPOINT").ok()?;
+    let name = format!("rakazo-bench-{}", uuid::Uuid::new_v4().simple());
+    reqwest::Client::new()
+        .put(format!("{endpoint}/{name}"))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let cfg = ObjectStorage {
+        bucket: name,
+        endpoint: Some(endpoint),
+        region: "us-east-1".into(),
+        access_key_id: Some(Secret("bench".into())),
+        secret_access_key: Some(Secret("bench".into())),
+    };
+    let bucket = bucket::open(&cfg).unwrap();
+    Some(ObjectHomeStore::new(bucket, data_dir, 1, Limits::default()))
+}
+
+/// Pack + save, `RUNS` times with growing revisions; the best wall time.
+async fn checkpoint(store: &dyn HomeStore, dir: &Path, rev: &mut i64) -> Result<Duration, String> {
+    let mut times = Vec::new();
+    for _ in 0..RUNS {
+        *rev += 1;
+        let start = Instant::now();
+        let tar = archive::pack(dir).unwrap();
+        store
+            .save(&home(), *rev, &tar, true)
+            .await
+            .map_err(|e| e.to_string())?;
+        times.push(start.elapsed());
+    }
+    Ok(times.into_iter().min().unwrap())
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn main() {
+    let dir = workspace();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let scratch = tempfile::tempdir_in("/tmp").unwrap();
+        // Warm the page cache, then phases on their own.
+        let base = best(|| baseline(&dir));
+        let (tar, pack) = timed(|| archive::pack(&dir).unwrap());
+        let size = tar.len();
+        let binding = seal::Binding {
+            storage_id: "bench-storage",
+            revision: 1,
+        };
+        let (sealed, seal_time) = timed(|| seal::seal(&[9; 32], &binding, &tar));
+        let (_, open_time) = timed(|| seal::open(&[9; 32], &binding, &sealed).unwrap());
+        drop(sealed);
+        let copies = LatestCopies::new(scratch.path().join("phase-homes"), Limits::default());
+        let (staged, stage_time) = timed(|| copies.stage("phase", &tar).unwrap());
+        let (_, swap_time) = timed(|| copies.swap_in("phase", &staged).unwrap());
+        copies.remove("phase").unwrap();
+        drop(tar);
+
+        let local = LocalHomeStore::new(&scratch.path().join("local"), 1, Limits::default());
+        let mut rev = 0;
+        let ours_local = checkpoint(&local, &dir, &mut rev).await.unwrap();
+        let local_unchanged = checkpoint(&local, &dir, &mut rev).await.unwrap();
+        let s3 = match s3_store(&scratch.path().join("s3")).await {
+            Some(store) => {
+                let mut rev = 0;
+                let changed = checkpoint(&store, &dir, &mut rev).await;
+                let unchanged = checkpoint(&store, &dir, &mut rev).await;
+                Some(changed.and_then(|c| unchanged.map(|u| (c, u))))
+            }
+            None => None,
+        };
+
+        let gib = size as f64 / f64::from(1 << 30);
+        println!("workspace: {WORKSPACE} ({SMALL_FILES} small files + {LARGE_FILES} large, archive {gib:.2} GiB)");
+        println!("best of {RUNS} runs each, same process, page cache warm\n");
+        println!("| leg | wall time | ratio to baseline |");
+        println!("| --- | --- | --- |");
+        let row = |name: &str, d: Duration| {
+            println!(
+                "| {name} | {} | {:.2} |",
+                secs(d),
+                d.as_secs_f64() / base.as_secs_f64()
+            )
+        };
+        row("baseline: tar -cf - | openssl enc -aes-256-ctr", base);
+        row("ours, local store: pack + seal + store", ours_local);
+        row("ours, local store, nothing changed", local_unchanged);
+        match s3 {
+            Some(Err(e)) => println!("| ours, S3 store | failed: {e} | |"),
+            Some(Ok((changed, unchanged))) => {
+                row("ours, S3 store (moto on loopback): pack + seal + store", changed);
+                row("ours, S3 store, nothing changed", unchanged);
+            }
+            None => println!("| ours, S3 store | skipped: RAKAZO_TEST_S3_ENDPOINT unset | |"),
+        }
+        println!("\nphases (one run each):\n");
+        println!("| phase | time | throughput |");
+        println!("| --- | --- | --- |");
+        for (name, d) in [
+            ("pack (tar of the workspace)", pack),
+            ("seal (AES-256-GCM, 64 KiB segments)", seal_time),
+            ("open (verify + decrypt)", open_time),
+            ("stage (safe unpack to disk)", stage_time),
+            ("swap in", swap_time),
+        ] {
+            println!(
+                "| {name} | {} | {:.0} MiB/s |",
+                secs(d),
+                size as f64 / f64::from(1 << 20) / d.as_secs_f64()
+            );
+        }
+    });
+}

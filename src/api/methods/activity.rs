@@ -1,0 +1,208 @@
+//! The activity feed and the Files window: history of a bot's commands, and browsing a
+//! computer's workspace (from the stored copy when the computer is stopped).
+
+use base64::Engine;
+use rakazo_actors::activity;
+use rakazo_actors::computer::{Call, CurrentMachine, Op, OpOutput};
+use rakazo_actors::leases::{LeaseKey, Leases};
+use rakazo_actors::provider::FileEntry;
+use rakazo_actors::{DomainError, DomainResult, ErrorCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::computers::{handle, of_bot};
+use super::{Ctx, access};
+use crate::providers::workspace_path::normalize;
+
+/// Largest file the Files window previews or uploads.
+const MAX_FILE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ListActivity {
+    bot_id: String,
+    before_ms: Option<i64>,
+    limit: Option<u64>,
+}
+
+/// `activity.list {botId, beforeMs?, limit?}`: `computer.command` events, newest first.
+pub async fn list(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ListActivity = super::params(params)?;
+    access::bot(ctx.db(), ctx.caller, &p.bot_id).await?;
+    let items = activity::history(ctx.db(), &p.bot_id, p.before_ms, p.limit.unwrap_or(100)).await?;
+    Ok(serde_json::to_value(items).unwrap_or_default())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FilePath {
+    bot_id: String,
+    #[serde(default)]
+    path: String,
+}
+
+/// Read from the running machine when there is one, else from the stored latest copy.
+async fn running(
+    ctx: &Ctx<'_>,
+    bot_id: &str,
+) -> DomainResult<(rakazo_actors::entity::computer::Model, bool)> {
+    let c = of_bot(ctx, bot_id).await?;
+    let live = handle(ctx, &c)
+        .computer
+        .send(CurrentMachine)
+        .await?
+        .is_some();
+    Ok((c, live))
+}
+
+fn stored_path(ctx: &Ctx<'_>, home_key: &str, path: &str) -> DomainResult<std::path::PathBuf> {
+    let rel = normalize(path, true)?;
+    let root = ctx.app.config.data_dir.join("homes").join(home_key);
+    Ok(if rel.is_empty() { root } else { root.join(rel) })
+}
+
+/// `files.list {botId, path}`: a folder of the bot's computer, also when it is stopped.
+pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: FilePath = super::params(params)?;
+    let (c, live) = running(ctx, &p.bot_id).await?;
+    let entries = if live {
+        match handle(ctx, &c)
+            .computer
+            .send(Call(Op::ListFiles(p.path.clone())))
+            .await??
+        {
+            OpOutput::Files(e) => e,
+            _ => Vec::new(),
+        }
+    } else {
+        let dir = stored_path(ctx, &c.home_key, &p.path)?;
+        let prefix = normalize(&p.path, true)?;
+        let mut out = Vec::new();
+        if let Ok(read) = std::fs::read_dir(&dir) {
+            for e in read.flatten() {
+                let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                    continue;
+                };
+                if !(meta.is_dir() || meta.is_file()) {
+                    continue;
+                }
+                let name = e.file_name().to_string_lossy().into_owned();
+                let path = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                let kind = if meta.is_dir() { "dir" } else { "file" };
+                out.push(FileEntry {
+                    name,
+                    path,
+                    kind: kind.into(),
+                    size: if meta.is_file() { meta.len() } else { 0 },
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    };
+    Ok(json!({ "path": p.path, "live": live, "entries": entries }))
+}
+
+/// `files.read {botId, path}`: preview a file (text or base64), also when stopped.
+pub async fn read_file(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: FilePath = super::params(params)?;
+    let (c, live) = running(ctx, &p.bot_id).await?;
+    let bytes = if live {
+        match handle(ctx, &c)
+            .computer
+            .send(Call(Op::ReadFile(p.path.clone())))
+            .await??
+        {
+            OpOutput::Bytes(b) => b,
+            _ => Vec::new(),
+        }
+    } else {
+        let path = stored_path(ctx, &c.home_key, &p.path)?;
+        let meta = std::fs::symlink_metadata(&path).map_err(|_| DomainError::not_found("file"))?;
+        if !meta.is_file() {
+            return Err(DomainError::not_found("file"));
+        }
+        if meta.len() as usize > MAX_FILE_BYTES {
+            return Err(DomainError::new(
+                ErrorCode::TooLarge,
+                "the file is larger than 8 MiB",
+            ));
+        }
+        std::fs::read(&path).map_err(|_| DomainError::not_found("file"))?
+    };
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(DomainError::new(
+            ErrorCode::TooLarge,
+            "the file is larger than 8 MiB",
+        ));
+    }
+    let size = bytes.len();
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => json!({ "path": p.path, "size": size, "live": live, "text": text }),
+        Err(e) => json!({ "path": p.path, "size": size, "live": live,
+                          "base64": base64::engine::general_purpose::STANDARD.encode(e.as_bytes()) }),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Upload {
+    bot_id: String,
+    name: String,
+    content_base64: String,
+}
+
+/// `files.upload {botId, name, contentBase64}`: needs the caller's control of the bot's
+/// screen and a running computer; lands under the bot's workspace path, capped.
+pub async fn upload(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: Upload = super::params(params)?;
+    let (b, _) = access::bot(ctx.db(), ctx.caller, &p.bot_id).await?;
+    let (c, live) = running(ctx, &p.bot_id).await?;
+    let control = Leases::new(ctx.db().clone())
+        .live(&LeaseKey::control(&c.id, &p.bot_id))
+        .await?;
+    if control.is_none_or(|g| g.holder != ctx.caller.user_id) {
+        return Err(DomainError::new(
+            ErrorCode::Forbidden,
+            "take control of the bot's screen to upload",
+        ));
+    }
+    if !live {
+        return Err(DomainError::new(
+            ErrorCode::ComputerUnavailable,
+            "the computer is stopped",
+        ));
+    }
+    if p.name.contains('/') || normalize(&p.name, false).is_err() {
+        return Err(DomainError::new(
+            ErrorCode::PathRejected,
+            "a file name, without folders",
+        ));
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(p.content_base64)
+        .map_err(|_| DomainError::invalid("contentBase64 is not base64"))?;
+    if data.len() > MAX_FILE_BYTES {
+        return Err(DomainError::new(
+            ErrorCode::TooLarge,
+            "uploads are limited to 8 MiB",
+        ));
+    }
+    let dir = if b.computer_mode == "team" {
+        format!("bots/{}/uploads", b.id)
+    } else {
+        "uploads".into()
+    };
+    let path = format!("{dir}/{}", p.name);
+    let size = data.len();
+    handle(ctx, &c)
+        .computer
+        .send(Call(Op::WriteFile(path.clone(), data)))
+        .await??;
+    Ok(json!({ "path": path, "size": size }))
+}

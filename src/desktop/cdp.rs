@@ -1,0 +1,185 @@
+//! A minimal DevTools-protocol client for the bot's visible Chromium (bound to loopback): the
+//! page-browser tools talk to the active tab through it, in an isolated script world so the
+//! page cannot see or tamper with what they do.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use super::DesktopError;
+
+/// How long one DevTools command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+fn err(msg: impl Into<String>) -> DesktopError {
+    DesktopError::Browser(msg.into())
+}
+
+/// One browser-level DevTools connection, attached to the active tab.
+pub struct Cdp {
+    socket: Socket,
+    next_id: u64,
+    session: String,
+    /// Frame of the top document, and the isolated world created in it.
+    world: Option<(String, i64)>,
+}
+
+impl Cdp {
+    /// Connect through the profile's `DevToolsActivePort` and attach to the active tab.
+    pub async fn connect(profile: &Path) -> Result<Cdp, DesktopError> {
+        let text = tokio::fs::read_to_string(profile.join("DevToolsActivePort"))
+            .await
+            .map_err(|_| err("the browser has no DevTools endpoint yet"))?;
+        let mut lines = text.lines();
+        let port: u16 = lines
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| err("bad DevToolsActivePort"))?;
+        let path = lines
+            .next()
+            .ok_or_else(|| err("bad DevToolsActivePort"))?
+            .trim()
+            .to_owned();
+        let url = format!("ws://127.0.0.1:{port}{path}");
+        let (socket, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .map_err(|e| err(format!("DevTools: {e}")))?;
+        let mut cdp = Cdp {
+            socket,
+            next_id: 0,
+            session: String::new(),
+            world: None,
+        };
+        let targets = cdp.call_browser("Target.getTargets", json!({})).await?;
+        let page = targets["targetInfos"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["type"] == "page"))
+            .and_then(|t| t["targetId"].as_str())
+            .ok_or_else(|| err("the browser has no open tab"))?
+            .to_owned();
+        let attached = cdp
+            .call_browser(
+                "Target.attachToTarget",
+                json!({ "targetId": page, "flatten": true }),
+            )
+            .await?;
+        cdp.session = attached["sessionId"]
+            .as_str()
+            .ok_or_else(|| err("attach failed"))?
+            .to_owned();
+        cdp.call("Page.enable", json!({})).await?;
+        Ok(cdp)
+    }
+
+    async fn send(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, DesktopError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = json!({ "id": id, "method": method, "params": params });
+        if let Some(s) = session {
+            msg["sessionId"] = json!(s);
+        }
+        self.socket
+            .send(Message::Text(msg.to_string().into()))
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let wait = async {
+            while let Some(frame) = self.socket.next().await {
+                let Ok(Message::Text(text)) = frame else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_str::<Value>(&text) else {
+                    continue;
+                };
+                if v["id"].as_u64() == Some(id) {
+                    if let Some(e) = v.get("error") {
+                        return Err(err(format!(
+                            "{method}: {}",
+                            e["message"].as_str().unwrap_or("failed")
+                        )));
+                    }
+                    return Ok(v["result"].clone());
+                }
+                if v["method"] == "Page.frameNavigated"
+                    && v["params"]["frame"]["parentId"].is_null()
+                {
+                    self.world = None;
+                }
+            }
+            Err(err("the DevTools connection closed"))
+        };
+        tokio::time::timeout(COMMAND_TIMEOUT, wait)
+            .await
+            .map_err(|_| err(format!("{method} timed out")))?
+    }
+
+    async fn call_browser(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
+        self.send(None, method, params).await
+    }
+
+    /// A command to the attached tab.
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
+        let session = self.session.clone();
+        self.send(Some(&session), method, params).await
+    }
+
+    /// The isolated world of the current top document (made on first use per document).
+    async fn world(&mut self) -> Result<i64, DesktopError> {
+        let tree = self.call("Page.getFrameTree", json!({})).await?;
+        let frame = tree["frameTree"]["frame"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if let Some((f, ctx)) = self.world.clone()
+            && f == frame
+        {
+            let probe = json!({ "expression": "1", "contextId": ctx, "returnByValue": true });
+            if self.call("Runtime.evaluate", probe).await.is_ok() {
+                return Ok(ctx);
+            }
+        }
+        let made = self
+            .call(
+                "Page.createIsolatedWorld",
+                json!({ "frameId": frame, "worldName": "rakazo", "grantUniveralAccess": false }),
+            )
+            .await?;
+        let ctx = made["executionContextId"]
+            .as_i64()
+            .ok_or_else(|| err("no isolated world"))?;
+        self.world = Some((frame, ctx));
+        Ok(ctx)
+    }
+
+    /// Evaluate `expression` in the isolated world; its JSON value.
+    pub async fn evaluate(&mut self, expression: &str) -> Result<Value, DesktopError> {
+        let ctx = self.world().await?;
+        let out = self
+            .call(
+                "Runtime.evaluate",
+                json!({ "expression": expression, "contextId": ctx, "returnByValue": true, "awaitPromise": true }),
+            )
+            .await?;
+        if let Some(ex) = out.get("exceptionDetails") {
+            return Err(err(format!(
+                "page script failed: {}",
+                ex["text"].as_str().unwrap_or("exception")
+            )));
+        }
+        Ok(out["result"]["value"].clone())
+    }
+}
+
+/// Connections by bot.
+pub type Connections = HashMap<String, Cdp>;

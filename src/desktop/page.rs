@@ -1,0 +1,189 @@
+//! The page-browser tools over DevTools: navigate, snapshot (bounded text and up to 80
+//! interactive elements with refs, password values masked), and act on a ref. Refs live only
+//! in the isolated world of the document they were taken from: a ref whose element is gone,
+//! replaced or from an older snapshot is refused, never retargeted.
+
+use std::time::{Duration, Instant};
+
+use rakazo_actors::provider::BrowserCommand;
+use serde_json::{Value, json};
+
+use super::DesktopError;
+use super::cdp::Cdp;
+
+/// Most interactive elements in a snapshot.
+pub const MAX_ELEMENTS: usize = 80;
+/// Most characters of page text in a snapshot.
+pub const MAX_TEXT: usize = 8000;
+/// How long a navigation may take to load.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Snapshot script: numbers the elements in `window.__rakazo` of the isolated world.
+const SNAPSHOT_JS: &str = r#"(() => {
+  const max = __MAX__, maxText = __TEXT__;
+  const sel = 'a[href],button,input,select,textarea,[role=button],[role=link],[role=checkbox],[role=tab],[role=menuitem],[contenteditable=true]';
+  const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
+  const state = window.__rakazo = window.__rakazo || { n: 0, refs: {} };
+  state.n += 1; state.refs = {};
+  const items = [];
+  for (const el of document.querySelectorAll(sel)) {
+    if (items.length >= max) break;
+    if (!visible(el)) continue;
+    const ref = 's' + state.n + 'e' + items.length;
+    state.refs[ref] = el;
+    const tag = el.tagName.toLowerCase();
+    const type = (el.getAttribute('type') || '').toLowerCase();
+    let value = ('value' in el) ? String(el.value) : null;
+    if (type === 'password' && value) value = '*'.repeat(Math.min(value.length, 8));
+    const name = (el.getAttribute('aria-label') || el.getAttribute('placeholder') || el.innerText || el.getAttribute('name') || el.getAttribute('title') || '').trim().slice(0, 120);
+    items.push({ ref, tag, type: type || null, role: el.getAttribute('role'), name, value });
+  }
+  const text = (document.body ? document.body.innerText : '').slice(0, maxText);
+  return { url: location.href, title: document.title, text, truncated: (document.body ? document.body.innerText.length : 0) > maxText,
+           elements: items, frames: document.querySelectorAll('iframe,frame').length };
+})()"#;
+
+/// Finds a ref of the current snapshot, or reports it stale.
+const FIND_JS: &str = r#"(() => {
+  const state = window.__rakazo; const ref = __REF__;
+  const el = state && state.refs[ref];
+  if (!el || !el.isConnected || !ref.startsWith('s' + state.n + 'e')) return { stale: true };
+  el.scrollIntoView({ block: 'center', inline: 'center' });
+  const r = el.getBoundingClientRect();
+  return { stale: false, x: r.left + r.width / 2, y: r.top + r.height / 2, tag: el.tagName.toLowerCase() };
+})()"#;
+
+/// Focuses a ref's element and clears it (before typing).
+const FOCUS_CLEAR_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
+  if (!el || !el.isConnected) return false; el.focus(); if ('value' in el) { el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true })); } return true; })()"#;
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// Run one command on the attached tab.
+pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
+    match command {
+        BrowserCommand::Navigate { url } => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(DesktopError::Browser(
+                    "only http(s) URLs can be opened".into(),
+                ));
+            }
+            cdp.call("Page.navigate", json!({ "url": url })).await?;
+            let started = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let ready = cdp
+                    .evaluate("document.readyState")
+                    .await
+                    .unwrap_or(Value::Null);
+                if ready == "complete" {
+                    break;
+                }
+                if started.elapsed() > LOAD_TIMEOUT {
+                    return Ok(json!({ "url": url, "loaded": false }));
+                }
+            }
+            let page = cdp
+                .evaluate("({ url: location.href, title: document.title })")
+                .await?;
+            Ok(json!({ "url": page["url"], "title": page["title"], "loaded": true }))
+        }
+        BrowserCommand::Snapshot => {
+            let js = SNAPSHOT_JS
+                .replace("__MAX__", &MAX_ELEMENTS.to_string())
+                .replace("__TEXT__", &MAX_TEXT.to_string());
+            cdp.evaluate(&js).await
+        }
+        BrowserCommand::Act {
+            element,
+            action,
+            text,
+        } => act(cdp, element, action, text.as_deref()).await,
+    }
+}
+
+async fn act(
+    cdp: &mut Cdp,
+    element: &str,
+    action: &str,
+    text: Option<&str>,
+) -> Result<Value, DesktopError> {
+    let found = cdp
+        .evaluate(&FIND_JS.replace("__REF__", &quote(element)))
+        .await?;
+    if found["stale"] != false {
+        return Err(DesktopError::Browser(format!(
+            "stale ref {element}: the page changed since the snapshot; take a new browser_snapshot (nothing was done)"
+        )));
+    }
+    let (x, y) = (
+        found["x"].as_f64().unwrap_or(0.0),
+        found["y"].as_f64().unwrap_or(0.0),
+    );
+    let mut done: Vec<&str> = Vec::new();
+    let progress = |done: &[&str], e: DesktopError| {
+        DesktopError::Browser(format!(
+            "{e}; confirmed steps: [{}]; the outcome may be uncertain, look before retrying",
+            done.join(", ")
+        ))
+    };
+    match action {
+        "click" => {
+            for kind in ["mousePressed", "mouseReleased"] {
+                cdp.call(
+                    "Input.dispatchMouseEvent",
+                    json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 }),
+                )
+                .await
+                .map_err(|e| progress(&done, e))?;
+                done.push(kind);
+            }
+        }
+        "type" => {
+            let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
+            let focused = cdp
+                .evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)))
+                .await?;
+            if focused != true {
+                return Err(DesktopError::Browser(format!(
+                    "stale ref {element}: take a new browser_snapshot"
+                )));
+            }
+            done.push("focused");
+            cdp.call("Input.insertText", json!({ "text": text }))
+                .await
+                .map_err(|e| progress(&done, e))?;
+            done.push("typed");
+        }
+        "press" => {
+            let key = text.unwrap_or("Enter");
+            cdp.evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)).replace(
+                "el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true }));",
+                "",
+            ))
+            .await?;
+            for kind in ["keyDown", "keyUp"] {
+                let mut ev = json!({ "type": kind, "key": key, "code": key });
+                if key == "Enter" {
+                    ev["windowsVirtualKeyCode"] = json!(13);
+                    if kind == "keyDown" {
+                        ev["text"] = json!("\r");
+                    }
+                }
+                cdp.call("Input.dispatchKeyEvent", ev)
+                    .await
+                    .map_err(|e| progress(&done, e))?;
+                done.push(kind);
+            }
+        }
+        other => {
+            return Err(DesktopError::Browser(format!(
+                "browser_act cannot {other:?}; use click, type or press, or the desktop tools for anything else"
+            )));
+        }
+    }
+    Ok(json!({ "ref": element, "action": action, "confirmed": done }))
+}

@@ -1,0 +1,95 @@
+//! The in-process [`Authority`]: on every proxied request, the capability's slot generation
+//! must be the screen's current one, a control capability's fence the live control lease, the
+//! computer running, and its route still in the book.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rakazo_actors::computer::CurrentMachine;
+use rakazo_actors::entity::screen;
+use rakazo_actors::leases::{LeaseKey, Leases};
+use rakazo_actors::provider::ScreenPolicy;
+use rakazo_actors::registry::Registry;
+use rakazo_web_proxy::{Authority, AuthorityError, Capability, Policy, RejectCause, Target};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+use super::{RouteBook, RouteKey};
+
+/// Answers the screen proxy from the database, the actors and the route book.
+pub struct ScreenAuthority {
+    registry: Arc<Registry>,
+    routes: Arc<RouteBook>,
+}
+
+impl ScreenAuthority {
+    /// An authority over this app's registry and routes.
+    pub fn new(registry: Arc<Registry>, routes: Arc<RouteBook>) -> Self {
+        Self { registry, routes }
+    }
+}
+
+fn rejected(cause: RejectCause) -> AuthorityError {
+    AuthorityError::Rejected(cause)
+}
+
+#[async_trait]
+impl Authority for ScreenAuthority {
+    async fn target(&self, cap: &Capability) -> Result<Target, AuthorityError> {
+        let db = &self.registry.runtime().db;
+        let unavailable = |_| AuthorityError::Unavailable("database");
+        let row = screen::Entity::find()
+            .filter(screen::Column::ComputerId.eq(&cap.computer_id))
+            .filter(screen::Column::BotId.eq(&cap.bot_id))
+            .one(db)
+            .await
+            .map_err(unavailable)?
+            .ok_or(rejected(RejectCause::NotFound))?;
+        let current = row.state == "active"
+            && row.slot == Some(i64::from(cap.slot))
+            && row.generation == cap.generation as i64;
+        if !current {
+            return Err(rejected(RejectCause::StaleGeneration));
+        }
+        let policy = match cap.policy {
+            Policy::View => ScreenPolicy::View,
+            Policy::Control => ScreenPolicy::Control,
+        };
+        if policy == ScreenPolicy::Control {
+            let live = Leases::new(db.clone())
+                .live(&LeaseKey::control(&cap.computer_id, &cap.bot_id))
+                .await
+                .map_err(|_| AuthorityError::Unavailable("database"))?;
+            if live.is_none_or(|g| g.fence != cap.fence as i64) {
+                return Err(rejected(RejectCause::LeaseEnded));
+            }
+        }
+        let key = RouteKey {
+            computer_id: cap.computer_id.clone(),
+            bot_id: cap.bot_id.clone(),
+            slot: u32::from(cap.slot),
+            generation: cap.generation as i64,
+            policy,
+            fence: cap.fence as i64,
+        };
+        let entry = self
+            .routes
+            .get(&key)
+            .map(|e| e.clone())
+            .ok_or(rejected(RejectCause::Revoked))?;
+        let computer = rakazo_actors::entity::computer::Entity::find_by_id(&cap.computer_id)
+            .one(db)
+            .await
+            .map_err(unavailable)?
+            .ok_or(rejected(RejectCause::NotFound))?;
+        let handle = self.registry.computer(&computer.id, &computer.space_id);
+        let running = handle.computer.send(CurrentMachine).await.ok().flatten();
+        if running.as_ref() != Some(&entry.machine) {
+            return Err(rejected(RejectCause::NotFound));
+        }
+        Ok(Target::new(
+            &entry.route.upstream,
+            &entry.route.token,
+            cap.policy,
+        )?)
+    }
+}

@@ -1,0 +1,70 @@
+//! Model-context economy: identical consecutive frames lose their image bytes, and a visual
+//! action that keeps leaving the screen unchanged is refused after a few tries.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+/// How many identical no-op batches are allowed before the next copy is refused.
+pub const REPEAT_LIMIT: u32 = 2;
+
+/// Per run and bot: the last frame seen and the no-op count of each action batch.
+#[derive(Default)]
+pub struct Economy {
+    runs: Mutex<HashMap<String, RunMemory>>,
+}
+
+#[derive(Default)]
+struct RunMemory {
+    last_frame: Option<String>,
+    no_ops: HashMap<String, u32>,
+}
+
+/// A frame's digest (hex SHA-256 of its PNG).
+pub fn digest(png: &[u8]) -> String {
+    Sha256::digest(png)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Economy {
+    fn with<T>(&self, run_id: &str, f: impl FnOnce(&mut RunMemory) -> T) -> T {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        f(runs.entry(run_id.to_owned()).or_default())
+    }
+
+    /// Record a frame; answers whether it equals the previous one of this run.
+    pub fn seen(&self, run_id: &str, frame_digest: &str) -> bool {
+        self.with(run_id, |m| {
+            m.last_frame.replace(frame_digest.to_owned()).as_deref() == Some(frame_digest)
+        })
+    }
+
+    /// Whether `batch` already left the screen unchanged `REPEAT_LIMIT` times in a row.
+    pub fn exhausted(&self, run_id: &str, batch: &str) -> bool {
+        self.with(run_id, |m| {
+            m.no_ops.get(batch).copied().unwrap_or(0) >= REPEAT_LIMIT
+        })
+    }
+
+    /// Count the outcome of a batch: unchanged screens add up, any change resets.
+    pub fn count(&self, run_id: &str, batch: &str, unchanged: bool) {
+        self.with(run_id, |m| {
+            if unchanged {
+                *m.no_ops.entry(batch.to_owned()).or_default() += 1;
+            } else {
+                m.no_ops.clear();
+            }
+        });
+    }
+
+    /// Forget a finished run.
+    pub fn forget(&self, run_id: &str) {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+    }
+}

@@ -1,0 +1,574 @@
+//! The computer tools agents call (`computer_observe`, `computer_act`, `shell`, files,
+//! `request_takeover`, ...): one transport-free dispatcher behind the JSON-RPC `tools/*`
+//! methods and the MCP endpoint. Results use MCP's `CallToolResult` shape; a failed tool is an
+//! `isError` result carrying the stable error code, so the agent can read it.
+
+mod economy;
+mod schema;
+
+use std::time::Duration;
+
+use base64::Engine;
+use rakazo_actors::activity::{self, Command};
+use rakazo_actors::computer::{Call, Op, OpOutput};
+use rakazo_actors::entity::run;
+use rakazo_actors::provider::{Action, BrowserCommand, ExecRequest, Frame};
+use rakazo_actors::registry::ComputerHandle;
+use rakazo_actors::runs::Runs;
+use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub use economy::Economy;
+pub use schema::definitions;
+
+use crate::app::App;
+
+/// Largest file `read_file` and `attach_file` return.
+pub const MAX_READ_BYTES: usize = 8 * 1024 * 1024;
+/// Output kept from each stream of a shell command.
+const SHELL_TAIL_BYTES: usize = 16 * 1024;
+
+/// Who is calling, on which run.
+pub struct ToolCtx<'a> {
+    /// The app.
+    pub app: &'a App,
+    /// The run (its fence was checked).
+    pub run: run::Model,
+    /// Whether the bot works on a Team Computer (its shell starts in `bots/<id>`).
+    pub team: bool,
+    /// The computer's actors.
+    pub handle: ComputerHandle,
+    /// Whether the caller can read images.
+    pub vision: bool,
+}
+
+fn text(t: impl Into<String>) -> Value {
+    json!({ "type": "text", "text": t.into() })
+}
+
+fn ok(content: Vec<Value>, structured: Value) -> Value {
+    json!({ "content": content, "structuredContent": structured, "isError": false })
+}
+
+fn failed(e: &DomainError) -> Value {
+    json!({ "content": [text(format!("{}: {}", e.code.as_str(), e.message))],
+            "structuredContent": { "error": { "code": e.code.as_str(), "message": e.message } }, "isError": true })
+}
+
+fn args<T: for<'de> Deserialize<'de>>(v: Value) -> DomainResult<T> {
+    crate::api::methods::params(v)
+}
+
+fn tail(bytes: &str, max: usize) -> (String, bool) {
+    if bytes.len() <= max {
+        return (bytes.to_owned(), false);
+    }
+    let mut start = bytes.len() - max;
+    while !bytes.is_char_boundary(start) {
+        start += 1;
+    }
+    (bytes[start..].to_owned(), true)
+}
+
+impl ToolCtx<'_> {
+    async fn op(&self, op: Op) -> DomainResult<OpOutput> {
+        self.handle.computer.send(Call(op)).await?
+    }
+
+    async fn record(
+        &self,
+        tool: &str,
+        command: String,
+        output: Option<String>,
+        size: Option<i64>,
+        error: Option<String>,
+    ) {
+        let c = Command {
+            space_id: self.run.space_id.clone(),
+            computer_id: self.run.computer_id.clone(),
+            bot_id: self.run.bot_id.clone(),
+            tool: tool.into(),
+            command,
+            output,
+            size_bytes: size,
+            error,
+        };
+        if let Err(e) = activity::record(&self.app.db, &self.app.runtime().events, c).await {
+            tracing::warn!(event = "activity.record_failed", code = e.code.as_str());
+        }
+    }
+
+    async fn frame_result(&self, frame: Frame, extra: Value) -> Value {
+        let digest = economy::digest(&frame.png);
+        let unchanged = self.app.tools.seen(&self.run.id, &digest);
+        let mut meta = json!({ "width": frame.width, "height": frame.height, "frameDigest": digest, "unchanged": unchanged });
+        if let (Value::Object(m), Value::Object(e)) = (&mut meta, extra) {
+            m.extend(e);
+        }
+        let mut content = Vec::new();
+        if !self.vision {
+            content.push(text("This caller reads no images: use browser_snapshot and browser_act for page text, or request_takeover."));
+        } else if unchanged {
+            content.push(text(
+                "The screen has not changed: the previous screenshot remains valid.",
+            ));
+        } else {
+            content.push(json!({ "type": "image", "mimeType": "image/png",
+                                 "data": base64::engine::general_purpose::STANDARD.encode(&frame.png) }));
+        }
+        content.push(text(meta.to_string()));
+        ok(content, meta)
+    }
+}
+
+/// Call one tool. Precondition failures (unknown tool, bad arguments) and tool failures both
+/// come back as `isError` results.
+pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
+    match dispatch(ctx, name, arguments).await {
+        Ok(v) => v,
+        Err(e) => failed(&e),
+    }
+}
+
+async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value> {
+    match name {
+        "computer_observe" => observe(ctx).await,
+        "computer_act" => act(ctx, a).await,
+        "shell" => shell(ctx, a).await,
+        "read_file" => read_file(ctx, a, false).await,
+        "attach_file" => read_file(ctx, a, true).await,
+        "write_file" => write_file(ctx, a).await,
+        "list_files" => list_files(ctx, a).await,
+        "open_path" => open_path(ctx, a).await,
+        "launch_app" => launch_app(ctx, a).await,
+        "request_takeover" => request_takeover(ctx, a).await,
+        "browser_navigate" | "browser_snapshot" | "browser_act" => browser(ctx, name, a).await,
+        other => Err(DomainError::invalid(format!("unknown tool `{other}`"))),
+    }
+}
+
+async fn open_screen(ctx: &ToolCtx<'_>) -> DomainResult<screen::ScreenState> {
+    ctx.app
+        .registry
+        .screen(&ctx.handle, &ctx.run.bot_id)
+        .send(screen::Open)
+        .await?
+}
+
+async fn observe(ctx: &ToolCtx<'_>) -> DomainResult<Value> {
+    let state = open_screen(ctx).await?;
+    let OpOutput::Frame(frame) = ctx.op(Op::Observe(ctx.run.bot_id.clone())).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    Ok(ctx
+        .frame_result(
+            frame,
+            json!({ "slot": state.slot, "generation": state.generation }),
+        )
+        .await)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActArgs {
+    actions: Vec<Action>,
+}
+
+async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let ActArgs { actions } = args(a)?;
+    if actions.is_empty() || actions.len() > 50 {
+        return Err(DomainError::invalid("actions must hold 1 to 50 steps"));
+    }
+    let batch = serde_json::to_string(&actions).unwrap_or_default();
+    if ctx.app.tools.exhausted(&ctx.run.id, &batch) {
+        return Err(DomainError::new(
+            ErrorCode::RepeatedNoOp,
+            "this exact action left the screen unchanged several times: read the page with browser_snapshot and act with browser_act, or request_takeover",
+        ));
+    }
+    open_screen(ctx).await?;
+    let total = actions.len();
+    let OpOutput::Act(outcome) = ctx.op(Op::Act(ctx.run.bot_id.clone(), actions)).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    let result = ctx
+        .frame_result(
+            outcome.frame,
+            json!({ "completed": outcome.completed, "total": total }),
+        )
+        .await;
+    let unchanged = result["structuredContent"]["unchanged"]
+        .as_bool()
+        .unwrap_or(false);
+    ctx.app.tools.count(&ctx.run.id, &batch, unchanged);
+    if outcome.completed < total {
+        let mut r = result;
+        r["isError"] = json!(true);
+        if let Some(c) = r["content"].as_array_mut() {
+            let note = format!(
+                "Only {} of {total} actions completed; nothing was replayed. Look at the screen before going on.",
+                outcome.completed
+            );
+            c.insert(0, text(note));
+        }
+        return Ok(r);
+    }
+    Ok(result)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellArgs {
+    command: String,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// Run a shell command for the bot (its Team folder by default) and record it in the
+/// activity feed, redacted; the full output comes back.
+pub async fn shell_exec(
+    ctx: &ToolCtx<'_>,
+    command: String,
+    cwd: Option<String>,
+    timeout_ms: Option<u64>,
+) -> DomainResult<rakazo_actors::provider::ExecOutput> {
+    if command.trim().is_empty() || command.len() > 64 * 1024 {
+        return Err(DomainError::invalid("command must be 1 byte to 64 KiB"));
+    }
+    let max = ctx.app.config.command_timeout;
+    let timeout = timeout_ms.map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
+    let cwd = match cwd.filter(|c| !c.is_empty()) {
+        Some(c) => c,
+        None if ctx.team => {
+            let home = format!("bots/{}", ctx.run.bot_id);
+            let mkdir = ExecRequest {
+                command: format!("mkdir -p '{home}'"),
+                cwd: String::new(),
+                env: Vec::new(),
+                timeout,
+            };
+            ctx.op(Op::Exec(mkdir)).await?;
+            home
+        }
+        None => String::new(),
+    };
+    let req = ExecRequest {
+        command: command.clone(),
+        cwd,
+        env: Vec::new(),
+        timeout,
+    };
+    match ctx.op(Op::Exec(req)).await {
+        Ok(OpOutput::Exec(out)) => {
+            let error = out.timed_out.then(|| "timed out".to_owned());
+            let output = format!("{}{}", out.stdout, out.stderr);
+            ctx.record("shell", command, Some(output), None, error)
+                .await;
+            Ok(out)
+        }
+        Ok(_) => Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        )),
+        Err(e) => {
+            ctx.record("shell", command, None, None, Some(e.message.clone()))
+                .await;
+            Err(e)
+        }
+    }
+}
+
+async fn shell(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let ShellArgs {
+        command,
+        cwd,
+        timeout_ms,
+    } = args(a)?;
+    let out = shell_exec(ctx, command, cwd, timeout_ms).await?;
+    let (stdout, cut_out) = tail(&out.stdout, SHELL_TAIL_BYTES);
+    let (stderr, cut_err) = tail(&out.stderr, SHELL_TAIL_BYTES);
+    let structured = json!({ "exitCode": out.exit_code, "stdout": stdout, "stderr": stderr, "timedOut": out.timed_out,
+                             "stdoutTruncated": cut_out, "stderrTruncated": cut_err });
+    let mut summary = format!(
+        "exit code {}{}",
+        out.exit_code,
+        if out.timed_out { " (timed out)" } else { "" }
+    );
+    if !stdout.is_empty() {
+        summary.push_str(&format!("\nstdout:\n{stdout}"));
+    }
+    if !stderr.is_empty() {
+        summary.push_str(&format!("\nstderr:\n{stderr}"));
+    }
+    Ok(ok(vec![text(summary)], structured))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathArgs {
+    #[serde(default)]
+    path: String,
+}
+
+async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Value> {
+    let PathArgs { path } = args(a)?;
+    let listing = ctx.op(Op::ListFiles(parent(&path).to_owned())).await;
+    if let Ok(OpOutput::Files(entries)) = &listing
+        && let Some(e) = entries.iter().find(|e| e.path == path)
+        && e.size as usize > MAX_READ_BYTES
+    {
+        let err = DomainError::new(
+            ErrorCode::TooLarge,
+            format!("{path} is {} bytes; the limit is 8 MiB", e.size),
+        );
+        if attach {
+            ctx.record(
+                "attach_file",
+                format!("attach {path}"),
+                None,
+                Some(e.size as i64),
+                Some(err.message.clone()),
+            )
+            .await;
+        }
+        return Err(err);
+    }
+    let OpOutput::Bytes(bytes) = ctx.op(Op::ReadFile(path.clone())).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    if bytes.len() > MAX_READ_BYTES {
+        return Err(DomainError::new(
+            ErrorCode::TooLarge,
+            format!("{path} is larger than 8 MiB"),
+        ));
+    }
+    let size = bytes.len();
+    if attach {
+        ctx.record(
+            "attach_file",
+            format!("attach {path}"),
+            None,
+            Some(size as i64),
+            None,
+        )
+        .await;
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        let resource = json!({ "type": "resource", "resource": { "uri": format!("workspace:///{path}"),
+                               "mimeType": "application/octet-stream", "blob": data } });
+        return Ok(ok(vec![resource], json!({ "path": path, "size": size })));
+    }
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => ok(
+            vec![text(s.clone())],
+            json!({ "path": path, "size": size, "content": s }),
+        ),
+        Err(e) => {
+            let data = base64::engine::general_purpose::STANDARD.encode(e.as_bytes());
+            ok(
+                vec![text(format!(
+                    "{path}: {size} bytes of binary data (base64 in structuredContent)"
+                ))],
+                json!({ "path": path, "size": size, "contentBase64": data }),
+            )
+        }
+    })
+}
+
+fn parent(path: &str) -> &str {
+    path.rfind('/').map_or("", |i| &path[..i])
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    content_base64: Option<String>,
+}
+
+async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let WriteArgs {
+        path,
+        content,
+        content_base64,
+    } = args(a)?;
+    let data = match (content, content_base64) {
+        (Some(t), None) => t.into_bytes(),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map_err(|_| DomainError::invalid("content_base64 is not base64"))?,
+        _ => {
+            return Err(DomainError::invalid(
+                "give exactly one of content and content_base64",
+            ));
+        }
+    };
+    let size = data.len() as i64;
+    let outcome = ctx.op(Op::WriteFile(path.clone(), data)).await;
+    ctx.record(
+        "write_file",
+        format!("write {path}"),
+        None,
+        Some(size),
+        outcome.as_ref().err().map(|e| e.message.clone()),
+    )
+    .await;
+    outcome?;
+    Ok(ok(
+        vec![text(format!("wrote {size} bytes to {path}"))],
+        json!({ "path": path, "size": size }),
+    ))
+}
+
+async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let PathArgs { path } = args(a)?;
+    let OpOutput::Files(entries) = ctx.op(Op::ListFiles(path.clone())).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    let lines: Vec<String> = entries
+        .iter()
+        .map(|e| {
+            format!(
+                "{}{} {}",
+                e.name,
+                if e.kind == "dir" { "/" } else { "" },
+                e.size
+            )
+        })
+        .collect();
+    Ok(ok(
+        vec![text(lines.join("\n"))],
+        json!({ "path": path, "entries": entries }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenArgs {
+    path: String,
+}
+
+async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let OpenArgs { path } = args(a)?;
+    open_screen(ctx).await?;
+    let is_url = path.starts_with("http://") || path.starts_with("https://");
+    if !is_url {
+        crate::providers::workspace_path::normalize(&path, false)?;
+    }
+    let outcome = ctx.op(Op::Open(ctx.run.bot_id.clone(), path.clone())).await;
+    ctx.record(
+        "open_path",
+        format!("open {path}"),
+        None,
+        None,
+        outcome.as_ref().err().map(|e| e.message.clone()),
+    )
+    .await;
+    outcome?;
+    Ok(ok(
+        vec![text(format!("opened {path}"))],
+        json!({ "path": path }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LaunchArgs {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+async fn launch_app(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let LaunchArgs {
+        command,
+        args: rest,
+    } = args(a)?;
+    if command.trim().is_empty() {
+        return Err(DomainError::invalid("command is empty"));
+    }
+    open_screen(ctx).await?;
+    let line = std::iter::once(command.clone())
+        .chain(rest.iter().cloned())
+        .collect::<Vec<_>>();
+    let outcome = ctx
+        .op(Op::Launch(ctx.run.bot_id.clone(), line.clone()))
+        .await;
+    ctx.record(
+        "launch_app",
+        line.join(" "),
+        None,
+        None,
+        outcome.as_ref().err().map(|e| e.message.clone()),
+    )
+    .await;
+    outcome?;
+    Ok(ok(
+        vec![text(format!("started {command}"))],
+        json!({ "command": command }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TakeoverArgs {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn request_takeover(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let TakeoverArgs { reason } = args(a)?;
+    let run = Runs::new(ctx.app.db.clone())
+        .request_takeover(&ctx.run.id, ctx.run.lease_fence)
+        .await?;
+    rakazo_actors::computers::Computers::new(ctx.app.db.clone())
+        .touch(&run.computer_id)
+        .await?;
+    ctx.app.runtime().events.publish(
+        &run.space_id,
+        "run.state",
+        crate::api::methods::run_json(&run),
+    );
+    let why = reason.unwrap_or_default();
+    Ok(ok(
+        vec![text(
+            "A person has been asked to take over. Wait: your run continues after they release control.",
+        )],
+        json!({ "state": run.state, "reason": why }),
+    ))
+}
+
+async fn browser(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value> {
+    let mut a = if a.is_null() { json!({}) } else { a };
+    let Value::Object(m) = &mut a else {
+        return Err(DomainError::invalid("arguments must be an object"));
+    };
+    m.insert("command".into(), json!(name.trim_start_matches("browser_")));
+    let command: BrowserCommand = serde_json::from_value(a)
+        .map_err(|e| DomainError::invalid(format!("invalid arguments: {e}")))?;
+    open_screen(ctx).await?;
+    let OpOutput::Json(v) = ctx.op(Op::Browser(ctx.run.bot_id.clone(), command)).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    Ok(ok(vec![text(v.to_string())], v))
+}

@@ -1,0 +1,97 @@
+//! The tool set agents see: names, descriptions and JSON Schemas of their inputs.
+
+use serde_json::{Value, json};
+
+/// One tool's definition, in the shape MCP's `tools/list` uses.
+pub fn definitions() -> Vec<Value> {
+    let path = json!({ "type": "string", "description": "Path relative to the workspace root (no `..`)." });
+    vec![
+        tool(
+            "computer_observe",
+            "Take a screenshot of your screen. Identical consecutive frames come back without image bytes: the previous screenshot is still valid.",
+            json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+        ),
+        tool(
+            "computer_act",
+            "Perform an ordered batch of mouse and keyboard actions on your screen, wait for it to settle, and return the resulting screenshot.",
+            json!({ "type": "object", "required": ["actions"], "additionalProperties": false, "properties": {
+                "actions": { "type": "array", "minItems": 1, "maxItems": 50, "items": { "type": "object", "required": ["type"], "properties": {
+                    "type": { "enum": ["move", "click", "drag", "scroll", "type", "key", "wait"] },
+                    "x": { "type": "integer" }, "y": { "type": "integer" },
+                    "button": { "enum": ["left", "middle", "right"] }, "double": { "type": "boolean" },
+                    "from_x": { "type": "integer" }, "from_y": { "type": "integer" },
+                    "to_x": { "type": "integer" }, "to_y": { "type": "integer" },
+                    "dx": { "type": "integer" }, "dy": { "type": "integer" },
+                    "text": { "type": "string" }, "keys": { "type": "string", "description": "For example `ctrl+l` or `Return`." },
+                    "ms": { "type": "integer", "minimum": 0, "maximum": 10000 } } } } } }),
+        ),
+        tool(
+            "open_path",
+            "Open a workspace file or a URL in your browser.",
+            json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": {
+                "path": { "type": "string", "description": "A workspace path or an http(s) URL." } } }),
+        ),
+        tool(
+            "launch_app",
+            "Start a graphical program on your screen.",
+            json!({ "type": "object", "required": ["command"], "additionalProperties": false, "properties": {
+                "command": { "type": "string" }, "args": { "type": "array", "items": { "type": "string" } } } }),
+        ),
+        tool(
+            "shell",
+            "Run a shell command on your computer. Returns the exit code and the tail of its output.",
+            json!({ "type": "object", "required": ["command"], "additionalProperties": false, "properties": {
+                "command": { "type": "string" }, "cwd": path.clone(),
+                "timeout_ms": { "type": "integer", "minimum": 1 } } }),
+        ),
+        tool(
+            "read_file",
+            "Read a workspace file (at most 8 MiB).",
+            json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": { "path": path.clone() } }),
+        ),
+        tool(
+            "write_file",
+            "Write a workspace file, creating folders as needed.",
+            json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": {
+                "path": path.clone(), "content": { "type": "string" },
+                "content_base64": { "type": "string", "description": "Binary content instead of `content`." } } }),
+        ),
+        tool(
+            "list_files",
+            "List a workspace folder.",
+            json!({ "type": "object", "additionalProperties": false, "properties": { "path": path.clone() } }),
+        ),
+        tool(
+            "attach_file",
+            "Attach a workspace file to your answer (at most 8 MiB).",
+            json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": { "path": path } }),
+        ),
+        tool(
+            "browser_navigate",
+            "Load an http(s) URL in your browser's active tab and wait for it.",
+            json!({ "type": "object", "required": ["url"], "additionalProperties": false, "properties": {
+                "url": { "type": "string" } } }),
+        ),
+        tool(
+            "browser_snapshot",
+            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked). Frames need the desktop tools.",
+            json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+        ),
+        tool(
+            "browser_act",
+            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value) or press a key. A stale ref is refused; nothing is replayed.",
+            json!({ "type": "object", "required": ["ref", "action"], "additionalProperties": false, "properties": {
+                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press"] },
+                "text": { "type": "string" } } }),
+        ),
+        tool(
+            "request_takeover",
+            "Ask a person to take over your screen (a login, 2FA, a CAPTCHA, or a judgement call). Your run waits until they release control.",
+            json!({ "type": "object", "additionalProperties": false, "properties": { "reason": { "type": "string" } } }),
+        ),
+    ]
+}
+
+fn tool(name: &str, description: &str, input_schema: Value) -> Value {
+    json!({ "name": name, "description": description, "inputSchema": input_schema })
+}

@@ -1,0 +1,233 @@
+//! A scripted agent on a real desktop (no model): it opens a local fixture page in its
+//! browser, clicks into a field and types through one `computer_act` batch, and the page's
+//! server records the value; shell and file tools round-trip on the same computer.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Backend, TestServer};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PAGE: &str = r#"<!doctype html><html><body style="margin:0">
+<input id="f" style="position:absolute;left:0;top:0;width:100%;height:100%;font-size:40px" placeholder="type here">
+<script>
+document.getElementById('f').addEventListener('keyup', e => {
+  if (e.key === 'Enter') fetch('/typed?v=' + encodeURIComponent(e.target.value));
+});
+</script></body></html>"#;
+
+const FORM: &str = r#"<!doctype html><html><head><title>Sign in</title></head><body>
+<h1>Sign in</h1>
+<input id="user" placeholder="user name"><input id="pw" type="password" value="hunter2" placeholder="password">
+<button id="go" onclick="this.remove(); document.body.insertAdjacentHTML('beforeend', '<button>Go again</button>')">Go</button>
+</body></html>"#;
+
+/// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
+async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let typed = Arc::new(Mutex::new(Vec::new()));
+    let seen = typed.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                if let Some(v) = path.strip_prefix("/typed?v=") {
+                    let value = v.replace("%20", " ").replace("%21", "!");
+                    seen.lock().unwrap().push(value);
+                }
+                let body = match path.as_str() {
+                    "/" => PAGE,
+                    "/form" => FORM,
+                    _ => "ok",
+                };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (url, typed)
+}
+
+async fn tool(s: &TestServer, run: &str, fence: i64, name: &str, arguments: Value) -> Value {
+    let r = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments }),
+        )
+        .await;
+    assert_eq!(r["isError"], false, "{name}: {r}");
+    r
+}
+
+#[actix_rt::test]
+async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
+    )
+    .await
+    .unwrap();
+    let (site, typed) = fixture().await;
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+
+    let first = tool(&s, &run, fence, "computer_observe", json!({})).await;
+    assert_eq!(
+        (
+            first["structuredContent"]["width"].as_u64(),
+            first["structuredContent"]["height"].as_u64()
+        ),
+        (Some(1280), Some(800))
+    );
+    tool(&s, &run, fence, "open_path", json!({ "path": site })).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let batch = json!({ "actions": [
+        { "type": "click", "x": 640, "y": 450 },
+        { "type": "type", "text": "Hello Rakazo!" },
+        { "type": "key", "keys": "Return" },
+    ] });
+    let acted = tool(&s, &run, fence, "computer_act", batch).await;
+    assert_eq!(acted["structuredContent"]["completed"], 3);
+    if let Some(img) = acted["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "image")
+    {
+        use base64::Engine;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(img["data"].as_str().unwrap())
+            .unwrap();
+        let _ = std::fs::write(std::env::temp_dir().join("agent-desktop-act.png"), png);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        typed.lock().unwrap().last().map(String::as_str),
+        Some("Hello Rakazo!")
+    );
+
+    // Page tools on the same visible browser: password values are masked, a ref made stale by
+    // the page is refused rather than retargeted.
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_navigate",
+        json!({ "url": format!("{site}/form") }),
+    )
+    .await;
+    let snap =
+        tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
+    assert_eq!(snap["title"], "Sign in");
+    assert!(
+        !snap.to_string().contains("hunter2"),
+        "a password leaked: {snap}"
+    );
+    let elements = snap["elements"].as_array().unwrap();
+    let by_name = |n: &str| {
+        elements
+            .iter()
+            .find(|e| e["name"].as_str().unwrap_or("").contains(n))
+            .unwrap()["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (user, go) = (by_name("user name"), by_name("Go"));
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": user, "action": "type", "text": "alice" }),
+    )
+    .await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": go, "action": "click" }),
+    )
+    .await;
+    let stale = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "browser_act",
+                                           "arguments": { "ref": go, "action": "click" } }),
+        )
+        .await;
+    assert_eq!(
+        stale["structuredContent"]["error"]["code"], "STALE_REF",
+        "{stale}"
+    );
+    let after =
+        tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
+    let user_value = after["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "user name")
+        .unwrap()["value"]
+        .clone();
+    assert_eq!(user_value, "alice");
+    assert!(after["text"].as_str().unwrap().contains("Sign in"));
+
+    // Shell and files on the same computer.
+    tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "shared/plan.md", "content": "step 1\n" }),
+    )
+    .await;
+    let out = tool(
+        &s,
+        &run,
+        fence,
+        "shell",
+        json!({ "command": "cat ../../shared/plan.md && pwd" }),
+    )
+    .await;
+    assert!(
+        out["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("step 1\n")
+    );
+    let read = tool(
+        &s,
+        &run,
+        fence,
+        "read_file",
+        json!({ "path": "shared/plan.md" }),
+    )
+    .await;
+    assert_eq!(read["structuredContent"]["content"], "step 1\n");
+    let history = s.ok("activity.list", json!({ "botId": bots[0] })).await;
+    let tools: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["shell", "write_file", "open_path"]);
+}

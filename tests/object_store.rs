@@ -1,0 +1,446 @@
+//! The object home store against a real S3-compatible server (moto, started by
+//! `scripts/test.sh`): round trips, retention, restores, every hostile archive and stored
+//! object refused with the previous latest copy intact, and the reconciler.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use rakazo::config::{ObjectStorage, Secret};
+use rakazo::stores::archive::{self, Limits};
+use rakazo::stores::object::ObjectHomeStore;
+use rakazo::stores::reconciler::{self, ReconcileNow, Reconciler};
+use rakazo::stores::{bucket, seal};
+use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
+
+/// GCM tag bytes after each sealed segment.
+const TAG: usize = 16;
+
+/// The S3 endpoint, or `None` to skip outside CI (CI must provide it).
+fn endpoint() -> Option<String> {
+    match std::env::var("RAKAZO_TEST_S3_ENDPOINT") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must provide RAKAZO_TEST_S3_ENDPOINT (scripts/test.sh does)"
+            );
+            eprintln!("skipped: RAKAZO_TEST_S3_ENDPOINT is not set (run scripts/test.sh)");
+            None
+        }
+    }
+}
+
+/// A fresh bucket on the test server and a client for it.
+async fn fresh_bucket() -> Option<Arc<dyn ObjectStore>> {
+    let endpoint = endpoint()?;
+    let name = format!("rakazo-{}", uuid::Uuid::new_v4().simple());
+    let created = reqwest::Client::new()
+        .put(format!("{endpoint}/{name}"))
+        .send()
+        .await
+        .expect("create bucket");
+    assert!(
+        created.status().is_success(),
+        "create bucket: {}",
+        created.status()
+    );
+    let cfg = ObjectStorage {
+        bucket: name,
+        endpoint: Some(endpoint),
+        region: "us-east-1".into(),
+        access_key_id: Some(Secret("test".into())),
+        secret_access_key: Some(Secret("test".into())),
+    };
+    Some(bucket::open(&cfg).expect("bucket client"))
+}
+
+struct Fixture {
+    bucket: Arc<dyn ObjectStore>,
+    store: ObjectHomeStore,
+    dir: tempfile::TempDir,
+}
+
+async fn fixture(keep: usize, limits: Limits) -> Option<Fixture> {
+    let bucket = fresh_bucket().await?;
+    let dir = tempfile::tempdir().unwrap();
+    let store = ObjectHomeStore::new(bucket.clone(), dir.path(), keep, limits);
+    Some(Fixture { bucket, store, dir })
+}
+
+fn home(storage_id: &str) -> HomeId {
+    HomeId {
+        home_key: format!("bot-{storage_id}"),
+        storage_id: storage_id.into(),
+        data_key: [42; 32],
+    }
+}
+
+/// A workspace archive with `notes.txt` = `text` and a multi-segment `big.bin`.
+fn workspace(text: &str) -> Vec<u8> {
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("notes.txt"), text).unwrap();
+    std::fs::create_dir(src.path().join("sub")).unwrap();
+    let big: Vec<u8> = (0..(3 * seal::SEGMENT + 999))
+        .map(|i| (i * 7 % 253) as u8)
+        .collect();
+    std::fs::write(src.path().join("sub/big.bin"), big).unwrap();
+    archive::pack(src.path()).unwrap()
+}
+
+fn notes(fx: &Fixture, home: &HomeId) -> String {
+    let path = fx.store.latest().path(&home.home_key).unwrap();
+    std::fs::read_to_string(path.join("notes.txt")).unwrap()
+}
+
+/// Only the current copy and its revision stamp: no staging or old directories left.
+fn assert_clean(fx: &Fixture) {
+    let names: Vec<String> = std::fs::read_dir(fx.dir.path().join("homes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".staging-") || n.starts_with(".old-"))
+        .collect();
+    assert!(names.is_empty(), "left behind: {names:?}");
+}
+
+async fn object_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    let mut keys: Vec<String> = bucket
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+fn unpacked(tar: &[u8]) -> String {
+    let dest = tempfile::tempdir().unwrap();
+    let out = dest.path().join("x");
+    archive::unpack(tar, &out, Limits::default()).unwrap();
+    std::fs::read_to_string(out.join("notes.txt")).unwrap()
+}
+
+#[tokio::test]
+async fn save_then_load_round_trips_and_caches_the_latest_copy() {
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    let h = home("round-trip");
+    let tar = workspace("hello");
+    fx.store.save(&h, 1, &tar, true).await.unwrap();
+    assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
+    assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
+    assert_eq!(notes(&fx, &h), "hello");
+    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/round-trip/1"]);
+    assert_eq!(fx.store.storage_ids().await.unwrap(), vec!["round-trip"]);
+    assert_eq!(fx.store.load(&h, 9).await, Err(StoreError::NotFound));
+
+    // A lost cache is brought back from the bucket by the next load of the newest revision.
+    std::fs::remove_dir_all(fx.store.latest().path(&h.home_key).unwrap()).unwrap();
+    fx.store.load(&h, 1).await.unwrap();
+    assert_eq!(notes(&fx, &h), "hello");
+
+    fx.store.delete(&h.home_key, &h.storage_id).await.unwrap();
+    assert!(object_keys(&fx.bucket).await.is_empty());
+    assert!(!fx.store.latest().path(&h.home_key).unwrap().exists());
+}
+
+#[tokio::test]
+async fn large_archives_upload_in_parts() {
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    let h = home("multipart");
+    let src = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..(rakazo::stores::object::PART + 12345))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    std::fs::write(src.path().join("big.bin"), &big).unwrap();
+    let tar = archive::pack(src.path()).unwrap();
+    fx.store.save(&h, 1, &tar, true).await.unwrap();
+    assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
+}
+
+#[tokio::test]
+async fn retention_deletes_objects_past_keep_and_older_kept_revisions_restore() {
+    let Some(fx) = fixture(2, Limits::default()).await else {
+        return;
+    };
+    let h = home("retention");
+    for rev in 1..=4 {
+        fx.store
+            .save(&h, rev, &workspace(&format!("rev {rev}")), true)
+            .await
+            .unwrap();
+    }
+    assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![3, 4]);
+    assert_eq!(
+        object_keys(&fx.bucket).await,
+        vec!["homes/retention/3", "homes/retention/4"]
+    );
+    assert_eq!(fx.store.load(&h, 2).await, Err(StoreError::NotFound));
+    // The older kept revision opens; the latest copy stays at the newest.
+    assert_eq!(unpacked(&fx.store.load(&h, 3).await.unwrap()), "rev 3");
+    assert_eq!(notes(&fx, &h), "rev 4");
+    assert_clean(&fx);
+}
+
+/// A tar entry written byte by byte, so hostile names and kinds get through.
+fn raw_entry(out: &mut Vec<u8>, name: &str, kind: tar::EntryType, link: &str, data: &[u8]) {
+    let mut header = tar::Header::new_gnu();
+    let gnu = header.as_gnu_mut().unwrap();
+    gnu.name[..name.len()].copy_from_slice(name.as_bytes());
+    gnu.linkname[..link.len()].copy_from_slice(link.as_bytes());
+    header.set_entry_type(kind);
+    header.set_mode(0o644);
+    header.set_size(data.len() as u64);
+    header.set_cksum();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+}
+
+fn raw_tar(entries: &[(&str, tar::EntryType, &str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, kind, link, data) in entries {
+        raw_entry(&mut out, name, *kind, link, data);
+    }
+    out.extend_from_slice(&[0; 1024]);
+    out
+}
+
+#[tokio::test]
+async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
+    let limits = Limits {
+        max_total_bytes: 300_000,
+        max_file_bytes: 250_000,
+        max_entries: 8,
+    };
+    let Some(fx) = fixture(3, limits).await else {
+        return;
+    };
+    let h = home("hostile");
+    fx.store
+        .save(&h, 1, &workspace("good"), true)
+        .await
+        .unwrap();
+    let file = tar::EntryType::Regular;
+    let many: Vec<String> = (0..9).map(|i| format!("f{i}")).collect();
+    let many_entries: Vec<(&str, tar::EntryType, &str, &[u8])> = many
+        .iter()
+        .map(|n| (n.as_str(), file, "", b"x".as_slice()))
+        .collect();
+    let half = vec![1u8; 200_000];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("dot-dot", raw_tar(&[("../escape.txt", file, "", b"x")])),
+        (
+            "nested dot-dot",
+            raw_tar(&[("a/../../escape.txt", file, "", b"x")]),
+        ),
+        ("absolute", raw_tar(&[("/etc/evil", file, "", b"x")])),
+        (
+            "symlink",
+            raw_tar(&[("link", tar::EntryType::Symlink, "/etc/passwd", b"")]),
+        ),
+        (
+            "hard link",
+            raw_tar(&[("link", tar::EntryType::Link, "/etc/passwd", b"")]),
+        ),
+        (
+            "char device",
+            raw_tar(&[("dev", tar::EntryType::Char, "", b"")]),
+        ),
+        (
+            "block device",
+            raw_tar(&[("dev", tar::EntryType::Block, "", b"")]),
+        ),
+        ("fifo", raw_tar(&[("fifo", tar::EntryType::Fifo, "", b"")])),
+        (
+            "oversize total",
+            raw_tar(&[("a", file, "", &half), ("b", file, "", &half)]),
+        ),
+        ("too many entries", raw_tar(&many_entries)),
+    ];
+    for (case, tar) in cases {
+        let err = fx.store.save(&h, 2, &tar, true).await;
+        assert!(
+            matches!(err, Err(StoreError::Rejected(_))),
+            "{case}: {err:?}"
+        );
+        assert_eq!(notes(&fx, &h), "good", "{case}");
+        assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1], "{case}");
+        assert_clean(&fx);
+    }
+    assert!(!fx.dir.path().join("escape.txt").exists());
+}
+
+/// Sealed-object layout: header, then segments of `SEGMENT + TAG` bytes.
+fn header_len(storage_id: &str) -> usize {
+    4 + 1 + 4 + 2 + storage_id.len() + 8 + 4
+}
+
+#[tokio::test]
+async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
+    let Some(fx) = fixture(5, Limits::default()).await else {
+        return;
+    };
+    let (a, b) = (home("home-a"), home("home-bb"));
+    fx.store.save(&a, 1, &workspace("a1"), true).await.unwrap();
+    fx.store.save(&b, 1, &workspace("b1"), true).await.unwrap();
+    fx.store.save(&a, 2, &workspace("a2"), true).await.unwrap();
+    let get = |k: &'static str| {
+        let bucket = fx.bucket.clone();
+        async move {
+            bucket
+                .get(&Key::from(k))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+                .to_vec()
+        }
+    };
+    let (a2, a1, b1) = (
+        get("homes/home-a/2").await,
+        get("homes/home-a/1").await,
+        get("homes/home-bb/1").await,
+    );
+    let (ha, hb, seg) = (
+        header_len("home-a"),
+        header_len("home-bb"),
+        seal::SEGMENT + TAG,
+    );
+    assert!(
+        a2.len() > ha + 3 * seg,
+        "the fixture spans several segments"
+    );
+    let splice = |base: &[u8], base_h: usize, other: &[u8], other_h: usize| {
+        let mut out = base.to_vec();
+        out[base_h + seg..base_h + 2 * seg]
+            .copy_from_slice(&other[other_h + seg..other_h + 2 * seg]);
+        out
+    };
+    let mut reordered = a2[..ha].to_vec();
+    reordered.extend_from_slice(&a2[ha + seg..ha + 2 * seg]);
+    reordered.extend_from_slice(&a2[ha..ha + seg]);
+    reordered.extend_from_slice(&a2[ha + 2 * seg..]);
+    let mut flipped = a2.clone();
+    flipped[ha + seg + 100] ^= 0x01;
+    let mut flipped_header = a2.clone();
+    flipped_header[ha - 5] ^= 0x01;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "truncated at a segment boundary",
+            a2[..ha + 2 * seg].to_vec(),
+        ),
+        ("truncated mid-segment", a2[..ha + seg + 77].to_vec()),
+        ("header only", a2[..ha].to_vec()),
+        ("reordered segments", reordered),
+        ("segment from another revision", splice(&a2, ha, &a1, ha)),
+        ("segment from another home", splice(&a2, ha, &b1, hb)),
+        ("whole object of another revision", a1.clone()),
+        ("one flipped byte", flipped),
+        ("one flipped header byte", flipped_header),
+    ];
+    // Drop the cache stamp's effect: the cache is at revision 2 and must stay "a2".
+    for (case, bytes) in cases {
+        fx.bucket
+            .put(&Key::from("homes/home-a/2"), PutPayload::from(bytes))
+            .await
+            .unwrap();
+        let err = fx.store.load(&a, 2).await;
+        assert!(
+            matches!(err, Err(StoreError::Rejected(_))),
+            "{case}: {err:?}"
+        );
+        assert_eq!(notes(&fx, &a), "a2", "{case}");
+        assert_clean(&fx);
+        // With the cache gone, a refused object still leaves nothing behind.
+        let cached = fx.store.latest().path(&a.home_key).unwrap();
+        let moved = fx.dir.path().join("moved-away");
+        std::fs::rename(&cached, &moved).unwrap();
+        assert!(matches!(
+            fx.store.load(&a, 2).await,
+            Err(StoreError::Rejected(_))
+        ));
+        assert!(!cached.exists(), "{case}");
+        std::fs::rename(&moved, &cached).unwrap();
+    }
+    // The untouched revision still opens.
+    assert_eq!(unpacked(&fx.store.load(&a, 1).await.unwrap()), "a1");
+}
+
+async fn sqlite(dir: &Path) -> sea_orm::DatabaseConnection {
+    let url = format!("sqlite://{}?mode=rwc", dir.join("test.db").display());
+    let db = rakazo::db::connect(&url).await.unwrap();
+    rakazo::db::migrate(&db).await.unwrap();
+    db
+}
+
+async fn insert_computer(db: &sea_orm::DatabaseConnection, storage_id: &str) {
+    use rakazo_actors::entity::computer;
+    use sea_orm::{ActiveModelTrait, Set};
+    computer::ActiveModel {
+        id: Set(format!("c-{storage_id}")),
+        space_id: Set("space".into()),
+        owner_id: Set("owner".into()),
+        bot_id: Set(None),
+        kind: Set("team".into()),
+        home_key: Set("team-space".into()),
+        provider_kind: Set(None),
+        provider_ref: Set(None),
+        state: Set("stopped".into()),
+        revision: Set(1),
+        storage_id: Set(storage_id.into()),
+        wrapped_data_key: Set(None),
+        provisioning_fence: Set(0),
+        lease_epoch: Set(0),
+        quarantined: Set(false),
+        last_active_at_ms: Set(0),
+        created_at_ms: Set(0),
+        updated_at_ms: Set(0),
+    }
+    .insert(db)
+    .await
+    .unwrap();
+}
+
+#[actix_rt::test]
+async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    let db = sqlite(fx.dir.path()).await;
+    insert_computer(&db, "owned").await;
+    for id in ["owned", "orphan-1", "orphan-2"] {
+        fx.store
+            .save(&home(id), 1, &workspace(id), true)
+            .await
+            .unwrap();
+    }
+    fx.store
+        .save(&home("orphan-1"), 2, &workspace("x"), true)
+        .await
+        .unwrap();
+    assert_eq!(reconciler::reconcile(&db, &fx.store).await.unwrap(), 2);
+    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+    assert_eq!(notes(&fx, &home("owned")), "owned");
+
+    // Through the actor, as the app runs it.
+    fx.store
+        .save(&home("orphan-3"), 1, &workspace("o"), true)
+        .await
+        .unwrap();
+    let store = Arc::new(fx.store.clone());
+    let addr = actix::Actor::start(Reconciler::new(
+        db.clone(),
+        store,
+        std::time::Duration::from_secs(3600),
+    ));
+    assert_eq!(addr.send(ReconcileNow).await.unwrap().unwrap(), 1);
+    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+}

@@ -1,0 +1,301 @@
+//! The computer tools agents call, through JSON-RPC `tools/*` and the MCP endpoint, with the
+//! activity feed they leave behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Backend, TestServer};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+async fn tool(s: &TestServer, run: &str, fence: i64, name: &str, arguments: Value) -> Value {
+    s.ok(
+        "tools/call",
+        json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments }),
+    )
+    .await
+}
+
+fn has_image(result: &Value) -> bool {
+    result["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "image")
+}
+
+#[actix_rt::test]
+async fn tools_work_and_spare_the_model_context() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let listed = s.ok("tools/list", json!({})).await;
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "computer_observe",
+        "computer_act",
+        "shell",
+        "read_file",
+        "write_file",
+        "list_files",
+        "attach_file",
+        "open_path",
+        "launch_app",
+        "request_takeover",
+    ] {
+        assert!(names.contains(&want), "{want} missing");
+    }
+    assert!(
+        listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["inputSchema"]["type"] == "object")
+    );
+
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    // Files round trip; an oversized read is refused with its code.
+    let wrote = tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "notes/a.md", "content": "hello" }),
+    )
+    .await;
+    assert_eq!(wrote["isError"], false);
+    let read = tool(
+        &s,
+        &run,
+        fence,
+        "read_file",
+        json!({ "path": "notes/a.md" }),
+    )
+    .await;
+    assert_eq!(read["structuredContent"]["content"], "hello");
+    let big = "x".repeat(9 * 1024 * 1024);
+    tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "big.bin", "content": big }),
+    )
+    .await;
+    let refused = tool(&s, &run, fence, "read_file", json!({ "path": "big.bin" })).await;
+    assert_eq!(
+        (
+            refused["isError"].as_bool(),
+            refused["structuredContent"]["error"]["code"].as_str()
+        ),
+        (Some(true), Some("TOO_LARGE"))
+    );
+    let shell = tool(
+        &s,
+        &run,
+        fence,
+        "shell",
+        json!({ "command": "cat notes/a.md" }),
+    )
+    .await;
+    assert_eq!(
+        (
+            shell["structuredContent"]["exitCode"].as_i64(),
+            shell["structuredContent"]["stdout"].as_str()
+        ),
+        (Some(0), Some("hello"))
+    );
+
+    // Two identical observes: the second carries no image bytes and says so.
+    let first = tool(&s, &run, fence, "computer_observe", json!({})).await;
+    assert!(has_image(&first));
+    let second = tool(&s, &run, fence, "computer_observe", json!({})).await;
+    assert!(!has_image(&second));
+    assert_eq!(second["structuredContent"]["unchanged"], true);
+    assert!(
+        second["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("previous screenshot remains valid")
+    );
+
+    // The same no-op click is refused after it left the screen unchanged twice.
+    let click = json!({ "actions": [{ "type": "click", "x": 5, "y": 5 }] });
+    let moved = tool(&s, &run, fence, "computer_act", click.clone()).await;
+    assert_eq!(moved["structuredContent"]["completed"], 1);
+    for _ in 0..2 {
+        let same = tool(&s, &run, fence, "computer_act", click.clone()).await;
+        assert_eq!(same["isError"], false);
+    }
+    let refused = tool(&s, &run, fence, "computer_act", click).await;
+    assert_eq!(
+        refused["structuredContent"]["error"]["code"],
+        "REPEATED_NO_OP"
+    );
+    assert!(
+        refused["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("browser_snapshot")
+    );
+
+    // A caller without vision gets no images and is pointed at page tools or takeover.
+    let blind = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "computer_act", "vision": false,
+                                  "arguments": { "actions": [{ "type": "type", "text": "hi" }] } }),
+        )
+        .await;
+    assert!(!has_image(&blind));
+    assert!(
+        blind["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("request_takeover")
+    );
+
+    // request_takeover puts the run in waiting_takeover.
+    tool(
+        &s,
+        &run,
+        fence,
+        "request_takeover",
+        json!({ "reason": "2FA" }),
+    )
+    .await;
+    assert_eq!(
+        s.ok("run.get", json!({ "runId": run })).await["state"],
+        "waiting_takeover"
+    );
+}
+
+#[actix_rt::test]
+async fn activity_lists_exactly_the_mutating_calls_live_and_redacted() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let url = format!("{}/rpc/ws", s.base.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let send = |v: Value| Message::Text(v.to_string().into());
+    ws.send(send(json!({ "jsonrpc": "2.0", "id": 1, "method": "auth", "params": { "token": s.operator_token } }))).await.unwrap();
+    ws.send(send(
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "subscribe", "params": { "spaceId": space } }),
+    ))
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        ws.next().await.unwrap().unwrap();
+    }
+    let (run, fence) = s.start_run(&bots[0]).await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "shell",
+        json!({ "command": "GITHUB_TOKEN=ghp_abcdefghijklmnopqrstu echo deploy" }),
+    )
+    .await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "shared/r.txt", "content": "12345" }),
+    )
+    .await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "read_file",
+        json!({ "path": "shared/r.txt" }),
+    )
+    .await;
+    tool(&s, &run, fence, "list_files", json!({ "path": "shared" })).await;
+
+    let history = s.ok("activity.list", json!({ "botId": bots[0] })).await;
+    let items = history.as_array().unwrap();
+    assert_eq!(items.len(), 2, "{history}");
+    assert_eq!(
+        (items[0]["tool"].as_str(), items[0]["sizeBytes"].as_i64()),
+        (Some("write_file"), Some(5))
+    );
+    assert_eq!(items[1]["tool"], "shell");
+    let command = items[1]["command"].as_str().unwrap();
+    assert!(
+        !command.contains("ghp_") && command.contains("[redacted]"),
+        "{command}"
+    );
+    assert_eq!(items[1]["outputTail"], "deploy\n");
+
+    // A live subscriber got them as they happened.
+    let mut live = Vec::new();
+    while live.len() < 2 {
+        let msg = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let Message::Text(t) = msg else { continue };
+        let v: Value = serde_json::from_str(&t).unwrap();
+        if v["params"]["topic"] == "computer.command" {
+            live.push(v["params"]["data"]["tool"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(live, ["shell", "write_file"]);
+}
+
+#[actix_rt::test]
+async fn an_ecosystem_mcp_client_drives_the_computer() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let token = s
+        .ok("token.createForBot", json!({ "botId": bots[0] }))
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/checks/mcp_client.py");
+    let url = format!("{}/mcp", s.base);
+    let out = tokio::process::Command::new("python3")
+        .args([script, &url, &token])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["tools"].as_array().unwrap().iter().any(|t| t == "shell"));
+    assert_eq!(v["shell"]["structured"]["stdout"], "hello from mcp\n");
+    assert!(
+        v["observe"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "image")
+    );
+    assert_eq!(v["observe_again"]["structured"]["unchanged"], true);
+    // Closing the session ended its run and released the bot for the next driver.
+    let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    assert!(c["id"].is_string());
+    s.start_run(&bots[0]).await;
+    // A token not scoped to a bot cannot use the endpoint.
+    let resp = s
+        .http
+        .post(&url)
+        .bearer_auth(&s.operator_token)
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
+}

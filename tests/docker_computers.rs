@@ -146,6 +146,16 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
         .await
         .expect("no greeting through the published gateway");
     assert!(greeting.starts_with(b"RFB 003.008"));
+    // The live-screen route the screen proxy uses points at the same loopback port.
+    let route = p
+        .open_route(&m, "bot-a", rakazo_actors::provider::ScreenPolicy::Control)
+        .await
+        .unwrap();
+    assert_eq!(route.upstream, format!("http://127.0.0.1:{}", addr.port()));
+    let greeting = gateway_greeting(addr.port(), &route.token).await.unwrap();
+    assert!(greeting.starts_with(b"RFB 003.008"));
+    p.close_route(&m, &route.token).await.unwrap();
+    assert_eq!(gateway_greeting(addr.port(), &route.token).await, None);
     p.close_screen(&m, "bot-a").await.unwrap();
     p.open_screen(&m, "bot-b").await.unwrap();
     let _b = runtime.grant("bot-b", Policy::View).await.unwrap();

@@ -31,10 +31,12 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ScreenPolicy, ScreenRoute,
 };
 use tokio::sync::Mutex;
 
 use crate::desktop::command::minimal_env;
+use crate::desktop::gateway::Policy;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::{files, shell_quote};
 use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
@@ -293,6 +295,64 @@ impl SandboxProvider for DockerProvider {
             Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
+    }
+
+    async fn open_route(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        let m = self.machine(machine).await?;
+        let Some(port) = m.info.gateway_port else {
+            return Err(ProviderError::Unsupported(
+                "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
+            ));
+        };
+        let policy = match policy {
+            ScreenPolicy::View => Policy::View,
+            ScreenPolicy::Control => Policy::Control,
+        };
+        let cap = match m.runtime.grant(bot_id, policy).await {
+            Ok(cap) => cap,
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        };
+        Ok(ScreenRoute {
+            upstream: format!("http://127.0.0.1:{port}"),
+            token: cap.token.expose().to_owned(),
+        })
+    }
+
+    async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
+        Ok(self.machine(machine).await?.runtime.revoke(token).await?)
+    }
+
+    async fn launch(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        argv: &[String],
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        Ok(m.runtime.launch(bot_id, argv.to_vec()).await?)
+    }
+
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        let target = if target.starts_with("http://") || target.starts_with("https://") {
+            target.to_owned()
+        } else {
+            let home = Self::home(&m)?;
+            let resolved = files::resolve(&home, target)?;
+            let inside = resolved
+                .strip_prefix(&home)
+                .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
+            Path::new(WORKSPACE)
+                .join(inside)
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(m.runtime.open_in_browser(bot_id, &target).await?)
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

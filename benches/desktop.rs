@@ -88,6 +88,8 @@ fn main() {
         displays: DisplayPool::new(71),
         gateway_port: free_local_port().unwrap(),
         settle: Settle::default(),
+        x11_socket_dir: None,
+        gateway_host: "127.0.0.1".into(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

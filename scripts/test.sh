@@ -22,6 +22,16 @@ scripts/install-desktop-deps.sh
 scripts/install-screen-deps.sh >/dev/null
 export RAKAZO_REQUIRE_REAL_SCREEN=1
 
+# Docker computers: the computer image, built from Debian's packages once per recipe hash
+# (nothing is pulled). The docker tests start their own supervisor on 127.0.0.1:0; in CI a
+# missing engine or image fails them instead of skipping.
+if docker version >/dev/null 2>&1; then
+  scripts/build-computer-image.sh >/dev/null
+elif [ -n "${CI:-}" ]; then
+  echo "test.sh: CI needs a Docker engine for the docker tests" >&2
+  exit 1
+fi
+
 # The ecosystem's MCP client, which the MCP test drives our endpoint with.
 if ! python3 -c "import mcp.client.streamable_http" >/dev/null 2>&1; then
   echo "test.sh: installing the mcp package"

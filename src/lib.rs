@@ -8,7 +8,9 @@
 //! - [`api`]: health, JSON-RPC over HTTP and websocket, live subscriptions.
 //! - [`dashboard`]: the web dashboard's static files, served at `/`.
 //! - [`desktop`]: the shared Linux desktop runtime (Xvfb, browser, screen gateway, capture, input).
-//! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, ...).
+//! - [`providers`]: `SandboxProvider` adapters (the `fake` emulator, `docker`, ...).
+//! - [`supervisor`]: `rakazo supervisor`, the only process that talks to the Docker engine.
+//! - [`image`]: the computer image recipe, its tag and `rakazo image build`.
 //! - [`screens`]: live screens for people: capabilities, routes, the proxy's authority.
 //! - [`stores`]: `HomeStore` adapters.
 //! - [`tools`]: the computer tools agents call (JSON-RPC `tools/*` and MCP).
@@ -26,10 +28,12 @@ pub mod config;
 pub mod dashboard;
 pub mod db;
 pub mod desktop;
+pub mod image;
 pub mod keyfile;
 pub mod providers;
 pub mod screens;
 pub mod server;
 pub mod stores;
+pub mod supervisor;
 pub mod telemetry;
 pub mod tools;

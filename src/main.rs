@@ -1,4 +1,4 @@
-//! The `rakazo` binary: `serve`, `migrate`, `config example`.
+//! The `rakazo` binary: `serve`, `supervisor`, `migrate`, `image build`, `config example`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -33,11 +33,33 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run the Docker supervisor: the only process that talks to the Docker engine.
+    Supervisor {
+        /// Address to listen on (overrides SANDBOX_SUPERVISOR_LISTEN); loopback or private only.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// A TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Computer image helpers.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Build the computer image from the built-in recipe unless its tag exists; prints it.
+    Build,
+    /// Print the image reference of the built-in recipe.
+    Tag,
 }
 
 #[derive(Subcommand)]
@@ -61,6 +83,38 @@ fn main() -> ExitCode {
         } => {
             print!("{}", rakazo::config::render_example());
             ExitCode::SUCCESS
+        }
+        Command::Image {
+            command: ImageCommand::Tag,
+        } => {
+            println!("{}", rakazo::image::default_image());
+            ExitCode::SUCCESS
+        }
+        Command::Image {
+            command: ImageCommand::Build,
+        } => {
+            rakazo::telemetry::init("info");
+            match rakazo::image::build(&std::env::temp_dir()) {
+                Ok((image, _)) => {
+                    println!("{image}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("rakazo: image build failed: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Supervisor { listen, config } => {
+            let mut config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Some(listen) = listen {
+                config.supervisor_listen = listen;
+            }
+            rakazo::telemetry::init(&config.log_filter);
+            actix_rt::System::new().block_on(supervise(config))
         }
         Command::Migrate { config } => {
             let config = match load(config.as_ref()) {
@@ -136,6 +190,32 @@ async fn serve(config: Config) -> ExitCode {
         tracing::info!(event = "server.stopping");
         handle.stop(true).await;
     });
+    match server.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn supervise(config: Config) -> ExitCode {
+    let (listener, state) = match rakazo::supervisor::prepare(&config).await {
+        Ok(ready) => ready,
+        Err(err) => {
+            tracing::error!(error = %err, "supervisor.refused");
+            eprintln!("rakazo: supervisor cannot start: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(event = "supervisor.listening", addr = %config.supervisor_listen);
+    let server = match rakazo::supervisor::serve(listener, state) {
+        Ok(s) => s,
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     match server.await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -56,6 +56,33 @@ async fn docker_without_its_token_is_a_plain_setup_failure() {
 }
 
 #[actix_rt::test]
+async fn docker_with_its_token_reports_the_docker_sandbox() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_SUPERVISOR_TOKEN", "a-test-supervisor-token"),
+        ],
+    )
+    .await
+    .unwrap();
+    let v: Value = s
+        .http
+        .get(format!("{}/internal/health", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (v["status"].as_str(), v["sandbox"].as_str()),
+        (Some("ok"), Some("docker"))
+    );
+    assert!(v.get("setupError").is_none());
+}
+
+#[actix_rt::test]
 async fn calls_need_a_valid_token_and_see_only_their_spaces() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
     let err = s

@@ -203,6 +203,8 @@ fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig
         displays: DisplayPool::new(first_display),
         gateway_port: free_local_port().unwrap(),
         settle: Settle::default(),
+        x11_socket_dir: None,
+        gateway_host: "127.0.0.1".into(),
     }
 }
 

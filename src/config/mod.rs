@@ -97,6 +97,30 @@ pub struct ObjectStorage {
     pub secret_access_key: Option<Secret>,
 }
 
+/// Network of docker computers (`SANDBOX_DOCKER_NETWORK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DockerNetwork {
+    /// Docker's default bridge: outbound access; the gateway port is published on loopback.
+    Bridge,
+    /// No network interface but loopback.
+    None,
+}
+
+/// How the supervisor shapes computer containers (`SANDBOX_DOCKER_*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DockerSettings {
+    /// Image reference; `None` = the built-in recipe's tag.
+    pub image: Option<String>,
+    /// CPU ceiling in billionths of a CPU (0 = none).
+    pub nano_cpus: i64,
+    /// Memory ceiling in bytes (0 = none).
+    pub memory_bytes: i64,
+    /// Process ceiling (0 = none).
+    pub pids_limit: i64,
+    /// Network mode.
+    pub network: DockerNetwork,
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -126,6 +150,10 @@ pub struct Config {
     pub supervisor_url: String,
     /// `SANDBOX_SUPERVISOR_TOKEN`.
     pub supervisor_token: Option<Secret>,
+    /// `SANDBOX_SUPERVISOR_LISTEN`.
+    pub supervisor_listen: SocketAddr,
+    /// `SANDBOX_DOCKER_*`: how the supervisor shapes computer containers.
+    pub docker: DockerSettings,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
     /// `CONTENT_ENCRYPTION_KEY`, 32 bytes.
@@ -300,6 +328,54 @@ impl Config {
         if keep_revisions == 0 {
             return Err(s.invalid("HOME_REVISIONS_KEEP", "0", "a whole number from 1 to 1000"));
         }
+        let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
+        if let Some(token) = &supervisor_token {
+            let others = [&screen_secret, &content_key];
+            if others
+                .iter()
+                .any(|o| o.as_ref().is_some_and(|o| o.0 == token.0))
+            {
+                return Err(s.invalid(
+                    "SANDBOX_SUPERVISOR_TOKEN",
+                    "",
+                    "a token distinct from every other secret",
+                ));
+            }
+        }
+        let supervisor_listen_raw = s.get("SANDBOX_SUPERVISOR_LISTEN").unwrap_or_default();
+        let supervisor_listen = supervisor_listen_raw.parse().map_err(|_| {
+            s.invalid(
+                "SANDBOX_SUPERVISOR_LISTEN",
+                &supervisor_listen_raw,
+                "an address such as 127.0.0.1:7091",
+            )
+        })?;
+        let cpus_raw = s.get("SANDBOX_DOCKER_CPUS").unwrap_or_else(|| "0".into());
+        let cpus = cpus_raw
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|c| c.is_finite() && (0.0..=1024.0).contains(c))
+            .ok_or_else(|| {
+                s.invalid(
+                    "SANDBOX_DOCKER_CPUS",
+                    &cpus_raw,
+                    "a number of CPUs from 0 to 1024",
+                )
+            })?;
+        let docker = DockerSettings {
+            image: s.get("SANDBOX_DOCKER_IMAGE"),
+            nano_cpus: (cpus * 1e9) as i64,
+            memory_bytes: (s.number("SANDBOX_DOCKER_MEMORY_MB", 1 << 24)? as i64) << 20,
+            pids_limit: s.number("SANDBOX_DOCKER_PIDS_LIMIT", 1 << 22)? as i64,
+            network: match s
+                .one_of("SANDBOX_DOCKER_NETWORK", &["bridge", "none"])?
+                .as_str()
+            {
+                "none" => DockerNetwork::None,
+                _ => DockerNetwork::Bridge,
+            },
+        };
         Ok(Config {
             environment,
             log_filter: s.get("RAKAZO_LOG").unwrap_or_else(|| "info".into()),
@@ -315,7 +391,9 @@ impl Config {
             ),
             fake_single_screen: s.boolean("SANDBOX_FAKE_SINGLE_SCREEN")?,
             supervisor_url: s.get("SANDBOX_SUPERVISOR_URL").unwrap_or_default(),
-            supervisor_token: s.secret("SANDBOX_SUPERVISOR_TOKEN"),
+            supervisor_token,
+            supervisor_listen,
+            docker,
             screen_secret,
             content_key,
             object_storage,
@@ -342,6 +420,39 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn docker_settings_and_a_distinct_supervisor_token() {
+        let key = "ab".repeat(32);
+        let same = Config::load(
+            &env(&[
+                ("SANDBOX_SUPERVISOR_TOKEN", &key),
+                ("SCREEN_CAPABILITY_SECRET", &key),
+            ]),
+            None,
+        );
+        assert!(matches!(
+            same,
+            Err(ConfigError::Invalid {
+                var: "SANDBOX_SUPERVISOR_TOKEN",
+                ..
+            })
+        ));
+        let c = Config::load(
+            &env(&[
+                ("SANDBOX_DOCKER_CPUS", "1.5"),
+                ("SANDBOX_DOCKER_NETWORK", "none"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.docker.nano_cpus, 1_500_000_000);
+        assert_eq!(c.docker.memory_bytes, 4096 << 20);
+        assert_eq!(c.docker.pids_limit, 2048);
+        assert_eq!(c.docker.network, DockerNetwork::None);
+        assert_eq!(c.supervisor_listen, "127.0.0.1:7091".parse().unwrap());
+        assert!(Config::load(&env(&[("SANDBOX_DOCKER_NETWORK", "host")]), None).is_err());
     }
 
     #[test]

@@ -112,6 +112,42 @@ pub const VARS: &[Var] = &[
         doc: "Shared token between API and supervisor; required for docker, distinct from every other secret.",
     },
     Var {
+        name: "SANDBOX_SUPERVISOR_LISTEN",
+        default: "127.0.0.1:7091",
+        secret: false,
+        doc: "Address `rakazo supervisor` listens on: a loopback or private address only (it refuses a public one).",
+    },
+    Var {
+        name: "SANDBOX_DOCKER_IMAGE",
+        default: "",
+        secret: false,
+        doc: "Computer image of docker computers. Unset: rakazo-computer:<hash of the built-in recipe>, built by `rakazo image build`.",
+    },
+    Var {
+        name: "SANDBOX_DOCKER_CPUS",
+        default: "2",
+        secret: false,
+        doc: "CPU ceiling of each docker computer, in CPUs (decimals allowed, 0 = none).",
+    },
+    Var {
+        name: "SANDBOX_DOCKER_MEMORY_MB",
+        default: "4096",
+        secret: false,
+        doc: "Memory ceiling of each docker computer in MiB (0 = none).",
+    },
+    Var {
+        name: "SANDBOX_DOCKER_PIDS_LIMIT",
+        default: "2048",
+        secret: false,
+        doc: "Most processes and threads in each docker computer (0 = none).",
+    },
+    Var {
+        name: "SANDBOX_DOCKER_NETWORK",
+        default: "bridge",
+        secret: false,
+        doc: "Network of docker computers: bridge (outbound access, screen gateway published on 127.0.0.1) or none (no network at all).",
+    },
+    Var {
         name: "SCREEN_CAPABILITY_SECRET",
         default: "",
         secret: true,

@@ -37,6 +37,21 @@ impl XDisplay {
     /// Connects to display `:number` on this host.
     pub fn connect(number: u32) -> Result<Self, DesktopError> {
         let (conn, screen) = x11rb::connect(Some(&format!(":{number}"))).map_err(x_err)?;
+        Self::from_connection(conn, screen)
+    }
+
+    /// Connects to display `:number` through its socket `X<number>` in `socket_dir`: the
+    /// X server runs elsewhere (in a container) and shares its `/tmp/.X11-unix` with us.
+    pub fn connect_in(socket_dir: &std::path::Path, number: u32) -> Result<Self, DesktopError> {
+        let stream = std::os::unix::net::UnixStream::connect(socket_dir.join(format!("X{number}")))
+            .map_err(|e| DesktopError::X(format!("display socket: {e}")))?;
+        let (stream, _) =
+            x11rb::rust_connection::DefaultStream::from_unix_stream(stream).map_err(x_err)?;
+        let conn = RustConnection::connect_to_stream(stream, 0).map_err(x_err)?;
+        Self::from_connection(conn, 0)
+    }
+
+    fn from_connection(conn: RustConnection, screen: usize) -> Result<Self, DesktopError> {
         let setup = conn.setup();
         if setup.image_byte_order != ImageOrder::LSB_FIRST {
             return Err(DesktopError::X(

@@ -93,6 +93,8 @@ pub struct Gateway {
     run_dir: PathBuf,
     /// websockify's listening port.
     port: u16,
+    /// websockify's listening address (loopback unless the machine is a container).
+    host: String,
     /// websockify's pid, once started.
     websockify: Mutex<Option<u32>>,
     /// Live capabilities by token.
@@ -107,9 +109,17 @@ impl Gateway {
             dir: run_dir.join("gateway"),
             run_dir,
             port,
+            host: "127.0.0.1".into(),
             websockify: Mutex::new(None),
             grants: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Listens on `host` instead of loopback: inside a container, whose gateway port the
+    /// engine publishes on the host's loopback, websockify must accept on every interface.
+    pub fn listening_on(mut self, host: &str) -> Self {
+        self.host = host.to_string();
+        self
     }
 
     /// The environment of the gateway's processes, tagged for the runtime's final sweep.
@@ -158,7 +168,7 @@ impl Gateway {
                 "UnixDomainSocketDirectory".into(),
                 "--token-source".into(),
                 self.dir.to_string_lossy().into_owned(),
-                format!("127.0.0.1:{}", self.port),
+                format!("{}:{}", self.host, self.port),
             ],
             env: self.env(),
             ..Default::default()

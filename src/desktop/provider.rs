@@ -112,6 +112,8 @@ impl DesktopProvider {
             displays: self.displays.clone(),
             gateway_port: free_local_port()?,
             settle: Settle::default(),
+            x11_socket_dir: None,
+            gateway_host: "127.0.0.1".into(),
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
         let m = Arc::new(Machine { home, runtime });

@@ -112,6 +112,13 @@ pub struct RuntimeConfig {
     pub gateway_port: u16,
     /// How batches settle.
     pub settle: Settle,
+    /// Where this host finds the machine's X sockets (`X<display>`), when the displays run
+    /// elsewhere and share their socket directory with us (a container's `/tmp/.X11-unix`
+    /// bind-mounted from the host); `None` for this host's own `/tmp/.X11-unix`.
+    pub x11_socket_dir: Option<PathBuf>,
+    /// The address the screen gateway listens on inside the machine: loopback on a host,
+    /// every interface inside a container (whose port is published on the host's loopback).
+    pub gateway_host: String,
 }
 
 /// Announced when a slot generation ends, before the slot can be reused: every capability and
@@ -229,7 +236,8 @@ pub struct DesktopRuntime {
 impl DesktopRuntime {
     /// A runtime with no screens yet; nothing starts until the first [`Self::open_screen`].
     pub fn new(runner: Arc<dyn CommandRunner>, config: RuntimeConfig) -> Self {
-        let gateway = Gateway::new(runner.clone(), config.run_dir.clone(), config.gateway_port);
+        let gateway = Gateway::new(runner.clone(), config.run_dir.clone(), config.gateway_port)
+            .listening_on(&config.gateway_host);
         let (events, _) = broadcast::channel(64);
         Self {
             runner,
@@ -725,7 +733,8 @@ impl DesktopRuntime {
                 last_used: Instant::now(),
                 busy: Arc::new(AtomicUsize::new(0)),
             };
-            match connect_when_ready(display, XVFB_READY_TIMEOUT).await {
+            let socket_dir = self.config.x11_socket_dir.clone();
+            match connect_when_ready(socket_dir, display, XVFB_READY_TIMEOUT).await {
                 Ok(x) => screen.x = Some(Arc::new(StdMutex::new(x))),
                 Err(e) => {
                     let _ = self.stop_screen(&mut screen).await;
@@ -902,10 +911,19 @@ impl Drop for BusyGuard {
     }
 }
 
-async fn connect_when_ready(display: u32, timeout: Duration) -> Result<XDisplay, DesktopError> {
+async fn connect_when_ready(
+    socket_dir: Option<PathBuf>,
+    display: u32,
+    timeout: Duration,
+) -> Result<XDisplay, DesktopError> {
     let started = Instant::now();
     loop {
-        match tokio::task::spawn_blocking(move || XDisplay::connect(display)).await {
+        let dir = socket_dir.clone();
+        let connect = move || match dir {
+            Some(dir) => XDisplay::connect_in(&dir, display),
+            None => XDisplay::connect(display),
+        };
+        match tokio::task::spawn_blocking(connect).await {
             Ok(Ok(x)) => return Ok(x),
             Ok(Err(e)) if started.elapsed() > timeout => return Err(e),
             Err(e) => return Err(DesktopError::X(format!("connect task: {e}"))),

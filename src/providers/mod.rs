@@ -1,6 +1,7 @@
 //! Provider adapters behind the `SandboxProvider` port, and the factory that picks one from
 //! the configuration.
 
+pub mod docker;
 pub mod fake;
 pub mod workspace_path;
 
@@ -83,9 +84,23 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 fake: None,
             })
         }
-        "docker" if config.supervisor_token.is_none() => Ok(unavailable(
+        "docker" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
             "SANDBOX_PROVIDER=docker requires SANDBOX_SUPERVISOR_TOKEN (non-empty, distinct from other secrets)".into(),
         )),
+        "docker" => {
+            let token = config.supervisor_token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
+            let docker = docker::DockerProvider::new(docker::DockerProviderConfig {
+                supervisor_url: config.supervisor_url.clone(),
+                supervisor_token: token,
+                screen_limit: config.team_screen_limit as usize,
+            })
+            .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
+            Ok(Built {
+                provider: Some(Arc::new(docker)),
+                status: ProviderStatus { sandbox: "docker".into(), setup_error: None },
+                fake: None,
+            })
+        }
         other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),
     }
 }

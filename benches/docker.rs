@@ -1,0 +1,163 @@
+//! Docker computers benchmark: time from a provision request to the first screenshot of a
+//! bot's desktop, and PSS memory per additional desktop inside one container. Needs a Docker
+//! engine and the computer image (`scripts/build-computer-image.sh`); runs its own supervisor
+//! on 127.0.0.1:0. Results are recorded in `BENCHMARKS-docker.md`.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
+use rakazo::supervisor::engine::{Engine, EngineSettings};
+use rakazo::supervisor::routes::State;
+use rakazo_actors::provider::{ExecRequest, MachineSpec, ProviderRef, SandboxProvider};
+
+/// Provision-to-first-screenshot rounds.
+const ROUNDS: usize = 3;
+/// Desktops opened in one container for the memory measure.
+const DESKTOPS: usize = 4;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
+    let settings = EngineSettings {
+        data_dir,
+        image: rakazo::image::default_image(),
+        docker: DockerSettings {
+            image: None,
+            nano_cpus: 0,
+            memory_bytes: 0,
+            pids_limit: 4096,
+            network: DockerNetwork::Bridge,
+        },
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let engine = Engine::connect(settings).await.expect("docker engine");
+            let state = actix_web::web::Data::new(State::new(engine, &token));
+            rakazo::supervisor::serve(listener, state)
+                .unwrap()
+                .await
+                .unwrap();
+        })
+    });
+    url
+}
+
+fn spec(tag: &str) -> MachineSpec {
+    let id = format!(
+        "bench-{tag}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    MachineSpec {
+        computer_id: id.clone(),
+        space_id: "bench".into(),
+        bot_id: Some(id.clone()),
+        home_key: id,
+    }
+}
+
+/// Total PSS in KiB of every process in the container (all run as uid 1000).
+async fn container_pss_kib(p: &DockerProvider, m: &ProviderRef) -> u64 {
+    let script = "t=0; for f in /proc/[0-9]*/smaps_rollup; do v=$(awk '/^Pss:/{print $2}' \"$f\" 2>/dev/null); t=$((t + ${v:-0})); done; echo $t";
+    let out = p
+        .exec(
+            m,
+            &ExecRequest {
+                command: script.into(),
+                cwd: String::new(),
+                env: Vec::new(),
+                timeout: Duration::from_secs(30),
+            },
+        )
+        .await
+        .unwrap();
+    out.stdout.trim().parse().unwrap_or(0)
+}
+
+fn main() {
+    let image = rakazo::image::default_image();
+    if !rakazo::image::exists(&image) {
+        eprintln!("docker bench: {image} is missing; run scripts/build-computer-image.sh");
+        std::process::exit(if std::env::var_os("CI").is_some() {
+            1
+        } else {
+            0
+        });
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
+    let rt = actix_rt::System::new();
+    rt.block_on(async move {
+        let p = DockerProvider::new(DockerProviderConfig {
+            supervisor_url: url,
+            supervisor_token: token,
+            screen_limit: 0,
+        })
+        .unwrap();
+        println!("docker bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
+        println!("| round | provision ms | open desktop ms | first observe ms | total ms |");
+        println!("| ---: | ---: | ---: | ---: | ---: |");
+        let mut totals = Vec::new();
+        for round in 1..=ROUNDS {
+            let s = spec("first");
+            let bot = s.bot_id.clone().unwrap();
+            let t0 = Instant::now();
+            let m = p.provision(&s).await.expect("provision");
+            let t1 = Instant::now();
+            p.open_screen(&m, &bot).await.expect("open screen");
+            let t2 = Instant::now();
+            let frame = p.observe(&m, &bot).await.expect("observe");
+            let t3 = Instant::now();
+            assert!(frame.png.starts_with(b"\x89PNG"));
+            totals.push(t3 - t0);
+            println!(
+                "| {round} | {:.0} | {:.0} | {:.1} | **{:.0}** |",
+                ms(t1 - t0),
+                ms(t2 - t1),
+                ms(t3 - t2),
+                ms(t3 - t0)
+            );
+            p.destroy(&m).await.unwrap();
+        }
+        totals.sort();
+        println!(
+            "provision → first screenshot: median {:.0} ms",
+            ms(totals[totals.len() / 2])
+        );
+
+        // Memory: one container, desktops added one by one.
+        let s = spec("memory");
+        let m = p.provision(&s).await.unwrap();
+        let idle = container_pss_kib(&p, &m).await;
+        println!("\n| desktops | container PSS MiB | added by the last desktop MiB |");
+        println!("| ---: | ---: | ---: |");
+        println!("| 0 | {:.0} | |", idle as f64 / 1024.0);
+        let mut last = idle;
+        let mut readings = Vec::new();
+        for n in 1..=DESKTOPS {
+            let bot = format!("bot-{n}");
+            p.open_screen(&m, &bot).await.unwrap();
+            p.observe(&m, &bot).await.unwrap();
+            // Let the browser finish its start-up work before reading.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let now = container_pss_kib(&p, &m).await;
+            println!(
+                "| {n} | {:.0} | {:.0} |",
+                now as f64 / 1024.0,
+                (now as f64 - last as f64) / 1024.0
+            );
+            readings.push(now);
+            last = now;
+        }
+        let per_additional =
+            (readings[DESKTOPS - 1] as f64 - readings[0] as f64) / (DESKTOPS - 1) as f64 / 1024.0;
+        println!("PSS per additional desktop (desktops 2..{DESKTOPS}): {per_additional:.0} MiB");
+        p.destroy(&m).await.unwrap();
+    });
+}

@@ -1,0 +1,484 @@
+//! The `docker` provider (`SANDBOX_PROVIDER=docker`): computers are containers that the
+//! supervisor (`rakazo supervisor`, the only process with the Docker socket) creates from the
+//! computer image, with screens from the shared [`DesktopRuntime`].
+//!
+//! - [`client`]: the supervisor's HTTP client; its errors become [`ProviderError`] there.
+//! - [`runner`]: the runtime's [`crate::desktop::command::CommandRunner`] through the
+//!   supervisor's exec (every script runs in the container as uid 1000).
+//!
+//! How the pieces reach the container:
+//! - commands: the supervisor's exec;
+//! - files: the home is `DATA_DIR/homes/<home key>` bind-mounted at `/home/rakazo`
+//!   (`mountedHome`), so list/read/export read the host directory directly and writes/imports
+//!   write it and give what they wrote to uid 1000;
+//! - screens: the container's `/tmp/.X11-unix` is a host directory (`DATA_DIR/run/x11/<hash>`),
+//!   so this process connects to each Xvfb's unix socket for capture and XTEST input exactly
+//!   as it does on the host; nothing graphical crosses HTTP. This needs the API process on the
+//!   supervisor's host with the same `DATA_DIR`, as the Compose layout has it;
+//! - the screen gateway (websockify) listens on port 6080 in the container, published on
+//!   127.0.0.1 only, on an ephemeral host port ([`DockerProvider::gateway_addr`]); with
+//!   `SANDBOX_DOCKER_NETWORK=none` there is no published port.
+
+pub mod client;
+pub mod runner;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rakazo_actors::provider::{
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
+    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ScreenPolicy, ScreenRoute,
+};
+use tokio::sync::Mutex;
+
+use crate::desktop::command::minimal_env;
+use crate::desktop::gateway::Policy;
+use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use crate::desktop::{files, shell_quote};
+use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
+use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody};
+use client::SupervisorClient;
+use runner::SupervisorRunner;
+
+/// Inside every computer: logs, the window manager's home and the gateway's sockets.
+pub const RUN_DIR: &str = "/tmp/rakazo-run";
+
+/// How the provider is set up.
+#[derive(Clone, Debug)]
+pub struct DockerProviderConfig {
+    /// `SANDBOX_SUPERVISOR_URL`.
+    pub supervisor_url: String,
+    /// `SANDBOX_SUPERVISOR_TOKEN` (never logged).
+    pub supervisor_token: String,
+    /// `SANDBOX_TEAM_SCREEN_LIMIT` (0 = none).
+    pub screen_limit: usize,
+}
+
+/// One running computer container as this process knows it.
+struct Machine {
+    info: ComputerInfo,
+    runtime: Arc<DesktopRuntime>,
+}
+
+/// The `docker` provider.
+pub struct DockerProvider {
+    client: SupervisorClient,
+    config: DockerProviderConfig,
+    machines: Mutex<HashMap<String, Arc<Machine>>>,
+}
+
+impl DockerProvider {
+    /// A provider talking to the configured supervisor; refuses an empty token.
+    pub fn new(config: DockerProviderConfig) -> ProviderResult<Self> {
+        if config.supervisor_token.is_empty() {
+            return Err(ProviderError::Unsupported(
+                "SANDBOX_PROVIDER=docker requires SANDBOX_SUPERVISOR_TOKEN".into(),
+            ));
+        }
+        Ok(Self {
+            client: SupervisorClient::new(&config.supervisor_url, &config.supervisor_token)?,
+            config,
+            machines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The desktop runtime of a computer (its gateway and teardown events).
+    pub async fn runtime(&self, machine: &ProviderRef) -> ProviderResult<Arc<DesktopRuntime>> {
+        Ok(self.machine(machine).await?.runtime.clone())
+    }
+
+    /// Where this host reaches the computer's screen gateway (127.0.0.1 and the published
+    /// port), when it has one.
+    pub async fn gateway_addr(&self, machine: &ProviderRef) -> ProviderResult<Option<SocketAddr>> {
+        let m = self.machine(machine).await?;
+        Ok(m.info
+            .gateway_port
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p))))
+    }
+
+    /// The container of a computer as the supervisor reports it.
+    pub async fn info(&self, machine: &ProviderRef) -> ProviderResult<ComputerInfo> {
+        self.client.inspect(&machine.0).await
+    }
+
+    fn attach(&self, info: ComputerInfo) -> Arc<Machine> {
+        let runner = SupervisorRunner {
+            client: self.client.clone(),
+            container: info.id.clone(),
+        };
+        let config = RuntimeConfig {
+            workspace: PathBuf::from(WORKSPACE),
+            run_dir: PathBuf::from(RUN_DIR),
+            screen_limit: self.config.screen_limit,
+            // Each container has its own display numbers.
+            displays: DisplayPool::new(1),
+            gateway_port: GATEWAY_PORT,
+            settle: Settle::default(),
+            x11_socket_dir: Some(PathBuf::from(&info.x11_dir)),
+            gateway_host: "0.0.0.0".into(),
+        };
+        let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));
+        Arc::new(Machine { info, runtime })
+    }
+
+    /// The running machine behind `machine`, attaching to it if this process has not yet.
+    async fn machine(&self, machine: &ProviderRef) -> ProviderResult<Arc<Machine>> {
+        if let Some(m) = self.machines.lock().await.get(&machine.0) {
+            return Ok(m.clone());
+        }
+        let info = self.client.inspect(&machine.0).await?;
+        if !info.running {
+            return Err(ProviderError::MachineGone);
+        }
+        let mut machines = self.machines.lock().await;
+        let m = machines
+            .entry(machine.0.clone())
+            .or_insert_with(|| self.attach(info))
+            .clone();
+        Ok(m)
+    }
+
+    /// Closes every screen (browsers save their sessions) and forgets the machine.
+    async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        let m = self.machines.lock().await.remove(&machine.0);
+        if let Some(m) = m
+            && let Err(e) = m.runtime.shutdown().await
+        {
+            tracing::warn!(error = %e, "docker.screens.shutdown_failed");
+        }
+        Ok(())
+    }
+
+    /// A failed call on a container that is no longer there (or no longer running) is
+    /// `MachineGone`, whatever failed first (a broken X connection, an exec error); the stale
+    /// machine is forgotten so the next call looks again.
+    async fn classify(&self, machine: &ProviderRef, err: ProviderError) -> ProviderError {
+        let gone = match &err {
+            ProviderError::MachineGone => true,
+            ProviderError::Failed(_) => match self.client.inspect(&machine.0).await {
+                Ok(info) => !info.running,
+                Err(ProviderError::MachineGone) => true,
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        if gone {
+            self.machines.lock().await.remove(&machine.0);
+            tracing::info!("docker.computer.gone");
+            ProviderError::MachineGone
+        } else {
+            err
+        }
+    }
+
+    fn home(m: &Machine) -> ProviderResult<PathBuf> {
+        if m.info.home_dir.is_empty() {
+            return Err(ProviderError::Failed(
+                "the computer has no mounted home".into(),
+            ));
+        }
+        Ok(PathBuf::from(&m.info.home_dir))
+    }
+
+    /// The environment of the shell tool: nothing of the server's own.
+    fn exec_env(request: &ExecRequest) -> Vec<(String, String)> {
+        let mut env = minimal_env();
+        env.push(("HOME".into(), WORKSPACE.into()));
+        env.push(("TERM".into(), "dumb".into()));
+        env.extend(request.env.iter().cloned());
+        env
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ProviderResult<T> + Send + 'static,
+) -> ProviderResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
+}
+
+/// Gives `path` and its parents up to `home` to the computer's user, so the container can
+/// change what this process wrote. Best effort: without the right to chown (this process is
+/// not root), the files keep this process's owner, which is uid 1000 in the usual setup.
+fn give_to_computer(home: &Path, path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let mut current = Some(path);
+    while let Some(p) = current {
+        if !p.starts_with(home) {
+            break;
+        }
+        if let Ok(meta) = std::fs::symlink_metadata(p)
+            && meta.uid() != UID
+            && std::os::unix::fs::lchown(p, Some(UID), Some(UID)).is_err()
+        {
+            tracing::debug!("docker.files.chown_skipped");
+            break;
+        }
+        if p == home {
+            break;
+        }
+        current = p.parent();
+    }
+}
+
+#[async_trait]
+impl SandboxProvider for DockerProvider {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "docker".into(),
+            capabilities: Capabilities {
+                multi_screen: true,
+                terminal: false,
+                page_browser: false,
+                bills_while_running: false,
+                mounted_home: true,
+            },
+        }
+    }
+
+    async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {
+        let info = self
+            .client
+            .create(&CreateComputer {
+                computer_id: spec.computer_id.clone(),
+                space_id: spec.space_id.clone(),
+                bot_id: spec.bot_id.clone(),
+                home_key: spec.home_key.clone(),
+            })
+            .await?;
+        tracing::info!(computer.id = %spec.computer_id, "docker.computer.provisioned");
+        let machine = ProviderRef(info.id.clone());
+        let m = self.attach(info);
+        self.machines.lock().await.insert(machine.0.clone(), m);
+        Ok(machine)
+    }
+
+    async fn reconnect(&self, machine: &ProviderRef, spec: &MachineSpec) -> ProviderResult<()> {
+        let info = self.client.inspect(&machine.0).await?;
+        if info.home_key != spec.home_key || info.space_id != spec.space_id {
+            return Err(ProviderError::MachineGone);
+        }
+        if let Some(m) = self.machines.lock().await.get(&machine.0)
+            && info.running
+            && m.info.id == info.id
+        {
+            return Ok(());
+        }
+        let info = self.client.start(&machine.0).await?;
+        tracing::info!(computer.id = %spec.computer_id, "docker.computer.reconnected");
+        let m = self.attach(info);
+        self.machines.lock().await.insert(machine.0.clone(), m);
+        Ok(())
+    }
+
+    async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.detach(machine).await?;
+        self.client.stop(&machine.0).await
+    }
+
+    async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.detach(machine).await?;
+        match self.client.remove(&machine.0).await {
+            Ok(()) | Err(ProviderError::MachineGone) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+        let m = self.machine(machine).await?;
+        match m.runtime.open_screen(bot_id).await {
+            Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
+    }
+
+    async fn open_route(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        policy: ScreenPolicy,
+    ) -> ProviderResult<ScreenRoute> {
+        let m = self.machine(machine).await?;
+        let Some(port) = m.info.gateway_port else {
+            return Err(ProviderError::Unsupported(
+                "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
+            ));
+        };
+        let policy = match policy {
+            ScreenPolicy::View => Policy::View,
+            ScreenPolicy::Control => Policy::Control,
+        };
+        let cap = match m.runtime.grant(bot_id, policy).await {
+            Ok(cap) => cap,
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        };
+        Ok(ScreenRoute {
+            upstream: format!("http://127.0.0.1:{port}"),
+            token: cap.token.expose().to_owned(),
+        })
+    }
+
+    async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
+        Ok(self.machine(machine).await?.runtime.revoke(token).await?)
+    }
+
+    async fn launch(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        argv: &[String],
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        Ok(m.runtime.launch(bot_id, argv.to_vec()).await?)
+    }
+
+    async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        let target = if target.starts_with("http://") || target.starts_with("https://") {
+            target.to_owned()
+        } else {
+            let home = Self::home(&m)?;
+            let resolved = files::resolve(&home, target)?;
+            let inside = resolved
+                .strip_prefix(&home)
+                .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
+            Path::new(WORKSPACE)
+                .join(inside)
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(m.runtime.open_in_browser(bot_id, &target).await?)
+    }
+
+    async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        match m.runtime.close_screen(bot_id).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
+    }
+
+    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        let m = self.machine(machine).await?;
+        match m.runtime.observe(bot_id).await {
+            Ok(o) => Ok(o.frame),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
+    }
+
+    async fn act(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+    ) -> ProviderResult<ActOutcome> {
+        let m = self.machine(machine).await?;
+        let result = match m.runtime.act(bot_id, actions).await {
+            Ok(r) => r,
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        };
+        if let Some(reason) = &result.error {
+            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "docker.act.stopped");
+        }
+        Ok(ActOutcome {
+            completed: result.completed,
+            frame: result.observation.frame,
+        })
+    }
+
+    async fn exec(
+        &self,
+        machine: &ProviderRef,
+        request: &ExecRequest,
+    ) -> ProviderResult<ExecOutput> {
+        let m = self.machine(machine).await?;
+        let home = Self::home(&m)?;
+        let rel = request.cwd.clone();
+        let cwd = blocking(move || {
+            let resolved = files::resolve(&home, &rel)?;
+            if !resolved.is_dir() {
+                return Err(ProviderError::NotFound(rel.chars().take(200).collect()));
+            }
+            let inside = resolved
+                .strip_prefix(&home)
+                .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
+            Ok(Path::new(WORKSPACE).join(inside))
+        })
+        .await?;
+        let body = ExecBody {
+            script: format!("exec bash -lc {}", shell_quote(&request.command)),
+            cwd: cwd.to_string_lossy().into_owned(),
+            env: Self::exec_env(request),
+            timeout_ms: request.timeout.as_millis() as u64,
+            run_id: None,
+        };
+        let out = match self.client.exec(&m.info.id, &body).await {
+            Ok(out) => out,
+            Err(e) => return Err(self.classify(machine, e).await),
+        };
+        Ok(ExecOutput {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            timed_out: out.timed_out,
+        })
+    }
+
+    async fn list_files(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+    ) -> ProviderResult<Vec<FileEntry>> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        let path = path.to_string();
+        blocking(move || files::list(&home, &path)).await
+    }
+
+    async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        let path = path.to_string();
+        blocking(move || files::read(&home, &path)).await
+    }
+
+    async fn write_file(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        data: &[u8],
+    ) -> ProviderResult<()> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        let (path, data) = (path.to_string(), data.to_vec());
+        blocking(move || {
+            files::write(&home, &path, &data)?;
+            let written = files::resolve(&home, &path)?;
+            give_to_computer(&home, &written);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        blocking(move || files::export(&home)).await
+    }
+
+    async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        // Browsers hold files of the old workspace open: a replaced workspace starts fresh.
+        m.runtime.shutdown().await?;
+        let (home, archive) = (Self::home(&m)?, archive.to_vec());
+        blocking(move || {
+            files::import(&home, &archive)?;
+            if let Err(e) = chown_tree(&home) {
+                tracing::debug!(error = %e.kind(), "docker.files.chown_skipped");
+            }
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,47 @@
+//! The desktop runtime's [`CommandRunner`] for docker computers: every script runs through
+//! the supervisor's exec, as uid 1000, with the runtime's minimal environment.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rakazo_actors::provider::{ExecOutput, ProviderError};
+
+use super::client::SupervisorClient;
+use crate::desktop::DesktopError;
+use crate::desktop::command::{CommandRunner, minimal_env};
+use crate::supervisor::wire::ExecBody;
+
+/// Runs scripts in one container.
+pub struct SupervisorRunner {
+    /// The supervisor.
+    pub client: SupervisorClient,
+    /// The container id.
+    pub container: String,
+}
+
+#[async_trait]
+impl CommandRunner for SupervisorRunner {
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        let body = ExecBody {
+            script: script.to_string(),
+            cwd: "/".into(),
+            env: minimal_env(),
+            timeout_ms: timeout.as_millis() as u64,
+            run_id: None,
+        };
+        let out = self
+            .client
+            .exec(&self.container, &body)
+            .await
+            .map_err(|e| match e {
+                ProviderError::MachineGone => DesktopError::Command("machine gone".into()),
+                other => DesktopError::Command(other.to_string()),
+            })?;
+        Ok(ExecOutput {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            timed_out: out.timed_out,
+        })
+    }
+}

@@ -1,0 +1,634 @@
+//! The supervisor's side of the Docker engine (bollard over the local socket): computer
+//! containers shaped from [`EngineSettings`], and scripts run in them as uid 1000.
+//!
+//! Docker's errors are translated here, at the edge, into [`EngineError`]: a 404 (or a
+//! container without the `rakazo.managed=true` label) is [`EngineError::Gone`]; nothing above
+//! matches on bollard's types.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig, PortBinding};
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StopContainerOptions,
+};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use super::wire::{ComputerInfo, CreateComputer, ExecBody, ExecResult};
+use crate::config::{DockerNetwork, DockerSettings};
+
+/// Where the workspace is mounted in every computer (the home of user `rakazo`, uid 1000).
+pub const WORKSPACE: &str = "/home/rakazo";
+/// The screen gateway's port inside every computer.
+pub const GATEWAY_PORT: u16 = 6080;
+/// uid:gid every process of a computer runs as.
+pub const USER: &str = "1000:1000";
+/// The uid and gid of [`USER`].
+pub const UID: u32 = 1000;
+/// Shared memory of every computer (Chromium needs more than Docker's 64 MB).
+pub const SHM_BYTES: i64 = 256 << 20;
+/// Cap on each of stdout and stderr of one exec.
+pub const OUTPUT_CAP: usize = 1 << 20;
+/// How long a stopping container gets before SIGKILL.
+const STOP_GRACE_SECS: i32 = 10;
+/// Extra time past an exec's deadline before the supervisor kills it itself.
+const EXEC_GRACE: Duration = Duration::from_secs(5);
+
+/// The seccomp profile of every computer (`config/computer-seccomp.json`): Docker's default
+/// refuses the user namespaces Chromium's sandbox needs; this one allows them and refuses the
+/// kernel interfaces a sandboxed browser never needs instead, so Chromium keeps its sandbox.
+pub const SECCOMP_PROFILE: &str = include_str!("../../config/computer-seccomp.json");
+
+/// Label keys.
+pub const LABEL_MANAGED: &str = "rakazo.managed";
+/// Label: the bot of a Private Computer.
+pub const LABEL_BOT: &str = "rakazo.botId";
+/// Label: the space.
+pub const LABEL_SPACE: &str = "rakazo.workspaceId";
+/// Label: the computer.
+pub const LABEL_COMPUTER: &str = "rakazo.computerId";
+/// Label: the home key.
+pub const LABEL_HOME: &str = "rakazo.homeKey";
+
+/// Failures, classified at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// No such managed container.
+    #[error("no such computer")]
+    Gone,
+    /// The request cannot be honoured as given.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The computer image is missing.
+    #[error("computer image {0} is not on the engine; run `rakazo image build`")]
+    ImageMissing(String),
+    /// The engine failed.
+    #[error("docker engine: {0}")]
+    Engine(String),
+}
+
+impl From<bollard::errors::Error> for EngineError {
+    fn from(err: bollard::errors::Error) -> Self {
+        match err {
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            } => EngineError::Gone,
+            bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message,
+            } => EngineError::Engine(format!("{status_code}: {message}")),
+            other => EngineError::Engine(other.to_string()),
+        }
+    }
+}
+
+/// How computer containers are shaped.
+#[derive(Clone, Debug)]
+pub struct EngineSettings {
+    /// Absolute `DATA_DIR` (homes under `homes/`, X socket directories under `run/x11/`).
+    pub data_dir: PathBuf,
+    /// Image reference.
+    pub image: String,
+    /// Ceilings and network.
+    pub docker: DockerSettings,
+}
+
+/// The engine connection and the settings.
+#[derive(Clone)]
+pub struct Engine {
+    docker: Docker,
+    settings: EngineSettings,
+}
+
+/// Accepts ids used in container names, labels and host paths.
+fn check_id(what: &str, id: &str) -> Result<(), EngineError> {
+    crate::desktop::check_id(id).map_err(|_| EngineError::Invalid(format!("bad {what}")))
+}
+
+impl Engine {
+    /// Connects to the local engine socket (`DOCKER_HOST=unix://...` or the default).
+    pub async fn connect(settings: EngineSettings) -> Result<Self, EngineError> {
+        let docker = Docker::connect_with_unix_defaults()?
+            .negotiate_version()
+            .await?;
+        Ok(Self { docker, settings })
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &EngineSettings {
+        &self.settings
+    }
+
+    /// Whether the computer image is on the engine.
+    pub async fn image_present(&self) -> Result<bool, EngineError> {
+        match self.docker.inspect_image(&self.settings.image).await {
+            Ok(_) => Ok(true),
+            Err(e) => match EngineError::from(e) {
+                EngineError::Gone => Ok(false),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// The container name for a request: `rakazo-bot-<bot>`, `rakazo-team-<space>` for the
+    /// space's Team Computer, `rakazo-home-<home key>` for any other home.
+    pub fn container_name(req: &CreateComputer) -> Result<String, EngineError> {
+        check_id("space id", &req.space_id)?;
+        check_id("home key", &req.home_key)?;
+        check_id("computer id", &req.computer_id)?;
+        if let Some(bot) = &req.bot_id {
+            check_id("bot id", bot)?;
+            return Ok(format!("rakazo-bot-{bot}"));
+        }
+        if req.home_key == format!("team-{}", req.space_id) {
+            Ok(format!("rakazo-team-{}", req.space_id))
+        } else {
+            Ok(format!("rakazo-home-{}", req.home_key))
+        }
+    }
+
+    fn home_dir(&self, home_key: &str) -> PathBuf {
+        self.settings.data_dir.join("homes").join(home_key)
+    }
+
+    /// Short, so that `<dir>/X<n>` stays within a unix socket path's 108 bytes.
+    fn x11_dir(&self, name: &str) -> PathBuf {
+        let digest = Sha256::digest(name.as_bytes());
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        self.settings.data_dir.join("run").join("x11").join(hex)
+    }
+
+    /// Creates and starts a computer, replacing a container of the same name.
+    pub async fn create(&self, req: &CreateComputer) -> Result<ComputerInfo, EngineError> {
+        let name = Self::container_name(req)?;
+        if !self.image_present().await? {
+            return Err(EngineError::ImageMissing(self.settings.image.clone()));
+        }
+        match self
+            .docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(EngineError::from)
+        {
+            Ok(()) => tracing::info!(container.name = %name, "supervisor.container.replaced"),
+            Err(EngineError::Gone) => {}
+            Err(e) => return Err(e),
+        }
+        let home = self.home_dir(&req.home_key);
+        let x11 = self.x11_dir(&name);
+        let (home2, x112) = (home.clone(), x11.clone());
+        tokio::task::spawn_blocking(move || prepare_dirs(&home2, &x112))
+            .await
+            .map_err(|e| EngineError::Engine(format!("directory task: {e}")))?
+            .map_err(|e| EngineError::Engine(format!("host directories: {e}")))?;
+
+        let mut labels = HashMap::new();
+        labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
+        labels.insert(LABEL_BOT.into(), req.bot_id.clone().unwrap_or_default());
+        labels.insert(LABEL_SPACE.into(), req.space_id.clone());
+        labels.insert(LABEL_COMPUTER.into(), req.computer_id.clone());
+        labels.insert(LABEL_HOME.into(), req.home_key.clone());
+        let d = &self.settings.docker;
+        let port_key = format!("{GATEWAY_PORT}/tcp");
+        let (network_mode, port_bindings, exposed) = match d.network {
+            DockerNetwork::Bridge => {
+                let mut map = HashMap::new();
+                map.insert(
+                    port_key.clone(),
+                    Some(vec![PortBinding {
+                        host_ip: Some("127.0.0.1".into()),
+                        // Empty: the engine picks a free ephemeral port.
+                        host_port: Some(String::new()),
+                    }]),
+                );
+                ("bridge", Some(map), Some(vec![port_key]))
+            }
+            DockerNetwork::None => ("none", None, None),
+        };
+        let positive = |v: i64| (v > 0).then_some(v);
+        let body = ContainerCreateBody {
+            image: Some(self.settings.image.clone()),
+            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            user: Some(USER.into()),
+            hostname: Some("computer".into()),
+            working_dir: Some(WORKSPACE.into()),
+            env: Some(vec![
+                format!("HOME={WORKSPACE}"),
+                "LANG=C.UTF-8".into(),
+                "PATH=/usr/local/bin:/usr/bin:/bin".into(),
+            ]),
+            labels: Some(labels),
+            exposed_ports: exposed,
+            host_config: Some(HostConfig {
+                binds: Some(vec![
+                    format!("{}:{WORKSPACE}:rw", home.display()),
+                    format!("{}:/tmp/.X11-unix:rw", x11.display()),
+                ]),
+                shm_size: Some(SHM_BYTES),
+                nano_cpus: positive(d.nano_cpus),
+                memory: positive(d.memory_bytes),
+                pids_limit: positive(d.pids_limit),
+                network_mode: Some(network_mode.into()),
+                port_bindings,
+                // docker-init as pid 1 reaps the orphans of detached desktop processes.
+                init: Some(true),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec![
+                    "no-new-privileges:true".into(),
+                    format!("seccomp={SECCOMP_PROFILE}"),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await?;
+        self.docker.start_container(&created.id, None).await?;
+        tracing::info!(container.name = %name, "supervisor.container.created");
+        self.inspect(&created.id).await
+    }
+
+    /// The managed container `id` (a container id or name).
+    pub async fn inspect(&self, id: &str) -> Result<ComputerInfo, EngineError> {
+        let raw = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await?;
+        to_info(&raw).ok_or(EngineError::Gone)
+    }
+
+    /// The managed container of `home_key`, found by its labels (reconnect without an id).
+    pub async fn find(&self, home_key: &str) -> Result<ComputerInfo, EngineError> {
+        check_id("home key", home_key)?;
+        let mut filters = HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            vec![
+                format!("{LABEL_MANAGED}=true"),
+                format!("{LABEL_HOME}={home_key}"),
+            ],
+        );
+        let found = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await?;
+        let id = found
+            .into_iter()
+            .find_map(|c| c.id)
+            .ok_or(EngineError::Gone)?;
+        self.inspect(&id).await
+    }
+
+    /// Starts a stopped computer (a running one stays as it is).
+    pub async fn start(&self, id: &str) -> Result<ComputerInfo, EngineError> {
+        let info = self.inspect(id).await?;
+        if !info.running {
+            self.docker.start_container(&info.id, None).await?;
+            tracing::info!(container.name = %info.name, "supervisor.container.started");
+        }
+        self.inspect(&info.id).await
+    }
+
+    /// Stops a computer, keeping it (and its container layer) for a later start.
+    pub async fn stop(&self, id: &str) -> Result<(), EngineError> {
+        let info = self.inspect(id).await?;
+        self.docker
+            .stop_container(
+                &info.id,
+                Some(StopContainerOptions {
+                    t: Some(STOP_GRACE_SECS),
+                    ..Default::default()
+                }),
+            )
+            .await?;
+        tracing::info!(container.name = %info.name, "supervisor.container.stopped");
+        Ok(())
+    }
+
+    /// Removes a computer; its home directory stays (it is the durable workspace).
+    pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        let info = self.inspect(id).await?;
+        self.docker
+            .remove_container(
+                &info.id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+        let x11 = PathBuf::from(&info.x11_dir);
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(x11)).await;
+        tracing::info!(container.name = %info.name, "supervisor.container.removed");
+        Ok(())
+    }
+
+    /// Runs a script as uid 1000 with a deadline; the script's process group is killed when
+    /// the deadline passes or when this future is dropped (the caller went away).
+    pub async fn exec(&self, id: &str, body: &ExecBody) -> Result<ExecResult, EngineError> {
+        if !body.cwd.starts_with('/') {
+            return Err(EngineError::Invalid("cwd must be absolute".into()));
+        }
+        let info = self.inspect(id).await?;
+        if !info.running {
+            return Err(EngineError::Gone);
+        }
+        let timeout = Duration::from_millis(body.timeout_ms.max(1));
+        let run_id = match &body.run_id {
+            Some(id) => {
+                check_run_id(id)?;
+                id.clone()
+            }
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let secs = format!("{:.3}", timeout.as_secs_f64());
+        let cmd = vec![
+            "bash".to_string(),
+            "-c".into(),
+            EXEC_WRAPPER.into(),
+            "rakazo-exec".into(),
+            run_id.clone(),
+            secs,
+            body.script.clone(),
+        ];
+        let env: Vec<String> = body.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let exec = self
+            .docker
+            .create_exec(
+                &info.id,
+                CreateExecOptions {
+                    cmd: Some(cmd),
+                    env: Some(env),
+                    working_dir: Some(body.cwd.clone()),
+                    user: Some(USER.to_string()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut guard = KillOnDrop {
+            engine: Some(self.clone()),
+            container: info.id.clone(),
+            run_id,
+        };
+        let started = Instant::now();
+        let StartExecResults::Attached { mut output, .. } =
+            self.docker.start_exec(&exec.id, None).await?
+        else {
+            return Err(EngineError::Engine("exec did not attach".into()));
+        };
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let collect = async {
+            while let Some(chunk) = output.next().await {
+                match chunk? {
+                    bollard::container::LogOutput::StdOut { message } => {
+                        append_capped(&mut stdout, &message)
+                    }
+                    bollard::container::LogOutput::StdErr { message } => {
+                        append_capped(&mut stderr, &message)
+                    }
+                    _ => {}
+                }
+            }
+            Ok::<(), EngineError>(())
+        };
+        if tokio::time::timeout(timeout + EXEC_GRACE, collect)
+            .await
+            .is_err()
+        {
+            // The guard kills the group when dropped at return.
+            return Ok(ExecResult {
+                exit_code: -1,
+                stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                timed_out: true,
+            });
+        }
+        guard.engine = None;
+        let code = self
+            .docker
+            .inspect_exec(&exec.id)
+            .await?
+            .exit_code
+            .unwrap_or(-1) as i32;
+        // `timeout -s KILL` ends a script past its deadline with 128 + 9.
+        let timed_out = code == 137 && started.elapsed() >= timeout;
+        Ok(ExecResult {
+            exit_code: if timed_out { -1 } else { code },
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            timed_out,
+        })
+    }
+
+    /// Kills the process group of the exec `run_id` in the computer `id`, if it still runs.
+    pub async fn kill(&self, id: &str, run_id: &str) -> Result<(), EngineError> {
+        check_run_id(run_id)?;
+        let info = self.inspect(id).await?;
+        self.kill_run(&info.id, run_id).await;
+        Ok(())
+    }
+
+    async fn kill_run(&self, container: &str, run_id: &str) {
+        let script = format!(
+            "p=$(cat /tmp/.rakazo-exec/{run_id}/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; rm -rf /tmp/.rakazo-exec/{run_id}"
+        );
+        let exec = self
+            .docker
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    cmd: Some(vec!["bash".to_string(), "-c".into(), script]),
+                    user: Some(USER.to_string()),
+                    ..Default::default()
+                },
+            )
+            .await;
+        if let Ok(exec) = exec {
+            let _ = self
+                .docker
+                .start_exec(
+                    &exec.id,
+                    Some(bollard::exec::StartExecOptions {
+                        detach: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+        }
+        tracing::info!("supervisor.exec.killed");
+    }
+}
+
+/// The exec wrapper: `$1` run id, `$2` deadline in seconds, `$3` the script. The script runs
+/// in its own session under `timeout -s KILL`, which kills its whole process group at the
+/// deadline; its output goes to files so that background processes it leaves behind cannot
+/// hold the exec open. The group's pid is kept where a kill can find it.
+const EXEC_WRAPPER: &str = r#"d=/tmp/.rakazo-exec/$1
+mkdir -p "$d" || exit 125
+setsid timeout -s KILL "$2" bash -c "$3" >"$d/out" 2>"$d/err" </dev/null &
+echo $! >"$d/pid"
+wait $!
+rc=$?
+head -c 1048576 "$d/out"
+head -c 1048576 "$d/err" >&2
+rm -rf "$d"
+exit $rc"#;
+
+/// Run ids name a directory in the container: 32 lowercase hex digits only.
+fn check_run_id(id: &str) -> Result<(), EngineError> {
+    if id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("bad run id".into()))
+    }
+}
+
+fn append_capped(buf: &mut Vec<u8>, data: &[u8]) {
+    let room = OUTPUT_CAP.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+/// Kills an exec's process group unless disarmed (`engine = None`).
+struct KillOnDrop {
+    engine: Option<Engine>,
+    container: String,
+    run_id: String,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(engine) = self.engine.take() {
+            let (container, run_id) = (self.container.clone(), self.run_id.clone());
+            tokio::spawn(async move { engine.kill_run(&container, &run_id).await });
+        }
+    }
+}
+
+/// Creates the home (owned by uid 1000, recursively: a restore may have written it as
+/// another user) and the X socket directory (mode 1777, as `/tmp/.X11-unix` must be).
+fn prepare_dirs(home: &Path, x11: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(home)?;
+    chown_tree(home)?;
+    std::fs::create_dir_all(x11)?;
+    std::fs::set_permissions(x11, std::fs::Permissions::from_mode(0o1777))?;
+    Ok(())
+}
+
+/// Gives `root` and everything under it (without following links) to uid/gid 1000.
+pub fn chown_tree(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.uid() != UID || meta.gid() != UID {
+            std::os::unix::fs::lchown(&path, Some(UID), Some(UID))?;
+        }
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn to_info(raw: &ContainerInspectResponse) -> Option<ComputerInfo> {
+    let config = raw.config.as_ref()?;
+    let labels = config.labels.as_ref()?;
+    if labels.get(LABEL_MANAGED).map(String::as_str) != Some("true") {
+        return None;
+    }
+    let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+    let binds = raw
+        .host_config
+        .as_ref()
+        .and_then(|h| h.binds.clone())
+        .unwrap_or_default();
+    let source_of = |target: &str| {
+        binds
+            .iter()
+            .find_map(|b| {
+                let mut parts = b.split(':');
+                let (src, dst) = (parts.next()?, parts.next()?);
+                (dst == target).then(|| src.to_string())
+            })
+            .unwrap_or_default()
+    };
+    let gateway_port = raw
+        .network_settings
+        .as_ref()
+        .and_then(|n| n.ports.as_ref())
+        .and_then(|p| p.get(&format!("{GATEWAY_PORT}/tcp")).cloned().flatten())
+        .and_then(|bindings| {
+            bindings
+                .into_iter()
+                .find(|b| b.host_ip.as_deref() == Some("127.0.0.1"))
+        })
+        .and_then(|b| b.host_port?.parse().ok());
+    Some(ComputerInfo {
+        id: raw.id.clone()?,
+        name: raw.name.clone()?.trim_start_matches('/').to_string(),
+        running: raw.state.as_ref().and_then(|s| s.running).unwrap_or(false),
+        computer_id: label(LABEL_COMPUTER),
+        space_id: label(LABEL_SPACE),
+        bot_id: label(LABEL_BOT),
+        home_key: label(LABEL_HOME),
+        home_dir: source_of(WORKSPACE),
+        x11_dir: source_of("/tmp/.X11-unix"),
+        gateway_port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(bot: Option<&str>, space: &str, home: &str) -> CreateComputer {
+        CreateComputer {
+            computer_id: "c1".into(),
+            space_id: space.into(),
+            bot_id: bot.map(Into::into),
+            home_key: home.into(),
+        }
+    }
+
+    #[test]
+    fn names_follow_the_computer_kind() {
+        let name = |r| Engine::container_name(&r).unwrap();
+        assert_eq!(name(req(Some("b1"), "s1", "b1")), "rakazo-bot-b1");
+        assert_eq!(name(req(None, "s1", "team-s1")), "rakazo-team-s1");
+        assert_eq!(name(req(None, "s1", "other")), "rakazo-home-other");
+        assert!(Engine::container_name(&req(Some("../x"), "s1", "h")).is_err());
+        assert!(Engine::container_name(&req(None, "s1", "a/b")).is_err());
+    }
+}

@@ -1,0 +1,167 @@
+//! The supervisor's HTTP routes: parsing and authentication only; the engine does the work.
+
+use std::future::{Ready, ready};
+
+use actix_web::dev::Payload;
+use actix_web::http::StatusCode;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::engine::{Engine, EngineError};
+use super::wire::{CreateComputer, ErrorBody, ErrorCode, ExecBody};
+
+/// Largest request body (an exec script).
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// The shared state of the routes.
+pub struct State {
+    /// The engine.
+    pub engine: Engine,
+    /// SHA-256 of the token: compared in constant time, whatever the presented length.
+    token_digest: [u8; 32],
+}
+
+impl State {
+    /// State for `engine`, accepting `token` only.
+    pub fn new(engine: Engine, token: &str) -> Self {
+        Self {
+            engine,
+            token_digest: Sha256::digest(token.as_bytes()).into(),
+        }
+    }
+}
+
+/// Mounts every route under `/v1` (one function for `main` and the tests).
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(web::JsonConfig::default().limit(BODY_LIMIT))
+        .service(
+            web::scope("/v1")
+                .route("/computers", web::post().to(create))
+                .route("/computers", web::get().to(find))
+                .route("/computers/{id}", web::get().to(inspect))
+                .route("/computers/{id}", web::delete().to(remove))
+                .route("/computers/{id}/start", web::post().to(start))
+                .route("/computers/{id}/stop", web::post().to(stop))
+                .route("/computers/{id}/exec", web::post().to(exec))
+                .route("/computers/{id}/exec/{run}/kill", web::post().to(kill)),
+        );
+}
+
+/// Proof that the request carried the token.
+pub struct Authorized;
+
+impl FromRequest for Authorized {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let Some(state) = req.app_data::<web::Data<State>>() else {
+            return ready(Err(ApiError::Unauthorized));
+        };
+        let presented = req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let ok = bool::from(digest.ct_eq(&state.token_digest)) && !presented.is_empty();
+        ready(if ok {
+            Ok(Authorized)
+        } else {
+            tracing::warn!("supervisor.auth.refused");
+            Err(ApiError::Unauthorized)
+        })
+    }
+}
+
+/// Errors as responses, in one place, by cause.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Missing or wrong token.
+    #[error("unauthorized")]
+    Unauthorized,
+    /// From the engine.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Engine(EngineError::Gone) => StatusCode::NOT_FOUND,
+            ApiError::Engine(EngineError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            ApiError::Engine(EngineError::ImageMissing(_)) => StatusCode::FAILED_DEPENDENCY,
+            ApiError::Engine(EngineError::Engine(_)) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let code = match self {
+            ApiError::Unauthorized => ErrorCode::Unauthorized,
+            ApiError::Engine(EngineError::Gone) => ErrorCode::MachineGone,
+            ApiError::Engine(EngineError::Invalid(_)) => ErrorCode::InvalidRequest,
+            ApiError::Engine(EngineError::ImageMissing(_)) => ErrorCode::ImageMissing,
+            ApiError::Engine(EngineError::Engine(_)) => ErrorCode::Engine,
+        };
+        if let ApiError::Engine(EngineError::Engine(reason)) = self {
+            tracing::warn!(error = %reason, "supervisor.engine.failed");
+        }
+        HttpResponse::build(self.status_code()).json(ErrorBody {
+            code,
+            message: self.to_string(),
+        })
+    }
+}
+
+type Answer = Result<HttpResponse, ApiError>;
+
+async fn create(_: Authorized, s: web::Data<State>, body: web::Json<CreateComputer>) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.create(&body).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FindQuery {
+    home_key: String,
+}
+
+async fn find(_: Authorized, s: web::Data<State>, q: web::Query<FindQuery>) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.find(&q.home_key).await?))
+}
+
+async fn inspect(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.inspect(&id).await?))
+}
+
+async fn start(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.start(&id).await?))
+}
+
+async fn stop(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    s.engine.stop(&id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn remove(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    s.engine.remove(&id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn exec(
+    _: Authorized,
+    s: web::Data<State>,
+    id: web::Path<String>,
+    body: web::Json<ExecBody>,
+) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.exec(&id, &body).await?))
+}
+
+async fn kill(_: Authorized, s: web::Data<State>, path: web::Path<(String, String)>) -> Answer {
+    let (id, run) = path.into_inner();
+    s.engine.kill(&id, &run).await?;
+    Ok(HttpResponse::NoContent().finish())
+}

@@ -1,0 +1,103 @@
+//! The supervisor's HTTP/JSON types, shared by its routes and by the docker provider's client.
+//!
+//! Every route is under `/v1` and needs `Authorization: Bearer <SANDBOX_SUPERVISOR_TOKEN>`.
+//! Errors are `{"code": ..., "message": ...}` with a stable [`ErrorCode`].
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/computers`: create (replacing a stale container of the same name) and start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateComputer {
+    /// The computer's id (label `rakazo.computerId`).
+    pub computer_id: String,
+    /// The space (workspace) id (label `rakazo.workspaceId`).
+    pub space_id: String,
+    /// The bot of a Private Computer (label `rakazo.botId`; names the container).
+    pub bot_id: Option<String>,
+    /// The home key: `DATA_DIR/homes/<home key>` is mounted at the workspace.
+    pub home_key: String,
+}
+
+/// A computer container, as the supervisor reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputerInfo {
+    /// Docker's container id: the provider reference.
+    pub id: String,
+    /// `rakazo-bot-<bot id>`, `rakazo-team-<space id>` or `rakazo-home-<home key>`.
+    pub name: String,
+    /// Whether the container runs.
+    pub running: bool,
+    /// The label values.
+    pub computer_id: String,
+    /// Label `rakazo.workspaceId`.
+    pub space_id: String,
+    /// Label `rakazo.botId` (empty for Team Computers).
+    pub bot_id: String,
+    /// Label `rakazo.homeKey`.
+    pub home_key: String,
+    /// The host directory mounted at the workspace.
+    pub home_dir: String,
+    /// The host directory mounted at the container's `/tmp/.X11-unix` (its X sockets).
+    pub x11_dir: String,
+    /// The host port on 127.0.0.1 of the screen gateway, when running with a network.
+    pub gateway_port: Option<u16>,
+}
+
+/// `POST /v1/computers/{id}/exec`: run a script with `bash -c` as uid 1000.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecBody {
+    /// The script.
+    pub script: String,
+    /// Absolute working directory inside the container.
+    pub cwd: String,
+    /// The complete environment of the script.
+    pub env: Vec<(String, String)>,
+    /// Deadline in milliseconds; the script's process group is killed when it passes.
+    pub timeout_ms: u64,
+    /// A caller-chosen id (32 hex digits) under which `POST .../exec/{run}/kill` stops the
+    /// script early: the caller sends it when it gives up waiting (its future was dropped).
+    #[serde(default)]
+    pub run_id: Option<String>,
+}
+
+/// The outcome of an exec.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResult {
+    /// Exit status (`-1` when the deadline killed it).
+    pub exit_code: i32,
+    /// Standard output (capped).
+    pub stdout: String,
+    /// Standard error (capped).
+    pub stderr: String,
+    /// Whether the deadline stopped it.
+    pub timed_out: bool,
+}
+
+/// Stable error codes of the supervisor API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// Missing or wrong token.
+    Unauthorized,
+    /// The container does not exist or is not a managed computer.
+    MachineGone,
+    /// The request was malformed.
+    InvalidRequest,
+    /// The computer image is not on the engine (`rakazo image build`).
+    ImageMissing,
+    /// The Docker engine refused or failed.
+    Engine,
+}
+
+/// An error answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable code.
+    pub code: ErrorCode,
+    /// Human-readable detail (never contains the token).
+    pub message: String,
+}

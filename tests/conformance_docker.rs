@@ -1,0 +1,39 @@
+//! The provider conformance suite for the `docker` provider: real containers from the
+//! computer image, through an in-process supervisor. Skipped without a Docker engine or the
+//! image, except in CI.
+
+mod docker_support;
+
+use std::sync::{Arc, OnceLock};
+
+use rakazo::config::DockerNetwork;
+use rakazo_actors::provider::SandboxProvider;
+
+use docker_support::{TestSupervisor, docker_ready};
+
+fn supervisor() -> &'static TestSupervisor {
+    static SHARED: OnceLock<TestSupervisor> = OnceLock::new();
+    SHARED.get_or_init(|| TestSupervisor::start(DockerNetwork::Bridge))
+}
+
+/// A fresh provider per test (each test has its own runtime), one supervisor for all.
+fn provider() -> Arc<dyn SandboxProvider> {
+    supervisor().provider()
+}
+
+rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+#[test]
+fn describes_docker_with_a_mounted_home() {
+    let p = rakazo::providers::docker::DockerProvider::new(
+        rakazo::providers::docker::DockerProviderConfig {
+            supervisor_url: "http://127.0.0.1:9".into(),
+            supervisor_token: "t".into(),
+            screen_limit: 0,
+        },
+    )
+    .unwrap();
+    let d = p.describe();
+    assert_eq!(d.kind, "docker");
+    assert!(d.capabilities.multi_screen && d.capabilities.mounted_home);
+}

@@ -1,0 +1,481 @@
+//! Docker computers end to end: what `docker inspect` shows of a computer container, and the
+//! spec's Docker team-screens regression (parallel Chromium desktops in one container with
+//! networking disabled, a fixture site inside it, independent cookies per bot, profiles that
+//! persist after release, old gateway tokens refused after slot reuse). Skipped without a
+//! Docker engine or the computer image, except in CI.
+
+mod docker_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use rakazo::config::DockerNetwork;
+use rakazo::desktop::gateway::Policy;
+use rakazo::providers::docker::DockerProvider;
+use rakazo_actors::provider::{
+    Action, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
+};
+use serde_json::Value;
+
+use docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+fn cmd(command: &str) -> ExecRequest {
+    ExecRequest {
+        command: command.into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    }
+}
+
+fn docker_inspect(id: &str) -> Option<Value> {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", id])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    all.get(0).cloned()
+}
+
+/// Reads the first websocket message from the gateway at `port` for `token`, if any comes.
+async fn gateway_greeting(port: u16, token: &str) -> Option<Vec<u8>> {
+    let url = format!("ws://127.0.0.1:{port}/websockify?token={token}");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+    match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        Ok(Some(Ok(msg))) if msg.is_binary() || msg.is_text() => Some(msg.into_data().to_vec()),
+        _ => None,
+    }
+}
+
+#[actix_rt::test]
+async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::Bridge);
+    let p = sup.provider();
+    let bot = unique("bot");
+    let space = unique("space");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: Some(bot.clone()),
+        home_key: bot.clone(),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    let c = docker_inspect(&m.0).expect("container exists");
+
+    assert_eq!(c["Name"], format!("/rakazo-bot-{bot}"));
+    let labels = &c["Config"]["Labels"];
+    assert_eq!(labels["rakazo.managed"], "true");
+    assert_eq!(labels["rakazo.botId"], bot.as_str());
+    assert_eq!(labels["rakazo.workspaceId"], space.as_str());
+    assert_eq!(c["Config"]["User"], "1000:1000");
+    let home = sup.data_dir.join("homes").join(&bot);
+    let binds: Vec<&str> = c["HostConfig"]["Binds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        binds.contains(&format!("{}:/home/rakazo:rw", home.display()).as_str()),
+        "{binds:?}"
+    );
+    assert_eq!(c["HostConfig"]["ShmSize"], 256 << 20);
+    assert_eq!(c["HostConfig"]["CapDrop"][0], "ALL");
+    assert_eq!(c["HostConfig"]["NanoCpus"], 2_000_000_000i64);
+    assert_eq!(c["HostConfig"]["PidsLimit"], 2048);
+    let ports = c["NetworkSettings"]["Ports"]["6080/tcp"]
+        .as_array()
+        .unwrap();
+    assert!(!ports.is_empty());
+    for binding in ports {
+        assert_eq!(binding["HostIp"], "127.0.0.1", "published beyond loopback");
+    }
+    assert_eq!(
+        c["NetworkSettings"]["Ports"].as_object().unwrap().len(),
+        1,
+        "one gateway port for every desktop"
+    );
+
+    // Every process, the desktop included, runs as uid 1000; Chromium keeps its sandbox.
+    p.open_screen(&m, "bot-a").await.unwrap();
+    let out = p
+        .exec(&m, &cmd("ps -eo uid= | sort -u | tr -d ' '"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "1000", "{out:?}");
+    let out = p
+        .exec(&m, &cmd("ps -eo args | grep '^/usr/lib/chromium/chromium' | grep -c -- --no-sandbox || true"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "0");
+    let out = p
+        .exec(
+            &m,
+            &cmd("ps -eo args | grep -c '^/usr/lib/chromium/chromium'"),
+        )
+        .await
+        .unwrap();
+    assert_ne!(out.stdout.trim(), "0");
+
+    // The gateway is reached through the loopback-published port; an old token is refused
+    // once its slot has been torn down and reused.
+    let addr = p
+        .gateway_addr(&m)
+        .await
+        .unwrap()
+        .expect("published gateway");
+    assert!(addr.ip().is_loopback());
+    let runtime = p.runtime(&m).await.unwrap();
+    let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
+    let greeting = gateway_greeting(addr.port(), cap.token.expose())
+        .await
+        .expect("no greeting through the published gateway");
+    assert!(greeting.starts_with(b"RFB 003.008"));
+    // The live-screen route the screen proxy uses points at the same loopback port.
+    let route = p
+        .open_route(&m, "bot-a", rakazo_actors::provider::ScreenPolicy::Control)
+        .await
+        .unwrap();
+    assert_eq!(route.upstream, format!("http://127.0.0.1:{}", addr.port()));
+    let greeting = gateway_greeting(addr.port(), &route.token).await.unwrap();
+    assert!(greeting.starts_with(b"RFB 003.008"));
+    p.close_route(&m, &route.token).await.unwrap();
+    assert_eq!(gateway_greeting(addr.port(), &route.token).await, None);
+    p.close_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-b").await.unwrap();
+    let _b = runtime.grant("bot-b", Policy::View).await.unwrap();
+    assert_eq!(
+        gateway_greeting(addr.port(), cap.token.expose()).await,
+        None
+    );
+
+    // A command whose caller gives up is killed, not left running until its deadline.
+    let mut long = cmd("sleep 47; echo late > late.txt");
+    long.timeout = Duration::from_secs(120);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), p.exec(&m, &long))
+            .await
+            .is_err()
+    );
+    let started = Instant::now();
+    loop {
+        let out = p
+            .exec(&m, &cmd("ps -eo args | grep -c '^sleep 47' || true"))
+            .await
+            .unwrap();
+        if out.stdout.trim() == "0" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a dropped command kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Destroy removes the container, keeps the home, and the reference is gone for good.
+    p.write_file(&m, "kept.txt", b"kept").await.unwrap();
+    p.destroy(&m).await.unwrap();
+    assert!(docker_inspect(&m.0).is_none());
+    assert_eq!(std::fs::read(home.join("kept.txt")).unwrap(), b"kept");
+    assert_eq!(
+        p.reconnect(&m, &spec).await,
+        Err(ProviderError::MachineGone)
+    );
+}
+
+/// A site served inside the computer: `/set/<v>` sets a persistent cookie (logged as
+/// `set:<v>`), `/check/<tag>` logs `<tag> <cookie header>` to `fixture/seen.log` in the
+/// workspace.
+const SITE: &str = r#"import http.server, os
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.log")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        parts = self.path.strip("/").split("/")
+        headers = []
+        if parts[0] == "set":
+            headers.append(("Set-Cookie", "session=%s; Path=/; Max-Age=86400" % parts[1]))
+        if parts[0] in ("set", "check"):
+            tag = parts[1] if parts[0] == "check" else "set:" + parts[1]
+            with open(LOG, "a") as f:
+                f.write("%s %s\n" % (tag, self.headers.get("Cookie", "-")))
+        body = ("<html><head><title>%s</title></head><body><h1>%s</h1></body></html>" % (self.path, self.path)).encode()
+        self.send_response(200)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8765), H).serve_forever()
+"#;
+
+fn navigate(url: &str) -> Vec<Action> {
+    vec![
+        Action::Key {
+            keys: "ctrl+l".into(),
+        },
+        Action::Wait { ms: 300 },
+        Action::Type { text: url.into() },
+        Action::Key {
+            keys: "Delete".into(),
+        },
+        Action::Key {
+            keys: "Return".into(),
+        },
+    ]
+}
+
+/// Sends `bot` to `path` of the fixture site and waits until the site saw the request;
+/// returns the cookie header the browser sent.
+/// A browser that has just restored its session can swallow the first address typed while
+/// the restored page still loads: the navigation is retried, at most three times.
+async fn go(p: &DockerProvider, m: &ProviderRef, bot: &str, path: &str) -> Option<String> {
+    let url = format!("http://127.0.0.1:8765{path}");
+    let tag = match path.strip_prefix("/set/") {
+        Some(v) => format!("set:{v}"),
+        None => path.trim_start_matches("/check/").to_string(),
+    };
+    let tag = tag.as_str();
+    for attempt in 0..3 {
+        let outcome = p.act(m, bot, &navigate(&url)).await.unwrap();
+        assert_eq!(outcome.completed, 5);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(8) {
+            if let Ok(log) = p.read_file(m, "fixture/seen.log").await
+                && let Some(line) = String::from_utf8_lossy(&log)
+                    .lines()
+                    .find(|l| l.split(' ').next() == Some(tag))
+            {
+                return Some(line.split_once(' ').unwrap().1.to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!("{bot}: navigation to {path} not seen (attempt {attempt}); retrying");
+    }
+    let frame = p.observe(m, bot).await.unwrap();
+    let shot = std::env::temp_dir().join(format!("docker-computers-{bot}.png"));
+    std::fs::write(&shot, frame.png).unwrap();
+    panic!("{bot} never reached {path}; its screen: {}", shot.display());
+}
+
+/// Whether a gateway token's unix socket answers with an RFB greeting inside the computer.
+async fn token_answers(p: &DockerProvider, m: &ProviderRef, token: &str) -> bool {
+    let script = format!(
+        "python3 -c 'import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.settimeout(5)\ns.connect(\"/tmp/rakazo-run/gateway/{token}\")\nsys.stdout.write(s.recv(12).decode())' 2>/dev/null"
+    );
+    let out = p.exec(m, &cmd(&script)).await.unwrap();
+    out.stdout.starts_with("RFB 003.008")
+}
+
+#[actix_rt::test]
+async fn team_screens_without_network_keep_cookies_apart_and_profiles_across_release() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let space = unique("space");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    let c = docker_inspect(&m.0).unwrap();
+    assert_eq!(c["Name"], format!("/rakazo-team-{space}"));
+    assert_eq!(c["HostConfig"]["NetworkMode"], "none");
+    assert_eq!(p.gateway_addr(&m).await.unwrap(), None);
+    // No network but loopback: the outside is unreachable.
+    let out = p
+        .exec(&m, &cmd("ls /sys/class/net | sort | tr '\\n' ' '"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "lo");
+
+    // The fixture site runs inside the computer, as uid 1000.
+    p.write_file(&m, "fixture/site.py", SITE.as_bytes())
+        .await
+        .unwrap();
+    let started = p.exec(
+        &m,
+        &cmd("setsid python3 fixture/site.py >/dev/null 2>&1 </dev/null & for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(started.exit_code, 0, "fixture site: {started:?}");
+
+    // Two bots, two desktops in parallel, two browsers.
+    let (a, b) = tokio::join!(p.open_screen(&m, "bot-a"), p.open_screen(&m, "bot-b"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_ne!(a.slot, b.slot);
+
+    // Cookies stay independent per bot.
+    go(&p, &m, "bot-a", "/set/alpha").await;
+    assert_eq!(
+        go(&p, &m, "bot-a", "/check/a1").await.as_deref(),
+        Some("session=alpha")
+    );
+    assert_eq!(
+        go(&p, &m, "bot-b", "/check/b1").await.as_deref(),
+        Some("-"),
+        "bot-b sees bot-a's cookie"
+    );
+    go(&p, &m, "bot-b", "/set/beta").await;
+    assert_eq!(
+        go(&p, &m, "bot-b", "/check/b2").await.as_deref(),
+        Some("session=beta")
+    );
+
+    // A view token of bot-a's slot answers; after release and reuse of that slot it does not.
+    let runtime = p.runtime(&m).await.unwrap();
+    let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
+    assert!(token_answers(&p, &m, cap.token.expose()).await);
+    p.close_screen(&m, "bot-a").await.unwrap();
+    let c_screen = p.open_screen(&m, "bot-c").await.unwrap();
+    assert_eq!(c_screen.slot, a.slot, "the freed slot is reused");
+    let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
+    assert!(!token_answers(&p, &m, cap.token.expose()).await);
+    assert_eq!(runtime.gateway().live_count(a.slot).await, 1);
+
+    // bot-a's profile persisted in the mounted home; reopened in another slot it still has
+    // its cookie.
+    let profile = sup
+        .data_dir
+        .join("homes")
+        .join(&spec.home_key)
+        .join(".browser-profiles/bot-a/Default");
+    assert!(profile.is_dir(), "profile kept in the workspace");
+    let a2 = p.open_screen(&m, "bot-a").await.unwrap();
+    assert_ne!(a2.slot, a.slot);
+    assert_eq!(
+        go(&p, &m, "bot-a", "/check/a2").await.as_deref(),
+        Some("session=alpha")
+    );
+    assert_eq!(go(&p, &m, "bot-c", "/check/c1").await.as_deref(), Some("-"));
+
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn supervisor_refuses_a_wrong_token() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::Bridge);
+    let bad = Arc::new(
+        DockerProvider::new(rakazo::providers::docker::DockerProviderConfig {
+            supervisor_url: sup.url.clone(),
+            supervisor_token: "wrong".into(),
+            screen_limit: 0,
+        })
+        .unwrap(),
+    );
+    let err = bad
+        .provision(&MachineSpec {
+            computer_id: unique("c"),
+            space_id: unique("s"),
+            bot_id: None,
+            home_key: unique("h"),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Failed(m) if m.contains("Unauthorized")),
+        "{err:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn supervisor_reaches_only_managed_containers() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::Bridge);
+    // A container the supervisor did not make (no `rakazo.managed` label).
+    let name = unique("unmanaged");
+    let out = std::process::Command::new("docker")
+        .args(["run", "-d", "--name", &name, "--network", "none"])
+        .arg(rakazo::image::default_image())
+        .args(["sleep", "300"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _cleanup = RemoveOnDrop(id.clone());
+    let p = sup.provider();
+    let m = ProviderRef(id.clone());
+    assert_eq!(p.info(&m).await.unwrap_err(), ProviderError::MachineGone);
+    assert!(matches!(
+        p.exec(&m, &cmd("true")).await,
+        Err(ProviderError::MachineGone)
+    ));
+    p.destroy(&m).await.unwrap();
+    assert!(
+        docker_inspect(&id).is_some(),
+        "an unmanaged container was removed"
+    );
+}
+
+#[actix_rt::test]
+async fn a_container_removed_behind_our_back_is_machine_gone() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let space = unique("space");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    p.open_screen(&m, "bot-a").await.unwrap();
+    let gone = std::process::Command::new("docker")
+        .args(["rm", "-f", &m.0])
+        .output()
+        .unwrap();
+    assert!(gone.status.success());
+    assert_eq!(
+        p.observe(&m, "bot-a").await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.exec(&m, &cmd("true")).await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.open_screen(&m, "bot-b").await.unwrap_err(),
+        ProviderError::MachineGone
+    );
+    assert_eq!(
+        p.reconnect(&m, &spec).await,
+        Err(ProviderError::MachineGone)
+    );
+}

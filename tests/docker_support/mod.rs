@@ -1,0 +1,116 @@
+//! Shared by the docker test binaries: whether a Docker engine and the computer image are
+//! here (in CI, `CI` set, their absence fails the test instead of skipping it), and an
+//! in-process supervisor on 127.0.0.1:0 running on its own thread and actix system.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
+use rakazo::supervisor::engine::{Engine, EngineSettings};
+use rakazo::supervisor::routes::State;
+
+/// Whether the docker tests can run here. Without an engine or the image they are skipped
+/// with a note, except in CI, where that is a failure.
+pub fn docker_ready() -> bool {
+    let image = rakazo::image::default_image();
+    let problem = if !std::process::Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        Some("no Docker engine answers".to_string())
+    } else if !rakazo::image::exists(&image) {
+        Some(format!(
+            "the computer image {image} is missing (scripts/build-computer-image.sh)"
+        ))
+    } else {
+        None
+    };
+    match problem {
+        None => true,
+        Some(p) if std::env::var_os("CI").is_some() => panic!("docker tests in CI: {p}"),
+        Some(p) => {
+            eprintln!("skipping docker test: {p}");
+            false
+        }
+    }
+}
+
+/// A running in-process supervisor.
+pub struct TestSupervisor {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Its token.
+    pub token: String,
+    /// Its `DATA_DIR` (homes, X socket directories).
+    pub data_dir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestSupervisor {
+    /// Starts a supervisor whose computers use `network`.
+    pub fn start(network: DockerNetwork) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().canonicalize().unwrap();
+        let token = format!("test-{}", uuid::Uuid::new_v4().simple());
+        let settings = EngineSettings {
+            data_dir: data_dir.clone(),
+            image: rakazo::image::default_image(),
+            docker: DockerSettings {
+                image: None,
+                nano_cpus: 2_000_000_000,
+                memory_bytes: 4 << 30,
+                pids_limit: 2048,
+                network,
+            },
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let token2 = token.clone();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let engine = Engine::connect(settings).await.expect("docker engine");
+                let state = actix_web::web::Data::new(State::new(engine, &token2));
+                rakazo::supervisor::serve(listener, state)
+                    .unwrap()
+                    .await
+                    .unwrap();
+            })
+        });
+        Self {
+            url,
+            token,
+            data_dir,
+            _dir: dir,
+        }
+    }
+
+    /// A fresh provider talking to this supervisor.
+    pub fn provider(&self) -> Arc<DockerProvider> {
+        Arc::new(
+            DockerProvider::new(DockerProviderConfig {
+                supervisor_url: self.url.clone(),
+                supervisor_token: self.token.clone(),
+                screen_limit: 0,
+            })
+            .unwrap(),
+        )
+    }
+}
+
+/// Removes a container when dropped, so a failing test leaves no computer running.
+pub struct RemoveOnDrop(pub String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}

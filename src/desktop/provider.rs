@@ -71,7 +71,12 @@ impl DesktopProvider {
         }
         std::fs::create_dir_all(&config.homes_root)
             .map_err(|e| ProviderError::Failed(format!("homes root: {e}")))?;
-        let displays = DisplayPool::new(config.first_display.max(1));
+        // Every host provider of this process shares one pool: two pools would race for the
+        // same display numbers (and clear each other's X sockets) on this one host.
+        static HOST_DISPLAYS: std::sync::OnceLock<Arc<DisplayPool>> = std::sync::OnceLock::new();
+        let displays = HOST_DISPLAYS
+            .get_or_init(|| DisplayPool::new(config.first_display.max(1)))
+            .clone();
         Ok(Self {
             config,
             displays,

@@ -56,12 +56,13 @@ async fn docker_without_its_token_is_a_plain_setup_failure() {
 }
 
 #[actix_rt::test]
-async fn docker_with_its_token_reports_the_docker_sandbox() {
+async fn docker_with_its_token_reports_the_docker_sandbox_and_an_unreachable_supervisor() {
     let s = TestServer::start(
         Backend::Sqlite,
         &[
             ("SANDBOX_PROVIDER", "docker"),
             ("SANDBOX_SUPERVISOR_TOKEN", "a-test-supervisor-token"),
+            ("SANDBOX_SUPERVISOR_URL", "http://127.0.0.1:9"),
         ],
     )
     .await
@@ -75,11 +76,13 @@ async fn docker_with_its_token_reports_the_docker_sandbox() {
         .json()
         .await
         .unwrap();
+    // The provider in use is docker; with no supervisor answering, health says so plainly.
     assert_eq!(
         (v["status"].as_str(), v["sandbox"].as_str()),
-        (Some("ok"), Some("docker"))
+        (Some("degraded"), Some("docker"))
     );
     assert!(v.get("setupError").is_none());
+    assert!(v["sandboxError"].as_str().unwrap().contains("supervisor"));
 }
 
 #[actix_rt::test]

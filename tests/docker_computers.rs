@@ -4,6 +4,7 @@
 //! persist after release, old gateway tokens refused after slot reuse). Skipped without a
 //! Docker engine or the computer image, except in CI.
 
+mod common;
 mod docker_support;
 
 use std::sync::Arc;
@@ -477,5 +478,44 @@ async fn a_container_removed_behind_our_back_is_machine_gone() {
     assert_eq!(
         p.reconnect(&m, &spec).await,
         Err(ProviderError::MachineGone)
+    );
+}
+
+#[actix_rt::test]
+async fn health_shows_docker_with_the_supervisor_running() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let s = common::TestServer::start(
+        common::Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
+            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut v = Value::Null;
+    for _ in 0..50 {
+        v = s
+            .http
+            .get(format!("{}/internal/health", s.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["status"] == "ok" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (v["status"].as_str(), v["sandbox"].as_str()),
+        (Some("ok"), Some("docker")),
+        "{v}"
     );
 }

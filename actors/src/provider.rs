@@ -284,6 +284,11 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// Kind and capabilities.
     fn describe(&self) -> Description;
 
+    /// Whether the backend answers (for `/internal/health`); a plain sentence when not.
+    async fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     // --- lifecycle -------------------------------------------------------------------------
 
     /// Create a fresh machine for `spec`, with an empty workspace.

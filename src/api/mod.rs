@@ -38,7 +38,11 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
 async fn health(app: web::Data<App>) -> HttpResponse {
     let db_ok = app.db.ping().await.is_ok();
     let status = &app.provider_status;
-    let ok = db_ok && status.setup_error.is_none();
+    let backend = match &app.runtime().provider {
+        Some(p) => p.health().await,
+        None => Ok(()),
+    };
+    let ok = db_ok && status.setup_error.is_none() && backend.is_ok();
     let mut body = json!({
         "status": if ok { "ok" } else { "degraded" },
         "sandbox": status.sandbox,
@@ -47,6 +51,9 @@ async fn health(app: web::Data<App>) -> HttpResponse {
     });
     if let Some(err) = &status.setup_error {
         body["setupError"] = json!(err);
+    }
+    if let Err(why) = backend {
+        body["sandboxError"] = json!(why);
     }
     if !db_ok {
         body["databaseError"] = json!("the database did not answer");

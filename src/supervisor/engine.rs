@@ -111,6 +111,12 @@ fn check_id(what: &str, id: &str) -> Result<(), EngineError> {
 }
 
 impl Engine {
+    /// Whether the Docker engine answers.
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        self.docker.ping().await?;
+        Ok(())
+    }
+
     /// Connects to the local engine socket (`DOCKER_HOST=unix://...` or the default).
     pub async fn connect(settings: EngineSettings) -> Result<Self, EngineError> {
         let docker = Docker::connect_with_unix_defaults()?

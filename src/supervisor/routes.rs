@@ -38,6 +38,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::JsonConfig::default().limit(BODY_LIMIT))
         .service(
             web::scope("/v1")
+                .route("/health", web::get().to(health))
                 .route("/computers", web::post().to(create))
                 .route("/computers", web::get().to(find))
                 .route("/computers/{id}", web::get().to(inspect))
@@ -139,6 +140,11 @@ async fn inspect(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> A
 
 async fn start(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
     Ok(HttpResponse::Ok().json(s.engine.start(&id).await?))
+}
+
+async fn health(_: Authorized, s: web::Data<State>) -> Answer {
+    s.engine.ping().await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 async fn stop(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {

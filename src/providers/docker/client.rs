@@ -11,6 +11,9 @@ use crate::supervisor::wire::{
     ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult,
 };
 
+/// How long a health check waits for the supervisor.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Deadline of every call but exec (creating a container may take a few seconds).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Extra time an exec call gets past the script's own deadline.
@@ -93,6 +96,18 @@ impl SupervisorClient {
 
     fn some<T>(v: Option<T>) -> ProviderResult<T> {
         v.ok_or_else(|| ProviderError::Failed("supervisor answered without a body".into()))
+    }
+
+    /// Whether the supervisor and its Docker engine answer.
+    pub async fn health(&self) -> ProviderResult<()> {
+        self.call::<serde_json::Value>(
+            reqwest::Method::GET,
+            "/v1/health",
+            None::<&()>,
+            HEALTH_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Creates and starts a computer.

@@ -228,6 +228,13 @@ fn give_to_computer(home: &Path, path: &Path) {
 
 #[async_trait]
 impl SandboxProvider for DockerProvider {
+    async fn health(&self) -> Result<(), String> {
+        self.client
+            .health()
+            .await
+            .map_err(|_| "the Docker supervisor or its engine does not answer".to_owned())
+    }
+
     fn describe(&self) -> Description {
         Description {
             kind: "docker".into(),

@@ -94,8 +94,12 @@ struct Desktop {
 
 fn start_desktop() -> Desktop {
     let mut procs = Procs(Vec::new());
+    // Tests of this binary run in parallel: each call starts its search at a number of its
+    // own, so two desktops never race for the same display.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let offset = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) * 37;
     let n = (100..400)
-        .map(|i| i + std::process::id() % 200)
+        .map(|i| i + (std::process::id() % 200) + offset)
         .find(|n| {
             !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
                 && !Path::new(&format!("/tmp/.X{n}-lock")).exists()

@@ -12,15 +12,7 @@ use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 #[actix_rt::test]
 async fn health_reports_provider_and_database() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
-    let v: Value = s
-        .http
-        .get(format!("{}/internal/health", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.health().await;
     assert_eq!(
         (
             v["status"].as_str(),
@@ -37,15 +29,7 @@ async fn docker_without_its_token_is_a_plain_setup_failure() {
     let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "docker")])
         .await
         .unwrap();
-    let v: Value = s
-        .http
-        .get(format!("{}/internal/health", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.health().await;
     assert_eq!(v["status"], "degraded");
     assert!(
         v["setupError"]
@@ -67,15 +51,7 @@ async fn docker_with_its_token_reports_the_docker_sandbox_and_an_unreachable_sup
     )
     .await
     .unwrap();
-    let v: Value = s
-        .http
-        .get(format!("{}/internal/health", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.health().await;
     // The provider in use is docker; with no supervisor answering, health says so plainly.
     assert_eq!(
         (v["status"].as_str(), v["sandbox"].as_str()),

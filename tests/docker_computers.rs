@@ -499,15 +499,7 @@ async fn health_shows_docker_with_the_supervisor_running() {
     .unwrap();
     let mut v = Value::Null;
     for _ in 0..50 {
-        v = s
-            .http
-            .get(format!("{}/internal/health", s.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        v = s.health().await;
         if v["status"] == "ok" {
             break;
         }

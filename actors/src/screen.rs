@@ -160,16 +160,15 @@ impl Handler<Open> for ScreenActor {
                         "unexpected provider reply",
                     ));
                 };
+                // This actor is the only writer of its row: a screen it already holds on the
+                // same slot needs no database round trip (observe and act call this each time).
+                if let Some(held) = current.as_ref().filter(|c| c.slot == info.slot) {
+                    return Ok(held.clone());
+                }
+                // A newly held slot always gets a new generation.
                 let existing = row(&rt, &computer_id, &bot_id).await?;
-                let unchanged = current.as_ref().is_some_and(|c| c.slot == info.slot)
-                    && existing.state == "active"
-                    && existing.slot == Some(info.slot as i64);
-                let mut active = existing.clone().into_active_model();
-                let generation = if unchanged {
-                    existing.generation
-                } else {
-                    next_generation(&rt, &computer_id).await?
-                };
+                let mut active = existing.into_active_model();
+                let generation = next_generation(&rt, &computer_id).await?;
                 active.slot = Set(Some(info.slot as i64));
                 active.generation = Set(generation);
                 active.state = Set("active".into());

@@ -66,7 +66,7 @@ fn quote(s: &str) -> String {
 pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
     match command {
         BrowserCommand::Navigate { url } => {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
+            if !crate::providers::workspace_path::is_web_url(url) {
                 return Err(DesktopError::Browser(
                     "only http(s) URLs can be opened".into(),
                 ));

@@ -19,7 +19,7 @@ use rakazo_actors::provider::{
 use tokio::sync::Mutex;
 
 use super::command::{HostRunner, minimal_env};
-use super::gateway::{Policy, free_local_port};
+use super::gateway::free_local_port;
 use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
@@ -221,15 +221,8 @@ impl SandboxProvider for DesktopProvider {
         policy: ScreenPolicy,
     ) -> ProviderResult<ScreenRoute> {
         let m = self.machine(machine).await?;
-        let policy = match policy {
-            ScreenPolicy::View => Policy::View,
-            ScreenPolicy::Control => Policy::Control,
-        };
-        let cap = m.runtime.grant(bot_id, policy).await?;
-        Ok(ScreenRoute {
-            upstream: format!("http://127.0.0.1:{}", cap.port),
-            token: cap.token.expose().to_owned(),
-        })
+        let port = m.runtime.gateway_port();
+        Ok(m.runtime.route(bot_id, policy, port).await?)
     }
 
     async fn launch(
@@ -244,7 +237,7 @@ impl SandboxProvider for DesktopProvider {
 
     async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
         let m = self.machine(machine).await?;
-        let target = if target.starts_with("http://") || target.starts_with("https://") {
+        let target = if crate::providers::workspace_path::is_web_url(target) {
             target.to_owned()
         } else {
             files::resolve(&m.home, target)?

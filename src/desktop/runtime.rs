@@ -475,6 +475,30 @@ impl DesktopRuntime {
         self.launch(bot_id, argv).await
     }
 
+    /// The gateway's port on the machine.
+    pub fn gateway_port(&self) -> u16 {
+        self.gateway.port()
+    }
+
+    /// A route for a person to the bot's screen: a fresh capability on the gateway, reached
+    /// from this host at `127.0.0.1:port` (the gateway's own port, or its published one).
+    pub async fn route(
+        &self,
+        bot_id: &str,
+        policy: rakazo_actors::provider::ScreenPolicy,
+        port: u16,
+    ) -> Result<rakazo_actors::provider::ScreenRoute, DesktopError> {
+        let policy = match policy {
+            rakazo_actors::provider::ScreenPolicy::View => Policy::View,
+            rakazo_actors::provider::ScreenPolicy::Control => Policy::Control,
+        };
+        let cap = self.grant(bot_id, policy).await?;
+        Ok(rakazo_actors::provider::ScreenRoute {
+            upstream: format!("http://127.0.0.1:{port}"),
+            token: cap.token.expose().to_owned(),
+        })
+    }
+
     /// Revokes one capability: its socket goes and its VNC server stops.
     pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
         self.gateway

@@ -3,6 +3,11 @@
 
 use rakazo_actors::provider::ProviderError;
 
+/// Whether a target names a web page (`http(s)://...`) rather than a workspace path.
+pub fn is_web_url(target: &str) -> bool {
+    target.starts_with("http://") || target.starts_with("https://")
+}
+
 /// Longest accepted path, in bytes.
 const MAX_PATH_LEN: usize = 4096;
 

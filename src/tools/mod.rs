@@ -476,8 +476,7 @@ struct OpenArgs {
 async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let OpenArgs { path } = args(a)?;
     open_screen(ctx).await?;
-    let is_url = path.starts_with("http://") || path.starts_with("https://");
-    if !is_url {
+    if !crate::providers::workspace_path::is_web_url(&path) {
         crate::providers::workspace_path::normalize(&path, false)?;
     }
     let op = Op::Open(ctx.run.bot_id.clone(), path.clone());

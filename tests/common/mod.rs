@@ -122,6 +122,17 @@ impl TestServer {
         }
     }
 
+    /// The body of `GET /internal/health`.
+    pub async fn health(&self) -> Value {
+        let resp = self
+            .http
+            .get(format!("{}/internal/health", self.base))
+            .send()
+            .await
+            .expect("health");
+        resp.json().await.expect("health body")
+    }
+
     /// One call as the operator, expected to succeed.
     pub async fn ok(&self, method: &str, params: Value) -> Value {
         match self.call(method, params.clone()).await {

@@ -36,7 +36,6 @@ use rakazo_actors::provider::{
 use tokio::sync::Mutex;
 
 use crate::desktop::command::minimal_env;
-use crate::desktop::gateway::Policy;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::{files, shell_quote};
 use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
@@ -316,18 +315,10 @@ impl SandboxProvider for DockerProvider {
                 "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
             ));
         };
-        let policy = match policy {
-            ScreenPolicy::View => Policy::View,
-            ScreenPolicy::Control => Policy::Control,
-        };
-        let cap = match m.runtime.grant(bot_id, policy).await {
-            Ok(cap) => cap,
-            Err(e) => return Err(self.classify(machine, e.into()).await),
-        };
-        Ok(ScreenRoute {
-            upstream: format!("http://127.0.0.1:{port}"),
-            token: cap.token.expose().to_owned(),
-        })
+        match m.runtime.route(bot_id, policy, port).await {
+            Ok(route) => Ok(route),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
@@ -346,7 +337,7 @@ impl SandboxProvider for DockerProvider {
 
     async fn open(&self, machine: &ProviderRef, bot_id: &str, target: &str) -> ProviderResult<()> {
         let m = self.machine(machine).await?;
-        let target = if target.starts_with("http://") || target.starts_with("https://") {
+        let target = if crate::providers::workspace_path::is_web_url(target) {
             target.to_owned()
         } else {
             let home = Self::home(&m)?;

@@ -56,6 +56,9 @@ pub struct App {
     pub tools: crate::tools::Economy,
     /// The screen proxy's state (mounted by the server).
     pub proxy: ProxyState,
+    /// The screen authority (in process for the proxy, over `/internal/screen-authority` for
+    /// a proxy elsewhere).
+    pub authority: Arc<ScreenAuthority>,
     /// The reconciler of unowned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
     /// The arbiter the actors run on; kept alive with the app.
@@ -136,7 +139,7 @@ impl App {
         let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
         let proxy = ProxyState::new(
             keyring.clone(),
-            authority,
+            authority.clone(),
             gateway.clone(),
             ProxyConfig::default(),
         )
@@ -152,6 +155,7 @@ impl App {
             tools: Default::default(),
             mcp: Default::default(),
             proxy,
+            authority,
             reconciler,
             _arbiter: arbiter,
         };

@@ -23,6 +23,8 @@ pub enum ErrorCode {
     StopBotFirst,
     /// Another user already controls this bot's screen.
     ControlHeld,
+    /// The operation needs the caller to hold control of the bot's screen (take control first).
+    ControlRequired,
     /// A computer-wide maintenance reservation excludes this operation.
     ComputerReserved,
     /// The provider cannot allocate another display for this bot.
@@ -69,6 +71,7 @@ impl ErrorCode {
             Self::LeaseFenced => "LEASE_FENCED",
             Self::StopBotFirst => "STOP_BOT_FIRST",
             Self::ControlHeld => "CONTROL_HELD",
+            Self::ControlRequired => "CONTROL_REQUIRED",
             Self::ComputerReserved => "COMPUTER_RESERVED",
             Self::MultiScreenUnavailable => "MULTI_SCREEN_UNAVAILABLE",
             Self::RunStateConflict => "RUN_STATE_CONFLICT",
@@ -99,6 +102,7 @@ impl ErrorCode {
             | Self::LeaseFenced
             | Self::StopBotFirst
             | Self::ControlHeld
+            | Self::ControlRequired
             | Self::ComputerReserved
             | Self::RunStateConflict
             | Self::RepeatedNoOp
@@ -122,6 +126,7 @@ impl ErrorCode {
             Self::LeaseFenced => "The lease was granted again; this fence is stale",
             Self::LeaseHeld => "The bot already has a driver",
             Self::ControlHeld => "Someone else controls this screen",
+            Self::ControlRequired => "Take control of this screen first",
             Self::ComputerReserved => "The computer is reserved for maintenance",
             Self::MachineGone => "The machine was lost; a replacement is starting",
             Self::ComputerUnavailable => "The computer is restarting; try again",

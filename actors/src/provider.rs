@@ -358,6 +358,22 @@ pub trait SandboxProvider: Send + Sync + 'static {
                 .into(),
         ))
     }
+    /// Start (or join) the bot's terminal server for the person holding control
+    /// (`connectTerminal`): a PTY server beside the screen gateway, reached through it by the
+    /// returned route's own token, speaking the terminal frame protocol; each connection gets
+    /// its own shell. `control` is the bot's control route when the provider serves screens:
+    /// the terminal is bound to it and stops when that route closes. Closing the returned
+    /// route stops it too. Providers without a browser shell answer `Unsupported`.
+    async fn connect_terminal(
+        &self,
+        _machine: &ProviderRef,
+        _bot_id: &str,
+        _control: Option<&ScreenRoute>,
+    ) -> ProviderResult<ScreenRoute> {
+        Err(ProviderError::Unsupported(
+            "this computer has no browser terminal".into(),
+        ))
+    }
     /// Close a route: its token stops working and its VNC server stops.
     async fn close_route(&self, _machine: &ProviderRef, _token: &str) -> ProviderResult<()> {
         Ok(())

@@ -1,6 +1,7 @@
 //! The HTTP surface: health, JSON-RPC over `POST /rpc` and over the `/rpc/ws` websocket.
 //! One [`configure`] serves both `main` and the tests.
 
+mod internal;
 pub mod mcp;
 pub mod methods;
 pub mod rpc;
@@ -22,6 +23,10 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::from(app))
             .route("/internal/health", web::get().to(health))
+            .route(
+                "/internal/screen-authority",
+                web::post().to(internal::screen_authority),
+            )
             .route("/rpc", web::post().to(rpc_http))
             .route("/rpc/ws", web::get().to(ws::upgrade))
             .service(

@@ -95,6 +95,36 @@ fn program(spec: &SpawnSpec) -> &str {
 
 /// `alive PID`: true for a live process, false for a missing or zombie one.
 /// Whether any process of the group led by `$1` is still running (zombies do not count).
+/// How a freshly spawned process came up (see [`wait_ready`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// The probe succeeded.
+    Ready,
+    /// The process exited (or became a zombie) first.
+    Exited,
+    /// Time ran out with the process still alive.
+    TimedOut,
+}
+
+/// Polls `probe` (a shell test) every 50 ms until it succeeds, `pid` dies or `timeout` passes.
+pub async fn wait_ready(
+    runner: &dyn CommandRunner,
+    pid: u32,
+    probe: &str,
+    timeout: Duration,
+) -> Result<Readiness, DesktopError> {
+    let script = format!(
+        "{ALIVE_FN}\nfor i in $(seq 1 {n}); do ({probe}) 2>/dev/null && exit 0; alive {pid} || exit 2; sleep 0.05; done; exit 1",
+        n = (timeout.as_millis() / 50).max(1),
+    );
+    let out = runner.run(&script, timeout + SCRIPT_TIMEOUT).await?;
+    Ok(match out.exit_code {
+        0 => Readiness::Ready,
+        2 => Readiness::Exited,
+        _ => Readiness::TimedOut,
+    })
+}
+
 const GROUP_ALIVE_FN: &str =
     r#"group_alive() { ps -o stat= -g "$1" 2>/dev/null | grep -qv '^Z'; }"#;
 

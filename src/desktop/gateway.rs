@@ -16,13 +16,18 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::Mutex;
 
-use super::command::{CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env};
+use super::command::{
+    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, wait_ready,
+};
+use super::terminal::{ShellSpec, Terminals};
 use super::{DesktopError, shell_quote};
 
 /// How long a fresh x11vnc or websockify gets to start listening.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long x11vnc and websockify get to exit on SIGTERM.
 const STOP_GRACE: Duration = Duration::from_millis(1500);
+/// How many x11vnc starts a grant tries.
+const VNC_ATTEMPTS: u32 = 2;
 
 /// What a capability allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -44,7 +49,7 @@ impl Token {
         Self(secret.to_owned())
     }
 
-    fn fresh() -> Self {
+    pub(crate) fn fresh() -> Self {
         Self(format!("{:032x}", rand::rng().random::<u128>()))
     }
 
@@ -99,14 +104,18 @@ pub struct Gateway {
     websockify: Mutex<Option<u32>>,
     /// Live capabilities by token.
     grants: Mutex<HashMap<Token, Grant>>,
+    /// Terminal servers by the control capability they are bound to.
+    terminals: Terminals,
 }
 
 impl Gateway {
     /// A gateway whose sockets live in `run_dir/gateway` and that listens on loopback `port`.
     pub fn new(runner: Arc<dyn CommandRunner>, run_dir: PathBuf, port: u16) -> Self {
+        let dir = run_dir.join("gateway");
         Self {
+            terminals: Terminals::new(runner.clone(), dir.clone(), run_dir.clone()),
             runner,
-            dir: run_dir.join("gateway"),
+            dir,
             run_dir,
             port,
             host: "127.0.0.1".into(),
@@ -175,35 +184,20 @@ impl Gateway {
         };
         let pid = self.runner.spawn(&spec).await?;
         let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{}", self.port);
-        if let Err(e) = self.wait_for(pid, &probe).await {
+        let ready = wait_ready(&*self.runner, pid, &probe, LISTEN_TIMEOUT).await?;
+        if ready != Readiness::Ready {
             let _ = self.runner.stop(pid, STOP_GRACE).await;
-            return Err(e);
+            return Err(DesktopError::Stack(match ready {
+                Readiness::Exited => format!(
+                    "the screen gateway exited before listening (is port {} taken?)",
+                    self.port
+                ),
+                _ => "the screen gateway did not start listening in time".into(),
+            }));
         }
         *ws = Some(pid);
         tracing::info!(gateway.port = self.port, "desktop.gateway.started");
         Ok(())
-    }
-
-    /// Polls `probe` (a shell test) until it succeeds, failing if `pid` dies or time runs out.
-    async fn wait_for(&self, pid: u32, probe: &str) -> Result<(), DesktopError> {
-        let script = format!(
-            "alive() {{ s=$(ps -o stat= -p {pid} 2>/dev/null) || return 1; [ \"${{s#Z}}\" = \"$s\" ]; }}\n\
-             for i in $(seq 1 {n}); do ({probe}) 2>/dev/null && exit 0; alive || exit 2; sleep 0.05; done; exit 1",
-            n = LISTEN_TIMEOUT.as_millis() / 50,
-        );
-        let out = self
-            .runner
-            .run(&script, LISTEN_TIMEOUT + SCRIPT_TIMEOUT)
-            .await?;
-        match out.exit_code {
-            0 => Ok(()),
-            2 => Err(DesktopError::Stack(
-                "gateway process exited before listening".into(),
-            )),
-            _ => Err(DesktopError::Stack(
-                "gateway process did not start listening in time".into(),
-            )),
-        }
     }
 
     /// Grants a capability on display `:display` of `slot` at `generation`: a fresh token and
@@ -216,8 +210,52 @@ impl Gateway {
         policy: Policy,
     ) -> Result<Capability, DesktopError> {
         self.ensure_started().await?;
+        // x11vnc now and then fails to open a display that is busy starting a browser: one
+        // more try with a fresh token before the grant fails.
+        let mut attempt = 0;
+        let (token, pid) = loop {
+            attempt += 1;
+            match self.start_vnc(display, policy).await? {
+                Ok(started) => break started,
+                Err(detail) if attempt < VNC_ATTEMPTS => {
+                    tracing::warn!(screen.slot = slot, detail = %detail, "desktop.gateway.vnc_retry");
+                }
+                Err(detail) => {
+                    return Err(DesktopError::Stack(format!(
+                        "the screen's VNC server did not start: {detail}"
+                    )));
+                }
+            }
+        };
+        self.grants.lock().await.insert(
+            token.clone(),
+            Grant {
+                slot,
+                generation,
+                policy,
+                pid,
+            },
+        );
+        tracing::info!(screen.slot = slot, screen.generation = generation, screen.policy = ?policy, "desktop.gateway.granted");
+        Ok(Capability {
+            slot,
+            generation,
+            policy,
+            port: self.port,
+            token,
+        })
+    }
+
+    /// Starts an x11vnc for `display` on a fresh token's socket. The inner error says why it
+    /// did not come up (its last log line, with the token redacted).
+    async fn start_vnc(
+        &self,
+        display: u32,
+        policy: Policy,
+    ) -> Result<Result<(Token, u32), String>, DesktopError> {
         let token = Token::fresh();
         let socket = self.dir.join(token.expose());
+        let log = self.run_dir.join(format!("x11vnc-{display}.log"));
         let mut argv: Vec<String> = vec![
             "x11vnc".into(),
             "-display".into(),
@@ -245,38 +283,40 @@ impl Gateway {
             .spawn(&SpawnSpec {
                 argv,
                 env,
+                log: log.to_string_lossy().into_owned(),
                 ..Default::default()
             })
             .await?;
-        let probe = format!("test -S {}", shell_quote(&socket.to_string_lossy()));
-        if let Err(e) = self.wait_for(pid, &probe).await {
-            let _ = self.runner.stop(pid, STOP_GRACE).await;
-            let _ = self
-                .runner
-                .run(
-                    &format!("rm -f {}", shell_quote(&socket.to_string_lossy())),
-                    SCRIPT_TIMEOUT,
-                )
-                .await;
-            return Err(e);
+        let socket = shell_quote(&socket.to_string_lossy());
+        let ready = wait_ready(
+            &*self.runner,
+            pid,
+            &format!("test -S {socket}"),
+            LISTEN_TIMEOUT,
+        )
+        .await?;
+        if ready == Readiness::Ready {
+            return Ok(Ok((token, pid)));
         }
-        self.grants.lock().await.insert(
-            token.clone(),
-            Grant {
-                slot,
-                generation,
-                policy,
-                pid,
-            },
-        );
-        tracing::info!(screen.slot = slot, screen.generation = generation, screen.policy = ?policy, "desktop.gateway.granted");
-        Ok(Capability {
-            slot,
-            generation,
-            policy,
-            port: self.port,
-            token,
-        })
+        let _ = self.runner.stop(pid, STOP_GRACE).await;
+        let tail = self
+            .runner
+            .run(
+                &format!(
+                    "rm -f {socket}; tail -n 1 {} 2>/dev/null",
+                    shell_quote(&log.to_string_lossy())
+                ),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        let last = tail.trim().replace(token.expose(), "<token>");
+        let last: String = last.chars().take(200).collect();
+        Ok(Err(match ready {
+            Readiness::Exited => format!("it exited ({last})"),
+            _ => "it did not listen in time".into(),
+        }))
     }
 
     /// Revokes one capability. Revoking an unknown token succeeds.
@@ -290,8 +330,35 @@ impl Gateway {
                 }
                 result
             }
-            None => Ok(()),
+            None => self.terminals.close_serving(token).await,
         }
+    }
+
+    /// The socket token of the terminal server bound to the `control` capability, starting the
+    /// server when needed; it stops when that capability is revoked.
+    pub async fn open_terminal(
+        &self,
+        control: &Token,
+        shell: &ShellSpec,
+    ) -> Result<Token, DesktopError> {
+        let bound = self
+            .grants
+            .lock()
+            .await
+            .get(control)
+            .is_some_and(|g| g.policy == Policy::Control);
+        if !bound {
+            return Err(DesktopError::Invalid(
+                "a terminal needs a live control capability".into(),
+            ));
+        }
+        self.ensure_started().await?;
+        self.terminals.open(control, shell).await
+    }
+
+    /// How many terminal servers run.
+    pub async fn terminal_count(&self) -> usize {
+        self.terminals.count().await
     }
 
     /// Revokes every capability of `slot`. Capabilities that could not be stopped stay listed
@@ -325,6 +392,7 @@ impl Gateway {
     }
 
     async fn stop_grant(&self, token: &Token, grant: &Grant) -> Result<(), DesktopError> {
+        self.terminals.close(token).await?;
         // The socket goes first: from this moment the token reaches nothing.
         let socket = shell_quote(&self.dir.join(token.expose()).to_string_lossy());
         let out = self
@@ -349,7 +417,7 @@ impl Gateway {
     /// Revokes everything and stops websockify.
     pub async fn shutdown(&self) -> Result<(), DesktopError> {
         let tokens: Vec<Token> = self.grants.lock().await.keys().cloned().collect();
-        let mut failure = None;
+        let mut failure = self.terminals.close_all().await.err();
         for token in tokens {
             if let Err(e) = self.revoke(&token).await {
                 failure = Some(e);

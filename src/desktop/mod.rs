@@ -8,6 +8,8 @@
 //!   and the teardown event.
 //! - [`browser`]: how a bot's Chromium is launched on its persistent profile.
 //! - [`gateway`]: the token-protected screen gateway (websockify + one x11vnc per capability).
+//! - [`terminal`]: the PTY terminal servers beside the gateway, one per control capability,
+//!   and their frame protocol (`terminal_server.py`).
 //! - [`capture`]: screenshots straight from the X server, PNG encoding and frame hashes.
 //! - [`input`] and [`keys`]: ordered action batches through XTEST, and key names to keysyms.
 //! - [`files`]: workspace path checks and tar export/import for host workspaces.
@@ -28,6 +30,8 @@ pub mod keys;
 mod page;
 pub mod provider;
 pub mod runtime;
+pub mod terminal;
+pub mod terminal_frames;
 
 use rakazo_actors::provider::ProviderError;
 

@@ -499,6 +499,24 @@ impl DesktopRuntime {
         })
     }
 
+    /// A route to the terminal server bound to the control route whose token is `control`
+    /// (started on first use), reached like the screens at `127.0.0.1:port`.
+    pub async fn terminal_route(
+        &self,
+        control: &str,
+        shell: &super::terminal::ShellSpec,
+        port: u16,
+    ) -> Result<rakazo_actors::provider::ScreenRoute, DesktopError> {
+        let token = self
+            .gateway
+            .open_terminal(&super::gateway::Token::from_secret(control), shell)
+            .await?;
+        Ok(rakazo_actors::provider::ScreenRoute {
+            upstream: format!("http://127.0.0.1:{port}"),
+            token: token.expose().to_owned(),
+        })
+    }
+
     /// Revokes one capability: its socket goes and its VNC server stops.
     pub async fn revoke(&self, token: &str) -> Result<(), DesktopError> {
         self.gateway

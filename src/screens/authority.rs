@@ -1,6 +1,7 @@
 //! The in-process [`Authority`]: on every proxied request, the capability's slot generation
 //! must be the screen's current one, a control capability's fence the live control lease, the
-//! computer running, and its route still in the book.
+//! computer running, and its route (screen or terminal) still in the book. The same answer
+//! serves a proxy in another process through `POST /internal/screen-authority`.
 
 use std::sync::Arc;
 
@@ -10,7 +11,9 @@ use rakazo_actors::entity::screen;
 use rakazo_actors::leases::{LeaseKey, Leases};
 use rakazo_actors::provider::ScreenPolicy;
 use rakazo_actors::registry::Registry;
-use rakazo_web_proxy::{Authority, AuthorityError, Capability, Policy, RejectCause, Target};
+use rakazo_web_proxy::{
+    Authority, AuthorityError, Capability, Channel, Policy, RejectCause, Target,
+};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use super::{RouteBook, RouteKey};
@@ -35,6 +38,21 @@ fn rejected(cause: RejectCause) -> AuthorityError {
 #[async_trait]
 impl Authority for ScreenAuthority {
     async fn target(&self, cap: &Capability) -> Result<Target, AuthorityError> {
+        self.resolve(cap, Channel::Screen).await
+    }
+
+    async fn terminal_target(&self, cap: &Capability) -> Result<Target, AuthorityError> {
+        self.resolve(cap, Channel::Terminal).await
+    }
+}
+
+impl ScreenAuthority {
+    /// The checks of every proxied request, then the route of `channel` in the book.
+    pub async fn resolve(
+        &self,
+        cap: &Capability,
+        channel: Channel,
+    ) -> Result<Target, AuthorityError> {
         let db = &self.registry.runtime().db;
         let unavailable = |_| AuthorityError::Unavailable("database");
         let row = screen::Entity::find()
@@ -70,6 +88,7 @@ impl Authority for ScreenAuthority {
             generation: cap.generation as i64,
             policy,
             fence: cap.fence as i64,
+            channel,
         };
         let entry = self
             .routes

@@ -19,7 +19,8 @@ use rakazo_actors::entity::computer;
 use rakazo_actors::provider::{ProviderRef, ScreenPolicy, ScreenRoute};
 use rakazo_actors::registry::Registry;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
-use rakazo_web_proxy::{Capability, GatewayActor, Keyring, Policy};
+use rakazo_web_proxy::service::TERMINAL_TAIL;
+use rakazo_web_proxy::{Capability, Channel, GatewayActor, Keyring, Policy};
 use serde::Serialize;
 
 pub use authority::ScreenAuthority;
@@ -43,6 +44,8 @@ pub struct RouteKey {
     pub policy: ScreenPolicy,
     /// Control-lease fence (0 for view).
     pub fence: i64,
+    /// The screen itself, or the terminal bound to its control.
+    pub channel: Channel,
 }
 
 /// A live route and the machine that serves it.
@@ -71,6 +74,21 @@ pub struct ScreenUrl {
     pub generation: i64,
     /// `view` or `control`.
     pub policy: ScreenPolicy,
+}
+
+/// The terminal frame protocol a terminal URL speaks (see `desktop::terminal_frames`).
+pub const TERMINAL_PROTOCOL: &str = "rakazo.terminal.v1";
+
+/// A terminal websocket URL handed to the browser of the person holding control.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminalUrl {
+    /// Path of the terminal websocket through the screen proxy (relative to the API's origin).
+    pub url: String,
+    /// When it stops working (the control lease's expiry).
+    pub expires_at_ms: i64,
+    /// The frame protocol spoken on it.
+    pub protocol: &'static str,
 }
 
 /// The screen capability service of the app.
@@ -117,6 +135,106 @@ impl Screens {
         fence: i64,
         expires_at_ms: i64,
     ) -> DomainResult<ScreenUrl> {
+        let (key, machine) = self
+            .key(registry, c, bot_id, policy, fence, Channel::Screen)
+            .await?;
+        if !self.routes.contains_key(&key) {
+            let provider = registry.runtime().provider()?;
+            let route = provider.open_route(&machine, bot_id, policy).await?;
+            self.routes
+                .insert(key.clone(), RouteEntry { route, machine });
+        }
+        let token = self.seal(&key, expires_at_ms)?;
+        tracing::info!(event = "screen.capability_issued", computer.id = %c.id, policy = ?policy,
+            generation = key.generation);
+        Ok(ScreenUrl {
+            url: format!("/screen/{token}/vnc.html?autoconnect=1&resize=scale"),
+            expires_at_ms,
+            slot: key.slot,
+            generation: key.generation,
+            policy,
+        })
+    }
+
+    /// Issue the terminal URL of the bot's screen under the control lease at `fence`: the
+    /// provider's terminal server, bound to the control route (opened when missing) and
+    /// started on first use; later calls under the same lease join the same server.
+    pub async fn terminal(
+        &self,
+        registry: &Registry,
+        c: &computer::Model,
+        bot_id: &str,
+        fence: i64,
+        expires_at_ms: i64,
+    ) -> DomainResult<TerminalUrl> {
+        let provider = registry.runtime().provider()?;
+        if !provider.describe().capabilities.terminal {
+            return Err(DomainError::new(
+                ErrorCode::Unsupported,
+                "this computer has no browser terminal",
+            ));
+        }
+        let control = match self
+            .issue(
+                registry,
+                c,
+                bot_id,
+                ScreenPolicy::Control,
+                fence,
+                expires_at_ms,
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(e) if e.code == ErrorCode::Unsupported => false,
+            Err(e) => return Err(e),
+        };
+        let (key, machine) = self
+            .key(
+                registry,
+                c,
+                bot_id,
+                ScreenPolicy::Control,
+                fence,
+                Channel::Terminal,
+            )
+            .await?;
+        if !self.routes.contains_key(&key) {
+            let control_route = control
+                .then(|| {
+                    let screen_key = RouteKey {
+                        channel: Channel::Screen,
+                        ..key.clone()
+                    };
+                    self.routes.get(&screen_key).map(|e| e.route.clone())
+                })
+                .flatten();
+            let route = provider
+                .connect_terminal(&machine, bot_id, control_route.as_ref())
+                .await?;
+            self.routes
+                .insert(key.clone(), RouteEntry { route, machine });
+        }
+        let token = self.seal(&key, expires_at_ms)?;
+        tracing::info!(event = "screen.terminal_issued", computer.id = %c.id,
+            generation = key.generation);
+        Ok(TerminalUrl {
+            url: format!("/screen/{token}/{TERMINAL_TAIL}"),
+            expires_at_ms,
+            protocol: TERMINAL_PROTOCOL,
+        })
+    }
+
+    /// Opens the bot's screen and names the route a capability for it would reach.
+    async fn key(
+        &self,
+        registry: &Registry,
+        c: &computer::Model,
+        bot_id: &str,
+        policy: ScreenPolicy,
+        fence: i64,
+        channel: Channel,
+    ) -> DomainResult<(RouteKey, ProviderRef)> {
         let handle = registry.computer(&c.id, &c.space_id);
         let state = registry
             .screen(&handle, bot_id)
@@ -134,34 +252,25 @@ impl Screens {
             generation: state.generation,
             policy,
             fence,
+            channel,
         };
-        if !self.routes.contains_key(&key) {
-            let provider = registry.runtime().provider()?;
-            let route = provider.open_route(&machine, bot_id, policy).await?;
-            self.routes
-                .insert(key.clone(), RouteEntry { route, machine });
-        }
+        Ok((key, machine))
+    }
+
+    /// Seals the capability of a route key.
+    fn seal(&self, key: &RouteKey, expires_at_ms: i64) -> DomainResult<String> {
         let capability = Capability {
-            computer_id: c.id.clone(),
-            bot_id: bot_id.into(),
-            slot: u16::try_from(state.slot)
+            computer_id: key.computer_id.clone(),
+            bot_id: key.bot_id.clone(),
+            slot: u16::try_from(key.slot)
                 .map_err(|_| DomainError::new(ErrorCode::Internal, "slot out of range"))?,
-            generation: state.generation.max(0) as u64,
-            policy: policy_of(policy),
-            fence: fence.max(0) as u64,
+            generation: key.generation.max(0) as u64,
+            policy: policy_of(key.policy),
+            fence: key.fence.max(0) as u64,
             expires_at_ms: expires_at_ms.max(0) as u64,
         };
-        let token = self.keyring.seal(&capability).map_err(|_| {
+        self.keyring.seal(&capability).map_err(|_| {
             DomainError::new(ErrorCode::Internal, "could not seal a screen capability")
-        })?;
-        tracing::info!(event = "screen.capability_issued", computer.id = %c.id, policy = ?policy,
-            generation = state.generation);
-        Ok(ScreenUrl {
-            url: format!("/screen/{token}/vnc.html?autoconnect=1&resize=scale"),
-            expires_at_ms,
-            slot: state.slot,
-            generation: state.generation,
-            policy,
         })
     }
 }

@@ -12,6 +12,8 @@ use rakazo::config::Config;
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
+pub mod terminal;
+
 /// Which database a test runs on.
 #[derive(Clone, Copy, Debug)]
 pub enum Backend {

@@ -89,6 +89,16 @@ impl Target {
         self.policy
     }
 
+    /// The upstream base URL (secret: for an authority answering over internal RPC only).
+    pub fn upstream(&self) -> &str {
+        self.upstream.as_str()
+    }
+
+    /// The socket token (secret: for an authority answering over internal RPC only).
+    pub fn socket_token(&self) -> &str {
+        &self.socket_token
+    }
+
     /// The upstream URL of a static file under the gateway (`tail` split on `/`, each segment
     /// percent-encoded).
     pub(crate) fn http_url(&self, tail: &str) -> Url {
@@ -174,6 +184,23 @@ impl From<TargetError> for AuthorityError {
 pub trait Authority: Send + Sync + 'static {
     /// The current target of an opened (authentic, unexpired) capability.
     async fn target(&self, capability: &Capability) -> Result<Target, AuthorityError>;
+
+    /// The current terminal server of a control capability (the same checks, then the
+    /// terminal route bound to that control). Authorities without terminals reject.
+    async fn terminal_target(&self, _capability: &Capability) -> Result<Target, AuthorityError> {
+        Err(AuthorityError::Rejected(RejectCause::NotFound))
+    }
+}
+
+/// What a proxied connection reaches under a capability.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    /// The screen (noVNC page, static files, the VNC websocket).
+    #[default]
+    Screen,
+    /// The terminal websocket (control capabilities only).
+    Terminal,
 }
 
 /// The JSON body of `POST {api}/internal/screen-authority`.
@@ -194,6 +221,9 @@ pub struct AuthorityRequest {
     pub fence: u64,
     /// Capability expiry, unix ms.
     pub expires_at_ms: u64,
+    /// The screen or the terminal (absent means the screen).
+    #[serde(default)]
+    pub channel: Channel,
 }
 
 impl From<&Capability> for AuthorityRequest {
@@ -206,6 +236,22 @@ impl From<&Capability> for AuthorityRequest {
             policy: c.policy,
             fence: c.fence,
             expires_at_ms: c.expires_at_ms,
+            channel: Channel::Screen,
+        }
+    }
+}
+
+impl AuthorityRequest {
+    /// The capability this request carries.
+    pub fn capability(&self) -> Capability {
+        Capability {
+            computer_id: self.computer_id.clone(),
+            bot_id: self.bot_id.clone(),
+            slot: self.slot,
+            generation: self.generation,
+            policy: self.policy,
+            fence: self.fence,
+            expires_at_ms: self.expires_at_ms,
         }
     }
 }
@@ -292,11 +338,23 @@ const MAX_AUTHORITY_BODY: usize = 16 * 1024;
 #[async_trait]
 impl Authority for HttpAuthority {
     async fn target(&self, capability: &Capability) -> Result<Target, AuthorityError> {
+        self.ask(AuthorityRequest::from(capability)).await
+    }
+
+    async fn terminal_target(&self, capability: &Capability) -> Result<Target, AuthorityError> {
+        let mut request = AuthorityRequest::from(capability);
+        request.channel = Channel::Terminal;
+        self.ask(request).await
+    }
+}
+
+impl HttpAuthority {
+    async fn ask(&self, request: AuthorityRequest) -> Result<Target, AuthorityError> {
         let mut response = self
             .client
             .post(self.endpoint.clone())
             .bearer_auth(&self.bearer)
-            .json(&AuthorityRequest::from(capability))
+            .json(&request)
             .send()
             .await
             .map_err(|e| AuthorityError::Unavailable(request_failure(&e)))?;

@@ -38,7 +38,8 @@ pub enum SocketKind {
 }
 
 impl SocketKind {
-    fn as_str(self) -> &'static str {
+    /// Stable name for logs.
+    pub fn as_str(self) -> &'static str {
         match self {
             SocketKind::Screen => "screen",
             SocketKind::Terminal => "terminal",

@@ -25,7 +25,9 @@
 //! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`], and add
 //!    [`SAFE_LOG_DIRECTIVES`] to the log filter.
 //! 5. Screen URLs handed to browsers: `/screen/<capability>/vnc.html?autoconnect=1&resize=scale`
-//!    (the page shim points noVNC's websocket at `screen/<capability>/websockify`).
+//!    (the page shim points noVNC's websocket at `screen/<capability>/websockify`); terminal
+//!    URLs: the websocket `/screen/<control capability>/terminal`, relayed to the terminal
+//!    server the authority names ([`Authority::terminal_target`]).
 //!
 //! Architecture invariants: the browser never sees an upstream host or socket token (they exist
 //! only in [`Target`], whose `Debug` is redacted); logs never contain a capability, socket token,
@@ -47,7 +49,10 @@ pub mod relay;
 pub mod rfb;
 pub mod service;
 
-pub use authority::{Authority, AuthorityError, HttpAuthority, RejectCause, Target};
+pub use authority::{
+    Authority, AuthorityError, AuthorityRequest, AuthorityResponse, Channel, HttpAuthority,
+    RejectCause, Target,
+};
 pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
 pub use gateway::{GatewayActor, RevokeControl, RevokeSlot};
 pub use service::{ProxyConfig, ProxyState, configure};

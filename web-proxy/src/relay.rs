@@ -85,6 +85,7 @@ pub(crate) async fn start(
     capability: Capability,
     target: Target,
     policy: Policy,
+    kind: SocketKind,
     conn: ConnectionId,
     json: bool,
 ) -> HttpResponse {
@@ -93,7 +94,7 @@ pub(crate) async fn start(
     let registered = shared
         .gateway
         .send(Register {
-            scope: SocketScope::of(&capability, SocketKind::Screen),
+            scope: SocketScope::of(&capability, kind),
             connection_id: conn.to_string(),
             closer: close_tx.into(),
         })
@@ -191,6 +192,7 @@ pub(crate) async fn start(
         tracing::Level::INFO,
         screen.connection_id = %conn,
         policy = policy.as_str(),
+        socket = kind.as_str(),
         subprotocol = chosen.unwrap_or(""),
         duration_ms = started.elapsed().as_millis() as u64,
         "screen.proxy.websocket_upgraded"

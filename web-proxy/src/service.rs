@@ -16,15 +16,19 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, web};
 use rand::RngCore as _;
 
-use crate::authority::{Authority, AuthorityError, DEFAULT_AUTHORITY_TIMEOUT, request_failure};
+use crate::authority::{
+    Authority, AuthorityError, Channel, DEFAULT_AUTHORITY_TIMEOUT, request_failure,
+};
 use crate::capability::{Keyring, OpenError, Policy, now_ms};
-use crate::gateway::GatewayActor;
+use crate::gateway::{GatewayActor, SocketKind};
 use crate::page::{SCREEN_FAILURE_MESSAGE, inject_reporter, refusal_page};
 
 /// Header carrying the machine-readable refusal reason (`invalid_path`, ...).
 pub const REASON_HEADER: &str = "x-rakazo-screen-reason";
 /// Header carrying the refusal detail (`tampered`, `stale_generation`, ...).
 pub const DETAIL_HEADER: &str = "x-rakazo-screen-detail";
+/// The tail of the terminal websocket under a control capability.
+pub const TERMINAL_TAIL: &str = "terminal";
 /// `Cache-Control` of every response under `/screen/`.
 pub const CACHE_CONTROL: &str = "private, no-store, no-transform";
 
@@ -334,21 +338,30 @@ async fn handle(
         Err(e) => return reject(conn, None, e.into(), json),
     };
     let websocket = is_websocket(&req);
-    let tail = match clean_tail(&tail) {
-        Some(t) if !websocket || t == "websockify" => t,
-        _ => {
-            return reject(
-                conn,
-                Some(capability.policy),
-                Refusal::new(RefusalReason::InvalidPath, "bad_path"),
-                json,
-            );
+    let channel = match clean_tail(&tail) {
+        Some("websockify") if websocket => Some(Channel::Screen),
+        Some(TERMINAL_TAIL) if websocket && capability.policy == Policy::Control => {
+            Some(Channel::Terminal)
         }
+        Some(TERMINAL_TAIL) => None,
+        Some(_) if !websocket => Some(Channel::Screen),
+        _ => None,
     };
-    let asked = tokio::time::timeout(
-        shared.config.authority_timeout,
-        shared.authority.target(&capability),
-    )
+    let (Some(channel), Some(tail)) = (channel, clean_tail(&tail)) else {
+        return reject(
+            conn,
+            Some(capability.policy),
+            Refusal::new(RefusalReason::InvalidPath, "bad_path"),
+            json,
+        );
+    };
+    let authority = &shared.authority;
+    let asked = tokio::time::timeout(shared.config.authority_timeout, async {
+        match channel {
+            Channel::Screen => authority.target(&capability).await,
+            Channel::Terminal => authority.terminal_target(&capability).await,
+        }
+    })
     .await;
     let target = match asked {
         Ok(Ok(t)) => t,
@@ -364,7 +377,14 @@ async fn handle(
     };
     let policy = capability.policy.weakest(target.policy());
     if websocket {
-        crate::relay::start(&req, body, &state, capability, target, policy, conn, json).await
+        let kind = match channel {
+            Channel::Screen => SocketKind::Screen,
+            Channel::Terminal => SocketKind::Terminal,
+        };
+        crate::relay::start(
+            &req, body, &state, capability, target, policy, kind, conn, json,
+        )
+        .await
     } else {
         proxy_http(shared, &target, tail, policy, conn, json).await
     }

@@ -254,6 +254,33 @@ pub async fn screen_url(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     Ok(serde_json::to_value(url).unwrap_or_default())
 }
 
+/// `computer.terminalUrl {botId}`: the terminal websocket of the bot's computer for the
+/// person holding control of its screen, under the same control capability (bound to the
+/// lease's fence; ends with it). Refused with `CONTROL_REQUIRED` without control.
+pub async fn terminal_url(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let live = Leases::new(ctx.db().clone())
+        .live(&LeaseKey::control(&c.id, &p.bot_id))
+        .await?;
+    let Some(grant) = live.filter(|g| g.holder == ctx.caller.user_id) else {
+        return Err(DomainError::code(ErrorCode::ControlRequired));
+    };
+    let url = ctx
+        .app
+        .screens
+        .terminal(
+            &ctx.app.registry,
+            &c,
+            &p.bot_id,
+            grant.fence,
+            grant.expires_at_ms,
+        )
+        .await?;
+    Ok(serde_json::to_value(url).unwrap_or_default())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ReleaseControl {

@@ -37,6 +37,7 @@ use tokio::sync::Mutex;
 
 use crate::desktop::command::minimal_env;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use crate::desktop::terminal::ShellSpec;
 use crate::desktop::{files, shell_quote};
 use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
 use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody};
@@ -183,11 +184,18 @@ impl DockerProvider {
         Ok(PathBuf::from(&m.info.home_dir))
     }
 
-    /// The environment of the shell tool: nothing of the server's own.
-    fn exec_env(request: &ExecRequest) -> Vec<(String, String)> {
+    /// The environment of the workspace user's shells: nothing of the server's own.
+    fn shell_env(term: &str) -> Vec<(String, String)> {
         let mut env = minimal_env();
         env.push(("HOME".into(), WORKSPACE.into()));
-        env.push(("TERM".into(), "dumb".into()));
+        env.push(("SHELL".into(), "/bin/bash".into()));
+        env.push(("TERM".into(), term.into()));
+        env
+    }
+
+    /// The environment of the shell tool.
+    fn exec_env(request: &ExecRequest) -> Vec<(String, String)> {
+        let mut env = Self::shell_env("dumb");
         env.extend(request.env.iter().cloned());
         env
     }
@@ -239,7 +247,7 @@ impl SandboxProvider for DockerProvider {
             kind: "docker".into(),
             capabilities: Capabilities {
                 multi_screen: true,
-                terminal: false,
+                terminal: true,
                 page_browser: false,
                 bills_while_running: false,
                 mounted_home: true,
@@ -316,6 +324,29 @@ impl SandboxProvider for DockerProvider {
             ));
         };
         match m.runtime.route(bot_id, policy, port).await {
+            Ok(route) => Ok(route),
+            Err(e) => Err(self.classify(machine, e.into()).await),
+        }
+    }
+
+    async fn connect_terminal(
+        &self,
+        machine: &ProviderRef,
+        _bot_id: &str,
+        control: Option<&ScreenRoute>,
+    ) -> ProviderResult<ScreenRoute> {
+        let m = self.machine(machine).await?;
+        let (Some(port), Some(control)) = (m.info.gateway_port, control) else {
+            return Err(ProviderError::Unsupported(
+                "the terminal needs the screen gateway and a control route".into(),
+            ));
+        };
+        // The shell tool's environment, with a terminal that can draw.
+        let shell = ShellSpec {
+            cwd: WORKSPACE.into(),
+            env: Self::shell_env("xterm-256color"),
+        };
+        match m.runtime.terminal_route(&control.token, &shell, port).await {
             Ok(route) => Ok(route),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }

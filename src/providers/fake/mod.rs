@@ -11,6 +11,7 @@
 
 mod frame;
 mod shell;
+mod terminal;
 mod tree;
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,10 +23,12 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ScreenRoute,
 };
 
 use crate::providers::workspace_path::normalize;
 use shell::Step;
+use terminal::FakeTerminals;
 use tree::Tree;
 
 /// Step of the emulated clock while a command sleeps (loss and deadline checks).
@@ -71,11 +74,13 @@ pub enum ScreenMode {
     Single,
 }
 
-/// The in-process emulator.
+/// The in-process emulator. Clones share the same machines.
+#[derive(Clone)]
 pub struct FakeProvider {
     mode: ScreenMode,
-    machines: Mutex<HashMap<String, Machine>>,
-    next_id: AtomicU64,
+    machines: Arc<Mutex<HashMap<String, Machine>>>,
+    next_id: Arc<AtomicU64>,
+    terminals: Arc<FakeTerminals>,
 }
 
 impl FakeProvider {
@@ -83,8 +88,9 @@ impl FakeProvider {
     pub fn new(mode: ScreenMode) -> Self {
         Self {
             mode,
-            machines: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            machines: Arc::new(Mutex::new(HashMap::new())),
+            next_id: Arc::new(AtomicU64::new(1)),
+            terminals: Arc::default(),
         }
     }
 
@@ -174,8 +180,9 @@ impl SandboxProvider for FakeProvider {
         match self.lock().get_mut(&machine.0) {
             Some(m) if !m.lost => {
                 m.running = false;
-                // Stopping a machine ends its desktops; the workspace stays.
+                // Stopping a machine ends its desktops and shells; the workspace stays.
                 m.screens.clear();
+                self.terminals.close_machine(machine);
                 Ok(())
             }
             _ => Err(ProviderError::MachineGone),
@@ -184,6 +191,22 @@ impl SandboxProvider for FakeProvider {
 
     async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {
         self.lock().remove(&machine.0);
+        self.terminals.close_machine(machine);
+        Ok(())
+    }
+
+    async fn connect_terminal(
+        &self,
+        machine: &ProviderRef,
+        _bot_id: &str,
+        _control: Option<&ScreenRoute>,
+    ) -> ProviderResult<ScreenRoute> {
+        self.with(machine, |_| Ok(()))?;
+        self.terminals.open(self, machine).await
+    }
+
+    async fn close_route(&self, _machine: &ProviderRef, token: &str) -> ProviderResult<()> {
+        self.terminals.close(token);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ use rakazo_actors::provider::{
 };
 use serde_json::Value;
 
+use common::terminal::{Ended, TerminalClient};
 use docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
 
 fn unique(prefix: &str) -> String {
@@ -510,4 +511,93 @@ async fn health_shows_docker_with_the_supervisor_running() {
         (Some("ok"), Some("docker")),
         "{v}"
     );
+}
+
+#[actix_rt::test]
+async fn the_browser_terminal_is_a_real_shell_of_the_workspace_user() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::Bridge);
+    let s = common::TestServer::start(
+        common::Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
+            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
+        ],
+    )
+    .await
+    .unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let bot = &bots[0];
+    let control = s
+        .ok("computer.takeControl", serde_json::json!({ "botId": bot }))
+        .await;
+    let container = String::from_utf8(
+        std::process::Command::new("docker")
+            .args(["ps", "-q", "--no-trunc", "--filter"])
+            .arg(format!("label=rakazo.workspaceId={space}"))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    assert!(!container.is_empty(), "the team computer's container runs");
+    let _cleanup = RemoveOnDrop(container.clone());
+    let in_container = |script: &str| {
+        let out = std::process::Command::new("docker")
+            .args(["exec", &container, "sh", "-c", script])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+
+    let issued = s
+        .ok("computer.terminalUrl", serde_json::json!({ "botId": bot }))
+        .await;
+    let url = issued["url"].as_str().unwrap();
+    let wait = Duration::from_secs(20);
+    let mut first = TerminalClient::connect(&s.base, url).await.unwrap();
+    first.resize(120, 40).await;
+    first
+        .send("echo \"who=$(id -u):$(pwd):$TERM\"; stty size\r")
+        .await;
+    first
+        .expect("who=1000:/home/rakazo:xterm-256color", wait)
+        .await;
+    first.expect("40 120", wait).await;
+
+    // Another session joins the same server with its own shell.
+    let mut second = TerminalClient::connect(&s.base, url).await.unwrap();
+    second.send("echo second-$((20+22))\r").await;
+    second.expect("second-42", wait).await;
+    assert_eq!(
+        in_container("ls /tmp/rakazo-run/terminals | grep -c '^session-'"),
+        "1"
+    );
+    assert_eq!(in_container("ps -eo args | grep -c '[b]ash -i'"), "2");
+
+    // Release ends both shells, the server and its files.
+    s.ok(
+        "computer.releaseControl",
+        serde_json::json!({ "botId": bot, "fence": control["fence"] }),
+    )
+    .await;
+    assert_eq!(first.ended(wait).await, Ended::Closed("revoked".into()));
+    assert_eq!(second.ended(wait).await, Ended::Closed("revoked".into()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = in_container(
+            "ls /tmp/rakazo-run/terminals | grep -c '^session-'; ps -eo args | grep -c -e '[b]ash -i' -e '[t]erminals/server-'",
+        );
+        if left.split_whitespace().all(|n| n == "0") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "terminal leftovers: {left}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(TerminalClient::connect(&s.base, url).await.is_err());
 }

@@ -188,6 +188,12 @@ async fn view_watches_control_drives_and_old_links_die() {
     // Take control: the control URL drives the pointer.
     let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
     let control_url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    // Host computers never expose a browser shell.
+    let no_shell = s
+        .call("computer.terminalUrl", json!({ "botId": bot }))
+        .await
+        .unwrap_err();
+    assert_eq!((no_shell.0, no_shell.1.as_str()), (422, "UNSUPPORTED"));
     let mut driver = Rfb {
         ws: connect(&s, &control_url).await.unwrap(),
         buf: Vec::new(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the real-screen tests and the screen benchmark need: a virtual X display,
-# x11vnc, websockify with noVNC's files, X utilities to read the pointer, and Chromium for the
-# headless noVNC check. Debian/Ubuntu only; idempotent.
+# x11vnc, websockify with noVNC's files, X utilities to read the pointer, Chromium for the
+# headless noVNC check, and term.js for the dashboard's Terminal window. Debian/Ubuntu only; idempotent.
 set -euo pipefail
 
 need=()
@@ -11,6 +11,7 @@ command -v websockify >/dev/null || need+=(websockify)
 [ -f /usr/share/novnc/vnc.html ] || need+=(novnc)
 command -v xdpyinfo >/dev/null || need+=(x11-utils)
 command -v xdotool >/dev/null || need+=(xdotool)
+[ -f /usr/share/javascript/term.js/term.js ] || need+=(libjs-term.js)
 if [ "${RAKAZO_SKIP_CHROMIUM:-0}" != 1 ]; then
   command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
 fi

@@ -2,9 +2,11 @@
 //! DevTools protocol: sign in, a bot's real screen reaches `connected`, take control, upload a
 //! file and see it in the Files window, the bot's commands appear in Activity without a reload,
 //! "Stop the bot first" and the waiting-for-takeover highlight. Screenshots of every step go to
-//! `target/dashboard-artifacts/`.
+//! `target/dashboard-artifacts/`. The Terminal window runs against a docker computer, whose
+//! shell is real (host computers never expose one).
 
 mod common;
+mod docker_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -235,6 +237,25 @@ impl Cdp {
             ))
             .await;
         assert_eq!(found, json!(true), "nothing to click at {selector}");
+    }
+
+    /// Types into the focused element as a keyboard would (`\r` is Enter).
+    async fn type_keys(&mut self, text: &str) {
+        for ch in text.chars() {
+            let key = if ch == '\r' {
+                json!({ "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, "text": "\r" })
+            } else {
+                let s = ch.to_string();
+                json!({ "key": s, "text": s, "unmodifiedText": s })
+            };
+            let mut down = key.clone();
+            down["type"] = json!("keyDown");
+            self.call("Input.dispatchKeyEvent", down).await;
+            let mut up = key;
+            up["type"] = json!("keyUp");
+            up.as_object_mut().unwrap().remove("text");
+            self.call("Input.dispatchKeyEvent", up).await;
+        }
     }
 
     async fn set_files(&mut self, selector: &str, file: &Path) {
@@ -621,5 +642,143 @@ async fn stopped_computer_files_in_headless_chromium() {
     )
     .await;
     cdp.shot("10-stopped-computer-files").await;
+    drop(browser);
+}
+
+/// The Terminal window against a docker computer (real screen, real shell): "Open shell" takes
+/// control and connects, typed commands run in the computer, the shell stays while the window
+/// is hidden, a shell that ends is replaced by a fresh one, and releasing control ends it.
+#[actix_rt::test]
+async fn dashboard_terminal_on_a_docker_computer() {
+    let Some(bin) = chromium() else {
+        assert!(std::env::var("CI").is_err(), "CI must install chromium");
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    if !docker_support::docker_ready() {
+        return;
+    }
+    let sup = docker_support::TestSupervisor::start(rakazo::config::DockerNetwork::Bridge);
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
+            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
+        ],
+    )
+    .await
+    .unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let bot = bots[0].clone();
+    let card = format!("[data-bot=\"{bot}\"]");
+    let terminal = format!("{card} [data-window=terminal]");
+    let screen_text = format!("(document.querySelector('{card} [data-role=terminal]')?.innerText || '')");
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    let long = Duration::from_secs(90);
+    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    cdp.wait_for(
+        "sign-in form",
+        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
+        long,
+    )
+    .await;
+    cdp.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
+        json!(s.operator_token)
+    ))
+    .await;
+    cdp.wait_for(
+        "docker screen connected",
+        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        long,
+    )
+    .await;
+    let container = String::from_utf8(
+        Command::new("docker")
+            .args(["ps", "-q", "--no-trunc", "--filter"])
+            .arg(format!("label=rakazo.workspaceId={space}"))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    let _cleanup = docker_support::RemoveOnDrop(container);
+
+    // Without control the window offers "Open shell", which takes control and connects.
+    cdp.click(&format!("{card} [data-dock=terminal]")).await;
+    cdp.wait_for(
+        "open shell offered",
+        &format!("!document.querySelector('{card} [data-action=open-shell]').hidden"),
+        long,
+    )
+    .await;
+    cdp.shot("11-terminal-open-shell").await;
+    cdp.click(&format!("{card} [data-action=open-shell]")).await;
+    cdp.wait_for(
+        "shell connected",
+        &format!("document.querySelector('{terminal}').dataset.shell === 'connected' && document.querySelector('{card}').dataset.control === 'mine'"),
+        long,
+    )
+    .await;
+    cdp.wait_for("prompt", &format!("{screen_text}.includes('$')"), long)
+        .await;
+    cdp.click(&format!("{card} [data-role=terminal]")).await;
+    cdp.type_keys("echo term-$((6*7)) $(id -u)\r").await;
+    cdp.wait_for(
+        "command output",
+        &format!("{screen_text}.includes('term-42 1000')"),
+        long,
+    )
+    .await;
+    cdp.shot("12-terminal-output").await;
+
+    // Hidden behind the browser button and shown again: the same shell, still connected.
+    cdp.click(&format!("{card} [data-dock=browser]")).await;
+    cdp.click(&format!("{card} [data-dock=browser]")).await;
+    assert_eq!(
+        cdp.eval(&format!("document.querySelector('{terminal}').dataset.shell"))
+            .await,
+        json!("connected")
+    );
+
+    // The shell ends: a fresh one takes its place.
+    cdp.click(&format!("{card} [data-role=terminal]")).await;
+    cdp.type_keys("exit\r").await;
+    cdp.wait_for(
+        "fresh shell",
+        &format!("{screen_text}.includes('fresh shell') && document.querySelector('{terminal}').dataset.shell === 'connected'"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-role=terminal]")).await;
+    cdp.type_keys("echo again-$((1+1))\r").await;
+    cdp.wait_for(
+        "output of the fresh shell",
+        &format!("{screen_text}.includes('again-2')"),
+        long,
+    )
+    .await;
+
+    // Releasing control ends the shell and offers "Open shell" again.
+    cdp.click(&format!("{card} [data-action=release]")).await;
+    cdp.wait_for(
+        "shell closed",
+        &format!("document.querySelector('{terminal}').dataset.shell === 'closed' && !document.querySelector('{card} [data-action=open-shell]').hidden"),
+        long,
+    )
+    .await;
+    cdp.shot("13-terminal-after-release").await;
+    let problems: Vec<&String> = cdp
+        .logs
+        .iter()
+        .filter(|l| l.starts_with("exception") || l.contains("Content Security Policy"))
+        .collect();
+    assert!(problems.is_empty(), "page problems: {problems:?}");
     drop(browser);
 }

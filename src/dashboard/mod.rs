@@ -7,6 +7,7 @@ use actix_web::{HttpResponse, web};
 
 /// The policy of every dashboard response: only our own scripts, styles, sockets and frames.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    style-src-attr 'unsafe-inline'; \
     img-src 'self' data: blob:; connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; \
     base-uri 'none'; form-action 'none'; object-src 'none'";
 
@@ -33,6 +34,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("assets/dock.js"),
     ),
     (
+        "terminal.js",
+        "text/javascript; charset=utf-8",
+        include_str!("assets/terminal.js"),
+    ),
+    (
         "activity.js",
         "text/javascript; charset=utf-8",
         include_str!("assets/activity.js"),
@@ -41,10 +47,29 @@ const ASSETS: &[(&str, &str, &str)] = &[
 
 const INDEX: &str = include_str!("assets/index.html");
 
-/// Mount `/` and `/assets/{name}`.
+/// Where Debian's `libjs-term.js` puts the terminal emulator the Terminal window uses.
+pub const TERM_JS: &str = "/usr/share/javascript/term.js/term.js";
+
+/// Mount `/`, `/assets/{name}` and `/assets/vendor/term.js`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
+        .route("/assets/vendor/term.js", web::get().to(term_js))
         .route("/assets/{name}", web::get().to(asset));
+}
+
+/// The system's term.js, read when asked (so a package upgrade needs no rebuild); 404 with a
+/// plain reason when the package is not installed.
+async fn term_js() -> HttpResponse {
+    match tokio::fs::read(TERM_JS).await {
+        Ok(body) => HttpResponse::Ok()
+            .insert_header((header::CONTENT_TYPE, "text/javascript; charset=utf-8"))
+            .insert_header((header::CACHE_CONTROL, "no-cache"))
+            .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+            .body(body),
+        Err(_) => HttpResponse::NotFound()
+            .insert_header((header::CACHE_CONTROL, "no-cache"))
+            .body("the terminal library is not installed (Debian package libjs-term.js)"),
+    }
 }
 
 fn respond(content_type: &'static str, body: &'static str) -> HttpResponse {

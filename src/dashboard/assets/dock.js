@@ -1,5 +1,6 @@
 // The dock over a bot's screen: the Files window (browse, preview, upload, download), the Terminal window, the browser button.
 import { el, rpc } from "./app.js";
+import { TerminalWindow } from "./terminal.js";
 
 const REFRESH_MS = 4000;
 const MAX_UPLOAD = 8 * 1024 * 1024;
@@ -134,23 +135,11 @@ class FilesWindow {
   }
 }
 
-/** The Terminal window; the shell server is not part of this runtime yet. */
-class TerminalWindow {
-  constructor() {
-    this.root = el("section", { class: "win terminal", "data-window": "terminal", hidden: true },
-      el("header", {}, el("span", { class: "title" }, "Terminal")),
-      el("div", { class: "content", "data-role": "terminal" },
-        el("p", {}, "The shell is not available on this computer.")));
-  }
-  show() { this.root.hidden = false; }
-  hide() { this.root.hidden = true; }
-}
-
 /** The dock bar and its windows; the browser button hides the windows and keeps their sessions. */
 export class Dock {
   constructor(stage, bot) {
     this.files = new FilesWindow(bot);
-    this.terminal = new TerminalWindow();
+    this.terminal = new TerminalWindow(bot);
     this.layer = el("div", { "data-dock-hidden": "false" }, this.files.root, this.terminal.root);
     this.buttons = {
       files: el("button", { "data-dock": "files", "aria-pressed": "false", onclick: () => this.toggle("files") }, "Files"),
@@ -184,7 +173,7 @@ export class Dock {
     this.buttons.browser.setAttribute("aria-pressed", String(!shown || (this.files.root.hidden && this.terminal.root.hidden)));
   }
 
-  onControl(mine) { this.files.setControl(mine); }
+  onControl(mine) { this.files.setControl(mine); this.terminal.setControl(mine); }
   onCommand() { if (this.files.visible) this.files.refresh(); }
   onComputerState() { if (this.files.visible) this.files.refresh(); }
 }

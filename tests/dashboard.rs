@@ -673,7 +673,10 @@ async fn dashboard_terminal_on_a_docker_computer() {
     let bot = bots[0].clone();
     let card = format!("[data-bot=\"{bot}\"]");
     let terminal = format!("{card} [data-window=terminal]");
-    let screen_text = format!("(document.querySelector('{card} [data-role=terminal]')?.innerText || '')");
+    // term.js draws spaces as no-break spaces.
+    let screen_text = format!(
+        "(document.querySelector('{card} [data-role=terminal]')?.innerText || '').replaceAll('\\u00a0', ' ')"
+    );
 
     let browser = Browser::launch(bin).await;
     let mut cdp = browser.page().await;
@@ -742,8 +745,10 @@ async fn dashboard_terminal_on_a_docker_computer() {
     cdp.click(&format!("{card} [data-dock=browser]")).await;
     cdp.click(&format!("{card} [data-dock=browser]")).await;
     assert_eq!(
-        cdp.eval(&format!("document.querySelector('{terminal}').dataset.shell"))
-            .await,
+        cdp.eval(&format!(
+            "document.querySelector('{terminal}').dataset.shell"
+        ))
+        .await,
         json!("connected")
     );
 

@@ -75,10 +75,11 @@ export class TerminalWindow {
     this.retry = null;
     this.status = el("span", { class: "muted", "data-role": "terminal-status", role: "status" });
     this.openBtn = el("button", { "data-action": "open-shell", onclick: () => this.openShell() }, "Open shell");
-    this.screen = el("div", { class: "term-screen", "data-role": "terminal", onclick: () => this.term?.focus() });
+    this.screen = el("div", { class: "term-screen", "data-role": "terminal", onclick: () => this.focus() });
     this.root = el("section", { class: "win terminal", "data-window": "terminal", "data-shell": "idle", hidden: true },
       el("header", {}, el("span", { class: "title" }, "Terminal"), el("span", { class: "spacer" }), this.status, this.openBtn),
       el("div", { class: "content" }, this.screen));
+    this.setShell("idle", "Take control to open a shell.");
     this.render();
   }
 
@@ -100,12 +101,7 @@ export class TerminalWindow {
     this.status.classList.toggle("error", state === "failed");
   }
 
-  render() {
-    this.openBtn.hidden = this.mine;
-    if (!this.mine && !this.socket && this.root.dataset.shell !== "failed") {
-      this.setShell("idle", this.status.textContent || "Take control to open a shell.");
-    }
-  }
+  render() { this.openBtn.hidden = this.mine; }
 
   /** Without control: take it, then connect. */
   async openShell() {
@@ -143,7 +139,7 @@ export class TerminalWindow {
     ws.onopen = () => {
       ws.send(resizeFrame(COLS, ROWS));
       this.setShell("connected", "");
-      this.term.focus();
+      this.focus();
     };
     ws.onmessage = (ev) => {
       reader.push(new Uint8Array(ev.data));
@@ -168,6 +164,13 @@ export class TerminalWindow {
       this.setShell("reconnecting", "Reconnecting…");
       this.retry = setTimeout(() => this.connect(), RECONNECT_MS);
     };
+  }
+
+  /** Keys go to the shell (term.js listens on its focused element). */
+  focus() {
+    if (!this.term) return;
+    this.term.focus();
+    this.term.element.focus();
   }
 
   send(bytes) {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use crate::awake::held_awake;
 use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
@@ -23,6 +24,7 @@ use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
     ProviderError, ProviderRef, ScreenInfo,
 };
+use crate::runs::Runs;
 use crate::runtime::Runtime;
 
 /// First restart delay; doubles per consecutive restart.
@@ -382,20 +384,21 @@ async fn idle_decision(
     id: &str,
     since: Option<Instant>,
 ) -> DomainResult<Option<EndReason>> {
-    if !Leases::new(rt.db.clone()).live_on(id).await?.is_empty() {
-        return Ok(None);
-    }
-    let row = Computers::new(rt.db.clone()).get(id).await?;
-    let idle_for = crate::clock::now_ms()
-        .saturating_sub(row.last_active_at_ms)
-        .max(0) as u128;
-    if !rt.settings.idle.is_zero() && idle_for >= rt.settings.idle.as_millis() {
-        return Ok(Some(EndReason::Idle));
-    }
     let bills = rt
         .provider
         .as_ref()
         .is_some_and(|p| p.describe().capabilities.bills_while_running);
+    let now = crate::clock::now_ms();
+    let leases = Leases::new(rt.db.clone()).live_on(id).await?;
+    let waiting = Runs::new(rt.db.clone()).waiting_on(id).await?;
+    if held_awake(&leases, &waiting, bills, now) {
+        return Ok(None);
+    }
+    let row = Computers::new(rt.db.clone()).get(id).await?;
+    let idle_for = now.saturating_sub(row.last_active_at_ms).max(0) as u128;
+    if !rt.settings.idle.is_zero() && idle_for >= rt.settings.idle.as_millis() {
+        return Ok(Some(EndReason::Idle));
+    }
     if bills
         && !rt.settings.max_active.is_zero()
         && since.is_some_and(|s| s.elapsed() >= rt.settings.max_active)

@@ -3,7 +3,8 @@
 //! A tour of the crate:
 //! - [`provider`] and [`home_store`]: the ports every backend and store implements.
 //! - [`entity`]: the database rows (sea-orm); the schema is in the migrations crate.
-//! - [`leases`], [`runs`], [`computers`]: the domain rules, decided at the database.
+//! - [`leases`], [`runs`], [`computers`]: the domain rules, decided at the database; [`awake`]:
+//!   what holds a computer up against its idle timer.
 //! - [`computer`], [`screen`], [`lease_actor`], [`checkpoint`]: the actors, one mailbox each.
 //! - [`registry`]: the live actors of this process, by computer id.
 //! - [`events`]: the in-process bus that feeds live subscriptions.
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod awake;
 pub mod checkpoint;
 pub mod clock;
 pub mod computer;

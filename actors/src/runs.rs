@@ -135,6 +135,15 @@ impl Runs {
             .await?)
     }
 
+    /// Runs on a computer that wait for a person (`waiting_takeover`).
+    pub async fn waiting_on(&self, computer_id: &str) -> DomainResult<Vec<run::Model>> {
+        Ok(run::Entity::find()
+            .filter(run::Column::ComputerId.eq(computer_id))
+            .filter(run::Column::State.eq(RunState::WaitingTakeover.as_str()))
+            .all(&self.db)
+            .await?)
+    }
+
     /// The execution lease of a run, checked against `fence`.
     pub async fn verify(&self, run: &run::Model, fence: i64) -> DomainResult<Grant> {
         if fence != run.lease_fence {

@@ -302,3 +302,81 @@ async fn websocket_rpc_streams_live_events() {
     assert_eq!(listed["id"], 4);
     assert_eq!(listed["result"][0]["id"], bots[0].as_str());
 }
+
+#[actix_rt::test]
+async fn bot_status_tells_a_reloaded_client_the_run_and_the_control_holder() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = &bots[0];
+    let idle = s.ok("bot.status", json!({ "botId": bot })).await;
+    assert!(idle["run"].is_null() && idle["control"].is_null());
+    assert!(idle["computer"]["id"].is_string());
+
+    let (run, fence) = s.start_run(bot).await;
+    s.ok(
+        "run.requestTakeover",
+        json!({ "runId": run, "fence": fence }),
+    )
+    .await;
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let status = s.ok("bot.status", json!({ "botId": bot })).await;
+    assert_eq!(status["run"]["id"], run.as_str());
+    assert_eq!(status["run"]["state"], "waiting_takeover");
+    assert_eq!(status["control"]["fence"], control["fence"]);
+    assert_eq!(status["control"]["mine"], true);
+
+    // The bot resumes; the reloaded page asks for the control it still holds and gets the
+    // same grant back instead of "Stop the bot first".
+    s.ok("run.resume", json!({ "runId": run, "fence": fence }))
+        .await;
+    let again = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    assert_eq!(again["fence"], control["fence"]);
+
+    // Someone else sees who holds it, and that it is not theirs.
+    let user = s.ok("user.create", json!({ "name": "viewer" })).await;
+    let space = s.ok("computer.forBot", json!({ "botId": bot })).await["spaceId"].clone();
+    s.ok(
+        "space.addMember",
+        json!({ "spaceId": space, "userId": user["id"] }),
+    )
+    .await;
+    let theirs = s
+        .call_as(
+            user["token"].as_str().unwrap(),
+            "bot.status",
+            json!({ "botId": bot }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(theirs["control"]["mine"], false);
+}
+
+#[actix_rt::test]
+async fn a_stopped_computer_is_announced_live() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "true").await.unwrap();
+    let mut events = s.app.runtime().events.subscribe();
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    s.ok("computer.stop", json!({ "computerId": computer["id"] }))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .expect("a computer.state stopped event")
+            .unwrap();
+        if e.topic == "computer.state" && e.data["state"] == "stopped" {
+            assert_eq!(e.space_id, space);
+            assert_eq!(e.data["computerId"], computer["id"]);
+            assert_eq!(e.data["reason"], "stopped");
+            break;
+        }
+    }
+}

@@ -478,6 +478,17 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         long,
     )
     .await;
+
+    // A reload restores what happened before it: the waiting run and our control.
+    cdp.call("Page.reload", json!({})).await;
+    cdp.wait_for(
+        "control restored after reload",
+        &format!(
+            "document.querySelector('{card}')?.dataset.control === 'mine' && document.querySelector('{card}').classList.contains('waiting') && document.querySelector('{card} .stage')?.dataset.screen === 'connected'"
+        ),
+        long,
+    )
+    .await;
     cdp.click(&format!("{card} [data-dock=browser]")).await;
     cdp.shot("08-taken-over-dock-hidden").await;
 

@@ -375,6 +375,12 @@ async fn suspend(
         computer.id = id,
         reason = reason.as_str()
     );
+    let row = computers.get(id).await?;
+    rt.events.publish(
+        &row.space_id,
+        "computer.state",
+        serde_json::json!({ "computerId": id, "state": "stopped", "reason": reason.as_str() }),
+    );
     Ok(())
 }
 

@@ -193,7 +193,16 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         ttl_ms: CONTROL_LEASE_TTL_MS,
     };
     let h = handle(ctx, &c);
-    let grant = h.leases.send(acquire).await??;
+    // Asking again for control one already holds (a reloaded page) is not a new takeover: the
+    // live grant comes back, with a fresh URL, even while the bot has since started a run.
+    let held = Leases::new(ctx.db().clone())
+        .live(&key)
+        .await?
+        .filter(|g| g.holder == ctx.caller.user_id);
+    let grant = match held {
+        Some(g) => g,
+        None => h.leases.send(acquire).await??,
+    };
     Computers::new(ctx.db().clone()).touch(&c.id).await?;
     let issued = ctx
         .app
@@ -232,6 +241,34 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let mut out = lease_json(&grant);
     out["controlUrl"] = json!(control_url);
     Ok(out)
+}
+
+/// `bot.status {botId}`: what a client that just (re)loaded needs before live events arrive:
+/// the bot's active run, who controls its screen (and whether it is the caller), and its
+/// computer.
+pub async fn bot_status(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByBot = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let run = Runs::new(ctx.db().clone())
+        .active_for_bot(&p.bot_id)
+        .await?
+        .into_iter()
+        .max_by_key(|r| r.created_at_ms);
+    let control = Leases::new(ctx.db().clone())
+        .live(&LeaseKey::control(&c.id, &p.bot_id))
+        .await?;
+    let control = control.map(|g| {
+        let mine = g.holder == ctx.caller.user_id;
+        let mut v = lease_json(&g);
+        v["mine"] = json!(mine);
+        v
+    });
+    Ok(json!({
+        "botId": p.bot_id,
+        "run": run.as_ref().map(run_json),
+        "control": control,
+        "computer": super::computers::computer_json(&c, ctx.caller.is_operator),
+    }))
 }
 
 /// `computer.screenUrl {botId}`: a view URL of the bot's screen, for anyone in the space.

@@ -155,8 +155,13 @@ class BotView {
 
   async start() {
     try {
-      const c = await rpc("computer.forBot", { botId: this.bot.id });
+      // What happened before this page loaded: the active run, who holds control.
+      const st = await rpc("bot.status", { botId: this.bot.id });
+      const c = st.computer;
       this.computerId = c.id;
+      if (st.run) this.onRun(st.run);
+      if (st.control?.mine) await this.take();
+      else if (st.control) { this.holder = st.control.holder; this.renderControl(); }
       if (!state.computers.has(c.id)) { state.computers.set(c.id, c); renderComputers(); }
       // Watching must not wake a computer that was stopped (it has a stored revision): Retry does.
       if (c.state === "stopped" && c.revision > 0) {
@@ -165,7 +170,7 @@ class BotView {
         return;
       }
     } catch (e) { this.say(e.message, true); }
-    this.screen.open();
+    if (!this.controlUrl) this.screen.open();
     this.activity.load();
   }
 
@@ -263,7 +268,8 @@ class BotView {
 
   onComputerState(s) {
     this.dock.onComputerState(s);
-    if (s === "running" && this.screen.state !== "connected" && this.screen.state !== "opening") this.screen.open();
+    if (s === "stopped") this.screen.fail("stopped");
+    else if (s === "running" && this.screen.state !== "connected" && this.screen.state !== "opening") this.screen.open();
   }
 }
 

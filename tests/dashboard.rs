@@ -274,6 +274,30 @@ impl Cdp {
     }
 }
 
+/// Stops the screen gateway (websockify and its VNC servers) of this server's host desktops,
+/// as a crash would.
+fn stop_gateway(s: &TestServer) {
+    let prefix = format!("{}/", s.app.config.data_dir.join("run").display());
+    let script = format!(
+        r#"want="RAKAZO_DESKTOP_TAG={prefix}"
+for e in /proc/[0-9]*/environ; do
+  p=${{e#/proc/}}; p=${{p%/environ}}
+  while IFS= read -r -d '' line; do
+    case "$line" in "$want"*/gateway) kill -KILL "$p" 2>/dev/null; break ;; esac
+  done 2>/dev/null < "$e"
+done
+exit 0"#
+    );
+    assert!(
+        Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
 #[actix_rt::test]
 async fn dashboard_end_to_end_in_headless_chromium() {
     let Some(bin) = chromium() else {
@@ -491,6 +515,32 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     .await;
     cdp.click(&format!("{card} [data-dock=browser]")).await;
     cdp.shot("08-taken-over-dock-hidden").await;
+
+    // The computer's screen gateway stops: the live screen gives way to a human reason and
+    // Retry, and Retry against the dead gateway says so within the watchdog's 15 seconds.
+    stop_gateway(&s);
+    cdp.wait_for(
+        "reason after the gateway stopped",
+        &format!(
+            "document.querySelector('{card} .stage').dataset.screen !== 'connected' && !!document.querySelector('{card} [data-action=retry]')"
+        ),
+        Duration::from_secs(15),
+    )
+    .await;
+    let retried = Instant::now();
+    cdp.click(&format!("{card} [data-action=retry]")).await;
+    let reason = cdp
+        .wait_for(
+            "reason after retry",
+            &format!(
+                "document.querySelector('{card} .stage').dataset.screen === 'failed' && !!document.querySelector('{card} [data-action=retry]') && document.querySelector('{card} [data-role=screen-message]').textContent"
+            ),
+            Duration::from_secs(15),
+        )
+        .await;
+    assert_eq!(reason, json!("The screen did not respond."));
+    assert!(retried.elapsed() < Duration::from_secs(15));
+    cdp.shot("08b-gateway-stopped").await;
 
     // 8. Refusals: a refused capability shows the fixed reason and Retry in place of the
     // screen; a frame that never reports past `loading` fails after 15 seconds.

@@ -119,6 +119,8 @@ fn token_of(request: &Request) -> Option<String> {
         .map(str::to_owned)
 }
 
+// The handshake callback's error type is tungstenite's, not ours.
+#[allow(clippy::result_large_err)]
 async fn serve(
     stream: TcpStream,
     provider: FakeProvider,
@@ -271,10 +273,9 @@ impl LineShell {
                     echo.extend_from_slice(b"\r\n");
                     lines.push(std::mem::take(&mut self.line));
                 }
-                '\x7f' | '\x08' => {
-                    if self.line.pop().is_some() {
-                        echo.extend_from_slice(b"\x08 \x08");
-                    }
+                '\x7f' | '\x08' if !self.line.is_empty() => {
+                    self.line.pop();
+                    echo.extend_from_slice(b"\x08 \x08");
                 }
                 '\x03' => {
                     self.line.clear();

@@ -239,6 +239,23 @@ impl Cdp {
         assert_eq!(found, json!(true), "nothing to click at {selector}");
     }
 
+    /// Opens the dashboard at `base` and signs in with `token`.
+    async fn sign_in(&mut self, base: &str, token: &str) {
+        self.call("Page.navigate", json!({ "url": format!("{base}/") }))
+            .await;
+        self.wait_for(
+            "sign-in form",
+            "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
+            Duration::from_secs(60),
+        )
+        .await;
+        self.eval(&format!(
+            "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
+            json!(token)
+        ))
+        .await;
+    }
+
     /// Types into the focused element as a keyboard would (`\r` is Enter).
     async fn type_keys(&mut self, text: &str) {
         for ch in text.chars() {
@@ -639,19 +656,7 @@ async fn stopped_computer_files_in_headless_chromium() {
     let browser = Browser::launch(bin).await;
     let mut cdp = browser.page().await;
     let long = Duration::from_secs(60);
-    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
-        .await;
-    cdp.wait_for(
-        "sign-in form",
-        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
-        long,
-    )
-    .await;
-    cdp.eval(&format!(
-        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
-        json!(s.operator_token)
-    ))
-    .await;
+    cdp.sign_in(&s.base, &s.operator_token).await;
     cdp.wait_for(
         "bot card",
         &format!("!!document.querySelector('{card}')"),
@@ -720,16 +725,7 @@ async fn dashboard_terminal_on_a_docker_computer() {
         return;
     }
     let sup = docker_support::TestSupervisor::start(rakazo::config::DockerNetwork::Bridge);
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "docker"),
-            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
-            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
-        ],
-    )
-    .await
-    .unwrap();
+    let s = TestServer::docker(&sup.url, &sup.token).await;
     let (space, bots) = s.space_with_bots(1, "team").await;
     let bot = bots[0].clone();
     let card = format!("[data-bot=\"{bot}\"]");
@@ -742,37 +738,14 @@ async fn dashboard_terminal_on_a_docker_computer() {
     let browser = Browser::launch(bin).await;
     let mut cdp = browser.page().await;
     let long = Duration::from_secs(90);
-    cdp.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
-        .await;
-    cdp.wait_for(
-        "sign-in form",
-        "!!document.getElementById('token') && !document.getElementById('sign-in').hidden",
-        long,
-    )
-    .await;
-    cdp.eval(&format!(
-        "document.getElementById('token').value = {}; document.getElementById('sign-in-form').requestSubmit(); true",
-        json!(s.operator_token)
-    ))
-    .await;
+    cdp.sign_in(&s.base, &s.operator_token).await;
     cdp.wait_for(
         "docker screen connected",
         &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
         long,
     )
     .await;
-    let container = String::from_utf8(
-        Command::new("docker")
-            .args(["ps", "-q", "--no-trunc", "--filter"])
-            .arg(format!("label=rakazo.workspaceId={space}"))
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
-    let _cleanup = docker_support::RemoveOnDrop(container);
+    let _cleanup = docker_support::RemoveOnDrop(docker_support::space_container(&space));
 
     // Without control the window offers "Open shell", which takes control and connects.
     cdp.click(&format!("{card} [data-dock=terminal]")).await;

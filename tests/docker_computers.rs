@@ -488,16 +488,7 @@ async fn health_shows_docker_with_the_supervisor_running() {
         return;
     }
     let sup = TestSupervisor::start(DockerNetwork::None);
-    let s = common::TestServer::start(
-        common::Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "docker"),
-            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
-            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
-        ],
-    )
-    .await
-    .unwrap();
+    let s = common::TestServer::docker(&sup.url, &sup.token).await;
     let mut v = Value::Null;
     for _ in 0..50 {
         v = s.health().await;
@@ -519,33 +510,13 @@ async fn the_browser_terminal_is_a_real_shell_of_the_workspace_user() {
         return;
     }
     let sup = TestSupervisor::start(DockerNetwork::Bridge);
-    let s = common::TestServer::start(
-        common::Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "docker"),
-            ("SANDBOX_SUPERVISOR_URL", sup.url.as_str()),
-            ("SANDBOX_SUPERVISOR_TOKEN", sup.token.as_str()),
-        ],
-    )
-    .await
-    .unwrap();
+    let s = common::TestServer::docker(&sup.url, &sup.token).await;
     let (space, bots) = s.space_with_bots(1, "team").await;
     let bot = &bots[0];
     let control = s
         .ok("computer.takeControl", serde_json::json!({ "botId": bot }))
         .await;
-    let container = String::from_utf8(
-        std::process::Command::new("docker")
-            .args(["ps", "-q", "--no-trunc", "--filter"])
-            .arg(format!("label=rakazo.workspaceId={space}"))
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
-    assert!(!container.is_empty(), "the team computer's container runs");
+    let container = docker_support::space_container(&space);
     let _cleanup = RemoveOnDrop(container.clone());
     let in_container = |script: &str| {
         let out = std::process::Command::new("docker")

@@ -98,6 +98,20 @@ impl TestServer {
         })
     }
 
+    /// The app on SQLite with the `docker` provider, talking to the supervisor at `url`.
+    pub async fn docker(url: &str, token: &str) -> TestServer {
+        TestServer::start(
+            Backend::Sqlite,
+            &[
+                ("SANDBOX_PROVIDER", "docker"),
+                ("SANDBOX_SUPERVISOR_URL", url),
+                ("SANDBOX_SUPERVISOR_TOKEN", token),
+            ],
+        )
+        .await
+        .expect("the app starts")
+    }
+
     /// One JSON-RPC call as `token`.
     pub async fn call_as(&self, token: &str, method: &str, params: Value) -> CallResult {
         let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });

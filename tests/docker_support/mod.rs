@@ -114,3 +114,15 @@ impl Drop for RemoveOnDrop {
             .status();
     }
 }
+
+/// The id of the running computer container of a space (a Team Computer), found by its label.
+pub fn space_container(space: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-q", "--no-trunc", "--filter"])
+        .arg(format!("label=rakazo.workspaceId={space}"))
+        .output()
+        .unwrap();
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(!id.is_empty(), "the space's computer container runs");
+    id
+}

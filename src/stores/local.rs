@@ -88,8 +88,11 @@ impl LatestCopies {
         let Ok(entries) = std::fs::read_dir(&self.homes) else {
             return Ok(());
         };
-        let (old_prefix, staging_prefix) =
-            (format!(".old-{home_key}."), format!(".staging-{home_key}."));
+        let (old_prefix, staging_prefix, trash_prefix) = (
+            format!(".old-{home_key}."),
+            format!(".staging-{home_key}."),
+            format!(".trash-{home_key}."),
+        );
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(&old_prefix) {
@@ -101,6 +104,9 @@ impl LatestCopies {
                 }
             } else if name.starts_with(&staging_prefix) {
                 std::fs::remove_dir_all(entry.path()).map_err(fail)?;
+            } else if name.starts_with(&trash_prefix) {
+                // Possibly still being removed by the swap that made it: best effort.
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
         Ok(())
@@ -137,7 +143,18 @@ impl LatestCopies {
         std::fs::rename(staged, &current).map_err(fail)?;
         sync_dir(&self.homes)?;
         if had_current {
-            std::fs::remove_dir_all(&old).map_err(fail)?;
+            // The replaced copy is garbage now: out of the way at once (a crash leaves a
+            // `.trash-*` that `recover` removes), unlinked off the caller's path.
+            let trash = self.homes.join(format!(
+                ".trash-{home_key}.{}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            std::fs::rename(&old, &trash).map_err(fail)?;
+            std::thread::spawn(move || {
+                if std::fs::remove_dir_all(&trash).is_err() {
+                    tracing::debug!(event = "home.trash_left");
+                }
+            });
         }
         Ok(())
     }
@@ -207,32 +224,50 @@ impl LocalHomeStore {
         archive: &[u8],
         replace_latest: bool,
     ) -> Result<(), StoreError> {
-        // Staging checks every restore rule, also when the copy is not swapped in.
-        let staged = self.latest.stage(&home.home_key, archive)?;
+        // Staging (disk-bound: it checks every restore rule, also when the copy is not swapped
+        // in) and sealing (CPU-bound) run side by side.
+        let dir = self.dir(&home.storage_id)?;
+        let sealed_path = dir.join(format!("{revision}.sealed"));
+        let (staged, written) = std::thread::scope(|scope| {
+            let sealing = scope.spawn(|| {
+                let sealed = seal::seal(
+                    &home.data_key,
+                    &Binding {
+                        storage_id: &home.storage_id,
+                        revision,
+                    },
+                    archive,
+                );
+                write_atomic(&sealed_path, &sealed)
+            });
+            let staged = self.latest.stage(&home.home_key, archive);
+            let written = sealing
+                .join()
+                .unwrap_or_else(|_| Err(StoreError::Failed("sealing panicked".into())));
+            (staged, written)
+        });
         let outcome = (|| {
-            let sealed = seal::seal(
-                &home.data_key,
-                &Binding {
-                    storage_id: &home.storage_id,
-                    revision,
-                },
-                archive,
-            );
-            let dir = self.dir(&home.storage_id)?;
-            write_atomic(&dir.join(format!("{revision}.sealed")), &sealed)?;
-            if replace_latest {
-                self.latest.swap_in(&home.home_key, &staged)?;
+            let staged = staged?;
+            let swapped = match written {
+                Ok(()) if replace_latest => self.latest.swap_in(&home.home_key, &staged),
+                Ok(()) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if swapped.is_err() || !replace_latest {
+                let _ = std::fs::remove_dir_all(&staged);
             }
-            let revs = Self::list(&dir)?;
-            for old in revs.iter().take(revs.len().saturating_sub(self.keep)) {
-                std::fs::remove_file(dir.join(format!("{old}.sealed"))).map_err(fail)?;
-            }
-            Ok(())
+            swapped
         })();
-        if outcome.is_err() || !replace_latest {
-            let _ = std::fs::remove_dir_all(&staged);
+        if outcome.is_err() {
+            // A revision whose copy was refused or not swapped in is not kept.
+            let _ = std::fs::remove_file(&sealed_path);
+            return outcome;
         }
-        outcome
+        let revs = Self::list(&dir)?;
+        for old in revs.iter().take(revs.len().saturating_sub(self.keep)) {
+            std::fs::remove_file(dir.join(format!("{old}.sealed"))).map_err(fail)?;
+        }
+        Ok(())
     }
 
     fn load_blocking(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {

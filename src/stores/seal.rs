@@ -7,7 +7,7 @@
 //! reordered segments, or a segment spliced in from another revision or another home all fail
 //! to open. The header is authenticated through that associated data too.
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
 use rand::RngCore;
 
@@ -76,33 +76,72 @@ fn aad(header: &[u8], index: u64, last: bool) -> Vec<u8> {
     a
 }
 
-/// Seal `plain` for `binding` under a 32-byte key.
+/// Seal `plain` for `binding` under a 32-byte key. Segments are independent, so they are
+/// sealed in place on every core.
 pub fn seal(key: &[u8; 32], binding: &Binding<'_>, plain: &[u8]) -> Vec<u8> {
     let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
     let mut prefix = [0u8; 4];
     rand::rng().fill_bytes(&mut prefix);
     let header = header(binding, &prefix);
     let segments = plain.len().div_ceil(SEGMENT).max(1);
-    let mut out = Vec::with_capacity(header.len() + plain.len() + segments * TAG);
-    out.extend_from_slice(&header);
-    for index in 0..segments {
-        let chunk =
-            &plain[(index * SEGMENT).min(plain.len())..((index + 1) * SEGMENT).min(plain.len())];
-        let last = index + 1 == segments;
-        let n = nonce(&prefix, index as u64);
-        let ad = aad(&header, index as u64, last);
-        let sealed = cipher
-            .encrypt(
-                Nonce::from_slice(&n),
-                Payload {
-                    msg: chunk,
-                    aad: &ad,
-                },
-            )
-            .expect("AES-GCM encryption of a bounded segment cannot fail");
-        out.extend_from_slice(&sealed);
-    }
+    let mut out = vec![0u8; header.len() + plain.len() + segments * TAG];
+    let (head, mut body) = out.split_at_mut(header.len());
+    head.copy_from_slice(&header);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, segments);
+    let per = segments.div_ceil(workers);
+    let job = Job {
+        cipher: &cipher,
+        header: &header,
+        prefix: &prefix,
+        plain,
+        segments,
+    };
+    std::thread::scope(|scope| {
+        let mut first = 0;
+        while first < segments {
+            let end = (first + per).min(segments);
+            let plain_bytes = (end * SEGMENT).min(plain.len()) - (first * SEGMENT).min(plain.len());
+            let (mine, rest) = std::mem::take(&mut body).split_at_mut(plain_bytes + (end - first) * TAG);
+            body = rest;
+            let job = &job;
+            scope.spawn(move || job.seal_range(first, end, mine));
+            first = end;
+        }
+    });
     out
+}
+
+/// What every sealing thread shares.
+struct Job<'a> {
+    cipher: &'a Aes256Gcm,
+    header: &'a [u8],
+    prefix: &'a [u8; 4],
+    plain: &'a [u8],
+    segments: usize,
+}
+
+impl Job<'_> {
+    /// Seals segments `first..end` into `out` (exactly their sealed size).
+    fn seal_range(&self, first: usize, end: usize, out: &mut [u8]) {
+        let len = self.plain.len();
+        let mut at = 0;
+        for index in first..end {
+            let chunk = &self.plain[(index * SEGMENT).min(len)..((index + 1) * SEGMENT).min(len)];
+            let buf = &mut out[at..at + chunk.len() + TAG];
+            let (text, tag) = buf.split_at_mut(chunk.len());
+            text.copy_from_slice(chunk);
+            let n = nonce(self.prefix, index as u64);
+            let ad = aad(self.header, index as u64, index + 1 == self.segments);
+            let sealed_tag = self
+                .cipher
+                .encrypt_in_place_detached(Nonce::from_slice(&n), &ad, text)
+                .expect("AES-GCM encryption of a bounded segment cannot fail");
+            tag.copy_from_slice(&sealed_tag);
+            at += chunk.len() + TAG;
+        }
+    }
 }
 
 /// Open a sealed archive, checking it is bound to `binding`.

@@ -572,3 +572,44 @@ async fn the_browser_terminal_is_a_real_shell_of_the_workspace_user() {
     }
     assert!(TerminalClient::connect(&s.base, url).await.is_err());
 }
+
+#[actix_rt::test]
+async fn a_container_that_outlived_its_reference_is_found_by_its_labels() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let bot = unique("bot");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: unique("space"),
+        bot_id: Some(bot.clone()),
+        home_key: bot,
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    let started = p
+        .exec(&m, &cmd("nohup sleep 600 >/dev/null 2>&1 & echo $!"))
+        .await
+        .unwrap();
+    let pid = started.stdout.trim().to_owned();
+    // The reference is lost (a fresh process, a restored database): provisioning the same
+    // computer reconnects through the labels, and what ran there still runs.
+    let again = sup.provider().provision(&spec).await.unwrap();
+    assert_eq!(again, m);
+    let alive = sup
+        .provider()
+        .exec(&again, &cmd(&format!("kill -0 {pid} && echo alive")))
+        .await
+        .unwrap();
+    assert_eq!(alive.stdout.trim(), "alive");
+    // Another computer's spec never adopts it.
+    let other = MachineSpec {
+        computer_id: unique("computer"),
+        ..spec.clone()
+    };
+    let fresh = sup.provider().provision(&other).await.unwrap();
+    let _cleanup2 = RemoveOnDrop(fresh.0.clone());
+    assert_ne!(fresh, m);
+}

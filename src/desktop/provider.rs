@@ -370,8 +370,11 @@ impl SandboxProvider for DesktopProvider {
     }
 
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
-        let home = self.machine(machine).await?.home.clone();
-        blocking(move || files::export(&home)).await
+        let m = self.machine(machine).await?;
+        let home = m.home.clone();
+        m.runtime
+            .with_browsers_quiesced(blocking(move || files::export(&home)))
+            .await?
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

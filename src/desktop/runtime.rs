@@ -656,26 +656,7 @@ impl DesktopRuntime {
     /// once it is gone. The display number returns to the pool when all are gone.
     async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
         screen.x = None;
-        if let Some(pid) = screen.browser {
-            // Quit like a person would first, so cookies and the session are written; the
-            // signals below only clean up what is left.
-            let profile = profile_dir(&self.config.workspace, &screen.bot_id);
-            let closed = self
-                .runner
-                .run(&close_script(&profile), SCRIPT_TIMEOUT)
-                .await;
-            // A browser that quits writes its cookie database after its window is gone: let it
-            // finish before any signal.
-            let exited = match closed {
-                Ok(o) if o.exit_code == 0 => self.runner.wait_exit(pid, BROWSER_STOP_GRACE).await?,
-                _ => false,
-            };
-            if !exited {
-                tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.close_fallback");
-            }
-            self.runner.stop(pid, BROWSER_STOP_GRACE).await?;
-            screen.browser = None;
-        }
+        self.quit_browser(screen).await?;
         if let Some(pid) = screen.wm {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
             screen.wm = None;
@@ -696,6 +677,62 @@ impl DesktopRuntime {
             self.config.displays.release(screen.display);
         }
         Ok(())
+    }
+
+    /// Quits the screen's browser like a person would first, so cookies and the session are
+    /// written; the signals after it only clean up what is left.
+    async fn quit_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        let Some(pid) = screen.browser else {
+            return Ok(());
+        };
+        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        let closed = self
+            .runner
+            .run(&close_script(&profile), SCRIPT_TIMEOUT)
+            .await;
+        // A browser that quits writes its cookie database after its window is gone: let it
+        // finish before any signal.
+        let exited = match closed {
+            Ok(o) if o.exit_code == 0 => self.runner.wait_exit(pid, BROWSER_STOP_GRACE).await?,
+            _ => false,
+        };
+        if !exited {
+            tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.close_fallback");
+        }
+        self.runner.stop(pid, BROWSER_STOP_GRACE).await?;
+        screen.browser = None;
+        Ok(())
+    }
+
+    /// Runs `export` with every browser quiesced: each running browser quits (its profile
+    /// databases and session complete on disk), `export` reads the workspace, then the
+    /// browsers start again on the same profiles and restore their tabs. No graphical tool
+    /// runs in between. A browser that does not come back is logged; the next graphical tool
+    /// starts it.
+    pub async fn with_browsers_quiesced<T>(
+        &self,
+        export: impl std::future::Future<Output = T>,
+    ) -> Result<T, DesktopError> {
+        let mut table = self.table.lock().await;
+        let mut quiesced = Vec::new();
+        for (i, slot) in table.slots.iter_mut().enumerate() {
+            if let SlotState::Active(screen) = &mut slot.state
+                && screen.browser.is_some()
+            {
+                self.quit_browser(screen).await?;
+                quiesced.push(i);
+            }
+        }
+        tracing::info!(browsers = quiesced.len(), "desktop.browsers.quiesced");
+        let out = export.await;
+        for i in quiesced {
+            if let SlotState::Active(screen) = &mut table.slots[i].state
+                && let Err(e) = self.start_browser(screen).await
+            {
+                tracing::warn!(screen.slot = i, error = %e, "desktop.browser.resume_failed");
+            }
+        }
+        Ok(out)
     }
 
     fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {

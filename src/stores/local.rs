@@ -47,6 +47,15 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 /// Write `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     use std::io::Write;
+    write_atomic_with(path, |file| file.write_all(bytes))
+}
+
+/// Write `path` atomically with what `fill` writes (through a buffer) to a temporary file.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), StoreError> {
+    use std::io::Write;
     let dir = path.parent().ok_or_else(|| fail("no parent directory"))?;
     std::fs::create_dir_all(dir).map_err(fail)?;
     let tmp = dir.join(format!(
@@ -54,9 +63,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         std::process::id(),
         uuid::Uuid::new_v4().simple()
     ));
-    let mut file = std::fs::File::create(&tmp).map_err(fail)?;
-    file.write_all(bytes).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
+    let written = (|| {
+        let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        fill(&mut file)?;
+        file.flush()?;
+        file.get_ref().sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(e));
+    }
     std::fs::rename(&tmp, path).map_err(fail)?;
     sync_dir(dir)
 }
@@ -230,15 +246,13 @@ impl LocalHomeStore {
         let sealed_path = dir.join(format!("{revision}.sealed"));
         let (staged, written) = std::thread::scope(|scope| {
             let sealing = scope.spawn(|| {
-                let sealed = seal::seal(
-                    &home.data_key,
-                    &Binding {
-                        storage_id: &home.storage_id,
-                        revision,
-                    },
-                    archive,
-                );
-                write_atomic(&sealed_path, &sealed)
+                let binding = Binding {
+                    storage_id: &home.storage_id,
+                    revision,
+                };
+                write_atomic_with(&sealed_path, |file| {
+                    seal::seal_to(&home.data_key, &binding, archive, file)
+                })
             });
             let staged = self.latest.stage(&home.home_key, archive);
             let written = sealing

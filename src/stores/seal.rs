@@ -76,21 +76,32 @@ fn aad(header: &[u8], index: u64, last: bool) -> Vec<u8> {
     a
 }
 
-/// Seal `plain` for `binding` under a 32-byte key. Segments are independent, so they are
-/// sealed in place on every core.
+/// Segments sealed per batch and thread: batches go to the writer in order, and their buffers
+/// are reused, so sealing streams instead of touching a second archive-sized buffer.
+const BATCH_SEGMENTS: usize = 64;
+
+/// Seal `plain` for `binding` under a 32-byte key.
 pub fn seal(key: &[u8; 32], binding: &Binding<'_>, plain: &[u8]) -> Vec<u8> {
+    let segments = plain.len().div_ceil(SEGMENT).max(1);
+    let mut out = Vec::with_capacity(64 + MAX_STORAGE_ID + plain.len() + segments * TAG);
+    seal_to(key, binding, plain, &mut out).expect("writing to memory cannot fail");
+    out
+}
+
+/// Seal `plain` for `binding` under a 32-byte key, streaming the sealed archive to `out`.
+/// Segments are independent: each round seals one batch per core, then writes them in order.
+pub fn seal_to(
+    key: &[u8; 32],
+    binding: &Binding<'_>,
+    plain: &[u8],
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
     let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
     let mut prefix = [0u8; 4];
     rand::rng().fill_bytes(&mut prefix);
     let header = header(binding, &prefix);
+    out.write_all(&header)?;
     let segments = plain.len().div_ceil(SEGMENT).max(1);
-    let mut out = vec![0u8; header.len() + plain.len() + segments * TAG];
-    let (head, mut body) = out.split_at_mut(header.len());
-    head.copy_from_slice(&header);
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, segments);
-    let per = segments.div_ceil(workers);
     let job = Job {
         cipher: &cipher,
         header: &header,
@@ -98,19 +109,32 @@ pub fn seal(key: &[u8; 32], binding: &Binding<'_>, plain: &[u8]) -> Vec<u8> {
         plain,
         segments,
     };
-    std::thread::scope(|scope| {
-        let mut first = 0;
-        while first < segments {
-            let end = (first + per).min(segments);
-            let plain_bytes = (end * SEGMENT).min(plain.len()) - (first * SEGMENT).min(plain.len());
-            let (mine, rest) = std::mem::take(&mut body).split_at_mut(plain_bytes + (end - first) * TAG);
-            body = rest;
-            let job = &job;
-            scope.spawn(move || job.seal_range(first, end, mine));
-            first = end;
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, segments.div_ceil(BATCH_SEGMENTS));
+    let mut buffers: Vec<Vec<u8>> = (0..workers)
+        .map(|_| vec![0u8; BATCH_SEGMENTS * (SEGMENT + TAG)])
+        .collect();
+    let mut first = 0;
+    while first < segments {
+        let mut lens = vec![0usize; workers];
+        std::thread::scope(|scope| {
+            for ((w, buf), len) in buffers.iter_mut().enumerate().zip(lens.iter_mut()) {
+                let start = first + w * BATCH_SEGMENTS;
+                if start >= segments {
+                    break;
+                }
+                let end = (start + BATCH_SEGMENTS).min(segments);
+                let job = &job;
+                scope.spawn(move || *len = job.seal_range(start, end, buf));
+            }
+        });
+        for (buf, len) in buffers.iter().zip(&lens) {
+            out.write_all(&buf[..*len])?;
         }
-    });
-    out
+        first += workers * BATCH_SEGMENTS;
+    }
+    Ok(())
 }
 
 /// What every sealing thread shares.
@@ -123,8 +147,8 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Seals segments `first..end` into `out` (exactly their sealed size).
-    fn seal_range(&self, first: usize, end: usize, out: &mut [u8]) {
+    /// Seals segments `first..end` into the start of `out`; how many bytes they took.
+    fn seal_range(&self, first: usize, end: usize, out: &mut [u8]) -> usize {
         let len = self.plain.len();
         let mut at = 0;
         for index in first..end {
@@ -141,6 +165,7 @@ impl Job<'_> {
             tag.copy_from_slice(&sealed_tag);
             at += chunk.len() + TAG;
         }
+        at
     }
 }
 

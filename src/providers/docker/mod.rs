@@ -142,6 +142,26 @@ impl DockerProvider {
         Ok(m)
     }
 
+    /// Reconnects through the labels: a managed container of this very computer that outlived
+    /// its providerRef (a lost database write, a restored database) is started if needed and
+    /// used instead of being replaced. `None` when there is none or it cannot run.
+    async fn adopt(&self, spec: &MachineSpec) -> Option<ProviderRef> {
+        let info = self.client.find(&spec.home_key).await.ok()?;
+        if info.computer_id != spec.computer_id || info.space_id != spec.space_id {
+            return None;
+        }
+        let info = if info.running {
+            info
+        } else {
+            self.client.start(&info.id).await.ok()?
+        };
+        tracing::info!(computer.id = %spec.computer_id, "docker.computer.adopted");
+        let machine = ProviderRef(info.id.clone());
+        let m = self.attach(info);
+        self.machines.lock().await.insert(machine.0.clone(), m);
+        Some(machine)
+    }
+
     /// Closes every screen (browsers save their sessions) and forgets the machine.
     async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
         let m = self.machines.lock().await.remove(&machine.0);
@@ -256,6 +276,9 @@ impl SandboxProvider for DockerProvider {
     }
 
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {
+        if let Some(machine) = self.adopt(spec).await {
+            return Ok(machine);
+        }
         let info = self
             .client
             .create(&CreateComputer {
@@ -492,8 +515,11 @@ impl SandboxProvider for DockerProvider {
     }
 
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
-        let home = Self::home(&*self.machine(machine).await?)?;
-        blocking(move || files::export(&home)).await
+        let m = self.machine(machine).await?;
+        let home = Self::home(&m)?;
+        m.runtime
+            .with_browsers_quiesced(blocking(move || files::export(&home)))
+            .await?
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

@@ -89,6 +89,7 @@ fn main() {
         gateway_port: free_local_port().unwrap(),
         settle: Settle::default(),
         x11_socket_dir: None,
+        commands_only: false,
         gateway_host: "127.0.0.1".into(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()

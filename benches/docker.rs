@@ -98,6 +98,7 @@ fn main() {
             supervisor_url: url,
             supervisor_token: token,
             screen_limit: 0,
+            commands_only: false,
         })
         .unwrap();
         println!("docker bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");

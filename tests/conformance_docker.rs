@@ -23,6 +23,18 @@ fn provider() -> Arc<dyn SandboxProvider> {
 
 rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
 
+/// The same suite with screens reached through commands only (the capture helper and xdotool
+/// through the supervisor's exec), the path the remote providers take.
+mod through_commands {
+    use super::*;
+
+    fn provider() -> Arc<dyn SandboxProvider> {
+        supervisor().command_provider()
+    }
+
+    rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+}
+
 #[test]
 fn describes_docker_with_a_mounted_home() {
     let p = rakazo::providers::docker::DockerProvider::new(
@@ -30,6 +42,7 @@ fn describes_docker_with_a_mounted_home() {
             supervisor_url: "http://127.0.0.1:9".into(),
             supervisor_token: "t".into(),
             screen_limit: 0,
+            commands_only: false,
         },
     )
     .unwrap();

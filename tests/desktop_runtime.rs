@@ -204,6 +204,7 @@ fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig
         gateway_port: free_local_port().unwrap(),
         settle: Settle::default(),
         x11_socket_dir: None,
+        commands_only: false,
         gateway_host: "127.0.0.1".into(),
     }
 }

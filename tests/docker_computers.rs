@@ -293,7 +293,23 @@ async fn team_screens_without_network_keep_cookies_apart_and_profiles_across_rel
         return;
     }
     let sup = TestSupervisor::start(DockerNetwork::None);
-    let p = sup.provider();
+    team_screens_regression(&sup, sup.provider()).await;
+}
+
+/// The same regression with screens reached through commands only (the capture helper and
+/// xdotool through exec), the path the remote providers take.
+#[actix_rt::test]
+async fn team_screens_through_the_plain_command_path() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.command_provider();
+    team_screens_regression(&sup, p.clone()).await;
+}
+
+/// The spec's Docker team-screens regression on one provider.
+async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
     let space = unique("space");
     let spec = MachineSpec {
         computer_id: unique("computer"),
@@ -389,6 +405,7 @@ async fn supervisor_refuses_a_wrong_token() {
             supervisor_url: sup.url.clone(),
             supervisor_token: "wrong".into(),
             screen_limit: 0,
+            commands_only: false,
         })
         .unwrap(),
     );

@@ -12,6 +12,8 @@
 //!   and their frame protocol (`terminal_server.py`).
 //! - [`capture`]: screenshots straight from the X server, PNG encoding and frame hashes.
 //! - [`input`] and [`keys`]: ordered action batches through XTEST, and key names to keysyms.
+//! - [`screen_commands`]: capture and input through commands only (an in-computer helper and
+//!   xdotool), for machines whose X server this process cannot reach.
 //! - [`files`]: workspace path checks and tar export/import for host workspaces.
 //! - [`provider`]: the `desktop` [`rakazo_actors::provider::SandboxProvider`] on the host.
 //!
@@ -30,6 +32,7 @@ pub mod keys;
 mod page;
 pub mod provider;
 pub mod runtime;
+pub mod screen_commands;
 pub mod terminal;
 pub mod terminal_frames;
 

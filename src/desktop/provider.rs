@@ -118,6 +118,7 @@ impl DesktopProvider {
             gateway_port: free_local_port()?,
             settle: Settle::default(),
             x11_socket_dir: None,
+            commands_only: false,
             gateway_host: "127.0.0.1".into(),
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));

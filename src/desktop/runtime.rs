@@ -22,6 +22,7 @@ use super::command::{
     CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script,
 };
 use super::gateway::{Capability, Gateway, Policy};
+use super::screen_commands::CommandScreen;
 use super::{DesktopError, check_id, shell_quote};
 
 /// Screen size of every display.
@@ -116,6 +117,9 @@ pub struct RuntimeConfig {
     /// elsewhere and share their socket directory with us (a container's `/tmp/.X11-unix`
     /// bind-mounted from the host); `None` for this host's own `/tmp/.X11-unix`.
     pub x11_socket_dir: Option<PathBuf>,
+    /// Reach the displays through commands only (an in-computer capture helper and
+    /// `xdotool`), as on a remote vendor's machine; `x11_socket_dir` is then unused.
+    pub commands_only: bool,
     /// The address the screen gateway listens on inside the machine: loopback on a host,
     /// every interface inside a container (whose port is published on the host's loopback).
     pub gateway_host: String,
@@ -175,12 +179,21 @@ struct Screen {
     xvfb: Option<u32>,
     wm: Option<u32>,
     browser: Option<u32>,
-    /// The persistent X connection for capture and input.
-    x: Option<Arc<StdMutex<XDisplay>>>,
+    /// How capture and input reach the display.
+    io: Option<Io>,
     /// When the screen was last observed or acted on (eviction picks the oldest).
     last_used: Instant,
     /// Operations in progress; a screen with any is not idle.
     busy: Arc<AtomicUsize>,
+}
+
+/// How capture and input reach one display.
+#[derive(Clone)]
+enum Io {
+    /// A persistent X connection (x11rb) from this process.
+    X(Arc<StdMutex<XDisplay>>),
+    /// Commands on the machine.
+    Commands(Arc<CommandScreen>),
 }
 
 enum SlotState {
@@ -526,7 +539,11 @@ impl DesktopRuntime {
 
     /// A screenshot of the bot's screen.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
-        let (x, _busy) = self.use_screen(bot_id).await?;
+        let (io, _busy) = self.use_screen(bot_id).await?;
+        let x = match io {
+            Io::X(x) => x,
+            Io::Commands(c) => return c.grab().await,
+        };
         tokio::task::spawn_blocking(move || {
             let x = x.lock().unwrap_or_else(|e| e.into_inner());
             let raw = x.grab()?;
@@ -546,9 +563,20 @@ impl DesktopRuntime {
     /// Applies `actions` in order, waits for the screen to settle and returns the frame. A
     /// failing action stops the batch; the result says how many completed and why.
     pub async fn act(&self, bot_id: &str, actions: &[Action]) -> Result<ActResult, DesktopError> {
-        let (x, _busy) = self.use_screen(bot_id).await?;
-        let actions = actions.to_vec();
+        let (io, _busy) = self.use_screen(bot_id).await?;
         let settle = self.config.settle;
+        let x = match io {
+            Io::X(x) => x,
+            Io::Commands(c) => {
+                let (completed, error) = c.apply(actions).await;
+                return Ok(ActResult {
+                    completed,
+                    error,
+                    observation: c.settle(settle).await?,
+                });
+            }
+        };
+        let actions = actions.to_vec();
         tokio::task::spawn_blocking(move || {
             let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
             let (completed, error) = match x.apply_batch(&actions) {
@@ -575,22 +603,19 @@ impl DesktopRuntime {
     }
 
     /// The display connection of the bot's screen, marking it used and busy.
-    async fn use_screen(
-        &self,
-        bot_id: &str,
-    ) -> Result<(Arc<StdMutex<XDisplay>>, BusyGuard), DesktopError> {
+    async fn use_screen(&self, bot_id: &str) -> Result<(Io, BusyGuard), DesktopError> {
         let mut table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
         let SlotState::Active(screen) = &mut table.slots[i].state else {
             unreachable!("slot_of finds active slots")
         };
         screen.last_used = Instant::now();
-        let x = screen
-            .x
+        let io = screen
+            .io
             .clone()
             .ok_or_else(|| DesktopError::X("no display connection".into()))?;
         screen.busy.fetch_add(1, Ordering::SeqCst);
-        Ok((x, BusyGuard(screen.busy.clone())))
+        Ok((io, BusyGuard(screen.busy.clone())))
     }
 
     /// Ends slot `i`'s generation: announce, revoke capabilities, stop processes. On failure
@@ -655,7 +680,7 @@ impl DesktopRuntime {
     /// Stops a screen's processes, browser first (so it saves its session), clearing each pid
     /// once it is gone. The display number returns to the pool when all are gone.
     async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
-        screen.x = None;
+        screen.io = None;
         self.quit_browser(screen).await?;
         if let Some(pid) = screen.wm {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
@@ -808,13 +833,27 @@ impl DesktopRuntime {
                 xvfb: Some(xvfb),
                 wm: None,
                 browser: None,
-                x: None,
+                io: None,
                 last_used: Instant::now(),
                 busy: Arc::new(AtomicUsize::new(0)),
             };
-            let socket_dir = self.config.x11_socket_dir.clone();
-            match connect_when_ready(socket_dir, display, XVFB_READY_TIMEOUT).await {
-                Ok(x) => screen.x = Some(Arc::new(StdMutex::new(x))),
+            let io = if self.config.commands_only {
+                CommandScreen::connect(
+                    self.runner.clone(),
+                    &self.config.run_dir,
+                    display,
+                    XVFB_READY_TIMEOUT,
+                )
+                .await
+                .map(|c| Io::Commands(Arc::new(c)))
+            } else {
+                let socket_dir = self.config.x11_socket_dir.clone();
+                connect_when_ready(socket_dir, display, XVFB_READY_TIMEOUT)
+                    .await
+                    .map(|x| Io::X(Arc::new(StdMutex::new(x))))
+            };
+            match io {
+                Ok(io) => screen.io = Some(io),
                 Err(e) => {
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
@@ -917,19 +956,24 @@ impl DesktopRuntime {
             })
             .await?;
         screen.browser = Some(pid);
-        let x = screen
-            .x
+        let io = screen
+            .io
             .clone()
             .ok_or_else(|| DesktopError::X("no display connection".into()))?;
         let started = Instant::now();
         loop {
-            let x2 = x.clone();
-            let clients = tokio::task::spawn_blocking(move || {
-                client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
-            })
-            .await
-            .map_err(|e| DesktopError::X(format!("window task: {e}")))??;
-            if clients > 0 {
+            let windows = match &io {
+                Io::X(x) => {
+                    let x2 = x.clone();
+                    tokio::task::spawn_blocking(move || {
+                        client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+                    })
+                    .await
+                    .map_err(|e| DesktopError::X(format!("window task: {e}")))??
+                }
+                Io::Commands(c) => c.browser_windows().await?,
+            };
+            if windows > 0 {
                 break;
             }
             if started.elapsed() > BROWSER_WINDOW_TIMEOUT || !self.runner.is_running(pid).await? {
@@ -941,15 +985,27 @@ impl DesktopRuntime {
         }
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
-        tokio::task::spawn_blocking(move || {
-            x.lock().unwrap_or_else(|e| e.into_inner()).settle(
-                BROWSER_QUIET_DELAY,
-                BROWSER_QUIET_INTERVAL,
-                BROWSER_QUIET_TIMEOUT,
-            )
-        })
-        .await
-        .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
+        let quiet = Settle {
+            first_delay: BROWSER_QUIET_DELAY,
+            interval: BROWSER_QUIET_INTERVAL,
+            timeout: BROWSER_QUIET_TIMEOUT,
+        };
+        match io {
+            Io::X(x) => {
+                tokio::task::spawn_blocking(move || {
+                    x.lock().unwrap_or_else(|e| e.into_inner()).settle(
+                        quiet.first_delay,
+                        quiet.interval,
+                        quiet.timeout,
+                    )
+                })
+                .await
+                .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
+            }
+            Io::Commands(c) => {
+                c.settle(quiet).await?;
+            }
+        }
         tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
         Ok(())
     }

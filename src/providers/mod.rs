@@ -93,6 +93,7 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 supervisor_url: config.supervisor_url.clone(),
                 supervisor_token: token,
                 screen_limit: config.team_screen_limit as usize,
+                commands_only: false,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
             Ok(Built {

@@ -91,11 +91,21 @@ impl TestSupervisor {
 
     /// A fresh provider talking to this supervisor.
     pub fn provider(&self) -> Arc<DockerProvider> {
+        self.provider_with(false)
+    }
+
+    /// A fresh provider that reaches screens through commands only, as remote providers do.
+    pub fn command_provider(&self) -> Arc<DockerProvider> {
+        self.provider_with(true)
+    }
+
+    fn provider_with(&self, commands_only: bool) -> Arc<DockerProvider> {
         Arc::new(
             DockerProvider::new(DockerProviderConfig {
                 supervisor_url: self.url.clone(),
                 supervisor_token: self.token.clone(),
                 screen_limit: 0,
+                commands_only,
             })
             .unwrap(),
         )

@@ -56,6 +56,9 @@ pub struct DockerProviderConfig {
     pub supervisor_token: String,
     /// `SANDBOX_TEAM_SCREEN_LIMIT` (0 = none).
     pub screen_limit: usize,
+    /// Reach screens through commands only (the capture helper and xdotool through the
+    /// supervisor's exec), the path remote providers take, instead of the shared X sockets.
+    pub commands_only: bool,
 }
 
 /// One running computer container as this process knows it.
@@ -119,6 +122,7 @@ impl DockerProvider {
             gateway_port: GATEWAY_PORT,
             settle: Settle::default(),
             x11_socket_dir: Some(PathBuf::from(&info.x11_dir)),
+            commands_only: self.config.commands_only,
             gateway_host: "0.0.0.0".into(),
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));

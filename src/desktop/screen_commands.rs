@@ -1,0 +1,243 @@
+//! Screens through commands only, for machines whose X server this process cannot reach (the
+//! remote vendors' path): capture by a small in-computer helper, input by `xdotool`, both run
+//! through the provider's [`CommandRunner`] like everything else of the runtime.
+//!
+//! The helper (`capture_helper.py`, Python's standard library and the machine's libX11) prints
+//! the root window as a base64 PNG; frames are compared by the hash of that PNG, which is the
+//! same for the same pixels. A batch becomes one script of `xdotool` calls that reports how many
+//! actions completed, then the screen settles like on the direct path.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rakazo_actors::provider::{Action, Button, Frame};
+
+use super::capture::frame_hash;
+use super::command::{CommandRunner, SCRIPT_TIMEOUT};
+use super::keys::parse_combo;
+use super::runtime::{Observation, Settle};
+use super::{DesktopError, shell_quote};
+
+/// The capture helper program.
+pub const HELPER_SOURCE: &str = include_str!("capture_helper.py");
+
+/// Longest wait action (as on the direct path).
+const MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// One display of a machine, reached through commands.
+pub struct CommandScreen {
+    runner: Arc<dyn CommandRunner>,
+    display: u32,
+    helper: PathBuf,
+    width: u32,
+    height: u32,
+}
+
+impl CommandScreen {
+    /// Installs the helper under `run_dir` (once per helper version) and waits until display
+    /// `:display` answers it, at most `timeout`.
+    pub async fn connect(
+        runner: Arc<dyn CommandRunner>,
+        run_dir: &std::path::Path,
+        display: u32,
+        timeout: Duration,
+    ) -> Result<Self, DesktopError> {
+        use sha2::Digest as _;
+        let hash = sha2::Sha256::digest(HELPER_SOURCE.as_bytes());
+        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let helper = run_dir.join(format!("capture-{hex}.py"));
+        let q = shell_quote(&helper.to_string_lossy());
+        let install = format!(
+            "set -e\nif [ ! -s {q} ]; then\ncat > {q}.tmp <<'RAKAZO_CAPTURE_EOF'\n{HELPER_SOURCE}RAKAZO_CAPTURE_EOF\nmv {q}.tmp {q}\nfi"
+        );
+        let out = runner.run(&install, SCRIPT_TIMEOUT).await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::Stack(format!(
+                "capture helper: {}",
+                out.stderr.trim()
+            )));
+        }
+        let mut screen = Self {
+            runner,
+            display,
+            helper,
+            width: 0,
+            height: 0,
+        };
+        let started = Instant::now();
+        loop {
+            match screen.grab().await {
+                Ok(o) => {
+                    screen.width = o.frame.width;
+                    screen.height = o.frame.height;
+                    return Ok(screen);
+                }
+                Err(e) if started.elapsed() > timeout => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    fn env(&self) -> String {
+        format!("DISPLAY=:{}", self.display)
+    }
+
+    /// A screenshot of the display.
+    pub async fn grab(&self) -> Result<Observation, DesktopError> {
+        let script = format!(
+            "{} exec python3 {}",
+            self.env(),
+            shell_quote(&self.helper.to_string_lossy())
+        );
+        let out = self.runner.run(&script, SCRIPT_TIMEOUT).await?;
+        if out.exit_code != 0 {
+            return Err(DesktopError::X(format!(
+                "capture helper: {}",
+                out.stderr.trim()
+            )));
+        }
+        let mut lines = out.stdout.lines();
+        let size = lines.next().unwrap_or_default();
+        let (width, height) = size
+            .split_once(' ')
+            .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+            .ok_or_else(|| DesktopError::X("capture helper printed no size".into()))?;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(lines.next().unwrap_or_default())
+            .map_err(|_| DesktopError::X("capture helper printed no image".into()))?;
+        Ok(Observation {
+            hash: frame_hash(&png),
+            frame: Frame { png, width, height },
+        })
+    }
+
+    /// How many visible browser windows the display shows.
+    pub async fn browser_windows(&self) -> Result<usize, DesktopError> {
+        let script = format!(
+            "{} xdotool search --onlyvisible --class chromium 2>/dev/null | wc -l",
+            self.env()
+        );
+        let out = self.runner.run(&script, SCRIPT_TIMEOUT).await?;
+        Ok(out.stdout.trim().parse().unwrap_or(0))
+    }
+
+    /// Applies `actions` in order: how many completed, and why the next one failed.
+    pub async fn apply(&self, actions: &[Action]) -> (usize, Option<String>) {
+        let mut script = format!("export {}\n", self.env());
+        for (index, action) in actions.iter().enumerate() {
+            match self.command(action) {
+                Ok(cmd) => {
+                    script.push_str(&format!("{cmd} || exit 1\necho {}\n", index + 1));
+                }
+                Err(reason) => {
+                    script.push_str(&format!("echo {}\n", shell_quote(&format!("!{reason}"))));
+                    break;
+                }
+            }
+        }
+        let out = match self.runner.run(&script, SCRIPT_TIMEOUT + MAX_WAIT).await {
+            Ok(out) => out,
+            Err(e) => return (0, Some(e.to_string())),
+        };
+        let mut completed = 0;
+        let mut error = None;
+        for line in out.stdout.lines() {
+            match line.strip_prefix('!') {
+                Some(reason) => error = Some(reason.to_owned()),
+                None => completed = line.trim().parse().unwrap_or(completed),
+            }
+        }
+        if error.is_none() && completed < actions.len() {
+            error = Some(format!("xdotool: {}", out.stderr.trim()));
+        }
+        (completed, error)
+    }
+
+    /// The `xdotool` call of one action, or why it is invalid.
+    fn command(&self, action: &Action) -> Result<String, String> {
+        let point = |x: i32, y: i32| -> Result<String, String> {
+            if x < 0 || y < 0 || x as u32 >= self.width || y as u32 >= self.height {
+                return Err(format!("point ({x}, {y}) is off the screen"));
+            }
+            Ok(format!("mousemove --sync {x} {y}"))
+        };
+        Ok(match action {
+            Action::Move { x, y } => format!("xdotool {}", point(*x, *y)?),
+            Action::Click {
+                x,
+                y,
+                button,
+                double,
+            } => format!(
+                "xdotool {} click --repeat {} {}",
+                point(*x, *y)?,
+                if *double { 2 } else { 1 },
+                button_number(*button)
+            ),
+            Action::Drag {
+                from_x,
+                from_y,
+                to_x,
+                to_y,
+            } => format!(
+                "xdotool {} mousedown 1 {} mouseup 1",
+                point(*from_x, *from_y)?,
+                point(*to_x, *to_y)?
+            ),
+            Action::Scroll { x, y, dx, dy } => {
+                let mut cmd = format!("xdotool {}", point(*x, *y)?);
+                for (amount, negative, positive) in [(*dy, 4, 5), (*dx, 6, 7)] {
+                    if amount != 0 {
+                        let button = if amount < 0 { negative } else { positive };
+                        cmd.push_str(&format!(
+                            " click --repeat {} {button}",
+                            amount.unsigned_abs().min(50)
+                        ));
+                    }
+                }
+                cmd
+            }
+            Action::Type { text } => {
+                format!("xdotool type --delay 0 -- {}", shell_quote(text))
+            }
+            Action::Key { keys } => {
+                let syms = parse_combo(keys)?;
+                let combo: Vec<String> = syms.iter().map(|s| format!("0x{s:x}")).collect();
+                format!("xdotool key --clearmodifiers {}", combo.join("+"))
+            }
+            Action::Wait { ms } => {
+                let wait = Duration::from_millis(*ms);
+                if wait > MAX_WAIT {
+                    return Err(format!("wait longer than {} ms", MAX_WAIT.as_millis()));
+                }
+                format!("sleep {}", wait.as_secs_f64())
+            }
+        })
+    }
+
+    /// Polls until two consecutive frames are the same or time runs out; the last frame.
+    pub async fn settle(&self, settle: Settle) -> Result<Observation, DesktopError> {
+        let deadline = Instant::now() + settle.timeout;
+        tokio::time::sleep(settle.first_delay).await;
+        let mut last = self.grab().await?;
+        while Instant::now() < deadline {
+            tokio::time::sleep(settle.interval).await;
+            let next = self.grab().await?;
+            if next.hash == last.hash {
+                return Ok(next);
+            }
+            last = next;
+        }
+        Ok(last)
+    }
+}
+
+fn button_number(button: Button) -> u8 {
+    match button {
+        Button::Left => 1,
+        Button::Middle => 2,
+        Button::Right => 3,
+    }
+}

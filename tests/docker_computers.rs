@@ -15,7 +15,7 @@ use rakazo::config::DockerNetwork;
 use rakazo::desktop::gateway::Policy;
 use rakazo::providers::docker::DockerProvider;
 use rakazo_actors::provider::{
-    Action, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
+    Action, BrowserCommand, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
 };
 use serde_json::Value;
 
@@ -229,6 +229,20 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", 8765), H).serve_forever()
 "#;
 
+/// Starts the fixture site inside the computer, as uid 1000, on its loopback port 8765.
+async fn start_site(p: &DockerProvider, m: &ProviderRef) {
+    p.write_file(m, "fixture/site.py", SITE.as_bytes())
+        .await
+        .unwrap();
+    let started = p.exec(
+        m,
+        &cmd("setsid python3 fixture/site.py >/dev/null 2>&1 </dev/null & for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(started.exit_code, 0, "fixture site: {started:?}");
+}
+
 fn navigate(url: &str) -> Vec<Action> {
     vec![
         Action::Key {
@@ -331,16 +345,7 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
     assert_eq!(out.stdout.trim(), "lo");
 
     // The fixture site runs inside the computer, as uid 1000.
-    p.write_file(&m, "fixture/site.py", SITE.as_bytes())
-        .await
-        .unwrap();
-    let started = p.exec(
-        &m,
-        &cmd("setsid python3 fixture/site.py >/dev/null 2>&1 </dev/null & for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
-    )
-    .await
-    .unwrap();
-    assert_eq!(started.exit_code, 0, "fixture site: {started:?}");
+    start_site(&p, &m).await;
 
     // Two bots, two desktops in parallel, two browsers.
     let (a, b) = tokio::join!(p.open_screen(&m, "bot-a"), p.open_screen(&m, "bot-b"));
@@ -579,7 +584,7 @@ async fn the_browser_terminal_is_a_real_shell_of_the_workspace_user() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let left = in_container(
-            "ls /tmp/rakazo-run/terminals | grep -c '^session-'; ps -eo args | grep -c -e '[b]ash -i' -e '[t]erminals/server-'",
+            "ls /tmp/rakazo-run/terminals | grep -c '^session-'; ps -eo args | grep -c -e '[b]ash -i' -e '[t]erminal-server-'",
         );
         if left.split_whitespace().all(|n| n == "0") {
             break;
@@ -629,4 +634,54 @@ async fn a_container_that_outlived_its_reference_is_found_by_its_labels() {
     let fresh = sup.provider().provision(&other).await.unwrap();
     let _cleanup2 = RemoveOnDrop(fresh.0.clone());
     assert_ne!(fresh, m);
+}
+
+#[actix_rt::test]
+async fn page_tools_reach_the_bots_browser_inside_the_container() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let space = unique("space");
+    let spec = MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    start_site(&p, &m).await;
+    p.open_screen(&m, "bot-a").await.unwrap();
+    let loaded = p
+        .browser(
+            &m,
+            "bot-a",
+            &BrowserCommand::Navigate {
+                url: "http://127.0.0.1:8765/check/page-tools".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(loaded["loaded"], true, "{loaded}");
+    let snap = p
+        .browser(&m, "bot-a", &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    assert_eq!(snap["title"], "/check/page-tools", "{snap}");
+    assert!(snap["text"].as_str().unwrap().contains("/check/page-tools"));
+    // The DevTools bridge is one of the screen's processes: teardown removes it.
+    p.close_screen(&m, "bot-a").await.unwrap();
+    let left = p
+        .exec(&m, &cmd("ls /tmp/.X11-unix | grep -c '^cdp-'"))
+        .await
+        .unwrap();
+    assert_eq!(left.stdout.trim(), "0");
+    // Through the plain command path there is no DevTools: the tools say so.
+    let plain = sup.command_provider();
+    assert!(matches!(
+        plain.browser(&m, "bot-a", &BrowserCommand::Snapshot).await,
+        Err(ProviderError::Unsupported(_))
+    ));
 }

@@ -2,12 +2,12 @@
 //! page-browser tools talk to the active tab through it, in an isolated script world so the
 //! page cannot see or tamper with what they do.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::DesktopError;
@@ -15,8 +15,11 @@ use super::DesktopError;
 /// How long one DevTools command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// A byte stream to the DevTools endpoint: loopback TCP, or a unix socket bridged to it.
+pub trait DevToolsStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> DevToolsStream for T {}
+
+type Socket = tokio_tungstenite::WebSocketStream<Box<dyn DevToolsStream>>;
 
 fn err(msg: impl Into<String>) -> DesktopError {
     DesktopError::Browser(msg.into())
@@ -32,8 +35,9 @@ pub struct Cdp {
 }
 
 impl Cdp {
-    /// Connect through the profile's `DevToolsActivePort` and attach to the active tab.
-    pub async fn connect(profile: &Path) -> Result<Cdp, DesktopError> {
+    /// Where the browser of `profile` listens: its loopback port and browser path (from the
+    /// profile's `DevToolsActivePort`).
+    pub async fn endpoint(profile: &Path) -> Result<(u16, String), DesktopError> {
         let text = tokio::fs::read_to_string(profile.join("DevToolsActivePort"))
             .await
             .map_err(|_| err("the browser has no DevTools endpoint yet"))?;
@@ -47,8 +51,27 @@ impl Cdp {
             .ok_or_else(|| err("bad DevToolsActivePort"))?
             .trim()
             .to_owned();
+        Ok((port, path))
+    }
+
+    /// Connect over this host's loopback and attach to the active tab.
+    pub async fn connect(profile: &Path) -> Result<Cdp, DesktopError> {
+        let (port, path) = Self::endpoint(profile).await?;
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| err(format!("DevTools: {e}")))?;
+        Self::over(Box::new(stream), port, &path).await
+    }
+
+    /// Speak DevTools over `stream` (already connected to the browser's port `port`) and
+    /// attach to the active tab.
+    pub async fn over(
+        stream: Box<dyn DevToolsStream>,
+        port: u16,
+        path: &str,
+    ) -> Result<Cdp, DesktopError> {
         let url = format!("ws://127.0.0.1:{port}{path}");
-        let (socket, _) = tokio_tungstenite::connect_async(url)
+        let (socket, _) = tokio_tungstenite::client_async(url, stream)
             .await
             .map_err(|e| err(format!("DevTools: {e}")))?;
         let mut cdp = Cdp {
@@ -180,6 +203,3 @@ impl Cdp {
         Ok(out["result"]["value"].clone())
     }
 }
-
-/// Connections by bot.
-pub type Connections = HashMap<String, Cdp>;

@@ -95,6 +95,33 @@ fn program(spec: &SpawnSpec) -> &str {
 
 /// `alive PID`: true for a live process, false for a missing or zombie one.
 /// Whether any process of the group led by `$1` is still running (zombies do not count).
+/// Writes an embedded helper program into `dir` on the machine, once per version (its file
+/// name carries a hash of `source`), and returns its path there.
+pub async fn install_program(
+    runner: &dyn CommandRunner,
+    dir: &std::path::Path,
+    name: &str,
+    source: &str,
+) -> Result<PathBuf, DesktopError> {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(source.as_bytes());
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("{name}-{hex}.py"));
+    let q = shell_quote(&path.to_string_lossy());
+    let script = format!(
+        "set -e\nmkdir -p {d}\nchmod 700 {d}\nif [ ! -s {q} ]; then\ncat > {q}.tmp <<'RAKAZO_PROGRAM_EOF'\n{source}RAKAZO_PROGRAM_EOF\nmv {q}.tmp {q}\nfi\ncommand -v python3 >/dev/null",
+        d = shell_quote(&dir.to_string_lossy()),
+    );
+    let out = runner.run(&script, SCRIPT_TIMEOUT).await?;
+    if out.exit_code != 0 {
+        return Err(DesktopError::Stack(format!(
+            "{name}: the helper needs python3 on the computer ({})",
+            out.stderr.trim()
+        )));
+    }
+    Ok(path)
+}
+
 /// How a freshly spawned process came up (see [`wait_ready`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readiness {

@@ -23,13 +23,13 @@
 
 pub mod browser;
 pub mod capture;
-mod cdp;
+pub mod cdp;
 pub mod command;
 pub mod files;
 pub mod gateway;
 pub mod input;
 pub mod keys;
-mod page;
+pub mod page;
 pub mod provider;
 pub mod runtime;
 pub mod screen_commands;

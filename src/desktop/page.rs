@@ -11,6 +11,47 @@ use serde_json::{Value, json};
 use super::DesktopError;
 use super::cdp::Cdp;
 
+/// DevTools connections of a provider's browsers, by machine and bot. A connection to an
+/// earlier browser (restarted, closed) is replaced once per command.
+#[derive(Default)]
+pub struct PageSessions {
+    pages: tokio::sync::Mutex<std::collections::HashMap<String, Cdp>>,
+}
+
+impl PageSessions {
+    /// Runs `command` on the connection of `key`, dialing one with `connect` when there is
+    /// none (or the old one closed).
+    pub async fn run<F, Fut>(
+        &self,
+        key: String,
+        connect: F,
+        command: &BrowserCommand,
+    ) -> Result<Value, rakazo_actors::provider::ProviderError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Cdp, DesktopError>>,
+    {
+        let mut pages = self.pages.lock().await;
+        for attempt in 0..2 {
+            if !pages.contains_key(&key) {
+                pages.insert(key.clone(), connect().await?);
+            }
+            let cdp = pages.get_mut(&key).expect("inserted above");
+            match run(cdp, command).await {
+                Err(DesktopError::Browser(msg))
+                    if attempt == 0 && msg.contains("DevTools connection") =>
+                {
+                    pages.remove(&key);
+                }
+                other => return Ok(other?),
+            }
+        }
+        Err(rakazo_actors::provider::ProviderError::PageAction(
+            "the browser's DevTools connection keeps closing".into(),
+        ))
+    }
+}
+
 /// Most interactive elements in a snapshot.
 pub const MAX_ELEMENTS: usize = 80;
 /// Most characters of page text in a snapshot.

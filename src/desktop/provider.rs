@@ -57,7 +57,7 @@ pub struct DesktopProvider {
     /// directory outlives its machine, so without this a destroyed reference would revive).
     destroyed: Mutex<std::collections::HashSet<String>>,
     /// DevTools connections of the page-browser tools, by machine and bot.
-    pages: Mutex<super::cdp::Connections>,
+    pages: super::page::PageSessions,
 }
 
 impl DesktopProvider {
@@ -82,7 +82,7 @@ impl DesktopProvider {
             displays,
             machines: Mutex::new(HashMap::new()),
             destroyed: Mutex::new(Default::default()),
-            pages: Mutex::new(Default::default()),
+            pages: Default::default(),
         })
     }
 
@@ -255,27 +255,11 @@ impl SandboxProvider for DesktopProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
+        let profile = super::browser::profile_dir(&m.home, bot_id);
         let key = format!("{}/{bot_id}", machine.0);
-        let mut pages = self.pages.lock().await;
-        // A connection from an earlier browser (restarted, closed) is replaced once.
-        for attempt in 0..2 {
-            if !pages.contains_key(&key) {
-                let profile = super::browser::profile_dir(&m.home, bot_id);
-                pages.insert(key.clone(), super::cdp::Cdp::connect(&profile).await?);
-            }
-            let cdp = pages.get_mut(&key).expect("inserted above");
-            match super::page::run(cdp, command).await {
-                Err(super::DesktopError::Browser(msg))
-                    if attempt == 0 && msg.contains("DevTools connection") =>
-                {
-                    pages.remove(&key);
-                }
-                other => return Ok(other?),
-            }
-        }
-        Err(ProviderError::PageAction(
-            "the browser's DevTools connection keeps closing".into(),
-        ))
+        self.pages
+            .run(key, || super::cdp::Cdp::connect(&profile), command)
+            .await
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {

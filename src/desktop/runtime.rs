@@ -19,7 +19,8 @@ use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
-    CommandRunner, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, sweep_script,
+    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, minimal_env,
+    sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::screen_commands::CommandScreen;
@@ -43,6 +44,9 @@ const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
+
+/// The in-computer DevTools bridge (Python 3 standard library only).
+const DEVTOOLS_BRIDGE_SOURCE: &str = include_str!("devtools_bridge.py");
 
 /// How a batch waits for the screen to stop changing.
 #[derive(Clone, Copy, Debug)]
@@ -537,6 +541,65 @@ impl DesktopRuntime {
             .await
     }
 
+    /// Bridges the bot's browser's DevTools port (on the machine's loopback) to a unix socket
+    /// in the machine's X socket directory, which this process shares; returns the socket's
+    /// file name there. The bridge is one of the screen's processes: teardown stops it.
+    pub async fn devtools_bridge(&self, bot_id: &str, port: u16) -> Result<String, DesktopError> {
+        let (tag, display) = {
+            let table = self.table.lock().await;
+            let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+            let SlotState::Active(screen) = &table.slots[i].state else {
+                unreachable!("slot_of finds active slots")
+            };
+            (screen.tag.clone(), screen.display)
+        };
+        let name = format!("cdp-{display}-{port}");
+        let socket = format!("/tmp/.X11-unix/{name}");
+        let q = shell_quote(&socket);
+        let out = self
+            .runner
+            .run(&format!("test -S {q}"), SCRIPT_TIMEOUT)
+            .await?;
+        if out.exit_code == 0 {
+            return Ok(name);
+        }
+        let program = install_program(
+            &*self.runner,
+            &self.config.run_dir,
+            "devtools-bridge",
+            DEVTOOLS_BRIDGE_SOURCE,
+        )
+        .await?;
+        let pid = self
+            .runner
+            .spawn(&SpawnSpec {
+                argv: vec![
+                    "python3".into(),
+                    program.to_string_lossy().into_owned(),
+                    socket.clone(),
+                    port.to_string(),
+                ],
+                env: tagged_env(&tag),
+                ..Default::default()
+            })
+            .await?;
+        if wait_ready(
+            &*self.runner,
+            pid,
+            &format!("test -S {q}"),
+            XVFB_READY_TIMEOUT,
+        )
+        .await?
+            != Readiness::Ready
+        {
+            let _ = self.runner.stop(pid, STACK_STOP_GRACE).await;
+            return Err(DesktopError::Browser(
+                "the DevTools bridge did not start".into(),
+            ));
+        }
+        Ok(name)
+    }
+
     /// A screenshot of the bot's screen.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
         let (io, _busy) = self.use_screen(bot_id).await?;
@@ -686,10 +749,18 @@ impl DesktopRuntime {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
             screen.wm = None;
         }
-        // What left the process groups (crash handlers, dialogs) goes by its tag.
+        // What left the process groups (crash handlers, dialogs, the DevTools bridge) goes by
+        // its tag; the bridge's socket with it.
         let out = self
             .runner
-            .run(&sweep_script(&screen.tag), SCRIPT_TIMEOUT)
+            .run(
+                &format!(
+                    "rm -f /tmp/.X11-unix/cdp-{}-*\n{}",
+                    screen.display,
+                    sweep_script(&screen.tag)
+                ),
+                SCRIPT_TIMEOUT,
+            )
             .await?;
         if out.exit_code != 0 {
             return Err(DesktopError::Stack(

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use rakazo_actors::provider::{Action, Button, Frame};
 
 use super::capture::frame_hash;
-use super::command::{CommandRunner, SCRIPT_TIMEOUT};
+use super::command::{CommandRunner, SCRIPT_TIMEOUT, install_program};
 use super::keys::parse_combo;
 use super::runtime::{Observation, Settle};
 use super::{DesktopError, shell_quote};
@@ -44,21 +44,7 @@ impl CommandScreen {
         display: u32,
         timeout: Duration,
     ) -> Result<Self, DesktopError> {
-        use sha2::Digest as _;
-        let hash = sha2::Sha256::digest(HELPER_SOURCE.as_bytes());
-        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-        let helper = run_dir.join(format!("capture-{hex}.py"));
-        let q = shell_quote(&helper.to_string_lossy());
-        let install = format!(
-            "set -e\nif [ ! -s {q} ]; then\ncat > {q}.tmp <<'RAKAZO_CAPTURE_EOF'\n{HELPER_SOURCE}RAKAZO_CAPTURE_EOF\nmv {q}.tmp {q}\nfi"
-        );
-        let out = runner.run(&install, SCRIPT_TIMEOUT).await?;
-        if out.exit_code != 0 {
-            return Err(DesktopError::Stack(format!(
-                "capture helper: {}",
-                out.stderr.trim()
-            )));
-        }
+        let helper = install_program(&*runner, run_dir, "capture", HELPER_SOURCE).await?;
         let mut screen = Self {
             runner,
             display,

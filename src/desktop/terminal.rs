@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::command::{CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, wait_ready};
+use super::command::{
+    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, wait_ready,
+};
 use super::gateway::Token;
 use super::{DesktopError, shell_quote};
 
@@ -64,13 +66,6 @@ impl Terminals {
             run_dir: run_dir.join("terminals"),
             servers: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn program(&self) -> PathBuf {
-        use sha2::Digest as _;
-        let hash = sha2::Sha256::digest(SERVER_SOURCE.as_bytes());
-        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-        self.run_dir.join(format!("server-{hex}.py"))
     }
 
     /// The socket token of the terminal server bound to `control`, starting it when it is not
@@ -142,25 +137,24 @@ impl Terminals {
 
     async fn start(&self, shell: &ShellSpec) -> Result<Server, DesktopError> {
         let token = Token::fresh();
-        let program = self.program();
         let socket = self.socket_dir.join(token.expose());
         let session = self
             .run_dir
             .join(format!("session-{}", &token.expose()[..16]));
-        let install = format!(
-            "set -e\nmkdir -p {dir} {gw}\nchmod 700 {dir} {gw}\n\
-             if [ ! -s {program} ]; then\ncat > {program}.tmp <<'RAKAZO_TERMINAL_EOF'\n{source}RAKAZO_TERMINAL_EOF\n\
-             mv {program}.tmp {program}\nfi\ncommand -v python3 >/dev/null",
-            dir = shell_quote(&self.run_dir.to_string_lossy()),
-            gw = shell_quote(&self.socket_dir.to_string_lossy()),
-            program = shell_quote(&program.to_string_lossy()),
-            source = SERVER_SOURCE,
-        );
-        let out = self.runner.run(&install, SCRIPT_TIMEOUT).await?;
+        let program = install_program(
+            &*self.runner,
+            &self.run_dir,
+            "terminal-server",
+            SERVER_SOURCE,
+        )
+        .await?;
+        let gw = shell_quote(&self.socket_dir.to_string_lossy());
+        let out = self
+            .runner
+            .run(&format!("mkdir -p {gw} && chmod 700 {gw}"), SCRIPT_TIMEOUT)
+            .await?;
         if out.exit_code != 0 {
-            return Err(DesktopError::Stack(
-                "the terminal server needs python3 on the computer".into(),
-            ));
+            return Err(DesktopError::Stack("the gateway directory".into()));
         }
         let mut env = shell.env.clone();
         env.push((TAG_VAR.into(), self.run_dir.to_string_lossy().into_owned()));

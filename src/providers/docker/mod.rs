@@ -29,13 +29,17 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenPolicy, ScreenRoute,
 };
 use tokio::sync::Mutex;
 
+use crate::desktop::DesktopError;
+use crate::desktop::browser::profile_dir;
+use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
+use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::terminal::ShellSpec;
 use crate::desktop::{files, shell_quote};
@@ -72,6 +76,7 @@ pub struct DockerProvider {
     client: SupervisorClient,
     config: DockerProviderConfig,
     machines: Mutex<HashMap<String, Arc<Machine>>>,
+    pages: PageSessions,
 }
 
 impl DockerProvider {
@@ -86,6 +91,7 @@ impl DockerProvider {
             client: SupervisorClient::new(&config.supervisor_url, &config.supervisor_token)?,
             config,
             machines: Mutex::new(HashMap::new()),
+            pages: PageSessions::default(),
         })
     }
 
@@ -272,7 +278,8 @@ impl SandboxProvider for DockerProvider {
             capabilities: Capabilities {
                 multi_screen: true,
                 terminal: true,
-                page_browser: false,
+                // DevTools is reached through a bridge in the shared X socket directory.
+                page_browser: !self.config.commands_only,
                 bills_while_running: false,
                 mounted_home: true,
             },
@@ -409,6 +416,34 @@ impl SandboxProvider for DockerProvider {
                 .into_owned()
         };
         Ok(m.runtime.open_in_browser(bot_id, &target).await?)
+    }
+
+    async fn browser(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        if self.config.commands_only {
+            return Err(ProviderError::Unsupported(
+                "page tools are not available on this computer: use computer_observe and computer_act"
+                    .into(),
+            ));
+        }
+        let m = self.machine(machine).await?;
+        let profile = profile_dir(&Self::home(&m)?, bot_id);
+        let sockets = PathBuf::from(&m.info.x11_dir);
+        let connect = || async {
+            let (port, path) = Cdp::endpoint(&profile).await?;
+            let name = m.runtime.devtools_bridge(bot_id, port).await?;
+            let stream = tokio::net::UnixStream::connect(sockets.join(name))
+                .await
+                .map_err(|e| DesktopError::Browser(format!("DevTools bridge: {e}")))?;
+            Cdp::over(Box::new(stream), port, &path).await
+        };
+        self.pages
+            .run(format!("{}/{bot_id}", machine.0), connect, command)
+            .await
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

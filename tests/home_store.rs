@@ -149,11 +149,14 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
         ),
     ];
     for (what, archive) in cases {
-        let outcome = s.save(&h, 2, &archive, true).await;
-        assert!(
-            matches!(outcome, Err(StoreError::Rejected(_))),
-            "{what}: {outcome:?}"
-        );
+        // Refused whether the copy is to be swapped in or only sealed (a mounted home).
+        for replace_latest in [true, false] {
+            let outcome = s.save(&h, 2, &archive, replace_latest).await;
+            assert!(
+                matches!(outcome, Err(StoreError::Rejected(_))),
+                "{what} (replace_latest {replace_latest}): {outcome:?}"
+            );
+        }
         let latest = s.latest().path("team-b").unwrap();
         assert_eq!(read(&latest.join("keep.txt")), "good", "{what}");
         assert_eq!(std::fs::read_dir(&latest).unwrap().count(), 1, "{what}");

@@ -42,6 +42,13 @@ async fn an_older_kept_revision_can_be_restored() {
         .collect();
     assert_eq!(numbers, vec![4, 3, 2], "only the last three are kept");
     assert_eq!(revs[0]["current"], true);
+    let storage = revs[0]["location"].as_str().unwrap();
+    assert!(
+        storage.starts_with("home-revisions/") && storage.ends_with("/4.sealed"),
+        "{storage}"
+    );
+    let sealed = s.app.config.data_dir.join(storage);
+    assert!(sealed.is_file(), "the location names the stored revision");
 
     let err = s
         .call(

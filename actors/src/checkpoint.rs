@@ -136,7 +136,7 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         home_key: Set(row.home_key.clone()),
         revision: Set(revision),
         size_bytes: Set(archive.len() as i64),
-        object_key: Set(None),
+        object_key: Set(Some(rt.homes.location(&home.storage_id, revision))),
         reason: Set(msg.reason.as_str().into()),
         created_at_ms: Set(now_ms()),
     }

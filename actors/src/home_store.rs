@@ -73,4 +73,7 @@ pub trait HomeStore: Send + Sync + 'static {
     async fn delete(&self, home_key: &str, storage_id: &str) -> Result<(), StoreError>;
     /// Every storage id with stored revisions (for the reconciler).
     async fn storage_ids(&self) -> Result<Vec<String>, StoreError>;
+    /// Where a revision is kept in this store (an object key, or a path under `DATA_DIR`),
+    /// recorded with the revision's row.
+    fn location(&self, storage_id: &str, revision: i64) -> String;
 }

@@ -119,8 +119,20 @@ pub fn unpack(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), Archive
     outcome
 }
 
+/// Check `archive` against every restore rule without writing anything: what [`unpack`]
+/// would refuse, this refuses too (for an archive that is sealed but not unpacked here).
+pub fn check(archive: &[u8], limits: Limits) -> Result<(), ArchiveError> {
+    walk(archive, None, limits)
+}
+
 fn unpack_into(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), ArchiveError> {
+    walk(archive, Some(dest), limits)
+}
+
+/// Reads every entry under the restore rules, writing it below `dest` when given.
+fn walk(archive: &[u8], dest: Option<&Path>, limits: Limits) -> Result<(), ArchiveError> {
     let refuse = |why: String| ArchiveError::Refused(why);
+    let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
     let mut reader = tar::Archive::new(archive);
     for (count, entry) in reader
@@ -135,9 +147,13 @@ fn unpack_into(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), Archiv
         let raw = String::from_utf8(entry.path_bytes().into_owned())
             .map_err(|_| refuse("path is not UTF-8".into()))?;
         let rel = segments(&raw, false).map_err(|e| refuse(format!("{raw:?}: {e}")))?;
-        let target = rel.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
+        let target = dest.map(|d| rel.iter().fold(d.to_path_buf(), |p, s| p.join(s)));
         match entry.header().entry_type() {
-            tar::EntryType::Directory => std::fs::create_dir_all(&target)?,
+            tar::EntryType::Directory => {
+                if let Some(target) = &target {
+                    std::fs::create_dir_all(target)?;
+                }
+            }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let size = entry.header().size().map_err(|e| refuse(e.to_string()))?;
                 if size > limits.max_file_bytes {
@@ -153,18 +169,27 @@ fn unpack_into(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), Archiv
                         limits.max_total_bytes
                     )));
                 }
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent)?;
+                if !seen.insert(rel.join("/")) {
+                    return Err(refuse(format!("{raw:?} appears twice")));
                 }
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&target)?;
-                let copied = std::io::copy(&mut (&mut entry).take(size), &mut file)?;
+                let copied = match &target {
+                    Some(target) => {
+                        if let Some(parent) = target.parent() {
+                            std::fs::create_dir_all(parent)?;
+                        }
+                        let mut file = std::fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .open(target)?;
+                        let copied = std::io::copy(&mut (&mut entry).take(size), &mut file)?;
+                        file.flush()?;
+                        copied
+                    }
+                    None => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,
+                };
                 if copied != size {
                     return Err(refuse(format!("{raw:?} is truncated")));
                 }
-                file.flush()?;
             }
             other => {
                 return Err(refuse(format!(

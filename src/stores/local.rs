@@ -77,6 +77,14 @@ pub fn write_atomic_with(
     sync_dir(dir)
 }
 
+/// A refused archive is `Rejected`; an I/O failure is `Failed`.
+pub fn refused(e: ArchiveError) -> StoreError {
+    match e {
+        ArchiveError::Refused(why) => StoreError::Rejected(why),
+        ArchiveError::Io(e) => fail(e),
+    }
+}
+
 /// The latest unpacked copies, with staged replacement.
 #[derive(Clone)]
 pub struct LatestCopies {
@@ -137,10 +145,7 @@ impl LatestCopies {
             safe_name(home_key)?,
             uuid::Uuid::new_v4().simple()
         ));
-        archive::unpack(archive, &staged, self.limits).map_err(|e| match e {
-            ArchiveError::Refused(why) => StoreError::Rejected(why),
-            ArchiveError::Io(e) => fail(e),
-        })?;
+        archive::unpack(archive, &staged, self.limits).map_err(refused)?;
         Ok(staged)
     }
 
@@ -240,8 +245,9 @@ impl LocalHomeStore {
         archive: &[u8],
         replace_latest: bool,
     ) -> Result<(), StoreError> {
-        // Staging (disk-bound: it checks every restore rule, also when the copy is not swapped
-        // in) and sealing (CPU-bound) run side by side.
+        // Every revision must be restorable: staging checks every restore rule; when the copy
+        // is not swapped in (the machine works in it directly) the rules are checked without
+        // writing anything. Either runs side by side with sealing.
         let dir = self.dir(&home.storage_id)?;
         let sealed_path = dir.join(format!("{revision}.sealed"));
         let (staged, written) = std::thread::scope(|scope| {
@@ -254,23 +260,31 @@ impl LocalHomeStore {
                     seal::seal_to(&home.data_key, &binding, archive, file)
                 })
             });
-            let staged = self.latest.stage(&home.home_key, archive);
+            let staged = if replace_latest {
+                self.latest.stage(&home.home_key, archive).map(Some)
+            } else {
+                archive::check(archive, self.latest.limits)
+                    .map(|()| None)
+                    .map_err(refused)
+            };
             let written = sealing
                 .join()
                 .unwrap_or_else(|_| Err(StoreError::Failed("sealing panicked".into())));
             (staged, written)
         });
-        let outcome = (|| {
-            let staged = staged?;
-            let swapped = match written {
-                Ok(()) if replace_latest => self.latest.swap_in(&home.home_key, &staged),
-                Ok(()) => Ok(()),
-                Err(e) => Err(e),
-            };
-            if swapped.is_err() || !replace_latest {
-                let _ = std::fs::remove_dir_all(&staged);
+        let outcome = (|| match (staged?, written) {
+            (Some(staged), Ok(())) => {
+                let swapped = self.latest.swap_in(&home.home_key, &staged);
+                if swapped.is_err() {
+                    let _ = std::fs::remove_dir_all(&staged);
+                }
+                swapped
             }
-            swapped
+            (None, written) => written,
+            (Some(staged), Err(e)) => {
+                let _ = std::fs::remove_dir_all(&staged);
+                Err(e)
+            }
         })();
         if outcome.is_err() {
             // A revision whose copy was refused or not swapped in is not kept.
@@ -341,6 +355,10 @@ impl HomeStore for LocalHomeStore {
             _ => {}
         }
         self.latest.remove(home_key)
+    }
+
+    fn location(&self, storage_id: &str, revision: i64) -> String {
+        format!("home-revisions/{storage_id}/{revision}.sealed")
     }
 
     async fn storage_ids(&self) -> Result<Vec<String>, StoreError> {

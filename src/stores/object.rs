@@ -223,6 +223,10 @@ impl ObjectHomeStore {
 
 #[async_trait]
 impl HomeStore for ObjectHomeStore {
+    fn location(&self, storage_id: &str, revision: i64) -> String {
+        format!("{HOMES}/{storage_id}/{revision}")
+    }
+
     async fn save(
         &self,
         home: &HomeId,

@@ -53,7 +53,8 @@ pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         rows.iter()
             .map(|r| {
                 json!({ "revision": r.revision, "sizeBytes": r.size_bytes, "reason": r.reason,
-                        "createdAtMs": r.created_at_ms, "current": r.revision == c.revision })
+                        "createdAtMs": r.created_at_ms, "current": r.revision == c.revision,
+                        "location": r.object_key })
             })
             .collect(),
     ))
@@ -116,7 +117,7 @@ async fn restore_reserved(
         home_key: Set(c.home_key.clone()),
         revision: Set(new_revision),
         size_bytes: Set(archive.len() as i64),
-        object_key: Set(None),
+        object_key: Set(Some(rt.homes.location(&home.storage_id, new_revision))),
         reason: Set(format!("restore:{revision}")),
         created_at_ms: Set(now_ms()),
     }

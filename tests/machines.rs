@@ -1,11 +1,14 @@
 //! Supervised restarts: a lost machine is replaced (a new providerRef) and restored from the
-//! last checkpoint; calls in flight get an error code, never a hang.
+//! last checkpoint; calls in flight get an error code, never a hang. Idle suspension claims the
+//! computer first and yields to a bot that got there before it.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{Backend, TestServer};
+use rakazo_actors::computer::Suspend;
+use rakazo_actors::computers::EndReason;
 use serde_json::{Value, json};
 
 async fn provider_ref(s: &TestServer, computer: &Value) -> Option<String> {
@@ -136,4 +139,49 @@ async fn a_stopped_computer_reconnects_through_its_provider_ref() {
         Some(before.as_str()),
         "same machine resumed"
     );
+}
+
+#[actix_rt::test]
+async fn an_idle_suspension_claims_the_computer_and_yields_to_a_driving_bot() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (space, bots) = s.space_with_bots(2, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "true").await.unwrap();
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let id = computer["id"].as_str().unwrap();
+    let handle = s.app.registry.computer(id, &space);
+    let state = async || {
+        s.ok("computer.get", json!({ "computerId": id })).await["state"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    // A bot got its lease after the idle decision: the suspension yields.
+    handle
+        .computer
+        .send(Suspend(EndReason::Idle))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state().await, "running");
+    s.exec(&run, fence, "true")
+        .await
+        .expect("the bot keeps working");
+
+    // Once the run ends, it suspends, and the claim is gone again afterwards.
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    handle
+        .computer
+        .send(Suspend(EndReason::Idle))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state().await, "stopped");
+    let (run, fence) = s.start_run(&bots[1]).await;
+    s.exec(&run, fence, "true").await.expect("a new run starts");
 }

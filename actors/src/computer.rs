@@ -19,7 +19,7 @@ use crate::awake::held_awake;
 use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
-use crate::leases::Leases;
+use crate::leases::{LeaseKey, LeaseKind, Leases};
 use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
     ProviderError, ProviderRef, ScreenInfo,
@@ -29,6 +29,10 @@ use crate::runtime::Runtime;
 
 /// First restart delay; doubles per consecutive restart.
 const RESTART_BACKOFF_BASE: Duration = Duration::from_millis(50);
+/// Who holds the maintenance reservation of an idle suspension.
+const IDLE_CLAIM_HOLDER: &str = "idle-suspend";
+/// Longest an idle suspension holds the computer (a crash mid-suspension frees it then).
+const IDLE_CLAIM_TTL_MS: i64 = 30 * 60 * 1000;
 /// Upper bound of the restart delay.
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often the idle timer looks.
@@ -319,17 +323,17 @@ impl Handler<Suspend> for ComputerActor {
         AtomicResponse::new(Box::pin(
             async move {
                 let Some(machine) = machine else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 suspend(&rt, &id, &machine, reason, &checkpoints).await
             }
             .into_actor(self)
             .map(|res, act, _| {
-                if res.is_ok() {
+                if matches!(res, Ok(true)) {
                     act.machine = None;
                     act.running_since = None;
                 }
-                res
+                res.map(|_| ())
             }),
         ))
     }
@@ -346,7 +350,63 @@ impl Handler<SuspendNow> for ComputerActor {
     }
 }
 
+/// Checkpoint, then stop the machine; whether it stopped. An idle suspension first claims the
+/// computer (the maintenance reservation), so no bot starts and no person takes control while
+/// its workspace is saved; if someone got there first, it does not suspend.
 async fn suspend(
+    rt: &Runtime,
+    id: &str,
+    machine: &ProviderRef,
+    reason: EndReason,
+    checkpoints: &Addr<CheckpointActor>,
+) -> DomainResult<bool> {
+    let claim = if reason == EndReason::Idle {
+        match claim_idle(rt, id).await? {
+            Some(fence) => Some(fence),
+            None => return Ok(false),
+        }
+    } else {
+        None
+    };
+    let stopped = stop_machine(rt, id, machine, reason, checkpoints).await;
+    if let Some(fence) = claim {
+        let released = Leases::new(rt.db.clone())
+            .release(&LeaseKey::maintenance(id), fence)
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(event = "computer.idle_claim_release_failed", computer.id = id, error = %e);
+        }
+    }
+    stopped.map(|()| true)
+}
+
+/// Takes the maintenance reservation for an idle suspension; `None` when another lease was
+/// granted since the idle decision (that bot or person keeps the computer up).
+async fn claim_idle(rt: &Runtime, id: &str) -> DomainResult<Option<i64>> {
+    let leases = Leases::new(rt.db.clone());
+    let key = LeaseKey::maintenance(id);
+    let grant = match leases
+        .acquire(&key, IDLE_CLAIM_HOLDER, IDLE_CLAIM_TTL_MS)
+        .await
+    {
+        Ok(g) => g,
+        Err(e) if e.code == ErrorCode::ComputerReserved => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let others = leases
+        .live_on(id)
+        .await?
+        .into_iter()
+        .any(|g| g.kind != LeaseKind::Maintenance);
+    if others {
+        leases.release(&key, grant.fence).await?;
+        tracing::info!(event = "computer.idle_suspend_skipped", computer.id = id);
+        return Ok(None);
+    }
+    Ok(Some(grant.fence))
+}
+
+async fn stop_machine(
     rt: &Runtime,
     id: &str,
     machine: &ProviderRef,

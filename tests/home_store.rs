@@ -170,6 +170,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name())
+        .filter(|n| !n.to_string_lossy().starts_with(".digest-"))
         .collect();
     assert_eq!(
         leftovers,
@@ -306,4 +307,30 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
         s.save(&home("crash"), 2, &new, true).await.unwrap();
         assert_eq!(read(&latest.join("a.txt")), "new a");
     }
+}
+
+#[actix_rt::test]
+async fn an_unchanged_workspace_is_sealed_again_but_not_restaged() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), Limits::default());
+    let h = home("team-u");
+    let first = Tar::new().file("notes/a.txt", b"same").bytes();
+    s.save(&h, 1, &first, true).await.unwrap();
+    let latest = s.latest().path("team-u").unwrap();
+    let inode = std::fs::metadata(&latest).unwrap().ino();
+    // The same bytes again: a new sealed revision, the same unpacked copy.
+    s.save(&h, 2, &first, true).await.unwrap();
+    assert_eq!(s.revisions(&h).await.unwrap(), vec![1, 2]);
+    assert_eq!(std::fs::metadata(&latest).unwrap().ino(), inode);
+    assert_eq!(read(&latest.join("notes/a.txt")), "same");
+    // Changed bytes are staged and swapped in as before.
+    let second = Tar::new().file("notes/a.txt", b"changed").bytes();
+    s.save(&h, 3, &second, true).await.unwrap();
+    assert_ne!(std::fs::metadata(&latest).unwrap().ino(), inode);
+    assert_eq!(read(&latest.join("notes/a.txt")), "changed");
+    // A copy that went missing is restaged even for the same bytes.
+    std::fs::remove_dir_all(&latest).unwrap();
+    s.save(&h, 4, &second, true).await.unwrap();
+    assert_eq!(read(&latest.join("notes/a.txt")), "changed");
 }

@@ -101,6 +101,11 @@ impl LatestCopies {
         }
     }
 
+    /// The restore limits every copy is checked against.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
     /// Where the latest copy of a home lives.
     pub fn path(&self, home_key: &str) -> Result<PathBuf, StoreError> {
         Ok(self.homes.join(safe_name(home_key)?))
@@ -149,9 +154,47 @@ impl LatestCopies {
         Ok(staged)
     }
 
+    /// Where the digest of the archive the latest copy was unpacked from is kept.
+    fn digest_stamp(&self, home_key: &str) -> Result<PathBuf, StoreError> {
+        Ok(self.homes.join(format!(".digest-{}", safe_name(home_key)?)))
+    }
+
+    /// Stage `archive` (every restore rule) unless the latest copy was unpacked from exactly
+    /// these bytes, which the digest stamp written at its swap says: then nothing is written.
+    /// Only for copies no machine writes to (the store is their only writer).
+    pub fn stage_changed(&self, home_key: &str, archive: &[u8]) -> Result<Staged, StoreError> {
+        use sha2::Digest as _;
+        let digest: String = sha2::Sha256::digest(archive)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let stamp = std::fs::read_to_string(self.digest_stamp(home_key)?).unwrap_or_default();
+        if stamp == digest && self.path(home_key)?.is_dir() {
+            return Ok(Staged { dir: None, digest });
+        }
+        Ok(Staged {
+            dir: Some(self.stage(home_key, archive)?),
+            digest,
+        })
+    }
+
+    /// Make a staged copy current and stamp its digest (nothing to do when unchanged).
+    pub fn commit(&self, home_key: &str, staged: &Staged) -> Result<(), StoreError> {
+        let Some(dir) = &staged.dir else {
+            return Ok(());
+        };
+        self.swap_in(home_key, dir)?;
+        write_atomic(&self.digest_stamp(home_key)?, staged.digest.as_bytes())
+    }
+
     /// Make a staged directory the latest copy.
     pub fn swap_in(&self, home_key: &str, staged: &Path) -> Result<(), StoreError> {
         let current = self.path(home_key)?;
+        // Unstamp first: a crash from here on restages instead of trusting the copy.
+        match std::fs::remove_file(self.digest_stamp(home_key)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+            _ => {}
+        }
         crash_point("home.before_swap");
         let old = self
             .homes
@@ -182,9 +225,26 @@ impl LatestCopies {
 
     /// Remove the latest copy.
     pub fn remove(&self, home_key: &str) -> Result<(), StoreError> {
+        let _ = std::fs::remove_file(self.digest_stamp(home_key)?);
         match std::fs::remove_dir_all(self.path(home_key)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(fail(e)),
             _ => Ok(()),
+        }
+    }
+}
+
+/// A staged copy, or `dir: None` when the latest copy already holds the same archive.
+#[derive(Debug)]
+pub struct Staged {
+    dir: Option<PathBuf>,
+    digest: String,
+}
+
+impl Staged {
+    /// Removes the staged directory (after a failure).
+    fn discard(&self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -261,9 +321,9 @@ impl LocalHomeStore {
                 })
             });
             let staged = if replace_latest {
-                self.latest.stage(&home.home_key, archive).map(Some)
+                self.latest.stage_changed(&home.home_key, archive).map(Some)
             } else {
-                archive::check(archive, self.latest.limits)
+                archive::check(archive, self.latest.limits())
                     .map(|()| None)
                     .map_err(refused)
             };
@@ -274,15 +334,15 @@ impl LocalHomeStore {
         });
         let outcome = (|| match (staged?, written) {
             (Some(staged), Ok(())) => {
-                let swapped = self.latest.swap_in(&home.home_key, &staged);
+                let swapped = self.latest.commit(&home.home_key, &staged);
                 if swapped.is_err() {
-                    let _ = std::fs::remove_dir_all(&staged);
+                    staged.discard();
                 }
                 swapped
             }
             (None, written) => written,
             (Some(staged), Err(e)) => {
-                let _ = std::fs::remove_dir_all(&staged);
+                staged.discard();
                 Err(e)
             }
         })();

@@ -20,8 +20,9 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
 
+use super::archive;
 use super::archive::Limits;
-use super::local::{LatestCopies, fail, safe_name, write_atomic};
+use super::local::{LatestCopies, fail, refused, safe_name, write_atomic};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -240,7 +241,16 @@ impl HomeStore for ObjectHomeStore {
         let staging = {
             let (latest, archive, home_key) =
                 (self.latest.clone(), archive.clone(), home.home_key.clone());
-            tokio::task::spawn_blocking(move || latest.stage(&home_key, &archive))
+            // A machine that works in the latest copy itself only needs the rules checked.
+            tokio::task::spawn_blocking(move || {
+                if replace_latest {
+                    latest.stage(&home_key, &archive).map(Some)
+                } else {
+                    archive::check(&archive, latest.limits())
+                        .map(|()| None)
+                        .map_err(refused)
+                }
+            })
         };
         let sealing = {
             let (key, storage_id) = (home.data_key, home.storage_id.clone());
@@ -259,15 +269,14 @@ impl HomeStore for ObjectHomeStore {
             Err(e) => Err(fail(e)),
         };
         if let Err(e) = uploaded {
-            let _ = std::fs::remove_dir_all(&staged);
+            if let Some(staged) = &staged {
+                let _ = std::fs::remove_dir_all(staged);
+            }
             return Err(e);
         }
-        if replace_latest {
+        if let Some(staged) = staged {
             let (me, stamped) = (self.clone(), home.clone());
             blocking(move || me.make_current(&stamped, revision, &staged)).await?;
-        } else {
-            // A machine works in the latest copy itself: only the revision is stored.
-            let _ = std::fs::remove_dir_all(&staged);
         }
         if let Err(e) = self.apply_retention(home).await {
             // The new revision is stored and current; the next save retries the retention.

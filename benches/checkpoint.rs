@@ -1,7 +1,7 @@
 //! Checkpoint benchmark: pack + seal + store of a ~1 GiB workspace (~20,000 small files and a
 //! few large ones) through the local and the S3 home stores, side by side with
 //! `tar -cf - DIR | openssl enc -aes-256-ctr` in the same run, plus a checkpoint when nothing
-//! changed and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
+//! changed, one into a mounted home (docker) and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
 //! (`scripts/bench.sh checkpoint` starts moto). Run: `cargo bench --bench checkpoint`.
 
 use std::path::{Path, PathBuf};
@@ -115,15 +115,35 @@ async fn s3_store(data_dir: &Path) -> Option<ObjectHomeStore> {
     Some(ObjectHomeStore::new(bucket, data_dir, 1, Limits::default()))
 }
 
+/// What a leg's checkpoints save.
+#[derive(Clone, Copy, PartialEq)]
+enum Leg {
+    /// A file changed since the last save; the copy is restaged.
+    Changed,
+    /// The same bytes as the last save.
+    Unchanged,
+    /// A file changed, and the machine works in the copy itself (docker's mounted home): the
+    /// revision is sealed and checked, never unpacked.
+    Mounted,
+}
+
 /// Pack + save, `RUNS` times with growing revisions; the best wall time.
-async fn checkpoint(store: &dyn HomeStore, dir: &Path, rev: &mut i64) -> Result<Duration, String> {
+async fn checkpoint(
+    store: &dyn HomeStore,
+    dir: &Path,
+    rev: &mut i64,
+    leg: Leg,
+) -> Result<Duration, String> {
     let mut times = Vec::new();
     for _ in 0..RUNS {
         *rev += 1;
+        if leg != Leg::Unchanged {
+            std::fs::write(dir.join("changed.txt"), rev.to_string()).unwrap();
+        }
         let start = Instant::now();
         let tar = archive::pack(dir).unwrap();
         store
-            .save(&home(), *rev, &tar, true)
+            .save(&home(), *rev, &tar, leg != Leg::Mounted)
             .await
             .map_err(|e| e.to_string())?;
         times.push(start.elapsed());
@@ -162,13 +182,20 @@ fn main() {
 
         let local = LocalHomeStore::new(&scratch.path().join("local"), 1, Limits::default());
         let mut rev = 0;
-        let ours_local = checkpoint(&local, &dir, &mut rev).await.unwrap();
-        let local_unchanged = checkpoint(&local, &dir, &mut rev).await.unwrap();
+        let ours_local = checkpoint(&local, &dir, &mut rev, Leg::Changed)
+            .await
+            .unwrap();
+        let local_unchanged = checkpoint(&local, &dir, &mut rev, Leg::Unchanged)
+            .await
+            .unwrap();
+        let local_mounted = checkpoint(&local, &dir, &mut rev, Leg::Mounted)
+            .await
+            .unwrap();
         let s3 = match s3_store(&scratch.path().join("s3")).await {
             Some(store) => {
                 let mut rev = 0;
-                let changed = checkpoint(&store, &dir, &mut rev).await;
-                let unchanged = checkpoint(&store, &dir, &mut rev).await;
+                let changed = checkpoint(&store, &dir, &mut rev, Leg::Changed).await;
+                let unchanged = checkpoint(&store, &dir, &mut rev, Leg::Unchanged).await;
                 Some(changed.and_then(|c| unchanged.map(|u| (c, u))))
             }
             None => None,
@@ -189,6 +216,10 @@ fn main() {
         row("baseline: tar -cf - | openssl enc -aes-256-ctr", base);
         row("ours, local store: pack + seal + store", ours_local);
         row("ours, local store, nothing changed", local_unchanged);
+        row(
+            "ours, local store, mounted home (docker): pack + check + seal + store",
+            local_mounted,
+        );
         match s3 {
             Some(Err(e)) => println!("| ours, S3 store | failed: {e} | |"),
             Some(Ok((changed, unchanged))) => {

@@ -1,7 +1,9 @@
 //! Docker computers benchmark: time from a provision request to the first screenshot of a
 //! bot's desktop, and PSS memory per additional desktop inside one container. Needs a Docker
 //! engine and the computer image (`scripts/build-computer-image.sh`); runs its own supervisor
-//! on 127.0.0.1:0. Results are recorded in `BENCHMARKS-docker.md`.
+//! on 127.0.0.1:0. Both screen paths are measured: the shared X socket (direct) and the plain
+//! command path the remote providers take (capture helper and xdotool through exec). Results
+//! are recorded in `BENCHMARKS.md`.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
@@ -14,6 +16,8 @@ use rakazo_actors::provider::{ExecRequest, MachineSpec, ProviderRef, SandboxProv
 
 /// Provision-to-first-screenshot rounds.
 const ROUNDS: usize = 3;
+/// Observes timed per path.
+const OBSERVES: usize = 20;
 /// Desktops opened in one container for the memory measure.
 const DESKTOPS: usize = 4;
 
@@ -46,6 +50,55 @@ fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
         })
     });
     url
+}
+
+/// Provision → open desktop → first screenshot, `ROUNDS` times, then observe latency on one
+/// desktop (p50 and p95 of `OBSERVES`).
+async fn first_screenshots(p: &DockerProvider, path: &str) {
+    println!("\n{path}:\n");
+    println!("| round | provision ms | open desktop ms | first observe ms | total ms |");
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    let mut totals = Vec::new();
+    for round in 1..=ROUNDS {
+        let s = spec("first");
+        let bot = s.bot_id.clone().unwrap();
+        let t0 = Instant::now();
+        let m = p.provision(&s).await.expect("provision");
+        let t1 = Instant::now();
+        p.open_screen(&m, &bot).await.expect("open screen");
+        let t2 = Instant::now();
+        let frame = p.observe(&m, &bot).await.expect("observe");
+        let t3 = Instant::now();
+        assert!(frame.png.starts_with(b"\x89PNG"));
+        totals.push(t3 - t0);
+        println!(
+            "| {round} | {:.0} | {:.0} | {:.1} | **{:.0}** |",
+            ms(t1 - t0),
+            ms(t2 - t1),
+            ms(t3 - t2),
+            ms(t3 - t0)
+        );
+        if round == ROUNDS {
+            let mut times = Vec::new();
+            for _ in 0..OBSERVES {
+                let t = Instant::now();
+                p.observe(&m, &bot).await.expect("observe");
+                times.push(t.elapsed());
+            }
+            times.sort();
+            println!(
+                "observe on a live desktop: p50 {:.1} ms, p95 {:.1} ms",
+                ms(times[OBSERVES / 2]),
+                ms(times[OBSERVES * 95 / 100])
+            );
+        }
+        p.destroy(&m).await.unwrap();
+    }
+    totals.sort();
+    println!(
+        "provision → first screenshot: median {:.0} ms",
+        ms(totals[totals.len() / 2])
+    );
 }
 
 fn spec(tag: &str) -> MachineSpec {
@@ -94,43 +147,20 @@ fn main() {
     let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
     let rt = actix_rt::System::new();
     rt.block_on(async move {
-        let p = DockerProvider::new(DockerProviderConfig {
-            supervisor_url: url,
-            supervisor_token: token,
-            screen_limit: 0,
-            commands_only: false,
-        })
-        .unwrap();
+        let provider = |commands_only| {
+            DockerProvider::new(DockerProviderConfig {
+                supervisor_url: url.clone(),
+                supervisor_token: token.clone(),
+                screen_limit: 0,
+                commands_only,
+            })
+            .unwrap()
+        };
+        let p = provider(false);
         println!("docker bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
-        println!("| round | provision ms | open desktop ms | first observe ms | total ms |");
-        println!("| ---: | ---: | ---: | ---: | ---: |");
-        let mut totals = Vec::new();
-        for round in 1..=ROUNDS {
-            let s = spec("first");
-            let bot = s.bot_id.clone().unwrap();
-            let t0 = Instant::now();
-            let m = p.provision(&s).await.expect("provision");
-            let t1 = Instant::now();
-            p.open_screen(&m, &bot).await.expect("open screen");
-            let t2 = Instant::now();
-            let frame = p.observe(&m, &bot).await.expect("observe");
-            let t3 = Instant::now();
-            assert!(frame.png.starts_with(b"\x89PNG"));
-            totals.push(t3 - t0);
-            println!(
-                "| {round} | {:.0} | {:.0} | {:.1} | **{:.0}** |",
-                ms(t1 - t0),
-                ms(t2 - t1),
-                ms(t3 - t2),
-                ms(t3 - t0)
-            );
-            p.destroy(&m).await.unwrap();
+        for (path, provider) in [("direct", &p), ("command path", &provider(true))] {
+            first_screenshots(provider, path).await;
         }
-        totals.sort();
-        println!(
-            "provision → first screenshot: median {:.0} ms",
-            ms(totals[totals.len() / 2])
-        );
 
         // Memory: one container, desktops added one by one.
         let s = spec("memory");

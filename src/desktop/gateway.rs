@@ -3,9 +3,11 @@
 //!
 //! websockify's `UnixDomainSocketDirectory` plugin maps `?token=<t>` to `<dir>/<t>`, so a
 //! capability lives exactly as long as its socket: revoking removes the socket and stops its
-//! x11vnc, and a display slot that is recycled can never be reached with an old token.
-//! Tokens are handed to the caller only; they are never logged (websockify's own output, which
-//! names socket paths, goes to `/dev/null`).
+//! x11vnc, and a display slot that is recycled can never be reached with an old token. A control
+//! capability may also have a terminal server ([`super::terminal`]) on a socket of its own in
+//! the same directory; revoking the capability stops it too. Tokens are handed to the caller
+//! only; they are never logged (websockify's own output, which names socket paths, goes to
+//! `/dev/null`).
 
 use std::collections::HashMap;
 use std::fmt;

@@ -71,10 +71,18 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     (out, start.elapsed())
 }
 
-fn baseline(dir: &Path) -> Duration {
+/// `tar | openssl enc` into `out`: `/dev/null` (the baseline), or a file that is then
+/// fsynced (the same work made durable, as a checkpoint must be).
+fn baseline(dir: &Path, out: &Path) -> Duration {
+    let sync = if out == Path::new("/dev/null") {
+        String::new()
+    } else {
+        format!(" && sync '{}'", out.display())
+    };
     let script = format!(
-        "tar -cf - -C '{}' . | openssl enc -aes-256-ctr -pass pass:x -pbkdf2 > /dev/null",
-        dir.display()
+        "tar -cf - -C '{}' . | openssl enc -aes-256-ctr -pass pass:x -pbkdf2 > '{}'{sync}",
+        dir.display(),
+        out.display()
     );
     timed(|| {
         let status = std::process::Command::new("sh")
@@ -164,7 +172,9 @@ fn main() {
     rt.block_on(async {
         let scratch = tempfile::tempdir_in("/tmp").unwrap();
         // Warm the page cache, then phases on their own.
-        let base = best(|| baseline(&dir));
+        let base = best(|| baseline(&dir, Path::new("/dev/null")));
+        let durable = best(|| baseline(&dir, &scratch.path().join("baseline.enc")));
+        let _ = std::fs::remove_file(scratch.path().join("baseline.enc"));
         let (tar, pack) = timed(|| archive::pack(&dir).unwrap());
         let size = tar.len();
         let binding = seal::Binding {
@@ -214,6 +224,10 @@ fn main() {
             )
         };
         row("baseline: tar -cf - | openssl enc -aes-256-ctr", base);
+        row(
+            "durable baseline: the same into a file, then fsync (sync FILE)",
+            durable,
+        );
         row("ours, local store: pack + seal + store", ours_local);
         row("ours, local store, nothing changed", local_unchanged);
         row(

@@ -113,7 +113,7 @@ impl CommandScreen {
     pub async fn apply(&self, actions: &[Action]) -> (usize, Option<String>) {
         let mut script = format!("export {}\n", self.env());
         for (index, action) in actions.iter().enumerate() {
-            match self.command(action) {
+            match xdotool(action, self.width, self.height) {
                 Ok(cmd) => {
                     script.push_str(&format!("{cmd} || exit 1\necho {}\n", index + 1));
                 }
@@ -141,68 +141,6 @@ impl CommandScreen {
         (completed, error)
     }
 
-    /// The `xdotool` call of one action, or why it is invalid.
-    fn command(&self, action: &Action) -> Result<String, String> {
-        let point = |x: i32, y: i32| -> Result<String, String> {
-            if x < 0 || y < 0 || x as u32 >= self.width || y as u32 >= self.height {
-                return Err(format!("point ({x}, {y}) is off the screen"));
-            }
-            Ok(format!("mousemove --sync {x} {y}"))
-        };
-        Ok(match action {
-            Action::Move { x, y } => format!("xdotool {}", point(*x, *y)?),
-            Action::Click {
-                x,
-                y,
-                button,
-                double,
-            } => format!(
-                "xdotool {} click --repeat {} {}",
-                point(*x, *y)?,
-                if *double { 2 } else { 1 },
-                button_number(*button)
-            ),
-            Action::Drag {
-                from_x,
-                from_y,
-                to_x,
-                to_y,
-            } => format!(
-                "xdotool {} mousedown 1 {} mouseup 1",
-                point(*from_x, *from_y)?,
-                point(*to_x, *to_y)?
-            ),
-            Action::Scroll { x, y, dx, dy } => {
-                let mut cmd = format!("xdotool {}", point(*x, *y)?);
-                for (amount, negative, positive) in [(*dy, 4, 5), (*dx, 6, 7)] {
-                    if amount != 0 {
-                        let button = if amount < 0 { negative } else { positive };
-                        cmd.push_str(&format!(
-                            " click --repeat {} {button}",
-                            amount.unsigned_abs().min(50)
-                        ));
-                    }
-                }
-                cmd
-            }
-            Action::Type { text } => {
-                format!("xdotool type --delay 0 -- {}", shell_quote(text))
-            }
-            Action::Key { keys } => {
-                let syms = parse_combo(keys)?;
-                let combo: Vec<String> = syms.iter().map(|s| format!("0x{s:x}")).collect();
-                format!("xdotool key --clearmodifiers {}", combo.join("+"))
-            }
-            Action::Wait { ms } => {
-                let wait = Duration::from_millis(*ms);
-                if wait > MAX_WAIT {
-                    return Err(format!("wait longer than {} ms", MAX_WAIT.as_millis()));
-                }
-                format!("sleep {}", wait.as_secs_f64())
-            }
-        })
-    }
-
     /// Polls until two consecutive frames are the same or time runs out; the last frame.
     pub async fn settle(&self, settle: Settle) -> Result<Observation, DesktopError> {
         let deadline = Instant::now() + settle.timeout;
@@ -220,10 +158,123 @@ impl CommandScreen {
     }
 }
 
+/// The `xdotool` call of one action on a `width` x `height` screen, or why it is invalid.
+fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
+    let point = |x: i32, y: i32| -> Result<String, String> {
+        if x < 0 || y < 0 || x as u32 >= width || y as u32 >= height {
+            return Err(format!("point ({x}, {y}) is off the screen"));
+        }
+        Ok(format!("mousemove --sync {x} {y}"))
+    };
+    Ok(match action {
+        Action::Move { x, y } => format!("xdotool {}", point(*x, *y)?),
+        Action::Click {
+            x,
+            y,
+            button,
+            double,
+        } => format!(
+            "xdotool {} click --repeat {} {}",
+            point(*x, *y)?,
+            if *double { 2 } else { 1 },
+            button_number(*button)
+        ),
+        Action::Drag {
+            from_x,
+            from_y,
+            to_x,
+            to_y,
+        } => format!(
+            "xdotool {} mousedown 1 {} mouseup 1",
+            point(*from_x, *from_y)?,
+            point(*to_x, *to_y)?
+        ),
+        Action::Scroll { x, y, dx, dy } => {
+            let mut cmd = format!("xdotool {}", point(*x, *y)?);
+            for (amount, negative, positive) in [(*dy, 4, 5), (*dx, 6, 7)] {
+                if amount != 0 {
+                    let button = if amount < 0 { negative } else { positive };
+                    cmd.push_str(&format!(
+                        " click --repeat {} {button}",
+                        amount.unsigned_abs().min(50)
+                    ));
+                }
+            }
+            cmd
+        }
+        Action::Type { text } => {
+            format!("xdotool type --delay 0 -- {}", shell_quote(text))
+        }
+        Action::Key { keys } => {
+            let syms = parse_combo(keys)?;
+            let combo: Vec<String> = syms.iter().map(|s| format!("0x{s:x}")).collect();
+            format!("xdotool key --clearmodifiers {}", combo.join("+"))
+        }
+        Action::Wait { ms } => {
+            let wait = Duration::from_millis(*ms);
+            if wait > MAX_WAIT {
+                return Err(format!("wait longer than {} ms", MAX_WAIT.as_millis()));
+            }
+            format!("sleep {}", wait.as_secs_f64())
+        }
+    })
+}
+
 fn button_number(button: Button) -> u8 {
     match button {
         Button::Left => 1,
         Button::Middle => 2,
         Button::Right => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_become_xdotool_calls() {
+        let call = |a: Action| xdotool(&a, 1280, 800);
+        assert_eq!(
+            call(Action::Click {
+                x: 10,
+                y: 20,
+                button: Button::Right,
+                double: true
+            }),
+            Ok("xdotool mousemove --sync 10 20 click --repeat 2 3".into())
+        );
+        assert_eq!(
+            call(Action::Key {
+                keys: "ctrl+l".into()
+            }),
+            Ok("xdotool key --clearmodifiers 0xffe3+0x6c".into())
+        );
+        assert_eq!(
+            call(Action::Type {
+                text: "it's $HOME".into()
+            }),
+            Ok(format!(
+                "xdotool type --delay 0 -- {}",
+                shell_quote("it's $HOME")
+            ))
+        );
+        assert_eq!(
+            call(Action::Scroll {
+                x: 5,
+                y: 5,
+                dx: 0,
+                dy: -3
+            }),
+            Ok("xdotool mousemove --sync 5 5 click --repeat 3 4".into())
+        );
+        assert!(call(Action::Move { x: 1280, y: 0 }).is_err());
+        assert!(call(Action::Wait { ms: 60_000 }).is_err());
+        assert!(
+            call(Action::Key {
+                keys: "ctrl+nosuchkey".into()
+            })
+            .is_err()
+        );
     }
 }

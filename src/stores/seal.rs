@@ -203,8 +203,7 @@ pub fn open(key: &[u8; 32], binding: &Binding<'_>, sealed: &[u8]) -> Result<Vec<
             let (cipher, chunks) = (&cipher, &chunks);
             handles.push(scope.spawn(move || {
                 let mut at = 0;
-                for index in first..end {
-                    let chunk = chunks[index];
+                for (index, chunk) in chunks.iter().enumerate().take(end).skip(first) {
                     if chunk.len() < TAG {
                         return Some(index);
                     }

@@ -29,6 +29,17 @@ fn unique(prefix: &str) -> String {
     )
 }
 
+/// A fresh space's Team Computer.
+fn team_spec() -> MachineSpec {
+    let space = unique("space");
+    MachineSpec {
+        computer_id: unique("computer"),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    }
+}
+
 fn cmd(command: &str) -> ExecRequest {
     ExecRequest {
         command: command.into(),
@@ -324,17 +335,11 @@ async fn team_screens_through_the_plain_command_path() {
 
 /// The spec's Docker team-screens regression on one provider.
 async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
-    let space = unique("space");
-    let spec = MachineSpec {
-        computer_id: unique("computer"),
-        space_id: space.clone(),
-        bot_id: None,
-        home_key: format!("team-{space}"),
-    };
+    let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
     let c = docker_inspect(&m.0).unwrap();
-    assert_eq!(c["Name"], format!("/rakazo-team-{space}"));
+    assert_eq!(c["Name"], format!("/rakazo-team-{}", spec.space_id));
     assert_eq!(c["HostConfig"]["NetworkMode"], "none");
     assert_eq!(p.gateway_addr(&m).await.unwrap(), None);
     // No network but loopback: the outside is unreachable.
@@ -471,13 +476,7 @@ async fn a_container_removed_behind_our_back_is_machine_gone() {
     }
     let sup = TestSupervisor::start(DockerNetwork::None);
     let p = sup.provider();
-    let space = unique("space");
-    let spec = MachineSpec {
-        computer_id: unique("computer"),
-        space_id: space.clone(),
-        bot_id: None,
-        home_key: format!("team-{space}"),
-    };
+    let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
     p.open_screen(&m, "bot-a").await.unwrap();
@@ -643,13 +642,7 @@ async fn page_tools_reach_the_bots_browser_inside_the_container() {
     }
     let sup = TestSupervisor::start(DockerNetwork::None);
     let p = sup.provider();
-    let space = unique("space");
-    let spec = MachineSpec {
-        computer_id: unique("computer"),
-        space_id: space.clone(),
-        bot_id: None,
-        home_key: format!("team-{space}"),
-    };
+    let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
     start_site(&p, &m).await;

@@ -21,6 +21,12 @@ use tokio_tungstenite::tungstenite::Message;
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// The browser tests run one at a time: the docker test's computer brings up a network
+/// interface on this host, and a Chromium that sees the host's network change aborts the
+/// requests it has in flight (`net::ERR_NETWORK_CHANGED`), which would fail another test's
+/// screen for reasons of the test machine, not of the product.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Headless Chromium; killed (by its own pid) when dropped.
 struct Browser {
     child: Child,
@@ -322,6 +328,7 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     let s = TestServer::start(
         Backend::Sqlite,
         &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
@@ -620,6 +627,7 @@ async fn stopped_computer_files_in_headless_chromium() {
         eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
     let (_, bots) = s.space_with_bots(1, "team").await;
     let bot = bots[0].clone();
@@ -721,6 +729,7 @@ async fn dashboard_terminal_on_a_docker_computer() {
         eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     if !docker_support::docker_ready() {
         return;
     }

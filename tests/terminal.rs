@@ -140,3 +140,52 @@ async fn the_screen_authority_answers_over_internal_rpc() {
         Err(AuthorityError::Rejected(RejectCause::LeaseEnded))
     );
 }
+
+#[actix_rt::test]
+async fn renewing_control_keeps_it_and_its_shell_and_only_its_holder_may() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (space, bots) = s.space_with_bots(1, "team").await;
+    let bot = &bots[0];
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let fence = control["fence"].as_i64().unwrap();
+    let issued = s.ok("computer.terminalUrl", json!({ "botId": bot })).await;
+    let mut shell = TerminalClient::connect(&s.base, issued["url"].as_str().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let renewed = s
+        .ok(
+            "computer.renewControl",
+            json!({ "botId": bot, "fence": fence }),
+        )
+        .await;
+    assert_eq!(renewed["fence"], fence);
+    assert!(renewed["expiresAtMs"].as_i64() > control["expiresAtMs"].as_i64());
+    shell.send("echo still-here\r").await;
+    shell.expect("still-here\r\n", WAIT).await;
+
+    let stale = s
+        .call(
+            "computer.renewControl",
+            json!({ "botId": bot, "fence": fence + 1 }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(stale.1, "LEASE_FENCED");
+    let user = s.ok("user.create", json!({ "name": "someone" })).await;
+    s.ok(
+        "space.addMember",
+        json!({ "spaceId": space, "userId": user["id"] }),
+    )
+    .await;
+    let theirs = s
+        .call_as(
+            user["token"].as_str().unwrap(),
+            "computer.renewControl",
+            json!({ "botId": bot, "fence": fence }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((theirs.0, theirs.1.as_str()), (409, "CONTROL_HELD"));
+}

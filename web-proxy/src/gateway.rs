@@ -226,6 +226,21 @@ pub struct RevokeControl {
     pub fence: u64,
 }
 
+/// A control lease was renewed: its live control sockets (screen and terminal) stay open until
+/// the new expiry. New connections still need a capability that has not expired.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct ExtendControl {
+    /// Computer id.
+    pub computer_id: String,
+    /// Bot whose screen the lease is on.
+    pub bot_id: String,
+    /// The renewed lease's fence (only sockets of exactly this fence are extended).
+    pub fence: u64,
+    /// The new expiry, unix ms.
+    pub expires_at_ms: u64,
+}
+
 /// Forget watermarks of a destroyed computer (and close any socket still on it).
 #[derive(Message)]
 #[rtype(result = "Revoked")]
@@ -423,6 +438,27 @@ impl Handler<RevokeControl> for GatewayActor {
     }
 }
 
+impl Handler<ExtendControl> for GatewayActor {
+    type Result = usize;
+
+    fn handle(&mut self, msg: ExtendControl, _: &mut Self::Context) -> usize {
+        let mut extended = 0;
+        for entry in self.sockets.values_mut() {
+            let s = &mut entry.scope;
+            if s.policy == Policy::Control
+                && s.computer_id == msg.computer_id
+                && s.bot_id == msg.bot_id
+                && s.fence == msg.fence
+                && s.expires_at_ms < msg.expires_at_ms
+            {
+                s.expires_at_ms = msg.expires_at_ms;
+                extended += 1;
+            }
+        }
+        extended
+    }
+}
+
 impl Handler<ForgetComputer> for GatewayActor {
     type Result = ResponseFuture<Revoked>;
 
@@ -569,6 +605,38 @@ mod tests {
         assert_eq!(msg.cause, RevokeCause::Expired);
         let (late, _) = register(&gw, s).await;
         assert_eq!(late, Err(RegisterError::Expired));
+    }
+
+    #[actix_rt::test]
+    async fn a_renewed_control_lease_keeps_its_sockets_past_the_old_expiry() {
+        let gw = GatewayActor::new(Duration::from_millis(20)).start();
+        let mut renewed = scope(Policy::Control, 1, 1, 4);
+        renewed.expires_at_ms = now_ms() + 150;
+        let mut other = renewed.clone();
+        other.fence = 3;
+        let (_, mut rx) = register(&gw, renewed).await;
+        let (_, mut old) = register(&gw, other).await;
+        let extended = gw
+            .send(ExtendControl {
+                computer_id: "c1".into(),
+                bot_id: "b1".into(),
+                fence: 4,
+                expires_at_ms: now_ms() + 60_000,
+            })
+            .await
+            .unwrap();
+        assert_eq!(extended, 1);
+        // The other fence's socket expires; the renewed one stays.
+        let closed = tokio::time::timeout(Duration::from_secs(2), old.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(closed.cause, RevokeCause::Expired);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), rx.recv())
+                .await
+                .is_err()
+        );
     }
 
     #[actix_rt::test]

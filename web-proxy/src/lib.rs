@@ -54,5 +54,5 @@ pub use authority::{
     RejectCause, Target,
 };
 pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
-pub use gateway::{GatewayActor, RevokeControl, RevokeSlot};
+pub use gateway::{ExtendControl, GatewayActor, RevokeControl, RevokeSlot};
 pub use service::{ProxyConfig, ProxyState, configure};

@@ -11,6 +11,7 @@ use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 
 use crate::screens::VIEW_TTL;
+use rakazo_web_proxy::ExtendControl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -323,6 +324,50 @@ pub async fn terminal_url(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 struct ReleaseControl {
     bot_id: String,
     fence: i64,
+}
+
+/// `computer.renewControl {botId, fence}`: the person holding control keeps it (another
+/// `CONTROL_LEASE_TTL_MS` from now); its live screen and terminal sockets stay open with it.
+/// A stale fence is `LEASE_FENCED`; someone else's lease is `CONTROL_HELD`.
+pub async fn renew_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: ReleaseControl = super::params(params)?;
+    let c = of_bot(ctx, &p.bot_id).await?;
+    let key = LeaseKey::control(&c.id, &p.bot_id);
+    let live = Leases::new(ctx.db().clone()).live(&key).await?;
+    if live.is_some_and(|g| g.fence == p.fence && g.holder != ctx.caller.user_id) {
+        return Err(DomainError::code(ErrorCode::ControlHeld));
+    }
+    let grant = handle(ctx, &c)
+        .leases
+        .send(Renew {
+            key,
+            fence: p.fence,
+            ttl_ms: CONTROL_LEASE_TTL_MS,
+        })
+        .await??;
+    let extended = ctx
+        .app
+        .screens
+        .gateway()
+        .send(ExtendControl {
+            computer_id: c.id.clone(),
+            bot_id: p.bot_id.clone(),
+            fence: grant.fence.max(0) as u64,
+            expires_at_ms: grant.expires_at_ms.max(0) as u64,
+        })
+        .await
+        .unwrap_or(0);
+    tracing::debug!(event = "screen.control_renewed", sockets = extended);
+    ctx.app.runtime().events.publish(
+        &c.space_id,
+        "lease.changed",
+        json!({
+            "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
+            "holder": grant.holder, "state": "renewed", "expiresAtMs": grant.expires_at_ms,
+        }),
+    );
+    Ok(lease_json(&grant))
 }
 
 /// `computer.releaseControl {botId, fence}`.

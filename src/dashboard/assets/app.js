@@ -127,6 +127,9 @@ function onEvent({ topic, spaceId, data }) {
 
 // ---- views ---------------------------------------------------------------------------------
 
+/** How often a held control lease is renewed (it lasts 15 minutes). */
+const RENEW_CONTROL_MS = 5 * 60 * 1000;
+
 /** One bot: header with run state and control, the screen with its dock, the activity feed. */
 class BotView {
   constructor(bot) {
@@ -189,6 +192,9 @@ class BotView {
 
   renderControl() {
     const mine = this.hasControl;
+    // Control lasts 15 minutes unless renewed: renew while we hold it.
+    clearInterval(this.renewTimer);
+    this.renewTimer = mine ? setInterval(() => this.renew(), RENEW_CONTROL_MS) : null;
     this.takeBtn.hidden = mine;
     this.releaseBtn.hidden = !mine;
     this.controlBadge.textContent = mine ? "you have control" : this.holder ? "someone has control" : "";
@@ -212,6 +218,12 @@ class BotView {
     } finally {
       this.takeBtn.disabled = false;
     }
+  }
+
+  async renew() {
+    if (!this.hasControl) return;
+    try { await rpc("computer.renewControl", { botId: this.bot.id, fence: this.fence }); }
+    catch (e) { if (e.code === "LEASE_FENCED" || e.code === "CONTROL_HELD") { this.dropControl(); this.say("Control ended."); } }
   }
 
   async release() {
@@ -250,7 +262,7 @@ class BotView {
 
   onLease(d) {
     if (d.kind !== "control") return;
-    if (d.state === "granted") {
+    if (d.state === "granted" || d.state === "renewed") {
       this.holder = d.holder;
       if (d.holder !== state.userId && this.hasControl) this.dropControl();
     } else if (this.fence === null || d.fence === this.fence) {

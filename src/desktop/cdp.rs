@@ -12,6 +12,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::DesktopError;
 
+/// How long a fresh browser gets to publish its DevTools endpoint.
+const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
 /// How long one DevTools command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -36,11 +38,20 @@ pub struct Cdp {
 
 impl Cdp {
     /// Where the browser of `profile` listens: its loopback port and browser path (from the
-    /// profile's `DevToolsActivePort`).
+    /// profile's `DevToolsActivePort`, which a browser that has just started may not have
+    /// written yet: it gets a little time).
     pub async fn endpoint(profile: &Path) -> Result<(u16, String), DesktopError> {
-        let text = tokio::fs::read_to_string(profile.join("DevToolsActivePort"))
-            .await
-            .map_err(|_| err("the browser has no DevTools endpoint yet"))?;
+        let file = profile.join("DevToolsActivePort");
+        let deadline = tokio::time::Instant::now() + ENDPOINT_WAIT;
+        let text = loop {
+            match tokio::fs::read_to_string(&file).await {
+                Ok(text) if text.lines().count() >= 2 => break text,
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(err("the browser has no DevTools endpoint yet"));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
         let mut lines = text.lines();
         let port: u16 = lines
             .next()

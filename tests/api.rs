@@ -333,19 +333,10 @@ async fn bot_status_tells_a_reloaded_client_the_run_and_the_control_holder() {
     assert_eq!(again["fence"], control["fence"]);
 
     // Someone else sees who holds it, and that it is not theirs.
-    let user = s.ok("user.create", json!({ "name": "viewer" })).await;
     let space = s.ok("computer.forBot", json!({ "botId": bot })).await["spaceId"].clone();
-    s.ok(
-        "space.addMember",
-        json!({ "spaceId": space, "userId": user["id"] }),
-    )
-    .await;
+    let viewer = s.member_token(space.as_str().unwrap()).await;
     let theirs = s
-        .call_as(
-            user["token"].as_str().unwrap(),
-            "bot.status",
-            json!({ "botId": bot }),
-        )
+        .call_as(&viewer, "bot.status", json!({ "botId": bot }))
         .await
         .unwrap();
     assert_eq!(theirs["control"]["mine"], false);

@@ -101,19 +101,10 @@ async fn takeover_waits_for_the_bot(s: TestServer) {
     let control_fence = control["fence"].as_i64().unwrap();
 
     // Another person cannot take the same screen.
-    let other = s.ok("user.create", json!({ "name": "Bea" })).await;
     let space = s.ok("computer.forBot", json!({ "botId": bot })).await["spaceId"].clone();
-    s.ok(
-        "space.addMember",
-        json!({ "spaceId": space, "userId": other["id"] }),
-    )
-    .await;
+    let other = s.member_token(space.as_str().unwrap()).await;
     let err = s
-        .call_as(
-            other["token"].as_str().unwrap(),
-            "computer.takeControl",
-            json!({ "botId": bot }),
-        )
+        .call_as(&other, "computer.takeControl", json!({ "botId": bot }))
         .await
         .unwrap_err();
     assert_eq!(err.1, "CONTROL_HELD");

@@ -173,15 +173,10 @@ async fn renewing_control_keeps_it_and_its_shell_and_only_its_holder_may() {
         .await
         .unwrap_err();
     assert_eq!(stale.1, "LEASE_FENCED");
-    let user = s.ok("user.create", json!({ "name": "someone" })).await;
-    s.ok(
-        "space.addMember",
-        json!({ "spaceId": space, "userId": user["id"] }),
-    )
-    .await;
+    let someone = s.member_token(&space).await;
     let theirs = s
         .call_as(
-            user["token"].as_str().unwrap(),
+            &someone,
             "computer.renewControl",
             json!({ "botId": bot, "fence": fence }),
         )

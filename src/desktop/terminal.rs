@@ -148,14 +148,8 @@ impl Terminals {
             SERVER_SOURCE,
         )
         .await?;
-        let gw = shell_quote(&self.socket_dir.to_string_lossy());
-        let out = self
-            .runner
-            .run(&format!("mkdir -p {gw} && chmod 700 {gw}"), SCRIPT_TIMEOUT)
-            .await?;
-        if out.exit_code != 0 {
-            return Err(DesktopError::Stack("the gateway directory".into()));
-        }
+        // The socket directory is the gateway's, created when it started (the gateway starts
+        // before it opens a terminal).
         let mut env = shell.env.clone();
         env.push((TAG_VAR.into(), self.run_dir.to_string_lossy().into_owned()));
         let pid = self

@@ -135,15 +135,8 @@ impl Screens {
         fence: i64,
         expires_at_ms: i64,
     ) -> DomainResult<ScreenUrl> {
-        let (key, machine) = self
-            .key(registry, c, bot_id, policy, fence, Channel::Screen)
-            .await?;
-        if !self.routes.contains_key(&key) {
-            let provider = registry.runtime().provider()?;
-            let route = provider.open_route(&machine, bot_id, policy).await?;
-            self.routes
-                .insert(key.clone(), RouteEntry { route, machine });
-        }
+        let (key, machine) = self.key(registry, c, bot_id, policy, fence).await?;
+        self.screen_route(registry, &key, &machine).await?;
         let token = self.seal(&key, expires_at_ms)?;
         tracing::info!(event = "screen.capability_issued", computer.id = %c.id, policy = ?policy,
             generation = key.generation);
@@ -174,43 +167,22 @@ impl Screens {
                 "this computer has no browser terminal",
             ));
         }
-        let control = match self
-            .issue(
-                registry,
-                c,
-                bot_id,
-                ScreenPolicy::Control,
-                fence,
-                expires_at_ms,
-            )
-            .await
-        {
-            Ok(_) => true,
-            Err(e) if e.code == ErrorCode::Unsupported => false,
+        let (screen_key, machine) = self
+            .key(registry, c, bot_id, ScreenPolicy::Control, fence)
+            .await?;
+        // The terminal is bound to the control route, on providers that serve screens.
+        let control = match self.screen_route(registry, &screen_key, &machine).await {
+            Ok(route) => Some(route),
+            Err(e) if e.code == ErrorCode::Unsupported => None,
             Err(e) => return Err(e),
         };
-        let (key, machine) = self
-            .key(
-                registry,
-                c,
-                bot_id,
-                ScreenPolicy::Control,
-                fence,
-                Channel::Terminal,
-            )
-            .await?;
+        let key = RouteKey {
+            channel: Channel::Terminal,
+            ..screen_key
+        };
         if !self.routes.contains_key(&key) {
-            let control_route = control
-                .then(|| {
-                    let screen_key = RouteKey {
-                        channel: Channel::Screen,
-                        ..key.clone()
-                    };
-                    self.routes.get(&screen_key).map(|e| e.route.clone())
-                })
-                .flatten();
             let route = provider
-                .connect_terminal(&machine, bot_id, control_route.as_ref())
+                .connect_terminal(&machine, bot_id, control.as_ref())
                 .await?;
             self.routes
                 .insert(key.clone(), RouteEntry { route, machine });
@@ -225,7 +197,32 @@ impl Screens {
         })
     }
 
-    /// Opens the bot's screen and names the route a capability for it would reach.
+    /// The route of `key` (a screen route), opened through the provider when the book has
+    /// none.
+    async fn screen_route(
+        &self,
+        registry: &Registry,
+        key: &RouteKey,
+        machine: &ProviderRef,
+    ) -> DomainResult<ScreenRoute> {
+        if let Some(entry) = self.routes.get(key) {
+            return Ok(entry.route.clone());
+        }
+        let provider = registry.runtime().provider()?;
+        let route = provider
+            .open_route(machine, &key.bot_id, key.policy)
+            .await?;
+        self.routes.insert(
+            key.clone(),
+            RouteEntry {
+                route: route.clone(),
+                machine: machine.clone(),
+            },
+        );
+        Ok(route)
+    }
+
+    /// Opens the bot's screen and names the screen route a capability for it would reach.
     async fn key(
         &self,
         registry: &Registry,
@@ -233,7 +230,6 @@ impl Screens {
         bot_id: &str,
         policy: ScreenPolicy,
         fence: i64,
-        channel: Channel,
     ) -> DomainResult<(RouteKey, ProviderRef)> {
         let handle = registry.computer(&c.id, &c.space_id);
         let state = registry
@@ -252,7 +248,7 @@ impl Screens {
             generation: state.generation,
             policy,
             fence,
-            channel,
+            channel: Channel::Screen,
         };
         Ok((key, machine))
     }

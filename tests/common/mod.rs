@@ -162,6 +162,17 @@ impl TestServer {
         self.call_as(&self.operator_token, method, params).await
     }
 
+    /// A new user, member of `space`; returns their token.
+    pub async fn member_token(&self, space: &str) -> String {
+        let user = self.ok("user.create", json!({ "name": "member" })).await;
+        self.ok(
+            "space.addMember",
+            json!({ "spaceId": space, "userId": user["id"] }),
+        )
+        .await;
+        user["token"].as_str().unwrap().to_owned()
+    }
+
     /// A space with `n` bots of `mode`; returns (space id, bot ids).
     pub async fn space_with_bots(&self, n: usize, mode: &str) -> (String, Vec<String>) {
         let space = self.ok("space.create", json!({ "name": "Acme" })).await["id"]

@@ -338,7 +338,8 @@ async fn handle(
         Err(e) => return reject(conn, None, e.into(), json),
     };
     let websocket = is_websocket(&req);
-    let channel = match clean_tail(&tail) {
+    let tail = clean_tail(&tail);
+    let channel = match tail {
         Some("websockify") if websocket => Some(Channel::Screen),
         Some(TERMINAL_TAIL) if websocket && capability.policy == Policy::Control => {
             Some(Channel::Terminal)
@@ -347,7 +348,7 @@ async fn handle(
         Some(_) if !websocket => Some(Channel::Screen),
         _ => None,
     };
-    let (Some(channel), Some(tail)) = (channel, clean_tail(&tail)) else {
+    let (Some(channel), Some(tail)) = (channel, tail) else {
         return reject(
             conn,
             Some(capability.policy),

@@ -68,7 +68,15 @@ async fn an_older_kept_revision_can_be_restored() {
         .await
         .unwrap_err();
     assert_eq!(err.1, "LEASE_HELD", "no restore under a working bot");
-    finish(&s, &run, fence).await;
+    let unchanged = finish(&s, &run, fence).await;
+    assert_eq!(
+        (
+            unchanged["checkpoint"]["saved"].as_i64(),
+            unchanged["checkpoint"]["unchanged"].as_bool()
+        ),
+        (Some(4), Some(true)),
+        "a run that changed nothing stores no new revision"
+    );
 
     let restored = s
         .ok(
@@ -81,7 +89,7 @@ async fn an_older_kept_revision_can_be_restored() {
             restored["revision"].as_i64(),
             restored["restoredFrom"].as_i64()
         ),
-        (Some(6), Some(3))
+        (Some(5), Some(3))
     );
     let (run, fence) = s.start_run(&bots[0]).await;
     assert_eq!(

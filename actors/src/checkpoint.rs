@@ -8,14 +8,14 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sea_orm::{ActiveModelTrait, Set};
+use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
 
 use crate::clock::{new_id, now_ms};
 use crate::computers::Computers;
 use crate::entity::home_revision;
 use crate::error::DomainResult;
 use crate::leases::{LeaseKind, Leases};
-use crate::provider::ProviderRef;
+use crate::provider::{ProviderRef, WorkspaceExport};
 use crate::runtime::Runtime;
 
 /// Why a checkpoint is asked for.
@@ -50,6 +50,8 @@ impl Reason {
 pub enum Outcome {
     /// Saved as this revision.
     Saved(i64),
+    /// The workspace still matches this stored revision: nothing new was stored.
+    Unchanged(i64),
     /// Deferred until the last active bot finishes.
     Deferred,
 }
@@ -99,7 +101,7 @@ impl Handler<Checkpoint> for CheckpointActor {
                 .map(|res, act, _| {
                     match &res {
                         Ok(Outcome::Deferred) => act.pending = true,
-                        Ok(Outcome::Saved(_)) => act.pending = false,
+                        Ok(Outcome::Saved(_) | Outcome::Unchanged(_)) => act.pending = false,
                         Err(_) => {}
                     }
                     res
@@ -125,20 +127,37 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let provider = rt.provider()?;
     let computers = Computers::new(rt.db.clone());
     let row = computers.get(computer_id).await?;
-    let archive = provider.export_workspace(&msg.machine).await?;
+    let since = fingerprint_of(&rt.db, computer_id, row.revision).await?;
+    let (archive, fingerprint) = match provider
+        .export_workspace_since(&msg.machine, since.as_deref())
+        .await?
+    {
+        WorkspaceExport::Unchanged => {
+            tracing::info!(
+                event = "checkpoint.unchanged",
+                computer.id = computer_id,
+                revision = row.revision,
+                reason = msg.reason.as_str()
+            );
+            return Ok(Outcome::Unchanged(row.revision));
+        }
+        WorkspaceExport::Archive {
+            archive,
+            fingerprint,
+        } => (archive, fingerprint),
+    };
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
     let mounted = provider.describe().capabilities.mounted_home;
     rt.homes.save(&home, revision, &archive, !mounted).await?;
-    home_revision::ActiveModel {
-        id: Set(new_id()),
-        computer_id: Set(computer_id.into()),
-        home_key: Set(row.home_key.clone()),
-        revision: Set(revision),
-        size_bytes: Set(archive.len() as i64),
-        object_key: Set(Some(rt.homes.location(&home.storage_id, revision))),
-        reason: Set(msg.reason.as_str().into()),
-        created_at_ms: Set(now_ms()),
+    NewRevision {
+        computer_id,
+        home_key: &row.home_key,
+        revision,
+        size_bytes: archive.len(),
+        object_key: rt.homes.location(&home.storage_id, revision),
+        reason: msg.reason.as_str().into(),
+        fingerprint,
     }
     .insert(&rt.db)
     .await?;
@@ -151,4 +170,59 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         reason = msg.reason.as_str()
     );
     Ok(Outcome::Saved(revision))
+}
+
+/// The workspace fingerprint `revision` of the computer was exported at, if one was kept.
+async fn fingerprint_of(
+    db: &DatabaseConnection,
+    computer_id: &str,
+    revision: i64,
+) -> DomainResult<Option<String>> {
+    if revision == 0 {
+        return Ok(None);
+    }
+    Ok(home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(computer_id))
+        .filter(home_revision::Column::Revision.eq(revision))
+        .one(db)
+        .await?
+        .and_then(|r| r.fingerprint))
+}
+
+/// The row of a stored revision.
+pub struct NewRevision<'a> {
+    /// The computer.
+    pub computer_id: &'a str,
+    /// Its home key.
+    pub home_key: &'a str,
+    /// The revision number.
+    pub revision: i64,
+    /// The archive's size.
+    pub size_bytes: usize,
+    /// Where the store keeps it.
+    pub object_key: String,
+    /// What made it.
+    pub reason: String,
+    /// The workspace fingerprint it was exported at.
+    pub fingerprint: Option<String>,
+}
+
+impl NewRevision<'_> {
+    /// Records the revision.
+    pub async fn insert(self, db: &DatabaseConnection) -> DomainResult<()> {
+        home_revision::ActiveModel {
+            id: Set(new_id()),
+            computer_id: Set(self.computer_id.into()),
+            home_key: Set(self.home_key.into()),
+            revision: Set(self.revision),
+            size_bytes: Set(self.size_bytes as i64),
+            object_key: Set(Some(self.object_key)),
+            reason: Set(self.reason),
+            created_at_ms: Set(now_ms()),
+            fingerprint: Set(self.fingerprint),
+        }
+        .insert(db)
+        .await?;
+        Ok(())
+    }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::provider::{
     Action, Button, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
+    WorkspaceExport,
 };
 
 /// PNG file signature.
@@ -149,6 +150,55 @@ pub async fn workspace_moves_between_machines(p: Arc<dyn SandboxProvider>) {
     p.destroy(&b).await.unwrap();
 }
 
+/// An export since a fingerprint the provider gave is skipped while nothing changes, and
+/// never after a change, even one that keeps the file's size. A provider that gives no
+/// fingerprint always exports.
+pub async fn unchanged_workspace_is_not_exported_again(p: Arc<dyn SandboxProvider>) {
+    let m = machine(p.as_ref(), "since").await;
+    p.write_file(&m, "notes/a.txt", b"first").await.unwrap();
+    let export = |since: Option<String>| {
+        let (p, m) = (p.clone(), m.clone());
+        async move { p.export_workspace_since(&m, since.as_deref()).await.unwrap() }
+    };
+    let WorkspaceExport::Archive { fingerprint, .. } = export(None).await else {
+        panic!("an export without a fingerprint must pack");
+    };
+    // A fingerprint is withheld while a change is too recent to be sure of.
+    let fingerprint = match fingerprint {
+        Some(f) => Some(f),
+        None => {
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+            match export(None).await {
+                WorkspaceExport::Archive { fingerprint, .. } => fingerprint,
+                WorkspaceExport::Unchanged => panic!("an export without a fingerprint must pack"),
+            }
+        }
+    };
+    let Some(fingerprint) = fingerprint else {
+        p.destroy(&m).await.unwrap();
+        return;
+    };
+    assert!(matches!(
+        export(Some(fingerprint.clone())).await,
+        WorkspaceExport::Unchanged
+    ));
+    p.write_file(&m, "notes/a.txt", b"other").await.unwrap();
+    match export(Some(fingerprint.clone())).await {
+        WorkspaceExport::Archive {
+            archive,
+            fingerprint: after,
+        } => {
+            assert_ne!(after.as_deref(), Some(fingerprint.as_str()));
+            let b = machine(p.as_ref(), "since-import").await;
+            p.import_workspace(&b, &archive).await.unwrap();
+            assert_eq!(p.read_file(&b, "notes/a.txt").await.unwrap(), b"other");
+            p.destroy(&b).await.unwrap();
+        }
+        WorkspaceExport::Unchanged => panic!("a changed workspace was not exported"),
+    }
+    p.destroy(&m).await.unwrap();
+}
+
 /// Stop keeps the machine resumable; destroy makes it gone; destroying twice is fine.
 pub async fn lifecycle(p: Arc<dyn SandboxProvider>) {
     let s = spec("lifecycle");
@@ -236,7 +286,8 @@ macro_rules! conformance_suite {
     ($make:expr, gate = $gate:expr) => {
         $crate::conformance_suite!(@tests $make; $gate;
             describes_itself, exec_runs_commands, exec_times_out, files_round_trip,
-            files_refuse_escapes, workspace_moves_between_machines, lifecycle, screens,
+            files_refuse_escapes, workspace_moves_between_machines,
+            unchanged_workspace_is_not_exported_again, lifecycle, screens,
             observe_and_act);
     };
     (@tests $make:expr; $gate:expr; $($check:ident),*) => {

@@ -155,6 +155,20 @@ fn default_button() -> Button {
     Button::Left
 }
 
+/// What [`SandboxProvider::export_workspace_since`] found.
+#[derive(Debug)]
+pub enum WorkspaceExport {
+    /// The workspace still matches the fingerprint: nothing was packed.
+    Unchanged,
+    /// The workspace archive.
+    Archive {
+        /// The tar archive.
+        archive: Vec<u8>,
+        /// A fingerprint of exactly what the archive holds, when the provider can tell one.
+        fingerprint: Option<String>,
+    },
+}
+
 /// The result of an action batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActOutcome {
@@ -404,6 +418,19 @@ pub trait SandboxProvider: Send + Sync + 'static {
     ) -> ProviderResult<()>;
     /// Export the whole workspace as a tar archive of directories and regular files.
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>>;
+    /// Export the workspace unless it still matches `since`, a fingerprint that an earlier
+    /// export of this machine returned. The default always exports and returns none.
+    async fn export_workspace_since(
+        &self,
+        machine: &ProviderRef,
+        since: Option<&str>,
+    ) -> ProviderResult<WorkspaceExport> {
+        let _ = since;
+        Ok(WorkspaceExport::Archive {
+            archive: self.export_workspace(machine).await?,
+            fingerprint: None,
+        })
+    }
     /// Replace the whole workspace with a tar archive (as produced by `export_workspace`).
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()>;
 }

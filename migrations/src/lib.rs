@@ -7,6 +7,7 @@ pub use sea_orm_migration::MigratorTrait;
 use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_initial;
+mod m20261129_000002_revision_fingerprint;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -14,6 +15,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261129_000001_initial::Migration)]
+        vec![
+            Box::new(m20261129_000001_initial::Migration),
+            Box::new(m20261129_000002_revision_fingerprint::Migration),
+        ]
     }
 }

@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
-use rakazo_actors::provider::{FileEntry, ProviderError};
+use rakazo_actors::provider::{FileEntry, ProviderError, WorkspaceExport};
 
 use rakazo_actors::home_store::StoreError;
 
@@ -150,6 +150,20 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
 /// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left out).
 pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
     archive::pack(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))
+}
+
+/// Packs the home unless its fingerprint equals `since` (see [`archive::fingerprint`]); the
+/// fingerprint is taken before packing, so a change made during the pack shows next time.
+pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
+    let fingerprint = archive::fingerprint(root)
+        .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
+    if fingerprint.is_some() && fingerprint.as_deref() == since {
+        return Ok(WorkspaceExport::Unchanged);
+    }
+    Ok(WorkspaceExport::Archive {
+        archive: export(root)?,
+        fingerprint,
+    })
 }
 
 /// Replaces the home `root` (`<homes>/<home key>`) with the archive's contents: staged and

@@ -1017,43 +1017,41 @@ impl DesktopRuntime {
         let run_dir = self.config.run_dir.to_string_lossy();
         env.push(("XDG_CONFIG_HOME".into(), format!("{run_dir}/xdg-config")));
         env.push(("XDG_CACHE_HOME".into(), format!("{run_dir}/xdg-cache")));
-        let pid = self
-            .runner
-            .spawn(&SpawnSpec {
-                argv,
-                env,
-                cwd: workspace.clone(),
-                log,
-            })
-            .await?;
-        screen.browser = Some(pid);
-        let io = screen
-            .io
-            .clone()
-            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let spec = SpawnSpec {
+            argv,
+            env,
+            cwd: workspace.clone(),
+            log: log.clone(),
+        };
         let started = Instant::now();
-        loop {
-            let windows = match &io {
-                Io::X(x) => {
-                    let x2 = x.clone();
-                    tokio::task::spawn_blocking(move || {
-                        client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
-                    })
-                    .await
-                    .map_err(|e| DesktopError::X(format!("window task: {e}")))??
+        // A browser that dies before its first window (seen under heavy load) gets one more
+        // try; the error carries the last line of its log.
+        let mut attempt = 0;
+        let io = loop {
+            attempt += 1;
+            let pid = self.runner.spawn(&spec).await?;
+            screen.browser = Some(pid);
+            match self.first_window(screen, pid).await? {
+                Ok(io) => break io,
+                Err(why) if attempt < 2 && why.exited => {
+                    tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.start_retry");
+                    let _ = self.runner.stop(pid, BROWSER_STOP_GRACE).await;
+                    screen.browser = None;
+                    let _ = self
+                        .runner
+                        .run(&format!("rm -f {}", locks.join(" ")), SCRIPT_TIMEOUT)
+                        .await;
                 }
-                Io::Commands(c) => c.browser_windows().await?,
-            };
-            if windows > 0 {
-                break;
+                Err(why) => {
+                    let last = self.last_log_line(&log).await;
+                    return Err(DesktopError::Stack(if why.exited {
+                        format!("the browser exited before opening a window ({last})")
+                    } else {
+                        "the browser did not open a window in time".into()
+                    }));
+                }
             }
-            if started.elapsed() > BROWSER_WINDOW_TIMEOUT || !self.runner.is_running(pid).await? {
-                return Err(DesktopError::Stack(
-                    "the browser did not open a window".into(),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        };
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
         let quiet = Settle {
@@ -1080,6 +1078,63 @@ impl DesktopRuntime {
         tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
         Ok(())
     }
+
+    /// Waits for the browser `pid` to map its first window on the screen, returning the
+    /// screen's connection; the inner error says whether the browser exited or timed out.
+    async fn first_window(
+        &self,
+        screen: &Screen,
+        pid: u32,
+    ) -> Result<Result<Io, NoWindow>, DesktopError> {
+        let io = screen
+            .io
+            .clone()
+            .ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let started = Instant::now();
+        loop {
+            let windows = match &io {
+                Io::X(x) => {
+                    let x2 = x.clone();
+                    tokio::task::spawn_blocking(move || {
+                        client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+                    })
+                    .await
+                    .map_err(|e| DesktopError::X(format!("window task: {e}")))??
+                }
+                Io::Commands(c) => c.browser_windows().await?,
+            };
+            if windows > 0 {
+                return Ok(Ok(io));
+            }
+            if !self.runner.is_running(pid).await? {
+                return Ok(Err(NoWindow { exited: true }));
+            }
+            if started.elapsed() > BROWSER_WINDOW_TIMEOUT {
+                return Ok(Err(NoWindow { exited: false }));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last line of a log on the machine, at most 200 characters (empty when unreadable).
+    async fn last_log_line(&self, log: &str) -> String {
+        let out = self
+            .runner
+            .run(
+                &format!("tail -n 1 {} 2>/dev/null", shell_quote(log)),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        out.trim().chars().take(200).collect()
+    }
+}
+
+/// Why a browser showed no window.
+struct NoWindow {
+    /// It exited (rather than running past the deadline).
+    exited: bool,
 }
 
 /// The window manager's settings: no toolbar, no wallpaper (whose failure would pop up a

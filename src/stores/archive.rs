@@ -68,10 +68,23 @@ fn transient(rel: &[String]) -> bool {
         && rel.iter().skip(1).any(|s| TRANSIENT.contains(&s.as_str()))
 }
 
-/// Pack `root` (which must exist) into a tar archive, in a stable order.
-pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.mode(tar::HeaderMode::Deterministic);
+/// One directory or regular file of a home, as [`visit`] finds it.
+struct Found<'a> {
+    /// Its path relative to the root, `/`-separated.
+    path: &'a str,
+    /// Where it is.
+    fs_path: PathBuf,
+    /// A directory (else a regular file).
+    dir: bool,
+}
+
+/// Calls `f` for every directory and regular file under `root` that belongs in a workspace
+/// archive, parents before children, siblings in name order. Links, sockets, fifos, devices,
+/// names that are not UTF-8 and transient browser files are left out.
+fn visit(
+    root: &Path,
+    mut f: impl FnMut(Found<'_>) -> Result<(), ArchiveError>,
+) -> Result<(), ArchiveError> {
     let mut stack: Vec<(PathBuf, Vec<String>)> = vec![(root.to_path_buf(), Vec::new())];
     while let Some((dir, rel)) = stack.pop() {
         let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
@@ -86,27 +99,87 @@ pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
                 continue;
             }
             let kind = entry.file_type()?;
-            let path = child.join("/");
-            if kind.is_dir() {
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(tar::EntryType::Directory);
-                h.set_mode(0o755);
-                h.set_size(0);
-                builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
-                stack.push((entry.path(), child));
-            } else if kind.is_file() {
-                let mut file = std::fs::File::open(entry.path())?;
-                let len = file.metadata()?.len();
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(tar::EntryType::Regular);
-                h.set_mode(0o644);
-                h.set_size(len);
-                builder.append_data(&mut h, &path, (&mut file).take(len))?;
+            if !kind.is_dir() && !kind.is_file() {
+                continue;
             }
-            // Links, sockets, fifos and devices are not part of a workspace.
+            let path = child.join("/");
+            f(Found {
+                path: &path,
+                fs_path: entry.path(),
+                dir: kind.is_dir(),
+            })?;
+            if kind.is_dir() {
+                stack.push((entry.path(), child));
+            }
         }
     }
+    Ok(())
+}
+
+/// Pack `root` (which must exist) into a tar archive, in a stable order.
+pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.mode(tar::HeaderMode::Deterministic);
+    visit(root, |found| {
+        let mut h = tar::Header::new_gnu();
+        if found.dir {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_size(0);
+            builder.append_data(&mut h, format!("{}/", found.path), std::io::empty())?;
+        } else {
+            let mut file = std::fs::File::open(&found.fs_path)?;
+            let len = file.metadata()?.len();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(len);
+            builder.append_data(&mut h, found.path, (&mut file).take(len))?;
+        }
+        Ok(())
+    })?;
     Ok(builder.into_inner()?)
+}
+
+/// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
+/// clock, so a write right after the walk could leave a just-written file's times unchanged.
+const RACY_WINDOW_NS: i128 = 2_000_000_000;
+
+/// A fingerprint of what [`pack`] would put in an archive of `root`, from metadata only:
+/// every entry's path and, for files, device, inode, size, modification and change times
+/// (the change time cannot be set back by the workspace's owner). Equal fingerprints mean
+/// equal archives. `None` when an entry changed within the last two seconds, since a write
+/// in the same clock tick might not show.
+pub fn fingerprint(root: &Path) -> Result<Option<String>, ArchiveError> {
+    fingerprint_within(root, RACY_WINDOW_NS)
+}
+
+fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String>, ArchiveError> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let mut hash = sha2::Sha256::new();
+    let mut racy = false;
+    visit(root, |found| {
+        if found.dir {
+            hash.update(format!("d {}\n", found.path));
+            return Ok(());
+        }
+        let m = std::fs::symlink_metadata(&found.fs_path)?;
+        let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
+        let (mtime, ctime) = (nanos(m.mtime(), m.mtime_nsec()), nanos(m.ctime(), m.ctime_nsec()));
+        racy |= started - mtime.max(ctime) < racy_window_ns;
+        hash.update(format!(
+            "f {} {} {} {} {mtime} {ctime}\n",
+            found.path,
+            m.dev(),
+            m.ino(),
+            m.len()
+        ));
+        Ok(())
+    })?;
+    Ok((!racy).then(|| hex::encode(hash.finalize())))
 }
 
 /// Unpack `archive` into `dest`, which must not exist yet; on any refusal `dest` is removed.
@@ -199,4 +272,32 @@ fn walk(archive: &[u8], dest: Option<&Path>, limits: Limits) -> Result<(), Archi
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_follow_what_a_pack_would_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("notes")).unwrap();
+        std::fs::create_dir_all(root.join(".browser-profiles/b1/Cache")).unwrap();
+        std::fs::write(root.join("notes/a.txt"), b"first").unwrap();
+        let print = || fingerprint_within(root, 0).unwrap().unwrap();
+        let first = print();
+        assert_eq!(print(), first, "nothing changed");
+        // A transient browser file is not part of a workspace.
+        std::fs::write(root.join(".browser-profiles/b1/Cache/x"), b"junk").unwrap();
+        assert_eq!(print(), first);
+        // Same size, new bytes: the times show it.
+        std::fs::write(root.join("notes/a.txt"), b"other").unwrap();
+        let second = print();
+        assert_ne!(second, first);
+        std::fs::create_dir(root.join("empty")).unwrap();
+        assert_ne!(print(), second, "a new directory is part of the archive");
+        // Just written: too recent to vouch for.
+        assert_eq!(fingerprint(root).unwrap(), None);
+    }
 }

@@ -23,6 +23,8 @@ pub struct Model {
     pub reason: String,
     /// Creation time.
     pub created_at_ms: i64,
+    /// The workspace fingerprint the revision was exported at, when the provider gave one.
+    pub fingerprint: Option<String>,
 }
 
 /// No declared relations: queries join explicitly.

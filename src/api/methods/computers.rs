@@ -214,6 +214,7 @@ pub async fn checkpoint_after_run(h: &ComputerHandle, bot_id: &str) -> DomainRes
         .await??;
     Ok(match outcome {
         Some(Outcome::Saved(revision)) => json!({ "saved": revision }),
+        Some(Outcome::Unchanged(revision)) => json!({ "saved": revision, "unchanged": true }),
         Some(Outcome::Deferred) => json!({ "deferred": true }),
         None => Value::Null,
     })

@@ -1,7 +1,8 @@
 //! Workspace revisions: list the kept ones, restore one, delete a computer with its stored
 //! workspace.
 
-use rakazo_actors::clock::{new_id, now_ms};
+use rakazo_actors::checkpoint::NewRevision;
+use rakazo_actors::clock::new_id;
 use rakazo_actors::computer::{Call, CurrentMachine, Op};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::entity::{computer, home_revision};
@@ -9,7 +10,7 @@ use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder, Set,
+    ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -111,15 +112,14 @@ async fn restore_reserved(
     rt.homes
         .save(&home, new_revision, &archive, !mounted)
         .await?;
-    home_revision::ActiveModel {
-        id: Set(new_id()),
-        computer_id: Set(c.id.clone()),
-        home_key: Set(c.home_key.clone()),
-        revision: Set(new_revision),
-        size_bytes: Set(archive.len() as i64),
-        object_key: Set(Some(rt.homes.location(&home.storage_id, new_revision))),
-        reason: Set(format!("restore:{revision}")),
-        created_at_ms: Set(now_ms()),
+    NewRevision {
+        computer_id: &c.id,
+        home_key: &c.home_key,
+        revision: new_revision,
+        size_bytes: archive.len(),
+        object_key: rt.homes.location(&home.storage_id, new_revision),
+        reason: format!("restore:{revision}"),
+        fingerprint: None,
     }
     .insert(ctx.db())
     .await?;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest, WorkspaceExport,
     FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
     ScreenInfo, ScreenPolicy, ScreenRoute,
 };
@@ -558,6 +558,21 @@ impl SandboxProvider for DockerProvider {
         let home = Self::home(&m)?;
         m.runtime
             .with_browsers_quiesced(blocking(move || files::export(&home)))
+            .await?
+    }
+
+    async fn export_workspace_since(
+        &self,
+        machine: &ProviderRef,
+        since: Option<&str>,
+    ) -> ProviderResult<WorkspaceExport> {
+        let m = self.machine(machine).await?;
+        let home = Self::home(&m)?;
+        let since = since.map(str::to_owned);
+        m.runtime
+            .with_browsers_quiesced(blocking(move || {
+                files::export_since(&home, since.as_deref())
+            }))
             .await?
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame, WorkspaceExport,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
     ScreenRoute,
 };
@@ -404,6 +404,24 @@ impl SandboxProvider for FakeProvider {
 
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
         self.with(machine, |m| m.files.export())
+    }
+
+    async fn export_workspace_since(
+        &self,
+        machine: &ProviderRef,
+        since: Option<&str>,
+    ) -> ProviderResult<WorkspaceExport> {
+        use sha2::Digest as _;
+        // The emulated tree has no file times: its fingerprint is the archive's digest.
+        let archive = self.export_workspace(machine).await?;
+        let fingerprint = hex::encode(sha2::Sha256::digest(&archive));
+        if since == Some(fingerprint.as_str()) {
+            return Ok(WorkspaceExport::Unchanged);
+        }
+        Ok(WorkspaceExport::Archive {
+            archive,
+            fingerprint: Some(fingerprint),
+        })
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

@@ -158,7 +158,11 @@ pub async fn unchanged_workspace_is_not_exported_again(p: Arc<dyn SandboxProvide
     p.write_file(&m, "notes/a.txt", b"first").await.unwrap();
     let export = |since: Option<String>| {
         let (p, m) = (p.clone(), m.clone());
-        async move { p.export_workspace_since(&m, since.as_deref()).await.unwrap() }
+        async move {
+            p.export_workspace_since(&m, since.as_deref())
+                .await
+                .unwrap()
+        }
     };
     let WorkspaceExport::Archive { fingerprint, .. } = export(None).await else {
         panic!("an export without a fingerprint must pack");

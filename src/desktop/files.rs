@@ -155,8 +155,8 @@ pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
 /// Packs the home unless its fingerprint equals `since` (see [`archive::fingerprint`]); the
 /// fingerprint is taken before packing, so a change made during the pack shows next time.
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
-    let fingerprint = archive::fingerprint(root)
-        .map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
+    let fingerprint =
+        archive::fingerprint(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
     if fingerprint.is_some() && fingerprint.as_deref() == since {
         return Ok(WorkspaceExport::Unchanged);
     }

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest, WorkspaceExport,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
     FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute,
+    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 

@@ -168,7 +168,10 @@ fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String
         }
         let m = std::fs::symlink_metadata(&found.fs_path)?;
         let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
-        let (mtime, ctime) = (nanos(m.mtime(), m.mtime_nsec()), nanos(m.ctime(), m.ctime_nsec()));
+        let (mtime, ctime) = (
+            nanos(m.mtime(), m.mtime_nsec()),
+            nanos(m.ctime(), m.ctime_nsec()),
+        );
         racy |= started - mtime.max(ctime) < racy_window_ns;
         hash.update(format!(
             "f {} {} {} {} {mtime} {ctime}\n",
@@ -185,25 +188,66 @@ fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String
 /// Unpack `archive` into `dest`, which must not exist yet; on any refusal `dest` is removed.
 pub fn unpack(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), ArchiveError> {
     std::fs::create_dir(dest)?;
-    let outcome = unpack_into(archive, dest, limits);
+    let outcome = walk(archive, Some(dest), limits, None);
     if outcome.is_err() {
         let _ = std::fs::remove_dir_all(dest);
     }
     outcome
 }
 
+/// Like [`unpack`], but a file whose bytes equal the file at the same path under `reuse` (a
+/// copy that only its store writes to) is hard-linked from there instead of written.
+pub fn unpack_reusing(
+    archive: &[u8],
+    dest: &Path,
+    limits: Limits,
+    reuse: &Path,
+) -> Result<(), ArchiveError> {
+    std::fs::create_dir(dest)?;
+    let outcome = walk(archive, Some(dest), limits, Some(reuse));
+    if outcome.is_err() {
+        let _ = std::fs::remove_dir_all(dest);
+    }
+    outcome
+}
+
+/// Whether the regular file at `path` holds exactly `data`.
+fn holds(path: &Path, data: &[u8]) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !meta.is_file() || meta.len() != data.len() as u64 {
+        return false;
+    }
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut buf = vec![0u8; (1 << 20).min(data.len().max(1))];
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = rest.len().min(buf.len());
+        if file.read_exact(&mut buf[..n]).is_err() || buf[..n] != rest[..n] {
+            return false;
+        }
+        rest = &rest[n..];
+    }
+    true
+}
+
 /// Check `archive` against every restore rule without writing anything: what [`unpack`]
 /// would refuse, this refuses too (for an archive that is sealed but not unpacked here).
 pub fn check(archive: &[u8], limits: Limits) -> Result<(), ArchiveError> {
-    walk(archive, None, limits)
+    walk(archive, None, limits, None)
 }
 
-fn unpack_into(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), ArchiveError> {
-    walk(archive, Some(dest), limits)
-}
-
-/// Reads every entry under the restore rules, writing it below `dest` when given.
-fn walk(archive: &[u8], dest: Option<&Path>, limits: Limits) -> Result<(), ArchiveError> {
+/// Reads every entry under the restore rules, writing it below `dest` when given (linking
+/// identical files from `reuse` when given).
+fn walk(
+    archive: &[u8],
+    dest: Option<&Path>,
+    limits: Limits,
+    reuse: Option<&Path>,
+) -> Result<(), ArchiveError> {
     let refuse = |why: String| ArchiveError::Refused(why);
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
@@ -245,11 +289,25 @@ fn walk(archive: &[u8], dest: Option<&Path>, limits: Limits) -> Result<(), Archi
                 if !seen.insert(rel.join("/")) {
                     return Err(refuse(format!("{raw:?} appears twice")));
                 }
-                let copied = match &target {
-                    Some(target) => {
-                        if let Some(parent) = target.parent() {
-                            std::fs::create_dir_all(parent)?;
-                        }
+                // The same bytes in the reused copy: linked, not written.
+                let start = entry.raw_file_position() as usize;
+                let reusable = reuse
+                    .map(|r| rel.iter().fold(r.to_path_buf(), |p, s| p.join(s)))
+                    .filter(|same| {
+                        target.is_some()
+                            && archive
+                                .get(start..start.saturating_add(size as usize))
+                                .is_some_and(|data| holds(same, data))
+                    });
+                if let Some(parent) = target.as_deref().and_then(Path::parent) {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let copied = match (&target, reusable) {
+                    (Some(target), Some(same)) => {
+                        std::fs::hard_link(same, target)?;
+                        size
+                    }
+                    (Some(target), None) => {
                         let mut file = std::fs::OpenOptions::new()
                             .write(true)
                             .create_new(true)
@@ -258,7 +316,7 @@ fn walk(archive: &[u8], dest: Option<&Path>, limits: Limits) -> Result<(), Archi
                         file.flush()?;
                         copied
                     }
-                    None => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,
+                    (None, _) => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,
                 };
                 if copied != size {
                     return Err(refuse(format!("{raw:?} is truncated")));
@@ -299,5 +357,50 @@ mod tests {
         assert_ne!(print(), second, "a new directory is part of the archive");
         // Just written: too recent to vouch for.
         assert_eq!(fingerprint(root).unwrap(), None);
+    }
+
+    #[test]
+    fn a_reusing_unpack_links_only_identical_files() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/same.txt"), b"same").unwrap();
+        std::fs::write(src.join("d/edited.txt"), b"old!").unwrap();
+        let old = dir.path().join("old");
+        unpack(&pack(&src).unwrap(), &old, Limits::default()).unwrap();
+        std::fs::write(src.join("d/edited.txt"), b"new!").unwrap();
+        std::fs::write(src.join("d/added.txt"), b"added").unwrap();
+        let new = dir.path().join("new");
+        unpack_reusing(&pack(&src).unwrap(), &new, Limits::default(), &old).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(ino(&new.join("d/same.txt")), ino(&old.join("d/same.txt")));
+        assert_ne!(
+            ino(&new.join("d/edited.txt")),
+            ino(&old.join("d/edited.txt"))
+        );
+        assert_eq!(std::fs::read(new.join("d/edited.txt")).unwrap(), b"new!");
+        assert_eq!(std::fs::read(old.join("d/edited.txt")).unwrap(), b"old!");
+        assert_eq!(std::fs::read(new.join("d/added.txt")).unwrap(), b"added");
+        // A refused archive still refuses, and leaves nothing staged.
+        let mut hostile = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(4);
+        h.set_path("d/same.txt").unwrap();
+        h.set_cksum();
+        hostile.append(&h, &b"same"[..]).unwrap();
+        hostile.append(&h, &b"same"[..]).unwrap();
+        let refused = dir.path().join("refused");
+        assert!(matches!(
+            unpack_reusing(
+                &hostile.into_inner().unwrap(),
+                &refused,
+                Limits::default(),
+                &old
+            ),
+            Err(ArchiveError::Refused(_))
+        ));
+        assert!(!refused.exists());
     }
 }

@@ -143,6 +143,22 @@ impl LatestCopies {
 
     /// Unpack `archive` into a staging directory (enforcing every restore rule).
     pub fn stage(&self, home_key: &str, archive: &[u8]) -> Result<PathBuf, StoreError> {
+        self.stage_with(home_key, archive, false)
+    }
+
+    /// Like [`Self::stage`], but files whose bytes the latest copy already holds are
+    /// hard-linked from it. Only for copies no machine writes to (the store is their only
+    /// writer, and it never writes into a file in place).
+    pub fn stage_reusing(&self, home_key: &str, archive: &[u8]) -> Result<PathBuf, StoreError> {
+        self.stage_with(home_key, archive, true)
+    }
+
+    fn stage_with(
+        &self,
+        home_key: &str,
+        archive: &[u8],
+        reuse: bool,
+    ) -> Result<PathBuf, StoreError> {
         std::fs::create_dir_all(&self.homes).map_err(fail)?;
         self.recover(home_key)?;
         let staged = self.homes.join(format!(
@@ -150,7 +166,13 @@ impl LatestCopies {
             safe_name(home_key)?,
             uuid::Uuid::new_v4().simple()
         ));
-        archive::unpack(archive, &staged, self.limits).map_err(refused)?;
+        let current = self.path(home_key)?;
+        if reuse && current.is_dir() {
+            archive::unpack_reusing(archive, &staged, self.limits, &current)
+        } else {
+            archive::unpack(archive, &staged, self.limits)
+        }
+        .map_err(refused)?;
         Ok(staged)
     }
 
@@ -173,7 +195,7 @@ impl LatestCopies {
             return Ok(Staged { dir: None, digest });
         }
         Ok(Staged {
-            dir: Some(self.stage(home_key, archive)?),
+            dir: Some(self.stage_reusing(home_key, archive)?),
             digest,
         })
     }

@@ -244,7 +244,7 @@ impl HomeStore for ObjectHomeStore {
             // A machine that works in the latest copy itself only needs the rules checked.
             tokio::task::spawn_blocking(move || {
                 if replace_latest {
-                    latest.stage(&home_key, &archive).map(Some)
+                    latest.stage_reusing(&home_key, &archive).map(Some)
                 } else {
                     archive::check(&archive, latest.limits())
                         .map(|()| None)

@@ -9,9 +9,7 @@ use rakazo_actors::entity::{computer, home_revision};
 use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
-use sea_orm::{
-    ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder,
-};
+use sea_orm::{ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame, WorkspaceExport,
+    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenRoute,
+    ScreenRoute, WorkspaceExport,
 };
 
 use crate::providers::workspace_path::normalize;

@@ -25,7 +25,7 @@ pub fn default_image() -> String {
         .chain_update(PACKAGES.as_bytes())
         .chain_update(SETUP.as_bytes())
         .finalize();
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(digest);
     format!("{REPOSITORY}:{}", &hex[..16])
 }
 
@@ -149,10 +149,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/computer-image");
         let mut joined = std::fs::read(root.join("packages.txt")).unwrap();
         joined.extend(std::fs::read(root.join("setup.sh")).unwrap());
-        let hex: String = Sha256::digest(&joined)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = hex::encode(Sha256::digest(&joined));
         assert_eq!(tag, &hex[..16]);
     }
 

@@ -9,19 +9,9 @@ use crate::auth::write_private;
 use crate::config::Secret;
 
 fn parse_hex(s: &str) -> Option<KeyBytes> {
-    let s = s.trim();
-    if s.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
+    hex::decode_to_slice(s.trim(), &mut out).ok()?;
     Some(out)
-}
-
-fn to_hex(key: &KeyBytes) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The configured key, or the one kept in `data_dir/file`, or a new one saved there.
@@ -40,10 +30,25 @@ pub fn load_or_create(
             .ok_or_else(|| format!("{} is not a 64-hex-character key", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = random_key();
-            write_private(&path, &to_hex(&key))
+            write_private(&path, &hex::encode(key))
                 .map_err(|e| format!("write {}: {e}", path.display()))?;
             Ok(key)
         }
         Err(e) => Err(format!("read {}: {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_only_from_64_hex_characters() {
+        let key = hex::encode([7u8; 32]);
+        assert_eq!(parse_hex(&format!(" {key}\n")), Some([7u8; 32]));
+        assert_eq!(parse_hex(&key[..62]), None);
+        assert_eq!(parse_hex(&"zz".repeat(32)), None);
+        // 64 bytes, but not 64 characters: refused, never a panic.
+        assert_eq!(parse_hex(&"é".repeat(32)), None);
     }
 }

@@ -105,7 +105,7 @@ pub async fn install_program(
 ) -> Result<PathBuf, DesktopError> {
     use sha2::Digest as _;
     let hash = sha2::Sha256::digest(source.as_bytes());
-    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&hash[..8]);
     let path = dir.join(format!("{name}-{hex}.py"));
     let q = shell_quote(&path.to_string_lossy());
     let script = format!(

@@ -14,7 +14,7 @@ use rakazo_actors::provider::{FileEntry, ProviderError, WorkspaceExport};
 
 use rakazo_actors::home_store::StoreError;
 
-use crate::stores::archive::{self, Limits};
+use crate::stores::archive::{self, ArchiveError, Limits};
 use crate::stores::local::LatestCopies;
 
 /// Largest file `read_file` returns.
@@ -155,14 +155,14 @@ pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
 /// Packs the home unless its fingerprint equals `since` (see [`archive::fingerprint`]); the
 /// fingerprint is taken before packing, so a change made during the pack shows next time.
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
-    let fingerprint =
-        archive::fingerprint(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))?;
-    if fingerprint.is_some() && fingerprint.as_deref() == since {
+    let failed = |e: ArchiveError| ProviderError::Failed(format!("export: {e}"));
+    let found = archive::fingerprint(root).map_err(failed)?;
+    if found.digest.is_some() && found.digest.as_deref() == since {
         return Ok(WorkspaceExport::Unchanged);
     }
     Ok(WorkspaceExport::Archive {
-        archive: export(root)?,
-        fingerprint,
+        archive: archive::pack_sized(root, found.archive_bytes).map_err(failed)?,
+        fingerprint: found.digest,
     })
 }
 

@@ -152,11 +152,7 @@ impl DesktopProvider {
 /// A short, stable directory name for a machine (12 hex characters of a SHA-256).
 fn short_name(machine: &str) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(machine.as_bytes())
-        .iter()
-        .take(6)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&Sha256::digest(machine.as_bytes())[..6])
 }
 
 async fn blocking<T: Send + 'static>(

@@ -118,7 +118,13 @@ fn visit(
 
 /// Pack `root` (which must exist) into a tar archive, in a stable order.
 pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
-    let mut builder = tar::Builder::new(Vec::new());
+    pack_sized(root, 0)
+}
+
+/// [`pack`] into a buffer made for `expected` bytes (a [`Fingerprint`]'s estimate), so a large
+/// archive is not copied over and over as its buffer grows.
+pub fn pack_sized(root: &Path, expected: u64) -> Result<Vec<u8>, ArchiveError> {
+    let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize));
     builder.mode(tar::HeaderMode::Deterministic);
     visit(root, |found| {
         let mut h = tar::Header::new_gnu();
@@ -144,16 +150,36 @@ pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
 /// clock, so a write right after the walk could leave a just-written file's times unchanged.
 const RACY_WINDOW_NS: i128 = 2_000_000_000;
 
+/// What [`fingerprint`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The digest, or `None` when an entry changed too recently to vouch for.
+    pub digest: Option<String>,
+    /// About how many bytes [`pack`] would make of the same tree (never fewer).
+    pub archive_bytes: u64,
+}
+
+/// The tar bytes of one entry: its header, a long-name entry for a long path, its data
+/// padded to whole blocks.
+fn tar_bytes(path: &str, size: u64) -> u64 {
+    let long_name = if path.len() >= 100 {
+        512 + (path.len() as u64 + 1).div_ceil(512) * 512
+    } else {
+        0
+    };
+    512 + long_name + size.div_ceil(512) * 512
+}
+
 /// A fingerprint of what [`pack`] would put in an archive of `root`, from metadata only:
 /// every entry's path and, for files, device, inode, size, modification and change times
-/// (the change time cannot be set back by the workspace's owner). Equal fingerprints mean
-/// equal archives. `None` when an entry changed within the last two seconds, since a write
-/// in the same clock tick might not show.
-pub fn fingerprint(root: &Path) -> Result<Option<String>, ArchiveError> {
+/// (the change time cannot be set back by the workspace's owner). Equal digests mean equal
+/// archives. No digest when an entry changed within the last two seconds, since a write in
+/// the same clock tick might not show.
+pub fn fingerprint(root: &Path) -> Result<Fingerprint, ArchiveError> {
     fingerprint_within(root, RACY_WINDOW_NS)
 }
 
-fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String>, ArchiveError> {
+fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Fingerprint, ArchiveError> {
     use sha2::Digest as _;
     use std::os::unix::fs::MetadataExt as _;
     let started = std::time::SystemTime::now()
@@ -161,9 +187,12 @@ fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String
         .map_or(0, |d| d.as_nanos() as i128);
     let mut hash = sha2::Sha256::new();
     let mut racy = false;
+    // The two zero blocks that end an archive.
+    let mut archive_bytes = 1024;
     visit(root, |found| {
         if found.dir {
             hash.update(format!("d {}\n", found.path));
+            archive_bytes += tar_bytes(&format!("{}/", found.path), 0);
             return Ok(());
         }
         let m = std::fs::symlink_metadata(&found.fs_path)?;
@@ -173,6 +202,7 @@ fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String
             nanos(m.ctime(), m.ctime_nsec()),
         );
         racy |= started - mtime.max(ctime) < racy_window_ns;
+        archive_bytes += tar_bytes(found.path, m.len());
         hash.update(format!(
             "f {} {} {} {} {mtime} {ctime}\n",
             found.path,
@@ -182,7 +212,10 @@ fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Option<String
         ));
         Ok(())
     })?;
-    Ok((!racy).then(|| hex::encode(hash.finalize())))
+    Ok(Fingerprint {
+        digest: (!racy).then(|| hex::encode(hash.finalize())),
+        archive_bytes,
+    })
 }
 
 /// Unpack `archive` into `dest`, which must not exist yet; on any refusal `dest` is removed.
@@ -343,7 +376,7 @@ mod tests {
         std::fs::create_dir_all(root.join("notes")).unwrap();
         std::fs::create_dir_all(root.join(".browser-profiles/b1/Cache")).unwrap();
         std::fs::write(root.join("notes/a.txt"), b"first").unwrap();
-        let print = || fingerprint_within(root, 0).unwrap().unwrap();
+        let print = || fingerprint_within(root, 0).unwrap().digest.unwrap();
         let first = print();
         assert_eq!(print(), first, "nothing changed");
         // A transient browser file is not part of a workspace.
@@ -356,7 +389,13 @@ mod tests {
         std::fs::create_dir(root.join("empty")).unwrap();
         assert_ne!(print(), second, "a new directory is part of the archive");
         // Just written: too recent to vouch for.
-        assert_eq!(fingerprint(root).unwrap(), None);
+        assert_eq!(fingerprint(root).unwrap().digest, None);
+        let size = pack(root).unwrap().len() as u64;
+        let estimate = fingerprint(root).unwrap().archive_bytes;
+        assert!(
+            estimate >= size && estimate < size + 10 * 1024,
+            "{estimate} for {size}"
+        );
     }
 
     #[test]

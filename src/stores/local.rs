@@ -46,14 +46,14 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 
 /// Write `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    use std::io::Write;
     write_atomic_with(path, |file| file.write_all(bytes))
 }
 
-/// Write `path` atomically with what `fill` writes (through a buffer) to a temporary file.
+/// Write `path` atomically with what `fill` writes (through a buffer) to a temporary file,
+/// flushed to the disk as it grows.
 pub fn write_atomic_with(
     path: &Path,
-    fill: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<(), StoreError> {
     use std::io::Write;
     let dir = path.parent().ok_or_else(|| fail("no parent directory"))?;
@@ -64,10 +64,13 @@ pub fn write_atomic_with(
         uuid::Uuid::new_v4().simple()
     ));
     let written = (|| {
-        let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
-        fill(&mut file)?;
-        file.flush()?;
-        file.get_ref().sync_all()
+        let file = std::fs::File::create(&tmp)?;
+        let mut out =
+            std::io::BufWriter::with_capacity(1 << 20, Writeback::new(file.try_clone()?)?);
+        fill(&mut out)?;
+        out.flush()?;
+        out.into_inner().map_err(|e| e.into_error())?.finish()?;
+        file.sync_all()
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -75,6 +78,76 @@ pub fn write_atomic_with(
     }
     std::fs::rename(&tmp, path).map_err(fail)?;
     sync_dir(dir)
+}
+
+/// How much a [`Writeback`] lets pile up in the page cache before it flushes.
+const WRITEBACK_EVERY: u64 = 32 << 20;
+
+/// A file writer that flushes what it wrote so far to the disk on a second thread every
+/// [`WRITEBACK_EVERY`] bytes, so the disk works while the writer goes on and the final fsync
+/// has only the tail left (the page cache would otherwise hold it all until then).
+struct Writeback {
+    file: std::fs::File,
+    pending: u64,
+    flush: Option<std::sync::mpsc::SyncSender<()>>,
+    flusher: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Writeback {
+    fn new(file: std::fs::File) -> std::io::Result<Self> {
+        let disk = file.try_clone()?;
+        let (flush, asks) = std::sync::mpsc::sync_channel::<()>(1);
+        let flusher = std::thread::spawn(move || {
+            for () in asks {
+                disk.sync_data()?;
+            }
+            Ok(())
+        });
+        Ok(Self {
+            file,
+            pending: 0,
+            flush: Some(flush),
+            flusher: Some(flusher),
+        })
+    }
+
+    /// Stops the flusher, reporting a failed flush.
+    fn finish(mut self) -> std::io::Result<()> {
+        self.flush = None;
+        match self.flusher.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(flushed)) => flushed,
+            Some(Err(_)) => Err(std::io::Error::other("the flusher panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::io::Write for Writeback {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.pending += n as u64;
+        if self.pending >= WRITEBACK_EVERY
+            && let Some(flush) = &self.flush
+        {
+            // A flush still running covers this too: no queue of them.
+            let _ = flush.try_send(());
+            self.pending = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        self.flush = None;
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+    }
 }
 
 /// A refused archive is `Rejected`; an I/O failure is `Failed`.
@@ -186,10 +259,7 @@ impl LatestCopies {
     /// Only for copies no machine writes to (the store is their only writer).
     pub fn stage_changed(&self, home_key: &str, archive: &[u8]) -> Result<Staged, StoreError> {
         use sha2::Digest as _;
-        let digest: String = sha2::Sha256::digest(archive)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = hex::encode(sha2::Sha256::digest(archive));
         let stamp = std::fs::read_to_string(self.digest_stamp(home_key)?).unwrap_or_default();
         if stamp == digest && self.path(home_key)?.is_dir() {
             return Ok(Staged { dir: None, digest });
@@ -267,6 +337,20 @@ impl Staged {
     fn discard(&self) {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Removes expired revisions (`.trash-*`) from a revision directory, those a crash left too.
+fn empty_trash(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".trash-")
+            && std::fs::remove_file(entry.path()).is_err()
+        {
+            tracing::debug!(event = "home.trash_left");
         }
     }
 }
@@ -374,8 +458,17 @@ impl LocalHomeStore {
             return outcome;
         }
         let revs = Self::list(&dir)?;
-        for old in revs.iter().take(revs.len().saturating_sub(self.keep)) {
-            std::fs::remove_file(dir.join(format!("{old}.sealed"))).map_err(fail)?;
+        let expired = revs.len().saturating_sub(self.keep);
+        for old in &revs[..expired] {
+            // Out of the revision list at once; its blocks are freed off the caller's path.
+            std::fs::rename(
+                dir.join(format!("{old}.sealed")),
+                dir.join(format!(".trash-{old}.{}", uuid::Uuid::new_v4().simple())),
+            )
+            .map_err(fail)?;
+        }
+        if expired > 0 {
+            std::thread::spawn(move || empty_trash(&dir));
         }
         Ok(())
     }

@@ -94,7 +94,7 @@ pub fn seal_to(
     key: &[u8; 32],
     binding: &Binding<'_>,
     plain: &[u8],
-    out: &mut impl std::io::Write,
+    out: &mut (impl std::io::Write + ?Sized),
 ) -> std::io::Result<()> {
     let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
     let mut prefix = [0u8; 4];
@@ -112,14 +112,18 @@ pub fn seal_to(
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, segments.div_ceil(BATCH_SEGMENTS));
-    let mut buffers: Vec<Vec<u8>> = (0..workers)
-        .map(|_| vec![0u8; BATCH_SEGMENTS * (SEGMENT + TAG)])
-        .collect();
+    let round = workers * BATCH_SEGMENTS;
+    // Two sets of batch buffers: while the workers seal one round into one set, this thread
+    // writes the round before from the other.
+    let batch = || vec![0u8; BATCH_SEGMENTS * (SEGMENT + TAG)];
+    let mut sealing: Vec<Vec<u8>> = (0..workers).map(|_| batch()).collect();
+    let mut writing: Vec<Vec<u8>> = (0..workers).map(|_| batch()).collect();
+    let mut written_lens: Vec<usize> = Vec::new();
     let mut first = 0;
     while first < segments {
         let mut lens = vec![0usize; workers];
-        std::thread::scope(|scope| {
-            for ((w, buf), len) in buffers.iter_mut().enumerate().zip(lens.iter_mut()) {
+        let wrote = std::thread::scope(|scope| {
+            for ((w, buf), len) in sealing.iter_mut().enumerate().zip(lens.iter_mut()) {
                 let start = first + w * BATCH_SEGMENTS;
                 if start >= segments {
                     break;
@@ -128,11 +132,24 @@ pub fn seal_to(
                 let job = &job;
                 scope.spawn(move || *len = job.seal_range(start, end, buf));
             }
+            write_batches(out, &writing, &written_lens)
         });
-        for (buf, len) in buffers.iter().zip(&lens) {
-            out.write_all(&buf[..*len])?;
-        }
-        first += workers * BATCH_SEGMENTS;
+        wrote?;
+        std::mem::swap(&mut sealing, &mut writing);
+        written_lens = lens;
+        first += round;
+    }
+    write_batches(out, &writing, &written_lens)
+}
+
+/// Writes the sealed batches of one round, in order.
+fn write_batches(
+    out: &mut (impl std::io::Write + ?Sized),
+    buffers: &[Vec<u8>],
+    lens: &[usize],
+) -> std::io::Result<()> {
+    for (buf, len) in buffers.iter().zip(lens) {
+        out.write_all(&buf[..*len])?;
     }
     Ok(())
 }

@@ -165,7 +165,7 @@ impl Engine {
     /// Short, so that `<dir>/X<n>` stays within a unix socket path's 108 bytes.
     fn x11_dir(&self, name: &str) -> PathBuf {
         let digest = Sha256::digest(name.as_bytes());
-        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&digest[..8]);
         self.settings.data_dir.join("run").join("x11").join(hex)
     }
 

@@ -23,10 +23,7 @@ struct RunMemory {
 
 /// A frame's digest (hex SHA-256 of its PNG).
 pub fn digest(png: &[u8]) -> String {
-    Sha256::digest(png)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(png))
 }
 
 impl Economy {

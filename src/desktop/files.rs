@@ -17,6 +17,8 @@ use rakazo_actors::home_store::StoreError;
 use crate::stores::archive::{self, ArchiveError, Limits};
 use crate::stores::local::LatestCopies;
 
+use super::runtime::DesktopRuntime;
+
 /// Largest file `read_file` returns.
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 
@@ -150,6 +152,27 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
 /// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left out).
 pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
     archive::pack(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))
+}
+
+/// Runs file work off the async executor.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
+) -> Result<T, ProviderError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
+}
+
+/// [`export_since`] of a machine's home with the runtime's browsers quiesced.
+pub(crate) async fn export_quiesced(
+    runtime: &DesktopRuntime,
+    home: PathBuf,
+    since: Option<&str>,
+) -> Result<WorkspaceExport, ProviderError> {
+    let since = since.map(str::to_owned);
+    runtime
+        .with_browsers_quiesced(blocking(move || export_since(&home, since.as_deref())))
+        .await?
 }
 
 /// Packs the home unless its fingerprint equals `since` (see [`archive::fingerprint`]); the

@@ -19,6 +19,7 @@ use rakazo_actors::provider::{
 use tokio::sync::Mutex;
 
 use super::command::{HostRunner, minimal_env};
+use super::files::blocking;
 use super::gateway::free_local_port;
 use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
@@ -153,14 +154,6 @@ impl DesktopProvider {
 fn short_name(machine: &str) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(&Sha256::digest(machine.as_bytes())[..6])
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ProviderResult<T> + Send + 'static,
-) -> ProviderResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
 }
 
 #[async_trait]
@@ -364,13 +357,7 @@ impl SandboxProvider for DesktopProvider {
         since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
         let m = self.machine(machine).await?;
-        let home = m.home.clone();
-        let since = since.map(str::to_owned);
-        m.runtime
-            .with_browsers_quiesced(blocking(move || {
-                files::export_since(&home, since.as_deref())
-            }))
-            .await?
+        files::export_quiesced(&m.runtime, m.home.clone(), since).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

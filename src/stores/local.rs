@@ -496,7 +496,7 @@ impl LocalHomeStore {
 }
 
 /// Run blocking store work off the async executor.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(f).await.map_err(fail)?

@@ -22,7 +22,7 @@ use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
 
 use super::archive;
 use super::archive::Limits;
-use super::local::{LatestCopies, fail, refused, safe_name, write_atomic};
+use super::local::{LatestCopies, blocking, fail, refused, safe_name, write_atomic};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -65,13 +65,6 @@ fn key(storage_id: &str, revision: i64) -> Result<Path, StoreError> {
 
 fn prefix(storage_id: &str) -> Result<Path, StoreError> {
     Ok(Path::from(format!("{HOMES}/{}", safe_name(storage_id)?)))
-}
-
-/// Run blocking work off the async executor.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.map_err(fail)?
 }
 
 impl ObjectHomeStore {

@@ -39,6 +39,7 @@ use crate::desktop::DesktopError;
 use crate::desktop::browser::profile_dir;
 use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
+use crate::desktop::files::blocking;
 use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::terminal::ShellSpec;
@@ -229,14 +230,6 @@ impl DockerProvider {
         env.extend(request.env.iter().cloned());
         env
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ProviderResult<T> + Send + 'static,
-) -> ProviderResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
 }
 
 /// Gives `path` and its parents up to `home` to the computer's user, so the container can
@@ -567,13 +560,7 @@ impl SandboxProvider for DockerProvider {
         since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
         let m = self.machine(machine).await?;
-        let home = Self::home(&m)?;
-        let since = since.map(str::to_owned);
-        m.runtime
-            .with_browsers_quiesced(blocking(move || {
-                files::export_since(&home, since.as_deref())
-            }))
-            .await?
+        files::export_quiesced(&m.runtime, Self::home(&m)?, since).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
 
 use super::archive::{self, ArchiveError, Limits};
+use super::durable::{sync_dir, write_atomic, write_atomic_with};
 use super::seal::{self, Binding};
 
 /// Test hook: the environment variable naming a point where the process aborts, to prove
@@ -36,118 +37,6 @@ pub(crate) fn safe_name(s: &str) -> Result<&str, StoreError> {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     ok.then_some(s)
         .ok_or_else(|| StoreError::Failed("invalid home key or storage id".into()))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(fail)
-}
-
-/// Write `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    write_atomic_with(path, |file| file.write_all(bytes))
-}
-
-/// Write `path` atomically with what `fill` writes (through a buffer) to a temporary file,
-/// flushed to the disk as it grows.
-pub fn write_atomic_with(
-    path: &Path,
-    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> Result<(), StoreError> {
-    use std::io::Write;
-    let dir = path.parent().ok_or_else(|| fail("no parent directory"))?;
-    std::fs::create_dir_all(dir).map_err(fail)?;
-    let tmp = dir.join(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let written = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut out =
-            std::io::BufWriter::with_capacity(1 << 20, Writeback::new(file.try_clone()?)?);
-        fill(&mut out)?;
-        out.flush()?;
-        out.into_inner().map_err(|e| e.into_error())?.finish()?;
-        file.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(e));
-    }
-    std::fs::rename(&tmp, path).map_err(fail)?;
-    sync_dir(dir)
-}
-
-/// How much a [`Writeback`] lets pile up in the page cache before it flushes.
-const WRITEBACK_EVERY: u64 = 32 << 20;
-
-/// A file writer that flushes what it wrote so far to the disk on a second thread every
-/// [`WRITEBACK_EVERY`] bytes, so the disk works while the writer goes on and the final fsync
-/// has only the tail left (the page cache would otherwise hold it all until then).
-struct Writeback {
-    file: std::fs::File,
-    pending: u64,
-    flush: Option<std::sync::mpsc::SyncSender<()>>,
-    flusher: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-}
-
-impl Writeback {
-    fn new(file: std::fs::File) -> std::io::Result<Self> {
-        let disk = file.try_clone()?;
-        let (flush, asks) = std::sync::mpsc::sync_channel::<()>(1);
-        let flusher = std::thread::spawn(move || {
-            for () in asks {
-                disk.sync_data()?;
-            }
-            Ok(())
-        });
-        Ok(Self {
-            file,
-            pending: 0,
-            flush: Some(flush),
-            flusher: Some(flusher),
-        })
-    }
-
-    /// Stops the flusher, reporting a failed flush.
-    fn finish(mut self) -> std::io::Result<()> {
-        self.flush = None;
-        match self.flusher.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(flushed)) => flushed,
-            Some(Err(_)) => Err(std::io::Error::other("the flusher panicked")),
-            None => Ok(()),
-        }
-    }
-}
-
-impl std::io::Write for Writeback {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.write(buf)?;
-        self.pending += n as u64;
-        if self.pending >= WRITEBACK_EVERY
-            && let Some(flush) = &self.flush
-        {
-            // A flush still running covers this too: no queue of them.
-            let _ = flush.try_send(());
-            self.pending = 0;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.file.flush()
-    }
-}
-
-impl Drop for Writeback {
-    fn drop(&mut self) {
-        self.flush = None;
-        if let Some(flusher) = self.flusher.take() {
-            let _ = flusher.join();
-        }
-    }
 }
 
 /// A refused archive is `Rejected`; an I/O failure is `Failed`.

@@ -22,7 +22,8 @@ use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
 
 use super::archive;
 use super::archive::Limits;
-use super::local::{LatestCopies, blocking, fail, refused, safe_name, write_atomic};
+use super::durable::write_atomic;
+use super::local::{LatestCopies, blocking, fail, refused, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.

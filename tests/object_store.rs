@@ -162,6 +162,20 @@ async fn large_archives_upload_in_parts() {
     let tar = archive::pack(src.path()).unwrap();
     fx.store.save(&h, 1, &tar, true).await.unwrap();
     assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
+
+    // Parts go up while the archive is still being checked: a large archive refused at its
+    // last entry leaves no object behind, and the stored revision stays.
+    let mut hostile = archive::pack(src.path()).unwrap();
+    hostile.truncate(hostile.len() - 1024);
+    raw_entry(&mut hostile, "escape", tar::EntryType::Symlink, "/etc", b"");
+    hostile.extend_from_slice(&[0u8; 1024]);
+    assert!(matches!(
+        fx.store.save(&h, 2, &hostile, true).await,
+        Err(StoreError::Rejected(_))
+    ));
+    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/multipart/1"]);
+    assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
+    assert_clean(&fx);
 }
 
 #[tokio::test]

@@ -3,7 +3,8 @@
 //! `DATA_DIR/homes/<home key>` as a cache.
 //!
 //! Saving unpacks the archive into a staging directory (enforcing every restore rule) while
-//! another thread seals it, uploads the sealed object (multipart above [`PART`]), swaps the
+//! another thread seals it and hands the sealed parts to the upload as it goes (multipart
+//! above [`PART`]; the upload completes only once the archive passed every rule), swaps the
 //! staged copy in, then deletes objects older than the kept revisions. A refused archive or a
 //! failed upload leaves the bucket's revisions and the latest copy as they were. Loading
 //! verifies the whole object before anything local changes, then brings the cache up to the
@@ -32,6 +33,87 @@ pub const PART: usize = 16 << 20;
 const PARTS_IN_FLIGHT: usize = 4;
 /// The prefix every stored revision lives under.
 const HOMES: &str = "homes";
+
+/// A sealed object on its way to the bucket, not yet visible there.
+enum Upload {
+    /// The sealing thread sent nothing (it failed first).
+    Nothing,
+    /// A small object, put whole on completion.
+    Single(Bytes),
+    /// A multipart upload with every part sent.
+    Multipart(WriteMultipart),
+}
+
+impl Upload {
+    /// Makes the object visible.
+    async fn complete(self, bucket: &dyn ObjectStore, path: &Path) -> Result<(), StoreError> {
+        match self {
+            Self::Nothing => Err(fail("nothing was sealed")),
+            Self::Single(bytes) => bucket
+                .put(path, PutPayload::from(bytes))
+                .await
+                .map(drop)
+                .map_err(|e| bucket_error("put", e)),
+            Self::Multipart(writer) => writer
+                .finish()
+                .await
+                .map(drop)
+                .map_err(|e| bucket_error("finish upload", e)),
+        }
+    }
+
+    /// Drops what was uploaded.
+    async fn abort(self) {
+        if let Self::Multipart(writer) = self {
+            let _ = writer.abort().await;
+        }
+    }
+}
+
+/// The sealing thread's writer: sealed bytes in parts of [`PART`], sent to the uploader.
+struct Parts {
+    to_upload: tokio::sync::mpsc::Sender<Bytes>,
+    part: Vec<u8>,
+}
+
+impl Parts {
+    fn new(to_upload: tokio::sync::mpsc::Sender<Bytes>) -> Self {
+        Self {
+            to_upload,
+            part: Vec::with_capacity(PART),
+        }
+    }
+
+    fn send(&mut self) -> std::io::Result<()> {
+        let part = std::mem::replace(&mut self.part, Vec::with_capacity(PART));
+        self.to_upload
+            .blocking_send(Bytes::from(part))
+            .map_err(|_| std::io::Error::other("the upload stopped"))
+    }
+
+    /// Sends the last part.
+    fn finish(mut self) -> std::io::Result<()> {
+        if self.part.is_empty() {
+            return Ok(());
+        }
+        self.send()
+    }
+}
+
+impl std::io::Write for Parts {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = (PART - self.part.len()).min(data.len());
+        self.part.extend_from_slice(&data[..n]);
+        if self.part.len() == PART {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Sealed revisions in a bucket plus the latest unpacked copy (cheap to clone).
 #[derive(Clone)]
@@ -143,36 +225,39 @@ impl ObjectHomeStore {
         outcome
     }
 
-    /// Upload a sealed object, in parts when it is large.
-    async fn upload(&self, path: &Path, sealed: Bytes) -> Result<(), StoreError> {
-        if sealed.len() <= PART {
-            self.bucket
-                .put(path, PutPayload::from(sealed))
-                .await
-                .map_err(|e| bucket_error("put", e))?;
-            return Ok(());
-        }
+    /// Uploads the parts the sealing thread sends, until it stops sending: one part is kept
+    /// for a single put, more start a multipart upload. Nothing is completed here.
+    async fn upload_parts(
+        &self,
+        path: &Path,
+        mut parts: tokio::sync::mpsc::Receiver<Bytes>,
+    ) -> Result<Upload, StoreError> {
+        let Some(first) = parts.recv().await else {
+            return Ok(Upload::Nothing);
+        };
+        let Some(second) = parts.recv().await else {
+            return Ok(Upload::Single(first));
+        };
         let upload = self
             .bucket
             .put_multipart(path)
             .await
             .map_err(|e| bucket_error("start upload", e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
-        let mut offset = 0;
-        while offset < sealed.len() {
+        let mut next = Some(first);
+        let mut after = Some(second);
+        while let Some(part) = next {
             if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
                 let _ = writer.abort().await;
                 return Err(bucket_error("upload part", e));
             }
-            let end = (offset + PART).min(sealed.len());
-            writer.put(sealed.slice(offset..end));
-            offset = end;
+            writer.put(part);
+            next = match after.take() {
+                Some(part) => Some(part),
+                None => parts.recv().await,
+            };
         }
-        writer
-            .finish()
-            .await
-            .map_err(|e| bucket_error("finish upload", e))?;
-        Ok(())
+        Ok(Upload::Multipart(writer))
     }
 
     /// Every object key under `prefix`.
@@ -246,6 +331,9 @@ impl HomeStore for ObjectHomeStore {
                 }
             })
         };
+        // Sealing streams parts to the uploader as it goes; the upload is completed only
+        // once the archive passed every rule and sealing finished.
+        let (parts, sealed_parts) = tokio::sync::mpsc::channel(PARTS_IN_FLIGHT);
         let sealing = {
             let (key, storage_id) = (home.data_key, home.storage_id.clone());
             tokio::task::spawn_blocking(move || {
@@ -253,15 +341,30 @@ impl HomeStore for ObjectHomeStore {
                     storage_id: &storage_id,
                     revision,
                 };
-                Bytes::from(seal::seal(&key, &binding, &archive))
+                let mut out = Parts::new(parts);
+                seal::seal_to(&key, &binding, &archive, &mut out)?;
+                out.finish()
             })
         };
-        // A refused archive returns here; the sealing thread's result is dropped.
-        let staged = staging.await.map_err(fail)??;
-        let uploaded = match sealing.await {
-            Ok(sealed) => self.upload(&path, sealed).await,
-            Err(e) => Err(fail(e)),
+        let (staged, sealed, upload) =
+            tokio::join!(staging, sealing, self.upload_parts(&path, sealed_parts));
+        let staged = staged.map_err(fail).and_then(|r| r);
+        let sealed = sealed.map_err(fail).and_then(|r| r.map_err(fail));
+        let uploaded = match (&staged, sealed, upload) {
+            (Ok(_), Ok(()), Ok(upload)) => upload.complete(&*self.bucket, &path).await,
+            (_, Err(e), Ok(upload)) => {
+                upload.abort().await;
+                Err(e)
+            }
+            // Refused: the refusal is returned below.
+            (Err(_), Ok(()), Ok(upload)) => {
+                upload.abort().await;
+                Ok(())
+            }
+            (_, _, Err(e)) => Err(e),
         };
+        // A refused archive is refused whatever the upload did.
+        let staged = staged?;
         if let Err(e) = uploaded {
             if let Some(staged) = &staged {
                 let _ = std::fs::remove_dir_all(staged);

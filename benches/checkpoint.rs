@@ -3,16 +3,23 @@
 //! `tar -cf - DIR | openssl enc -aes-256-ctr` in the same run, plus a checkpoint when nothing
 //! changed (recently, so exported again; and with the fingerprint holding, so skipped), one into
 //! a mounted home (docker) and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
-//! (`scripts/bench.sh checkpoint` starts moto). Run: `cargo bench --bench checkpoint`.
+//! (`scripts/bench.sh checkpoint` starts moto); `RAKAZO_BENCH_S3_BUCKET` names an existing bucket
+//! for servers that refuse unsigned bucket creation, `RAKAZO_BENCH_S3_SERVER` its name in the
+//! table; the S3 floor (the same size put through the same client) runs beside our S3 leg.
+//! Run: `cargo bench --bench checkpoint`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 
 use rakazo::config::{ObjectStorage, Secret};
 use rakazo::desktop::files;
 use rakazo::stores::archive::{self, Limits};
 use rakazo::stores::local::{LatestCopies, LocalHomeStore};
-use rakazo::stores::object::ObjectHomeStore;
+use rakazo::stores::object::{self, ObjectHomeStore};
 use rakazo::stores::{bucket, seal};
 use rakazo_actors::home_store::{HomeId, HomeStore};
 use rakazo_actors::provider::WorkspaceExport;
@@ -105,16 +112,23 @@ fn home() -> HomeId {
     }
 }
 
-async fn s3_store(data_dir: &Path) -> Option<ObjectHomeStore> {
+async fn s3_store(data_dir: &Path) -> Option<(ObjectHomeStore, Arc<dyn ObjectStore>)> {
     let endpoint = std::env::var("RAKAZO_TEST_S3_ENDPOINT").ok()?;
-    let name = format!("rakazo-bench-{}", uuid::Uuid::new_v4().simple());
-    reqwest::Client::new()
-        .put(format!("{endpoint}/{name}"))
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    // A server that wants signed bucket requests gets its bucket made beforehand.
+    let name = match std::env::var("RAKAZO_BENCH_S3_BUCKET") {
+        Ok(existing) => existing,
+        Err(_) => {
+            let name = format!("rakazo-bench-{}", uuid::Uuid::new_v4().simple());
+            reqwest::Client::new()
+                .put(format!("{endpoint}/{name}"))
+                .send()
+                .await
+                .unwrap()
+                .error_for_status()
+                .unwrap();
+            name
+        }
+    };
     let cfg = ObjectStorage {
         bucket: name,
         endpoint: Some(endpoint),
@@ -123,7 +137,31 @@ async fn s3_store(data_dir: &Path) -> Option<ObjectHomeStore> {
         secret_access_key: Some(Secret("bench".into())),
     };
     let bucket = bucket::open(&cfg).unwrap();
-    Some(ObjectHomeStore::new(bucket, data_dir, 1, Limits::default()))
+    Some((
+        ObjectHomeStore::new(bucket.clone(), data_dir, 1, Limits::default()),
+        bucket,
+    ))
+}
+
+/// The S3 floor: `bytes` random-free bytes put through the same client, in the store's part
+/// size with four parts in flight, with nothing packed or sealed.
+async fn upload_floor(bucket: &Arc<dyn ObjectStore>, bytes: usize) -> Duration {
+    let data = Bytes::from(vec![7u8; bytes]);
+    let mut times = Vec::new();
+    for run in 0..RUNS {
+        let start = Instant::now();
+        let path = object_store::path::Path::from(format!("floor/{run}"));
+        let upload = bucket.put_multipart(&path).await.unwrap();
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, object::PART);
+        for part in data.chunks(object::PART) {
+            writer.wait_for_capacity(4).await.unwrap();
+            writer.put(data.slice_ref(part));
+        }
+        writer.finish().await.unwrap();
+        times.push(start.elapsed());
+        bucket.delete(&path).await.unwrap();
+    }
+    times.into_iter().min().unwrap()
 }
 
 /// What a leg's checkpoints save.
@@ -227,13 +265,15 @@ fn main() {
         let local_unchanged = run_leg(&local, Leg::Unchanged).await.unwrap();
         let local_mounted = run_leg(&local, Leg::Mounted).await.unwrap();
         let s3 = match s3_store(&scratch.path().join("s3")).await {
-            Some(store) => {
+            Some((store, bucket)) => {
+                let floor = upload_floor(&bucket, size).await;
                 let changed = run_leg(&store, Leg::Changed).await;
                 let recent = run_leg(&store, Leg::Recent).await;
-                Some(changed.and_then(|c| recent.map(|u| (c, u))))
+                Some(changed.and_then(|c| recent.map(|u| (floor, c, u))))
             }
             None => None,
         };
+        let server = std::env::var("RAKAZO_BENCH_S3_SERVER").unwrap_or("moto".into());
 
         let gib = size as f64 / f64::from(1 << 30);
         println!("workspace: {WORKSPACE} ({SMALL_FILES} small files + {LARGE_FILES} large, archive {gib:.2} GiB)");
@@ -267,8 +307,15 @@ fn main() {
         );
         match s3 {
             Some(Err(e)) => println!("| ours, S3 store | failed: {e} | |"),
-            Some(Ok((changed, recent))) => {
-                row("ours, S3 store (moto on loopback): pack + seal + store", changed);
+            Some(Ok((floor, changed, recent))) => {
+                row(
+                    &format!("S3 floor ({server} on loopback): the same size put, nothing else"),
+                    floor,
+                );
+                row(
+                    &format!("ours, S3 store ({server}): pack + seal + store"),
+                    changed,
+                );
                 row("ours, S3 store, nothing changed within 2 s", recent);
             }
             None => println!("| ours, S3 store | skipped: RAKAZO_TEST_S3_ENDPOINT unset | |"),

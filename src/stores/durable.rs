@@ -35,8 +35,7 @@ pub fn write_atomic_with(
     ));
     let written = (|| {
         let file = std::fs::File::create(&tmp)?;
-        let mut out =
-            std::io::BufWriter::with_capacity(1 << 20, Writeback::new(file.try_clone()?)?);
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, Writeback::new(file.try_clone()?));
         fill(&mut out)?;
         out.flush()?;
         out.into_inner().map_err(|e| e.into_error())?.finish()?;
@@ -64,21 +63,33 @@ struct Writeback {
 }
 
 impl Writeback {
-    fn new(file: std::fs::File) -> std::io::Result<Self> {
-        let disk = file.try_clone()?;
-        let (flush, asks) = std::sync::mpsc::sync_channel::<()>(1);
-        let flusher = std::thread::spawn(move || {
-            for () in asks {
-                disk.sync_data()?;
-            }
-            Ok(())
-        });
-        Ok(Self {
+    fn new(file: std::fs::File) -> Self {
+        Self {
             file,
             pending: 0,
-            flush: Some(flush),
-            flusher: Some(flusher),
-        })
+            flush: None,
+            flusher: None,
+        }
+    }
+
+    /// Asks the flusher (started on the first ask: small files never need one) to flush.
+    fn ask_flush(&mut self) -> std::io::Result<()> {
+        if self.flusher.is_none() {
+            let disk = self.file.try_clone()?;
+            let (flush, asks) = std::sync::mpsc::sync_channel::<()>(1);
+            self.flusher = Some(std::thread::spawn(move || {
+                for () in asks {
+                    disk.sync_data()?;
+                }
+                Ok(())
+            }));
+            self.flush = Some(flush);
+        }
+        if let Some(flush) = &self.flush {
+            // A flush still running covers this too: no queue of them.
+            let _ = flush.try_send(());
+        }
+        Ok(())
     }
 
     /// Stops the flusher, reporting a failed flush.
@@ -96,11 +107,8 @@ impl std::io::Write for Writeback {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.pending += n as u64;
-        if self.pending >= WRITEBACK_EVERY
-            && let Some(flush) = &self.flush
-        {
-            // A flush still running covers this too: no queue of them.
-            let _ = flush.try_send(());
+        if self.pending >= WRITEBACK_EVERY {
+            self.ask_flush()?;
             self.pending = 0;
         }
         Ok(n)

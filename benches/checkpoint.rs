@@ -205,7 +205,7 @@ async fn checkpoint(
             } => {
                 *rev += 1;
                 store
-                    .save(&home(), *rev, &archive, leg != Leg::Mounted)
+                    .save(&home(), *rev, archive, leg != Leg::Mounted)
                     .await
                     .map_err(|e| e.to_string())?;
                 *since = fingerprint;

@@ -70,7 +70,7 @@ async fn revisions_round_trip_and_only_the_last_ones_are_kept() {
         let archive = Tar::new()
             .file("notes.txt", format!("rev {rev}").as_bytes())
             .bytes();
-        s.save(&h, rev, &archive, true).await.unwrap();
+        s.save(&h, rev, archive.clone(), true).await.unwrap();
     }
     assert_eq!(s.revisions(&h).await.unwrap(), vec![3, 4, 5]);
     assert_eq!(s.load(&h, 2).await, Err(StoreError::NotFound));
@@ -96,7 +96,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     };
     let s = store(dir.path(), limits);
     let h = home("team-b");
-    s.save(&h, 1, &Tar::new().file("keep.txt", b"good").bytes(), true)
+    s.save(&h, 1, Tar::new().file("keep.txt", b"good").bytes(), true)
         .await
         .unwrap();
     let many = (0..11).fold(Tar::new(), |t, i| t.file(&format!("f{i}"), b"x"));
@@ -151,7 +151,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     for (what, archive) in cases {
         // Refused whether the copy is to be swapped in or only sealed (a mounted home).
         for replace_latest in [true, false] {
-            let outcome = s.save(&h, 2, &archive, replace_latest).await;
+            let outcome = s.save(&h, 2, archive.clone(), replace_latest).await;
             assert!(
                 matches!(outcome, Err(StoreError::Rejected(_))),
                 "{what} (replace_latest {replace_latest}): {outcome:?}"
@@ -186,9 +186,9 @@ async fn a_tampered_stored_revision_is_refused() {
     let (a, b) = (home("a"), home("b"));
     let big: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
     let archive = Tar::new().file("data.bin", &big).bytes();
-    s.save(&a, 1, &archive, true).await.unwrap();
-    s.save(&a, 2, &archive, true).await.unwrap();
-    s.save(&b, 1, &archive, true).await.unwrap();
+    s.save(&a, 1, archive.clone(), true).await.unwrap();
+    s.save(&a, 2, archive.clone(), true).await.unwrap();
+    s.save(&b, 1, archive.clone(), true).await.unwrap();
     let path = |h: &str, rev: i64| {
         dir.path()
             .join(format!("home-revisions/storage-{h}/{rev}.sealed"))
@@ -274,7 +274,7 @@ async fn crash_child() {
         .file("a.txt", b"new a")
         .file("b.txt", b"new b")
         .bytes();
-    let _ = s.save(&home("crash"), 2, &archive, true).await;
+    let _ = s.save(&home("crash"), 2, archive.clone(), true).await;
 }
 
 #[actix_rt::test]
@@ -286,7 +286,7 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
             .file("a.txt", b"old a")
             .file("only-old.txt", b"old")
             .bytes();
-        s.save(&home("crash"), 1, &old, true).await.unwrap();
+        s.save(&home("crash"), 1, old.clone(), true).await.unwrap();
         let status = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env("RAKAZO_CRASH_CHILD_DIR", dir.path())
@@ -304,7 +304,7 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
         );
         // And the next save succeeds normally.
         let new = Tar::new().file("a.txt", b"new a").bytes();
-        s.save(&home("crash"), 2, &new, true).await.unwrap();
+        s.save(&home("crash"), 2, new.clone(), true).await.unwrap();
         assert_eq!(read(&latest.join("a.txt")), "new a");
     }
 }
@@ -316,21 +316,21 @@ async fn an_unchanged_workspace_is_sealed_again_but_not_restaged() {
     let s = store(dir.path(), Limits::default());
     let h = home("team-u");
     let first = Tar::new().file("notes/a.txt", b"same").bytes();
-    s.save(&h, 1, &first, true).await.unwrap();
+    s.save(&h, 1, first.clone(), true).await.unwrap();
     let latest = s.latest().path("team-u").unwrap();
     let inode = std::fs::metadata(&latest).unwrap().ino();
     // The same bytes again: a new sealed revision, the same unpacked copy.
-    s.save(&h, 2, &first, true).await.unwrap();
+    s.save(&h, 2, first.clone(), true).await.unwrap();
     assert_eq!(s.revisions(&h).await.unwrap(), vec![1, 2]);
     assert_eq!(std::fs::metadata(&latest).unwrap().ino(), inode);
     assert_eq!(read(&latest.join("notes/a.txt")), "same");
     // Changed bytes are staged and swapped in as before.
     let second = Tar::new().file("notes/a.txt", b"changed").bytes();
-    s.save(&h, 3, &second, true).await.unwrap();
+    s.save(&h, 3, second.clone(), true).await.unwrap();
     assert_ne!(std::fs::metadata(&latest).unwrap().ino(), inode);
     assert_eq!(read(&latest.join("notes/a.txt")), "changed");
     // A copy that went missing is restaged even for the same bytes.
     std::fs::remove_dir_all(&latest).unwrap();
-    s.save(&h, 4, &second, true).await.unwrap();
+    s.save(&h, 4, second.clone(), true).await.unwrap();
     assert_eq!(read(&latest.join("notes/a.txt")), "changed");
 }

@@ -130,7 +130,7 @@ async fn save_then_load_round_trips_and_caches_the_latest_copy() {
     };
     let h = home("round-trip");
     let tar = workspace("hello");
-    fx.store.save(&h, 1, &tar, true).await.unwrap();
+    fx.store.save(&h, 1, tar.clone(), true).await.unwrap();
     assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
     assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
     assert_eq!(notes(&fx, &h), "hello");
@@ -160,7 +160,7 @@ async fn large_archives_upload_in_parts() {
         .collect();
     std::fs::write(src.path().join("big.bin"), &big).unwrap();
     let tar = archive::pack(src.path()).unwrap();
-    fx.store.save(&h, 1, &tar, true).await.unwrap();
+    fx.store.save(&h, 1, tar.clone(), true).await.unwrap();
     assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
 
     // Parts go up while the archive is still being checked: a large archive refused at its
@@ -170,7 +170,7 @@ async fn large_archives_upload_in_parts() {
     raw_entry(&mut hostile, "escape", tar::EntryType::Symlink, "/etc", b"");
     hostile.extend_from_slice(&[0u8; 1024]);
     assert!(matches!(
-        fx.store.save(&h, 2, &hostile, true).await,
+        fx.store.save(&h, 2, hostile.clone(), true).await,
         Err(StoreError::Rejected(_))
     ));
     assert_eq!(object_keys(&fx.bucket).await, vec!["homes/multipart/1"]);
@@ -186,7 +186,7 @@ async fn retention_deletes_objects_past_keep_and_older_kept_revisions_restore() 
     let h = home("retention");
     for rev in 1..=4 {
         fx.store
-            .save(&h, rev, &workspace(&format!("rev {rev}")), true)
+            .save(&h, rev, workspace(&format!("rev {rev}")), true)
             .await
             .unwrap();
     }
@@ -237,10 +237,7 @@ async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
         return;
     };
     let h = home("hostile");
-    fx.store
-        .save(&h, 1, &workspace("good"), true)
-        .await
-        .unwrap();
+    fx.store.save(&h, 1, workspace("good"), true).await.unwrap();
     let file = tar::EntryType::Regular;
     let many: Vec<String> = (0..9).map(|i| format!("f{i}")).collect();
     let many_entries: Vec<(&str, tar::EntryType, &str, &[u8])> = many
@@ -279,7 +276,7 @@ async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
         ("too many entries", raw_tar(&many_entries)),
     ];
     for (case, tar) in cases {
-        let err = fx.store.save(&h, 2, &tar, true).await;
+        let err = fx.store.save(&h, 2, tar.clone(), true).await;
         assert!(
             matches!(err, Err(StoreError::Rejected(_))),
             "{case}: {err:?}"
@@ -302,9 +299,9 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         return;
     };
     let (a, b) = (home("home-a"), home("home-bb"));
-    fx.store.save(&a, 1, &workspace("a1"), true).await.unwrap();
-    fx.store.save(&b, 1, &workspace("b1"), true).await.unwrap();
-    fx.store.save(&a, 2, &workspace("a2"), true).await.unwrap();
+    fx.store.save(&a, 1, workspace("a1"), true).await.unwrap();
+    fx.store.save(&b, 1, workspace("b1"), true).await.unwrap();
+    fx.store.save(&a, 2, workspace("a2"), true).await.unwrap();
     let get = |k: &'static str| {
         let bucket = fx.bucket.clone();
         async move {
@@ -432,12 +429,12 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
     insert_computer(&db, "owned").await;
     for id in ["owned", "orphan-1", "orphan-2"] {
         fx.store
-            .save(&home(id), 1, &workspace(id), true)
+            .save(&home(id), 1, workspace(id), true)
             .await
             .unwrap();
     }
     fx.store
-        .save(&home("orphan-1"), 2, &workspace("x"), true)
+        .save(&home("orphan-1"), 2, workspace("x"), true)
         .await
         .unwrap();
     assert_eq!(reconciler::reconcile(&db, &fx.store).await.unwrap(), 2);
@@ -446,7 +443,7 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
 
     // Through the actor, as the app runs it.
     fx.store
-        .save(&home("orphan-3"), 1, &workspace("o"), true)
+        .save(&home("orphan-3"), 1, workspace("o"), true)
         .await
         .unwrap();
     let store = Arc::new(fx.store.clone());

@@ -149,12 +149,13 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
     let mounted = provider.describe().capabilities.mounted_home;
-    rt.homes.save(&home, revision, &archive, !mounted).await?;
+    let size_bytes = archive.len();
+    rt.homes.save(&home, revision, archive, !mounted).await?;
     NewRevision {
         computer_id,
         home_key: &row.home_key,
         revision,
-        size_bytes: archive.len(),
+        size_bytes,
         object_key: rt.homes.location(&home.storage_id, revision),
         reason: msg.reason.as_str().into(),
         fingerprint,
@@ -166,7 +167,7 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         event = "checkpoint.saved",
         computer.id = computer_id,
         revision,
-        bytes = archive.len(),
+        bytes = size_bytes,
         reason = msg.reason.as_str()
     );
     Ok(Outcome::Saved(revision))

@@ -58,11 +58,12 @@ pub trait HomeStore: Send + Sync + 'static {
     /// Seal and store `archive` (a workspace tar) as `revision`, make it the latest unpacked
     /// copy when `replace_latest` (not when a machine works in that copy directly), then
     /// forget revisions older than the store's retention. A refused archive changes nothing.
+    /// The archive is taken by value: a store hands it to its threads without copying it.
     async fn save(
         &self,
         home: &HomeId,
         revision: i64,
-        archive: &[u8],
+        archive: Vec<u8>,
         replace_latest: bool,
     ) -> Result<(), StoreError>;
     /// Load and verify a stored revision (the plaintext tar).

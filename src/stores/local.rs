@@ -397,10 +397,10 @@ impl HomeStore for LocalHomeStore {
         &self,
         home: &HomeId,
         revision: i64,
-        archive: &[u8],
+        archive: Vec<u8>,
         replace_latest: bool,
     ) -> Result<(), StoreError> {
-        let (me, home, archive) = (self.clone(), home.clone(), archive.to_vec());
+        let (me, home) = (self.clone(), home.clone());
         blocking(move || me.save_blocking(&home, revision, &archive, replace_latest)).await
     }
 

@@ -311,12 +311,12 @@ impl HomeStore for ObjectHomeStore {
         &self,
         home: &HomeId,
         revision: i64,
-        archive: &[u8],
+        archive: Vec<u8>,
         replace_latest: bool,
     ) -> Result<(), StoreError> {
         let path = key(&home.storage_id, revision)?;
-        // One copy, shared by the staging and the sealing threads.
-        let archive = Arc::new(archive.to_vec());
+        // Shared by the staging and the sealing threads.
+        let archive = Arc::new(archive);
         let staging = {
             let (latest, archive, home_key) =
                 (self.latest.clone(), archive.clone(), home.home_key.clone());

@@ -235,6 +235,28 @@ impl Cdp {
         }
     }
 
+    /// Wait until the element at `selector` has `data-<key>` equal to `value`.
+    async fn wait_data(
+        &mut self,
+        what: &str,
+        selector: &str,
+        key: &str,
+        value: &str,
+        limit: Duration,
+    ) {
+        let expr = format!("document.querySelector('{selector}')?.dataset.{key} === '{value}'");
+        self.wait_for(what, &expr, limit).await;
+    }
+
+    /// Wait until the text of the element at `selector` contains `needle`.
+    async fn wait_text(&mut self, what: &str, selector: &str, needle: &str, limit: Duration) {
+        let expr = format!(
+            "(document.querySelector('{selector}')?.textContent || '').includes({})",
+            serde_json::to_string(needle).unwrap()
+        );
+        self.wait_for(what, &expr, limit).await;
+    }
+
     async fn click(&mut self, selector: &str) {
         let found = self
             .eval(&format!(
@@ -384,9 +406,11 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         long,
     )
     .await;
-    cdp.wait_for(
+    cdp.wait_data(
         "screen connected",
-        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
         long,
     )
     .await;
@@ -395,15 +419,13 @@ async fn dashboard_end_to_end_in_headless_chromium() {
 
     // 3. Take control: the frame switches to the control capability and connects again.
     cdp.click(&format!("{card} [data-action=take]")).await;
-    cdp.wait_for(
-        "control",
-        &format!("document.querySelector('{card}').dataset.control === 'mine'"),
-        long,
-    )
-    .await;
-    cdp.wait_for(
+    cdp.wait_data("control", &card, "control", "mine", long)
+        .await;
+    cdp.wait_data(
         "control screen connected",
-        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
         long,
     )
     .await;
@@ -432,11 +454,10 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     )
     .await;
     cdp.click(&entry).await;
-    cdp.wait_for(
+    cdp.wait_text(
         "preview",
-        &format!(
-            "(document.querySelector('{card} [data-role=text]')?.textContent || '').includes('hello from the dashboard test')"
-        ),
+        &format!("{card} [data-role=text]"),
+        "hello from the dashboard test",
         long,
     )
     .await;
@@ -474,24 +495,21 @@ async fn dashboard_end_to_end_in_headless_chromium() {
 
     // 6. Release, then taking control while the bot runs says "Stop the bot first".
     cdp.click(&format!("{card} [data-action=release]")).await;
-    cdp.wait_for(
-        "released",
-        &format!("document.querySelector('{card}').dataset.control === 'none'"),
-        long,
-    )
-    .await;
-    cdp.wait_for(
+    cdp.wait_data("released", &card, "control", "none", long)
+        .await;
+    cdp.wait_data(
         "view screen after release",
-        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
         long,
     )
     .await;
     cdp.click(&format!("{card} [data-action=take]")).await;
-    cdp.wait_for(
+    cdp.wait_text(
         "stop the bot first",
-        &format!(
-            "(document.querySelector('{card} .notice')?.textContent || '').includes('Stop the bot first')"
-        ),
+        &format!("{card} .notice"),
+        "Stop the bot first",
         long,
     )
     .await;
@@ -513,16 +531,20 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     .await;
     cdp.shot("07-waiting-takeover").await;
     cdp.click(&format!("{card} [data-action=take]")).await;
-    cdp.wait_for(
+    cdp.wait_data(
         "control after takeover request",
-        &format!("document.querySelector('{card}').dataset.control === 'mine'"),
+        &card,
+        "control",
+        "mine",
         long,
     )
     .await;
 
-    cdp.wait_for(
+    cdp.wait_data(
         "control screen after takeover",
-        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
         long,
     )
     .await;
@@ -698,20 +720,18 @@ async fn stopped_computer_files_in_headless_chromium() {
     )
     .await;
     cdp.click(&entry).await;
-    cdp.wait_for(
+    cdp.wait_text(
         "stored preview",
-        &format!(
-            "(document.querySelector('{card} [data-role=text]')?.textContent || '').includes('kept after stop')"
-        ),
+        &format!("{card} [data-role=text]"),
+        "kept after stop",
         long,
     )
     .await;
     cdp.click(&format!("{card} [data-action=download]")).await;
-    cdp.wait_for(
+    cdp.wait_text(
         "download refused",
-        &format!(
-            "(document.querySelector('{card} [data-role=files-message]')?.textContent || '').includes('Download needs a running computer')"
-        ),
+        &format!("{card} [data-role=files-message]"),
+        "Download needs a running computer",
         long,
     )
     .await;
@@ -748,9 +768,11 @@ async fn dashboard_terminal_on_a_docker_computer() {
     let mut cdp = browser.page().await;
     let long = Duration::from_secs(90);
     cdp.sign_in(&s.base, &s.operator_token).await;
-    cdp.wait_for(
+    cdp.wait_data(
         "docker screen connected",
-        &format!("document.querySelector('{card} .stage')?.dataset.screen === 'connected'"),
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
         long,
     )
     .await;

@@ -416,20 +416,22 @@ pub trait SandboxProvider: Send + Sync + 'static {
         path: &str,
         data: &[u8],
     ) -> ProviderResult<()>;
-    /// Export the whole workspace as a tar archive of directories and regular files.
-    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>>;
-    /// Export the workspace unless it still matches `since`, a fingerprint that an earlier
-    /// export of this machine returned. The default always exports and returns none.
+    /// Export the workspace as a tar archive of directories and regular files, unless it
+    /// still matches `since`, a fingerprint that an earlier export of this machine returned
+    /// (a provider that cannot tell returns no fingerprint). With no `since` it always exports.
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,
         since: Option<&str>,
-    ) -> ProviderResult<WorkspaceExport> {
-        let _ = since;
-        Ok(WorkspaceExport::Archive {
-            archive: self.export_workspace(machine).await?,
-            fingerprint: None,
-        })
+    ) -> ProviderResult<WorkspaceExport>;
+    /// Export the whole workspace as a tar archive of directories and regular files.
+    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
+        match self.export_workspace_since(machine, None).await? {
+            WorkspaceExport::Archive { archive, .. } => Ok(archive),
+            WorkspaceExport::Unchanged => Err(ProviderError::Failed(
+                "an export without a fingerprint came back unchanged".into(),
+            )),
+        }
     }
     /// Replace the whole workspace with a tar archive (as produced by `export_workspace`).
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()>;

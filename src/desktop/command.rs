@@ -133,6 +133,24 @@ pub enum Readiness {
     TimedOut,
 }
 
+/// The last line of a log on the machine, with each of `secrets` replaced by `<redacted>`,
+/// then cut to 200 characters (empty when unreadable): what a program that would not start
+/// said last.
+pub async fn last_log_line(runner: &dyn CommandRunner, log: &str, secrets: &[&str]) -> String {
+    let out = runner
+        .run(
+            &format!("tail -n 1 {} 2>/dev/null", shell_quote(log)),
+            SCRIPT_TIMEOUT,
+        )
+        .await
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    let line = secrets.iter().fold(out.trim().to_string(), |line, s| {
+        line.replace(s, "<redacted>")
+    });
+    line.chars().take(200).collect()
+}
+
 /// Polls `probe` (a shell test) every 50 ms until it succeeds, `pid` dies or `timeout` passes.
 pub async fn wait_ready(
     runner: &dyn CommandRunner,

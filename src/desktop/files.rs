@@ -148,12 +148,6 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
     fs::write(&path, data).map_err(|e| io_err(rel, e))
 }
 
-/// Packs the home into a tar of its directories and regular files (the workspace archive
-/// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left out).
-pub fn export(root: &Path) -> Result<Vec<u8>, ProviderError> {
-    archive::pack(root).map_err(|e| ProviderError::Failed(format!("export: {e}")))
-}
-
 /// Runs file work off the async executor.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
@@ -175,7 +169,9 @@ pub(crate) async fn export_quiesced(
         .await?
 }
 
-/// Packs the home unless its fingerprint equals `since` (see [`archive::fingerprint`]); the
+/// Packs the home into a tar of its directories and regular files (the workspace archive
+/// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left
+/// out), unless its fingerprint equals `since` (see [`archive::fingerprint`]). The
 /// fingerprint is taken before packing, so a change made during the pack shows next time.
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
     let failed = |e: ArchiveError| ProviderError::Failed(format!("export: {e}"));
@@ -253,7 +249,9 @@ mod tests {
         write(&root, ".browser-profiles/b1/Default/Cookies", b"c").unwrap();
         write(&root, ".browser-profiles/b1/Default/Cache/x", b"junk").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
-        let archive = export(&root).unwrap();
+        let WorkspaceExport::Archive { archive, .. } = export_since(&root, None).unwrap() else {
+            panic!("an export without a fingerprint packs");
+        };
         let other = dir.path().join("other");
         fs::create_dir_all(&other).unwrap();
         fs::write(other.join("stale"), b"x").unwrap();

@@ -19,7 +19,8 @@ use rand::Rng;
 use tokio::sync::Mutex;
 
 use super::command::{
-    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, minimal_env, wait_ready,
+    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, last_log_line, minimal_env,
+    wait_ready,
 };
 use super::terminal::{ShellSpec, Terminals};
 use super::{DesktopError, shell_quote};
@@ -301,20 +302,11 @@ impl Gateway {
             return Ok(Ok((token, pid)));
         }
         let _ = self.runner.stop(pid, STOP_GRACE).await;
-        let tail = self
+        let _ = self
             .runner
-            .run(
-                &format!(
-                    "rm -f {socket}; tail -n 1 {} 2>/dev/null",
-                    shell_quote(&log.to_string_lossy())
-                ),
-                SCRIPT_TIMEOUT,
-            )
-            .await
-            .map(|o| o.stdout)
-            .unwrap_or_default();
-        let last = tail.trim().replace(token.expose(), "<token>");
-        let last: String = last.chars().take(200).collect();
+            .run(&format!("rm -f {socket}"), SCRIPT_TIMEOUT)
+            .await;
+        let last = last_log_line(&*self.runner, &log.to_string_lossy(), &[token.expose()]).await;
         Ok(Err(match ready {
             Readiness::Exited => format!("it exited ({last})"),
             _ => "it did not listen in time".into(),

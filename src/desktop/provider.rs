@@ -343,14 +343,6 @@ impl SandboxProvider for DesktopProvider {
         blocking(move || files::write(&home, &path, &data)).await
     }
 
-    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
-        let m = self.machine(machine).await?;
-        let home = m.home.clone();
-        m.runtime
-            .with_browsers_quiesced(blocking(move || files::export(&home)))
-            .await?
-    }
-
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,

@@ -19,8 +19,8 @@ use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
-    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, minimal_env,
-    sweep_script, wait_ready,
+    CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
+    minimal_env, sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::screen_commands::CommandScreen;
@@ -1043,7 +1043,7 @@ impl DesktopRuntime {
                         .await;
                 }
                 Err(why) => {
-                    let last = self.last_log_line(&log).await;
+                    let last = last_log_line(&*self.runner, &log, &[]).await;
                     return Err(DesktopError::Stack(if why.exited {
                         format!("the browser exited before opening a window ({last})")
                     } else {
@@ -1114,20 +1114,6 @@ impl DesktopRuntime {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }
-
-    /// The last line of a log on the machine, at most 200 characters (empty when unreadable).
-    async fn last_log_line(&self, log: &str) -> String {
-        let out = self
-            .runner
-            .run(
-                &format!("tail -n 1 {} 2>/dev/null", shell_quote(log)),
-                SCRIPT_TIMEOUT,
-            )
-            .await
-            .map(|o| o.stdout)
-            .unwrap_or_default();
-        out.trim().chars().take(200).collect()
     }
 }
 

@@ -58,8 +58,12 @@ const WRITEBACK_EVERY: u64 = 32 << 20;
 struct Writeback {
     file: std::fs::File,
     pending: u64,
-    flush: Option<std::sync::mpsc::SyncSender<()>>,
-    flusher: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// The flusher thread and how to ask it for a flush; started on the first ask, so small
+    /// files never spawn one.
+    flusher: Option<(
+        std::sync::mpsc::SyncSender<()>,
+        std::thread::JoinHandle<std::io::Result<()>>,
+    )>,
 }
 
 impl Writeback {
@@ -67,39 +71,42 @@ impl Writeback {
         Self {
             file,
             pending: 0,
-            flush: None,
             flusher: None,
         }
     }
 
-    /// Asks the flusher (started on the first ask: small files never need one) to flush.
     fn ask_flush(&mut self) -> std::io::Result<()> {
         if self.flusher.is_none() {
             let disk = self.file.try_clone()?;
-            let (flush, asks) = std::sync::mpsc::sync_channel::<()>(1);
-            self.flusher = Some(std::thread::spawn(move || {
-                for () in asks {
+            let (asks, flushes) = std::sync::mpsc::sync_channel::<()>(1);
+            let thread = std::thread::spawn(move || {
+                for () in flushes {
                     disk.sync_data()?;
                 }
                 Ok(())
-            }));
-            self.flush = Some(flush);
+            });
+            self.flusher = Some((asks, thread));
         }
-        if let Some(flush) = &self.flush {
+        if let Some((asks, _)) = &self.flusher {
             // A flush still running covers this too: no queue of them.
-            let _ = flush.try_send(());
+            let _ = asks.try_send(());
         }
         Ok(())
     }
 
     /// Stops the flusher, reporting a failed flush.
+    fn stop(&mut self) -> std::io::Result<()> {
+        let Some((asks, thread)) = self.flusher.take() else {
+            return Ok(());
+        };
+        drop(asks);
+        thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the flusher panicked")))
+    }
+
     fn finish(mut self) -> std::io::Result<()> {
-        self.flush = None;
-        match self.flusher.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(flushed)) => flushed,
-            Some(Err(_)) => Err(std::io::Error::other("the flusher panicked")),
-            None => Ok(()),
-        }
+        self.stop()
     }
 }
 
@@ -121,10 +128,7 @@ impl std::io::Write for Writeback {
 
 impl Drop for Writeback {
     fn drop(&mut self) {
-        self.flush = None;
-        if let Some(flusher) = self.flusher.take() {
-            let _ = flusher.join();
-        }
+        let _ = self.stop();
     }
 }
 

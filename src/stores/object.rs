@@ -244,20 +244,25 @@ impl ObjectHomeStore {
             .await
             .map_err(|e| bucket_error("start upload", e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
-        let mut next = Some(first);
-        let mut after = Some(second);
-        while let Some(part) = next {
-            if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                let _ = writer.abort().await;
-                return Err(bucket_error("upload part", e));
-            }
-            writer.put(part);
-            next = match after.take() {
+        let sent = async {
+            let mut received = [first, second].into_iter();
+            while let Some(part) = match received.next() {
                 Some(part) => Some(part),
                 None => parts.recv().await,
-            };
+            } {
+                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                writer.put(part);
+            }
+            Ok(())
         }
-        Ok(Upload::Multipart(writer))
+        .await;
+        match sent {
+            Ok(()) => Ok(Upload::Multipart(writer)),
+            Err(e) => {
+                let _ = writer.abort().await;
+                Err(bucket_error("upload part", e))
+            }
+        }
     }
 
     /// Every object key under `prefix`.

@@ -546,14 +546,6 @@ impl SandboxProvider for DockerProvider {
         .await
     }
 
-    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
-        let m = self.machine(machine).await?;
-        let home = Self::home(&m)?;
-        m.runtime
-            .with_browsers_quiesced(blocking(move || files::export(&home)))
-            .await?
-    }
-
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,

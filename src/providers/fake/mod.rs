@@ -402,10 +402,6 @@ impl SandboxProvider for FakeProvider {
         self.with(machine, |m| m.files.write(&path, data.to_vec()))
     }
 
-    async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
-        self.with(machine, |m| m.files.export())
-    }
-
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,
@@ -413,7 +409,7 @@ impl SandboxProvider for FakeProvider {
     ) -> ProviderResult<WorkspaceExport> {
         use sha2::Digest as _;
         // The emulated tree has no file times: its fingerprint is the archive's digest.
-        let archive = self.export_workspace(machine).await?;
+        let archive = self.with(machine, |m| m.files.export())?;
         let fingerprint = hex::encode(sha2::Sha256::digest(&archive));
         if since == Some(fingerprint.as_str()) {
             return Ok(WorkspaceExport::Unchanged);

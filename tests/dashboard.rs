@@ -248,6 +248,12 @@ impl Cdp {
         self.wait_for(what, &expr, limit).await;
     }
 
+    /// Wait until an element matches `selector`.
+    async fn wait_present(&mut self, what: &str, selector: &str, limit: Duration) {
+        let expr = format!("!!document.querySelector('{selector}')");
+        self.wait_for(what, &expr, limit).await;
+    }
+
     /// Wait until the text of the element at `selector` contains `needle`.
     async fn wait_text(&mut self, what: &str, selector: &str, needle: &str, limit: Duration) {
         let expr = format!(
@@ -447,12 +453,7 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     cdp.set_files(&format!("{card} [data-role=upload]"), &file)
         .await;
     let entry = format!("{card} [data-entry$=\"hello-dashboard.txt\"]");
-    cdp.wait_for(
-        "uploaded file listed",
-        &format!("!!document.querySelector('{entry}')"),
-        long,
-    )
-    .await;
+    cdp.wait_present("uploaded file listed", &entry, long).await;
     cdp.click(&entry).await;
     cdp.wait_text(
         "preview",
@@ -687,12 +688,7 @@ async fn stopped_computer_files_in_headless_chromium() {
     let mut cdp = browser.page().await;
     let long = Duration::from_secs(60);
     cdp.sign_in(&s.base, &s.operator_token).await;
-    cdp.wait_for(
-        "bot card",
-        &format!("!!document.querySelector('{card}')"),
-        long,
-    )
-    .await;
+    cdp.wait_present("bot card", &card, long).await;
     cdp.click(&format!("{card} [data-dock=files]")).await;
     cdp.wait_for(
         "stored listing",
@@ -704,21 +700,11 @@ async fn stopped_computer_files_in_headless_chromium() {
     .await;
     for dir in ["bots".to_owned(), format!("bots/{bot}"), uploads.clone()] {
         let sel = format!("{card} [data-entry=\"{dir}\"]");
-        cdp.wait_for(
-            "folder",
-            &format!("!!document.querySelector('{sel}')"),
-            long,
-        )
-        .await;
+        cdp.wait_present("folder", &sel, long).await;
         cdp.click(&sel).await;
     }
     let entry = format!("{card} [data-entry=\"{uploads}/kept.txt\"]");
-    cdp.wait_for(
-        "stored file",
-        &format!("!!document.querySelector('{entry}')"),
-        long,
-    )
-    .await;
+    cdp.wait_present("stored file", &entry, long).await;
     cdp.click(&entry).await;
     cdp.wait_text(
         "stored preview",

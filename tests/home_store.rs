@@ -70,7 +70,7 @@ async fn revisions_round_trip_and_only_the_last_ones_are_kept() {
         let archive = Tar::new()
             .file("notes.txt", format!("rev {rev}").as_bytes())
             .bytes();
-        s.save(&h, rev, archive.clone(), true).await.unwrap();
+        s.save(&h, rev, archive.clone().into(), true).await.unwrap();
     }
     assert_eq!(s.revisions(&h).await.unwrap(), vec![3, 4, 5]);
     assert_eq!(s.load(&h, 2).await, Err(StoreError::NotFound));
@@ -96,9 +96,14 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     };
     let s = store(dir.path(), limits);
     let h = home("team-b");
-    s.save(&h, 1, Tar::new().file("keep.txt", b"good").bytes(), true)
-        .await
-        .unwrap();
+    s.save(
+        &h,
+        1,
+        Tar::new().file("keep.txt", b"good").bytes().into(),
+        true,
+    )
+    .await
+    .unwrap();
     let many = (0..11).fold(Tar::new(), |t, i| t.file(&format!("f{i}"), b"x"));
     let cases: Vec<(&str, Vec<u8>)> = vec![
         (
@@ -151,7 +156,7 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     for (what, archive) in cases {
         // Refused whether the copy is to be swapped in or only sealed (a mounted home).
         for replace_latest in [true, false] {
-            let outcome = s.save(&h, 2, archive.clone(), replace_latest).await;
+            let outcome = s.save(&h, 2, archive.clone().into(), replace_latest).await;
             assert!(
                 matches!(outcome, Err(StoreError::Rejected(_))),
                 "{what} (replace_latest {replace_latest}): {outcome:?}"
@@ -179,43 +184,130 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     );
 }
 
+/// The names of a home's stored chunks.
+fn chunk_files(dir: &Path, storage_id: &str) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> =
+        std::fs::read_dir(dir.join(format!("home-revisions/{storage_id}/chunks")))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+    files.sort();
+    files
+}
+
 #[actix_rt::test]
 async fn a_tampered_stored_revision_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path(), Limits::default());
     let (a, b) = (home("a"), home("b"));
     let big: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
-    let archive = Tar::new().file("data.bin", &big).bytes();
-    s.save(&a, 1, archive.clone(), true).await.unwrap();
-    s.save(&a, 2, archive.clone(), true).await.unwrap();
-    s.save(&b, 1, archive.clone(), true).await.unwrap();
-    let path = |h: &str, rev: i64| {
+    let archive = |text: &str| {
+        Tar::new()
+            .file("note.txt", text.as_bytes())
+            .file("data.bin", &big)
+            .bytes()
+    };
+    s.save(&a, 1, archive("one").into(), true).await.unwrap();
+    let a1_chunks = chunk_files(dir.path(), "storage-a");
+    s.save(&a, 2, archive("two").into(), true).await.unwrap();
+    s.save(&b, 1, archive("two").into(), true).await.unwrap();
+    let a2_chunk = chunk_files(dir.path(), "storage-a")
+        .into_iter()
+        .find(|f| !a1_chunks.contains(f))
+        .expect("revision 2 stored a chunk of its own");
+    let (a1_chunk, b1_chunk) = (
+        a1_chunks[0].clone(),
+        chunk_files(dir.path(), "storage-b")[0].clone(),
+    );
+    let manifest = |h: &str, rev: i64| {
         dir.path()
             .join(format!("home-revisions/storage-{h}/{rev}.sealed"))
     };
-    let original = std::fs::read(path("a", 2)).unwrap();
-    let mut flipped = original.clone();
-    let mid = flipped.len() / 2;
-    flipped[mid] ^= 1;
-    let truncated = original[..original.len() - 1000].to_vec();
-    // Another revision's and another home's objects in this revision's place.
-    let other_revision = std::fs::read(path("a", 1)).unwrap();
-    let other_home = std::fs::read(path("b", 1)).unwrap();
-    for (what, bytes) in [
-        ("flip", flipped),
-        ("truncated", truncated),
-        ("other revision", other_revision),
-        ("other home", other_home),
-    ] {
-        std::fs::write(path("a", 2), &bytes).unwrap();
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let (original_manifest, original_chunk) = (read(&manifest("a", 2)), read(&a2_chunk));
+    let flip = |bytes: &[u8], at: usize| {
+        let mut out = bytes.to_vec();
+        out[at] ^= 1;
+        out
+    };
+    // Chunk layout: header, then segments of 64 KiB + 16-byte tags.
+    let (header, seg) = (4 + 1 + 4 + 2 + "storage-a".len() + 2 + 64 + 16, 65536 + 16);
+    assert!(
+        original_chunk.len() > header + 3 * seg,
+        "the chunk spans several segments"
+    );
+    let mut reordered = original_chunk[..header].to_vec();
+    reordered.extend_from_slice(&original_chunk[header + seg..header + 2 * seg]);
+    reordered.extend_from_slice(&original_chunk[header..header + seg]);
+    reordered.extend_from_slice(&original_chunk[header + 2 * seg..]);
+    let mut spliced = original_chunk.clone();
+    spliced[header + seg..header + 2 * seg]
+        .copy_from_slice(&read(&a1_chunk)[header + seg..header + 2 * seg]);
+    let m2 = manifest("a", 2);
+    let cases: Vec<(&str, &Path, Option<Vec<u8>>)> = vec![
+        (
+            "manifest: flipped byte",
+            &m2,
+            Some(flip(&original_manifest, original_manifest.len() / 2)),
+        ),
+        (
+            "manifest: truncated",
+            &m2,
+            Some(original_manifest[..original_manifest.len() - 20].to_vec()),
+        ),
+        (
+            "manifest: another revision's",
+            &m2,
+            Some(read(&manifest("a", 1))),
+        ),
+        (
+            "manifest: another home's",
+            &m2,
+            Some(read(&manifest("b", 1))),
+        ),
+        (
+            "chunk: flipped byte",
+            &a2_chunk,
+            Some(flip(&original_chunk, original_chunk.len() / 2)),
+        ),
+        (
+            "chunk: truncated at a segment boundary",
+            &a2_chunk,
+            Some(original_chunk[..header + 2 * seg].to_vec()),
+        ),
+        ("chunk: reordered segments", &a2_chunk, Some(reordered)),
+        (
+            "chunk: a segment of another chunk",
+            &a2_chunk,
+            Some(spliced),
+        ),
+        (
+            "chunk: another revision's chunk",
+            &a2_chunk,
+            Some(read(&a1_chunk)),
+        ),
+        (
+            "chunk: the same bytes of another home",
+            &a2_chunk,
+            Some(read(&b1_chunk)),
+        ),
+        ("chunk: missing", &a2_chunk, None),
+    ];
+    for (what, path, bytes) in cases {
+        match bytes {
+            Some(bytes) => std::fs::write(path, &bytes).unwrap(),
+            None => std::fs::remove_file(path).unwrap(),
+        }
         let outcome = s.load(&a, 2).await;
         assert!(
             matches!(outcome, Err(StoreError::Rejected(_))),
             "{what}: {outcome:?}"
         );
+        std::fs::write(manifest("a", 2), &original_manifest).unwrap();
+        std::fs::write(&a2_chunk, &original_chunk).unwrap();
     }
-    std::fs::write(path("a", 2), &original).unwrap();
-    assert_eq!(s.load(&a, 2).await.unwrap(), archive);
+    assert_eq!(s.load(&a, 2).await.unwrap(), archive("two"));
+    assert_eq!(s.load(&a, 1).await.unwrap(), archive("one"));
     // The wrong key never opens it.
     let stranger = HomeId {
         data_key: [1; 32],
@@ -274,7 +366,9 @@ async fn crash_child() {
         .file("a.txt", b"new a")
         .file("b.txt", b"new b")
         .bytes();
-    let _ = s.save(&home("crash"), 2, archive.clone(), true).await;
+    let _ = s
+        .save(&home("crash"), 2, archive.clone().into(), true)
+        .await;
 }
 
 #[actix_rt::test]
@@ -286,7 +380,9 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
             .file("a.txt", b"old a")
             .file("only-old.txt", b"old")
             .bytes();
-        s.save(&home("crash"), 1, old.clone(), true).await.unwrap();
+        s.save(&home("crash"), 1, old.clone().into(), true)
+            .await
+            .unwrap();
         let status = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env("RAKAZO_CRASH_CHILD_DIR", dir.path())
@@ -304,7 +400,9 @@ async fn a_crash_between_staging_and_swap_leaves_old_or_new_never_a_mix() {
         );
         // And the next save succeeds normally.
         let new = Tar::new().file("a.txt", b"new a").bytes();
-        s.save(&home("crash"), 2, new.clone(), true).await.unwrap();
+        s.save(&home("crash"), 2, new.clone().into(), true)
+            .await
+            .unwrap();
         assert_eq!(read(&latest.join("a.txt")), "new a");
     }
 }
@@ -316,21 +414,77 @@ async fn an_unchanged_workspace_is_sealed_again_but_not_restaged() {
     let s = store(dir.path(), Limits::default());
     let h = home("team-u");
     let first = Tar::new().file("notes/a.txt", b"same").bytes();
-    s.save(&h, 1, first.clone(), true).await.unwrap();
+    s.save(&h, 1, first.clone().into(), true).await.unwrap();
     let latest = s.latest().path("team-u").unwrap();
     let inode = std::fs::metadata(&latest).unwrap().ino();
     // The same bytes again: a new sealed revision, the same unpacked copy.
-    s.save(&h, 2, first.clone(), true).await.unwrap();
+    s.save(&h, 2, first.clone().into(), true).await.unwrap();
     assert_eq!(s.revisions(&h).await.unwrap(), vec![1, 2]);
     assert_eq!(std::fs::metadata(&latest).unwrap().ino(), inode);
     assert_eq!(read(&latest.join("notes/a.txt")), "same");
     // Changed bytes are staged and swapped in as before.
     let second = Tar::new().file("notes/a.txt", b"changed").bytes();
-    s.save(&h, 3, second.clone(), true).await.unwrap();
+    s.save(&h, 3, second.clone().into(), true).await.unwrap();
     assert_ne!(std::fs::metadata(&latest).unwrap().ino(), inode);
     assert_eq!(read(&latest.join("notes/a.txt")), "changed");
     // A copy that went missing is restaged even for the same bytes.
     std::fs::remove_dir_all(&latest).unwrap();
-    s.save(&h, 4, second.clone(), true).await.unwrap();
+    s.save(&h, 4, second.clone().into(), true).await.unwrap();
     assert_eq!(read(&latest.join("notes/a.txt")), "changed");
+}
+
+#[actix_rt::test]
+async fn pieces_the_last_revision_holds_are_named_not_stored_again() {
+    use rakazo::stores::archive::{Packed, pack_pieces};
+    use rakazo_actors::workspace::Piece;
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), Limits::default());
+    let h = home("pieces");
+    let root = dir.path().join("work");
+    for d in 0..3 {
+        let sub = root.join(format!("d{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join("data.bin"), vec![d as u8; 3 << 20]).unwrap();
+    }
+    // Files older than the window a stamp withholds, as a workspace between runs is.
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(2100));
+    settle();
+    let pack = |since| match pack_pieces(&root, since).unwrap() {
+        Packed::Pieces(workspace, baseline) => (workspace, baseline),
+        Packed::Unchanged => panic!("unchanged"),
+    };
+    let (first, baseline) = pack(None);
+    let first_saved = s.save(&h, 1, first.clone(), false).await.unwrap();
+    assert!(first_saved.stored_bytes > 9 << 20);
+    // One file changed: only its piece is read and stored; the rest is named.
+    std::fs::write(root.join("d1/data.bin"), vec![9u8; 3 << 20]).unwrap();
+    settle();
+    let (second, _) = pack(Some(&baseline));
+    let named = second
+        .pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Same { .. }))
+        .count();
+    assert!(named >= 2, "{named} pieces named");
+    let saved = s.save(&h, 2, second, false).await.unwrap();
+    assert!(
+        saved.stored_bytes < 4 << 20,
+        "stored {} bytes",
+        saved.stored_bytes
+    );
+    assert_eq!(saved.archive_bytes, first_saved.archive_bytes);
+    let loaded = s.load(&h, 2).await.unwrap();
+    assert_eq!(loaded, rakazo::stores::archive::pack(&root).unwrap());
+    assert_eq!(s.load(&h, 1).await.unwrap(), first.into_archive().unwrap());
+    // A piece no kept revision holds is stale: the caller exports every byte instead.
+    let stale = rakazo_actors::workspace::Workspace {
+        pieces: vec![Piece::Same {
+            stamp: "never-stored".into(),
+        }],
+    };
+    assert!(matches!(
+        s.save(&h, 3, stale, false).await,
+        Err(StoreError::Stale(_))
+    ));
+    assert_eq!(s.revisions(&h).await.unwrap(), vec![1, 2]);
 }

@@ -116,6 +116,13 @@ async fn object_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
     keys
 }
 
+/// Every key but the chunks': the revisions.
+async fn revision_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
+    let mut keys = object_keys(bucket).await;
+    keys.retain(|k| !k.contains("/chunks/"));
+    keys
+}
+
 fn unpacked(tar: &[u8]) -> String {
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("x");
@@ -130,11 +137,15 @@ async fn save_then_load_round_trips_and_caches_the_latest_copy() {
     };
     let h = home("round-trip");
     let tar = workspace("hello");
-    fx.store.save(&h, 1, tar.clone(), true).await.unwrap();
+    fx.store
+        .save(&h, 1, tar.clone().into(), true)
+        .await
+        .unwrap();
     assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
     assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
     assert_eq!(notes(&fx, &h), "hello");
-    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/round-trip/1"]);
+    assert_eq!(revision_keys(&fx.bucket).await, vec!["homes/round-trip/1"]);
+    assert_eq!(chunk_keys(&fx.bucket, "round-trip").await.len(), 1);
     assert_eq!(fx.store.storage_ids().await.unwrap(), vec!["round-trip"]);
     assert_eq!(fx.store.load(&h, 9).await, Err(StoreError::NotFound));
 
@@ -160,20 +171,24 @@ async fn large_archives_upload_in_parts() {
         .collect();
     std::fs::write(src.path().join("big.bin"), &big).unwrap();
     let tar = archive::pack(src.path()).unwrap();
-    fx.store.save(&h, 1, tar.clone(), true).await.unwrap();
+    fx.store
+        .save(&h, 1, tar.clone().into(), true)
+        .await
+        .unwrap();
     assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
 
-    // Parts go up while the archive is still being checked: a large archive refused at its
-    // last entry leaves no object behind, and the stored revision stays.
+    // A large archive refused at its last entry leaves no object behind (every chunk is
+    // checked before anything goes up), and the stored revision stays.
+    let before = object_keys(&fx.bucket).await;
     let mut hostile = archive::pack(src.path()).unwrap();
     hostile.truncate(hostile.len() - 1024);
     raw_entry(&mut hostile, "escape", tar::EntryType::Symlink, "/etc", b"");
     hostile.extend_from_slice(&[0u8; 1024]);
     assert!(matches!(
-        fx.store.save(&h, 2, hostile.clone(), true).await,
+        fx.store.save(&h, 2, hostile.clone().into(), true).await,
         Err(StoreError::Rejected(_))
     ));
-    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/multipart/1"]);
+    assert_eq!(object_keys(&fx.bucket).await, before);
     assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
     assert_clean(&fx);
 }
@@ -186,15 +201,17 @@ async fn retention_deletes_objects_past_keep_and_older_kept_revisions_restore() 
     let h = home("retention");
     for rev in 1..=4 {
         fx.store
-            .save(&h, rev, workspace(&format!("rev {rev}")), true)
+            .save(&h, rev, workspace(&format!("rev {rev}")).into(), true)
             .await
             .unwrap();
     }
     assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![3, 4]);
     assert_eq!(
-        object_keys(&fx.bucket).await,
+        revision_keys(&fx.bucket).await,
         vec!["homes/retention/3", "homes/retention/4"]
     );
+    // Only the chunks the kept revisions name remain.
+    assert_eq!(chunk_keys(&fx.bucket, "retention").await.len(), 2);
     assert_eq!(fx.store.load(&h, 2).await, Err(StoreError::NotFound));
     // The older kept revision opens; the latest copy stays at the newest.
     assert_eq!(unpacked(&fx.store.load(&h, 3).await.unwrap()), "rev 3");
@@ -237,7 +254,10 @@ async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
         return;
     };
     let h = home("hostile");
-    fx.store.save(&h, 1, workspace("good"), true).await.unwrap();
+    fx.store
+        .save(&h, 1, workspace("good").into(), true)
+        .await
+        .unwrap();
     let file = tar::EntryType::Regular;
     let many: Vec<String> = (0..9).map(|i| format!("f{i}")).collect();
     let many_entries: Vec<(&str, tar::EntryType, &str, &[u8])> = many
@@ -276,7 +296,7 @@ async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
         ("too many entries", raw_tar(&many_entries)),
     ];
     for (case, tar) in cases {
-        let err = fx.store.save(&h, 2, tar.clone(), true).await;
+        let err = fx.store.save(&h, 2, tar.clone().into(), true).await;
         assert!(
             matches!(err, Err(StoreError::Rejected(_))),
             "{case}: {err:?}"
@@ -288,9 +308,20 @@ async fn hostile_archives_are_refused_and_the_previous_copy_stays() {
     assert!(!fx.dir.path().join("escape.txt").exists());
 }
 
-/// Sealed-object layout: header, then segments of `SEGMENT + TAG` bytes.
+/// Sealed-chunk layout: header (with the 64-character chunk name), then segments of
+/// `SEGMENT + TAG` bytes.
 fn header_len(storage_id: &str) -> usize {
-    4 + 1 + 4 + 2 + storage_id.len() + 8 + 4
+    4 + 1 + 4 + 2 + storage_id.len() + 2 + 64 + 16
+}
+
+/// The keys of a home's chunks.
+async fn chunk_keys(bucket: &Arc<dyn ObjectStore>, storage_id: &str) -> Vec<String> {
+    let prefix = format!("homes/{storage_id}/chunks/");
+    object_keys(bucket)
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with(&prefix))
+        .collect()
 }
 
 #[tokio::test]
@@ -299,10 +330,26 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         return;
     };
     let (a, b) = (home("home-a"), home("home-bb"));
-    fx.store.save(&a, 1, workspace("a1"), true).await.unwrap();
-    fx.store.save(&b, 1, workspace("b1"), true).await.unwrap();
-    fx.store.save(&a, 2, workspace("a2"), true).await.unwrap();
-    let get = |k: &'static str| {
+    fx.store
+        .save(&a, 1, workspace("a1").into(), true)
+        .await
+        .unwrap();
+    let a1_chunk = chunk_keys(&fx.bucket, "home-a").await;
+    assert_eq!(a1_chunk.len(), 1, "a small workspace is one chunk");
+    fx.store
+        .save(&b, 1, workspace("b1").into(), true)
+        .await
+        .unwrap();
+    fx.store
+        .save(&a, 2, workspace("a2").into(), true)
+        .await
+        .unwrap();
+    let a2_chunk = chunk_keys(&fx.bucket, "home-a")
+        .await
+        .into_iter()
+        .find(|k| *k != a1_chunk[0])
+        .expect("revision 2 stored a chunk of its own");
+    let get = |k: String| {
         let bucket = fx.bucket.clone();
         async move {
             bucket
@@ -315,10 +362,16 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
                 .to_vec()
         }
     };
-    let (a2, a1, b1) = (
-        get("homes/home-a/2").await,
-        get("homes/home-a/1").await,
-        get("homes/home-bb/1").await,
+    let b1_chunk = chunk_keys(&fx.bucket, "home-bb").await.remove(0);
+    let (m2, m1, mb) = (
+        get("homes/home-a/2".into()).await,
+        get("homes/home-a/1".into()).await,
+        get("homes/home-bb/1".into()).await,
+    );
+    let (c2, c1, cb) = (
+        get(a2_chunk.clone()).await,
+        get(a1_chunk[0].clone()).await,
+        get(b1_chunk).await,
     );
     let (ha, hb, seg) = (
         header_len("home-a"),
@@ -326,7 +379,7 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         seal::SEGMENT + TAG,
     );
     assert!(
-        a2.len() > ha + 3 * seg,
+        c2.len() > ha + 3 * seg,
         "the fixture spans several segments"
     );
     let splice = |base: &[u8], base_h: usize, other: &[u8], other_h: usize| {
@@ -335,34 +388,82 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
             .copy_from_slice(&other[other_h + seg..other_h + 2 * seg]);
         out
     };
-    let mut reordered = a2[..ha].to_vec();
-    reordered.extend_from_slice(&a2[ha + seg..ha + 2 * seg]);
-    reordered.extend_from_slice(&a2[ha..ha + seg]);
-    reordered.extend_from_slice(&a2[ha + 2 * seg..]);
-    let mut flipped = a2.clone();
-    flipped[ha + seg + 100] ^= 0x01;
-    let mut flipped_header = a2.clone();
-    flipped_header[ha - 5] ^= 0x01;
-    let cases: Vec<(&str, Vec<u8>)> = vec![
+    let mut reordered = c2[..ha].to_vec();
+    reordered.extend_from_slice(&c2[ha + seg..ha + 2 * seg]);
+    reordered.extend_from_slice(&c2[ha..ha + seg]);
+    reordered.extend_from_slice(&c2[ha + 2 * seg..]);
+    let flip = |bytes: &[u8], at: usize| {
+        let mut out = bytes.to_vec();
+        out[at] ^= 0x01;
+        out
+    };
+    let manifest = "homes/home-a/2".to_string();
+    let cases: Vec<(&str, &String, Option<Vec<u8>>)> = vec![
         (
-            "truncated at a segment boundary",
-            a2[..ha + 2 * seg].to_vec(),
+            "manifest: one flipped byte",
+            &manifest,
+            Some(flip(&m2, m2.len() - 3)),
         ),
-        ("truncated mid-segment", a2[..ha + seg + 77].to_vec()),
-        ("header only", a2[..ha].to_vec()),
-        ("reordered segments", reordered),
-        ("segment from another revision", splice(&a2, ha, &a1, ha)),
-        ("segment from another home", splice(&a2, ha, &b1, hb)),
-        ("whole object of another revision", a1.clone()),
-        ("one flipped byte", flipped),
-        ("one flipped header byte", flipped_header),
+        (
+            "manifest: one flipped header byte",
+            &manifest,
+            Some(flip(&m2, 12)),
+        ),
+        (
+            "manifest: truncated",
+            &manifest,
+            Some(m2[..m2.len() - 20].to_vec()),
+        ),
+        ("manifest: another revision's", &manifest, Some(m1.clone())),
+        ("manifest: another home's", &manifest, Some(mb.clone())),
+        (
+            "chunk: truncated at a segment boundary",
+            &a2_chunk,
+            Some(c2[..ha + 2 * seg].to_vec()),
+        ),
+        (
+            "chunk: truncated mid-segment",
+            &a2_chunk,
+            Some(c2[..ha + seg + 77].to_vec()),
+        ),
+        ("chunk: header only", &a2_chunk, Some(c2[..ha].to_vec())),
+        ("chunk: reordered segments", &a2_chunk, Some(reordered)),
+        (
+            "chunk: segment from another revision",
+            &a2_chunk,
+            Some(splice(&c2, ha, &c1, ha)),
+        ),
+        (
+            "chunk: segment from another home",
+            &a2_chunk,
+            Some(splice(&c2, ha, &cb, hb)),
+        ),
+        (
+            "chunk: whole object of another revision",
+            &a2_chunk,
+            Some(c1.clone()),
+        ),
+        (
+            "chunk: one flipped byte",
+            &a2_chunk,
+            Some(flip(&c2, ha + seg + 100)),
+        ),
+        (
+            "chunk: one flipped header byte",
+            &a2_chunk,
+            Some(flip(&c2, ha - 5)),
+        ),
+        ("chunk: missing", &a2_chunk, None),
     ];
-    // Drop the cache stamp's effect: the cache is at revision 2 and must stay "a2".
-    for (case, bytes) in cases {
-        fx.bucket
-            .put(&Key::from("homes/home-a/2"), PutPayload::from(bytes))
-            .await
-            .unwrap();
+    // The cache is at revision 2 and must stay "a2".
+    for (case, key, bytes) in cases {
+        let key = Key::from(key.as_str());
+        match bytes {
+            Some(bytes) => {
+                fx.bucket.put(&key, PutPayload::from(bytes)).await.unwrap();
+            }
+            None => fx.bucket.delete(&key).await.unwrap(),
+        }
         let err = fx.store.load(&a, 2).await;
         assert!(
             matches!(err, Err(StoreError::Rejected(_))),
@@ -380,8 +481,15 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         ));
         assert!(!cached.exists(), "{case}");
         std::fs::rename(&moved, &cached).unwrap();
+        for (key, original) in [(manifest.as_str(), &m2), (a2_chunk.as_str(), &c2)] {
+            fx.bucket
+                .put(&Key::from(key), PutPayload::from(original.clone()))
+                .await
+                .unwrap();
+        }
     }
-    // The untouched revision still opens.
+    // Both revisions still open.
+    assert_eq!(unpacked(&fx.store.load(&a, 2).await.unwrap()), "a2");
     assert_eq!(unpacked(&fx.store.load(&a, 1).await.unwrap()), "a1");
 }
 
@@ -429,21 +537,27 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
     insert_computer(&db, "owned").await;
     for id in ["owned", "orphan-1", "orphan-2"] {
         fx.store
-            .save(&home(id), 1, workspace(id), true)
+            .save(&home(id), 1, workspace(id).into(), true)
             .await
             .unwrap();
     }
     fx.store
-        .save(&home("orphan-1"), 2, workspace("x"), true)
+        .save(&home("orphan-1"), 2, workspace("x").into(), true)
         .await
         .unwrap();
     assert_eq!(reconciler::reconcile(&db, &fx.store).await.unwrap(), 2);
-    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+    assert_eq!(revision_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+    assert!(
+        object_keys(&fx.bucket)
+            .await
+            .iter()
+            .all(|k| k.starts_with("homes/owned/"))
+    );
     assert_eq!(notes(&fx, &home("owned")), "owned");
 
     // Through the actor, as the app runs it.
     fx.store
-        .save(&home("orphan-3"), 1, workspace("o"), true)
+        .save(&home("orphan-3"), 1, workspace("o").into(), true)
         .await
         .unwrap();
     let store = Arc::new(fx.store.clone());
@@ -453,5 +567,11 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
         std::time::Duration::from_secs(3600),
     ));
     assert_eq!(addr.send(ReconcileNow).await.unwrap().unwrap(), 1);
-    assert_eq!(object_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+    assert_eq!(revision_keys(&fx.bucket).await, vec!["homes/owned/1"]);
+    assert!(
+        object_keys(&fx.bucket)
+            .await
+            .iter()
+            .all(|k| k.starts_with("homes/owned/"))
+    );
 }

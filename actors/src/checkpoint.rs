@@ -14,6 +14,7 @@ use crate::clock::{new_id, now_ms};
 use crate::computers::Computers;
 use crate::entity::home_revision;
 use crate::error::DomainResult;
+use crate::home_store::StoreError;
 use crate::leases::{LeaseKind, Leases};
 use crate::provider::{ProviderRef, WorkspaceExport};
 use crate::runtime::Runtime;
@@ -128,34 +129,47 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let computers = Computers::new(rt.db.clone());
     let row = computers.get(computer_id).await?;
     let since = fingerprint_of(&rt.db, computer_id, row.revision).await?;
-    let (archive, fingerprint) = match provider
-        .export_workspace_since(&msg.machine, since.as_deref())
-        .await?
-    {
-        WorkspaceExport::Unchanged => {
-            tracing::info!(
-                event = "checkpoint.unchanged",
-                computer.id = computer_id,
-                revision = row.revision,
-                reason = msg.reason.as_str()
-            );
-            return Ok(Outcome::Unchanged(row.revision));
-        }
-        WorkspaceExport::Archive {
-            archive,
-            fingerprint,
-        } => (archive, fingerprint),
-    };
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
     let mounted = provider.describe().capabilities.mounted_home;
-    let size_bytes = archive.len();
-    rt.homes.save(&home, revision, archive, !mounted).await?;
+    let mut since = since.as_deref();
+    let (saved, fingerprint) = loop {
+        let (workspace, fingerprint) =
+            match provider.export_workspace_since(&msg.machine, since).await? {
+                WorkspaceExport::Unchanged => {
+                    tracing::info!(
+                        event = "checkpoint.unchanged",
+                        computer.id = computer_id,
+                        revision = row.revision,
+                        reason = msg.reason.as_str()
+                    );
+                    return Ok(Outcome::Unchanged(row.revision));
+                }
+                WorkspaceExport::Archive {
+                    workspace,
+                    fingerprint,
+                } => (workspace, fingerprint),
+            };
+        match rt.homes.save(&home, revision, workspace, !mounted).await {
+            Ok(saved) => break (saved, fingerprint),
+            // The previous revision no longer holds what the export referred to: export
+            // every byte once more.
+            Err(StoreError::Stale(why)) if since.is_some() => {
+                tracing::warn!(
+                    event = "checkpoint.stale_pieces",
+                    computer.id = computer_id,
+                    why
+                );
+                since = None;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     NewRevision {
         computer_id,
         home_key: &row.home_key,
         revision,
-        size_bytes,
+        size_bytes: saved.archive_bytes,
         object_key: rt.homes.location(&home.storage_id, revision),
         reason: msg.reason.as_str().into(),
         fingerprint,
@@ -167,7 +181,8 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         event = "checkpoint.saved",
         computer.id = computer_id,
         revision,
-        bytes = size_bytes,
+        bytes = saved.archive_bytes,
+        stored_bytes = saved.stored_bytes,
         reason = msg.reason.as_str()
     );
     Ok(Outcome::Saved(revision))
@@ -199,7 +214,7 @@ pub struct NewRevision<'a> {
     /// The revision number.
     pub revision: i64,
     /// The archive's size.
-    pub size_bytes: usize,
+    pub size_bytes: u64,
     /// Where the store keeps it.
     pub object_key: String,
     /// What made it.

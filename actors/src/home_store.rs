@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use crate::keys::KeyBytes;
+use crate::workspace::Workspace;
 
 /// Which durable workspace, and the key that seals it.
 #[derive(Clone, PartialEq, Eq)]
@@ -38,6 +39,19 @@ pub enum StoreError {
     /// I/O or backend failure; the previous revision is intact.
     #[error("store failure: {0}")]
     Failed(String),
+    /// The workspace names a piece of the previous revision that the store does not hold
+    /// (the revision was restored over or expired): export it whole and save again.
+    #[error("stale piece: {0}")]
+    Stale(String),
+}
+
+/// What a save stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The size of the revision's whole archive.
+    pub archive_bytes: u64,
+    /// Sealed bytes written for it (pieces the store already held are not written again).
+    pub stored_bytes: u64,
 }
 
 impl From<StoreError> for crate::DomainError {
@@ -45,7 +59,7 @@ impl From<StoreError> for crate::DomainError {
         let code = match err {
             StoreError::NotFound => crate::ErrorCode::NotFound,
             StoreError::Rejected(_) => crate::ErrorCode::ArchiveRejected,
-            StoreError::Failed(_) => crate::ErrorCode::Internal,
+            StoreError::Failed(_) | StoreError::Stale(_) => crate::ErrorCode::Internal,
         };
         crate::DomainError::new(code, err.to_string())
     }
@@ -55,17 +69,20 @@ impl From<StoreError> for crate::DomainError {
 /// verified; callers serialize saves per computer (the checkpoint actor).
 #[async_trait]
 pub trait HomeStore: Send + Sync + 'static {
-    /// Seal and store `archive` (a workspace tar) as `revision`, make it the latest unpacked
-    /// copy when `replace_latest` (not when a machine works in that copy directly), then
-    /// forget revisions older than the store's retention. A refused archive changes nothing.
-    /// The archive is taken by value: a store hands it to its threads without copying it.
+    /// Seal and store `workspace` as `revision`, make it the latest unpacked copy when
+    /// `replace_latest` (not when a machine works in that copy directly), then forget
+    /// revisions older than the store's retention. A refused archive changes nothing. Pieces
+    /// the previous revision holds are referred to, not written again; a [`Piece::Same`]
+    /// the previous revision does not hold is [`StoreError::Stale`].
+    ///
+    /// [`Piece::Same`]: crate::workspace::Piece::Same
     async fn save(
         &self,
         home: &HomeId,
         revision: i64,
-        archive: Vec<u8>,
+        workspace: Workspace,
         replace_latest: bool,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Saved, StoreError>;
     /// Load and verify a stored revision (the plaintext tar).
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError>;
     /// Kept revisions, oldest first.

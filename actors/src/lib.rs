@@ -33,5 +33,6 @@ pub mod registry;
 pub mod runs;
 pub mod runtime;
 pub mod screen;
+pub mod workspace;
 
 pub use error::{DomainError, DomainResult, ErrorCode};

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DomainError, ErrorCode};
+use crate::workspace::Workspace;
 
 /// An opaque machine reference. Only ever handed back to the provider kind that issued it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -162,8 +163,9 @@ pub enum WorkspaceExport {
     Unchanged,
     /// The workspace archive.
     Archive {
-        /// The tar archive.
-        archive: Vec<u8>,
+        /// The archive, in pieces (pieces the `since` fingerprint vouches for may be named
+        /// by their stamp only).
+        workspace: Workspace,
         /// A fingerprint of exactly what the archive holds, when the provider can tell one.
         fingerprint: Option<String>,
     },
@@ -418,7 +420,11 @@ pub trait SandboxProvider: Send + Sync + 'static {
     ) -> ProviderResult<()>;
     /// Export the workspace as a tar archive of directories and regular files, unless it
     /// still matches `since`, a fingerprint that an earlier export of this machine returned
-    /// (a provider that cannot tell returns no fingerprint). With no `since` it always exports.
+    /// (a provider that cannot tell returns no fingerprint). Pieces that `since` vouches for
+    /// may come as [`Piece::Same`], named by stamp only. With no `since` it always exports
+    /// every byte.
+    ///
+    /// [`Piece::Same`]: crate::workspace::Piece::Same
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,
@@ -427,7 +433,11 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// Export the whole workspace as a tar archive of directories and regular files.
     async fn export_workspace(&self, machine: &ProviderRef) -> ProviderResult<Vec<u8>> {
         match self.export_workspace_since(machine, None).await? {
-            WorkspaceExport::Archive { archive, .. } => Ok(archive),
+            WorkspaceExport::Archive { workspace, .. } => {
+                workspace.into_archive().ok_or_else(|| {
+                    ProviderError::Failed("an export without a fingerprint referred back".into())
+                })
+            }
             WorkspaceExport::Unchanged => Err(ProviderError::Failed(
                 "an export without a fingerprint came back unchanged".into(),
             )),

@@ -171,18 +171,20 @@ pub(crate) async fn export_quiesced(
 
 /// Packs the home into a tar of its directories and regular files (the workspace archive
 /// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left
-/// out), unless its fingerprint equals `since` (see [`archive::fingerprint`]). The
-/// fingerprint is taken before packing, so a change made during the pack shows next time.
+/// out), unless its fingerprint equals `since`'s (see [`archive::fingerprint`]); pieces whose
+/// stamps `since` holds are named, not read ([`archive::pack_pieces`]). The returned
+/// fingerprint is the pack's [`archive::Baseline`].
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
-    let failed = |e: ArchiveError| ProviderError::Failed(format!("export: {e}"));
-    let found = archive::fingerprint(root).map_err(failed)?;
-    if found.digest.is_some() && found.digest.as_deref() == since {
-        return Ok(WorkspaceExport::Unchanged);
+    let since = since.map(archive::Baseline::parse);
+    match archive::pack_pieces(root, since.as_ref())
+        .map_err(|e: ArchiveError| ProviderError::Failed(format!("export: {e}")))?
+    {
+        archive::Packed::Unchanged => Ok(WorkspaceExport::Unchanged),
+        archive::Packed::Pieces(workspace, baseline) => Ok(WorkspaceExport::Archive {
+            workspace,
+            fingerprint: Some(baseline.encode()),
+        }),
     }
-    Ok(WorkspaceExport::Archive {
-        archive: archive::pack_sized(root, found.archive_bytes).map_err(failed)?,
-        fingerprint: found.digest,
-    })
 }
 
 /// Replaces the home `root` (`<homes>/<home key>`) with the archive's contents: staged and
@@ -249,9 +251,12 @@ mod tests {
         write(&root, ".browser-profiles/b1/Default/Cookies", b"c").unwrap();
         write(&root, ".browser-profiles/b1/Default/Cache/x", b"junk").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
-        let WorkspaceExport::Archive { archive, .. } = export_since(&root, None).unwrap() else {
+        let WorkspaceExport::Archive { workspace, .. } = export_since(&root, None).unwrap() else {
             panic!("an export without a fingerprint packs");
         };
+        let archive = workspace
+            .into_archive()
+            .expect("every byte without a baseline");
         let other = dir.path().join("other");
         fs::create_dir_all(&other).unwrap();
         fs::write(other.join("stale"), b"x").unwrap();

@@ -10,6 +10,8 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
+
 use crate::providers::workspace_path::segments;
 
 /// The folder holding per-bot browser profiles.
@@ -118,37 +120,79 @@ fn visit(
 
 /// Pack `root` (which must exist) into a tar archive, in a stable order.
 pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
-    pack_sized(root, 0)
-}
-
-/// [`pack`] into a buffer made for `expected` bytes (a [`Fingerprint`]'s estimate), so a large
-/// archive is not copied over and over as its buffer grows.
-pub fn pack_sized(root: &Path, expected: u64) -> Result<Vec<u8>, ArchiveError> {
-    let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize));
-    builder.mode(tar::HeaderMode::Deterministic);
+    let mut builder = tar::Builder::new(Vec::new());
     visit(root, |found| {
-        let mut h = tar::Header::new_gnu();
-        if found.dir {
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_mode(0o755);
-            h.set_size(0);
-            builder.append_data(&mut h, format!("{}/", found.path), std::io::empty())?;
-        } else {
-            let mut file = std::fs::File::open(&found.fs_path)?;
-            let len = file.metadata()?.len();
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_mode(0o644);
-            h.set_size(len);
-            builder.append_data(&mut h, found.path, (&mut file).take(len))?;
-        }
-        Ok(())
+        append(&mut builder, found.path, &found.fs_path, found.dir)
     })?;
     Ok(builder.into_inner()?)
+}
+
+/// Appends one directory or regular file to an archive, the same way every time.
+fn append(
+    builder: &mut tar::Builder<Vec<u8>>,
+    path: &str,
+    fs_path: &Path,
+    dir: bool,
+) -> Result<(), ArchiveError> {
+    builder.mode(tar::HeaderMode::Deterministic);
+    let mut h = tar::Header::new_gnu();
+    if dir {
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
+    } else {
+        let mut file = std::fs::File::open(fs_path)?;
+        let len = file.metadata()?.len();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(len);
+        builder.append_data(&mut h, path, (&mut file).take(len))?;
+    }
+    Ok(())
 }
 
 /// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
 /// clock, so a write right after the walk could leave a just-written file's times unchanged.
 const RACY_WINDOW_NS: i128 = 2_000_000_000;
+
+/// The largest piece a packed workspace is cut into, unless one entry alone is larger.
+pub const PIECE_MAX: u64 = 8 << 20;
+/// A directory starts a new piece once the current piece holds this much.
+pub const PIECE_MIN: u64 = 1 << 20;
+
+/// Where a workspace archive is cut into pieces, entry by entry: where the entries of
+/// another folder begin once the piece holds [`PIECE_MIN`], and before any entry that would
+/// take it past [`PIECE_MAX`] (so a larger file is a piece of its own). Cuts follow the
+/// tree, so an edit moves only the cuts near it, and the same rule cuts a packed tree and a
+/// received archive.
+#[derive(Debug, Default)]
+pub struct Cutter {
+    current: u64,
+    folder: Option<String>,
+}
+
+impl Cutter {
+    /// Whether the entry at `path` (`/`-separated, a trailing `/` for a directory) of `len`
+    /// archive bytes starts a new piece.
+    pub fn starts_piece(&mut self, path: &str, len: u64) -> bool {
+        let folder = path
+            .trim_end_matches('/')
+            .rsplit_once('/')
+            .map_or("", |(folder, _)| folder);
+        let other_folder = self.folder.as_deref() != Some(folder);
+        if other_folder {
+            self.folder = Some(folder.to_owned());
+        }
+        let cut = self.current > 0
+            && ((other_folder && self.current >= PIECE_MIN) || self.current + len > PIECE_MAX);
+        if cut {
+            self.current = 0;
+        }
+        self.current += len;
+        cut
+    }
+}
 
 /// What [`fingerprint`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,58 +214,219 @@ fn tar_bytes(path: &str, size: u64) -> u64 {
     512 + long_name + size.div_ceil(512) * 512
 }
 
+/// One entry of a [`Survey`].
+struct Surveyed {
+    path: String,
+    fs_path: PathBuf,
+    dir: bool,
+    /// What identifies its bytes: path and, for files, device, inode, size and times.
+    line: String,
+    /// Changed too recently to vouch for.
+    racy: bool,
+    /// About how many archive bytes it takes.
+    archive_bytes: u64,
+}
+
+/// A metadata walk of what [`pack`] would put in an archive.
+struct Survey {
+    entries: Vec<Surveyed>,
+}
+
+impl Survey {
+    fn take(root: &Path, racy_window_ns: i128) -> Result<Self, ArchiveError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let mut entries = Vec::new();
+        visit(root, |found| {
+            if found.dir {
+                entries.push(Surveyed {
+                    line: format!("d {}\n", found.path),
+                    archive_bytes: tar_bytes(&format!("{}/", found.path), 0),
+                    path: found.path.to_owned(),
+                    fs_path: found.fs_path,
+                    dir: true,
+                    racy: false,
+                });
+                return Ok(());
+            }
+            let m = std::fs::symlink_metadata(&found.fs_path)?;
+            let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
+            let (mtime, ctime) = (
+                nanos(m.mtime(), m.mtime_nsec()),
+                nanos(m.ctime(), m.ctime_nsec()),
+            );
+            entries.push(Surveyed {
+                line: format!(
+                    "f {} {} {} {} {mtime} {ctime}\n",
+                    found.path,
+                    m.dev(),
+                    m.ino(),
+                    m.len()
+                ),
+                archive_bytes: tar_bytes(found.path, m.len()),
+                racy: started - mtime.max(ctime) < racy_window_ns,
+                path: found.path.to_owned(),
+                fs_path: found.fs_path,
+                dir: false,
+            });
+            Ok(())
+        })?;
+        Ok(Self { entries })
+    }
+
+    /// The digest of every entry, unless one is too recent to vouch for.
+    fn digest(&self) -> Option<String> {
+        use sha2::Digest as _;
+        if self.entries.iter().any(|e| e.racy) {
+            return None;
+        }
+        let mut hash = sha2::Sha256::new();
+        for e in &self.entries {
+            hash.update(&e.line);
+        }
+        Some(hex::encode(hash.finalize()))
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            digest: self.digest(),
+            // The two zero blocks that end an archive, and every entry.
+            archive_bytes: 1024 + self.entries.iter().map(|e| e.archive_bytes).sum::<u64>(),
+        }
+    }
+
+    /// The entries cut into pieces ([`Cutter`]), as index ranges.
+    fn pieces(&self) -> Vec<std::ops::Range<usize>> {
+        let mut cutter = Cutter::default();
+        let mut ranges = Vec::new();
+        let mut start = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if cutter.starts_piece(&e.path, e.archive_bytes) {
+                ranges.push(start..i);
+                start = i;
+            }
+        }
+        if start < self.entries.len() {
+            ranges.push(start..self.entries.len());
+        }
+        ranges
+    }
+
+    /// The stamp of a piece's entries, unless one is too recent to vouch for.
+    fn stamp(entries: &[Surveyed]) -> Option<String> {
+        use sha2::Digest as _;
+        if entries.iter().any(|e| e.racy) {
+            return None;
+        }
+        let mut hash = sha2::Sha256::new();
+        hash.update(b"piece 1\n");
+        for e in entries {
+            hash.update(&e.line);
+        }
+        Some(hex::encode(&hash.finalize()[..16]))
+    }
+}
+
 /// A fingerprint of what [`pack`] would put in an archive of `root`, from metadata only:
 /// every entry's path and, for files, device, inode, size, modification and change times
 /// (the change time cannot be set back by the workspace's owner). Equal digests mean equal
 /// archives. No digest when an entry changed within the last two seconds, since a write in
 /// the same clock tick might not show.
 pub fn fingerprint(root: &Path) -> Result<Fingerprint, ArchiveError> {
-    fingerprint_within(root, RACY_WINDOW_NS)
+    Ok(Survey::take(root, RACY_WINDOW_NS)?.fingerprint())
 }
 
-fn fingerprint_within(root: &Path, racy_window_ns: i128) -> Result<Fingerprint, ArchiveError> {
-    use sha2::Digest as _;
-    use std::os::unix::fs::MetadataExt as _;
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128);
-    let mut hash = sha2::Sha256::new();
-    let mut racy = false;
-    // The two zero blocks that end an archive.
-    let mut archive_bytes = 1024;
-    visit(root, |found| {
-        if found.dir {
-            hash.update(format!("d {}\n", found.path));
-            archive_bytes += tar_bytes(&format!("{}/", found.path), 0);
-            return Ok(());
+/// What a packed workspace was: the fingerprint to skip an unchanged export, and the stamps
+/// of its pieces to name them again without reading them. Kept with the revision row as
+/// JSON; a bare digest (as kept before pieces) reads as a baseline without stamps.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    /// The whole tree's digest ([`Fingerprint::digest`]).
+    pub digest: Option<String>,
+    /// The stamps of its pieces.
+    pub stamps: Vec<String>,
+}
+
+impl Baseline {
+    /// Reads a kept baseline.
+    pub fn parse(kept: &str) -> Self {
+        serde_json::from_str(kept).unwrap_or_else(|_| Self {
+            digest: Some(kept.to_owned()),
+            stamps: Vec::new(),
+        })
+    }
+
+    /// What is kept.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("a baseline serializes")
+    }
+}
+
+/// A packed workspace.
+#[derive(Debug)]
+pub enum Packed {
+    /// The tree still has the digest of the baseline: nothing was read.
+    Unchanged,
+    /// The pieces, and the baseline of this pack.
+    Pieces(Workspace, Baseline),
+}
+
+/// Packs `root` into pieces ([`Cutter`]). A piece whose stamp the `since` baseline holds is
+/// named by stamp, not read; a piece with an entry too recent to vouch for has no stamp.
+/// The tree is surveyed before it is read, so a change made during the pack shows next time.
+pub fn pack_pieces(root: &Path, since: Option<&Baseline>) -> Result<Packed, ArchiveError> {
+    pack_pieces_within(root, since, RACY_WINDOW_NS)
+}
+
+fn pack_pieces_within(
+    root: &Path,
+    since: Option<&Baseline>,
+    racy_window_ns: i128,
+) -> Result<Packed, ArchiveError> {
+    let survey = Survey::take(root, racy_window_ns)?;
+    let digest = survey.digest();
+    if digest.is_some() && since.is_some_and(|s| s.digest == digest) {
+        return Ok(Packed::Unchanged);
+    }
+    let known: std::collections::HashSet<&str> = since
+        .map(|s| s.stamps.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let mut pieces = Vec::new();
+    let mut stamps = Vec::new();
+    for range in survey.pieces() {
+        let entries = &survey.entries[range];
+        let stamp = Survey::stamp(entries);
+        if let Some(stamp) = &stamp {
+            stamps.push(stamp.clone());
+            if known.contains(stamp.as_str()) {
+                pieces.push(Piece::Same {
+                    stamp: stamp.clone(),
+                });
+                continue;
+            }
         }
-        let m = std::fs::symlink_metadata(&found.fs_path)?;
-        let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
-        let (mtime, ctime) = (
-            nanos(m.mtime(), m.mtime_nsec()),
-            nanos(m.ctime(), m.ctime_nsec()),
-        );
-        racy |= started - mtime.max(ctime) < racy_window_ns;
-        archive_bytes += tar_bytes(found.path, m.len());
-        hash.update(format!(
-            "f {} {} {} {} {mtime} {ctime}\n",
-            found.path,
-            m.dev(),
-            m.ino(),
-            m.len()
-        ));
-        Ok(())
-    })?;
-    Ok(Fingerprint {
-        digest: (!racy).then(|| hex::encode(hash.finalize())),
-        archive_bytes,
-    })
+        let expected = entries.iter().map(|e| e.archive_bytes).sum::<u64>();
+        let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize + 1024));
+        for e in entries {
+            append(&mut builder, &e.path, &e.fs_path, e.dir)?;
+        }
+        let mut bytes = builder.into_inner()?;
+        // Pieces hold entries only; the end blocks close the whole archive.
+        bytes.truncate(bytes.len() - ARCHIVE_END.len());
+        pieces.push(Piece::Bytes { bytes, stamp });
+    }
+    Ok(Packed::Pieces(
+        Workspace { pieces },
+        Baseline { digest, stamps },
+    ))
 }
 
 /// Unpack `archive` into `dest`, which must not exist yet; on any refusal `dest` is removed.
 pub fn unpack(archive: &[u8], dest: &Path, limits: Limits) -> Result<(), ArchiveError> {
     std::fs::create_dir(dest)?;
-    let outcome = walk(archive, Some(dest), limits, None);
+    let outcome = walk(archive, Some(dest), limits, None).map(drop);
     if outcome.is_err() {
         let _ = std::fs::remove_dir_all(dest);
     }
@@ -237,7 +442,7 @@ pub fn unpack_reusing(
     reuse: &Path,
 ) -> Result<(), ArchiveError> {
     std::fs::create_dir(dest)?;
-    let outcome = walk(archive, Some(dest), limits, Some(reuse));
+    let outcome = walk(archive, Some(dest), limits, Some(reuse)).map(drop);
     if outcome.is_err() {
         let _ = std::fs::remove_dir_all(dest);
     }
@@ -267,9 +472,20 @@ fn holds(path: &Path, data: &[u8]) -> bool {
     true
 }
 
+/// What an archive (or a piece of one) holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Entries (files and directories).
+    pub entries: u64,
+    /// Sum of file sizes.
+    pub file_bytes: u64,
+}
+
 /// Check `archive` against every restore rule without writing anything: what [`unpack`]
 /// would refuse, this refuses too (for an archive that is sealed but not unpacked here).
-pub fn check(archive: &[u8], limits: Limits) -> Result<(), ArchiveError> {
+/// Also for a piece of an archive (whole entries, no end blocks): then the totals of the
+/// pieces are checked against the limits by the caller.
+pub fn check(archive: &[u8], limits: Limits) -> Result<Counts, ArchiveError> {
     walk(archive, None, limits, None)
 }
 
@@ -280,10 +496,11 @@ fn walk(
     dest: Option<&Path>,
     limits: Limits,
     reuse: Option<&Path>,
-) -> Result<(), ArchiveError> {
+) -> Result<Counts, ArchiveError> {
     let refuse = |why: String| ArchiveError::Refused(why);
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
+    let mut entries = 0u64;
     let mut reader = tar::Archive::new(archive);
     for (count, entry) in reader
         .entries()
@@ -293,6 +510,7 @@ fn walk(
         if count >= limits.max_entries {
             return Err(refuse(format!("more than {} entries", limits.max_entries)));
         }
+        entries += 1;
         let mut entry = entry.map_err(|e| refuse(format!("unreadable entry: {e}")))?;
         let raw = String::from_utf8(entry.path_bytes().into_owned())
             .map_err(|_| refuse("path is not UTF-8".into()))?;
@@ -362,7 +580,71 @@ fn walk(
             }
         }
     }
-    Ok(())
+    Ok(Counts {
+        entries,
+        file_bytes: total,
+    })
+}
+
+/// Cuts archive bytes (whole entries, perhaps followed by the end blocks) into pieces by the
+/// [`Cutter`] rule, as byte ranges; the end blocks and anything after them are left out, as
+/// every reader of the archive leaves them out. A header that does not parse ends the last
+/// piece at the end of the bytes, for the restore rules to refuse.
+pub fn cut(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut cutter = Cutter::default();
+    let mut starts = vec![0];
+    let mut end = 0;
+    // Where a long-name or extended header that belongs to the next entry began.
+    let mut lead: Option<usize> = None;
+    let mut long_name: Option<&[u8]> = None;
+    let mut at = 0;
+    while let Some(block) = bytes.get(at..at + 512) {
+        if block.iter().all(|b| *b == 0) {
+            break;
+        }
+        let header = tar::Header::from_byte_slice(block);
+        let Some(stop) = header
+            .entry_size()
+            .ok()
+            .and_then(|size| usize::try_from(size.div_ceil(512) * 512).ok())
+            .and_then(|data| (at + 512).checked_add(data))
+            .filter(|stop| *stop <= bytes.len())
+        else {
+            end = bytes.len();
+            break;
+        };
+        let kind = header.entry_type();
+        let start = lead.take().unwrap_or(at);
+        if kind.is_gnu_longname() {
+            let name = &bytes[at + 512..stop];
+            long_name = Some(name.split(|b| *b == 0).next().unwrap_or(name));
+            lead = Some(start);
+        } else if kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions()
+        {
+            lead = Some(start);
+        } else {
+            let name = long_name
+                .take()
+                .map_or_else(|| header.path_bytes(), Into::into);
+            if cutter.starts_piece(&String::from_utf8_lossy(&name), (stop - start) as u64) {
+                starts.push(start);
+            }
+            end = stop;
+        }
+        at = stop;
+    }
+    if lead.is_some() {
+        end = bytes.len();
+    }
+    let mut ranges: Vec<_> = starts
+        .windows(2)
+        .map(|w| w[0]..w[1])
+        .chain(starts.last().map(|s| *s..end))
+        .collect();
+    ranges.retain(|r| !r.is_empty());
+    ranges
 }
 
 #[cfg(test)]
@@ -376,7 +658,7 @@ mod tests {
         std::fs::create_dir_all(root.join("notes")).unwrap();
         std::fs::create_dir_all(root.join(".browser-profiles/b1/Cache")).unwrap();
         std::fs::write(root.join("notes/a.txt"), b"first").unwrap();
-        let print = || fingerprint_within(root, 0).unwrap().digest.unwrap();
+        let print = || Survey::take(root, 0).unwrap().digest().unwrap();
         let first = print();
         assert_eq!(print(), first, "nothing changed");
         // A transient browser file is not part of a workspace.
@@ -441,5 +723,128 @@ mod tests {
             Err(ArchiveError::Refused(_))
         ));
         assert!(!refused.exists());
+    }
+
+    /// A tree of `dirs` directories of `files` files of `size` bytes each, plus `large`.
+    fn tree(root: &Path, dirs: usize, files: usize, size: usize, large: usize) {
+        for d in 0..dirs {
+            let dir = root.join(format!("dir-{d:03}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..files {
+                std::fs::write(dir.join(format!("f-{f:03}")), vec![(d + f) as u8; size]).unwrap();
+            }
+        }
+        std::fs::write(root.join("large.bin"), vec![7u8; large]).unwrap();
+    }
+
+    fn pieces(root: &Path, since: Option<&Baseline>) -> (Workspace, Baseline) {
+        match pack_pieces_within(root, since, 0).unwrap() {
+            Packed::Pieces(workspace, baseline) => (workspace, baseline),
+            Packed::Unchanged => panic!("unexpectedly unchanged"),
+        }
+    }
+
+    #[test]
+    fn pieces_make_the_same_archive_and_only_changed_ones_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // 12 directories of 160 KiB (cut together up to 1 MiB), one file above the maximum.
+        tree(root, 12, 10, 16 << 10, (PIECE_MAX + 1000) as usize);
+        let (first, baseline) = pieces(root, None);
+        assert!(first.pieces.len() >= 3, "{} pieces", first.pieces.len());
+        assert_eq!(baseline.stamps.len(), first.pieces.len());
+        assert_eq!(first.clone().into_archive().unwrap(), pack(root).unwrap());
+        // A received archive is cut where the tree was.
+        let archive = pack(root).unwrap();
+        let cuts: Vec<usize> = cut(&archive).iter().map(|r| r.len()).collect();
+        let lens: Vec<usize> = first
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Bytes { bytes, .. } => bytes.len(),
+                Piece::Same { .. } => unreachable!(),
+            })
+            .collect();
+        assert_eq!(cuts, lens);
+        // Nothing changed: nothing read.
+        assert!(matches!(
+            pack_pieces_within(root, Some(&baseline), 0).unwrap(),
+            Packed::Unchanged
+        ));
+        // One file changed: its piece alone is read again.
+        std::fs::write(root.join("dir-005/f-003"), b"changed").unwrap();
+        let (second, _) = pieces(root, Some(&baseline));
+        let read: Vec<&Vec<u8>> = second
+            .pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Bytes { bytes, .. } => Some(bytes),
+                Piece::Same { .. } => None,
+            })
+            .collect();
+        assert_eq!(read.len(), 1, "one piece read again");
+        assert!(read[0].windows(7).any(|w| w == b"changed"));
+        assert_eq!(second.pieces.len(), first.pieces.len());
+        // A change too recent to vouch for leaves its piece unstamped.
+        match pack_pieces(root, Some(&baseline)).unwrap() {
+            Packed::Pieces(w, b) => {
+                assert!(
+                    w.pieces
+                        .iter()
+                        .any(|p| matches!(p, Piece::Bytes { stamp: None, .. }))
+                );
+                assert_eq!(b.digest, None);
+            }
+            Packed::Unchanged => panic!("a fresh change went unseen"),
+        }
+    }
+
+    #[test]
+    fn baselines_read_back_and_a_bare_digest_is_a_baseline_without_stamps() {
+        let b = Baseline {
+            digest: Some("abc".into()),
+            stamps: vec!["s1".into()],
+        };
+        assert_eq!(Baseline::parse(&b.encode()), b);
+        assert_eq!(
+            Baseline::parse("deadbeef"),
+            Baseline {
+                digest: Some("deadbeef".into()),
+                stamps: Vec::new()
+            }
+        );
+    }
+
+    #[test]
+    fn a_cut_keeps_long_names_with_their_entry_and_ends_at_the_end_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let long = "n".repeat(150);
+        for d in 0..3 {
+            let sub = root.join(format!("d{d}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            std::fs::write(sub.join(&long), vec![1u8; (PIECE_MIN as usize) / 2 + 10]).unwrap();
+            std::fs::write(sub.join("short"), vec![2u8; (PIECE_MIN as usize) / 2]).unwrap();
+        }
+        let mut archive = pack(root).unwrap();
+        archive.extend_from_slice(b"trailing bytes after the end blocks are not read");
+        let ranges = cut(&archive);
+        assert!(ranges.len() >= 2);
+        for range in &ranges {
+            // Every piece reads on its own: whole entries, long names with their entry.
+            let counts = check(&archive[range.clone()], Limits::default()).unwrap();
+            assert!(counts.entries >= 1);
+        }
+        let total: u64 = ranges
+            .iter()
+            .map(|r| {
+                check(&archive[r.clone()], Limits::default())
+                    .unwrap()
+                    .entries
+            })
+            .sum();
+        assert_eq!(total, 9);
+        let end = ranges.last().unwrap().end;
+        assert!(archive[end..end + 1024].iter().all(|b| *b == 0));
     }
 }

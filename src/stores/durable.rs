@@ -25,6 +25,29 @@ pub fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<(), StoreError> {
+    write_replacing(path, fill, true)
+}
+
+/// Like [`write_atomic_with`], but without waiting for the disk: for many files written
+/// together and then made durable at once with [`sync_filesystem`].
+pub fn write_unsynced_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), StoreError> {
+    write_replacing(path, fill, false)
+}
+
+/// Makes everything written to the filesystem holding `dir` durable (one `syncfs`).
+pub fn sync_filesystem(dir: &Path) -> Result<(), StoreError> {
+    let dir = std::fs::File::open(dir).map_err(fail)?;
+    rustix::fs::syncfs(&dir).map_err(fail)
+}
+
+fn write_replacing(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+    synced: bool,
+) -> Result<(), StoreError> {
     use std::io::Write;
     let dir = path.parent().ok_or_else(|| fail("no parent directory"))?;
     std::fs::create_dir_all(dir).map_err(fail)?;
@@ -39,14 +62,14 @@ pub fn write_atomic_with(
         fill(&mut out)?;
         out.flush()?;
         out.into_inner().map_err(|e| e.into_error())?.finish()?;
-        file.sync_all()
+        if synced { file.sync_all() } else { Ok(()) }
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(fail(e));
     }
     std::fs::rename(&tmp, path).map_err(fail)?;
-    sync_dir(dir)
+    if synced { sync_dir(dir) } else { Ok(()) }
 }
 
 /// How much a [`Writeback`] lets pile up in the page cache before it flushes.

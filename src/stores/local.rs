@@ -9,11 +9,15 @@
 
 use std::path::{Path, PathBuf};
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
-use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
+use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 
 use super::archive::{self, ArchiveError, Limits};
-use super::durable::{sync_dir, write_atomic, write_atomic_with};
+use super::chunks::{self, Manifest, Plan};
+use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
 
 /// Test hook: the environment variable naming a point where the process aborts, to prove
@@ -252,6 +256,9 @@ pub struct LocalHomeStore {
     keep: usize,
 }
 
+/// The folder of a home's sealed chunks, inside its revision folder.
+const CHUNKS: &str = "chunks";
+
 impl LocalHomeStore {
     /// A store under `data_dir` (`homes/` and `home-revisions/`) keeping `keep` revisions.
     pub fn new(data_dir: &Path, keep: usize, limits: Limits) -> Self {
@@ -293,60 +300,163 @@ impl LocalHomeStore {
         Ok(revs)
     }
 
+    fn read(path: &Path) -> Result<Vec<u8>, StoreError> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound),
+            Err(e) => Err(fail(e)),
+        }
+    }
+
+    fn chunk_path(dir: &Path, name: &str) -> PathBuf {
+        dir.join(CHUNKS).join(format!("{name}.sealed"))
+    }
+
+    /// A stored revision, opened.
+    fn open_revision(&self, home: &HomeId, revision: i64) -> Result<Revision, StoreError> {
+        let sealed = Self::read(
+            &self
+                .dir(&home.storage_id)?
+                .join(format!("{revision}.sealed")),
+        )?;
+        Revision::open(home, revision, &sealed)
+    }
+
+    /// A chunk of a home, opened.
+    fn open_chunk(&self, home: &HomeId, name: &str) -> Result<Vec<u8>, StoreError> {
+        let sealed = Self::read(&Self::chunk_path(&self.dir(&home.storage_id)?, name)).map_err(
+            |e| match e {
+                StoreError::NotFound => StoreError::Rejected("a chunk is missing".into()),
+                other => other,
+            },
+        )?;
+        open_chunk(home, name, &sealed)
+    }
+
+    /// The manifests of the kept revisions (an unreadable one is skipped: it holds nothing
+    /// a new revision can name).
+    fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Vec<Manifest> {
+        revs.iter()
+            .filter_map(|rev| match self.open_revision(home, *rev) {
+                Ok(Revision::Chunked(manifest)) => Some(manifest),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn save_blocking(
         &self,
         home: &HomeId,
         revision: i64,
-        archive: &[u8],
+        workspace: Workspace,
         replace_latest: bool,
-    ) -> Result<(), StoreError> {
-        // Every revision must be restorable: staging checks every restore rule; when the copy
-        // is not swapped in (the machine works in it directly) the rules are checked without
-        // writing anything. Either runs side by side with sealing.
+    ) -> Result<Saved, StoreError> {
         let dir = self.dir(&home.storage_id)?;
-        let sealed_path = dir.join(format!("{revision}.sealed"));
+        let kept = self.kept_manifests(home, &Self::list(&dir)?);
+        // Every chunk is checked against the restore rules before anything is written.
+        let plan = chunks::plan(&home.data_key, workspace, &kept, self.latest.limits())?;
+        // The latest copy, when this store keeps it, is staged side by side with the writes.
         let (staged, written) = std::thread::scope(|scope| {
-            let sealing = scope.spawn(|| {
-                let binding = Binding {
-                    storage_id: &home.storage_id,
-                    revision,
-                };
-                write_atomic_with(&sealed_path, |file| {
-                    seal::seal_to(&home.data_key, &binding, archive, file)
-                })
-            });
+            let writing = scope.spawn(|| self.write_chunks(home, &dir, &plan));
             let staged = if replace_latest {
-                self.latest.stage_changed(&home.home_key, archive).map(Some)
+                plan.archive(|name| self.open_chunk(home, name))
+                    .and_then(|archive| self.latest.stage_changed(&home.home_key, &archive))
+                    .map(Some)
             } else {
-                archive::check(archive, self.latest.limits())
-                    .map(|()| None)
-                    .map_err(refused)
+                Ok(None)
             };
-            let written = sealing
+            let written = writing
                 .join()
                 .unwrap_or_else(|_| Err(StoreError::Failed("sealing panicked".into())));
             (staged, written)
         });
-        let outcome = (|| match (staged?, written) {
-            (Some(staged), Ok(())) => {
-                let swapped = self.latest.commit(&home.home_key, &staged);
-                if swapped.is_err() {
-                    staged.discard();
+        let manifest_path = dir.join(format!("{revision}.sealed"));
+        let outcome = (|| {
+            let staged = staged?;
+            let stored = written.and_then(|stored| {
+                let manifest = plan.manifest.encode();
+                let binding = Binding::revision(&home.storage_id, revision);
+                write_atomic(
+                    &manifest_path,
+                    &seal::seal(&home.data_key, &binding, &manifest),
+                )?;
+                Ok(stored + manifest.len() as u64)
+            });
+            match (staged, stored) {
+                (Some(staged), Ok(stored)) => {
+                    let swapped = self.latest.commit(&home.home_key, &staged);
+                    if swapped.is_err() {
+                        staged.discard();
+                    }
+                    swapped.map(|()| stored)
                 }
-                swapped
-            }
-            (None, written) => written,
-            (Some(staged), Err(e)) => {
-                staged.discard();
-                Err(e)
+                (None, stored) => stored,
+                (Some(staged), Err(e)) => {
+                    staged.discard();
+                    Err(e)
+                }
             }
         })();
-        if outcome.is_err() {
-            // A revision whose copy was refused or not swapped in is not kept.
-            let _ = std::fs::remove_file(&sealed_path);
-            return outcome;
+        let stored_bytes = match outcome {
+            Ok(stored) => stored,
+            Err(e) => {
+                // A revision whose copy was refused or not swapped in is not kept, nor are
+                // the chunks only it named.
+                let _ = std::fs::remove_file(&manifest_path);
+                for chunk in &plan.new {
+                    let _ = std::fs::remove_file(Self::chunk_path(&dir, &chunk.name));
+                }
+                return Err(e);
+            }
+        };
+        self.apply_retention(home, &dir)?;
+        Ok(Saved {
+            archive_bytes: plan.manifest.archive_bytes(),
+            stored_bytes,
+        })
+    }
+
+    /// Seals and writes the plan's new chunks on every core, then makes them durable at
+    /// once; the sealed bytes written.
+    fn write_chunks(&self, home: &HomeId, dir: &Path, plan: &Plan) -> Result<u64, StoreError> {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        if plan.new.is_empty() {
+            return Ok(0);
         }
-        let revs = Self::list(&dir)?;
+        let chunks = dir.join(CHUNKS);
+        std::fs::create_dir_all(&chunks).map_err(fail)?;
+        let (next, stored) = (AtomicUsize::new(0), AtomicU64::new(0));
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(plan.new.len());
+        let work = || -> Result<(), StoreError> {
+            while let Some(chunk) = plan.new.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let binding = Binding::chunk(&home.storage_id, &chunk.name);
+                let mut counted = Counted::default();
+                write_unsynced_with(&Self::chunk_path(dir, &chunk.name), |file| {
+                    let mut out = counted.wrap(file);
+                    seal::seal_to(&home.data_key, &binding, plan.chunk(chunk), &mut out)
+                })?;
+                stored.fetch_add(counted.bytes, Ordering::Relaxed);
+            }
+            Ok(())
+        };
+        std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(work)).collect();
+            let mine = work();
+            helpers.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(StoreError::Failed("sealing panicked".into())))
+            })?;
+            mine
+        })?;
+        sync_filesystem(&chunks)?;
+        Ok(stored.into_inner())
+    }
+
+    /// Forgets revisions past the newest `keep`, then the chunks no kept revision names.
+    fn apply_retention(&self, home: &HomeId, dir: &Path) -> Result<(), StoreError> {
+        let revs = Self::list(dir)?;
         let expired = revs.len().saturating_sub(self.keep);
         for old in &revs[..expired] {
             // Out of the revision list at once; its blocks are freed off the caller's path.
@@ -356,31 +466,107 @@ impl LocalHomeStore {
             )
             .map_err(fail)?;
         }
-        if expired > 0 {
-            std::thread::spawn(move || empty_trash(&dir));
+        let kept = self.kept_manifests(home, &revs[expired..]);
+        let named: HashSet<&str> = kept.iter().flat_map(Manifest::names).collect();
+        let Ok(entries) = std::fs::read_dir(dir.join(CHUNKS)) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            let Some(name) = file.to_str().and_then(|n| n.strip_suffix(".sealed")) else {
+                continue;
+            };
+            if !named.contains(name) {
+                std::fs::rename(
+                    entry.path(),
+                    dir.join(format!(".trash-{name}.{}", uuid::Uuid::new_v4().simple())),
+                )
+                .map_err(fail)?;
+            }
         }
+        let dir = dir.to_path_buf();
+        std::thread::spawn(move || empty_trash(&dir));
         Ok(())
     }
 
     fn load_blocking(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {
         self.latest.recover(&home.home_key)?;
-        let path = self
-            .dir(&home.storage_id)?
-            .join(format!("{revision}.sealed"));
-        let sealed = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound),
-            Err(e) => return Err(fail(e)),
-        };
-        seal::open(
-            &home.data_key,
-            &Binding {
-                storage_id: &home.storage_id,
-                revision,
-            },
-            &sealed,
-        )
-        .map_err(|e| StoreError::Rejected(e.to_string()))
+        match self.open_revision(home, revision)? {
+            Revision::Whole(archive) => Ok(archive),
+            Revision::Chunked(manifest) => {
+                let mut archive = Vec::with_capacity(manifest.archive_bytes() as usize);
+                for chunk in &manifest.chunks {
+                    let plain = self.open_chunk(home, &chunk.name)?;
+                    if plain.len() as u64 != chunk.len {
+                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+                    }
+                    archive.extend_from_slice(&plain);
+                }
+                archive.extend_from_slice(&ARCHIVE_END);
+                Ok(archive)
+            }
+        }
+    }
+}
+
+/// A stored revision, opened.
+pub(crate) enum Revision {
+    /// A whole archive (revisions sealed before chunks).
+    Whole(Vec<u8>),
+    /// A manifest of chunks.
+    Chunked(Manifest),
+}
+
+impl Revision {
+    /// Opens a sealed revision of `home`.
+    pub(crate) fn open(home: &HomeId, revision: i64, sealed: &[u8]) -> Result<Self, StoreError> {
+        let binding = Binding::revision(&home.storage_id, revision);
+        let plain = seal::open(&home.data_key, &binding, sealed)
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
+        if seal::version(sealed) == Some(1) {
+            return Ok(Self::Whole(plain));
+        }
+        Manifest::decode(&plain).map(Self::Chunked)
+    }
+}
+
+/// Opens a sealed chunk of `home`.
+pub(crate) fn open_chunk(home: &HomeId, name: &str, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+    seal::open(
+        &home.data_key,
+        &Binding::chunk(&home.storage_id, name),
+        sealed,
+    )
+    .map_err(|e| StoreError::Rejected(e.to_string()))
+}
+
+/// Counts what a writer passed on.
+#[derive(Default)]
+pub(crate) struct Counted {
+    pub(crate) bytes: u64,
+}
+
+impl Counted {
+    pub(crate) fn wrap<'a>(&'a mut self, out: &'a mut dyn std::io::Write) -> CountingWriter<'a> {
+        CountingWriter { counted: self, out }
+    }
+}
+
+/// A writer that counts into a [`Counted`].
+pub(crate) struct CountingWriter<'a> {
+    counted: &'a mut Counted,
+    out: &'a mut dyn std::io::Write,
+}
+
+impl std::io::Write for CountingWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(data)?;
+        self.counted.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
@@ -397,11 +583,11 @@ impl HomeStore for LocalHomeStore {
         &self,
         home: &HomeId,
         revision: i64,
-        archive: Vec<u8>,
+        workspace: Workspace,
         replace_latest: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Saved, StoreError> {
         let (me, home) = (self.clone(), home.clone());
-        blocking(move || me.save_blocking(&home, revision, &archive, replace_latest)).await
+        blocking(move || me.save_blocking(&home, revision, workspace, replace_latest)).await
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {

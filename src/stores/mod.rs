@@ -3,6 +3,7 @@
 
 pub mod archive;
 pub mod bucket;
+pub mod chunks;
 pub mod durable;
 pub mod local;
 pub mod object;

@@ -14,17 +14,20 @@
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
+use std::collections::{HashMap, HashSet};
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
-use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
+use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 
-use super::archive;
 use super::archive::Limits;
+use super::chunks::{self, Manifest, Plan};
 use super::durable::write_atomic;
-use super::local::{LatestCopies, blocking, fail, refused, safe_name};
+use super::local::{Counted, LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -33,6 +36,10 @@ pub const PART: usize = 16 << 20;
 const PARTS_IN_FLIGHT: usize = 4;
 /// The prefix every stored revision lives under.
 const HOMES: &str = "homes";
+/// The folder of a home's chunks, beside its revisions.
+const CHUNKS: &str = "chunks";
+/// Chunks moving to or from the bucket at once.
+const CHUNKS_IN_FLIGHT: usize = 8;
 
 /// A sealed object on its way to the bucket, not yet visible there.
 enum Upload {
@@ -142,6 +149,13 @@ fn bucket_error(op: &str, err: object_store::Error) -> StoreError {
 fn key(storage_id: &str, revision: i64) -> Result<Path, StoreError> {
     Ok(Path::from(format!(
         "{HOMES}/{}/{revision}",
+        safe_name(storage_id)?
+    )))
+}
+
+fn chunk_key(storage_id: &str, name: &str) -> Result<Path, StoreError> {
+    Ok(Path::from(format!(
+        "{HOMES}/{}/{CHUNKS}/{name}",
         safe_name(storage_id)?
     )))
 }
@@ -265,6 +279,35 @@ impl ObjectHomeStore {
         }
     }
 
+    /// Seals what `seal` writes and puts it at `path` (in parts above [`PART`]); the sealed
+    /// bytes put. Nothing is visible at `path` unless sealing finished.
+    async fn put_sealed(
+        &self,
+        path: &Path,
+        seal: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send + 'static,
+    ) -> Result<u64, StoreError> {
+        let (parts, sealed_parts) = tokio::sync::mpsc::channel(PARTS_IN_FLIGHT);
+        let sealing = tokio::task::spawn_blocking(move || {
+            let mut out = Parts::new(parts);
+            let mut counted = Counted::default();
+            seal(&mut counted.wrap(&mut out))?;
+            out.finish().map(|()| counted.bytes)
+        });
+        let (sealed, upload) = tokio::join!(sealing, self.upload_parts(path, sealed_parts));
+        let sealed = sealed.map_err(fail).and_then(|r| r.map_err(fail));
+        match (sealed, upload) {
+            (Ok(bytes), Ok(upload)) => {
+                upload.complete(&*self.bucket, path).await?;
+                Ok(bytes)
+            }
+            (Err(e), Ok(upload)) => {
+                upload.abort().await;
+                Err(e)
+            }
+            (_, Err(e)) => Err(e),
+        }
+    }
+
     /// Every object key under `prefix`.
     async fn keys(&self, prefix: &Path) -> Result<Vec<Path>, StoreError> {
         self.bucket
@@ -285,8 +328,8 @@ impl ObjectHomeStore {
         Ok(())
     }
 
-    /// Delete every stored revision of `storage_id` (the latest copy stays: it is keyed by
-    /// home, which another computer may own now). For the reconciler.
+    /// Delete every stored revision and chunk of `storage_id` (the latest copy stays: it is
+    /// keyed by home, which another computer may own now). For the reconciler.
     pub async fn delete_revisions(&self, storage_id: &str) -> Result<usize, StoreError> {
         let keys = self.keys(&prefix(storage_id)?).await?;
         let count = keys.len();
@@ -294,7 +337,99 @@ impl ObjectHomeStore {
         Ok(count)
     }
 
-    /// Delete revisions older than the newest `keep`.
+    async fn get(&self, path: &Path) -> Result<Bytes, StoreError> {
+        self.bucket
+            .get(path)
+            .await
+            .map_err(|e| bucket_error("get", e))?
+            .bytes()
+            .await
+            .map_err(|e| bucket_error("read", e))
+    }
+
+    /// A stored revision, opened.
+    async fn open_revision(&self, home: &HomeId, revision: i64) -> Result<Revision, StoreError> {
+        let sealed = self.get(&key(&home.storage_id, revision)?).await?;
+        let home = home.clone();
+        blocking(move || Revision::open(&home, revision, &sealed)).await
+    }
+
+    /// Chunks of a home, fetched and opened a few at a time, in order.
+    async fn open_chunks(
+        &self,
+        home: &HomeId,
+        names: Vec<String>,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        futures_util::stream::iter(names)
+            .map(|name| async move {
+                let sealed = self
+                    .get(&chunk_key(&home.storage_id, &name)?)
+                    .await
+                    .map_err(|e| match e {
+                        StoreError::NotFound => StoreError::Rejected("a chunk is missing".into()),
+                        other => other,
+                    })?;
+                let home = home.clone();
+                blocking(move || open_chunk(&home, &name, &sealed)).await
+            })
+            .buffered(CHUNKS_IN_FLIGHT)
+            .try_collect()
+            .await
+    }
+
+    /// The manifests of the kept revisions (an unreadable one is skipped: it holds nothing
+    /// a new revision can name).
+    async fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Vec<Manifest> {
+        let mut kept = Vec::new();
+        for rev in revs {
+            if let Ok(Revision::Chunked(manifest)) = self.open_revision(home, *rev).await {
+                kept.push(manifest);
+            }
+        }
+        kept
+    }
+
+    /// Seals and uploads the plan's new chunks, a few at a time; the sealed bytes put.
+    async fn put_chunks(&self, home: &HomeId, plan: &Arc<Plan>) -> Result<u64, StoreError> {
+        futures_util::stream::iter(0..plan.new.len())
+            .map(|i| {
+                let (plan, home) = (plan.clone(), home.clone());
+                async move {
+                    let path = chunk_key(&home.storage_id, &plan.new[i].name)?;
+                    self.put_sealed(&path, move |out| {
+                        let chunk = &plan.new[i];
+                        let binding = Binding::chunk(&home.storage_id, &chunk.name);
+                        seal::seal_to(&home.data_key, &binding, plan.chunk(chunk), out)
+                    })
+                    .await
+                }
+            })
+            .buffer_unordered(CHUNKS_IN_FLIGHT)
+            .try_fold(0, |sum, bytes| async move { Ok(sum + bytes) })
+            .await
+    }
+
+    /// The whole archive of a plan, fetching the chunks the workspace did not bring.
+    async fn plan_archive(&self, home: &HomeId, plan: &Plan) -> Result<Vec<u8>, StoreError> {
+        let brought: HashSet<&str> = plan.brought.iter().map(|c| c.name.as_str()).collect();
+        let missing: Vec<String> = plan
+            .manifest
+            .names()
+            .filter(|n| !brought.contains(n))
+            .map(str::to_owned)
+            .collect();
+        let fetched = self.open_chunks(home, missing.clone()).await?;
+        let mut fetched: HashMap<String, Vec<u8>> = missing.into_iter().zip(fetched).collect();
+        plan.archive(|name| {
+            fetched
+                .get(name)
+                .cloned()
+                .ok_or_else(|| StoreError::Rejected("a chunk is missing".into()))
+        })
+        .inspect(|_| fetched.clear())
+    }
+
+    /// Delete revisions older than the newest `keep`, then chunks no kept revision names.
     async fn apply_retention(&self, home: &HomeId) -> Result<(), StoreError> {
         let revs = self.revisions(home).await?;
         let stale = revs.len().saturating_sub(self.keep);
@@ -302,7 +437,17 @@ impl ObjectHomeStore {
             .iter()
             .map(|rev| key(&home.storage_id, *rev))
             .collect::<Result<_, _>>()?;
-        self.delete_keys(keys).await
+        self.delete_keys(keys).await?;
+        let kept = self.kept_manifests(home, &revs[stale..]).await;
+        let named: HashSet<&str> = kept.iter().flat_map(Manifest::names).collect();
+        let chunks = Path::from(format!("{}/{CHUNKS}", prefix(&home.storage_id)?));
+        let unnamed = self
+            .keys(&chunks)
+            .await?
+            .into_iter()
+            .filter(|k| k.filename().is_none_or(|n| !named.contains(n)))
+            .collect();
+        self.delete_keys(unnamed).await
     }
 }
 
@@ -316,97 +461,96 @@ impl HomeStore for ObjectHomeStore {
         &self,
         home: &HomeId,
         revision: i64,
-        archive: Vec<u8>,
+        workspace: Workspace,
         replace_latest: bool,
-    ) -> Result<(), StoreError> {
-        let path = key(&home.storage_id, revision)?;
-        // Shared by the staging and the sealing threads.
-        let archive = Arc::new(archive);
-        let staging = {
-            let (latest, archive, home_key) =
-                (self.latest.clone(), archive.clone(), home.home_key.clone());
-            // A machine that works in the latest copy itself only needs the rules checked.
-            tokio::task::spawn_blocking(move || {
-                if replace_latest {
-                    latest.stage_reusing(&home_key, &archive).map(Some)
-                } else {
-                    archive::check(&archive, latest.limits())
-                        .map(|()| None)
-                        .map_err(refused)
+    ) -> Result<Saved, StoreError> {
+        let kept = self
+            .kept_manifests(home, &self.revisions(home).await?)
+            .await;
+        // Every chunk is checked against the restore rules before anything is uploaded.
+        let limits = self.latest.limits();
+        let data_key = home.data_key;
+        let plan =
+            Arc::new(blocking(move || chunks::plan(&data_key, workspace, &kept, limits)).await?);
+        // The latest copy, when the machine does not work in it, is staged beside the uploads.
+        let staging = async {
+            if !replace_latest {
+                return Ok(None);
+            }
+            let archive = self.plan_archive(home, &plan).await?;
+            let (latest, home_key) = (self.latest.clone(), home.home_key.clone());
+            blocking(move || latest.stage_reusing(&home_key, &archive))
+                .await
+                .map(Some)
+        };
+        let (staged, uploaded) = tokio::join!(staging, self.put_chunks(home, &plan));
+        let manifest_put = match (&staged, uploaded) {
+            (Ok(_), Ok(stored)) => {
+                let manifest = plan.manifest.encode();
+                let (data_key, storage_id) = (home.data_key, home.storage_id.clone());
+                self.put_sealed(&key(&home.storage_id, revision)?, move |out| {
+                    let binding = Binding::revision(&storage_id, revision);
+                    seal::seal_to(&data_key, &binding, &manifest, out)
+                })
+                .await
+                .map(|sealed| stored + sealed)
+            }
+            (_, Err(e)) => Err(e),
+            (Err(e), Ok(_)) => Err(e.clone()),
+        };
+        let stored_bytes = match (staged, manifest_put) {
+            (Ok(staged), Ok(stored)) => {
+                if let Some(staged) = staged {
+                    let (me, stamped) = (self.clone(), home.clone());
+                    blocking(move || me.make_current(&stamped, revision, &staged)).await?;
                 }
-            })
-        };
-        // Sealing streams parts to the uploader as it goes; the upload is completed only
-        // once the archive passed every rule and sealing finished.
-        let (parts, sealed_parts) = tokio::sync::mpsc::channel(PARTS_IN_FLIGHT);
-        let sealing = {
-            let (key, storage_id) = (home.data_key, home.storage_id.clone());
-            tokio::task::spawn_blocking(move || {
-                let binding = Binding {
-                    storage_id: &storage_id,
-                    revision,
-                };
-                let mut out = Parts::new(parts);
-                seal::seal_to(&key, &binding, &archive, &mut out)?;
-                out.finish()
-            })
-        };
-        let (staged, sealed, upload) =
-            tokio::join!(staging, sealing, self.upload_parts(&path, sealed_parts));
-        let staged = staged.map_err(fail).and_then(|r| r);
-        let sealed = sealed.map_err(fail).and_then(|r| r.map_err(fail));
-        let uploaded = match (&staged, sealed, upload) {
-            (Ok(_), Ok(()), Ok(upload)) => upload.complete(&*self.bucket, &path).await,
-            (_, Err(e), Ok(upload)) => {
-                upload.abort().await;
-                Err(e)
+                stored
             }
-            // Refused: the refusal is returned below.
-            (Err(_), Ok(()), Ok(upload)) => {
-                upload.abort().await;
-                Ok(())
+            (staged, outcome) => {
+                if let Ok(Some(staged)) = &staged {
+                    let _ = std::fs::remove_dir_all(staged);
+                }
+                // Chunks only this revision named go with it.
+                let names = plan
+                    .new
+                    .iter()
+                    .map(|c| chunk_key(&home.storage_id, &c.name));
+                if let Ok(keys) = names.collect::<Result<Vec<_>, _>>() {
+                    let _ = self.delete_keys(keys).await;
+                }
+                return Err(staged
+                    .err()
+                    .or(outcome.err())
+                    .unwrap_or_else(|| fail("save failed")));
             }
-            (_, _, Err(e)) => Err(e),
         };
-        // A refused archive is refused whatever the upload did.
-        let staged = staged?;
-        if let Err(e) = uploaded {
-            if let Some(staged) = &staged {
-                let _ = std::fs::remove_dir_all(staged);
-            }
-            return Err(e);
-        }
-        if let Some(staged) = staged {
-            let (me, stamped) = (self.clone(), home.clone());
-            blocking(move || me.make_current(&stamped, revision, &staged)).await?;
-        }
         if let Err(e) = self.apply_retention(home).await {
             // The new revision is stored and current; the next save retries the retention.
             tracing::warn!(event = "home.retention_deferred", home.storage_id = %home.storage_id, error = %e);
         }
-        Ok(())
+        Ok(Saved {
+            archive_bytes: plan.manifest.archive_bytes(),
+            stored_bytes,
+        })
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {
-        let path = key(&home.storage_id, revision)?;
-        let sealed = self
-            .bucket
-            .get(&path)
-            .await
-            .map_err(|e| bucket_error("get", e))?
-            .bytes()
-            .await
-            .map_err(|e| bucket_error("read", e))?;
-        let (data_key, storage_id) = (home.data_key, home.storage_id.clone());
-        let plain = blocking(move || {
-            let binding = Binding {
-                storage_id: &storage_id,
-                revision,
-            };
-            seal::open(&data_key, &binding, &sealed)
-                .map_err(|e| StoreError::Rejected(e.to_string()))
-        })
-        .await?;
+        let plain = match self.open_revision(home, revision).await? {
+            Revision::Whole(archive) => archive,
+            Revision::Chunked(manifest) => {
+                let names = manifest.names().map(str::to_owned).collect();
+                let chunks = self.open_chunks(home, names).await?;
+                let mut archive = Vec::with_capacity(manifest.archive_bytes() as usize);
+                for (chunk, plain) in manifest.chunks.iter().zip(chunks) {
+                    if plain.len() as u64 != chunk.len {
+                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+                    }
+                    archive.extend_from_slice(&plain);
+                }
+                archive.extend_from_slice(&ARCHIVE_END);
+                archive
+            }
+        };
         let newest = self.revisions(home).await?.last().copied();
         if newest == Some(revision) && !self.cached_is(home, revision)? {
             let plain = Arc::new(plain);
@@ -417,11 +561,15 @@ impl HomeStore for ObjectHomeStore {
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
+        // Revisions sit right under the home's prefix; its chunks one folder down.
         let mut revs: Vec<i64> = self
-            .keys(&prefix(&home.storage_id)?)
-            .await?
+            .bucket
+            .list_with_delimiter(Some(&prefix(&home.storage_id)?))
+            .await
+            .map_err(|e| bucket_error("list", e))?
+            .objects
             .iter()
-            .filter_map(|k| k.filename().and_then(|n| n.parse().ok()))
+            .filter_map(|o| o.location.filename().and_then(|n| n.parse().ok()))
             .collect();
         revs.sort_unstable();
         Ok(revs)

@@ -107,15 +107,15 @@ async fn restore_reserved(
     }
     let row = Computers::new(ctx.db().clone()).get(&c.id).await?;
     let new_revision = row.revision + 1;
-    let size_bytes = archive.len();
-    rt.homes
-        .save(&home, new_revision, archive, !mounted)
+    let saved = rt
+        .homes
+        .save(&home, new_revision, archive.into(), !mounted)
         .await?;
     NewRevision {
         computer_id: &c.id,
         home_key: &c.home_key,
         revision: new_revision,
-        size_bytes,
+        size_bytes: saved.archive_bytes,
         object_key: rt.homes.location(&home.storage_id, new_revision),
         reason: format!("restore:{revision}"),
         fingerprint: None,

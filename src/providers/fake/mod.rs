@@ -415,7 +415,7 @@ impl SandboxProvider for FakeProvider {
             return Ok(WorkspaceExport::Unchanged);
         }
         Ok(WorkspaceExport::Archive {
-            archive,
+            workspace: archive.into(),
             fingerprint: Some(fingerprint),
         })
     }

@@ -1,0 +1,251 @@
+//! Chunked revisions: a revision is a sealed manifest naming, in order, the sealed chunks its
+//! archive is made of. A chunk is whole archive entries (a piece a provider cut, or a cut of
+//! a received archive); a chunk the previous revision holds is named again, not stored again.
+//!
+//! Chunk names are keyed hashes (the key derived from the home's data key, so names reveal
+//! nothing): of the provider's stamp for a stamped piece, else of the bytes. Chunks are sealed
+//! bound to the home and their name; the manifest is sealed bound to the home and the
+//! revision, so a revision opens only with exactly the chunks it names, in its order.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use rakazo_actors::home_store::StoreError;
+use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
+use serde::{Deserialize, Serialize};
+
+use super::archive::{self, Counts, Limits};
+use super::local::refused;
+
+/// The manifest format written.
+const FORMAT: &str = "rakazo-revision-1";
+/// The key derivation context of chunk names.
+const NAME_KEY_CONTEXT: &str = "rakazo 2026-11-29 chunk names v1";
+
+/// One chunk of a revision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// Its name (hex).
+    pub name: String,
+    /// Its plaintext length.
+    pub len: u64,
+    /// Entries in it.
+    pub entries: u64,
+    /// Sum of its file sizes.
+    pub file_bytes: u64,
+}
+
+/// What a revision is made of.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The format.
+    pub format: String,
+    /// The chunks, in archive order.
+    pub chunks: Vec<ChunkRef>,
+}
+
+impl Manifest {
+    /// The manifest's plaintext.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a manifest serializes")
+    }
+
+    /// Reads a manifest's plaintext (already authenticated), refusing an unknown format or a
+    /// chunk name that is not hex.
+    pub fn decode(plain: &[u8]) -> Result<Self, StoreError> {
+        let manifest: Self = serde_json::from_slice(plain)
+            .map_err(|_| StoreError::Rejected("unreadable revision manifest".into()))?;
+        let named = manifest
+            .chunks
+            .iter()
+            .all(|c| c.name.len() == 64 && c.name.bytes().all(|b| b.is_ascii_hexdigit()));
+        if manifest.format != FORMAT || !named {
+            return Err(StoreError::Rejected("unknown revision manifest".into()));
+        }
+        Ok(manifest)
+    }
+
+    /// The archive's size (its chunks and the end blocks).
+    pub fn archive_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len).sum::<u64>() + ARCHIVE_END.len() as u64
+    }
+
+    /// The names of its chunks.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.chunks.iter().map(|c| c.name.as_str())
+    }
+}
+
+/// Names chunks for one home.
+pub struct Namer {
+    key: [u8; 32],
+}
+
+impl Namer {
+    /// The namer of the home with this data key.
+    pub fn new(data_key: &[u8; 32]) -> Self {
+        Self {
+            key: blake3::derive_key(NAME_KEY_CONTEXT, data_key),
+        }
+    }
+
+    /// The name of a stamped piece.
+    pub fn stamped(&self, stamp: &str) -> String {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(b"stamp\0");
+        h.update(stamp.as_bytes());
+        h.finalize().to_hex().to_string()
+    }
+
+    /// The name of unstamped bytes.
+    pub fn content(&self, bytes: &[u8]) -> String {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(b"bytes\0");
+        h.update(bytes);
+        h.finalize().to_hex().to_string()
+    }
+}
+
+/// A chunk to store: which received bytes, and its name.
+#[derive(Clone, Debug)]
+pub struct NewChunk {
+    /// Index into [`Plan::bytes`].
+    pub piece: usize,
+    /// Its range there.
+    pub range: Range<usize>,
+    /// Its name.
+    pub name: String,
+}
+
+/// What saving a workspace takes: the manifest, and the chunks not stored yet.
+#[derive(Debug)]
+pub struct Plan {
+    /// The new revision's manifest.
+    pub manifest: Manifest,
+    /// The bytes the workspace brought.
+    pub bytes: Vec<Vec<u8>>,
+    /// Every chunk the workspace brought bytes for.
+    pub brought: Vec<NewChunk>,
+    /// The chunks to store: those brought that no stored revision holds (each once).
+    pub new: Vec<NewChunk>,
+}
+
+impl Plan {
+    /// The plaintext of a new chunk.
+    pub fn chunk(&self, chunk: &NewChunk) -> &[u8] {
+        &self.bytes[chunk.piece][chunk.range.clone()]
+    }
+
+    /// Plaintext bytes the new chunks hold.
+    pub fn new_bytes(&self) -> u64 {
+        self.new.iter().map(|c| c.range.len() as u64).sum()
+    }
+
+    /// The whole archive, with chunks the workspace did not bring read through `stored`.
+    pub fn archive(
+        &self,
+        mut stored: impl FnMut(&str) -> Result<Vec<u8>, StoreError>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let brought: HashMap<&str, &[u8]> = self
+            .brought
+            .iter()
+            .map(|c| (c.name.as_str(), self.chunk(c)))
+            .collect();
+        let mut archive = Vec::with_capacity(self.manifest.archive_bytes() as usize);
+        for chunk in &self.manifest.chunks {
+            match brought.get(chunk.name.as_str()) {
+                Some(bytes) => archive.extend_from_slice(bytes),
+                None => archive.extend_from_slice(&stored(&chunk.name)?),
+            }
+        }
+        archive.extend_from_slice(&ARCHIVE_END);
+        Ok(archive)
+    }
+}
+
+/// Plans saving `workspace` for the home with `data_key`, which holds the revisions with
+/// manifests `kept`: cuts unstamped bytes into chunks, names every chunk, checks every chunk
+/// it brought against the restore rules and the totals against the limits, and stores only
+/// chunks no kept revision holds. A [`Piece::Same`] no kept revision holds is stale.
+pub fn plan(
+    data_key: &[u8; 32],
+    workspace: Workspace,
+    kept: &[Manifest],
+    limits: Limits,
+) -> Result<Plan, StoreError> {
+    let namer = Namer::new(data_key);
+    let held: HashMap<&str, &ChunkRef> = kept
+        .iter()
+        .flat_map(|m| m.chunks.iter().map(|c| (c.name.as_str(), c)))
+        .collect();
+    let mut plan = Plan {
+        manifest: Manifest {
+            format: FORMAT.into(),
+            chunks: Vec::new(),
+        },
+        bytes: Vec::new(),
+        brought: Vec::new(),
+        new: Vec::new(),
+    };
+    let mut planned = HashSet::new();
+    for piece in workspace.pieces {
+        let (bytes, stamp) = match piece {
+            Piece::Same { stamp } => {
+                let name = namer.stamped(&stamp);
+                let chunk = held.get(name.as_str()).ok_or_else(|| {
+                    StoreError::Stale("the previous revision does not hold a named piece".into())
+                })?;
+                plan.manifest.chunks.push((*chunk).clone());
+                continue;
+            }
+            Piece::Bytes { bytes, stamp } => (bytes, stamp),
+        };
+        let index = plan.bytes.len();
+        let ranges = match &stamp {
+            Some(_) => vec![0..bytes.len()],
+            None => archive::cut(&bytes),
+        };
+        for range in ranges {
+            let chunk = &bytes[range.clone()];
+            let name = match &stamp {
+                Some(stamp) => namer.stamped(stamp),
+                None => namer.content(chunk),
+            };
+            let Counts {
+                entries,
+                file_bytes,
+            } = archive::check(chunk, limits).map_err(refused)?;
+            plan.manifest.chunks.push(ChunkRef {
+                name: name.clone(),
+                len: chunk.len() as u64,
+                entries,
+                file_bytes,
+            });
+            let chunk = NewChunk {
+                piece: index,
+                range,
+                name,
+            };
+            if !held.contains_key(chunk.name.as_str()) && planned.insert(chunk.name.clone()) {
+                plan.new.push(chunk.clone());
+            }
+            plan.brought.push(chunk);
+        }
+        plan.bytes.push(bytes);
+    }
+    let entries: u64 = plan.manifest.chunks.iter().map(|c| c.entries).sum();
+    let file_bytes: u64 = plan.manifest.chunks.iter().map(|c| c.file_bytes).sum();
+    if entries > limits.max_entries as u64 {
+        return Err(StoreError::Rejected(format!(
+            "archive refused: more than {} entries",
+            limits.max_entries
+        )));
+    }
+    if file_bytes > limits.max_total_bytes {
+        return Err(StoreError::Rejected(format!(
+            "archive refused: more than {} bytes in total",
+            limits.max_total_bytes
+        )));
+    }
+    Ok(plan)
+}

@@ -202,7 +202,7 @@ pub fn plan(
         };
         let index = plan.bytes.len();
         let ranges = match &stamp {
-            Some(_) => vec![0..bytes.len()],
+            Some(_) => std::iter::once(0..bytes.len()).collect(),
             None => archive::cut(&bytes),
         };
         for range in ranges {

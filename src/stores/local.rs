@@ -1,15 +1,16 @@
-//! The local home store: sealed revisions under `DATA_DIR/home-revisions/<storage id>/` and
-//! the latest workspace unpacked under `DATA_DIR/homes/<home key>`.
+//! The local home store: sealed revisions under `DATA_DIR/home-revisions/<storage id>/` (a
+//! manifest per revision, the chunks it names under `chunks/`) and the latest workspace
+//! unpacked under `DATA_DIR/homes/<home key>`.
 //!
-//! Saving first unpacks the archive into a staging directory (which also enforces every
-//! restore rule), then writes the sealed revision (temporary file, fsync, rename), then swaps
-//! the staged copy in (current → `.old-*`, staged → current, drop old). A crash at any point
-//! leaves the old or the new workspace, never a mix: an interrupted swap is rolled back the
-//! next time the home is touched. The last `keep` revisions are kept.
-
-use std::path::{Path, PathBuf};
+//! Saving plans the revision (every chunk checked against the restore rules), writes the new
+//! chunks and makes them durable at once, then writes the manifest (temporary file, fsync,
+//! rename). When the store keeps the latest copy, it stages it beside the writes and swaps it
+//! in afterwards (current → `.old-*`, staged → current, drop old). A crash at any point leaves
+//! the old or the new workspace, never a mix: an interrupted swap is rolled back the next time
+//! the home is touched. The last `keep` revisions, and the chunks they name, are kept.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};

@@ -1,20 +1,22 @@
-//! The object home store: sealed revisions in an S3-compatible bucket (the source of truth)
-//! as `homes/<storage id>/<revision>`, and the latest workspace unpacked under
+//! The object home store: sealed revisions in an S3-compatible bucket (the source of truth),
+//! a manifest per revision as `homes/<storage id>/<revision>` and the chunks it names as
+//! `homes/<storage id>/chunks/<name>`, and the latest workspace unpacked under
 //! `DATA_DIR/homes/<home key>` as a cache.
 //!
-//! Saving unpacks the archive into a staging directory (enforcing every restore rule) while
-//! another thread seals it and hands the sealed parts to the upload as it goes (multipart
-//! above [`PART`]; the upload completes only once the archive passed every rule), swaps the
-//! staged copy in, then deletes objects older than the kept revisions. A refused archive or a
-//! failed upload leaves the bucket's revisions and the latest copy as they were. Loading
-//! verifies the whole object before anything local changes, then brings the cache up to the
-//! newest stored revision. Errors carry the operation and the kind of failure only: never
-//! keys, endpoints, credentials or object contents.
-
-use std::path::Path as FsPath;
-use std::sync::Arc;
+//! Saving plans the revision (every chunk checked against the restore rules before anything
+//! goes up), uploads the new chunks a few at a time, each sealed on a blocking thread that
+//! hands its sealed parts to the upload as it goes (multipart above [`PART`]; an object is
+//! completed only once sealed whole), then the manifest; then it swaps a staged copy in (when
+//! the machine does not work in the cache itself) and deletes revisions past the kept ones
+//! and the chunks no kept revision names. A refused archive or a failed upload leaves the
+//! bucket's revisions and the latest copy as they were. Loading verifies every object before
+//! anything local changes, then brings the cache up to the newest stored revision. Errors
+//! carry the operation and the kind of failure only: never keys, endpoints, credentials or
+//! object contents.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path as FsPath;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -528,6 +528,16 @@ async fn insert_computer(db: &sea_orm::DatabaseConnection, storage_id: &str) {
     .unwrap();
 }
 
+/// The owned computer's revision and its chunks are all the bucket holds.
+async fn only_owned_objects_remain(bucket: &Arc<dyn ObjectStore>) {
+    assert_eq!(revision_keys(bucket).await, vec!["homes/owned/1"]);
+    let keys = object_keys(bucket).await;
+    assert!(
+        keys.iter().all(|k| k.starts_with("homes/owned/")),
+        "{keys:?}"
+    );
+}
+
 #[actix_rt::test]
 async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
     let Some(fx) = fixture(3, Limits::default()).await else {
@@ -546,13 +556,7 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
         .await
         .unwrap();
     assert_eq!(reconciler::reconcile(&db, &fx.store).await.unwrap(), 2);
-    assert_eq!(revision_keys(&fx.bucket).await, vec!["homes/owned/1"]);
-    assert!(
-        object_keys(&fx.bucket)
-            .await
-            .iter()
-            .all(|k| k.starts_with("homes/owned/"))
-    );
+    only_owned_objects_remain(&fx.bucket).await;
     assert_eq!(notes(&fx, &home("owned")), "owned");
 
     // Through the actor, as the app runs it.
@@ -567,11 +571,5 @@ async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
         std::time::Duration::from_secs(3600),
     ));
     assert_eq!(addr.send(ReconcileNow).await.unwrap().unwrap(), 1);
-    assert_eq!(revision_keys(&fx.bucket).await, vec!["homes/owned/1"]);
-    assert!(
-        object_keys(&fx.bucket)
-            .await
-            .iter()
-            .all(|k| k.starts_with("homes/owned/"))
-    );
+    only_owned_objects_remain(&fx.bucket).await;
 }

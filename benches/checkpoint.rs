@@ -1,8 +1,9 @@
 //! Checkpoint benchmark: pack + seal + store of a ~1 GiB workspace (~20,000 small files and a
 //! few large ones) through the local and the S3 home stores, side by side with
 //! `tar -cf - DIR | openssl enc -aes-256-ctr` in the same run: a first checkpoint (every
-//! piece stored), a checkpoint after one file changed (into a mounted home, as docker's, and
-//! with the store's copy restaged), one when nothing changed, and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
+//! piece stored), a checkpoint after one file changed (from a mounted home, as docker's, and
+//! as one whole archive, as a remote machine sends it, with the store's copy restaged), one
+//! when nothing changed, and the time of each phase. The S3 leg needs `RAKAZO_TEST_S3_ENDPOINT`
 //! (`scripts/bench.sh checkpoint` starts moto); `RAKAZO_BENCH_S3_BUCKET` names an existing bucket
 //! for servers that refuse unsigned bucket creation, `RAKAZO_BENCH_S3_SERVER` its name in the
 //! table; the S3 floor (the same size put through the same client) runs beside our S3 leg.
@@ -171,9 +172,10 @@ enum Leg {
     /// a new computer): every piece is packed, sealed and written; the machine works in the
     /// copy itself (docker's mounted home).
     First,
-    /// A file changed since the last checkpoint; the store's copy is restaged (a provider
-    /// without a mounted home).
-    Changed,
+    /// A file changed since the last checkpoint, and the machine sends its whole workspace
+    /// as one archive (as a remote machine does): the store cuts and names it, stores the
+    /// changed chunks and restages its copy.
+    Remote,
     /// Nothing changed and the last checkpoint's fingerprint still holds: nothing is stored.
     Unchanged,
     /// A file changed, and the machine works in the copy itself (docker's mounted home, the
@@ -192,7 +194,7 @@ async fn checkpoint(
 ) -> Result<Duration, String> {
     let mut times = Vec::new();
     for run in 0..RUNS {
-        if matches!(leg, Leg::Changed | Leg::Mounted) {
+        if matches!(leg, Leg::Remote | Leg::Mounted) {
             std::fs::write(dir.join("changed.txt"), rev.to_string()).unwrap();
         }
         let home = if leg == Leg::First {
@@ -205,20 +207,29 @@ async fn checkpoint(
             home()
         };
         let start = Instant::now();
-        match files::export_since(dir, since.as_deref()).map_err(|e| e.to_string())? {
+        let since_here = if leg == Leg::Remote {
+            None
+        } else {
+            since.as_deref()
+        };
+        match files::export_since(dir, since_here).map_err(|e| e.to_string())? {
             WorkspaceExport::Unchanged => {}
             WorkspaceExport::Archive {
                 workspace,
                 fingerprint,
             } => {
                 *rev += 1;
-                let replace_latest = leg == Leg::Changed;
+                let workspace = match leg {
+                    Leg::Remote => workspace.into_archive().expect("every byte").into(),
+                    _ => workspace,
+                };
                 store
-                    .save(&home, *rev, workspace, replace_latest)
+                    .save(&home, *rev, workspace, leg == Leg::Remote)
                     .await
                     .map_err(|e| e.to_string())?;
-                // A first checkpoint's home is deleted below: nothing to follow.
-                *since = fingerprint.filter(|_| leg != Leg::First);
+                // A first checkpoint's home is deleted below, and a whole archive is stored
+                // by content: no stamps to follow.
+                *since = fingerprint.filter(|_| leg == Leg::Mounted || leg == Leg::Unchanged);
             }
         }
         times.push(start.elapsed());
@@ -278,9 +289,9 @@ fn main() {
         // One checkpoint to start from, then the legs that follow a checkpoint.
         run_leg(&local, Leg::Mounted).await.unwrap();
         quiet();
-        let local_changed = run_leg(&local, Leg::Changed).await.unwrap();
-        let local_unchanged = run_leg(&local, Leg::Unchanged).await.unwrap();
         let local_mounted = run_leg(&local, Leg::Mounted).await.unwrap();
+        let local_unchanged = run_leg(&local, Leg::Unchanged).await.unwrap();
+        let local_remote = run_leg(&local, Leg::Remote).await.unwrap();
         let s3 = match s3_store(&scratch.path().join("s3")).await {
             Some((store, bucket)) => {
                 let floor = upload_floor(&bucket, size).await;
@@ -320,8 +331,8 @@ fn main() {
             local_mounted,
         );
         row(
-            "ours, local store, a file changed, copy restaged",
-            local_changed,
+            "ours, local store, a file changed, whole archive received (remote machine), copy restaged",
+            local_remote,
         );
         row(
             "ours, nothing changed (fingerprint holds: nothing stored)",

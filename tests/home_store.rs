@@ -488,3 +488,26 @@ async fn pieces_the_last_revision_holds_are_named_not_stored_again() {
     ));
     assert_eq!(s.revisions(&h).await.unwrap(), vec![1, 2]);
 }
+
+#[actix_rt::test]
+async fn chunks_stay_while_a_kept_revision_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LocalHomeStore::new(dir.path(), 2, Limits::default());
+    let h = home("gc");
+    let archive = |text: &str| Tar::new().file("note.txt", text.as_bytes()).bytes();
+    s.save(&h, 1, archive("one").into(), false).await.unwrap();
+    s.save(&h, 2, archive("two").into(), false).await.unwrap();
+    let manifest = dir.path().join("home-revisions/storage-gc/2.sealed");
+    let original = std::fs::read(&manifest).unwrap();
+    std::fs::write(&manifest, b"unreadable for now").unwrap();
+    // Revision 1 expires; revision 2's chunk is named only by the manifest that cannot be
+    // read, so no chunk is deleted.
+    s.save(&h, 3, archive("three").into(), false).await.unwrap();
+    std::fs::write(&manifest, &original).unwrap();
+    assert_eq!(s.revisions(&h).await.unwrap(), vec![2, 3]);
+    assert_eq!(s.load(&h, 2).await.unwrap(), archive("two"));
+    // Once every kept revision reads again, unnamed chunks go.
+    s.save(&h, 4, archive("four").into(), false).await.unwrap();
+    assert_eq!(chunk_files(dir.path(), "storage-gc").len(), 2);
+    assert_eq!(s.load(&h, 3).await.unwrap(), archive("three"));
+}

@@ -76,6 +76,31 @@ impl Manifest {
     }
 }
 
+/// The manifests of a home's kept revisions, as far as they could be read.
+#[derive(Debug, Default)]
+pub struct Kept {
+    /// The manifests read (revisions sealed whole name no chunks).
+    pub manifests: Vec<Manifest>,
+    /// Whether every kept revision was read: only then may unnamed chunks be deleted.
+    pub complete: bool,
+}
+
+impl Kept {
+    /// Adds what opening one kept revision gave.
+    pub fn add(&mut self, opened: Result<Option<Manifest>, StoreError>) {
+        match opened {
+            Ok(manifest) => self.manifests.extend(manifest),
+            Err(_) => self.complete = false,
+        }
+    }
+
+    /// The names of every chunk a kept revision names, if every one was read.
+    pub fn names(&self) -> Option<HashSet<&str>> {
+        self.complete
+            .then(|| self.manifests.iter().flat_map(Manifest::names).collect())
+    }
+}
+
 /// Names chunks for one home.
 pub struct Namer {
     key: [u8; 32],

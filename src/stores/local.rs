@@ -17,7 +17,7 @@ use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
 use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 
 use super::archive::{self, ArchiveError, Limits};
-use super::chunks::{self, Manifest, Plan};
+use super::chunks::{self, Kept, Manifest, Plan};
 use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
 
@@ -334,15 +334,16 @@ impl LocalHomeStore {
         open_chunk(home, name, &sealed)
     }
 
-    /// The manifests of the kept revisions (an unreadable one is skipped: it holds nothing
-    /// a new revision can name).
-    fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Vec<Manifest> {
-        revs.iter()
-            .filter_map(|rev| match self.open_revision(home, *rev) {
-                Ok(Revision::Chunked(manifest)) => Some(manifest),
-                _ => None,
-            })
-            .collect()
+    /// The manifests of the kept revisions.
+    fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Kept {
+        let mut kept = Kept {
+            complete: true,
+            ..Kept::default()
+        };
+        for rev in revs {
+            kept.add(self.open_revision(home, *rev).map(Revision::manifest));
+        }
+        kept
     }
 
     fn save_blocking(
@@ -355,7 +356,12 @@ impl LocalHomeStore {
         let dir = self.dir(&home.storage_id)?;
         let kept = self.kept_manifests(home, &Self::list(&dir)?);
         // Every chunk is checked against the restore rules before anything is written.
-        let plan = chunks::plan(&home.data_key, workspace, &kept, self.latest.limits())?;
+        let plan = chunks::plan(
+            &home.data_key,
+            workspace,
+            &kept.manifests,
+            self.latest.limits(),
+        )?;
         // The latest copy, when this store keeps it, is staged side by side with the writes.
         let (staged, written) = std::thread::scope(|scope| {
             let writing = scope.spawn(|| self.write_chunks(home, &dir, &plan));
@@ -468,7 +474,11 @@ impl LocalHomeStore {
             .map_err(fail)?;
         }
         let kept = self.kept_manifests(home, &revs[expired..]);
-        let named: HashSet<&str> = kept.iter().flat_map(Manifest::names).collect();
+        // A kept revision that cannot be read now keeps every chunk until one can.
+        let Some(named) = kept.names() else {
+            tracing::warn!(event = "home.chunks_kept", home.storage_id = %home.storage_id);
+            return Ok(());
+        };
         let Ok(entries) = std::fs::read_dir(dir.join(CHUNKS)) else {
             return Ok(());
         };
@@ -528,6 +538,14 @@ impl Revision {
             return Ok(Self::Whole(plain));
         }
         Manifest::decode(&plain).map(Self::Chunked)
+    }
+
+    /// Its manifest, if it has one.
+    pub(crate) fn manifest(self) -> Option<Manifest> {
+        match self {
+            Self::Whole(_) => None,
+            Self::Chunked(manifest) => Some(manifest),
+        }
     }
 }
 

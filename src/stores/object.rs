@@ -27,7 +27,7 @@ use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
 use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 
 use super::archive::Limits;
-use super::chunks::{self, Manifest, Plan};
+use super::chunks::{self, Kept, Manifest, Plan};
 use super::durable::write_atomic;
 use super::local::{Counted, LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
 use super::seal::{self, Binding};
@@ -379,14 +379,14 @@ impl ObjectHomeStore {
             .await
     }
 
-    /// The manifests of the kept revisions (an unreadable one is skipped: it holds nothing
-    /// a new revision can name).
-    async fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Vec<Manifest> {
-        let mut kept = Vec::new();
+    /// The manifests of the kept revisions.
+    async fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Kept {
+        let mut kept = Kept {
+            complete: true,
+            ..Kept::default()
+        };
         for rev in revs {
-            if let Ok(Revision::Chunked(manifest)) = self.open_revision(home, *rev).await {
-                kept.push(manifest);
-            }
+            kept.add(self.open_revision(home, *rev).await.map(Revision::manifest));
         }
         kept
     }
@@ -441,7 +441,11 @@ impl ObjectHomeStore {
             .collect::<Result<_, _>>()?;
         self.delete_keys(keys).await?;
         let kept = self.kept_manifests(home, &revs[stale..]).await;
-        let named: HashSet<&str> = kept.iter().flat_map(Manifest::names).collect();
+        // A kept revision that cannot be read now keeps every chunk until one can.
+        let Some(named) = kept.names() else {
+            tracing::warn!(event = "home.chunks_kept", home.storage_id = %home.storage_id);
+            return Ok(());
+        };
         let chunks = Path::from(format!("{}/{CHUNKS}", prefix(&home.storage_id)?));
         let unnamed = self
             .keys(&chunks)
@@ -468,7 +472,8 @@ impl HomeStore for ObjectHomeStore {
     ) -> Result<Saved, StoreError> {
         let kept = self
             .kept_manifests(home, &self.revisions(home).await?)
-            .await;
+            .await
+            .manifests;
         // Every chunk is checked against the restore rules before anything is uploaded.
         let limits = self.latest.limits();
         let data_key = home.data_key;

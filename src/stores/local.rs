@@ -9,7 +9,6 @@
 //! the old or the new workspace, never a mix: an interrupted swap is rolled back the next time
 //! the home is touched. The last `keep` revisions, and the chunks they name, are kept.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;

@@ -27,7 +27,7 @@ use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
 use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 
 use super::archive::Limits;
-use super::chunks::{self, Kept, Manifest, Plan};
+use super::chunks::{self, Kept, Plan};
 use super::durable::write_atomic;
 use super::local::{Counted, LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
 use super::seal::{self, Binding};

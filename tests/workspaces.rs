@@ -172,3 +172,82 @@ async fn deleting_a_computer_leaves_nothing_readable_behind() {
     );
     assert_eq!(s.app.fake.as_ref().unwrap().live_machines(), 0);
 }
+
+/// The sealed chunks a computer's store holds, and their total size.
+fn stored_chunks(s: &TestServer) -> (usize, u64) {
+    let revisions = s.app.config.data_dir.join("home-revisions");
+    let Some(home) = std::fs::read_dir(&revisions)
+        .ok()
+        .and_then(|mut d| d.next())
+    else {
+        return (0, 0);
+    };
+    let chunks = home.unwrap().path().join("chunks");
+    std::fs::read_dir(chunks).map_or((0, 0), |entries| {
+        entries.fold((0, 0), |(n, bytes), e| {
+            (n + 1, bytes + e.unwrap().metadata().unwrap().len())
+        })
+    })
+}
+
+#[actix_rt::test]
+async fn desktop_checkpoints_store_what_changed_and_survive_a_lost_store() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "desktop")])
+        .await
+        .unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    // Files older than the two seconds a stamp withholds, as between runs.
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(2100));
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(
+        &run,
+        fence,
+        "for d in a b c; do mkdir -p $d && head -c 2097152 /dev/urandom > $d/data.bin; done",
+    )
+    .await
+    .unwrap();
+    settle().await;
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], 1);
+    let (first_chunks, first_bytes) = stored_chunks(&s);
+    assert!(first_bytes > 6 << 20, "{first_bytes} bytes stored first");
+
+    // One folder changed: only its piece is stored again.
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo changed > a/note.txt")
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], 2);
+    let (chunks, bytes) = stored_chunks(&s);
+    assert!(chunks > first_chunks, "a changed piece is a new chunk");
+    assert!(
+        bytes - first_bytes < 3 << 20,
+        "{} more bytes for one changed folder",
+        bytes - first_bytes
+    );
+
+    // The store lost what the last revision named: the checkpoint exports every byte again.
+    let revisions = s.app.config.data_dir.join("home-revisions");
+    std::fs::remove_dir_all(&revisions).unwrap();
+    std::fs::create_dir_all(&revisions).unwrap();
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo again > b/note.txt")
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], 3);
+    assert!(stored_chunks(&s).1 > 6 << 20, "every byte stored again");
+    let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    s.ok(
+        "computer.restoreRevision",
+        json!({ "computerId": c["id"], "revision": 3 }),
+    )
+    .await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat a/note.txt b/note.txt")
+            .await
+            .unwrap()["stdout"],
+        "changed\nagain\n"
+    );
+}

@@ -354,6 +354,9 @@ impl LocalHomeStore {
     ) -> Result<Saved, StoreError> {
         let dir = self.dir(&home.storage_id)?;
         let kept = self.kept_manifests(home, &Self::list(&dir)?);
+        // A chunk this save writes is its own to take back on failure only when no kept
+        // revision could have named it.
+        let owns_new_chunks = kept.complete;
         // Every chunk is checked against the restore rules before anything is written.
         let plan = chunks::plan(
             &home.data_key,
@@ -409,7 +412,7 @@ impl LocalHomeStore {
                 // A revision whose copy was refused or not swapped in is not kept, nor are
                 // the chunks only it named.
                 let _ = std::fs::remove_file(&manifest_path);
-                for chunk in &plan.new {
+                for chunk in plan.new.iter().filter(|_| owns_new_chunks) {
                     let _ = std::fs::remove_file(Self::chunk_path(&dir, &chunk.name));
                 }
                 return Err(e);

@@ -472,13 +472,16 @@ impl HomeStore for ObjectHomeStore {
     ) -> Result<Saved, StoreError> {
         let kept = self
             .kept_manifests(home, &self.revisions(home).await?)
-            .await
-            .manifests;
+            .await;
+        // A chunk this save puts is its own to take back on failure only when no kept
+        // revision could have named it.
+        let owns_new_chunks = kept.complete;
         // Every chunk is checked against the restore rules before anything is uploaded.
         let limits = self.latest.limits();
         let data_key = home.data_key;
-        let plan =
-            Arc::new(blocking(move || chunks::plan(&data_key, workspace, &kept, limits)).await?);
+        let plan = Arc::new(
+            blocking(move || chunks::plan(&data_key, workspace, &kept.manifests, limits)).await?,
+        );
         // The latest copy, when the machine does not work in it, is staged beside the uploads.
         let staging = async {
             if !replace_latest {
@@ -522,7 +525,7 @@ impl HomeStore for ObjectHomeStore {
                     .new
                     .iter()
                     .map(|c| chunk_key(&home.storage_id, &c.name));
-                if let Ok(keys) = names.collect::<Result<Vec<_>, _>>() {
+                if let (true, Ok(keys)) = (owns_new_chunks, names.collect::<Result<Vec<_>, _>>()) {
                     let _ = self.delete_keys(keys).await;
                 }
                 return Err(staged

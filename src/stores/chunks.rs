@@ -131,9 +131,9 @@ impl Namer {
     }
 }
 
-/// A chunk to store: which received bytes, and its name.
+/// A chunk the workspace brought: where its bytes are, and its name.
 #[derive(Clone, Debug)]
-pub struct NewChunk {
+pub struct BroughtChunk {
     /// Index into [`Plan::bytes`].
     pub piece: usize,
     /// Its range there.
@@ -150,20 +150,15 @@ pub struct Plan {
     /// The bytes the workspace brought.
     pub bytes: Vec<Vec<u8>>,
     /// Every chunk the workspace brought bytes for.
-    pub brought: Vec<NewChunk>,
+    pub brought: Vec<BroughtChunk>,
     /// The chunks to store: those brought that no stored revision holds (each once).
-    pub new: Vec<NewChunk>,
+    pub new: Vec<BroughtChunk>,
 }
 
 impl Plan {
-    /// The plaintext of a new chunk.
-    pub fn chunk(&self, chunk: &NewChunk) -> &[u8] {
+    /// The plaintext of a chunk the workspace brought.
+    pub fn chunk(&self, chunk: &BroughtChunk) -> &[u8] {
         &self.bytes[chunk.piece][chunk.range.clone()]
-    }
-
-    /// Plaintext bytes the new chunks hold.
-    pub fn new_bytes(&self) -> u64 {
-        self.new.iter().map(|c| c.range.len() as u64).sum()
     }
 
     /// The whole archive, with chunks the workspace did not bring read through `stored`.
@@ -246,7 +241,7 @@ pub fn plan(
                 entries,
                 file_bytes,
             });
-            let chunk = NewChunk {
+            let chunk = BroughtChunk {
                 piece: index,
                 range,
                 name,

@@ -50,11 +50,6 @@ impl Workspace {
         archive.extend_from_slice(&ARCHIVE_END);
         Some(archive)
     }
-
-    /// Whether some piece refers to the previous revision.
-    pub fn refers_back(&self) -> bool {
-        self.pieces.iter().any(|p| matches!(p, Piece::Same { .. }))
-    }
 }
 
 /// A whole tar archive (as a remote machine exports it) is one unstamped piece.
@@ -87,14 +82,12 @@ mod tests {
                 },
             ],
         };
-        assert!(!w.refers_back());
         let archive = w.into_archive().unwrap();
         assert_eq!(archive.len(), 2048);
         assert_eq!(&archive[512..1024], &[2; 512]);
         let back = Workspace {
             pieces: vec![Piece::Same { stamp: "a".into() }],
         };
-        assert!(back.refers_back());
         assert_eq!(back.into_archive(), None);
     }
 }

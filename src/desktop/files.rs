@@ -171,7 +171,7 @@ pub(crate) async fn export_quiesced(
 
 /// Packs the home into a tar of its directories and regular files (the workspace archive
 /// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left
-/// out), unless its fingerprint equals `since`'s (see [`archive::fingerprint`]); pieces whose
+/// out), unless its digest equals `since`'s (see [`archive::Baseline`]); pieces whose
 /// stamps `since` holds are named, not read ([`archive::pack_pieces`]). The returned
 /// fingerprint is the pack's [`archive::Baseline`].
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {

@@ -194,15 +194,6 @@ impl Cutter {
     }
 }
 
-/// What [`fingerprint`] found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fingerprint {
-    /// The digest, or `None` when an entry changed too recently to vouch for.
-    pub digest: Option<String>,
-    /// About how many bytes [`pack`] would make of the same tree (never fewer).
-    pub archive_bytes: u64,
-}
-
 /// The tar bytes of one entry: its header, a long-name entry for a long path, its data
 /// padded to whole blocks.
 fn tar_bytes(path: &str, size: u64) -> u64 {
@@ -278,23 +269,7 @@ impl Survey {
 
     /// The digest of every entry, unless one is too recent to vouch for.
     fn digest(&self) -> Option<String> {
-        use sha2::Digest as _;
-        if self.entries.iter().any(|e| e.racy) {
-            return None;
-        }
-        let mut hash = sha2::Sha256::new();
-        for e in &self.entries {
-            hash.update(&e.line);
-        }
-        Some(hex::encode(hash.finalize()))
-    }
-
-    fn fingerprint(&self) -> Fingerprint {
-        Fingerprint {
-            digest: self.digest(),
-            // The two zero blocks that end an archive, and every entry.
-            archive_bytes: 1024 + self.entries.iter().map(|e| e.archive_bytes).sum::<u64>(),
-        }
+        hash_lines(b"", &self.entries).map(hex::encode)
     }
 
     /// The entries cut into pieces ([`Cutter`]), as index ranges.
@@ -316,26 +291,22 @@ impl Survey {
 
     /// The stamp of a piece's entries, unless one is too recent to vouch for.
     fn stamp(entries: &[Surveyed]) -> Option<String> {
-        use sha2::Digest as _;
-        if entries.iter().any(|e| e.racy) {
-            return None;
-        }
-        let mut hash = sha2::Sha256::new();
-        hash.update(b"piece 1\n");
-        for e in entries {
-            hash.update(&e.line);
-        }
-        Some(hex::encode(&hash.finalize()[..16]))
+        hash_lines(b"piece 1\n", entries).map(|h| hex::encode(&h[..16]))
     }
 }
 
-/// A fingerprint of what [`pack`] would put in an archive of `root`, from metadata only:
-/// every entry's path and, for files, device, inode, size, modification and change times
-/// (the change time cannot be set back by the workspace's owner). Equal digests mean equal
-/// archives. No digest when an entry changed within the last two seconds, since a write in
-/// the same clock tick might not show.
-pub fn fingerprint(root: &Path) -> Result<Fingerprint, ArchiveError> {
-    Ok(Survey::take(root, RACY_WINDOW_NS)?.fingerprint())
+/// The SHA-256 of `prefix` and the entries' lines, unless one is too recent to vouch for.
+fn hash_lines(prefix: &[u8], entries: &[Surveyed]) -> Option<[u8; 32]> {
+    use sha2::Digest as _;
+    if entries.iter().any(|e| e.racy) {
+        return None;
+    }
+    let mut hash = sha2::Sha256::new();
+    hash.update(prefix);
+    for e in entries {
+        hash.update(&e.line);
+    }
+    Some(hash.finalize().into())
 }
 
 /// What a packed workspace was: the fingerprint to skip an unchanged export, and the stamps
@@ -343,7 +314,11 @@ pub fn fingerprint(root: &Path) -> Result<Fingerprint, ArchiveError> {
 /// JSON; a bare digest (as kept before pieces) reads as a baseline without stamps.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Baseline {
-    /// The whole tree's digest ([`Fingerprint::digest`]).
+    /// The whole tree's digest, from metadata only: every entry's path and, for files,
+    /// device, inode, size, modification and change times (the change time cannot be set
+    /// back by the workspace's owner). Equal digests mean equal archives. None when an entry
+    /// changed within the last two seconds, since a write in the same clock tick might not
+    /// show.
     pub digest: Option<String>,
     /// The stamps of its pieces.
     pub stamps: Vec<String>,
@@ -671,9 +646,10 @@ mod tests {
         std::fs::create_dir(root.join("empty")).unwrap();
         assert_ne!(print(), second, "a new directory is part of the archive");
         // Just written: too recent to vouch for.
-        assert_eq!(fingerprint(root).unwrap().digest, None);
+        let survey = Survey::take(root, RACY_WINDOW_NS).unwrap();
+        assert_eq!(survey.digest(), None);
         let size = pack(root).unwrap().len() as u64;
-        let estimate = fingerprint(root).unwrap().archive_bytes;
+        let estimate = 1024 + survey.entries.iter().map(|e| e.archive_bytes).sum::<u64>();
         assert!(
             estimate >= size && estimate < size + 10 * 1024,
             "{estimate} for {size}"

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::archive::{self, Counts, Limits};
 use super::local::refused;
+use super::seal::{self, Binding};
 
 /// The manifest format written.
 const FORMAT: &str = "rakazo-revision-1";
@@ -159,6 +160,17 @@ impl Plan {
     /// The plaintext of a chunk the workspace brought.
     pub fn chunk(&self, chunk: &BroughtChunk) -> &[u8] {
         &self.bytes[chunk.piece][chunk.range.clone()]
+    }
+
+    /// Sealed bytes a save of this plan stores: its new chunks and its manifest
+    /// (`manifest_len` plaintext bytes).
+    pub fn sealed_bytes(&self, storage_id: &str, revision: i64, manifest_len: usize) -> u64 {
+        let chunks: u64 = self
+            .new
+            .iter()
+            .map(|c| seal::sealed_len(&Binding::chunk(storage_id, &c.name), c.range.len()))
+            .sum();
+        chunks + seal::sealed_len(&Binding::revision(storage_id, revision), manifest_len)
     }
 
     /// The whole archive, with chunks the workspace did not bring read through `stored`.

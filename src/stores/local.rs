@@ -380,24 +380,21 @@ impl LocalHomeStore {
             (staged, written)
         });
         let manifest_path = dir.join(format!("{revision}.sealed"));
+        let manifest = plan.manifest.encode();
         let outcome = (|| {
             let staged = staged?;
-            let stored = written.and_then(|stored| {
-                let manifest = plan.manifest.encode();
+            let stored = written.and_then(|()| {
                 let binding = Binding::revision(&home.storage_id, revision);
-                write_atomic(
-                    &manifest_path,
-                    &seal::seal(&home.data_key, &binding, &manifest),
-                )?;
-                Ok(stored + manifest.len() as u64)
+                let sealed = seal::seal(&home.data_key, &binding, &manifest);
+                write_atomic(&manifest_path, &sealed)
             });
             match (staged, stored) {
-                (Some(staged), Ok(stored)) => {
+                (Some(staged), Ok(())) => {
                     let swapped = self.latest.commit(&home.home_key, &staged);
                     if swapped.is_err() {
                         staged.discard();
                     }
-                    swapped.map(|()| stored)
+                    swapped
                 }
                 (None, stored) => stored,
                 (Some(staged), Err(e)) => {
@@ -406,47 +403,41 @@ impl LocalHomeStore {
                 }
             }
         })();
-        let stored_bytes = match outcome {
-            Ok(stored) => stored,
-            Err(e) => {
-                // A revision whose copy was refused or not swapped in is not kept, nor are
-                // the chunks only it named.
-                let _ = std::fs::remove_file(&manifest_path);
-                for chunk in plan.new.iter().filter(|_| owns_new_chunks) {
-                    let _ = std::fs::remove_file(Self::chunk_path(&dir, &chunk.name));
-                }
-                return Err(e);
+        if let Err(e) = outcome {
+            // A revision whose copy was refused or not swapped in is not kept, nor are the
+            // chunks only it named.
+            let _ = std::fs::remove_file(&manifest_path);
+            for chunk in plan.new.iter().filter(|_| owns_new_chunks) {
+                let _ = std::fs::remove_file(Self::chunk_path(&dir, &chunk.name));
             }
-        };
+            return Err(e);
+        }
         self.apply_retention(home, &dir)?;
         Ok(Saved {
             archive_bytes: plan.manifest.archive_bytes(),
-            stored_bytes,
+            stored_bytes: plan.sealed_bytes(&home.storage_id, revision, manifest.len()),
         })
     }
 
     /// Seals and writes the plan's new chunks on every core, then makes them durable at
-    /// once; the sealed bytes written.
-    fn write_chunks(&self, home: &HomeId, dir: &Path, plan: &Plan) -> Result<u64, StoreError> {
-        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    /// once.
+    fn write_chunks(&self, home: &HomeId, dir: &Path, plan: &Plan) -> Result<(), StoreError> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
         if plan.new.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         let chunks = dir.join(CHUNKS);
         std::fs::create_dir_all(&chunks).map_err(fail)?;
-        let (next, stored) = (AtomicUsize::new(0), AtomicU64::new(0));
+        let next = AtomicUsize::new(0);
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(plan.new.len());
         let work = || -> Result<(), StoreError> {
             while let Some(chunk) = plan.new.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let binding = Binding::chunk(&home.storage_id, &chunk.name);
-                let mut counted = Counted::default();
                 write_unsynced_with(&Self::chunk_path(dir, &chunk.name), |file| {
-                    let mut out = counted.wrap(file);
-                    seal::seal_to(&home.data_key, &binding, plan.chunk(chunk), &mut out)
+                    seal::seal_to(&home.data_key, &binding, plan.chunk(chunk), file)
                 })?;
-                stored.fetch_add(counted.bytes, Ordering::Relaxed);
             }
             Ok(())
         };
@@ -459,8 +450,7 @@ impl LocalHomeStore {
             })?;
             mine
         })?;
-        sync_filesystem(&chunks)?;
-        Ok(stored.into_inner())
+        sync_filesystem(&chunks)
     }
 
     /// Forgets revisions past the newest `keep`, then the chunks no kept revision names.
@@ -559,36 +549,6 @@ pub(crate) fn open_chunk(home: &HomeId, name: &str, sealed: &[u8]) -> Result<Vec
         sealed,
     )
     .map_err(|e| StoreError::Rejected(e.to_string()))
-}
-
-/// Counts what a writer passed on.
-#[derive(Default)]
-pub(crate) struct Counted {
-    pub(crate) bytes: u64,
-}
-
-impl Counted {
-    pub(crate) fn wrap<'a>(&'a mut self, out: &'a mut dyn std::io::Write) -> CountingWriter<'a> {
-        CountingWriter { counted: self, out }
-    }
-}
-
-/// A writer that counts into a [`Counted`].
-pub(crate) struct CountingWriter<'a> {
-    counted: &'a mut Counted,
-    out: &'a mut dyn std::io::Write,
-}
-
-impl std::io::Write for CountingWriter<'_> {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(data)?;
-        self.counted.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
 }
 
 /// Run blocking store work off the async executor.

@@ -29,7 +29,7 @@ use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
 use super::archive::Limits;
 use super::chunks::{self, Kept, Plan};
 use super::durable::write_atomic;
-use super::local::{Counted, LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
+use super::local::{LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -281,27 +281,23 @@ impl ObjectHomeStore {
         }
     }
 
-    /// Seals what `seal` writes and puts it at `path` (in parts above [`PART`]); the sealed
-    /// bytes put. Nothing is visible at `path` unless sealing finished.
+    /// Seals what `seal` writes and puts it at `path` (in parts above [`PART`]). Nothing is
+    /// visible at `path` unless sealing finished.
     async fn put_sealed(
         &self,
         path: &Path,
         seal: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send + 'static,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(), StoreError> {
         let (parts, sealed_parts) = tokio::sync::mpsc::channel(PARTS_IN_FLIGHT);
         let sealing = tokio::task::spawn_blocking(move || {
             let mut out = Parts::new(parts);
-            let mut counted = Counted::default();
-            seal(&mut counted.wrap(&mut out))?;
-            out.finish().map(|()| counted.bytes)
+            seal(&mut out)?;
+            out.finish()
         });
         let (sealed, upload) = tokio::join!(sealing, self.upload_parts(path, sealed_parts));
         let sealed = sealed.map_err(fail).and_then(|r| r.map_err(fail));
         match (sealed, upload) {
-            (Ok(bytes), Ok(upload)) => {
-                upload.complete(&*self.bucket, path).await?;
-                Ok(bytes)
-            }
+            (Ok(()), Ok(upload)) => upload.complete(&*self.bucket, path).await,
             (Err(e), Ok(upload)) => {
                 upload.abort().await;
                 Err(e)
@@ -391,8 +387,8 @@ impl ObjectHomeStore {
         kept
     }
 
-    /// Seals and uploads the plan's new chunks, a few at a time; the sealed bytes put.
-    async fn put_chunks(&self, home: &HomeId, plan: &Arc<Plan>) -> Result<u64, StoreError> {
+    /// Seals and uploads the plan's new chunks, a few at a time.
+    async fn put_chunks(&self, home: &HomeId, plan: &Arc<Plan>) -> Result<(), StoreError> {
         futures_util::stream::iter(0..plan.new.len())
             .map(|i| {
                 let (plan, home) = (plan.clone(), home.clone());
@@ -407,7 +403,7 @@ impl ObjectHomeStore {
                 }
             })
             .buffer_unordered(CHUNKS_IN_FLIGHT)
-            .try_fold(0, |sum, bytes| async move { Ok(sum + bytes) })
+            .try_collect()
             .await
     }
 
@@ -494,27 +490,26 @@ impl HomeStore for ObjectHomeStore {
                 .map(Some)
         };
         let (staged, uploaded) = tokio::join!(staging, self.put_chunks(home, &plan));
+        let manifest = plan.manifest.encode();
+        let manifest_len = manifest.len();
         let manifest_put = match (&staged, uploaded) {
-            (Ok(_), Ok(stored)) => {
-                let manifest = plan.manifest.encode();
+            (Ok(_), Ok(())) => {
                 let (data_key, storage_id) = (home.data_key, home.storage_id.clone());
                 self.put_sealed(&key(&home.storage_id, revision)?, move |out| {
                     let binding = Binding::revision(&storage_id, revision);
                     seal::seal_to(&data_key, &binding, &manifest, out)
                 })
                 .await
-                .map(|sealed| stored + sealed)
             }
             (_, Err(e)) => Err(e),
             (Err(e), Ok(_)) => Err(e.clone()),
         };
-        let stored_bytes = match (staged, manifest_put) {
-            (Ok(staged), Ok(stored)) => {
+        match (staged, manifest_put) {
+            (Ok(staged), Ok(())) => {
                 if let Some(staged) = staged {
                     let (me, stamped) = (self.clone(), home.clone());
                     blocking(move || me.make_current(&stamped, revision, &staged)).await?;
                 }
-                stored
             }
             (staged, outcome) => {
                 if let Ok(Some(staged)) = &staged {
@@ -533,14 +528,14 @@ impl HomeStore for ObjectHomeStore {
                     .or(outcome.err())
                     .unwrap_or_else(|| fail("save failed")));
             }
-        };
+        }
         if let Err(e) = self.apply_retention(home).await {
             // The new revision is stored and current; the next save retries the retention.
             tracing::warn!(event = "home.retention_deferred", home.storage_id = %home.storage_id, error = %e);
         }
         Ok(Saved {
             archive_bytes: plan.manifest.archive_bytes(),
-            stored_bytes,
+            stored_bytes: plan.sealed_bytes(&home.storage_id, revision, manifest_len),
         })
     }
 

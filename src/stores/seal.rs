@@ -145,6 +145,12 @@ fn aad(header: &[u8], index: u64, last: bool) -> Vec<u8> {
     a
 }
 
+/// The size of `plain_len` bytes sealed for `binding`.
+pub fn sealed_len(binding: &Binding<'_>, plain_len: usize) -> u64 {
+    let segments = plain_len.div_ceil(SEGMENT).max(1);
+    (header(binding, &[0; SALT]).len() + plain_len + segments * TAG) as u64
+}
+
 /// The version of a sealed object, if it looks like one.
 pub fn version(sealed: &[u8]) -> Option<u8> {
     (sealed.len() > 4 && &sealed[..4] == MAGIC).then(|| sealed[4])
@@ -403,6 +409,19 @@ mod tests {
         for len in [0, 1, SEGMENT, SEGMENT * 2, SEGMENT * 3 + 123] {
             let plain: Vec<u8> = sample().into_iter().cycle().take(len).collect();
             assert_eq!(open(&KEY, &B, &seal(&KEY, &B, &plain)).unwrap(), plain);
+        }
+    }
+
+    #[test]
+    fn sealed_len_is_what_sealing_makes() {
+        for len in [0, 1, SEGMENT, SEGMENT * 3 + 123] {
+            let plain = vec![1u8; len];
+            for binding in [B, Binding::chunk("home-a", "c1")] {
+                assert_eq!(
+                    sealed_len(&binding, len),
+                    seal(&KEY, &binding, &plain).len() as u64
+                );
+            }
         }
     }
 

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use rakazo_actors::home_store::StoreError;
+use rakazo_actors::home_store::{HomeId, StoreError};
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
 use serde::{Deserialize, Serialize};
 
@@ -75,31 +75,128 @@ impl Manifest {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.chunks.iter().map(|c| c.name.as_str())
     }
+
+    /// The whole archive from its chunks' plaintexts, in order, each checked for length.
+    pub fn assemble(
+        &self,
+        chunks: impl IntoIterator<Item = Result<Vec<u8>, StoreError>>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut archive = Vec::with_capacity(self.archive_bytes() as usize);
+        let mut chunks = chunks.into_iter();
+        for chunk in &self.chunks {
+            let plain = chunks
+                .next()
+                .unwrap_or_else(|| Err(StoreError::Rejected("a chunk is missing".into())))?;
+            if plain.len() as u64 != chunk.len {
+                return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+            }
+            archive.extend_from_slice(&plain);
+        }
+        archive.extend_from_slice(&ARCHIVE_END);
+        Ok(archive)
+    }
 }
 
-/// The manifests of a home's kept revisions, as far as they could be read.
+/// A home's kept revisions, opened once per save: what a new revision can name, and what
+/// retention keeps after it.
 #[derive(Debug, Default)]
 pub struct Kept {
-    /// The manifests read (revisions sealed whole name no chunks).
-    pub manifests: Vec<Manifest>,
-    /// Whether every kept revision was read: only then may unnamed chunks be deleted.
-    pub complete: bool,
+    /// Each kept revision and its manifest (`None`: sealed whole, it names no chunks).
+    read: Vec<(i64, Option<Manifest>)>,
+    /// Kept revisions that could not be read.
+    unreadable: Vec<i64>,
 }
 
 impl Kept {
-    /// Adds what opening one kept revision gave.
-    pub fn add(&mut self, opened: Result<Option<Manifest>, StoreError>) {
+    /// Adds what opening kept `revision` gave.
+    pub fn add(&mut self, revision: i64, opened: Result<Revision, StoreError>) {
         match opened {
-            Ok(manifest) => self.manifests.extend(manifest),
-            Err(_) => self.complete = false,
+            Ok(opened) => self.read.push((revision, opened.manifest())),
+            Err(_) => self.unreadable.push(revision),
         }
     }
 
-    /// The names of every chunk a kept revision names, if every one was read.
-    pub fn names(&self) -> Option<HashSet<&str>> {
-        self.complete
-            .then(|| self.manifests.iter().flat_map(Manifest::names).collect())
+    /// The manifests read.
+    pub fn manifests(&self) -> impl Iterator<Item = &Manifest> {
+        self.read.iter().filter_map(|(_, m)| m.as_ref())
     }
+
+    /// Whether every kept revision was read: only then can no kept revision have named a
+    /// chunk the manifests read do not.
+    pub fn complete(&self) -> bool {
+        self.unreadable.is_empty()
+    }
+
+    /// After `revision` (with `manifest`) was saved, keeping the newest `keep`: the revisions
+    /// to forget, and the chunk names every remaining revision names (`None` while one of
+    /// them cannot be read: then no chunk may go).
+    pub fn retention<'a>(
+        &'a self,
+        keep: usize,
+        revision: i64,
+        manifest: &'a Manifest,
+    ) -> (Vec<i64>, Option<HashSet<&'a str>>) {
+        let mut revisions: Vec<i64> = self.read.iter().map(|(rev, _)| *rev).collect();
+        revisions.extend(&self.unreadable);
+        revisions.push(revision);
+        revisions.sort_unstable();
+        revisions.dedup();
+        let expired = revisions[..revisions.len().saturating_sub(keep)].to_vec();
+        let remains = |rev: &i64| !expired.contains(rev);
+        let blocked = self
+            .unreadable
+            .iter()
+            .any(|rev| remains(rev) && *rev != revision);
+        let named = (!blocked).then(|| {
+            self.read
+                .iter()
+                .filter(|(rev, _)| remains(rev) && *rev != revision)
+                .filter_map(|(_, m)| m.as_ref())
+                .chain([manifest])
+                .flat_map(Manifest::names)
+                .collect()
+        });
+        (expired, named)
+    }
+}
+
+/// A stored revision, opened.
+pub enum Revision {
+    /// A whole archive (revisions sealed before chunks).
+    Whole(Vec<u8>),
+    /// A manifest of chunks.
+    Chunked(Manifest),
+}
+
+impl Revision {
+    /// Opens a sealed revision of `home`.
+    pub fn open(home: &HomeId, revision: i64, sealed: &[u8]) -> Result<Self, StoreError> {
+        let binding = Binding::revision(&home.storage_id, revision);
+        let plain = seal::open(&home.data_key, &binding, sealed)
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
+        if seal::version(sealed) == Some(1) {
+            return Ok(Self::Whole(plain));
+        }
+        Manifest::decode(&plain).map(Self::Chunked)
+    }
+
+    /// Its manifest, if it has one.
+    pub fn manifest(self) -> Option<Manifest> {
+        match self {
+            Self::Whole(_) => None,
+            Self::Chunked(manifest) => Some(manifest),
+        }
+    }
+}
+
+/// Opens a sealed chunk of `home`.
+pub fn open_chunk(home: &HomeId, name: &str, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+    seal::open(
+        &home.data_key,
+        &Binding::chunk(&home.storage_id, name),
+        sealed,
+    )
+    .map_err(|e| StoreError::Rejected(e.to_string()))
 }
 
 /// Names chunks for one home.
@@ -202,12 +299,12 @@ impl Plan {
 pub fn plan(
     data_key: &[u8; 32],
     workspace: Workspace,
-    kept: &[Manifest],
+    kept: &Kept,
     limits: Limits,
 ) -> Result<Plan, StoreError> {
     let namer = Namer::new(data_key);
     let held: HashMap<&str, &ChunkRef> = kept
-        .iter()
+        .manifests()
         .flat_map(|m| m.chunks.iter().map(|c| (c.name.as_str(), c)))
         .collect();
     let mut plan = Plan {

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
-use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
+use rakazo_actors::workspace::Workspace;
 
 use super::archive::{self, ArchiveError, Limits};
-use super::chunks::{self, Kept, Manifest, Plan};
+use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
 
@@ -333,16 +333,13 @@ impl LocalHomeStore {
         open_chunk(home, name, &sealed)
     }
 
-    /// The manifests of the kept revisions.
-    fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Kept {
-        let mut kept = Kept {
-            complete: true,
-            ..Kept::default()
-        };
-        for rev in revs {
-            kept.add(self.open_revision(home, *rev).map(Revision::manifest));
+    /// The kept revisions, opened.
+    fn kept(&self, home: &HomeId, dir: &Path) -> Result<Kept, StoreError> {
+        let mut kept = Kept::default();
+        for rev in Self::list(dir)? {
+            kept.add(rev, self.open_revision(home, rev));
         }
-        kept
+        Ok(kept)
     }
 
     fn save_blocking(
@@ -353,17 +350,12 @@ impl LocalHomeStore {
         replace_latest: bool,
     ) -> Result<Saved, StoreError> {
         let dir = self.dir(&home.storage_id)?;
-        let kept = self.kept_manifests(home, &Self::list(&dir)?);
+        let kept = self.kept(home, &dir)?;
         // A chunk this save writes is its own to take back on failure only when no kept
         // revision could have named it.
-        let owns_new_chunks = kept.complete;
+        let owns_new_chunks = kept.complete();
         // Every chunk is checked against the restore rules before anything is written.
-        let plan = chunks::plan(
-            &home.data_key,
-            workspace,
-            &kept.manifests,
-            self.latest.limits(),
-        )?;
+        let plan = chunks::plan(&home.data_key, workspace, &kept, self.latest.limits())?;
         // The latest copy, when this store keeps it, is staged side by side with the writes.
         let (staged, written) = std::thread::scope(|scope| {
             let writing = scope.spawn(|| self.write_chunks(home, &dir, &plan));
@@ -412,7 +404,7 @@ impl LocalHomeStore {
             }
             return Err(e);
         }
-        self.apply_retention(home, &dir)?;
+        self.apply_retention(home, &dir, &kept, revision, &plan.manifest)?;
         Ok(Saved {
             archive_bytes: plan.manifest.archive_bytes(),
             stored_bytes: plan.sealed_bytes(&home.storage_id, revision, manifest.len()),
@@ -453,11 +445,18 @@ impl LocalHomeStore {
         sync_filesystem(&chunks)
     }
 
-    /// Forgets revisions past the newest `keep`, then the chunks no kept revision names.
-    fn apply_retention(&self, home: &HomeId, dir: &Path) -> Result<(), StoreError> {
-        let revs = Self::list(dir)?;
-        let expired = revs.len().saturating_sub(self.keep);
-        for old in &revs[..expired] {
+    /// After `revision` was saved: forgets revisions past the newest `keep`, then the
+    /// chunks no remaining revision names.
+    fn apply_retention(
+        &self,
+        home: &HomeId,
+        dir: &Path,
+        kept: &Kept,
+        revision: i64,
+        manifest: &Manifest,
+    ) -> Result<(), StoreError> {
+        let (expired, named) = kept.retention(self.keep, revision, manifest);
+        for old in &expired {
             // Out of the revision list at once; its blocks are freed off the caller's path.
             std::fs::rename(
                 dir.join(format!("{old}.sealed")),
@@ -465,9 +464,8 @@ impl LocalHomeStore {
             )
             .map_err(fail)?;
         }
-        let kept = self.kept_manifests(home, &revs[expired..]);
         // A kept revision that cannot be read now keeps every chunk until one can.
-        let Some(named) = kept.names() else {
+        let Some(named) = named else {
             tracing::warn!(event = "home.chunks_kept", home.storage_id = %home.storage_id);
             return Ok(());
         };
@@ -496,59 +494,14 @@ impl LocalHomeStore {
         self.latest.recover(&home.home_key)?;
         match self.open_revision(home, revision)? {
             Revision::Whole(archive) => Ok(archive),
-            Revision::Chunked(manifest) => {
-                let mut archive = Vec::with_capacity(manifest.archive_bytes() as usize);
-                for chunk in &manifest.chunks {
-                    let plain = self.open_chunk(home, &chunk.name)?;
-                    if plain.len() as u64 != chunk.len {
-                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
-                    }
-                    archive.extend_from_slice(&plain);
-                }
-                archive.extend_from_slice(&ARCHIVE_END);
-                Ok(archive)
-            }
+            Revision::Chunked(manifest) => manifest.assemble(
+                manifest
+                    .chunks
+                    .iter()
+                    .map(|chunk| self.open_chunk(home, &chunk.name)),
+            ),
         }
     }
-}
-
-/// A stored revision, opened.
-pub(crate) enum Revision {
-    /// A whole archive (revisions sealed before chunks).
-    Whole(Vec<u8>),
-    /// A manifest of chunks.
-    Chunked(Manifest),
-}
-
-impl Revision {
-    /// Opens a sealed revision of `home`.
-    pub(crate) fn open(home: &HomeId, revision: i64, sealed: &[u8]) -> Result<Self, StoreError> {
-        let binding = Binding::revision(&home.storage_id, revision);
-        let plain = seal::open(&home.data_key, &binding, sealed)
-            .map_err(|e| StoreError::Rejected(e.to_string()))?;
-        if seal::version(sealed) == Some(1) {
-            return Ok(Self::Whole(plain));
-        }
-        Manifest::decode(&plain).map(Self::Chunked)
-    }
-
-    /// Its manifest, if it has one.
-    pub(crate) fn manifest(self) -> Option<Manifest> {
-        match self {
-            Self::Whole(_) => None,
-            Self::Chunked(manifest) => Some(manifest),
-        }
-    }
-}
-
-/// Opens a sealed chunk of `home`.
-pub(crate) fn open_chunk(home: &HomeId, name: &str, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
-    seal::open(
-        &home.data_key,
-        &Binding::chunk(&home.storage_id, name),
-        sealed,
-    )
-    .map_err(|e| StoreError::Rejected(e.to_string()))
 }
 
 /// Run blocking store work off the async executor.

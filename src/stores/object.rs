@@ -24,12 +24,12 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
-use rakazo_actors::workspace::{ARCHIVE_END, Workspace};
+use rakazo_actors::workspace::Workspace;
 
 use super::archive::Limits;
-use super::chunks::{self, Kept, Plan};
+use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::write_atomic;
-use super::local::{LatestCopies, Revision, blocking, fail, open_chunk, safe_name};
+use super::local::{LatestCopies, blocking, fail, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -375,16 +375,13 @@ impl ObjectHomeStore {
             .await
     }
 
-    /// The manifests of the kept revisions.
-    async fn kept_manifests(&self, home: &HomeId, revs: &[i64]) -> Kept {
-        let mut kept = Kept {
-            complete: true,
-            ..Kept::default()
-        };
-        for rev in revs {
-            kept.add(self.open_revision(home, *rev).await.map(Revision::manifest));
+    /// The kept revisions, opened.
+    async fn kept(&self, home: &HomeId) -> Result<Kept, StoreError> {
+        let mut kept = Kept::default();
+        for rev in self.revisions(home).await? {
+            kept.add(rev, self.open_revision(home, rev).await);
         }
-        kept
+        Ok(kept)
     }
 
     /// Seals and uploads the plan's new chunks, a few at a time.
@@ -410,35 +407,40 @@ impl ObjectHomeStore {
     /// The whole archive of a plan, fetching the chunks the workspace did not bring.
     async fn plan_archive(&self, home: &HomeId, plan: &Plan) -> Result<Vec<u8>, StoreError> {
         let brought: HashSet<&str> = plan.brought.iter().map(|c| c.name.as_str()).collect();
-        let missing: Vec<String> = plan
+        // Each missing chunk fetched once, however often the manifest names it.
+        let missing: HashSet<&str> = plan
             .manifest
             .names()
             .filter(|n| !brought.contains(n))
-            .map(str::to_owned)
             .collect();
-        let fetched = self.open_chunks(home, missing.clone()).await?;
-        let mut fetched: HashMap<String, Vec<u8>> = missing.into_iter().zip(fetched).collect();
+        let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
+        let opened = self.open_chunks(home, missing.clone()).await?;
+        let fetched: HashMap<String, Vec<u8>> = missing.into_iter().zip(opened).collect();
         plan.archive(|name| {
             fetched
                 .get(name)
                 .cloned()
                 .ok_or_else(|| StoreError::Rejected("a chunk is missing".into()))
         })
-        .inspect(|_| fetched.clear())
     }
 
-    /// Delete revisions older than the newest `keep`, then chunks no kept revision names.
-    async fn apply_retention(&self, home: &HomeId) -> Result<(), StoreError> {
-        let revs = self.revisions(home).await?;
-        let stale = revs.len().saturating_sub(self.keep);
-        let keys = revs[..stale]
+    /// After `revision` was saved: deletes revisions past the newest `keep`, then chunks no
+    /// remaining revision names.
+    async fn apply_retention(
+        &self,
+        home: &HomeId,
+        kept: &Kept,
+        revision: i64,
+        manifest: &Manifest,
+    ) -> Result<(), StoreError> {
+        let (expired, named) = kept.retention(self.keep, revision, manifest);
+        let keys = expired
             .iter()
             .map(|rev| key(&home.storage_id, *rev))
             .collect::<Result<_, _>>()?;
         self.delete_keys(keys).await?;
-        let kept = self.kept_manifests(home, &revs[stale..]).await;
         // A kept revision that cannot be read now keeps every chunk until one can.
-        let Some(named) = kept.names() else {
+        let Some(named) = named else {
             tracing::warn!(event = "home.chunks_kept", home.storage_id = %home.storage_id);
             return Ok(());
         };
@@ -466,18 +468,15 @@ impl HomeStore for ObjectHomeStore {
         workspace: Workspace,
         replace_latest: bool,
     ) -> Result<Saved, StoreError> {
-        let kept = self
-            .kept_manifests(home, &self.revisions(home).await?)
-            .await;
+        let kept = Arc::new(self.kept(home).await?);
         // A chunk this save puts is its own to take back on failure only when no kept
         // revision could have named it.
-        let owns_new_chunks = kept.complete;
+        let owns_new_chunks = kept.complete();
         // Every chunk is checked against the restore rules before anything is uploaded.
         let limits = self.latest.limits();
-        let data_key = home.data_key;
-        let plan = Arc::new(
-            blocking(move || chunks::plan(&data_key, workspace, &kept.manifests, limits)).await?,
-        );
+        let (data_key, held) = (home.data_key, kept.clone());
+        let plan =
+            Arc::new(blocking(move || chunks::plan(&data_key, workspace, &held, limits)).await?);
         // The latest copy, when the machine does not work in it, is staged beside the uploads.
         let staging = async {
             if !replace_latest {
@@ -529,7 +528,10 @@ impl HomeStore for ObjectHomeStore {
                     .unwrap_or_else(|| fail("save failed")));
             }
         }
-        if let Err(e) = self.apply_retention(home).await {
+        if let Err(e) = self
+            .apply_retention(home, &kept, revision, &plan.manifest)
+            .await
+        {
             // The new revision is stored and current; the next save retries the retention.
             tracing::warn!(event = "home.retention_deferred", home.storage_id = %home.storage_id, error = %e);
         }
@@ -545,15 +547,7 @@ impl HomeStore for ObjectHomeStore {
             Revision::Chunked(manifest) => {
                 let names = manifest.names().map(str::to_owned).collect();
                 let chunks = self.open_chunks(home, names).await?;
-                let mut archive = Vec::with_capacity(manifest.archive_bytes() as usize);
-                for (chunk, plain) in manifest.chunks.iter().zip(chunks) {
-                    if plain.len() as u64 != chunk.len {
-                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
-                    }
-                    archive.extend_from_slice(&plain);
-                }
-                archive.extend_from_slice(&ARCHIVE_END);
-                archive
+                manifest.assemble(chunks.into_iter().map(Ok))?
             }
         };
         let newest = self.revisions(home).await?.last().copied();

@@ -136,10 +136,17 @@ async fn s3_store(data_dir: &Path) -> Option<(ObjectHomeStore, Arc<dyn ObjectSto
         region: "us-east-1".into(),
         access_key_id: Some(Secret("bench".into())),
         secret_access_key: Some(Secret("bench".into())),
+        prefix: None,
     };
     let bucket = bucket::open(&cfg).unwrap();
     Some((
-        ObjectHomeStore::new(bucket.clone(), data_dir, 1, Limits::default()),
+        ObjectHomeStore::new(
+            bucket.clone(),
+            object_store::path::Path::from("bench"),
+            data_dir,
+            1,
+            Limits::default(),
+        ),
         bucket,
     ))
 }

@@ -11,8 +11,13 @@ use rakazo::config::{ObjectStorage, Secret};
 use rakazo::stores::archive::{self, Limits};
 use rakazo::stores::object::ObjectHomeStore;
 use rakazo::stores::reconciler::{self, ReconcileNow, Reconciler};
-use rakazo::stores::{bucket, seal};
+use rakazo::stores::{bucket, deployment, seal};
+use rakazo_actors::computers::Computers;
 use rakazo_actors::home_store::{HomeId, HomeStore, StoreError};
+use std::time::{Duration, SystemTime};
+
+/// The root of the fixture's store (a deployment id, as the app makes them).
+const ROOT: &str = "deployment-a";
 
 /// GCM tag bytes after each sealed segment.
 const TAG: usize = 16;
@@ -52,6 +57,7 @@ async fn fresh_bucket() -> Option<Arc<dyn ObjectStore>> {
         region: "us-east-1".into(),
         access_key_id: Some(Secret("test".into())),
         secret_access_key: Some(Secret("test".into())),
+        prefix: None,
     };
     Some(bucket::open(&cfg).expect("bucket client"))
 }
@@ -65,7 +71,7 @@ struct Fixture {
 async fn fixture(keep: usize, limits: Limits) -> Option<Fixture> {
     let bucket = fresh_bucket().await?;
     let dir = tempfile::tempdir().unwrap();
-    let store = ObjectHomeStore::new(bucket.clone(), dir.path(), keep, limits);
+    let store = ObjectHomeStore::new(bucket.clone(), Key::from(ROOT), dir.path(), keep, limits);
     Some(Fixture { bucket, store, dir })
 }
 
@@ -104,7 +110,18 @@ fn assert_clean(fx: &Fixture) {
     assert!(names.is_empty(), "left behind: {names:?}");
 }
 
+/// The keys under the fixture's root, relative to it, sorted.
 async fn object_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
+    let root = format!("{ROOT}/");
+    all_keys(bucket)
+        .await
+        .into_iter()
+        .filter_map(|k| k.strip_prefix(&root).map(str::to_owned))
+        .collect()
+}
+
+/// Every key in the bucket, sorted.
+async fn all_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
     use futures_util::TryStreamExt;
     let mut keys: Vec<String> = bucket
         .list(None)
@@ -114,6 +131,11 @@ async fn object_keys(bucket: &Arc<dyn ObjectStore>) -> Vec<String> {
         .unwrap();
     keys.sort();
     keys
+}
+
+/// The bucket key of `key` under the fixture's root.
+fn at(key: &str) -> Key {
+    Key::from(format!("{ROOT}/{key}"))
 }
 
 /// Every key but the chunks': the revisions.
@@ -353,7 +375,7 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         let bucket = fx.bucket.clone();
         async move {
             bucket
-                .get(&Key::from(k))
+                .get(&at(&k))
                 .await
                 .unwrap()
                 .bytes()
@@ -457,7 +479,7 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
     ];
     // The cache is at revision 2 and must stay "a2".
     for (case, key, bytes) in cases {
-        let key = Key::from(key.as_str());
+        let key = at(key);
         match bytes {
             Some(bytes) => {
                 fx.bucket.put(&key, PutPayload::from(bytes)).await.unwrap();
@@ -483,7 +505,7 @@ async fn tampered_stored_objects_are_refused_and_nothing_local_changes() {
         std::fs::rename(&moved, &cached).unwrap();
         for (key, original) in [(manifest.as_str(), &m2), (a2_chunk.as_str(), &c2)] {
             fx.bucket
-                .put(&Key::from(key), PutPayload::from(original.clone()))
+                .put(&at(key), PutPayload::from(original.clone()))
                 .await
                 .unwrap();
         }
@@ -509,7 +531,7 @@ async fn insert_computer(db: &sea_orm::DatabaseConnection, storage_id: &str) {
         owner_id: Set("owner".into()),
         bot_id: Set(None),
         kind: Set("team".into()),
-        home_key: Set("team-space".into()),
+        home_key: Set(format!("bot-{storage_id}")),
         provider_kind: Set(None),
         provider_ref: Set(None),
         state: Set("stopped".into()),
@@ -528,48 +550,313 @@ async fn insert_computer(db: &sea_orm::DatabaseConnection, storage_id: &str) {
     .unwrap();
 }
 
-/// The owned computer's revision and its chunks are all the bucket holds.
-async fn only_owned_objects_remain(bucket: &Arc<dyn ObjectStore>) {
-    assert_eq!(revision_keys(bucket).await, vec!["homes/owned/1"]);
-    let keys = object_keys(bucket).await;
-    assert!(
-        keys.iter().all(|k| k.starts_with("homes/owned/")),
-        "{keys:?}"
+/// A store over `bucket` for the deployment of `db`, rooted as the app roots it.
+async fn deployment_store(
+    bucket: &Arc<dyn ObjectStore>,
+    db: &sea_orm::DatabaseConnection,
+    dir: &Path,
+) -> ObjectHomeStore {
+    let id = deployment::deployment_id(db).await.unwrap();
+    assert_eq!(
+        deployment::deployment_id(db).await.unwrap(),
+        id,
+        "made once"
     );
+    ObjectHomeStore::new(
+        bucket.clone(),
+        deployment::root(None, &id),
+        dir,
+        3,
+        Limits::default(),
+    )
 }
 
+async fn computer_row(
+    db: &sea_orm::DatabaseConnection,
+    storage_id: &str,
+) -> rakazo_actors::entity::computer::Model {
+    use rakazo_actors::entity::computer;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    computer::Entity::find()
+        .filter(computer::Column::StorageId.eq(storage_id))
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Keys the reconciler must never touch: another application's, the layout before deployment
+/// roots, another deployment's.
+const OUTSIDE: [&str; 3] = [
+    "other-app/notes.txt",
+    "homes/legacy-home/1",
+    "another-deployment/homes/someone/1",
+];
+
+async fn put_outside(bucket: &Arc<dyn ObjectStore>) {
+    for key in OUTSIDE {
+        bucket
+            .put(&Key::from(key), PutPayload::from_static(b"not ours"))
+            .await
+            .unwrap();
+    }
+}
+
+async fn assert_outside_intact(bucket: &Arc<dyn ObjectStore>) {
+    let keys = all_keys(bucket).await;
+    for key in OUTSIDE {
+        assert!(keys.iter().any(|k| k == key), "{key} was touched: {keys:?}");
+    }
+}
+
+fn ids(homes: &[rakazo::stores::object::StoredHome]) -> Vec<&str> {
+    homes.iter().map(|h| h.storage_id.as_str()).collect()
+}
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+
 #[actix_rt::test]
-async fn the_reconciler_deletes_unowned_objects_and_keeps_owned_ones() {
+async fn the_reconciler_deletes_tombstoned_and_expired_orphans_of_its_own_root_only() {
     let Some(fx) = fixture(3, Limits::default()).await else {
         return;
     };
     let db = sqlite(fx.dir.path()).await;
-    insert_computer(&db, "owned").await;
-    for id in ["owned", "orphan-1", "orphan-2"] {
-        fx.store
+    let store = deployment_store(&fx.bucket, &db, fx.dir.path()).await;
+    for id in ["owned", "deleted"] {
+        insert_computer(&db, id).await;
+    }
+    for id in ["owned", "deleted", "stray"] {
+        store
             .save(&home(id), 1, workspace(id).into(), true)
             .await
             .unwrap();
     }
-    fx.store
-        .save(&home("orphan-1"), 2, workspace("x").into(), true)
+    put_outside(&fx.bucket).await;
+    // `computer.delete` tombstones the storage id with the row's deletion.
+    let computers = Computers::new(db.clone());
+    computers
+        .delete(&computer_row(&db, "deleted").await)
         .await
         .unwrap();
-    assert_eq!(reconciler::reconcile(&db, &fx.store).await.unwrap(), 2);
-    only_owned_objects_remain(&fx.bucket).await;
-    assert_eq!(notes(&fx, &home("owned")), "owned");
 
-    // Through the actor, as the app runs it.
-    fx.store
+    // The tombstoned id goes at once; the stray one (no owner, no tombstone) is young.
+    let now = SystemTime::now();
+    let pass = reconciler::reconcile(&db, &store, DAY, now).await.unwrap();
+    assert_eq!((pass.tombstoned, pass.expired, pass.young), (1, 0, 1));
+    assert_eq!(
+        pass.tombstones_dropped, 0,
+        "a tombstone outlives late writes"
+    );
+    assert_eq!(
+        ids(&store.stored_homes().await.unwrap()),
+        ["owned", "stray"]
+    );
+    assert_outside_intact(&fx.bucket).await;
+
+    // Past the grace the stray id goes, and the served tombstone with it.
+    let later = now + DAY + Duration::from_secs(60);
+    let pass = reconciler::reconcile(&db, &store, DAY, later)
+        .await
+        .unwrap();
+    assert_eq!((pass.tombstoned, pass.expired, pass.young), (0, 1, 0));
+    assert_eq!(pass.tombstones_dropped, 1);
+    assert_eq!(ids(&store.stored_homes().await.unwrap()), ["owned"]);
+    assert_outside_intact(&fx.bucket).await;
+    assert_eq!(
+        unpacked(&store.load(&home("owned"), 1).await.unwrap()),
+        "owned"
+    );
+
+    // Through the actor, as the app runs it (a zero grace: the orphan is old enough at once).
+    store
         .save(&home("orphan-3"), 1, workspace("o").into(), true)
         .await
         .unwrap();
-    let store = Arc::new(fx.store.clone());
     let addr = actix::Actor::start(Reconciler::new(
         db.clone(),
-        store,
-        std::time::Duration::from_secs(3600),
+        Arc::new(store.clone()),
+        Duration::from_secs(3600),
+        Duration::ZERO,
     ));
-    assert_eq!(addr.send(ReconcileNow).await.unwrap().unwrap(), 1);
-    only_owned_objects_remain(&fx.bucket).await;
+    assert_eq!(addr.send(ReconcileNow).await.unwrap().unwrap().removed(), 1);
+    assert_eq!(ids(&store.stored_homes().await.unwrap()), ["owned"]);
+    assert_outside_intact(&fx.bucket).await;
+}
+
+#[actix_rt::test]
+async fn a_second_database_sharing_the_bucket_deletes_nothing_of_the_first() {
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    // The first deployment: two computers with several revisions (retention ran, chunks are
+    // shared between revisions), one deleted computer whose objects wait for the reconciler.
+    let first = sqlite(fx.dir.path()).await;
+    let store = deployment_store(&fx.bucket, &first, fx.dir.path()).await;
+    for id in ["first-a", "first-b", "first-gone"] {
+        insert_computer(&first, id).await;
+        for rev in 1..=4 {
+            store
+                .save(
+                    &home(id),
+                    rev,
+                    workspace(&format!("{id} {rev}")).into(),
+                    true,
+                )
+                .await
+                .unwrap();
+        }
+    }
+    Computers::new(first.clone())
+        .delete(&computer_row(&first, "first-gone").await)
+        .await
+        .unwrap();
+    put_outside(&fx.bucket).await;
+    let before = all_keys(&fx.bucket).await;
+
+    // The second: a fresh database over the same bucket, with a computer and an orphan of its
+    // own, reconciled past every grace.
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = sqlite(second_dir.path()).await;
+    let second_store = deployment_store(&fx.bucket, &second, second_dir.path()).await;
+    assert_ne!(
+        second_store.root(),
+        store.root(),
+        "each database is its own deployment"
+    );
+    insert_computer(&second, "second-a").await;
+    for id in ["second-a", "second-stray"] {
+        second_store
+            .save(&home(id), 1, workspace(id).into(), true)
+            .await
+            .unwrap();
+    }
+    let far = SystemTime::now() + 30 * DAY;
+    let pass = reconciler::reconcile(&second, &second_store, Duration::ZERO, far)
+        .await
+        .unwrap();
+    assert_eq!(
+        (pass.tombstoned, pass.expired),
+        (0, 1),
+        "its own stray goes"
+    );
+    let first_root = format!("{}/", store.root());
+    let after: Vec<String> = all_keys(&fx.bucket)
+        .await
+        .into_iter()
+        .filter(|k| !k.starts_with(&format!("{}/", second_store.root())))
+        .collect();
+    assert_eq!(after, before, "nothing of the first deployment was touched");
+    assert!(after.iter().any(|k| k.starts_with(&first_root)));
+
+    // The second database pointed at the first's root (a copied setting, say) recognises no
+    // storage id there: it deletes nothing, not even what is old and unowned.
+    let misrooted = ObjectHomeStore::new(
+        fx.bucket.clone(),
+        store.root().clone(),
+        second_dir.path(),
+        2,
+        Limits::default(),
+    );
+    let pass = reconciler::reconcile(&second, &misrooted, Duration::ZERO, far)
+        .await
+        .unwrap();
+    assert_eq!((pass.removed(), pass.unproven), (0, 3));
+    assert_eq!(
+        all_keys(&fx.bucket)
+            .await
+            .into_iter()
+            .filter(|k| k.starts_with(&first_root))
+            .count(),
+        before.iter().filter(|k| k.starts_with(&first_root)).count()
+    );
+
+    // Every kept manifest and chunk of the first deployment still loads through it.
+    for id in ["first-a", "first-b"] {
+        let h = home(id);
+        assert_eq!(store.revisions(&h).await.unwrap(), vec![2, 3, 4]);
+        for rev in [2, 3, 4] {
+            let tar = store.load(&h, rev).await.unwrap();
+            assert_eq!(unpacked(&tar), format!("{id} {rev}"));
+        }
+    }
+    // Its own reconciler then removes only its tombstoned computer.
+    let pass = reconciler::reconcile(&first, &store, DAY, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!((pass.tombstoned, pass.expired, pass.young), (1, 0, 0));
+    assert_eq!(
+        ids(&store.stored_homes().await.unwrap()),
+        ["first-a", "first-b"]
+    );
+    assert_eq!(
+        ids(&second_store.stored_homes().await.unwrap()),
+        ["second-a"]
+    );
+    assert_outside_intact(&fx.bucket).await;
+}
+
+#[actix_rt::test]
+async fn homes_stored_before_deployment_roots_move_under_the_root_and_still_load() {
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    // The layout before deployment roots: `homes/<storage id>/...` at the top of the bucket.
+    let old = ObjectHomeStore::new(
+        fx.bucket.clone(),
+        Key::default(),
+        fx.dir.path(),
+        3,
+        Limits::default(),
+    );
+    for id in ["old-owned", "old-foreign"] {
+        for rev in 1..=2 {
+            old.save(
+                &home(id),
+                rev,
+                workspace(&format!("{id} {rev}")).into(),
+                true,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let db = sqlite(fx.dir.path()).await;
+    insert_computer(&db, "old-owned").await;
+    let store = deployment_store(&fx.bucket, &db, fx.dir.path()).await;
+    let owned = ["old-owned".to_string()].into_iter().collect();
+    assert_eq!(store.adopt_legacy(&owned).await.unwrap(), 1);
+    assert_eq!(store.adopt_legacy(&owned).await.unwrap(), 0, "idempotent");
+
+    let h = home("old-owned");
+    assert_eq!(store.revisions(&h).await.unwrap(), vec![1, 2]);
+    for rev in 1..=2 {
+        assert_eq!(
+            unpacked(&store.load(&h, rev).await.unwrap()),
+            format!("old-owned {rev}")
+        );
+    }
+    let keys = all_keys(&fx.bucket).await;
+    assert!(
+        !keys.iter().any(|k| k.starts_with("homes/old-owned/")),
+        "{keys:?}"
+    );
+    // A storage id this database does not own stays where it was, and the reconciler never
+    // reaches it.
+    let foreign: Vec<_> = keys
+        .iter()
+        .filter(|k| k.starts_with("homes/old-foreign/"))
+        .collect();
+    assert!(foreign.len() >= 3, "{keys:?}");
+    reconciler::reconcile(&db, &store, Duration::ZERO, SystemTime::now() + DAY)
+        .await
+        .unwrap();
+    let after = all_keys(&fx.bucket).await;
+    assert!(foreign.iter().all(|k| after.contains(k)));
+    // Saving goes on from the moved revisions, under the root.
+    store
+        .save(&h, 3, workspace("old-owned 3").into(), true)
+        .await
+        .unwrap();
+    assert_eq!(store.revisions(&h).await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(notes(&fx, &h), "old-owned 3");
 }

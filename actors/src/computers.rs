@@ -2,14 +2,15 @@
 //! `computer_runs` accounting.
 
 use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,
-    Set,
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, ModelTrait,
+    QueryFilter, Set, TransactionTrait,
 };
 use serde::Serialize;
 
 use crate::clock::{new_id, now_ms};
-use crate::entity::{bot, computer, computer_run};
+use crate::entity::{bot, computer, computer_run, home_tombstone};
 use crate::error::{DomainError, DomainResult};
 use crate::provider::ProviderRef;
 
@@ -234,6 +235,27 @@ impl Computers {
             .filter(computer_run::Column::EndedAtMs.is_null())
             .exec(&self.db)
             .await?;
+        Ok(())
+    }
+
+    /// Delete a computer row and, in the same transaction, tombstone its storage id: its
+    /// stored objects become provably this deployment's orphans, which the reconciler removes
+    /// even when the store's own delete fails or a late write lands after it.
+    pub async fn delete(&self, row: &computer::Model) -> DomainResult<()> {
+        let txn = self.db.begin().await?;
+        home_tombstone::Entity::insert(home_tombstone::ActiveModel {
+            storage_id: Set(row.storage_id.clone()),
+            deleted_at_ms: Set(now_ms()),
+        })
+        .on_conflict(
+            OnConflict::column(home_tombstone::Column::StorageId)
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_without_returning(&txn)
+        .await?;
+        row.clone().delete(&txn).await?;
+        txn.commit().await?;
         Ok(())
     }
 }

@@ -95,6 +95,8 @@ pub struct ObjectStorage {
     pub access_key_id: Option<Secret>,
     /// Secret key.
     pub secret_access_key: Option<Secret>,
+    /// Key prefix the deployment's root sits under (`OBJECT_STORAGE_PREFIX`).
+    pub prefix: Option<String>,
 }
 
 /// Network of docker computers (`SANDBOX_DOCKER_NETWORK`).
@@ -315,6 +317,17 @@ impl Config {
         if content_key.as_ref().is_some_and(|k| !well_formed(k)) {
             return Err(s.invalid("CONTENT_ENCRYPTION_KEY", "", accepted));
         }
+        let prefix = s.get("OBJECT_STORAGE_PREFIX");
+        if let Some(p) = prefix
+            .as_deref()
+            .filter(|p| !crate::stores::deployment::valid_prefix(p))
+        {
+            return Err(s.invalid(
+                "OBJECT_STORAGE_PREFIX",
+                p,
+                "/-separated segments of letters, digits, '-', '_' and '.'",
+            ));
+        }
         let object_storage = s.get("OBJECT_STORAGE_BUCKET").map(|bucket| ObjectStorage {
             bucket,
             endpoint: s.get("OBJECT_STORAGE_ENDPOINT"),
@@ -323,6 +336,7 @@ impl Config {
                 .unwrap_or_else(|| "us-east-1".into()),
             access_key_id: s.secret("OBJECT_STORAGE_ACCESS_KEY_ID"),
             secret_access_key: s.secret("OBJECT_STORAGE_SECRET_ACCESS_KEY"),
+            prefix,
         });
         let keep_revisions = s.number("HOME_REVISIONS_KEEP", 1000)? as u32;
         if keep_revisions == 0 {

@@ -190,6 +190,12 @@ pub const VARS: &[Var] = &[
         doc: "Secret access key for the bucket.",
     },
     Var {
+        name: "OBJECT_STORAGE_PREFIX",
+        default: "",
+        secret: false,
+        doc: "Key prefix in the bucket (segments of letters, digits, '-', '_', '.'); this deployment's objects live under <prefix>/<deployment id>/, where the deployment id is made once in the database.",
+    },
+    Var {
         name: "HOME_REVISIONS_KEEP",
         default: "3",
         secret: false,

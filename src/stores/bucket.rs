@@ -85,6 +85,7 @@ mod tests {
             region: "us-east-1".into(),
             access_key_id: Some(Secret("id".into())),
             secret_access_key: Some(Secret("secret".into())),
+            prefix: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The object home store: sealed revisions in an S3-compatible bucket (the source of truth),
-//! a manifest per revision as `homes/<storage id>/<revision>` and the chunks it names as
-//! `homes/<storage id>/chunks/<name>`, and the latest workspace unpacked under
+//! every key under the deployment's root (`[OBJECT_STORAGE_PREFIX/]<deployment id>`): a
+//! manifest per revision as `<root>/homes/<storage id>/<revision>` and the chunks it names as
+//! `<root>/homes/<storage id>/chunks/<name>`, and the latest workspace unpacked under
 //! `DATA_DIR/homes/<home key>` as a cache.
 //!
 //! Saving plans the revision (every chunk checked against the restore rules before anything
@@ -36,7 +37,7 @@ use super::seal::{self, Binding};
 pub const PART: usize = 16 << 20;
 /// Parts in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
-/// The prefix every stored revision lives under.
+/// The folder of stored revisions under the root.
 const HOMES: &str = "homes";
 /// The folder of a home's chunks, beside its revisions.
 const CHUNKS: &str = "chunks";
@@ -128,6 +129,8 @@ impl std::io::Write for Parts {
 #[derive(Clone)]
 pub struct ObjectHomeStore {
     bucket: Arc<dyn ObjectStore>,
+    /// Every key of this store lives under it (the deployment's prefix).
+    root: Path,
     latest: LatestCopies,
     keep: usize,
 }
@@ -148,35 +151,33 @@ fn bucket_error(op: &str, err: object_store::Error) -> StoreError {
     StoreError::Failed(format!("object storage {op}: {kind}"))
 }
 
-fn key(storage_id: &str, revision: i64) -> Result<Path, StoreError> {
-    Ok(Path::from(format!(
-        "{HOMES}/{}/{revision}",
-        safe_name(storage_id)?
-    )))
+/// Where a storage id's revisions sit: `<root>/homes/<storage id>`.
+fn home_prefix(root: &Path, storage_id: &str) -> Result<Path, StoreError> {
+    Ok(root.clone().join(HOMES).join(safe_name(storage_id)?))
 }
 
-fn chunk_key(storage_id: &str, name: &str) -> Result<Path, StoreError> {
-    Ok(Path::from(format!(
-        "{HOMES}/{}/{CHUNKS}/{name}",
-        safe_name(storage_id)?
-    )))
-}
-
-fn prefix(storage_id: &str) -> Result<Path, StoreError> {
-    Ok(Path::from(format!("{HOMES}/{}", safe_name(storage_id)?)))
+/// A stored storage id under this store's root, with when its newest object was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredHome {
+    /// The storage id.
+    pub storage_id: String,
+    /// The newest object's modification time (the bucket's clock).
+    pub newest: std::time::SystemTime,
 }
 
 impl ObjectHomeStore {
-    /// A store over `bucket`, caching latest copies under `data_dir/homes`, keeping `keep`
-    /// revisions.
+    /// A store over the keys of `bucket` under `root`, caching latest copies under
+    /// `data_dir/homes`, keeping `keep` revisions.
     pub fn new(
         bucket: Arc<dyn ObjectStore>,
+        root: Path,
         data_dir: &FsPath,
         keep: usize,
         limits: Limits,
     ) -> Self {
         Self {
             bucket,
+            root,
             latest: LatestCopies::new(data_dir.join("homes"), limits),
             keep: keep.max(1),
         }
@@ -185,6 +186,23 @@ impl ObjectHomeStore {
     /// The latest unpacked copies.
     pub fn latest(&self) -> &LatestCopies {
         &self.latest
+    }
+
+    /// The prefix every key of this store lives under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn prefix(&self, storage_id: &str) -> Result<Path, StoreError> {
+        home_prefix(&self.root, storage_id)
+    }
+
+    fn key(&self, storage_id: &str, revision: i64) -> Result<Path, StoreError> {
+        Ok(self.prefix(storage_id)?.join(revision.to_string()))
+    }
+
+    fn chunk_key(&self, storage_id: &str, name: &str) -> Result<Path, StoreError> {
+        Ok(self.prefix(storage_id)?.join(CHUNKS).join(name))
     }
 
     /// Which stored revision the cached copy of `home_key` is (`<storage id>:<revision>`).
@@ -329,10 +347,85 @@ impl ObjectHomeStore {
     /// Delete every stored revision and chunk of `storage_id` (the latest copy stays: it is
     /// keyed by home, which another computer may own now). For the reconciler.
     pub async fn delete_revisions(&self, storage_id: &str) -> Result<usize, StoreError> {
-        let keys = self.keys(&prefix(storage_id)?).await?;
+        let keys = self.keys(&self.prefix(storage_id)?).await?;
         let count = keys.len();
         self.delete_keys(keys).await?;
         Ok(count)
+    }
+
+    /// Every storage id with objects under this store's root, with its newest object's time,
+    /// ordered by storage id. Keys outside the root are never listed.
+    pub async fn stored_homes(&self) -> Result<Vec<StoredHome>, StoreError> {
+        let homes = self.root.clone().join(HOMES);
+        let listed: Vec<_> = self
+            .bucket
+            .list(Some(&homes))
+            .try_collect()
+            .await
+            .map_err(|e| bucket_error("list", e))?;
+        let mut newest: std::collections::BTreeMap<String, std::time::SystemTime> =
+            Default::default();
+        for meta in listed {
+            let Some(id) = meta
+                .location
+                .prefix_match(&homes)
+                .and_then(|mut rest| rest.next())
+                .map(|p| p.as_ref().to_owned())
+                .filter(|id| safe_name(id).is_ok())
+            else {
+                continue;
+            };
+            let at = std::time::SystemTime::from(meta.last_modified);
+            let slot = newest.entry(id).or_insert(at);
+            *slot = (*slot).max(at);
+        }
+        Ok(newest
+            .into_iter()
+            .map(|(storage_id, newest)| StoredHome { storage_id, newest })
+            .collect())
+    }
+
+    /// Moves the objects of `owned` storage ids from the layout before deployment prefixes
+    /// (`homes/<storage id>/...` at the top of the bucket) under this store's root: each
+    /// object is copied first (chunks before revisions, so a moved revision always finds its
+    /// chunks), and the old keys are deleted only once every copy of that storage id is done.
+    /// Idempotent; storage ids this database does not own are left where they are. Returns
+    /// how many storage ids were moved.
+    pub async fn adopt_legacy(&self, owned: &HashSet<String>) -> Result<usize, StoreError> {
+        if self.root.parts_count() == 0 {
+            return Ok(0);
+        }
+        let legacy = Path::from(HOMES);
+        let mut by_home: std::collections::BTreeMap<String, Vec<Path>> = Default::default();
+        for key in self.keys(&legacy).await? {
+            let id = key
+                .prefix_match(&legacy)
+                .and_then(|mut rest| rest.next())
+                .map(|p| p.as_ref().to_owned());
+            if let Some(id) = id.filter(|id| owned.contains(id)) {
+                by_home.entry(id).or_default().push(key);
+            }
+        }
+        for keys in by_home.values_mut() {
+            // Chunks (one folder deeper) first.
+            keys.sort_by_key(|k| std::cmp::Reverse(k.parts_count()));
+            for key in keys.iter() {
+                let to = Path::from_iter(self.root.parts().chain(key.parts()));
+                self.bucket
+                    .copy(key, &to)
+                    .await
+                    .map_err(|e| bucket_error("copy", e))?;
+            }
+            // Revisions go first, so an interrupted move never leaves a revision without its
+            // chunks under the old keys either.
+            keys.reverse();
+            self.delete_keys(std::mem::take(keys)).await?;
+        }
+        let moved = by_home.len();
+        if moved > 0 {
+            tracing::info!(event = "home.layout_moved", homes = moved);
+        }
+        Ok(moved)
     }
 
     async fn get(&self, path: &Path) -> Result<Bytes, StoreError> {
@@ -347,7 +440,7 @@ impl ObjectHomeStore {
 
     /// A stored revision, opened.
     async fn open_revision(&self, home: &HomeId, revision: i64) -> Result<Revision, StoreError> {
-        let sealed = self.get(&key(&home.storage_id, revision)?).await?;
+        let sealed = self.get(&self.key(&home.storage_id, revision)?).await?;
         let home = home.clone();
         blocking(move || Revision::open(&home, revision, &sealed)).await
     }
@@ -361,7 +454,7 @@ impl ObjectHomeStore {
         futures_util::stream::iter(names)
             .map(|name| async move {
                 let sealed = self
-                    .get(&chunk_key(&home.storage_id, &name)?)
+                    .get(&self.chunk_key(&home.storage_id, &name)?)
                     .await
                     .map_err(|e| match e {
                         StoreError::NotFound => StoreError::Rejected("a chunk is missing".into()),
@@ -390,7 +483,7 @@ impl ObjectHomeStore {
             .map(|i| {
                 let (plan, home) = (plan.clone(), home.clone());
                 async move {
-                    let path = chunk_key(&home.storage_id, &plan.new[i].name)?;
+                    let path = self.chunk_key(&home.storage_id, &plan.new[i].name)?;
                     self.put_sealed(&path, move |out| {
                         let chunk = &plan.new[i];
                         let binding = Binding::chunk(&home.storage_id, &chunk.name);
@@ -436,7 +529,7 @@ impl ObjectHomeStore {
         let (expired, named) = kept.retention(self.keep, revision, manifest);
         let keys = expired
             .iter()
-            .map(|rev| key(&home.storage_id, *rev))
+            .map(|rev| self.key(&home.storage_id, *rev))
             .collect::<Result<_, _>>()?;
         self.delete_keys(keys).await?;
         // A kept revision that cannot be read now keeps every chunk until one can.
@@ -444,7 +537,7 @@ impl ObjectHomeStore {
             tracing::warn!(event = "home.chunks_kept", home.storage_id = %home.storage_id);
             return Ok(());
         };
-        let chunks = Path::from(format!("{}/{CHUNKS}", prefix(&home.storage_id)?));
+        let chunks = self.prefix(&home.storage_id)?.join(CHUNKS);
         let unnamed = self
             .keys(&chunks)
             .await?
@@ -458,7 +551,12 @@ impl ObjectHomeStore {
 #[async_trait]
 impl HomeStore for ObjectHomeStore {
     fn location(&self, storage_id: &str, revision: i64) -> String {
-        format!("{HOMES}/{storage_id}/{revision}")
+        self.root
+            .clone()
+            .join(HOMES)
+            .join(storage_id)
+            .join(revision.to_string())
+            .to_string()
     }
 
     async fn save(
@@ -494,7 +592,7 @@ impl HomeStore for ObjectHomeStore {
         let manifest_put = match (&staged, uploaded) {
             (Ok(_), Ok(())) => {
                 let (data_key, storage_id) = (home.data_key, home.storage_id.clone());
-                self.put_sealed(&key(&home.storage_id, revision)?, move |out| {
+                self.put_sealed(&self.key(&home.storage_id, revision)?, move |out| {
                     let binding = Binding::revision(&storage_id, revision);
                     seal::seal_to(&data_key, &binding, &manifest, out)
                 })
@@ -518,7 +616,7 @@ impl HomeStore for ObjectHomeStore {
                 let names = plan
                     .new
                     .iter()
-                    .map(|c| chunk_key(&home.storage_id, &c.name));
+                    .map(|c| self.chunk_key(&home.storage_id, &c.name));
                 if let (true, Ok(keys)) = (owns_new_chunks, names.collect::<Result<Vec<_>, _>>()) {
                     let _ = self.delete_keys(keys).await;
                 }
@@ -563,7 +661,7 @@ impl HomeStore for ObjectHomeStore {
         // Revisions sit right under the home's prefix; its chunks one folder down.
         let mut revs: Vec<i64> = self
             .bucket
-            .list_with_delimiter(Some(&prefix(&home.storage_id)?))
+            .list_with_delimiter(Some(&self.prefix(&home.storage_id)?))
             .await
             .map_err(|e| bucket_error("list", e))?
             .objects
@@ -582,15 +680,11 @@ impl HomeStore for ObjectHomeStore {
     }
 
     async fn storage_ids(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids: Vec<String> = self
-            .keys(&Path::from(HOMES))
+        Ok(self
+            .stored_homes()
             .await?
-            .iter()
-            .filter_map(|k| k.parts().nth(1).map(|p| p.as_ref().to_owned()))
-            .filter(|id| safe_name(id).is_ok())
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids)
+            .into_iter()
+            .map(|h| h.storage_id)
+            .collect())
     }
 }

@@ -9,7 +9,7 @@ use rakazo_actors::entity::{computer, home_revision};
 use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
-use sea_orm::{ColumnTrait, EntityTrait, ModelTrait, QueryFilter, QueryOrder};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -183,7 +183,7 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     }
     let computers = Computers::new(ctx.db().clone());
     computers.close_runs(&c.id, EndReason::Deleted).await?;
-    c.clone().delete(ctx.db()).await?;
+    computers.delete(&c).await?;
     ctx.app.registry.forget(&c.id);
     rt.homes.delete(&c.home_key, &c.storage_id).await?;
     tracing::info!(event = "computer.deleted", computer.id = %c.id);

@@ -1,0 +1,73 @@
+//! The deployment's identity: a random id made once and kept in its database, which names the
+//! deployment's root in a shared bucket (`[OBJECT_STORAGE_PREFIX/]<deployment id>`), so two
+//! databases sharing a bucket never see, and never delete, each other's objects.
+
+use object_store::path::Path;
+use rakazo_actors::clock::now_ms;
+use rakazo_actors::entity::deployment_setting;
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{ConnectionTrait, DbErr, EntityTrait, Set};
+
+/// The setting holding the deployment id.
+const DEPLOYMENT_ID: &str = "deployment_id";
+
+/// This database's deployment id, made on first use (concurrent first uses agree: the first
+/// insert wins and everyone reads it back).
+pub async fn deployment_id(db: &impl ConnectionTrait) -> Result<String, DbErr> {
+    deployment_setting::Entity::insert(deployment_setting::ActiveModel {
+        name: Set(DEPLOYMENT_ID.into()),
+        value: Set(uuid::Uuid::new_v4().simple().to_string()),
+        created_at_ms: Set(now_ms()),
+    })
+    .on_conflict(
+        OnConflict::column(deployment_setting::Column::Name)
+            .do_nothing()
+            .to_owned(),
+    )
+    .exec_without_returning(db)
+    .await?;
+    deployment_setting::Entity::find_by_id(DEPLOYMENT_ID)
+        .one(db)
+        .await?
+        .map(|row| row.value)
+        .ok_or_else(|| DbErr::RecordNotFound("deployment id".into()))
+}
+
+/// The root of a deployment's keys: `prefix/deployment_id`, or `deployment_id` alone.
+pub fn root(prefix: Option<&str>, deployment_id: &str) -> Path {
+    let prefix = prefix.map(Path::from).unwrap_or_default();
+    Path::from_iter(prefix.parts().chain(Path::from(deployment_id).parts()))
+}
+
+/// Whether `prefix` is usable as `OBJECT_STORAGE_PREFIX`: `/`-separated segments of ASCII
+/// letters, digits, `-`, `_` and `.`, none empty, `.` or `..`.
+pub fn valid_prefix(prefix: &str) -> bool {
+    prefix.len() <= 256
+        && prefix.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_and_prefixes() {
+        assert_eq!(root(None, "abc").to_string(), "abc");
+        assert_eq!(
+            root(Some("team/rakazo"), "abc").to_string(),
+            "team/rakazo/abc"
+        );
+        assert!(valid_prefix("rakazo"));
+        assert!(valid_prefix("a/b.c/d-e_f"));
+        for bad in ["", "/a", "a/", "a//b", "..", "a/../b", "a b", "a\0b", "ä"] {
+            assert!(!valid_prefix(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Shared by the docker test binaries: whether a Docker engine and the computer image are
-//! here (in CI, `CI` set, their absence fails the test instead of skipping it), and an
-//! in-process supervisor on 127.0.0.1:0 running on its own thread and actix system.
+//! here (their absence fails the test, see `gate`), and an in-process supervisor on
+//! 127.0.0.1:0 running on its own thread and actix system.
 
 #![allow(dead_code)]
 
@@ -8,13 +8,18 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+// Its own copy of the gate: some docker test binaries have no `common`.
+#[allow(clippy::duplicate_mod)]
+#[path = "../gate/mod.rs"]
+mod gate;
+
 use rakazo::config::{DockerNetwork, DockerSettings};
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
 use rakazo::supervisor::engine::{Engine, EngineSettings};
 use rakazo::supervisor::routes::State;
 
-/// Whether the docker tests can run here. Without an engine or the image they are skipped
-/// with a note, except in CI, where that is a failure.
+/// Whether the docker tests can run here. Without an engine or the image they fail, saying
+/// what is missing (or are skipped with a note under `RAKAZO_TEST_SKIP_MISSING=1`).
 pub fn docker_ready() -> bool {
     let image = rakazo::image::default_image();
     let problem = if !std::process::Command::new("docker")
@@ -22,19 +27,22 @@ pub fn docker_ready() -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        Some("no Docker engine answers".to_string())
+        Some((
+            "a Docker engine".to_string(),
+            "install Docker and start it; scripts/test.sh then builds the computer image",
+        ))
     } else if !rakazo::image::exists(&image) {
-        Some(format!(
-            "the computer image {image} is missing (scripts/build-computer-image.sh)"
+        Some((
+            format!("the computer image {image}"),
+            "scripts/test.sh builds it (scripts/build-computer-image.sh)",
         ))
     } else {
         None
     };
     match problem {
         None => true,
-        Some(p) if std::env::var_os("CI").is_some() => panic!("docker tests in CI: {p}"),
-        Some(p) => {
-            eprintln!("skipping docker test: {p}");
+        Some((part, how)) => {
+            gate::missing(&part, how);
             false
         }
     }

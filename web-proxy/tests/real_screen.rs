@@ -1,10 +1,12 @@
 //! The slow tier: a real Xvfb display, x11vnc on unix sockets, websockify with noVNC, and
 //! headless Chromium, all reached through the proxy.
 //!
-//! Needs `scripts/install-screen-deps.sh`. Without the tools the tests say so and pass, unless
-//! `RAKAZO_REQUIRE_REAL_SCREEN=1` (CI sets it after installing them), which makes them fail.
+//! Needs `scripts/install-screen-deps.sh` (`scripts/test.sh` runs it). Without the tools the
+//! tests fail saying what is missing, unless `RAKAZO_TEST_SKIP_MISSING=1` (see `gate`).
 
 mod common;
+#[path = "../../tests/gate/mod.rs"]
+mod gate;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -35,10 +37,10 @@ fn tools_present(extra: &[&str]) -> bool {
     if missing.is_empty() && Path::new("/usr/share/novnc/vnc.html").exists() {
         return true;
     }
-    if std::env::var("RAKAZO_REQUIRE_REAL_SCREEN").as_deref() == Ok("1") {
-        panic!("missing {missing:?}: run scripts/install-screen-deps.sh");
-    }
-    eprintln!("SKIPPED: missing {missing:?}; run scripts/install-screen-deps.sh");
+    gate::missing(
+        &format!("the screen tools {missing:?} (or noVNC)"),
+        "scripts/test.sh installs them (scripts/install-screen-deps.sh)",
+    );
     false
 }
 
@@ -325,10 +327,10 @@ async fn novnc_in_headless_chromium_reports_connected() {
         return;
     }
     let Some(browser) = chromium() else {
-        if std::env::var("RAKAZO_REQUIRE_REAL_SCREEN").as_deref() == Ok("1") {
-            panic!("chromium missing: run scripts/install-screen-deps.sh");
-        }
-        eprintln!("SKIPPED: chromium missing");
+        gate::missing(
+            "chromium",
+            "scripts/test.sh installs it (scripts/install-screen-deps.sh)",
+        );
         return;
     };
     let desktop = start_desktop();

@@ -97,6 +97,7 @@ impl App {
                     .adopt_legacy(&owned_storage_ids(&db).await?)
                     .await
                     .map_err(|e| StartError::Bootstrap(format!("moving stored homes: {e}")))?;
+                deployment::relocate_revision_rows(&db, store.root()).await?;
                 let (db, reconciled) = (db.clone(), store.clone());
                 let addr = Reconciler::start_in_arbiter(&arbiter.handle(), move |_| {
                     Reconciler::new(db, reconciled, RECONCILE_EVERY, ORPHAN_GRACE)

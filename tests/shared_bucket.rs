@@ -18,8 +18,8 @@ use rakazo::stores::archive::{self, Limits};
 use rakazo::stores::object::ObjectHomeStore;
 use rakazo::stores::reconciler::{self, ReconcileNow};
 use rakazo::stores::{bucket, deployment};
-use rakazo_actors::entity::{computer, home_tombstone};
-use sea_orm::EntityTrait;
+use rakazo_actors::entity::{computer, home_revision, home_tombstone};
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, Set};
 use serde_json::json;
 
 /// The S3 endpoint; a missing one fails the test (see `gate`).
@@ -96,18 +96,33 @@ async fn checkpointed(s: &TestServer, bot: &str, file: &str, text: &str) -> comp
     row
 }
 
-async fn second_database_shares_the_bucket(backend: Backend) {
-    let Some(endpoint) = endpoint() else {
-        return;
-    };
-    let (cfg, client) = fresh_bucket(endpoint).await;
-    let env = [
+/// The app's environment for `cfg`'s bucket, under the prefix `rakazo`.
+fn storage_env(cfg: &ObjectStorage) -> [(&str, &str); 5] {
+    [
         ("OBJECT_STORAGE_BUCKET", cfg.bucket.as_str()),
         ("OBJECT_STORAGE_ENDPOINT", cfg.endpoint.as_deref().unwrap()),
         ("OBJECT_STORAGE_ACCESS_KEY_ID", "test"),
         ("OBJECT_STORAGE_SECRET_ACCESS_KEY", "test"),
         ("OBJECT_STORAGE_PREFIX", "rakazo"),
-    ];
+    ]
+}
+
+/// The files of a stored revision, unpacked: `file`'s text.
+async fn stored_text(s: &rakazo::app::App, row: &computer::Model, rev: i64, file: &str) -> String {
+    let rt = s.runtime();
+    let h = rt.home_id(row).await.unwrap();
+    let tar = rt.homes.load(&h, rev).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    archive::unpack(&tar, &out.path().join("x"), Limits::default()).unwrap();
+    std::fs::read_to_string(out.path().join("x").join(file)).unwrap()
+}
+
+async fn second_database_shares_the_bucket(backend: Backend) {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let (cfg, client) = fresh_bucket(endpoint).await;
+    let env = storage_env(&cfg);
     let Some(first) = TestServer::start(backend, &env).await else {
         return;
     };
@@ -171,13 +186,7 @@ async fn second_database_shares_the_bucket(backend: Backend) {
     let revisions = rt.homes.revisions(&h).await.unwrap();
     assert!(!revisions.is_empty());
     for rev in revisions {
-        let tar = rt.homes.load(&h, rev).await.unwrap();
-        let out = tempfile::tempdir().unwrap();
-        archive::unpack(&tar, &out.path().join("x"), Limits::default()).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(out.path().join("x/k.txt")).unwrap(),
-            "kept\n"
-        );
+        assert_eq!(stored_text(&first.app, &kept, rev, "k.txt").await, "kept\n");
     }
 
     // A write that lands after the delete is removed by the first's reconciler (tombstone).
@@ -209,4 +218,75 @@ async fn a_second_database_sharing_the_bucket_deletes_nothing_on_sqlite() {
 #[actix_rt::test]
 async fn a_second_database_sharing_the_bucket_deletes_nothing_on_postgres() {
     second_database_shares_the_bucket(Backend::Postgres).await;
+}
+
+/// A deployment upgraded from the layout before deployment roots: its stored homes move under
+/// its root at start, their revision rows follow, and every revision still loads.
+async fn the_old_layout_moves_under_the_root_at_start(backend: Backend) {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let (cfg, client) = fresh_bucket(endpoint).await;
+    let env = storage_env(&cfg);
+    let Some(s) = TestServer::start(backend, &env).await else {
+        return;
+    };
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let row = checkpointed(&s, &bots[0], "o.txt", "old").await;
+    // Put everything back where the old layout kept it, as an older version left it.
+    let root = format!("{}/", root(&s).await);
+    for key in all_keys(&client).await {
+        let old = Key::from(key.strip_prefix(&root).expect("under the root"));
+        client.copy(&Key::from(key.as_str()), &old).await.unwrap();
+        client.delete(&Key::from(key.as_str())).await.unwrap();
+    }
+    let rows = home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(&row.id))
+        .all(&s.app.db)
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let old = format!("homes/{}/{}", row.storage_id, r.revision);
+        let mut r = r.into_active_model();
+        r.object_key = Set(Some(old));
+        r.update(&s.app.db).await.unwrap();
+    }
+    assert!(
+        all_keys(&client)
+            .await
+            .iter()
+            .all(|k| k.starts_with("homes/"))
+    );
+
+    // The upgraded app starts on the same database.
+    let (upgraded, _) = rakazo::app::App::start(s.app.config.clone())
+        .await
+        .expect("the app starts");
+    let keys = all_keys(&client).await;
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k.starts_with(&root)), "{keys:?}");
+    let rows = home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(&row.id))
+        .all(&upgraded.db)
+        .await
+        .unwrap();
+    for r in &rows {
+        let at = r.object_key.as_deref().unwrap();
+        assert_eq!(at, format!("{root}homes/{}/{}", row.storage_id, r.revision));
+        assert_eq!(
+            stored_text(&upgraded, &row, r.revision, "o.txt").await,
+            "old\n"
+        );
+    }
+}
+
+#[actix_rt::test]
+async fn the_old_layout_moves_under_the_root_at_start_on_sqlite() {
+    the_old_layout_moves_under_the_root_at_start(Backend::Sqlite).await;
+}
+
+#[actix_rt::test]
+async fn the_old_layout_moves_under_the_root_at_start_on_postgres() {
+    the_old_layout_moves_under_the_root_at_start(Backend::Postgres).await;
 }

@@ -4,9 +4,9 @@
 
 use object_store::path::Path;
 use rakazo_actors::clock::now_ms;
-use rakazo_actors::entity::deployment_setting;
-use sea_orm::sea_query::OnConflict;
-use sea_orm::{ConnectionTrait, DbErr, EntityTrait, Set};
+use rakazo_actors::entity::{deployment_setting, home_revision};
+use sea_orm::sea_query::{BinOper, Expr, ExprTrait, OnConflict};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set};
 
 /// The setting holding the deployment id.
 const DEPLOYMENT_ID: &str = "deployment_id";
@@ -37,6 +37,27 @@ pub async fn deployment_id(db: &impl ConnectionTrait) -> Result<String, DbErr> {
 pub fn root(prefix: Option<&str>, deployment_id: &str) -> Path {
     let prefix = prefix.map(Path::from).unwrap_or_default();
     Path::from_iter(prefix.parts().chain(Path::from(deployment_id).parts()))
+}
+
+/// Records the move of the old layout under `root` in the revision rows: a recorded location
+/// `homes/...` becomes `<root>/homes/...`. Returns how many rows changed.
+pub async fn relocate_revision_rows(db: &impl ConnectionTrait, root: &Path) -> Result<u64, DbErr> {
+    if root.parts_count() == 0 {
+        return Ok(0);
+    }
+    let moved = home_revision::Entity::update_many()
+        .col_expr(
+            home_revision::Column::ObjectKey,
+            // `||` concatenates on SQLite and Postgres alike.
+            Expr::val(format!("{root}/")).binary(
+                BinOper::Custom("||"),
+                Expr::col(home_revision::Column::ObjectKey),
+            ),
+        )
+        .filter(home_revision::Column::ObjectKey.starts_with("homes/"))
+        .exec(db)
+        .await?;
+    Ok(moved.rows_affected)
 }
 
 /// Whether `prefix` is usable as `OBJECT_STORAGE_PREFIX`: `/`-separated segments of ASCII

@@ -16,10 +16,9 @@ use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
 use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_control_watch};
 use crate::stores::archive::Limits;
+use crate::stores::deployment;
 use crate::stores::local::LocalHomeStore;
-use crate::stores::object::ObjectHomeStore;
 use crate::stores::reconciler::{ORPHAN_GRACE, RECONCILE_EVERY, Reconciler};
-use crate::stores::{bucket, deployment};
 use crate::{auth, db, keyfile};
 
 /// Why the app could not start.
@@ -84,20 +83,11 @@ impl App {
         let arbiter = Arbiter::new();
         let (homes, reconciler): (Arc<dyn HomeStore>, _) = match &config.object_storage {
             Some(cfg) => {
-                let bucket = bucket::open(cfg).map_err(|e| StartError::Bootstrap(e.to_string()))?;
-                let id = deployment::deployment_id(&db).await?;
-                let store = Arc::new(ObjectHomeStore::new(
-                    bucket,
-                    deployment::root(cfg.prefix.as_deref(), &id),
-                    &config.data_dir,
-                    keep,
-                    Limits::default(),
-                ));
-                store
-                    .adopt_legacy(&owned_storage_ids(&db).await?)
-                    .await
-                    .map_err(|e| StartError::Bootstrap(format!("moving stored homes: {e}")))?;
-                deployment::relocate_revision_rows(&db, store.root()).await?;
+                let store = Arc::new(
+                    deployment::open_store(&db, cfg, &config.data_dir, keep)
+                        .await
+                        .map_err(StartError::Bootstrap)?,
+                );
                 let (db, reconciled) = (db.clone(), store.clone());
                 let addr = Reconciler::start_in_arbiter(&arbiter.handle(), move |_| {
                     Reconciler::new(db, reconciled, RECONCILE_EVERY, ORPHAN_GRACE)
@@ -173,22 +163,6 @@ impl App {
     pub fn runtime(&self) -> &Arc<Runtime> {
         self.registry.runtime()
     }
-}
-
-/// The storage ids of this database's computers.
-async fn owned_storage_ids(
-    db: &DatabaseConnection,
-) -> Result<std::collections::HashSet<String>, sea_orm::DbErr> {
-    use rakazo_actors::entity::computer;
-    use sea_orm::{EntityTrait, QuerySelect};
-    Ok(computer::Entity::find()
-        .select_only()
-        .column(computer::Column::StorageId)
-        .into_tuple::<String>()
-        .all(db)
-        .await?
-        .into_iter()
-        .collect())
 }
 
 impl Drop for App {

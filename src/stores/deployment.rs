@@ -1,12 +1,62 @@
 //! The deployment's identity: a random id made once and kept in its database, which names the
 //! deployment's root in a shared bucket (`[OBJECT_STORAGE_PREFIX/]<deployment id>`), so two
-//! databases sharing a bucket never see, and never delete, each other's objects.
+//! databases sharing a bucket never see, and never delete, each other's objects; and the
+//! opening of the object store at that root.
+
+use std::collections::HashSet;
 
 use object_store::path::Path;
 use rakazo_actors::clock::now_ms;
-use rakazo_actors::entity::{deployment_setting, home_revision};
+use rakazo_actors::entity::{computer, deployment_setting, home_revision};
 use sea_orm::sea_query::{BinOper, Expr, ExprTrait, OnConflict};
-use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    Set,
+};
+
+use super::archive::Limits;
+use super::bucket;
+use super::object::ObjectHomeStore;
+use crate::config::ObjectStorage;
+
+/// Opens this deployment's object store: rooted at its deployment id under the configured
+/// prefix, with the homes its computers stored in the old layout moved under the root (and
+/// their recorded locations with them). The error names no key, endpoint or credential.
+pub async fn open_store(
+    db: &DatabaseConnection,
+    cfg: &ObjectStorage,
+    data_dir: &std::path::Path,
+    keep: usize,
+) -> Result<ObjectHomeStore, String> {
+    let client = bucket::open(cfg).map_err(|e| e.to_string())?;
+    let database = |e: DbErr| format!("database: {e}");
+    let id = deployment_id(db).await.map_err(database)?;
+    let store = ObjectHomeStore::new(
+        client,
+        root(cfg.prefix.as_deref(), &id),
+        data_dir,
+        keep,
+        Limits::default(),
+    );
+    let owned: HashSet<String> = computer::Entity::find()
+        .select_only()
+        .column(computer::Column::StorageId)
+        .into_tuple::<String>()
+        .all(db)
+        .await
+        .map_err(database)?
+        .into_iter()
+        .collect();
+    store
+        .adopt_legacy(&owned)
+        .await
+        .map_err(|e| format!("moving stored homes: {e}"))?;
+    relocate_revision_rows(db, store.root())
+        .await
+        .map_err(database)?;
+    tracing::info!(event = "home.store_opened", deployment.id = %id);
+    Ok(store)
+}
 
 /// The setting holding the deployment id.
 const DEPLOYMENT_ID: &str = "deployment_id";

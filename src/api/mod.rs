@@ -5,7 +5,7 @@ mod internal;
 pub mod mcp;
 pub mod methods;
 pub mod rpc;
-mod ws;
+pub mod ws;
 
 use std::sync::Arc;
 

@@ -15,11 +15,11 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse, web};
 use actix_ws::{AggregatedMessage, Session};
 use futures_util::StreamExt;
+use rakazo_actors::computers::Computers;
+use rakazo_actors::events::Event;
 use rakazo_actors::{DomainError, ErrorCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use rakazo_actors::computers::Computers;
-use rakazo_actors::events::Event;
 use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -54,6 +54,7 @@ struct AuthParams {
     token: String,
 }
 
+/// `GET /rpc/ws`: the upgrade, authenticated by a bearer header when one is given.
 pub async fn upgrade(
     app: web::Data<App>,
     req: HttpRequest,

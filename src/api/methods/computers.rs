@@ -86,19 +86,14 @@ pub async fn list(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let s = access::space(ctx.db(), ctx.caller, &p.space_id).await?;
     let rows = Computers::new(ctx.db().clone()).in_space(&s.id).await?;
     Ok(Value::Array(
-        rows.iter()
-            .map(|c| computer_json(c, ctx.caller))
-            .collect(),
+        rows.iter().map(|c| computer_json(c, ctx.caller)).collect(),
     ))
 }
 
 /// `computer.forBot {botId}`: the bot's computer, created on first need.
 pub async fn for_bot(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ByBot = super::params(params)?;
-    Ok(computer_json(
-        &of_bot(ctx, &p.bot_id).await?,
-        ctx.caller,
-    ))
+    Ok(computer_json(&of_bot(ctx, &p.bot_id).await?, ctx.caller))
 }
 
 /// The run behind a `{runId, fence}` pair, with its fence checked through the lease actor.

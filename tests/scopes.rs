@@ -446,10 +446,8 @@ async fn every_method_admits_exactly_its_scopes_over_http_and_websocket() {
             if let Some(why) = judge(m.name, who, "http", admitted, &got) {
                 wrong.push(why);
             }
-            if matches!(who, Nobody | Garbage) {
-                if got.as_ref().err().map(|e| e.0) != Some(401) {
-                    wrong.push(format!("{} as {who:?}: HTTP status {got:?}", m.name));
-                }
+            if matches!(who, Nobody | Garbage) && got.as_ref().err().map(|e| e.0) != Some(401) {
+                wrong.push(format!("{} as {who:?}: HTTP status {got:?}", m.name));
             }
             let p = f.params(m.name, who).await;
             let got = f.ws(who, m.name, p).await;

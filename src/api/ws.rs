@@ -143,11 +143,11 @@ async fn run(mut conn: Conn, mut session: Session, mut stream: actix_ws::Aggrega
             msg = stream.next() => {
                 let Some(Ok(msg)) = msg else { break };
                 match msg {
-                    AggregatedMessage::Text(text) => {
-                        if !on_text(&mut conn, &mut session, text.as_bytes()).await {
-                            tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "messages");
-                            break;
-                        }
+                    AggregatedMessage::Text(text)
+                        if !on_text(&mut conn, &mut session, text.as_bytes()).await =>
+                    {
+                        tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "messages");
+                        break;
                     }
                     AggregatedMessage::Binary(_) if conn.caller.is_none() => {
                         tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "binary");

@@ -903,3 +903,34 @@ async fn names_with_control_characters_are_refused() {
         assert_eq!(out["isError"], true, "write_file {name:?}: {out}");
     }
 }
+
+#[actix_rt::test]
+async fn one_socket_runs_a_bounded_number_of_calls_at_once() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let n = rakazo::api::ws::MAX_TASKS + 1;
+    let (_, bots) = s.space_with_bots(n, "team").await;
+    let mut runs = Vec::new();
+    for bot in &bots {
+        runs.push(s.start_run(bot).await);
+    }
+    let mut ws = connect(&s).await;
+    send(&mut ws, json!({ "jsonrpc": "2.0", "id": 0, "method": "auth", "params": { "token": s.operator_token } })).await;
+    reply(&mut ws, 0).await;
+    let started = std::time::Instant::now();
+    for (i, (run, fence)) in runs.iter().enumerate() {
+        send(
+            &mut ws,
+            json!({ "jsonrpc": "2.0", "id": i + 1, "method": "computer.exec",
+                              "params": { "runId": run, "fence": fence, "command": "sleep 1" } }),
+        )
+        .await;
+    }
+    for _ in 0..n {
+        let v = next_text(&mut ws, Duration::from_secs(20))
+            .await
+            .expect("every call is answered");
+        assert!(v.get("result").is_some(), "{v}");
+    }
+    // The call beyond the bound waited for one of the first to finish.
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}

@@ -35,6 +35,9 @@ pub enum StartError {
     Bootstrap(String),
 }
 
+/// File under `DATA_DIR` holding the generated internal credential.
+pub const INTERNAL_TOKEN_FILE: &str = "internal-token";
+
 /// Everything a request handler needs.
 pub struct App {
     /// The configuration in force.
@@ -58,6 +61,9 @@ pub struct App {
     /// The screen authority (in process for the proxy, over `/internal/screen-authority` for
     /// a proxy elsewhere).
     pub authority: Arc<ScreenAuthority>,
+    /// The credential of internal endpoints (`RAKAZO_INTERNAL_TOKEN` or
+    /// `DATA_DIR/internal-token`), never an API token.
+    pub internal_token: crate::config::Secret,
     /// The reconciler of orphaned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
     /// The arbiter the actors run on; kept alive with the app.
@@ -123,6 +129,13 @@ impl App {
         )
         .map_err(StartError::Bootstrap)?;
         let keyring = Arc::new(Keyring::new(1, &screen_key));
+        let internal_token = keyfile::load_or_create(
+            config.internal_token.as_ref(),
+            &config.data_dir,
+            INTERNAL_TOKEN_FILE,
+        )
+        .map(|k| crate::config::Secret(hex::encode(k)))
+        .map_err(StartError::Bootstrap)?;
         let gateway = GatewayActor::start_default();
         let routes: Arc<RouteBook> = Arc::default();
         spawn_control_watch(
@@ -153,6 +166,7 @@ impl App {
             mcp: Default::default(),
             proxy,
             authority,
+            internal_token,
             reconciler,
             _arbiter: arbiter,
         };

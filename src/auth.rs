@@ -4,7 +4,7 @@ use std::path::Path;
 
 use base64::Engine;
 use rakazo_actors::clock::{new_id, now_ms};
-use rakazo_actors::entity::{api_token, user};
+use rakazo_actors::entity::{api_token, bot, user};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use rand::RngCore;
 use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
@@ -15,15 +15,66 @@ const TOKEN_PREFIX: &str = "rkz_";
 /// File under `DATA_DIR` holding the operator token.
 pub const OPERATOR_TOKEN_FILE: &str = "operator-token";
 
+/// What a token may reach. A caller is exactly one of these; every RPC method names the
+/// scopes it admits (`api::methods::METHODS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every space, and the operator methods.
+    Operator,
+    /// The spaces the user is a member of.
+    User,
+    /// One bot: its runs, tools, screen view, files, activity and events. Never its issuer's
+    /// rights.
+    Bot {
+        /// The bot.
+        bot_id: String,
+        /// Its space.
+        space_id: String,
+    },
+}
+
+/// The kind of a [`Scope`], without its bot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScopeKind {
+    /// [`Scope::Operator`].
+    Operator,
+    /// [`Scope::User`].
+    User,
+    /// [`Scope::Bot`].
+    Bot,
+}
+
 /// Who is calling.
 #[derive(Clone, Debug)]
 pub struct Caller {
-    /// The user.
+    /// The user (for a bot token, the user who minted it: a holder name, not a right).
     pub user_id: String,
-    /// Operators see every space.
-    pub is_operator: bool,
-    /// Set for tokens scoped to one bot.
-    pub bot_id: Option<String>,
+    /// What the token reaches.
+    pub scope: Scope,
+}
+
+impl Caller {
+    /// The kind of its scope.
+    pub fn kind(&self) -> ScopeKind {
+        match self.scope {
+            Scope::Operator => ScopeKind::Operator,
+            Scope::User => ScopeKind::User,
+            Scope::Bot { .. } => ScopeKind::Bot,
+        }
+    }
+
+    /// Whether the caller is an operator.
+    pub fn is_operator(&self) -> bool {
+        self.scope == Scope::Operator
+    }
+
+    /// The bot of a bot-scoped caller.
+    pub fn bot_id(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Bot { bot_id, .. } => Some(bot_id),
+            _ => None,
+        }
+    }
 }
 
 fn hash(token: &str) -> String {
@@ -96,10 +147,25 @@ pub async fn authenticate(db: &DatabaseConnection, token: &str) -> DomainResult<
         .one(db)
         .await?
         .ok_or_else(unauthorized)?;
+    // A bot token is the bot's scope only: the issuer's operator flag and memberships do not
+    // pass on.
+    let scope = match row.bot_id {
+        Some(bot_id) => {
+            let found = bot::Entity::find_by_id(&bot_id)
+                .one(db)
+                .await?
+                .ok_or_else(unauthorized)?;
+            Scope::Bot {
+                bot_id,
+                space_id: found.space_id,
+            }
+        }
+        None if user.is_operator => Scope::Operator,
+        None => Scope::User,
+    };
     Ok(Caller {
         user_id: user.id,
-        is_operator: user.is_operator,
-        bot_id: row.bot_id,
+        scope,
     })
 }
 

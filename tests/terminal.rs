@@ -109,7 +109,7 @@ async fn the_screen_authority_answers_over_internal_rpc() {
     let sealed = issued["url"].as_str().unwrap().split('/').nth(2).unwrap();
     let cap = s.app.screens.keyring().open(sealed, 0).unwrap();
 
-    let over_http = HttpAuthority::new(&s.base, &s.operator_token, WAIT).unwrap();
+    let over_http = HttpAuthority::new(&s.base, &s.app.internal_token.0, WAIT).unwrap();
     let target = over_http.terminal_target(&cap).await.unwrap();
     let local = s.app.authority.terminal_target(&cap).await.unwrap();
     assert_eq!(target, local);
@@ -119,9 +119,14 @@ async fn the_screen_authority_answers_over_internal_rpc() {
         Err(AuthorityError::Rejected(RejectCause::Revoked))
     ));
 
-    // Only an operator may ask: the answer holds the upstream and the socket token.
+    // Only the internal credential may ask, never an API token (not even the operator's):
+    // the answer holds the upstream and the socket token.
     let user = s.ok("user.create", json!({ "name": "someone" })).await;
-    for bearer in [user["token"].as_str().unwrap(), "not-a-token"] {
+    for bearer in [
+        user["token"].as_str().unwrap(),
+        s.operator_token.as_str(),
+        "not-a-token",
+    ] {
         let stranger = HttpAuthority::new(&s.base, bearer, WAIT).unwrap();
         assert_eq!(
             stranger.terminal_target(&cap).await,

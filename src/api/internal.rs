@@ -4,8 +4,10 @@
 //! The proxy opens the sealed capability itself and sends its fields (an
 //! [`AuthorityRequest`]); the answer is the same as the in-process authority's: 200 with an
 //! [`AuthorityResponse`] (upstream, socket token, policy), or a non-OK status with an
-//! [`AuthorityRejection`] naming the cause. Only an operator token may ask: the answer holds
-//! the secrets a browser must never see.
+//! [`AuthorityRejection`] naming the cause. Only the internal credential may ask
+//! (`RAKAZO_INTERNAL_TOKEN`, or the one generated in `DATA_DIR/internal-token`), never an API
+//! token of any scope: the answer holds the secrets a browser must never see. The credential
+//! is checked before the body is read.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -24,20 +26,30 @@ fn rejection(status: StatusCode, reason: RejectCause) -> HttpResponse {
         .json(AuthorityRejection { reason })
 }
 
+/// Whether the request carries the internal credential (compared in constant time).
+fn internal_caller(app: &App, req: &HttpRequest) -> bool {
+    use subtle::ConstantTimeEq;
+    super::bearer(req).is_some_and(|token| {
+        token
+            .as_bytes()
+            .ct_eq(app.internal_token.0.as_bytes())
+            .into()
+    })
+}
+
 /// `POST /internal/screen-authority`.
 pub async fn screen_authority(
     app: web::Data<App>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
-    let operator = super::caller(&app, &req).await.is_ok_and(|c| c.is_operator);
-    if !operator {
+    if !internal_caller(&app, &req) {
         tracing::warn!(event = "screen.authority.unauthorized");
         return rejection(StatusCode::UNAUTHORIZED, RejectCause::ApiError);
     }
-    if body.len() > MAX_BODY {
+    let Ok(body) = super::read_body(payload, MAX_BODY).await else {
         return rejection(StatusCode::PAYLOAD_TOO_LARGE, RejectCause::ApiError);
-    }
+    };
     let Ok(request) = serde_json::from_slice::<AuthorityRequest>(&body) else {
         return rejection(StatusCode::BAD_REQUEST, RejectCause::ApiError);
     };

@@ -1,7 +1,8 @@
 //! The MCP endpoint (streamable HTTP, JSON responses): any MCP client drives a bot's computer
 //! with the same tools as `tools/call`.
 //!
-//! Authenticated by a bearer token scoped to one bot. `initialize` starts a run for that bot
+//! Authenticated by a bearer token scoped to one bot, checked before the body is read (at
+//! most `rpc::MAX_REQUEST_BYTES`; one message per request, batches are not answered). `initialize` starts a run for that bot
 //! (its execution lease) and opens a session (`Mcp-Session-Id`); `tools/list` and
 //! `tools/call` act under that run; `DELETE /mcp` ends it (completed, with a checkpoint).
 
@@ -46,7 +47,7 @@ fn session_of(app: &App, req: &HttpRequest, caller: &Caller) -> Result<Session, 
         .get(id)
         .map(|s| s.clone())
         .ok_or_else(|| DomainError::not_found("MCP session"))?;
-    if s.user_id != caller.user_id || caller.bot_id.as_deref() != Some(s.bot_id.as_str()) {
+    if s.user_id != caller.user_id || caller.bot_id() != Some(s.bot_id.as_str()) {
         return Err(DomainError::not_found("MCP session"));
     }
     Ok(s)
@@ -56,7 +57,7 @@ async fn bot_caller(app: &App, req: &HttpRequest) -> Result<(Caller, String), Ht
     let caller = super::caller(app, req)
         .await
         .map_err(|e| HttpResponse::Unauthorized().json(rpc::error(Value::Null, &e)))?;
-    let Some(bot) = caller.bot_id.clone() else {
+    let Some(bot) = caller.bot_id().map(str::to_owned) else {
         let e = DomainError::new(
             ErrorCode::Forbidden,
             "the MCP endpoint needs a token scoped to one bot",
@@ -67,10 +68,14 @@ async fn bot_caller(app: &App, req: &HttpRequest) -> Result<(Caller, String), Ht
 }
 
 /// `POST /mcp`.
-pub async fn post(app: web::Data<App>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+pub async fn post(app: web::Data<App>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let (caller, bot_id) = match bot_caller(&app, &req).await {
         Ok(c) => c,
         Err(resp) => return resp,
+    };
+    let body = match super::read_body(payload, rpc::MAX_REQUEST_BYTES).await {
+        Ok(body) => body,
+        Err(err) => return super::body_error(err),
     };
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
         return HttpResponse::BadRequest().json(rpc::protocol_error(

@@ -5,7 +5,7 @@ mod internal;
 pub mod mcp;
 pub mod methods;
 pub mod rpc;
-mod ws;
+pub mod ws;
 
 use std::sync::Arc;
 
@@ -31,7 +31,6 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/rpc/ws", web::get().to(ws::upgrade))
             .service(
                 web::resource("/mcp")
-                    .app_data(web::PayloadConfig::new(rpc::MAX_REQUEST_BYTES))
                     .route(web::post().to(mcp::post))
                     .route(web::delete().to(mcp::delete))
                     .route(web::get().to(mcp::get)),
@@ -83,32 +82,58 @@ pub async fn caller(app: &App, req: &HttpRequest) -> Result<Caller, DomainError>
     }
 }
 
-fn json_status(status: u16, body: Value) -> HttpResponse {
+pub fn json_status(status: u16, body: Value) -> HttpResponse {
     HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::OK)).json(body)
 }
 
-async fn rpc_http(
-    app: web::Data<App>,
-    req: HttpRequest,
+/// Why a body could not be read.
+pub enum BodyError {
+    /// The connection failed mid-body.
+    Unreadable,
+    /// The body is longer than allowed.
+    TooLarge,
+}
+
+/// Read a request body of at most `limit` bytes; stops reading at the first byte beyond it.
+pub async fn read_body(
     mut payload: web::Payload,
-) -> HttpResponse {
+    limit: usize,
+) -> Result<web::BytesMut, BodyError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let Ok(chunk) = chunk else {
-            return json_status(
-                400,
-                rpc::protocol_error(Value::Null, -32700, "unreadable body"),
-            );
-        };
-        if body.len() + chunk.len() > rpc::MAX_REQUEST_BYTES {
-            let err = DomainError::new(ErrorCode::TooLarge, "request exceeds 12 MiB");
-            return json_status(413, rpc::error(Value::Null, &err));
+        let chunk = chunk.map_err(|_| BodyError::Unreadable)?;
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
         }
         body.extend_from_slice(&chunk);
     }
+    Ok(body)
+}
+
+/// The response to a body that could not be read.
+pub fn body_error(err: BodyError) -> HttpResponse {
+    match err {
+        BodyError::Unreadable => json_status(
+            400,
+            rpc::protocol_error(Value::Null, -32700, "unreadable body"),
+        ),
+        BodyError::TooLarge => {
+            let err = DomainError::new(ErrorCode::TooLarge, "request exceeds 12 MiB");
+            json_status(413, rpc::error(Value::Null, &err))
+        }
+    }
+}
+
+/// `POST /rpc`: the bearer token is checked from the header before the body is read, so an
+/// unauthenticated request is answered 401 without buffering its body.
+async fn rpc_http(app: web::Data<App>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let caller = match caller(&app, &req).await {
         Ok(c) => c,
         Err(err) => return json_status(401, rpc::error(Value::Null, &err)),
+    };
+    let body = match read_body(payload, rpc::MAX_REQUEST_BYTES).await {
+        Ok(body) => body,
+        Err(err) => return body_error(err),
     };
     let ctx = methods::Ctx {
         app: &app,

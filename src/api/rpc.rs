@@ -11,6 +11,9 @@ use super::methods::{self, Ctx};
 /// Largest accepted request body (encoded), as the spec bounds writes.
 pub const MAX_REQUEST_BYTES: usize = 12 * 1024 * 1024;
 
+/// Most calls in one batch; a longer batch is refused whole with `TOO_LARGE`.
+pub const MAX_BATCH: usize = 50;
+
 /// One request object.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +97,13 @@ pub async fn handle_body(ctx: &Ctx<'_>, body: &[u8]) -> (Value, u16) {
         Err(_) => return (protocol_error(Value::Null, -32700, "parse error"), 400),
     };
     match parsed {
+        Value::Array(items) if items.len() > MAX_BATCH => {
+            let err = DomainError::new(
+                ErrorCode::TooLarge,
+                format!("a batch holds at most {MAX_BATCH} calls"),
+            );
+            (error(Value::Null, &err), err.code.http_status())
+        }
         Value::Array(items) if !items.is_empty() => {
             let mut out = Vec::new();
             for item in items {

@@ -1,25 +1,38 @@
 //! JSON-RPC over the `/rpc/ws` websocket, with live subscriptions.
 //!
 //! Authentication: an `Authorization: Bearer` header on the upgrade, or (for browsers) a
-//! first call `auth {token}`. `subscribe {spaceId}` streams that space's events as
-//! notifications `{"method":"event","params":{topic, spaceId, data}}`. Calls run
-//! concurrently; each answer carries its request id.
+//! first call `auth {token}`, within [`AUTH_WINDOW`] and [`UNAUTHENTICATED_MESSAGES`]
+//! messages; otherwise the socket is closed. `subscribe {spaceId}` streams that space's
+//! events as notifications `{"method":"event","params":{topic, spaceId, data}}`; a bot token
+//! subscribes to its own space only and receives only its bot's events (and those of the
+//! computer it uses). Calls run concurrently, at most [`MAX_TASKS`] at once per socket (more
+//! wait); each answer carries its request id.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
-use std::rc::Rc;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use actix_ws::{AggregatedMessage, Session};
 use futures_util::StreamExt;
+use rakazo_actors::computers::Computers;
+use rakazo_actors::events::Event;
 use rakazo_actors::{DomainError, ErrorCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{methods, rpc};
 use crate::app::App;
 use crate::auth::{self, Caller};
+
+/// Time an unauthenticated socket has to call `auth`.
+pub const AUTH_WINDOW: Duration = Duration::from_secs(5);
+/// Messages an unauthenticated socket may send before it is closed.
+pub const UNAUTHENTICATED_MESSAGES: u32 = 3;
+/// Calls one socket runs at once; further calls wait for one to finish.
+pub const MAX_TASKS: usize = 8;
 
 #[derive(Deserialize)]
 struct Envelope {
@@ -41,6 +54,7 @@ struct AuthParams {
     token: String,
 }
 
+/// `GET /rpc/ws`: the upgrade, authenticated by a bearer header when one is given.
 pub async fn upgrade(
     app: web::Data<App>,
     req: HttpRequest,
@@ -59,47 +73,107 @@ pub async fn upgrade(
         .max_frame_size(rpc::MAX_REQUEST_BYTES)
         .aggregate_continuations()
         .max_continuation_size(rpc::MAX_REQUEST_BYTES);
-    actix_web::rt::spawn(run(app.into_inner(), caller, session, stream));
+    let conn = Conn {
+        app: app.into_inner(),
+        caller,
+        subscriptions: HashSet::new(),
+        reach: HashMap::new(),
+        unauthenticated_messages: 0,
+        tasks: Arc::new(Semaphore::new(MAX_TASKS)),
+    };
+    actix_web::rt::spawn(run(conn, session, stream));
     Ok(response)
+}
+
+/// One socket's state.
+struct Conn {
+    app: Arc<App>,
+    caller: Option<Caller>,
+    /// Subscribed spaces.
+    subscriptions: HashSet<String>,
+    /// For a bot token: whether it reaches a computer, by id.
+    reach: HashMap<String, bool>,
+    unauthenticated_messages: u32,
+    tasks: Arc<Semaphore>,
+}
+
+impl Conn {
+    /// Whether an event goes to this socket: a subscribed space, and for a bot token only
+    /// its bot's events or those of the computer it uses.
+    async fn wants(&mut self, event: &Event) -> bool {
+        if !self.subscriptions.contains(&event.space_id) {
+            return false;
+        }
+        let Some(caller) = &self.caller else {
+            return false;
+        };
+        let Some(bot) = caller.bot_id() else {
+            return true;
+        };
+        if let Some(of) = event.data.get("botId").filter(|v| !v.is_null()) {
+            return of.as_str() == Some(bot);
+        }
+        let Some(computer_id) = event.data["computerId"].as_str() else {
+            return false;
+        };
+        if let Some(known) = self.reach.get(computer_id) {
+            return *known;
+        }
+        let reaches = match Computers::new(self.app.db.clone()).get(computer_id).await {
+            Ok(c) => methods::bot_reaches(&self.app.db, caller, &c)
+                .await
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        self.reach.insert(computer_id.to_owned(), reaches);
+        reaches
+    }
 }
 
 async fn send(session: &mut Session, value: &Value) -> bool {
     session.text(value.to_string()).await.is_ok()
 }
 
-async fn run(
-    app: std::sync::Arc<App>,
-    caller: Option<Caller>,
-    mut session: Session,
-    mut stream: actix_ws::AggregatedMessageStream,
-) {
-    let caller = Rc::new(RefCell::new(caller));
-    let spaces: Rc<RefCell<HashSet<String>>> = Rc::default();
-    let mut events = app.runtime().events.subscribe();
+async fn run(mut conn: Conn, mut session: Session, mut stream: actix_ws::AggregatedMessageStream) {
+    let mut events = conn.app.runtime().events.subscribe();
+    let deadline = tokio::time::sleep(AUTH_WINDOW);
+    tokio::pin!(deadline);
     loop {
         tokio::select! {
             msg = stream.next() => {
                 let Some(Ok(msg)) = msg else { break };
                 match msg {
-                    AggregatedMessage::Text(text) => {
-                        on_text(&app, &caller, &spaces, &mut session, text.as_bytes()).await;
+                    AggregatedMessage::Text(text)
+                        if !on_text(&mut conn, &mut session, text.as_bytes()).await =>
+                    {
+                        tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "messages");
+                        break;
+                    }
+                    AggregatedMessage::Binary(_) if conn.caller.is_none() => {
+                        tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "binary");
+                        break;
                     }
                     AggregatedMessage::Ping(bytes) if session.pong(&bytes).await.is_err() => break,
                     AggregatedMessage::Close(_) => break,
                     _ => {}
                 }
             }
+            () = &mut deadline, if conn.caller.is_none() => {
+                tracing::info!(event = "rpc.ws.unauthenticated_closed", reason = "timeout");
+                break;
+            }
             event = events.recv() => {
                 match event {
-                    Ok(event) if spaces.borrow().contains(&event.space_id) => {
+                    Ok(event) if conn.wants(&event).await => {
                         let note = json!({ "jsonrpc": "2.0", "method": "event", "params": event });
                         if !send(&mut session, &note).await { break; }
                     }
                     Ok(_) => {}
-                    Err(RecvError::Lagged(missed)) => {
+                    Err(RecvError::Lagged(missed)) if conn.caller.is_some() => {
                         let note = json!({ "jsonrpc": "2.0", "method": "event.lagged", "params": { "missed": missed } });
                         if !send(&mut session, &note).await { break; }
                     }
+                    Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => break,
                 }
             }
@@ -108,20 +182,22 @@ async fn run(
     let _ = session.close(None).await;
 }
 
-async fn on_text(
-    app: &std::sync::Arc<App>,
-    caller: &Rc<RefCell<Option<Caller>>>,
-    spaces: &Rc<RefCell<HashSet<String>>>,
-    session: &mut Session,
-    text: &[u8],
-) {
+/// Handle one text message; `false` closes the socket (an unauthenticated socket that
+/// keeps talking without authenticating).
+async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
+    if conn.caller.is_none() {
+        conn.unauthenticated_messages += 1;
+        if conn.unauthenticated_messages > UNAUTHENTICATED_MESSAGES {
+            return false;
+        }
+    }
     let Ok(env) = serde_json::from_slice::<Envelope>(text) else {
         send(
             session,
             &rpc::protocol_error(Value::Null, -32700, "parse error"),
         )
         .await;
-        return;
+        return true;
     };
     let id = env.id.clone().unwrap_or(Value::Null);
     let reply = |outcome: Result<Value, DomainError>| match outcome {
@@ -130,17 +206,20 @@ async fn on_text(
     };
     if env.method == "auth" {
         let outcome = match methods::params::<AuthParams>(env.params) {
-            Ok(p) => auth::authenticate(&app.db, &p.token).await.map(|c| {
+            Ok(p) => auth::authenticate(&conn.app.db, &p.token).await.map(|c| {
                 let user = c.user_id.clone();
-                *caller.borrow_mut() = Some(c);
+                // A new identity starts without the old one's subscriptions.
+                conn.subscriptions.clear();
+                conn.reach.clear();
+                conn.caller = Some(c);
                 json!({ "userId": user })
             }),
             Err(e) => Err(e),
         };
         send(session, &reply(outcome)).await;
-        return;
+        return true;
     }
-    let Some(who) = caller.borrow().clone() else {
+    let Some(who) = conn.caller.clone() else {
         send(
             session,
             &reply(Err(DomainError::new(
@@ -149,19 +228,22 @@ async fn on_text(
             ))),
         )
         .await;
-        return;
+        return true;
     };
     match env.method.as_str() {
         "subscribe" | "unsubscribe" => {
             let outcome = match methods::params::<SpaceParams>(env.params) {
                 Ok(p) => {
-                    let ctx = methods::Ctx { app, caller: &who };
+                    let ctx = methods::Ctx {
+                        app: &conn.app,
+                        caller: &who,
+                    };
                     match super::methods::visible_space(&ctx, &p.space_id).await {
                         Ok(()) => {
                             if env.method == "subscribe" {
-                                spaces.borrow_mut().insert(p.space_id.clone());
+                                conn.subscriptions.insert(p.space_id.clone());
                             } else {
-                                spaces.borrow_mut().remove(&p.space_id);
+                                conn.subscriptions.remove(&p.space_id);
                             }
                             Ok(json!({ "spaceId": p.space_id }))
                         }
@@ -173,7 +255,11 @@ async fn on_text(
             send(session, &reply(outcome)).await;
         }
         _ => {
-            let (app, mut session) = (app.clone(), session.clone());
+            // Bounded: a socket waits for one of its running calls before starting another.
+            let Ok(permit) = conn.tasks.clone().acquire_owned().await else {
+                return false;
+            };
+            let (app, mut session) = (conn.app.clone(), session.clone());
             let raw = json!({ "jsonrpc": "2.0", "id": env.id, "method": env.method, "params": env.params });
             actix_web::rt::spawn(async move {
                 let ctx = methods::Ctx {
@@ -183,7 +269,9 @@ async fn on_text(
                 if let (Some(resp), _) = rpc::handle_one(&ctx, raw).await {
                     let _ = session.text(resp.to_string()).await;
                 }
+                drop(permit);
             });
         }
     }
+    true
 }

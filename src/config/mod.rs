@@ -158,6 +158,8 @@ pub struct Config {
     pub docker: DockerSettings,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
+    /// `RAKAZO_INTERNAL_TOKEN`, 32 bytes.
+    pub internal_token: Option<Secret>,
     /// `CONTENT_ENCRYPTION_KEY`, 32 bytes.
     pub content_key: Option<Secret>,
     /// `OBJECT_STORAGE_*`.
@@ -313,6 +315,10 @@ impl Config {
         if screen_secret.as_ref().is_some_and(|k| !well_formed(k)) {
             return Err(s.invalid("SCREEN_CAPABILITY_SECRET", "", accepted));
         }
+        let internal_token = s.secret("RAKAZO_INTERNAL_TOKEN");
+        if internal_token.as_ref().is_some_and(|k| !well_formed(k)) {
+            return Err(s.invalid("RAKAZO_INTERNAL_TOKEN", "", accepted));
+        }
         let content_key = s.secret("CONTENT_ENCRYPTION_KEY");
         if content_key.as_ref().is_some_and(|k| !well_formed(k)) {
             return Err(s.invalid("CONTENT_ENCRYPTION_KEY", "", accepted));
@@ -344,7 +350,7 @@ impl Config {
         }
         let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
         if let Some(token) = &supervisor_token {
-            let others = [&screen_secret, &content_key];
+            let others = [&screen_secret, &content_key, &internal_token];
             if others
                 .iter()
                 .any(|o| o.as_ref().is_some_and(|o| o.0 == token.0))
@@ -409,6 +415,7 @@ impl Config {
             supervisor_listen,
             docker,
             screen_secret,
+            internal_token,
             content_key,
             object_storage,
             keep_revisions,

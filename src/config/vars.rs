@@ -154,6 +154,12 @@ pub const VARS: &[Var] = &[
         doc: "64 hex characters (32 bytes) sealing screen capabilities. Unset: generated once and kept in DATA_DIR/screen-capability.key.",
     },
     Var {
+        name: "RAKAZO_INTERNAL_TOKEN",
+        default: "",
+        secret: true,
+        doc: "64 hex characters (32 bytes): the bearer credential of internal endpoints (`/internal/screen-authority`, for a screen proxy in another process). API tokens are never accepted there. Unset: generated once and kept in DATA_DIR/internal-token.",
+    },
+    Var {
         name: "CONTENT_ENCRYPTION_KEY",
         default: "",
         secret: true,

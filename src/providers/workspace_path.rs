@@ -1,5 +1,5 @@
 //! Workspace path rules shared by every provider: relative paths only, no `.` or `..`
-//! segments, no empty segments, no NUL bytes.
+//! segments, no empty segments, no NUL or other control characters.
 
 use rakazo_actors::provider::ProviderError;
 
@@ -19,8 +19,8 @@ pub fn segments(path: &str, allow_root: bool) -> Result<Vec<String>, ProviderErr
     if path.len() > MAX_PATH_LEN {
         return Err(reject("path too long"));
     }
-    if path.contains('\0') {
-        return Err(reject("path contains NUL"));
+    if path.chars().any(char::is_control) {
+        return Err(reject("path contains NUL or a control character"));
     }
     if path.starts_with('/') || path.starts_with('\\') {
         return Err(reject("absolute paths are outside this computer's home"));
@@ -70,6 +70,8 @@ mod tests {
             "a//b",
             "",
             "a\0b",
+            "a\nb",
+            "a\u{1b}[2Jb",
         ] {
             assert!(normalize(bad, false).is_err(), "{bad:?}");
         }

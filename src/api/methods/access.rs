@@ -1,11 +1,12 @@
-//! Scoping: every call sees only the spaces of its caller (operators see all), and
-//! bot-scoped tokens see only their bot.
+//! Per-object checks after dispatch admitted the caller's scope (`METHODS`): operators reach
+//! every space, users the spaces they are members of, a bot token only its own bot, its space
+//! (for events filtered to its bot) and the computer its bot uses.
 
-use rakazo_actors::entity::{bot, space, space_member};
+use rakazo_actors::entity::{bot, computer, space, space_member};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Scope};
 
 /// A space the caller may use.
 pub async fn space(
@@ -17,18 +18,22 @@ pub async fn space(
         .one(db)
         .await?
         .ok_or_else(|| DomainError::not_found("space"))?;
-    if caller.is_operator {
-        return Ok(found);
+    match &caller.scope {
+        Scope::Operator => Ok(found),
+        Scope::Bot { space_id: own, .. } if *own == found.id => Ok(found),
+        Scope::Bot { .. } => Err(DomainError::not_found("space")),
+        Scope::User => {
+            let member = space_member::Entity::find()
+                .filter(space_member::Column::SpaceId.eq(space_id))
+                .filter(space_member::Column::UserId.eq(&caller.user_id))
+                .one(db)
+                .await?;
+            // Not a member: the space is invisible, not forbidden.
+            member
+                .map(|_| found)
+                .ok_or_else(|| DomainError::not_found("space"))
+        }
     }
-    let member = space_member::Entity::find()
-        .filter(space_member::Column::SpaceId.eq(space_id))
-        .filter(space_member::Column::UserId.eq(&caller.user_id))
-        .one(db)
-        .await?;
-    // Not a member: the space is invisible, not forbidden.
-    member
-        .map(|_| found)
-        .ok_or_else(|| DomainError::not_found("space"))
 }
 
 /// A bot the caller may use, with its space.
@@ -37,11 +42,7 @@ pub async fn bot(
     caller: &Caller,
     bot_id: &str,
 ) -> DomainResult<(bot::Model, space::Model)> {
-    if caller
-        .bot_id
-        .as_deref()
-        .is_some_and(|scoped| scoped != bot_id)
-    {
+    if caller.bot_id().is_some_and(|scoped| scoped != bot_id) {
         return Err(DomainError::new(
             ErrorCode::Forbidden,
             "this token is scoped to another bot",
@@ -57,9 +58,29 @@ pub async fn bot(
     Ok((found, space))
 }
 
+/// Whether a computer is one a bot token may reach: its bot's private computer, or the Team
+/// Computer of its space when its bot is a Team bot. Other scopes are checked by space.
+pub async fn bot_reaches(
+    db: &DatabaseConnection,
+    caller: &Caller,
+    c: &computer::Model,
+) -> DomainResult<bool> {
+    let Some(scoped) = caller.bot_id() else {
+        return Ok(true);
+    };
+    if c.bot_id.as_deref() == Some(scoped) {
+        return Ok(true);
+    }
+    if c.bot_id.is_some() || c.kind != "team" {
+        return Ok(false);
+    }
+    let own = bot::Entity::find_by_id(scoped).one(db).await?;
+    Ok(own.is_some_and(|b| b.computer_mode == "team" && b.space_id == c.space_id))
+}
+
 /// Refuse bot-scoped tokens for space-level administration.
 pub fn not_bot_scoped(caller: &Caller) -> DomainResult<()> {
-    if caller.bot_id.is_some() {
+    if caller.bot_id().is_some() {
         return Err(DomainError::new(
             ErrorCode::Forbidden,
             "bot-scoped tokens cannot do this",

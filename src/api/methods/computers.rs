@@ -15,15 +15,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Ctx, access};
+use crate::auth::Caller;
 
-/// JSON form of a computer. The providerRef is shown to operators only.
-pub fn computer_json(c: &computer::Model, operator: bool) -> Value {
+/// JSON form of a computer for a caller: the providerRef is shown to operators only, the
+/// home key to people only (never to a bot token).
+pub fn computer_json(c: &computer::Model, caller: &Caller) -> Value {
     let mut v = json!({
-        "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id, "homeKey": c.home_key,
+        "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id,
         "providerKind": c.provider_kind, "state": c.state, "revision": c.revision,
         "provisioningFence": c.provisioning_fence, "lastActiveAtMs": c.last_active_at_ms,
     });
-    if operator {
+    if caller.bot_id().is_none() {
+        v["homeKey"] = json!(c.home_key);
+    }
+    if caller.is_operator() {
         v["providerRef"] = json!(c.provider_ref);
     }
     v
@@ -42,14 +47,13 @@ pub async fn of_bot(ctx: &Ctx<'_>, bot_id: &str) -> DomainResult<computer::Model
         .await
 }
 
+/// A computer the caller may see.
 pub async fn visible(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<computer::Model> {
     let c = Computers::new(ctx.db().clone()).get(computer_id).await?;
     access::space(ctx.db(), ctx.caller, &c.space_id)
         .await
         .map_err(|_| DomainError::not_found("computer"))?;
-    if let Some(scoped) = &ctx.caller.bot_id
-        && c.bot_id.as_ref().is_some_and(|b| b != scoped)
-    {
+    if !access::bot_reaches(ctx.db(), ctx.caller, &c).await? {
         return Err(DomainError::not_found("computer"));
     }
     Ok(c)
@@ -72,7 +76,7 @@ pub async fn get(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
     Ok(computer_json(
         &visible(ctx, &p.computer_id).await?,
-        ctx.caller.is_operator,
+        ctx.caller,
     ))
 }
 
@@ -82,19 +86,14 @@ pub async fn list(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let s = access::space(ctx.db(), ctx.caller, &p.space_id).await?;
     let rows = Computers::new(ctx.db().clone()).in_space(&s.id).await?;
     Ok(Value::Array(
-        rows.iter()
-            .map(|c| computer_json(c, ctx.caller.is_operator))
-            .collect(),
+        rows.iter().map(|c| computer_json(c, ctx.caller)).collect(),
     ))
 }
 
 /// `computer.forBot {botId}`: the bot's computer, created on first need.
 pub async fn for_bot(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ByBot = super::params(params)?;
-    Ok(computer_json(
-        &of_bot(ctx, &p.bot_id).await?,
-        ctx.caller.is_operator,
-    ))
+    Ok(computer_json(&of_bot(ctx, &p.bot_id).await?, ctx.caller))
 }
 
 /// The run behind a `{runId, fence}` pair, with its fence checked through the lease actor.
@@ -173,7 +172,7 @@ pub async fn open_screen(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 
 /// `computer.machine {computerId}`: operators see the machine the actor holds right now.
 pub async fn machine(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
-    if !ctx.caller.is_operator {
+    if !ctx.caller.is_operator() {
         return Err(DomainError::new(ErrorCode::Forbidden, "operators only"));
     }
     let p: ById = super::params(params)?;
@@ -183,10 +182,17 @@ pub async fn machine(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 }
 
 /// `computer.stop {computerId}`: checkpoint, then stop the machine. Refused under a
-/// maintenance reservation.
+/// maintenance reservation. A bot token stops only its own private computer, never the Team
+/// Computer other bots use.
 pub async fn stop(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
     let c = visible(ctx, &p.computer_id).await?;
+    if ctx.caller.bot_id().is_some() && c.kind == "team" {
+        return Err(DomainError::new(
+            ErrorCode::Forbidden,
+            "a bot token cannot stop a Team Computer",
+        ));
+    }
     if Leases::new(ctx.db().clone())
         .live(&LeaseKey::maintenance(&c.id))
         .await?
@@ -200,7 +206,7 @@ pub async fn stop(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         .await??;
     Ok(computer_json(
         &Computers::new(ctx.db().clone()).get(&c.id).await?,
-        ctx.caller.is_operator,
+        ctx.caller,
     ))
 }
 

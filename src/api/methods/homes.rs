@@ -136,7 +136,7 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
     let c = visible(ctx, &p.computer_id).await?;
     let space = access::space(ctx.db(), ctx.caller, &c.space_id).await?;
-    if !ctx.caller.is_operator && space.owner_id != ctx.caller.user_id {
+    if !ctx.caller.is_operator() && space.owner_id != ctx.caller.user_id {
         return Err(DomainError::new(
             ErrorCode::Forbidden,
             "only the space owner deletes computers",

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::app::App;
-use crate::auth::Caller;
+use crate::auth::{Caller, ScopeKind};
 
 /// A call's context: the app and who is calling.
 pub struct Ctx<'a> {
@@ -52,48 +52,94 @@ pub fn params<T: DeserializeOwned>(params: Value) -> DomainResult<T> {
     serde_json::from_value(params).map_err(|e| DomainError::invalid(format!("invalid params: {e}")))
 }
 
-/// Every method name, for discovery.
-pub const METHODS: &[&str] = &[
-    "space.create",
-    "space.list",
-    "space.addMember",
-    "user.create",
-    "bot.create",
-    "bot.list",
-    "bot.stop",
-    "bot.status",
-    "token.createForBot",
-    "computer.get",
-    "computer.list",
-    "computer.forBot",
-    "computer.exec",
-    "computer.openScreen",
-    "computer.machine",
-    "computer.stop",
-    "computer.revisions",
-    "computer.restoreRevision",
-    "computer.delete",
-    "computer.takeControl",
-    "computer.screenUrl",
-    "computer.releaseControl",
-    "computer.renewControl",
-    "computer.terminalUrl",
-    "run.start",
-    "run.get",
-    "run.renew",
-    "run.requestTakeover",
-    "run.resume",
-    "run.finish",
-    "tools/list",
-    "tools/call",
-    "activity.list",
-    "files.list",
-    "files.read",
-    "files.upload",
+/// One RPC method and the scopes that may call it. Dispatch refuses every other scope with
+/// `FORBIDDEN` before the method runs; the method then checks the objects it touches
+/// (space membership, the bot of a bot token, control holders) through [`access`].
+#[derive(Debug)]
+pub struct Method {
+    /// The method name.
+    pub name: &'static str,
+    /// The scopes admitted.
+    pub scopes: &'static [ScopeKind],
+}
+
+/// Operators, users and bot tokens (a bot token only for its own bot).
+const ANY: &[ScopeKind] = &[ScopeKind::Operator, ScopeKind::User, ScopeKind::Bot];
+/// People: operators and users, never a bot token.
+const PEOPLE: &[ScopeKind] = &[ScopeKind::Operator, ScopeKind::User];
+/// Operators only.
+const OPERATOR: &[ScopeKind] = &[ScopeKind::Operator];
+
+const fn m(name: &'static str, scopes: &'static [ScopeKind]) -> Method {
+    Method { name, scopes }
+}
+
+/// Every method with its scopes: the one place a method's callers are decided.
+pub const METHODS: &[Method] = &[
+    m("space.create", PEOPLE),
+    m("space.list", PEOPLE),
+    m("space.addMember", PEOPLE),
+    m("user.create", OPERATOR),
+    m("bot.create", PEOPLE),
+    m("bot.list", PEOPLE),
+    m("bot.stop", ANY),
+    m("bot.status", ANY),
+    m("token.createForBot", PEOPLE),
+    m("computer.get", ANY),
+    m("computer.list", PEOPLE),
+    m("computer.forBot", ANY),
+    m("computer.exec", ANY),
+    m("computer.openScreen", ANY),
+    m("computer.machine", OPERATOR),
+    m("computer.stop", ANY),
+    m("computer.revisions", ANY),
+    m("computer.restoreRevision", PEOPLE),
+    m("computer.delete", PEOPLE),
+    m("computer.takeControl", PEOPLE),
+    m("computer.screenUrl", ANY),
+    m("computer.releaseControl", PEOPLE),
+    m("computer.renewControl", PEOPLE),
+    m("computer.terminalUrl", PEOPLE),
+    m("run.start", ANY),
+    m("run.get", ANY),
+    m("run.renew", ANY),
+    m("run.requestTakeover", ANY),
+    m("run.resume", ANY),
+    m("run.finish", ANY),
+    m("tools/list", ANY),
+    m("tools/call", ANY),
+    m("activity.list", ANY),
+    m("files.list", ANY),
+    m("files.read", ANY),
+    m("files.upload", PEOPLE),
 ];
+
+/// The method of a name.
+pub fn method(name: &str) -> Option<&'static Method> {
+    METHODS.iter().find(|m| m.name == name)
+}
+
+/// Refuse a caller whose scope the method does not admit (unknown methods are
+/// `INVALID_PARAMS`).
+pub fn admit(caller: &Caller, name: &str) -> DomainResult<()> {
+    let Some(found) = method(name) else {
+        return Err(DomainError::new(
+            ErrorCode::InvalidParams,
+            format!("unknown method `{name}`"),
+        ));
+    };
+    if !found.scopes.contains(&caller.kind()) {
+        return Err(DomainError::new(
+            ErrorCode::Forbidden,
+            format!("this token's scope cannot call `{name}`"),
+        ));
+    }
+    Ok(())
+}
 
 /// Dispatch one method call.
 pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Value> {
+    admit(ctx.caller, method)?;
     match method {
         "space.create" => spaces::create_space(ctx, params).await,
         "space.list" => spaces::list_spaces(ctx).await,
@@ -143,6 +189,16 @@ pub async fn visible_space(ctx: &Ctx<'_>, space_id: &str) -> DomainResult<()> {
     access::space(ctx.db(), ctx.caller, space_id)
         .await
         .map(|_| ())
+}
+
+/// Whether a bot-scoped caller reaches a computer (always true for people; for event
+/// filtering outside `call`).
+pub async fn bot_reaches(
+    db: &DatabaseConnection,
+    caller: &Caller,
+    c: &rakazo_actors::entity::computer::Model,
+) -> DomainResult<bool> {
+    access::bot_reaches(db, caller, c).await
 }
 
 /// A bot the caller may use, with its space (for transports outside `call`).

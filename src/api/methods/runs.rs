@@ -82,11 +82,7 @@ pub async fn get(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         run_id: String,
     }
     let p: ById = super::params(params)?;
-    let r = Runs::new(ctx.db().clone()).get(&p.run_id).await?;
-    access::bot(ctx.db(), ctx.caller, &r.bot_id)
-        .await
-        .map_err(|_| DomainError::not_found("run"))?;
-    Ok(run_json(&r))
+    Ok(run_json(&reachable_run(ctx, &p.run_id).await?))
 }
 
 /// `run.renew {runId, fence}`: extend the execution lease.
@@ -105,9 +101,19 @@ pub async fn renew(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     Ok(lease_json(&grant))
 }
 
+/// A run the caller may act on: its bot must be reachable (`NOT_FOUND` otherwise).
+async fn reachable_run(ctx: &Ctx<'_>, run_id: &str) -> DomainResult<run::Model> {
+    let r = Runs::new(ctx.db().clone()).get(run_id).await?;
+    access::bot(ctx.db(), ctx.caller, &r.bot_id)
+        .await
+        .map_err(|_| DomainError::not_found("run"))?;
+    Ok(r)
+}
+
 /// `run.requestTakeover {runId, fence}`: the bot asks for a person.
 pub async fn request_takeover(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Fenced = super::params(params)?;
+    reachable_run(ctx, &p.run_id).await?;
     let r = Runs::new(ctx.db().clone())
         .request_takeover(&p.run_id, p.fence)
         .await?;
@@ -122,6 +128,7 @@ pub async fn request_takeover(ctx: &Ctx<'_>, params: Value) -> DomainResult<Valu
 /// `run.resume {runId, fence}`: continue after the person released control.
 pub async fn resume(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Fenced = super::params(params)?;
+    reachable_run(ctx, &p.run_id).await?;
     let r = Runs::new(ctx.db().clone())
         .resume(&p.run_id, p.fence)
         .await?;
@@ -268,7 +275,7 @@ pub async fn bot_status(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         "botId": p.bot_id,
         "run": run.as_ref().map(run_json),
         "control": control,
-        "computer": super::computers::computer_json(&c, ctx.caller.is_operator),
+        "computer": super::computers::computer_json(&c, ctx.caller),
     }))
 }
 
@@ -370,12 +377,17 @@ pub async fn renew_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> 
     Ok(lease_json(&grant))
 }
 
-/// `computer.releaseControl {botId, fence}`.
+/// `computer.releaseControl {botId, fence}`: by the person holding control, or an operator;
+/// someone else's lease is `CONTROL_HELD`.
 pub async fn release_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     access::not_bot_scoped(ctx.caller)?;
     let p: ReleaseControl = super::params(params)?;
     let c = of_bot(ctx, &p.bot_id).await?;
     let key = LeaseKey::control(&c.id, &p.bot_id);
+    let live = Leases::new(ctx.db().clone()).live(&key).await?;
+    if !ctx.caller.is_operator() && live.is_some_and(|g| g.holder != ctx.caller.user_id) {
+        return Err(DomainError::code(ErrorCode::ControlHeld));
+    }
     handle(ctx, &c)
         .leases
         .send(Release {

@@ -28,6 +28,11 @@ fn check_name(name: &str) -> DomainResult<String> {
     if name.is_empty() || name.chars().count() > 120 {
         return Err(DomainError::invalid("name must be 1 to 120 characters"));
     }
+    if name.chars().any(char::is_control) {
+        return Err(DomainError::invalid(
+            "names hold no NUL or control characters",
+        ));
+    }
     Ok(name.to_owned())
 }
 
@@ -69,7 +74,7 @@ pub async fn create_space(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 /// `space.list`: the caller's spaces.
 pub async fn list_spaces(ctx: &Ctx<'_>) -> DomainResult<Value> {
     let mut query = space::Entity::find().order_by_asc(space::Column::CreatedAtMs);
-    if !ctx.caller.is_operator {
+    if !ctx.caller.is_operator() {
         let ids: Vec<String> = space_member::Entity::find()
             .filter(space_member::Column::UserId.eq(&ctx.caller.user_id))
             .all(ctx.db())
@@ -96,7 +101,7 @@ pub async fn add_member(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     access::not_bot_scoped(ctx.caller)?;
     let p: AddMember = super::params(params)?;
     let s = access::space(ctx.db(), ctx.caller, &p.space_id).await?;
-    if !ctx.caller.is_operator && s.owner_id != ctx.caller.user_id {
+    if !ctx.caller.is_operator() && s.owner_id != ctx.caller.user_id {
         return Err(DomainError::new(
             ErrorCode::Forbidden,
             "only the space owner adds members",
@@ -119,7 +124,7 @@ pub async fn add_member(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 
 /// `user.create {name}`: operators create users and get their first token.
 pub async fn create_user(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
-    if !ctx.caller.is_operator {
+    if !ctx.caller.is_operator() {
         return Err(DomainError::new(
             ErrorCode::Forbidden,
             "only operators create users",

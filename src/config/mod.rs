@@ -156,6 +156,8 @@ pub struct Config {
     pub docker: DockerSettings,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
+    /// `SCREEN_NOVNC_DIR`: noVNC's files, served by the screen proxy.
+    pub novnc_dir: PathBuf,
     /// `CONTENT_ENCRYPTION_KEY`, 32 bytes.
     pub content_key: Option<Secret>,
     /// `OBJECT_STORAGE_*`.
@@ -395,6 +397,10 @@ impl Config {
             supervisor_listen,
             docker,
             screen_secret,
+            novnc_dir: PathBuf::from(
+                s.get("SCREEN_NOVNC_DIR")
+                    .unwrap_or_else(|| rakazo_web_proxy::viewer::DEFAULT_NOVNC_DIR.into()),
+            ),
             content_key,
             object_storage,
             keep_revisions,

@@ -199,7 +199,10 @@ impl Cdp {
             )),
             Some("Target.attachedToTarget") if p["targetInfo"]["type"] == "iframe" => {
                 self.frames.push((
-                    p["targetInfo"]["targetId"].as_str().unwrap_or_default().into(),
+                    p["targetInfo"]["targetId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .into(),
                     p["sessionId"].as_str().unwrap_or_default().into(),
                 ));
             }
@@ -1190,7 +1193,11 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
     for other in ["anything-else.html", "steal", "app/bot.js", "vnc_lite.html"] {
         let resp = s
             .http
-            .get(format!("{}{}", s.base, page_path.replace("vnc.html", other)))
+            .get(format!(
+                "{}{}",
+                s.base,
+                page_path.replace("vnc.html", other)
+            ))
             .header("accept", "application/json")
             .send()
             .await

@@ -118,6 +118,7 @@ impl Browser {
             id: 0,
             logs: Vec::new(),
             frames: Vec::new(),
+            contexts: Vec::new(),
             shots: artifacts(),
         };
         cdp.call("Page.enable", json!({})).await;
@@ -142,7 +143,16 @@ struct Cdp {
     /// Out-of-process frames attached to this session (after `Target.setAutoAttach`):
     /// (target id, session id).
     frames: Vec<(String, String)>,
+    /// Page-world script contexts of in-process frames: (frame id, context id).
+    contexts: Vec<(String, i64)>,
     shots: PathBuf,
+}
+
+/// Where a frame's own page scripts run: an out-of-process frame's session, or an in-process
+/// frame's context.
+enum FrameWorld {
+    Session(String),
+    Context(i64),
 }
 
 impl Cdp {
@@ -197,6 +207,17 @@ impl Cdp {
                 "log {}: {}",
                 p["entry"]["level"], p["entry"]["text"]
             )),
+            Some("Runtime.executionContextCreated")
+                if v.get("sessionId").is_none() && p["context"]["auxData"]["isDefault"] == true =>
+            {
+                self.contexts.push((
+                    p["context"]["auxData"]["frameId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .into(),
+                    p["context"]["id"].as_i64().unwrap_or_default(),
+                ));
+            }
             Some("Target.attachedToTarget") if p["targetInfo"]["type"] == "iframe" => {
                 self.frames.push((
                     p["targetInfo"]["targetId"]
@@ -224,28 +245,30 @@ impl Cdp {
         r["result"]["value"].clone()
     }
 
-    /// Evaluate an expression in an attached frame's own page world; its JSON value.
-    async fn eval_in(&mut self, session: &str, expr: &str) -> Value {
-        let r = self
-            .call_on(
-                Some(session),
-                "Runtime.evaluate",
-                json!({ "expression": expr, "returnByValue": true, "awaitPromise": true }),
-            )
-            .await;
+    /// Evaluate an expression in a frame's own page world; its JSON value.
+    async fn eval_in(&mut self, frame: &FrameWorld, expr: &str) -> Value {
+        let mut params = json!({ "expression": expr, "returnByValue": true, "awaitPromise": true });
+        let session = match frame {
+            FrameWorld::Session(s) => Some(s.as_str()),
+            FrameWorld::Context(id) => {
+                params["contextId"] = json!(id);
+                None
+            }
+        };
+        let r = self.call_on(session, "Runtime.evaluate", params).await;
         if let Some(ex) = r.get("exceptionDetails") {
             panic!("`{expr}` threw in the frame: {ex}");
         }
         r["result"]["value"].clone()
     }
 
-    /// The session of the newest out-of-process frame whose URL contains `part` (sandboxed
-    /// frames run in a process of their own).
-    async fn frame_session(&mut self, part: &str) -> String {
+    /// The newest frame whose URL contains `part`: out of process (sandboxed frames run in a
+    /// process of their own) or, should a frame share the dashboard's origin, in process.
+    async fn frame_world(&mut self, part: &str) -> FrameWorld {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let targets = self.call("Target.getTargets", json!({})).await;
-            let found = targets["targetInfos"]
+            let remote = targets["targetInfos"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -260,8 +283,36 @@ impl Cdp {
                         .map(|(_, session)| session.clone())
                 })
                 .next_back();
-            if let Some(session) = found {
-                return session;
+            if let Some(session) = remote {
+                return FrameWorld::Session(session);
+            }
+            let tree = self.call("Page.getFrameTree", json!({})).await;
+            let mut stack = vec![tree["frameTree"].clone()];
+            let mut local = None;
+            while let Some(node) = stack.pop() {
+                let frame = &node["frame"];
+                if frame["parentId"].is_string()
+                    && frame["url"].as_str().is_some_and(|u| u.contains(part))
+                {
+                    let id = frame["id"].as_str().unwrap_or_default();
+                    local = self
+                        .contexts
+                        .iter()
+                        .rev()
+                        .find(|(f, _)| f == id)
+                        .map(|(_, c)| *c)
+                        .or(local);
+                }
+                stack.extend(
+                    node["childFrames"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
+            }
+            if let Some(context) = local {
+                return FrameWorld::Context(context);
             }
             assert!(Instant::now() < deadline, "no frame at {part}");
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1124,7 +1175,7 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
     );
 
     // 1. A script in the live screen frame (as if the RFB stream had taken over noVNC).
-    let live = cdp.frame_session("/screen/").await;
+    let live = cdp.frame_world("/screen/").await;
     assert_eq!(
         cdp.eval_in(&live, VIEWER_CHECK).await,
         json!("complete noVNC true"),
@@ -1229,7 +1280,7 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
     ))
     .await;
     let cap = page_path.trim_end_matches("/vnc.html").to_owned();
-    let probe = cdp.frame_session(&cap).await;
+    let probe = cdp.frame_world(&cap).await;
     cdp.wait_for(
         "probe frame loaded",
         "document.querySelector('#probe-bot-page iframe') !== null",

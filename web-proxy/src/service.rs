@@ -364,7 +364,6 @@ async fn handle(
     let tail = clean_tail(&tail);
     let asked_policy = capability.policy;
     let refuse = |refusal: Refusal| reject(conn, Some(asked_policy), refusal, json);
-    let bad_path = || Refusal::new(RefusalReason::InvalidPath, "bad_path");
     // A websocket is relayed to the computer; anything else is a file of our own viewer.
     let want = match tail {
         Some("websockify") if websocket => Want::Socket(Channel::Screen),
@@ -380,7 +379,7 @@ async fn handle(
                 }
             },
         },
-        _ => return refuse(bad_path()),
+        _ => return refuse(Refusal::new(RefusalReason::InvalidPath, "bad_path")),
     };
     let channel = match want {
         Want::Socket(channel) => channel,

@@ -3,7 +3,9 @@
 //! file and see it in the Files window, the bot's commands appear in Activity without a reload,
 //! "Stop the bot first" and the waiting-for-takeover highlight. Screenshots of every step go to
 //! `target/dashboard-artifacts/`. The Terminal window runs against a docker computer, whose
-//! shell is real (host computers never expose one).
+//! shell is real (host computers never expose one). Screen isolation: a bot serving its own page
+//! on its gateway port never has it shown, and a script inside a screen frame reaches neither
+//! the dashboard's token nor the API.
 
 mod common;
 mod docker_support;

@@ -36,7 +36,9 @@
 //!
 //! Architecture invariants: the browser never sees an upstream host or socket token (they exist
 //! only in [`Target`], whose `Debug` is redacted); logs never contain a capability, socket token,
-//! upstream host, cookie or request header; a view connection never forwards input.
+//! upstream host, cookie or request header; a view connection never forwards input; a browser
+//! never receives a page or script from the computer (only its websockets are relayed), and
+//! every `/screen/` response sandboxes its page into an opaque origin.
 
 #![forbid(unsafe_code)]
 

@@ -360,9 +360,12 @@ async fn novnc_in_headless_chromium_reports_connected() {
     let frame = format!("/screen/{view}/vnc.html?autoconnect=1&resize=scale");
     let embed = format!(
         "<!doctype html><html><body><iframe id=\"f\" sandbox=\"allow-scripts\" src=\"{frame}\" width=800 height=600></iframe>\
+         <iframe id=\"r\" sandbox=\"allow-scripts\" src=\"/screen/not-a-capability/vnc.html\" width=200 height=100></iframe>\
          <script>window.addEventListener('message', function (e) {{\
-           if (e.source !== document.getElementById('f').contentWindow) return;\
-           if (e.data && e.data.type === 'rakazo.screen') fetch('/report?state=' + e.data.state + '&origin=' + e.origin);\
+           var from = e.source === document.getElementById('f').contentWindow ? '' :\
+             e.source === document.getElementById('r').contentWindow ? 'refused:' : null;\
+           if (from === null) return;\
+           if (e.data && e.data.type === 'rakazo.screen') fetch('/report?state=' + from + e.data.state + '&origin=' + e.origin);\
          }});</script></body></html>"
     );
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -421,8 +424,12 @@ async fn novnc_in_headless_chromium_reports_connected() {
     ]);
     let deadline = Instant::now() + Duration::from_secs(45);
     loop {
-        let states = reports.lock().unwrap().clone();
-        if states.iter().any(|s| s.starts_with("connected@")) {
+        let all = reports.lock().unwrap().clone();
+        // The refusal page's one inline script runs under the screen policy (allowed by hash).
+        let (refused, states): (Vec<String>, Vec<String>) =
+            all.into_iter().partition(|s| s.starts_with("refused:"));
+        if states.iter().any(|s| s.starts_with("connected@")) && !refused.is_empty() {
+            assert_eq!(refused, ["refused:failed@null"]);
             eprintln!("reported states: {states:?}");
             // The frame runs in an opaque origin: its messages come from "null".
             assert_eq!(
@@ -439,7 +446,7 @@ async fn novnc_in_headless_chromium_reports_connected() {
         }
         assert!(
             Instant::now() < deadline,
-            "noVNC never reported connected: {states:?}"
+            "noVNC never reported connected (or the refusal page stayed silent): {states:?} {refused:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

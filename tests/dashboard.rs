@@ -1319,5 +1319,37 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
         assert!(line.contains("t=blocked"), "{line}");
     }
     eprintln!("the bot's servers saw: {log:#?}");
+
+    // 3. Opened top-level in the dashboard's own tab (whose storage for the API's origin holds
+    // the token), the screen page is still in an opaque origin: its storage is the reporter's
+    // empty stand-in and the API does not answer it.
+    cdp.call(
+        "Page.navigate",
+        json!({ "url": format!("{}{page_path}", s.base) }),
+    )
+    .await;
+    cdp.wait_for(
+        "screen page top-level",
+        "document.readyState === 'complete' && !!document.getElementById('noVNC_control_bar')",
+        long,
+    )
+    .await;
+    let got = cdp.eval(&frame_attack(&home)).await;
+    let text = got.to_string();
+    assert!(!text.contains(&token), "the page found the token: {text}");
+    assert_eq!(got["origin"], "null", "{text}");
+    assert_eq!(got["sessionStorage"], "[]", "{text}");
+    for k in ["rpcJson", "rpcSimple", "rpcNoCors"] {
+        assert!(
+            !got[k].as_str().unwrap_or_default().contains("\"result\""),
+            "{k}: {text}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = seen.lock().unwrap().clone();
+    assert!(
+        !log.iter().any(|l| l.contains(&token)),
+        "the bot got the token: {log:#?}"
+    );
     drop(browser);
 }

@@ -151,9 +151,11 @@ impl App {
             keyring.clone(),
             authority.clone(),
             gateway.clone(),
-            ProxyConfig::default(),
-        )
-        .map_err(|e| StartError::Bootstrap(format!("screen proxy: {e}")))?;
+            ProxyConfig {
+                novnc_dir: config.novnc_dir.clone(),
+                ..ProxyConfig::default()
+            },
+        );
         let screens = Screens::new(keyring, gateway, routes);
         let app = App {
             config,

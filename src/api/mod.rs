@@ -46,7 +46,8 @@ async fn health(app: web::Data<App>) -> HttpResponse {
         Some(p) => p.health().await,
         None => Ok(()),
     };
-    let ok = db_ok && status.setup_error.is_none() && backend.is_ok();
+    let viewer = app.proxy.viewer_error();
+    let ok = db_ok && status.setup_error.is_none() && backend.is_ok() && viewer.is_none();
     let mut body = json!({
         "status": if ok { "ok" } else { "degraded" },
         "sandbox": status.sandbox,
@@ -61,6 +62,9 @@ async fn health(app: web::Data<App>) -> HttpResponse {
     }
     if !db_ok {
         body["databaseError"] = json!("the database did not answer");
+    }
+    if let Some(why) = viewer {
+        body["screenViewerError"] = json!(why.to_string());
     }
     HttpResponse::Ok().json(body)
 }

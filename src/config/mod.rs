@@ -160,6 +160,8 @@ pub struct Config {
     pub screen_secret: Option<Secret>,
     /// `RAKAZO_INTERNAL_TOKEN`, 32 bytes.
     pub internal_token: Option<Secret>,
+    /// `SCREEN_NOVNC_DIR`: noVNC's files, served by the screen proxy.
+    pub novnc_dir: PathBuf,
     /// `CONTENT_ENCRYPTION_KEY`, 32 bytes.
     pub content_key: Option<Secret>,
     /// `OBJECT_STORAGE_*`.
@@ -416,6 +418,10 @@ impl Config {
             docker,
             screen_secret,
             internal_token,
+            novnc_dir: PathBuf::from(
+                s.get("SCREEN_NOVNC_DIR")
+                    .unwrap_or_else(|| rakazo_web_proxy::viewer::DEFAULT_NOVNC_DIR.into()),
+            ),
             content_key,
             object_storage,
             keep_revisions,

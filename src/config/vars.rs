@@ -160,6 +160,12 @@ pub const VARS: &[Var] = &[
         doc: "64 hex characters (32 bytes): the bearer credential of internal endpoints (`/internal/screen-authority`, for a screen proxy in another process). API tokens are never accepted there. Unset: generated once and kept in DATA_DIR/internal-token.",
     },
     Var {
+        name: "SCREEN_NOVNC_DIR",
+        default: "/usr/share/novnc",
+        secret: false,
+        doc: "Directory of noVNC's files (Debian's novnc package), read at startup; the screen proxy serves the viewer from it, never from a computer. Missing: screens answer viewer_missing and /internal/health says so.",
+    },
+    Var {
         name: "CONTENT_ENCRYPTION_KEY",
         default: "",
         secret: true,

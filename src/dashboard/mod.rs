@@ -1,6 +1,7 @@
 //! The web dashboard: static ES modules and CSS embedded in the binary, served at `/` and
-//! `/assets/...` with a strict content security policy that still allows same-origin frames
-//! (the screen proxy's noVNC pages).
+//! `/assets/...` with a strict content security policy that still allows frames of this origin
+//! (the screen proxy's noVNC pages, which the dashboard frames with `sandbox="allow-scripts"`
+//! and the proxy serves sandboxed: they run in an opaque origin).
 
 use actix_web::http::header;
 use actix_web::{HttpResponse, web};

@@ -5,8 +5,9 @@
 //! capability lives exactly as long as its socket: revoking removes the socket and stops its
 //! x11vnc, and a display slot that is recycled can never be reached with an old token. A control
 //! capability may also have a terminal server ([`super::terminal`]) on a socket of its own in
-//! the same directory; revoking the capability stops it too. Tokens are handed to the caller
-//! only; they are never logged (websockify's own output, which names socket paths, goes to
+//! the same directory; revoking the capability stops it too. websockify serves websockets only:
+//! the viewer's page and scripts come from the screen proxy, never from the machine. Tokens are
+//! handed to the caller only; they are never logged (websockify's own output, which names socket paths, goes to
 //! `/dev/null`).
 
 use std::collections::HashMap;
@@ -174,8 +175,6 @@ impl Gateway {
         let spec = SpawnSpec {
             argv: vec![
                 "websockify".into(),
-                "--web".into(),
-                "/usr/share/novnc".into(),
                 "--token-plugin".into(),
                 "UnixDomainSocketDirectory".into(),
                 "--token-source".into(),

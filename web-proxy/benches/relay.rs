@@ -97,8 +97,7 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
         authority,
         GatewayActor::start_default(),
         ProxyConfig::default(),
-    )
-    .unwrap();
+    );
     let l = listener();
     let addr = l.local_addr().unwrap();
     let server = HttpServer::new(move || {

@@ -99,9 +99,8 @@ impl Target {
         &self.socket_token
     }
 
-    /// The upstream URL of a static file under the gateway (`tail` split on `/`, each segment
-    /// percent-encoded).
-    pub(crate) fn http_url(&self, tail: &str) -> Url {
+    /// The URL of `tail` under the gateway (split on `/`, each segment percent-encoded).
+    fn http_url(&self, tail: &str) -> Url {
         let mut url = self.upstream.clone();
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.pop_if_empty();

@@ -1,13 +1,16 @@
-//! Rakazo's screen capability proxy: sealed capabilities, the HTTP + websocket relay to a
-//! computer's screen gateway, the noVNC page shim, the gateway registry and `screen.proxy.*`
-//! diagnostics.
+//! Rakazo's screen capability proxy: sealed capabilities, the packaged noVNC viewer it serves
+//! itself, the websocket relay to a computer's screen gateway, the gateway registry and
+//! `screen.proxy.*` diagnostics.
 //!
 //! A tour, in the order a request meets them:
 //! - [`capability`]: AES-256-GCM sealed capabilities and the rotating [`Keyring`].
 //! - [`authority`]: the [`Authority`] port the proxy asks on every request for the current
 //!   [`Target`] (in process, or [`HttpAuthority`] over internal RPC).
-//! - [`service`]: [`configure`] mounts `/screen/{capability}/{tail}`; refusals and HTTP proxying.
-//! - [`page`]: the reporter script injected into noVNC pages, and the refusal page.
+//! - [`service`]: [`configure`] mounts `/screen/{capability}/{tail}`; refusals, the viewer's
+//!   files, the sandboxing content security policy on every response.
+//! - [`viewer`]: noVNC's page and files, read once from the host's package directory into an
+//!   allowlist; a computer never serves a page or a script.
+//! - [`page`]: the reporter script named first in noVNC's page, the policy, the refusal page.
 //! - [`relay`]: the websocket relay (actix-ws toward the browser, tokio-tungstenite upstream).
 //! - [`rfb`]: the view-only RFB input filter.
 //! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
@@ -22,16 +25,20 @@
 //! 3. Implement [`Authority`] in process (check generation, control fence, computer running;
 //!    return the websockify base URL, the socket token and the policy), or point the proxy at
 //!    `POST {api}/internal/screen-authority` with [`HttpAuthority`].
-//! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`], and add
-//!    [`SAFE_LOG_DIRECTIVES`] to the log filter.
+//! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`] (its
+//!    [`ProxyConfig::novnc_dir`] names noVNC's files; [`ProxyState::viewer_error`] says when
+//!    they are missing), and add [`SAFE_LOG_DIRECTIVES`] to the log filter.
 //! 5. Screen URLs handed to browsers: `/screen/<capability>/vnc.html?autoconnect=1&resize=scale`
-//!    (the page shim points noVNC's websocket at `screen/<capability>/websockify`); terminal
+//!    (the reporter points noVNC's websocket at `screen/<capability>/websockify`; the page runs
+//!    sandboxed in an opaque origin, so frame it with `sandbox="allow-scripts"`); terminal
 //!    URLs: the websocket `/screen/<control capability>/terminal`, relayed to the terminal
 //!    server the authority names ([`Authority::terminal_target`]).
 //!
 //! Architecture invariants: the browser never sees an upstream host or socket token (they exist
 //! only in [`Target`], whose `Debug` is redacted); logs never contain a capability, socket token,
-//! upstream host, cookie or request header; a view connection never forwards input.
+//! upstream host, cookie or request header; a view connection never forwards input; a browser
+//! never receives a page or script from the computer (only its websockets are relayed), and
+//! every `/screen/` response sandboxes its page into an opaque origin.
 
 #![forbid(unsafe_code)]
 
@@ -48,6 +55,7 @@ pub mod page;
 pub mod relay;
 pub mod rfb;
 pub mod service;
+pub mod viewer;
 
 pub use authority::{
     Authority, AuthorityError, AuthorityRequest, AuthorityResponse, Channel, HttpAuthority,
@@ -56,3 +64,4 @@ pub use authority::{
 pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
 pub use gateway::{ExtendControl, GatewayActor, RevokeControl, RevokeSlot};
 pub use service::{ProxyConfig, ProxyState, configure};
+pub use viewer::{Viewer, ViewerError};

@@ -1,27 +1,28 @@
-//! The actix-web service: `/screen/{capability}/{tail}` for pages, static files and websockets.
+//! The actix-web service: `/screen/{capability}/{tail}` for the viewer's files and websockets.
 //!
 //! Every request: open the capability, check the tail, ask the [`Authority`] for the current
-//! target, then either proxy an HTTP GET (rewriting HTML with the reporter) or relay a websocket
-//! ([`crate::relay`]). Refusals become responses in one place (`Refusal::response`): a fixed
+//! target, then either serve a file of the packaged viewer ([`crate::viewer`]; never anything
+//! from the computer) or relay a websocket ([`crate::relay`]). Every response carries the
+//! sandboxing [`CSP`]. Refusals become responses in one place (`Refusal::response`): a fixed
 //! human page, or JSON for callers that accept it, with the machine reason in headers. Logs
 //! carry only the connection id, policy, reasons, statuses and durations.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::Addr;
 use actix_web::http::StatusCode;
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, web};
 use rand::RngCore as _;
 
-use crate::authority::{
-    Authority, AuthorityError, Channel, DEFAULT_AUTHORITY_TIMEOUT, request_failure,
-};
+use crate::authority::{Authority, AuthorityError, Channel, DEFAULT_AUTHORITY_TIMEOUT};
 use crate::capability::{Keyring, OpenError, Policy, now_ms};
 use crate::gateway::{GatewayActor, SocketKind};
-use crate::page::{SCREEN_FAILURE_MESSAGE, inject_reporter, refusal_page};
+use crate::page::{CSP, SCREEN_FAILURE_MESSAGE, refusal_page};
+use crate::viewer::{DEFAULT_NOVNC_DIR, PAGE_PATH, Viewer, ViewerError, ViewerFile};
 
 /// Header carrying the machine-readable refusal reason (`invalid_path`, ...).
 pub const REASON_HEADER: &str = "x-rakazo-screen-reason";
@@ -37,10 +38,10 @@ pub const CACHE_CONTROL: &str = "private, no-store, no-transform";
 pub struct ProxyConfig {
     /// Longest wait for the authority.
     pub authority_timeout: Duration,
-    /// Longest wait for an upstream HTTP answer or websocket handshake.
+    /// Longest wait for an upstream websocket handshake.
     pub upstream_timeout: Duration,
-    /// Largest upstream HTTP body relayed (noVNC's largest file is far below).
-    pub max_body_bytes: usize,
+    /// The directory of noVNC's files the proxy serves (Debian's `novnc` package).
+    pub novnc_dir: PathBuf,
     /// Largest websocket message accepted from a browser.
     pub max_client_message_bytes: usize,
     /// Largest websocket message accepted from the screen gateway.
@@ -52,8 +53,6 @@ pub struct ProxyConfig {
 
 /// Default [`ProxyConfig::upstream_timeout`].
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default [`ProxyConfig::max_body_bytes`].
-pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Default [`ProxyConfig::max_client_message_bytes`].
 pub const DEFAULT_MAX_CLIENT_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Default [`ProxyConfig::max_upstream_message_bytes`].
@@ -66,7 +65,7 @@ impl Default for ProxyConfig {
         ProxyConfig {
             authority_timeout: DEFAULT_AUTHORITY_TIMEOUT,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            novnc_dir: PathBuf::from(DEFAULT_NOVNC_DIR),
             max_client_message_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
             max_upstream_message_bytes: DEFAULT_MAX_UPSTREAM_MESSAGE_BYTES,
             upstream_read_buffer_bytes: DEFAULT_UPSTREAM_READ_BUFFER_BYTES,
@@ -84,7 +83,7 @@ pub(crate) struct Shared {
     pub(crate) keyring: Arc<Keyring>,
     pub(crate) authority: Arc<dyn Authority>,
     pub(crate) gateway: Addr<GatewayActor>,
-    pub(crate) http: reqwest::Client,
+    pub(crate) viewer: Result<Viewer, ViewerError>,
     pub(crate) config: ProxyConfig,
 }
 
@@ -98,28 +97,46 @@ impl fmt::Debug for ProxyState {
 
 impl ProxyState {
     /// The proxy state: the keyring that opens capabilities, the authority asked on every
-    /// request, the gateway registry of live sockets, and limits.
+    /// request, the gateway registry of live sockets, and limits. Reads the viewer's files from
+    /// `config.novnc_dir`; without them the proxy still runs, refuses pages with
+    /// `viewer_missing`, and [`ProxyState::viewer_error`] says what to install.
     pub fn new(
         keyring: Arc<Keyring>,
         authority: Arc<dyn Authority>,
         gateway: Addr<GatewayActor>,
         config: ProxyConfig,
-    ) -> Result<ProxyState, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .timeout(config.upstream_timeout)
-            .connect_timeout(config.upstream_timeout)
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        Ok(ProxyState {
+    ) -> ProxyState {
+        let viewer = Viewer::load(&config.novnc_dir);
+        match &viewer {
+            Ok(v) => tracing::event!(
+                name: "screen.proxy.viewer_loaded",
+                tracing::Level::INFO,
+                files = v.len() as u64,
+                "screen.proxy.viewer_loaded"
+            ),
+            Err(e) => tracing::event!(
+                name: "screen.proxy.viewer_missing",
+                tracing::Level::ERROR,
+                error = e.as_str(),
+                message = %e,
+                "screen.proxy.viewer_missing"
+            ),
+        }
+        ProxyState {
             inner: Arc::new(Shared {
                 keyring,
                 authority,
                 gateway,
-                http,
+                viewer,
                 config,
             }),
-        })
+        }
+    }
+
+    /// Why the viewer's files could not be loaded, if they could not (screens then show the
+    /// refusal page).
+    pub fn viewer_error(&self) -> Option<&ViewerError> {
+        self.inner.viewer.as_ref().err()
     }
 
     /// The gateway registry this proxy registers sockets with.
@@ -167,6 +184,8 @@ pub enum RefusalReason {
     AuthorityUnavailable,
     /// The target was fine but the computer's screen gateway failed.
     UpstreamFailed,
+    /// The server has no viewer to serve (noVNC's files are not installed).
+    ViewerMissing,
 }
 
 impl RefusalReason {
@@ -178,6 +197,7 @@ impl RefusalReason {
             RefusalReason::InvalidAuthorityResponse => "invalid_authority_response",
             RefusalReason::AuthorityUnavailable => "authority_unavailable",
             RefusalReason::UpstreamFailed => "upstream_failed",
+            RefusalReason::ViewerMissing => "viewer_missing",
         }
     }
 
@@ -188,7 +208,9 @@ impl RefusalReason {
             RefusalReason::InvalidAuthorityResponse | RefusalReason::UpstreamFailed => {
                 StatusCode::BAD_GATEWAY
             }
-            RefusalReason::AuthorityUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            RefusalReason::AuthorityUnavailable | RefusalReason::ViewerMissing => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 }
@@ -258,6 +280,7 @@ impl From<&AuthorityError> for Refusal {
 
 /// Headers every response under `/screen/` carries.
 pub(crate) fn common_headers(builder: &mut HttpResponseBuilder) {
+    builder.insert_header((header::CONTENT_SECURITY_POLICY, CSP.as_str()));
     builder.insert_header((header::CACHE_CONTROL, CACHE_CONTROL));
     builder.insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"));
     builder.insert_header((header::REFERRER_POLICY, "no-referrer"));
@@ -296,11 +319,11 @@ fn is_websocket(req: &HttpRequest) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-/// The upstream path under the gateway, or `None` when it is not a plain relative file path.
-/// An empty tail is the viewer page.
+/// The tail as a plain relative file path, or `None` when it is not one. An empty tail is the
+/// viewer page.
 fn clean_tail(tail: &str) -> Option<&str> {
     if tail.is_empty() {
-        return Some("vnc.html");
+        return Some(PAGE_PATH);
     }
     let plain = tail
         .bytes()
@@ -339,22 +362,28 @@ async fn handle(
     };
     let websocket = is_websocket(&req);
     let tail = clean_tail(&tail);
-    let channel = match tail {
-        Some("websockify") if websocket => Some(Channel::Screen),
+    let asked_policy = capability.policy;
+    let refuse = |refusal: Refusal| reject(conn, Some(asked_policy), refusal, json);
+    // A websocket is relayed to the computer; anything else is a file of our own viewer.
+    let want = match tail {
+        Some("websockify") if websocket => Want::Socket(Channel::Screen),
         Some(TERMINAL_TAIL) if websocket && capability.policy == Policy::Control => {
-            Some(Channel::Terminal)
+            Want::Socket(Channel::Terminal)
         }
-        Some(TERMINAL_TAIL) => None,
-        Some(_) if !websocket => Some(Channel::Screen),
-        _ => None,
+        Some(tail) if !websocket => match &shared.viewer {
+            Err(e) => return refuse(Refusal::new(RefusalReason::ViewerMissing, e.as_str())),
+            Ok(viewer) => match viewer.get(tail) {
+                Some(file) => Want::File(tail, file),
+                None => {
+                    return refuse(Refusal::new(RefusalReason::InvalidPath, "unknown_file"));
+                }
+            },
+        },
+        _ => return refuse(Refusal::new(RefusalReason::InvalidPath, "bad_path")),
     };
-    let (Some(channel), Some(tail)) = (channel, tail) else {
-        return reject(
-            conn,
-            Some(capability.policy),
-            Refusal::new(RefusalReason::InvalidPath, "bad_path"),
-            json,
-        );
+    let channel = match want {
+        Want::Socket(channel) => channel,
+        Want::File(..) => Channel::Screen,
     };
     let authority = &shared.authority;
     let asked = tokio::time::timeout(shared.config.authority_timeout, async {
@@ -366,110 +395,52 @@ async fn handle(
     .await;
     let target = match asked {
         Ok(Ok(t)) => t,
-        Ok(Err(e)) => return reject(conn, Some(capability.policy), (&e).into(), json),
-        Err(_) => {
-            return reject(
-                conn,
-                Some(capability.policy),
-                Refusal::new(RefusalReason::AuthorityUnavailable, "timeout"),
-                json,
-            );
-        }
+        Ok(Err(e)) => return refuse((&e).into()),
+        Err(_) => return refuse(Refusal::new(RefusalReason::AuthorityUnavailable, "timeout")),
     };
     let policy = capability.policy.weakest(target.policy());
-    if websocket {
-        let kind = match channel {
-            Channel::Screen => SocketKind::Screen,
-            Channel::Terminal => SocketKind::Terminal,
-        };
-        crate::relay::start(
-            &req, body, &state, capability, target, policy, kind, conn, json,
-        )
-        .await
-    } else {
-        proxy_http(shared, &target, tail, policy, conn, json).await
+    match want {
+        Want::Socket(channel) => {
+            let kind = match channel {
+                Channel::Screen => SocketKind::Screen,
+                Channel::Terminal => SocketKind::Terminal,
+            };
+            crate::relay::start(
+                &req, body, &state, capability, target, policy, kind, conn, json,
+            )
+            .await
+        }
+        Want::File(path, file) => serve_file(path, file, policy, conn),
     }
 }
 
-async fn proxy_http(
-    shared: &Shared,
-    target: &crate::authority::Target,
-    tail: &str,
-    policy: Policy,
-    conn: ConnectionId,
-    json: bool,
-) -> HttpResponse {
-    let started = Instant::now();
-    let failed = |stage: &'static str, error: &'static str| {
-        tracing::event!(
-            name: "screen.proxy.http_failed",
-            tracing::Level::WARN,
-            screen.connection_id = %conn,
-            policy = policy.as_str(),
-            stage,
-            error,
-            duration_ms = started.elapsed().as_millis() as u64,
-            "screen.proxy.http_failed"
-        );
-        Refusal::new(RefusalReason::UpstreamFailed, error).response(json)
-    };
-    let sent = shared
-        .http
-        .get(target.http_url(tail))
-        .header(reqwest::header::ACCEPT_ENCODING, "identity")
-        .send()
-        .await;
-    let mut upstream = match sent {
-        Ok(r) => r,
-        Err(e) => return failed("request", request_failure(&e)),
-    };
-    let status = upstream.status().as_u16();
-    let content_type = upstream
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let mut body = Vec::new();
-    loop {
-        match upstream.chunk().await {
-            Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > shared.config.max_body_bytes {
-                    return failed("body", "too_large");
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(None) => break,
-            Err(e) => return failed("body", request_failure(&e)),
-        }
-    }
+/// What a request under a capability asks for.
+enum Want<'a> {
+    /// A websocket relayed to the computer.
+    Socket(Channel),
+    /// A file of the packaged viewer.
+    File(&'a str, &'a ViewerFile),
+}
+
+/// A file of the viewer. Module scripts and `fetch` from the sandbox's opaque origin are
+/// cross-origin requests, so files allow any origin to read them (they are noVNC's public
+/// files; the capability was checked before).
+fn serve_file(path: &str, file: &ViewerFile, policy: Policy, conn: ConnectionId) -> HttpResponse {
     tracing::event!(
-        name: "screen.proxy.http_upstream_response",
-        tracing::Level::INFO,
+        name: "screen.proxy.file_served",
+        tracing::Level::DEBUG,
         screen.connection_id = %conn,
         policy = policy.as_str(),
-        status,
-        bytes = body.len() as u64,
-        duration_ms = started.elapsed().as_millis() as u64,
-        "screen.proxy.http_upstream_response"
+        file = path,
+        bytes = file.body.len() as u64,
+        "screen.proxy.file_served"
     );
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut builder = HttpResponse::build(status);
+    let mut builder = HttpResponse::Ok();
     common_headers(&mut builder);
-    let is_html = content_type
-        .as_deref()
-        .is_some_and(|t| t.trim_start().to_ascii_lowercase().starts_with("text/html"));
-    if let Some(value) = content_type
-        .as_deref()
-        .and_then(|t| HeaderValue::from_str(t).ok())
-    {
-        builder.insert_header((header::CONTENT_TYPE, value));
-    }
-    if is_html {
-        let html = String::from_utf8_lossy(&body);
-        builder.body(inject_reporter(&html))
-    } else {
-        builder.body(body)
-    }
+    builder
+        .insert_header((header::CONTENT_TYPE, file.content_type))
+        .insert_header((header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"))
+        .body(file.body.clone())
 }
 
 #[cfg(test)]
@@ -478,7 +449,7 @@ mod tests {
 
     #[test]
     fn tails() {
-        assert_eq!(clean_tail(""), Some("vnc.html"));
+        assert_eq!(clean_tail(""), Some(PAGE_PATH));
         assert_eq!(clean_tail("app/ui.js"), Some("app/ui.js"));
         assert_eq!(clean_tail("app/"), Some("app/"));
         for bad in [

@@ -88,15 +88,12 @@ async fn logs_of_a_proxied_session_hold_no_secret() {
     authority.update(|l| l.socket_token = "Wrong_SuperSecretSocketToken".into());
     refused_status(proxy, &view).await;
     authority.update(|l| l.upstream = "http://localhost:1".into());
-    reqwest::get(format!("http://{proxy}/screen/{view}/vnc.html"))
-        .await
-        .unwrap();
+    refused_status(proxy, &view).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let logs = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
     for event in [
-        "screen.proxy.http_upstream_response",
-        "screen.proxy.http_failed",
+        "screen.proxy.file_served",
         "screen.proxy.websocket_upgraded",
         "screen.proxy.websocket_closed",
         "screen.proxy.websocket_handshake_failed",

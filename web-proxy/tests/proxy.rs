@@ -11,7 +11,7 @@ use common::*;
 use rakazo_web_proxy::authority::{AuthorityError, RejectCause};
 use rakazo_web_proxy::capability::{Keyring, Policy, now_ms};
 use rakazo_web_proxy::gateway::{CountSockets, RevokeControl, RevokeSlot};
-use rakazo_web_proxy::page::{REPORTER_JS, SCREEN_FAILURE_MESSAGE};
+use rakazo_web_proxy::page::{CSP, REPORTER_JS, SCREEN_FAILURE_MESSAGE};
 
 const TOKEN: &str = "sock3tT0ken_for-tests";
 
@@ -61,8 +61,28 @@ impl Fixture {
     }
 }
 
+/// The screen headers every response under `/screen/` carries.
+fn assert_screen_headers(h: &reqwest::header::HeaderMap) {
+    assert_eq!(h["content-security-policy"], CSP.as_str());
+    assert!(
+        h["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("sandbox allow-scripts;")
+    );
+    assert!(
+        h["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("no-transform")
+    );
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert!(h.get("set-cookie").is_none(), "upstream cookie leaked");
+}
+
 #[actix_rt::test]
-async fn page_is_proxied_with_reporter_and_safe_headers() {
+async fn the_packaged_viewer_is_served_never_the_computers_pages() {
     let f = fixture();
     let token = f.seal(Policy::View, 1, 0);
     let http = reqwest::Client::new();
@@ -74,36 +94,62 @@ async fn page_is_proxied_with_reporter_and_safe_headers() {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
-        let h = resp.headers().clone();
+        assert_screen_headers(resp.headers());
         assert!(
-            h["cache-control"]
+            resp.headers()["content-type"]
                 .to_str()
                 .unwrap()
-                .contains("no-transform")
+                .starts_with("text/html")
         );
-        assert_eq!(h["referrer-policy"], "no-referrer");
-        assert!(h.get("set-cookie").is_none(), "upstream cookie leaked");
         let body = resp.text().await.unwrap();
-        assert!(body.contains("upstream-body"));
-        let script = body.find(REPORTER_JS).expect("reporter injected");
+        assert!(body.contains("packaged-body"), "{body}");
+        assert!(!body.contains("bot-page"), "{body}");
+        let script = body
+            .find("<script src=\"rakazo-reporter.js\"></script>")
+            .expect("reporter named");
         assert!(script < body.find("type=\"module\"").unwrap());
     }
-    // Browser headers (cookies, ...) never reach the gateway.
-    let names = f.seen.lock().unwrap().header_names.clone();
-    assert!(!names.iter().any(|n| n == "cookie"), "{names:?}");
-    // Static files pass through untouched, with the same cache policy.
-    let resp = http.get(f.url(&token, "app/ui.js")).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(
-        resp.headers()["cache-control"]
-            .to_str()
-            .unwrap()
-            .contains("no-transform")
-    );
-    assert_eq!(resp.text().await.unwrap(), "export default 1;");
-    // Unknown files keep the upstream status.
-    let resp = http.get(f.url(&token, "nope.js")).send().await.unwrap();
-    assert_eq!(resp.status(), 404);
+    // The reporter and noVNC's modules, readable from the sandbox's opaque origin.
+    for (tail, want) in [
+        ("rakazo-reporter.js", REPORTER_JS),
+        ("app/ui.js", "export default 1;"),
+        ("core/rfb.js", "export default 2;"),
+    ] {
+        let resp = http.get(f.url(&token, tail)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{tail}");
+        assert_screen_headers(resp.headers());
+        assert_eq!(resp.headers()["access-control-allow-origin"], "*");
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/javascript")
+        );
+        assert_eq!(resp.text().await.unwrap(), want);
+    }
+    // Nothing else: not the computer's other pages, not the package's other files.
+    for tail in [
+        "anything-else.html",
+        "nope.js",
+        "vnc_lite.html",
+        "utils/launch.sh",
+        "app/",
+        "websockify",
+        "terminal",
+    ] {
+        let (status, reason, detail, _) = refusal(&f, &token, tail).await;
+        assert_eq!((status, reason.as_str()), (404, "invalid_path"), "{tail}");
+        assert!(
+            matches!(detail.as_str(), "unknown_file" | "bad_path"),
+            "{tail}: {detail}"
+        );
+        let resp = http.get(f.url(&token, tail)).send().await.unwrap();
+        assert_screen_headers(resp.headers());
+        assert!(!resp.text().await.unwrap().contains("bot-page"));
+    }
+    // The computer's gateway was never asked for a page or a file.
+    let asked = f.seen.lock().unwrap().http_paths.clone();
+    assert!(asked.is_empty(), "{asked:?}");
     // The bare capability path redirects into the directory.
     let no_redirect = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -115,7 +161,35 @@ async fn page_is_proxied_with_reporter_and_safe_headers() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 308);
+    assert_screen_headers(resp.headers());
     assert_eq!(resp.headers()["location"], format!("{token}/").as_str());
+}
+
+#[actix_rt::test]
+async fn without_novnc_pages_are_refused_with_a_stable_reason() {
+    let (upstream, _seen) = start_fake_gateway(TOKEN);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+    let keyring = Arc::new(Keyring::random(1));
+    let empty = tempfile::tempdir().unwrap();
+    let (proxy, _gateway) = start_proxy_serving(
+        keyring.clone(),
+        Arc::new(authority),
+        &empty.path().join("novnc"),
+    );
+    let token = keyring.seal(&capability(Policy::View, 1, 0)).unwrap();
+    let resp = reqwest::Client::new()
+        .get(format!("http://{proxy}/screen/{token}/vnc.html"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_screen_headers(resp.headers());
+    assert_eq!(resp.headers()["x-rakazo-screen-reason"], "viewer_missing");
+    assert_eq!(resp.headers()["x-rakazo-screen-detail"], "novnc_missing");
+    // The relay itself does not need the viewer.
+    let mut ws = connect(proxy, &token).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
 }
 
 async fn refusal(f: &Fixture, token: &str, tail: &str) -> (u16, String, String, String) {
@@ -126,12 +200,7 @@ async fn refusal(f: &Fixture, token: &str, tail: &str) -> (u16, String, String, 
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    assert!(
-        resp.headers()["cache-control"]
-            .to_str()
-            .unwrap()
-            .contains("no-transform")
-    );
+    assert_screen_headers(resp.headers());
     let reason = resp.headers()["x-rakazo-screen-reason"]
         .to_str()
         .unwrap()
@@ -261,12 +330,10 @@ async fn upstream_failures_are_reported() {
     let dead = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     f.authority.update(|l| l.upstream = dead);
-    let (status, reason, detail, _) = refusal(&f, &good, "vnc.html").await;
-    assert_eq!(
-        (status, reason.as_str(), detail.as_str()),
-        (502, "upstream_failed", "connect")
-    );
     assert_eq!(refused_status(f.proxy, &good).await, 502);
+    // The page is ours: it loads, and its websocket is what fails (the reporter says so).
+    let page = reqwest::get(f.url(&good, "vnc.html")).await.unwrap();
+    assert_eq!(page.status(), 200);
 }
 
 #[actix_rt::test]

@@ -1,5 +1,5 @@
-//! The slow tier: a real Xvfb display, x11vnc on unix sockets, websockify with noVNC, and
-//! headless Chromium, all reached through the proxy.
+//! The slow tier: a real Xvfb display, x11vnc on unix sockets, websockify, Debian's noVNC served
+//! by the proxy, and headless Chromium framing it sandboxed, all reached through the proxy.
 //!
 //! Needs `scripts/install-screen-deps.sh` (`scripts/test.sh` runs it). Without the tools the
 //! tests fail saying what is missing, unless `RAKAZO_TEST_SKIP_MISSING=1` (see `gate`).
@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use actix_web::{App, HttpResponse, HttpServer, web};
 use common::*;
 use rakazo_web_proxy::capability::{Keyring, Policy};
-use rakazo_web_proxy::gateway::RevokeControl;
+use rakazo_web_proxy::gateway::{GatewayActor, RevokeControl};
+use rakazo_web_proxy::viewer::DEFAULT_NOVNC_DIR;
+use rakazo_web_proxy::{ProxyConfig, ProxyState, configure};
 
 const VIEW_TOKEN: &str = "viewSock_4f2a9c";
 const CONTROL_TOKEN: &str = "controlSock_8b1d77";
@@ -86,7 +88,7 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-/// A display with a view-only and a full x11vnc, and websockify serving noVNC in front.
+/// A display with a view-only and a full x11vnc, and websockify (websockets only) in front.
 struct Desktop {
     display: String,
     gateway: SocketAddr,
@@ -142,8 +144,6 @@ fn start_desktop() -> Desktop {
     procs.0.push(
         command("websockify")
             .args([
-                "--web",
-                "/usr/share/novnc",
                 "--token-plugin",
                 "UnixDomainSocketDirectory",
                 "--token-source",
@@ -245,15 +245,24 @@ async fn real_x11vnc_through_the_proxy() {
     let authority = TestAuthority::new(&format!("http://{}", desktop.gateway), CONTROL_TOKEN);
     authority.update(|l| l.control_fence = Some(1));
     let keyring = Arc::new(Keyring::random(1));
-    let (proxy, gateway) = start_proxy(keyring.clone(), Arc::new(authority.clone()));
+    let (proxy, gateway) = start_proxy_serving(
+        keyring.clone(),
+        Arc::new(authority.clone()),
+        Path::new(DEFAULT_NOVNC_DIR),
+    );
 
-    // The noVNC page comes from websockify's --web, through the proxy, with the reporter.
+    // The noVNC page is Debian's, served by the proxy, naming the reporter first.
     let view = keyring.seal(&capability(Policy::View, 1, 0)).unwrap();
     let page = reqwest::get(format!("http://{proxy}/screen/{view}/vnc.html"))
         .await
         .unwrap();
     assert_eq!(page.status(), 200);
-    assert!(page.text().await.unwrap().contains("rakazo.screen"));
+    let packaged = std::fs::read_to_string(Path::new(DEFAULT_NOVNC_DIR).join("vnc.html")).unwrap();
+    let served = page.text().await.unwrap();
+    assert_eq!(
+        served.replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1),
+        packaged
+    );
 
     // View: routed on purpose to the x11vnc WITHOUT -viewonly, so only the proxy's RFB
     // filter stands between the pointer events and the display.
@@ -336,16 +345,29 @@ async fn novnc_in_headless_chromium_reports_connected() {
     let desktop = start_desktop();
     let authority = TestAuthority::new(&format!("http://{}", desktop.gateway), VIEW_TOKEN);
     let keyring = Arc::new(Keyring::random(1));
-    let (proxy, _gateway) = start_proxy(keyring.clone(), Arc::new(authority));
     let view = keyring.seal(&capability(Policy::View, 1, 0)).unwrap();
+    let state = ProxyState::new(
+        keyring.clone(),
+        Arc::new(authority),
+        GatewayActor::start_default(),
+        ProxyConfig {
+            novnc_dir: DEFAULT_NOVNC_DIR.into(),
+            ..ProxyConfig::default()
+        },
+    );
 
-    // The embedding app: frames the proxied page and reports what the frame posts.
+    // The embedding app, on the proxy's origin like the dashboard: frames the page sandboxed
+    // with scripts only (an opaque origin) and reports what the frame posts.
     let reports = Arc::new(Mutex::new(Vec::<String>::new()));
-    let frame = format!("http://{proxy}/screen/{view}/vnc.html?autoconnect=1&resize=scale");
+    let frame = format!("/screen/{view}/vnc.html?autoconnect=1&resize=scale");
     let embed = format!(
-        "<!doctype html><html><body><iframe src=\"{frame}\" width=800 height=600></iframe>\
+        "<!doctype html><html><body><iframe id=\"f\" sandbox=\"allow-scripts\" src=\"{frame}\" width=800 height=600></iframe>\
+         <iframe id=\"r\" sandbox=\"allow-scripts\" src=\"/screen/not-a-capability/vnc.html\" width=200 height=100></iframe>\
          <script>window.addEventListener('message', function (e) {{\
-           if (e.data && e.data.type === 'rakazo.screen') fetch('/report?state=' + e.data.state);\
+           var from = e.source === document.getElementById('f').contentWindow ? '' :\
+             e.source === document.getElementById('r').contentWindow ? 'refused:' : null;\
+           if (from === null) return;\
+           if (e.data && e.data.type === 'rakazo.screen') fetch('/report?state=' + from + e.data.state + '&origin=' + e.origin);\
          }});</script></body></html>"
     );
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -354,7 +376,9 @@ async fn novnc_in_headless_chromium_reports_connected() {
     let server = HttpServer::new(move || {
         let embed = embed.clone();
         let seen = seen.clone();
+        let state = state.clone();
         App::new()
+            .configure(move |cfg| configure(cfg, state))
             .route(
                 "/embed",
                 web::get().to(move || {
@@ -368,9 +392,9 @@ async fn novnc_in_headless_chromium_reports_connected() {
                     move |q: web::Query<std::collections::HashMap<String, String>>| {
                         let seen = seen.clone();
                         async move {
-                            seen.lock()
-                                .unwrap()
-                                .push(q.get("state").cloned().unwrap_or_default());
+                            let state = q.get("state").cloned().unwrap_or_default();
+                            let origin = q.get("origin").cloned().unwrap_or_default();
+                            seen.lock().unwrap().push(format!("{state}@{origin}"));
                             HttpResponse::NoContent().finish()
                         }
                     },
@@ -402,20 +426,29 @@ async fn novnc_in_headless_chromium_reports_connected() {
     ]);
     let deadline = Instant::now() + Duration::from_secs(45);
     loop {
-        let states = reports.lock().unwrap().clone();
-        if states.iter().any(|s| s == "connected") {
+        let all = reports.lock().unwrap().clone();
+        // The refusal page's one inline script runs under the screen policy (allowed by hash).
+        let (refused, states): (Vec<String>, Vec<String>) =
+            all.into_iter().partition(|s| s.starts_with("refused:"));
+        if states.iter().any(|s| s.starts_with("connected@")) && !refused.is_empty() {
+            assert_eq!(refused, ["refused:failed@null"]);
             eprintln!("reported states: {states:?}");
+            // The frame runs in an opaque origin: its messages come from "null".
             assert_eq!(
                 states.first().map(String::as_str),
-                Some("loading"),
+                Some("loading@null"),
                 "{states:?}"
             );
-            assert!(!states.iter().any(|s| s == "failed"), "{states:?}");
+            assert!(states.iter().all(|s| s.ends_with("@null")), "{states:?}");
+            assert!(
+                !states.iter().any(|s| s.starts_with("failed")),
+                "{states:?}"
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "noVNC never reported connected: {states:?}"
+            "noVNC never reported connected (or the refusal page stayed silent): {states:?} {refused:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

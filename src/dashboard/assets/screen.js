@@ -79,7 +79,9 @@ export class Screen {
       return;
     }
     if (attempt !== this.attempt) return;
-    const frame = el("iframe", { sandbox: "allow-scripts allow-same-origin", title: "Bot screen", referrerpolicy: "no-referrer" });
+    // Scripts only: the screen runs in an opaque origin and can never read this page's storage
+    // (the API token) or call the API as us; its messages come from origin "null".
+    const frame = el("iframe", { sandbox: "allow-scripts", title: "Bot screen", referrerpolicy: "no-referrer" });
     frame.src = url;
     this.frame = frame;
     this.setState("loading");
@@ -89,7 +91,8 @@ export class Screen {
     }, WATCHDOG_MS);
   }
 
-  /** A reporter message `{type: "rakazo.screen", state}` from our frame. */
+  /** A reporter message `{type: "rakazo.screen", state}` from our frame (told apart by its
+   * window: a sandboxed frame's origin is "null"). */
   onMessage(e) {
     if (!this.frame || e.source !== this.frame.contentWindow) return;
     const d = e.data;

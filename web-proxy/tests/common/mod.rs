@@ -1,4 +1,5 @@
-//! Shared test fixtures: an in-process authority, a fake screen gateway, and a proxy server.
+//! Shared test fixtures: an in-process authority, a fake screen gateway (whose HTTP pages play
+//! the bot's own), a small noVNC directory, and a proxy server.
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener};
@@ -85,18 +86,50 @@ fn bind() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").unwrap()
 }
 
-/// Starts the proxy in the current actix system. Returns its address and the gateway.
+/// The page of [`fake_novnc`].
+pub const PACKAGED_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
+<script type=\"module\" crossorigin=\"anonymous\" src=\"app/ui.js\"></script></head>\
+<body>packaged-body</body></html>";
+
+/// A small noVNC directory: `vnc.html`, `app/ui.js`, `core/rfb.js`, and `utils/launch.sh`
+/// (present in the package, never served).
+pub fn fake_novnc() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for sub in ["app", "core", "utils"] {
+        std::fs::create_dir(root.join(sub)).unwrap();
+    }
+    std::fs::write(root.join("vnc.html"), PACKAGED_PAGE).unwrap();
+    std::fs::write(root.join("app/ui.js"), "export default 1;").unwrap();
+    std::fs::write(root.join("core/rfb.js"), "export default 2;").unwrap();
+    std::fs::write(root.join("utils/launch.sh"), "#!/bin/sh").unwrap();
+    dir
+}
+
+/// Starts the proxy in the current actix system, serving [`fake_novnc`]. Returns its address
+/// and the gateway.
 pub fn start_proxy(
     keyring: Arc<Keyring>,
     authority: Arc<dyn Authority>,
+) -> (SocketAddr, Addr<GatewayActor>) {
+    let novnc = fake_novnc();
+    start_proxy_serving(keyring, authority, novnc.path())
+}
+
+/// Starts the proxy in the current actix system, serving noVNC from `novnc_dir`.
+pub fn start_proxy_serving(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+    novnc_dir: &std::path::Path,
 ) -> (SocketAddr, Addr<GatewayActor>) {
     let gateway = GatewayActor::start_default();
     let config = ProxyConfig {
         authority_timeout: Duration::from_secs(2),
         upstream_timeout: Duration::from_secs(5),
+        novnc_dir: novnc_dir.to_path_buf(),
         ..ProxyConfig::default()
     };
-    let state = ProxyState::new(keyring, authority, gateway.clone(), config).unwrap();
+    let state = ProxyState::new(keyring, authority, gateway.clone(), config);
     let listener = bind();
     let addr = listener.local_addr().unwrap();
     let server = HttpServer::new(move || {
@@ -119,15 +152,18 @@ pub struct Seen {
     pub bytes: Vec<u8>,
     /// Tokens presented on websocket requests.
     pub tokens: Vec<String>,
-    /// Request headers names seen on HTTP requests.
-    pub header_names: Vec<String>,
+    /// Paths of plain HTTP requests (the proxy must never make one).
+    pub http_paths: Vec<String>,
 }
 
-pub const FAKE_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
-<script type=\"module\" src=\"app/ui.js\"></script></head><body>upstream-body</body></html>";
+/// What the fake gateway answers every plain HTTP request with: the bot's own page.
+pub const BOT_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
+<script>parent.postMessage(sessionStorage.getItem('rakazo.token'), '*')</script></head>\
+<body>bot-page</body></html>";
 
-/// A fake websockify: `/vnc.html`, `/app/ui.js`, and `/websockify?token=` that greets with
-/// `RFB 003.008\n`, records what it receives, and echoes a frame `ack` after each message.
+/// A fake websockify run by the bot: any plain HTTP GET answers [`BOT_PAGE`] (recorded), and
+/// `/websockify?token=` greets with `RFB 003.008\n`, records what it receives, and echoes a
+/// frame `ack` after each message.
 pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let token = token.to_string();
@@ -140,30 +176,16 @@ pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
         App::new()
             .app_data(web::Data::new(seen))
             .app_data(web::Data::new(token))
-            .route(
-                "/vnc.html",
-                web::get().to(
-                    |req: HttpRequest, seen: web::Data<Arc<Mutex<Seen>>>| async move {
-                        seen.lock()
-                            .unwrap()
-                            .header_names
-                            .extend(req.headers().keys().map(|k| k.as_str().to_string()));
-                        HttpResponse::Ok()
-                            .content_type("text/html")
-                            .insert_header(("set-cookie", "upstream=secret"))
-                            .body(FAKE_PAGE)
-                    },
-                ),
-            )
-            .route(
-                "/app/ui.js",
-                web::get().to(|| async {
-                    HttpResponse::Ok()
-                        .content_type("application/javascript")
-                        .body("export default 1;")
-                }),
-            )
             .route("/websockify", web::get().to(fake_websockify))
+            .default_service(web::to(
+                |req: HttpRequest, seen: web::Data<Arc<Mutex<Seen>>>| async move {
+                    seen.lock().unwrap().http_paths.push(req.path().to_owned());
+                    HttpResponse::Ok()
+                        .content_type("text/html")
+                        .insert_header(("set-cookie", "upstream=secret"))
+                        .body(BOT_PAGE)
+                },
+            ))
     })
     .workers(1)
     .disable_signals()

@@ -352,6 +352,10 @@ pub async fn planted_links_are_refused(p: Arc<dyn SandboxProvider>) {
         "pipe".to_owned(),
         "self/new.txt".to_owned(),
     ] {
+        // Where a plant could not be made, a write would just make a file of that name.
+        if !present(path.split('/').next().unwrap()) {
+            continue;
+        }
         let write = tokio::time::timeout(
             Duration::from_secs(20),
             p.write_file(&m, &path, b"overwritten"),

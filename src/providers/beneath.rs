@@ -310,7 +310,8 @@ fn open_walking(
     let mut held = rustix::fs::openat(dir, ".", DIR_FLAGS, Mode::empty())?;
     for part in parents {
         held = match rustix::fs::openat(&held, *part, DIR_FLAGS, Mode::empty()) {
-            Err(Errno::NOTDIR) => match rustix::fs::statat(&held, *part, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOTDIR) => match rustix::fs::statat(&held, *part, AtFlags::SYMLINK_NOFOLLOW)
+            {
                 Ok(stat) if Kind::of(&stat) == Kind::Symlink => return Err(Errno::LOOP),
                 _ => return Err(Errno::NOTDIR),
             },

@@ -97,6 +97,8 @@ async fn planted_links_are_refused_live_and_stopped() {
         assert_eq!(kind(link), "link", "{link}");
     }
     assert_eq!(kind("pipe"), "other");
+    // The hard link to the master key was made: a file of two names.
+    assert_eq!(kind("hardkey"), "file");
     assert_eq!(
         s.ok("files.read", json!({ "botId": bot, "path": "mine.txt" }))
             .await["text"],

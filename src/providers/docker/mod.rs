@@ -404,9 +404,18 @@ impl SandboxProvider for DockerProvider {
         let connect = || async {
             let (port, path) = Cdp::endpoint(&home, bot_id).await?;
             let name = m.runtime.devtools_bridge(bot_id, port).await?;
-            let stream = tokio::net::UnixStream::connect(sockets.join(name))
-                .await
-                .map_err(|e| DesktopError::Browser(format!("DevTools bridge: {e}")))?;
+            // The computer can write the socket directory: no link is followed to the socket.
+            let bridge = |e: std::io::Error| DesktopError::Browser(format!("DevTools bridge: {e}"));
+            let sockets = sockets.clone();
+            let stream = tokio::task::spawn_blocking(move || {
+                let stream = crate::providers::beneath::connect_socket(&sockets, &name)?;
+                stream.set_nonblocking(true)?;
+                Ok(stream)
+            })
+            .await
+            .map_err(|e| bridge(std::io::Error::other(e)))?
+            .and_then(tokio::net::UnixStream::from_std)
+            .map_err(bridge)?;
             Cdp::over(Box::new(stream), port, &path).await
         };
         self.pages

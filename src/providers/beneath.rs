@@ -67,6 +67,40 @@ fn from_errno(path: &str, e: Errno) -> ProviderError {
     }
 }
 
+/// What this code reads of a `stat`, in the same types on every architecture (the fields of
+/// [`Stat`] have different integer types on different ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Hard links.
+    pub nlink: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl Meta {
+    /// The fields of `stat`.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn of(stat: &Stat) -> Self {
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Self {
+            dev: stat.st_dev as u64,
+            ino: stat.st_ino as u64,
+            size: stat.st_size as u64,
+            nlink: stat.st_nlink as u64,
+            mtime_ns: ns(stat.st_mtime as i64, stat.st_mtime_nsec as i64),
+            ctime_ns: ns(stat.st_ctime as i64, stat.st_ctime_nsec as i64),
+        }
+    }
+}
+
 /// What a directory entry is, without following it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -87,7 +121,7 @@ impl Kind {
     pub fn of(stat: &Stat) -> Self {
         match FileType::from_raw_mode(stat.st_mode as _) {
             FileType::Directory => Self::Dir,
-            FileType::RegularFile if stat.st_nlink as u64 > 1 => Self::Linked,
+            FileType::RegularFile if Meta::of(stat).nlink > 1 => Self::Linked,
             FileType::RegularFile => Self::File,
             FileType::Symlink => Self::Symlink,
             _ => Self::Other,
@@ -173,10 +207,11 @@ impl Beneath {
     pub fn read(&self, path: &str, cap: u64) -> Result<Vec<u8>, ProviderError> {
         let OpenFile { file, stat } = self.open_file(path)?;
         let too_large = || ProviderError::TooLarge(format!("file is larger than {cap} bytes"));
-        if stat.st_size as u64 > cap {
+        let size = Meta::of(&stat).size;
+        if size > cap {
             return Err(too_large());
         }
-        let mut data = Vec::with_capacity(stat.st_size as usize);
+        let mut data = Vec::with_capacity(size as usize);
         file.take(cap + 1)
             .read_to_end(&mut data)
             .map_err(|e| ProviderError::Failed(format!("{}: {e}", shown(path))))?;
@@ -204,7 +239,7 @@ impl Beneath {
                 path,
                 kind: kind.listed().into(),
                 size: match kind {
-                    Kind::File | Kind::Linked => stat.st_size as u64,
+                    Kind::File | Kind::Linked => Meta::of(&stat).size,
                     _ => 0,
                 },
             });

@@ -18,7 +18,7 @@ use rakazo_actors::provider::ProviderError;
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
 use rustix::fs::Stat;
 
-use crate::providers::beneath::{Beneath, Kind, OpenFile, entries_of};
+use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, entries_of};
 use crate::providers::workspace_path::segments;
 
 /// The folder holding per-bot browser profiles.
@@ -201,7 +201,8 @@ fn append(
         Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let len = stat.st_size as u64;
+    let meta = Meta::of(&stat);
+    let len = meta.size;
     let mut data = Vec::with_capacity(len as usize);
     file.take(len).read_to_end(&mut data)?;
     // Shortened while read: the entry keeps the size its header says.
@@ -211,7 +212,7 @@ fn append(
     h.set_mode(0o644);
     h.set_size(len);
     builder.append_data(&mut h, path, data.as_slice())?;
-    let same = expected.is_none_or(|e| e == (stat.st_dev as u64, stat.st_ino as u64));
+    let same = expected.is_none_or(|e| e == (meta.dev, meta.ino));
     Ok(whole && same)
 }
 
@@ -305,13 +306,9 @@ impl Survey {
                 });
                 return Ok(());
             }
-            let m = found.stat;
-            let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
-            let (mtime, ctime) = (
-                nanos(m.st_mtime as i64, m.st_mtime_nsec as i64),
-                nanos(m.st_ctime as i64, m.st_ctime_nsec as i64),
-            );
-            let (dev, ino, len) = (m.st_dev as u64, m.st_ino as u64, m.st_size as u64);
+            let m = Meta::of(found.stat);
+            let (mtime, ctime) = (m.mtime_ns, m.ctime_ns);
+            let (dev, ino, len) = (m.dev, m.ino, m.size);
             entries.push(Surveyed {
                 line: format!("f {} {dev} {ino} {len} {mtime} {ctime}\n", found.path),
                 archive_bytes: tar_bytes(found.path, len),

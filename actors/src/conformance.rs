@@ -2,8 +2,8 @@
 //! pass. A backend's test file instantiates it with [`conformance_suite!`], which turns each
 //! check into its own test.
 //!
-//! Commands stay within a small POSIX subset (`echo`, `cat`, `exit`, `sleep`, redirections)
-//! so that emulated shells and real ones answer alike.
+//! Commands stay within a small POSIX subset (`echo`, `cat`, `exit`, `sleep`, `ln [-s]`,
+//! `mkfifo`, redirections) so that emulated shells and real ones answer alike.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -212,6 +212,200 @@ pub async fn unchanged_workspace_is_not_exported_again(p: Arc<dyn SandboxProvide
     p.destroy(&m).await.unwrap();
 }
 
+/// What another workspace holds, which no planted link may reveal.
+const OTHER_SECRET: &[u8] = b"conformance-secret-of-another-workspace";
+
+/// The names of a tar archive's entries (GNU long names included).
+fn entry_names(archive: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    let (mut at, mut long) = (0, None::<String>);
+    while let Some(h) = archive.get(at..at + 512) {
+        if h.iter().all(|b| *b == 0) {
+            break;
+        }
+        let field = |r: std::ops::Range<usize>| {
+            let f = &h[r];
+            String::from_utf8_lossy(&f[..f.iter().position(|b| *b == 0).unwrap_or(f.len())])
+                .into_owned()
+        };
+        let size = usize::from_str_radix(field(124..136).trim(), 8).unwrap_or(0);
+        let data = archive.get(at + 512..at + 512 + size).unwrap_or_default();
+        match h[156] {
+            b'L' => {
+                let end = data.iter().position(|b| *b == 0).unwrap_or(data.len());
+                long = Some(String::from_utf8_lossy(&data[..end]).into_owned());
+            }
+            b'x' | b'g' => {}
+            _ => names.push(long.take().unwrap_or_else(|| field(0..100))),
+        }
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    names
+}
+
+/// Links, hard links and fifos planted through the shell (to `/`, to a parent, to another
+/// workspace, to `/proc/self`, to a file inside; a hard link to a file outside where the
+/// provider lets one be made, and one to a file inside) are refused by every file operation:
+/// reads, listings and writes never go through them or into them, and an export neither
+/// follows them nor hangs on the fifo.
+pub async fn planted_links_are_refused(p: Arc<dyn SandboxProvider>) {
+    let other_spec = spec("links-other");
+    let other = p.provision(&other_spec).await.expect("provision");
+    p.write_file(&other, "secret.txt", OTHER_SECRET)
+        .await
+        .unwrap();
+    let m = machine(p.as_ref(), "links").await;
+    p.write_file(&m, "mine.txt", b"mine\n").await.unwrap();
+    p.write_file(&m, "dir/inner.txt", b"inner\n").await.unwrap();
+    p.write_file(&m, "twin-src.txt", b"twin\n").await.unwrap();
+    let key = &other_spec.home_key;
+    let plants = [
+        "ln -s / root".to_owned(),
+        "ln -s ../.. up".to_owned(),
+        "ln -s /proc/self self".to_owned(),
+        format!("ln -s ../{key} other"),
+        "ln -s mine.txt alias".to_owned(),
+        "ln -s dir dirlink".to_owned(),
+        "ln -s /dev/zero zero".to_owned(),
+        // Where the provider allows it (the same file system, the right to link).
+        "ln /etc/passwd passwd".to_owned(),
+        format!("ln ../{key}/secret.txt stolen"),
+        "ln twin-src.txt twin".to_owned(),
+        "mkfifo pipe".to_owned(),
+    ];
+    for plant in &plants {
+        p.exec(&m, &cmd(plant)).await.unwrap();
+    }
+    let planted = [
+        "root",
+        "up",
+        "self",
+        "other",
+        "alias",
+        "dirlink",
+        "zero",
+        "passwd",
+        "stolen",
+        "twin",
+        "twin-src.txt",
+        "pipe",
+    ];
+    let listed = p.list_files(&m, "").await.unwrap();
+    let present = |name: &str| listed.iter().any(|e| e.name == name);
+    for name in [
+        "root", "up", "self", "other", "alias", "dirlink", "zero", "pipe",
+    ] {
+        let entry = listed
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("{name} was planted"));
+        assert_ne!(entry.kind, "dir", "{name} listed as what it points to");
+        assert_ne!(entry.kind, "file", "{name} listed as what it points to");
+    }
+    // A path through or to a plant is refused; one whose plant could not be made is not found.
+    let refused = |path: &str, result: Result<(), ProviderError>| {
+        let first = path.split('/').next().unwrap();
+        match result {
+            Err(ProviderError::PathRejected(_)) => {}
+            Err(ProviderError::NotFound(_)) if !present(first) => {}
+            other => panic!("{path}: {other:?}"),
+        }
+    };
+    let through = [
+        "root".to_owned(),
+        "root/etc/passwd".to_owned(),
+        "up".to_owned(),
+        "up/etc/passwd".to_owned(),
+        format!("up/homes/{key}/secret.txt"),
+        "self".to_owned(),
+        "self/environ".to_owned(),
+        "other".to_owned(),
+        "other/secret.txt".to_owned(),
+        "alias".to_owned(),
+        "dirlink/inner.txt".to_owned(),
+        "zero".to_owned(),
+        "passwd".to_owned(),
+        "stolen".to_owned(),
+        "twin".to_owned(),
+        "twin-src.txt".to_owned(),
+        "pipe".to_owned(),
+    ];
+    for path in &through {
+        let read = tokio::time::timeout(Duration::from_secs(20), p.read_file(&m, path))
+            .await
+            .expect("a read through a plant hung");
+        refused(path, read.map(drop));
+    }
+    for dir in ["root", "up", "self", "other", "dirlink"] {
+        refused(dir, p.list_files(&m, dir).await.map(drop));
+    }
+    // Writes: into the other workspace through every way there, into the fifo, the links and
+    // the hard-linked files. (Never tried on host files: a broken provider must not harm them.)
+    for path in [
+        format!("up/homes/{key}/secret.txt"),
+        "other/secret.txt".to_owned(),
+        "other/planted.txt".to_owned(),
+        "stolen".to_owned(),
+        "twin".to_owned(),
+        "alias".to_owned(),
+        "dirlink/new.txt".to_owned(),
+        "pipe".to_owned(),
+        "self/new.txt".to_owned(),
+    ] {
+        // Where a plant could not be made, a write would just make a file of that name.
+        if !present(path.split('/').next().unwrap()) {
+            continue;
+        }
+        let write = tokio::time::timeout(
+            Duration::from_secs(20),
+            p.write_file(&m, &path, b"overwritten"),
+        )
+        .await
+        .expect("a write through a plant hung");
+        refused(&path, write);
+    }
+    // (Its own file tools may refuse it now: a hard link made it a file of two names.)
+    assert_eq!(
+        p.exec(&other, &cmd("cat secret.txt"))
+            .await
+            .unwrap()
+            .stdout
+            .as_bytes(),
+        OTHER_SECRET
+    );
+    assert!(matches!(
+        p.read_file(&other, "planted.txt").await,
+        Err(ProviderError::NotFound(_))
+    ));
+    assert_eq!(p.read_file(&m, "mine.txt").await.unwrap(), b"mine\n");
+    assert_eq!(p.read_file(&m, "dir/inner.txt").await.unwrap(), b"inner\n");
+    assert!(matches!(
+        p.read_file(&m, "dir/new.txt").await,
+        Err(ProviderError::NotFound(_))
+    ));
+    // The export leaves every plant out, follows none and does not wait on the fifo.
+    let archive = tokio::time::timeout(Duration::from_secs(120), p.export_workspace(&m))
+        .await
+        .expect("the export hung on a plant")
+        .unwrap();
+    let names = entry_names(&archive);
+    assert!(names.iter().any(|n| n == "mine.txt"), "{names:?}");
+    assert!(names.iter().any(|n| n == "dir/inner.txt"), "{names:?}");
+    for name in &names {
+        let first = name.trim_end_matches('/').split('/').next().unwrap();
+        assert!(!planted.contains(&first), "{name} exported");
+    }
+    for leak in [OTHER_SECRET, b"root:x:0:0".as_slice()] {
+        assert!(
+            !archive.windows(leak.len()).any(|w| w == leak),
+            "the export holds {}",
+            String::from_utf8_lossy(leak)
+        );
+    }
+    p.destroy(&m).await.unwrap();
+    p.destroy(&other).await.unwrap();
+}
+
 /// Stop keeps the machine resumable; destroy makes it gone; destroying twice is fine.
 pub async fn lifecycle(p: Arc<dyn SandboxProvider>) {
     let s = spec("lifecycle");
@@ -299,7 +493,7 @@ macro_rules! conformance_suite {
     ($make:expr, gate = $gate:expr) => {
         $crate::conformance_suite!(@tests $make; $gate;
             describes_itself, exec_runs_commands, exec_times_out, files_round_trip,
-            files_refuse_escapes, workspace_moves_between_machines,
+            files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
             unchanged_workspace_is_not_exported_again, lifecycle, screens,
             observe_and_act);
     };

@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use crate::keys::KeyBytes;
+use crate::provider::{FileEntry, ProviderError};
 use crate::workspace::Workspace;
 
 /// Which durable workspace, and the key that seals it.
@@ -94,4 +95,20 @@ pub trait HomeStore: Send + Sync + 'static {
     /// Where a revision is kept in this store (an object key, or a path under `DATA_DIR`),
     /// recorded with the revision's row.
     fn location(&self, storage_id: &str, revision: i64) -> String;
+    /// Lists a folder of a home's latest copy (browsing a stopped computer) under the
+    /// providers' file rules: beneath the copy, never through a link; links are listed as
+    /// `link`. A home without a copy lists nothing.
+    async fn list_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+    ) -> Result<Vec<FileEntry>, ProviderError>;
+    /// Reads a regular file of a home's latest copy under the same rules (no link on the way,
+    /// no fifo or device, no file with another hard link), at most `cap` bytes.
+    async fn read_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+        cap: u64,
+    ) -> Result<Vec<u8>, ProviderError>;
 }

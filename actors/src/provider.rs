@@ -91,7 +91,8 @@ pub struct FileEntry {
     pub name: String,
     /// Path relative to the workspace root.
     pub path: String,
-    /// `file` or `dir`.
+    /// `file`, `dir`, `link` (a symbolic link, never followed) or `other` (a fifo, socket or
+    /// device, never opened).
     pub kind: String,
     /// Size in bytes (0 for directories).
     pub size: u64,

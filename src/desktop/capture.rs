@@ -41,9 +41,10 @@ impl XDisplay {
     }
 
     /// Connects to display `:number` through its socket `X<number>` in `socket_dir`: the
-    /// X server runs elsewhere (in a container) and shares its `/tmp/.X11-unix` with us.
+    /// X server runs elsewhere (in a container) and shares its `/tmp/.X11-unix` with us. The
+    /// computer can write there, so the socket is reached without following links.
     pub fn connect_in(socket_dir: &std::path::Path, number: u32) -> Result<Self, DesktopError> {
-        let stream = std::os::unix::net::UnixStream::connect(socket_dir.join(format!("X{number}")))
+        let stream = crate::providers::beneath::connect_socket(socket_dir, &format!("X{number}"))
             .map_err(|e| DesktopError::X(format!("display socket: {e}")))?;
         let (stream, _) =
             x11rb::rust_connection::DefaultStream::from_unix_stream(stream).map_err(x_err)?;

@@ -14,6 +14,8 @@ use super::DesktopError;
 
 /// How long a fresh browser gets to publish its DevTools endpoint.
 const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
+/// Largest `DevToolsActivePort` read (a port and a path).
+const ENDPOINT_FILE_CAP: u64 = 4096;
 /// How long one DevTools command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -37,15 +39,31 @@ pub struct Cdp {
 }
 
 impl Cdp {
-    /// Where the browser of `profile` listens: its loopback port and browser path (from the
-    /// profile's `DevToolsActivePort`, which a browser that has just started may not have
-    /// written yet: it gets a little time).
-    pub async fn endpoint(profile: &Path) -> Result<(u16, String), DesktopError> {
-        let file = profile.join("DevToolsActivePort");
+    /// Where the browser of `bot_id` in `home` listens: its loopback port and browser path
+    /// (from its profile's `DevToolsActivePort`, which a browser that has just started may
+    /// not have written yet: it gets a little time). The file is in the workspace, so it is
+    /// read beneath the home, never through a link, and at most 4 KiB of it.
+    pub async fn endpoint(home: &Path, bot_id: &str) -> Result<(u16, String), DesktopError> {
+        let rel = format!(
+            "{}/{bot_id}/DevToolsActivePort",
+            crate::stores::archive::PROFILES_DIR
+        );
         let deadline = tokio::time::Instant::now() + ENDPOINT_WAIT;
+        let read = || {
+            let (home, rel) = (home.to_path_buf(), rel.clone());
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    crate::providers::beneath::Beneath::open(&home)?.read(&rel, ENDPOINT_FILE_CAP)
+                })
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+            }
+        };
         let text = loop {
-            match tokio::fs::read_to_string(&file).await {
-                Ok(text) if text.lines().count() >= 2 => break text,
+            match read().await {
+                Some(text) if text.lines().count() >= 2 => break text,
                 _ if tokio::time::Instant::now() >= deadline => {
                     return Err(err("the browser has no DevTools endpoint yet"));
                 }
@@ -66,8 +84,8 @@ impl Cdp {
     }
 
     /// Connect over this host's loopback and attach to the active tab.
-    pub async fn connect(profile: &Path) -> Result<Cdp, DesktopError> {
-        let (port, path) = Self::endpoint(profile).await?;
+    pub async fn connect(home: &Path, bot_id: &str) -> Result<Cdp, DesktopError> {
+        let (port, path) = Self::endpoint(home, bot_id).await?;
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| err(format!("DevTools: {e}")))?;

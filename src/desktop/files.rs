@@ -1,19 +1,19 @@
 //! Files of a host workspace: paths confined to the home, and whole-workspace tar export and
 //! import of directories and regular files only.
 //!
-//! Every path a tool names is relative to the home; absolute paths, `..` and `.` segments,
-//! NUL bytes and symlinks that lead outside the home are refused with `PathRejected`. Checks and
-//! file operations are not atomic against a process inside the computer racing to swap in a
-//! symlink; the host provider is for development only, where that is acceptable.
+//! Every path a tool names is relative to the home; absolute paths, `..` and `.` segments and
+//! NUL bytes are refused with `PathRejected`, and every open goes through
+//! [`crate::providers::beneath`]: no link is followed anywhere on the way, fifos, sockets,
+//! devices and files with another hard link are refused, with no check before the use.
 
-use std::fs;
-use std::io::Read;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use rakazo_actors::provider::{FileEntry, ProviderError, WorkspaceExport};
 
 use rakazo_actors::home_store::StoreError;
 
+use crate::providers::beneath::{Beneath, Kind};
+use crate::providers::workspace_path::segments;
 use crate::stores::archive::{self, ArchiveError, Limits};
 use crate::stores::local::LatestCopies;
 
@@ -22,130 +22,34 @@ use super::runtime::DesktopRuntime;
 /// Largest file `read_file` returns.
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 
-fn rejected(path: &str, why: &str) -> ProviderError {
-    ProviderError::PathRejected(format!(
-        "{}: {why}",
-        path.chars().take(200).collect::<String>()
-    ))
-}
-
-fn io_err(path: &str, e: std::io::Error) -> ProviderError {
-    if e.kind() == std::io::ErrorKind::NotFound {
-        ProviderError::NotFound(path.chars().take(200).collect())
-    } else {
-        ProviderError::Failed(format!(
-            "{}: {e}",
-            path.chars().take(200).collect::<String>()
-        ))
-    }
-}
-
-/// Checks that `rel` is a plain relative path (empty = the root) and joins it to `root`,
-/// without touching the file system.
-pub fn lexical_join(root: &Path, rel: &str) -> Result<PathBuf, ProviderError> {
-    if rel.contains('\0') {
-        return Err(rejected(rel, "contains NUL"));
-    }
-    let mut out = root.to_path_buf();
-    for c in Path::new(rel).components() {
-        match c {
-            Component::Normal(part) => out.push(part),
-            Component::CurDir => return Err(rejected(rel, "`.` segments are not allowed")),
-            Component::ParentDir => return Err(rejected(rel, "`..` segments are not allowed")),
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(rejected(rel, "absolute paths are not allowed"));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Joins `rel` to `root` and makes sure its deepest existing ancestor, with symlinks resolved,
-/// is inside `root`.
+/// The host path of `rel` under `root`, once it is known to be a directory or regular file
+/// reached with no link on the way (for a process of the computer to use: a shell's working
+/// directory, a file opened in the browser).
 pub fn resolve(root: &Path, rel: &str) -> Result<PathBuf, ProviderError> {
-    let joined = lexical_join(root, rel)?;
-    let root_real = root.canonicalize().map_err(|e| io_err("", e))?;
-    let mut probe = joined.as_path();
-    loop {
-        match probe.canonicalize() {
-            Ok(real) => {
-                if !real.starts_with(&root_real) {
-                    return Err(rejected(rel, "leads outside the home"));
-                }
-                return Ok(joined);
-            }
-            Err(_) => match probe.parent() {
-                Some(parent) if parent.starts_with(root) => probe = parent,
-                _ => return Err(rejected(rel, "leads outside the home")),
-            },
-        }
+    let segs = segments(rel, true)?;
+    match Beneath::open(root)?.kind(rel)? {
+        Kind::Dir | Kind::File => Ok(segs.iter().fold(root.to_path_buf(), |p, s| p.join(s))),
+        _ => Err(ProviderError::PathRejected(format!(
+            "{}: not a directory or regular file",
+            rel.chars().take(200).collect::<String>()
+        ))),
     }
 }
 
-/// Lists a directory of the home.
+/// Lists a directory of the home; links are listed, never followed.
 pub fn list(root: &Path, rel: &str) -> Result<Vec<FileEntry>, ProviderError> {
-    let dir = resolve(root, rel)?;
-    let mut entries = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(|e| io_err(rel, e))? {
-        let entry = entry.map_err(|e| io_err(rel, e))?;
-        let meta = entry.metadata().map_err(|e| io_err(rel, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = if rel.is_empty() {
-            name.clone()
-        } else {
-            format!("{}/{name}", rel.trim_end_matches('/'))
-        };
-        let is_dir = meta.is_dir();
-        entries.push(FileEntry {
-            name,
-            path,
-            kind: if is_dir { "dir" } else { "file" }.into(),
-            size: if is_dir { 0 } else { meta.len() },
-        });
-    }
-    entries.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(entries)
+    Beneath::open(root)?.list(rel)
 }
 
 /// Reads a regular file of the home.
 pub fn read(root: &Path, rel: &str) -> Result<Vec<u8>, ProviderError> {
-    let path = resolve(root, rel)?;
-    let meta = fs::metadata(&path).map_err(|e| io_err(rel, e))?;
-    if !meta.is_file() {
-        return Err(rejected(rel, "not a regular file"));
-    }
-    if meta.len() > MAX_READ_BYTES {
-        return Err(ProviderError::TooLarge(format!(
-            "file is larger than {MAX_READ_BYTES} bytes"
-        )));
-    }
-    let mut data = Vec::with_capacity(meta.len() as usize);
-    fs::File::open(&path)
-        .map_err(|e| io_err(rel, e))?
-        .take(MAX_READ_BYTES + 1)
-        .read_to_end(&mut data)
-        .map_err(|e| io_err(rel, e))?;
-    Ok(data)
+    Beneath::open(root)?.read(rel, MAX_READ_BYTES)
 }
 
-/// Writes a file of the home, creating parent directories; never writes through a symlink.
-pub fn write(root: &Path, rel: &str, data: &[u8]) -> Result<(), ProviderError> {
-    if rel.is_empty() {
-        return Err(rejected(rel, "names the home itself"));
-    }
-    let path = resolve(root, rel)?;
-    let parent = path
-        .parent()
-        .ok_or_else(|| rejected(rel, "has no parent"))?;
-    fs::create_dir_all(parent).map_err(|e| io_err(rel, e))?;
-    // Re-check now that the parents exist: one of them may be a symlink created meanwhile.
-    resolve(root, rel)?;
-    if let Ok(meta) = fs::symlink_metadata(&path)
-        && !meta.is_file()
-    {
-        return Err(rejected(rel, "not a regular file"));
-    }
-    fs::write(&path, data).map_err(|e| io_err(rel, e))
+/// Writes a file of the home, creating parent directories; never through a link. With
+/// `owner`, what it creates or writes is given to that uid/gid.
+pub fn write(root: &Path, rel: &str, data: &[u8], owner: Option<u32>) -> Result<(), ProviderError> {
+    Beneath::open(root)?.write(rel, data, owner)
 }
 
 /// Runs file work off the async executor.
@@ -170,8 +74,8 @@ pub(crate) async fn export_quiesced(
 }
 
 /// Packs the home into a tar of its directories and regular files (the workspace archive
-/// rules of [`crate::stores::archive`]: links, sockets and transient browser files are left
-/// out), unless its digest equals `since`'s (see [`archive::Baseline`]); pieces whose
+/// rules of [`crate::stores::archive`]: links, fifos, sockets, devices, files with another
+/// hard link and transient browser files are left out, and nothing is followed), unless its digest equals `since`'s (see [`archive::Baseline`]); pieces whose
 /// stamps `since` holds are named, not read ([`archive::pack_pieces`]). The returned
 /// fingerprint is the pack's [`archive::Baseline`].
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
@@ -206,6 +110,7 @@ pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn refuses_paths_outside_the_home() {
@@ -222,17 +127,18 @@ mod tests {
             "escape",
             "a\0b",
         ] {
+            let resolved = resolve(&root, bad);
             assert!(
-                matches!(resolve(&root, bad), Err(ProviderError::PathRejected(_))),
-                "{bad:?} accepted"
+                matches!(resolved, Err(ProviderError::PathRejected(_))),
+                "{bad:?}: {resolved:?}"
             );
         }
-        assert!(resolve(&root, "a/new/file.txt").is_ok());
+        assert!(resolve(&root, "a").is_ok());
         assert!(matches!(
-            write(&root, "escape/x", b"1"),
+            write(&root, "escape/x", b"1", None),
             Err(ProviderError::PathRejected(_))
         ));
-        write(&root, "a/b/c.txt", b"hi").unwrap();
+        write(&root, "a/b/c.txt", b"hi", None).unwrap();
         assert_eq!(read(&root, "a/b/c.txt").unwrap(), b"hi");
         let names: Vec<_> = list(&root, "a")
             .unwrap()
@@ -247,16 +153,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("home");
         fs::create_dir_all(&root).unwrap();
-        write(&root, "bots/b1/notes.txt", b"one").unwrap();
-        write(&root, ".browser-profiles/b1/Default/Cookies", b"c").unwrap();
-        write(&root, ".browser-profiles/b1/Default/Cache/x", b"junk").unwrap();
+        write(&root, "bots/b1/notes.txt", b"one", None).unwrap();
+        write(&root, ".browser-profiles/b1/Default/Cookies", b"c", None).unwrap();
+        write(&root, ".browser-profiles/b1/Default/Cache/x", b"junk", None).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        // Planted by the workspace's owner: none of it is followed, read or waited on.
+        fs::write(dir.path().join("secret"), b"outside-secret").unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
+        fs::hard_link(dir.path().join("secret"), root.join("hard")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("pipe"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
         let WorkspaceExport::Archive { workspace, .. } = export_since(&root, None).unwrap() else {
             panic!("an export without a fingerprint packs");
         };
         let archive = workspace
             .into_archive()
             .expect("every byte without a baseline");
+        assert!(!archive.windows(14).any(|w| w == b"outside-secret"));
         let other = dir.path().join("other");
         fs::create_dir_all(&other).unwrap();
         fs::write(other.join("stale"), b"x").unwrap();
@@ -268,6 +187,12 @@ mod tests {
         );
         assert!(!other.join(".browser-profiles/b1/Default/Cache").exists());
         assert!(!other.join("link").exists());
+        for planted in ["up", "hard", "pipe"] {
+            assert!(
+                fs::symlink_metadata(other.join(planted)).is_err(),
+                "{planted}"
+            );
+        }
         assert!(!other.join("stale").exists());
     }
 
@@ -276,7 +201,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("home");
         fs::create_dir_all(&root).unwrap();
-        write(&root, "keep.txt", b"k").unwrap();
+        write(&root, "keep.txt", b"k", None).unwrap();
         let mut hostile = Vec::new();
         {
             let mut b = tar::Builder::new(&mut hostile);

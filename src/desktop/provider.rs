@@ -244,10 +244,9 @@ impl SandboxProvider for DesktopProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
-        let profile = super::browser::profile_dir(&m.home, bot_id);
         let key = format!("{}/{bot_id}", machine.0);
         self.pages
-            .run(key, || super::cdp::Cdp::connect(&profile), command)
+            .run(key, || super::cdp::Cdp::connect(&m.home, bot_id), command)
             .await
     }
 
@@ -340,7 +339,7 @@ impl SandboxProvider for DesktopProvider {
     ) -> ProviderResult<()> {
         let home = self.machine(machine).await?.home.clone();
         let (path, data) = (path.to_string(), data.to_vec());
-        blocking(move || files::write(&home, &path, &data)).await
+        blocking(move || files::write(&home, &path, &data, None)).await
     }
 
     async fn export_workspace_since(

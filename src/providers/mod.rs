@@ -1,6 +1,7 @@
 //! Provider adapters behind the `SandboxProvider` port, and the factory that picks one from
 //! the configuration.
 
+pub mod beneath;
 pub mod docker;
 pub mod fake;
 pub mod workspace_path;

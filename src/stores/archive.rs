@@ -3,15 +3,22 @@
 //!
 //! Unpacking accepts only relative paths without `.` or `..` segments and only directories and
 //! regular files (no links, devices or fifos), and enforces total-size, per-file and
-//! entry-count limits; any violation refuses the whole archive. Packing skips only transient
-//! cache and lock files inside `.browser-profiles`; files with the same names elsewhere are
-//! kept.
+//! entry-count limits; any violation refuses the whole archive.
+//!
+//! Packing opens everything through [`Beneath`]: it never follows or descends through a
+//! symlink, never opens a fifo, socket or device, and leaves out regular files with more than
+//! one hard link (another name of such a file may be outside the workspace), as well as the
+//! transient cache and lock files inside `.browser-profiles` (files with the same names
+//! elsewhere are kept).
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use rakazo_actors::provider::ProviderError;
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
+use rustix::fs::Stat;
 
+use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, entries_of};
 use crate::providers::workspace_path::segments;
 
 /// The folder holding per-bot browser profiles.
@@ -70,70 +77,116 @@ fn transient(rel: &[String]) -> bool {
         && rel.iter().skip(1).any(|s| TRANSIENT.contains(&s.as_str()))
 }
 
+impl From<ProviderError> for ArchiveError {
+    fn from(e: ProviderError) -> Self {
+        Self::Io(std::io::Error::other(e.to_string()))
+    }
+}
+
 /// One directory or regular file of a home, as [`visit`] finds it.
 struct Found<'a> {
     /// Its path relative to the root, `/`-separated.
     path: &'a str,
-    /// Where it is.
-    fs_path: PathBuf,
     /// A directory (else a regular file).
     dir: bool,
+    /// Its metadata, taken without following it.
+    stat: &'a Stat,
+}
+
+/// What [`visit`] left out of the archive, besides transient browser files.
+#[derive(Debug, Default)]
+struct Left {
+    /// Symbolic links.
+    links: u64,
+    /// Regular files with more than one hard link.
+    hard_links: u64,
+    /// Fifos, sockets and devices.
+    special: u64,
 }
 
 /// Calls `f` for every directory and regular file under `root` that belongs in a workspace
-/// archive, parents before children, siblings in name order. Links, sockets, fifos, devices,
-/// names that are not UTF-8 and transient browser files are left out.
+/// archive, parents before children. Nothing is followed: links, sockets, fifos, devices,
+/// files with another hard link, names that are not UTF-8 and transient browser files are
+/// left out; a directory replaced by anything else since it was seen is skipped.
 fn visit(
-    root: &Path,
+    root: &Beneath,
     mut f: impl FnMut(Found<'_>) -> Result<(), ArchiveError>,
-) -> Result<(), ArchiveError> {
-    let mut stack: Vec<(PathBuf, Vec<String>)> = vec![(root.to_path_buf(), Vec::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries.into_iter().rev() {
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+) -> Result<Left, ArchiveError> {
+    let mut left = Left::default();
+    let mut stack: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = match root.dir(&rel.join("/")) {
+            Ok(dir) => dir,
+            Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) if !rel.is_empty() => {
                 continue;
-            };
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let entries = entries_of(&dir).map_err(std::io::Error::from)?;
+        for (name, stat) in entries.into_iter().rev() {
             let mut child = rel.clone();
             child.push(name);
             if transient(&child) {
                 continue;
             }
-            let kind = entry.file_type()?;
-            if !kind.is_dir() && !kind.is_file() {
+            let kind = Kind::of(&stat);
+            match kind {
+                Kind::Dir | Kind::File => {}
+                Kind::Symlink => left.links += 1,
+                Kind::Linked => left.hard_links += 1,
+                Kind::Other => left.special += 1,
+            }
+            if !matches!(kind, Kind::Dir | Kind::File) {
                 continue;
             }
             let path = child.join("/");
             f(Found {
                 path: &path,
-                fs_path: entry.path(),
-                dir: kind.is_dir(),
+                dir: kind == Kind::Dir,
+                stat: &stat,
             })?;
-            if kind.is_dir() {
-                stack.push((entry.path(), child));
+            if kind == Kind::Dir {
+                stack.push(child);
             }
         }
     }
-    Ok(())
+    if left.hard_links > 0 || left.links > 0 || left.special > 0 {
+        tracing::info!(
+            left.links = left.links,
+            left.hard_links = left.hard_links,
+            left.special = left.special,
+            "workspace.export.left_out"
+        );
+    }
+    Ok(left)
 }
 
 /// Pack `root` (which must exist) into a tar archive, in a stable order.
 pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
+    let beneath = Beneath::open(root)?;
     let mut builder = tar::Builder::new(Vec::new());
-    visit(root, |found| {
-        append(&mut builder, found.path, &found.fs_path, found.dir)
+    let mut found = Vec::new();
+    visit(&beneath, |f| {
+        found.push((f.path.to_owned(), f.dir));
+        Ok(())
     })?;
+    for (path, dir) in found {
+        append(&mut builder, &beneath, &path, dir, None)?;
+    }
     Ok(builder.into_inner()?)
 }
 
-/// Appends one directory or regular file to an archive, the same way every time.
+/// Appends one directory or regular file to an archive, the same way every time. A file is
+/// opened beneath the root again, never through a link; one that is no longer a regular file
+/// with one link is left out. Answers whether the entry is what the survey saw (`expected`:
+/// device and inode).
 fn append(
     builder: &mut tar::Builder<Vec<u8>>,
+    root: &Beneath,
     path: &str,
-    fs_path: &Path,
     dir: bool,
-) -> Result<(), ArchiveError> {
+    expected: Option<(u64, u64)>,
+) -> Result<bool, ArchiveError> {
     builder.mode(tar::HeaderMode::Deterministic);
     let mut h = tar::Header::new_gnu();
     if dir {
@@ -141,15 +194,26 @@ fn append(
         h.set_mode(0o755);
         h.set_size(0);
         builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
-    } else {
-        let mut file = std::fs::File::open(fs_path)?;
-        let len = file.metadata()?.len();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(len);
-        builder.append_data(&mut h, path, (&mut file).take(len))?;
+        return Ok(true);
     }
-    Ok(())
+    let OpenFile { file, stat } = match root.open_file(path) {
+        Ok(open) => open,
+        Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = Meta::of(&stat);
+    let len = meta.size;
+    let mut data = Vec::with_capacity(len as usize);
+    file.take(len).read_to_end(&mut data)?;
+    // Shortened while read: the entry keeps the size its header says.
+    let whole = data.len() as u64 == len;
+    data.resize(len as usize, 0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(len);
+    builder.append_data(&mut h, path, data.as_slice())?;
+    let same = expected.is_none_or(|e| e == (meta.dev, meta.ino));
+    Ok(whole && same)
 }
 
 /// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
@@ -208,8 +272,9 @@ fn tar_bytes(path: &str, size: u64) -> u64 {
 /// One entry of a [`Survey`].
 struct Surveyed {
     path: String,
-    fs_path: PathBuf,
     dir: bool,
+    /// Device and inode, for files.
+    id: Option<(u64, u64)>,
     /// What identifies its bytes: path and, for files, device, inode, size and times.
     line: String,
     /// Changed too recently to vouch for.
@@ -224,8 +289,7 @@ struct Survey {
 }
 
 impl Survey {
-    fn take(root: &Path, racy_window_ns: i128) -> Result<Self, ArchiveError> {
-        use std::os::unix::fs::MetadataExt as _;
+    fn take(root: &Beneath, racy_window_ns: i128) -> Result<Self, ArchiveError> {
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
@@ -236,31 +300,22 @@ impl Survey {
                     line: format!("d {}\n", found.path),
                     archive_bytes: tar_bytes(&format!("{}/", found.path), 0),
                     path: found.path.to_owned(),
-                    fs_path: found.fs_path,
                     dir: true,
+                    id: None,
                     racy: false,
                 });
                 return Ok(());
             }
-            let m = std::fs::symlink_metadata(&found.fs_path)?;
-            let nanos = |s: i64, ns: i64| s as i128 * 1_000_000_000 + ns as i128;
-            let (mtime, ctime) = (
-                nanos(m.mtime(), m.mtime_nsec()),
-                nanos(m.ctime(), m.ctime_nsec()),
-            );
+            let m = Meta::of(found.stat);
+            let (mtime, ctime) = (m.mtime_ns, m.ctime_ns);
+            let (dev, ino, len) = (m.dev, m.ino, m.size);
             entries.push(Surveyed {
-                line: format!(
-                    "f {} {} {} {} {mtime} {ctime}\n",
-                    found.path,
-                    m.dev(),
-                    m.ino(),
-                    m.len()
-                ),
-                archive_bytes: tar_bytes(found.path, m.len()),
+                line: format!("f {} {dev} {ino} {len} {mtime} {ctime}\n", found.path),
+                archive_bytes: tar_bytes(found.path, len),
                 racy: started - mtime.max(ctime) < racy_window_ns,
                 path: found.path.to_owned(),
-                fs_path: found.fs_path,
                 dir: false,
+                id: Some((dev, ino)),
             });
             Ok(())
         })?;
@@ -360,8 +415,9 @@ fn pack_pieces_within(
     since: Option<&Baseline>,
     racy_window_ns: i128,
 ) -> Result<Packed, ArchiveError> {
-    let survey = Survey::take(root, racy_window_ns)?;
-    let digest = survey.digest();
+    let root = Beneath::open(root)?;
+    let survey = Survey::take(&root, racy_window_ns)?;
+    let mut digest = survey.digest();
     if digest.is_some() && since.is_some_and(|s| s.digest == digest) {
         return Ok(Packed::Unchanged);
     }
@@ -372,20 +428,29 @@ fn pack_pieces_within(
     let mut stamps = Vec::new();
     for range in survey.pieces() {
         let entries = &survey.entries[range];
-        let stamp = Survey::stamp(entries);
-        if let Some(stamp) = &stamp {
+        let mut stamp = Survey::stamp(entries);
+        if let Some(stamp) = &stamp
+            && known.contains(stamp.as_str())
+        {
             stamps.push(stamp.clone());
-            if known.contains(stamp.as_str()) {
-                pieces.push(Piece::Same {
-                    stamp: stamp.clone(),
-                });
-                continue;
-            }
+            pieces.push(Piece::Same {
+                stamp: stamp.clone(),
+            });
+            continue;
         }
         let expected = entries.iter().map(|e| e.archive_bytes).sum::<u64>();
         let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize + 1024));
+        let mut as_surveyed = true;
         for e in entries {
-            append(&mut builder, &e.path, &e.fs_path, e.dir)?;
+            as_surveyed &= append(&mut builder, &root, &e.path, e.dir, e.id)?;
+        }
+        // Changed since the survey: neither this piece nor the tree is vouched for.
+        if !as_surveyed {
+            stamp = None;
+            digest = None;
+        }
+        if let Some(stamp) = &stamp {
+            stamps.push(stamp.clone());
         }
         let mut bytes = builder.into_inner()?;
         // Pieces hold entries only; the end blocks close the whole archive.
@@ -633,7 +698,8 @@ mod tests {
         std::fs::create_dir_all(root.join("notes")).unwrap();
         std::fs::create_dir_all(root.join(".browser-profiles/b1/Cache")).unwrap();
         std::fs::write(root.join("notes/a.txt"), b"first").unwrap();
-        let print = || Survey::take(root, 0).unwrap().digest().unwrap();
+        let beneath = Beneath::open(root).unwrap();
+        let print = || Survey::take(&beneath, 0).unwrap().digest().unwrap();
         let first = print();
         assert_eq!(print(), first, "nothing changed");
         // A transient browser file is not part of a workspace.
@@ -646,7 +712,7 @@ mod tests {
         std::fs::create_dir(root.join("empty")).unwrap();
         assert_ne!(print(), second, "a new directory is part of the archive");
         // Just written: too recent to vouch for.
-        let survey = Survey::take(root, RACY_WINDOW_NS).unwrap();
+        let survey = Survey::take(&beneath, RACY_WINDOW_NS).unwrap();
         assert_eq!(survey.digest(), None);
         let size = pack(root).unwrap().len() as u64;
         let estimate = 1024 + survey.entries.iter().map(|e| e.archive_bytes).sum::<u64>();

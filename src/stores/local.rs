@@ -13,12 +13,15 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::provider::{FileEntry, ProviderError};
 use rakazo_actors::workspace::Workspace;
 
 use super::archive::{self, ArchiveError, Limits};
 use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
+use crate::providers::beneath::Beneath;
+use crate::providers::workspace_path::normalize;
 
 /// Test hook: the environment variable naming a point where the process aborts, to prove
 /// crash safety (`home.before_swap`, `home.mid_swap`).
@@ -75,6 +78,27 @@ impl LatestCopies {
     /// Where the latest copy of a home lives.
     pub fn path(&self, home_key: &str) -> Result<PathBuf, StoreError> {
         Ok(self.homes.join(safe_name(home_key)?))
+    }
+
+    /// Lists a folder of a latest copy, beneath it and never through a link; a home without
+    /// a copy lists nothing.
+    pub fn list(&self, home_key: &str, path: &str) -> Result<Vec<FileEntry>, ProviderError> {
+        let root = self
+            .path(home_key)
+            .map_err(|_| ProviderError::NotFound(String::new()))?;
+        if !root.exists() && normalize(path, true)?.is_empty() {
+            return Ok(Vec::new());
+        }
+        Beneath::open(&root)?.list(path)
+    }
+
+    /// Reads a regular file of a latest copy, beneath it and never through a link, at most
+    /// `cap` bytes.
+    pub fn read(&self, home_key: &str, path: &str, cap: u64) -> Result<Vec<u8>, ProviderError> {
+        let root = self
+            .path(home_key)
+            .map_err(|_| ProviderError::NotFound(String::new()))?;
+        Beneath::open(&root)?.read(path, cap)
     }
 
     /// Roll back an interrupted swap and drop stale staging directories.
@@ -504,6 +528,15 @@ impl LocalHomeStore {
     }
 }
 
+/// Run blocking file work of a latest copy off the async executor.
+pub(crate) async fn files_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
+) -> Result<T, ProviderError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
+}
+
 /// Run blocking store work off the async executor.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
@@ -543,6 +576,25 @@ impl HomeStore for LocalHomeStore {
 
     fn location(&self, storage_id: &str, revision: i64) -> String {
         format!("home-revisions/{storage_id}/{revision}.sealed")
+    }
+
+    async fn list_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+    ) -> Result<Vec<FileEntry>, ProviderError> {
+        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
+        files_blocking(move || latest.list(&home_key, &path)).await
+    }
+
+    async fn read_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+        cap: u64,
+    ) -> Result<Vec<u8>, ProviderError> {
+        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
+        files_blocking(move || latest.read(&home_key, &path, cap)).await
     }
 
     async fn storage_ids(&self) -> Result<Vec<String>, StoreError> {

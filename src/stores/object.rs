@@ -25,12 +25,13 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::provider::{FileEntry, ProviderError};
 use rakazo_actors::workspace::Workspace;
 
 use super::archive::Limits;
 use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::write_atomic;
-use super::local::{LatestCopies, blocking, fail, safe_name};
+use super::local::{LatestCopies, blocking, fail, files_blocking, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -557,6 +558,25 @@ impl HomeStore for ObjectHomeStore {
             .join(storage_id)
             .join(revision.to_string())
             .to_string()
+    }
+
+    async fn list_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+    ) -> Result<Vec<FileEntry>, ProviderError> {
+        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
+        files_blocking(move || latest.list(&home_key, &path)).await
+    }
+
+    async fn read_latest(
+        &self,
+        home_key: &str,
+        path: &str,
+        cap: u64,
+    ) -> Result<Vec<u8>, ProviderError> {
+        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
+        files_blocking(move || latest.read(&home_key, &path, cap)).await
     }
 
     async fn save(

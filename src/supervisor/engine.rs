@@ -550,22 +550,11 @@ fn prepare_dirs(home: &Path, x11: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Gives `root` and everything under it (without following links) to uid/gid 1000.
+/// Gives `root` and everything under it to uid/gid 1000, through handles that never follow
+/// a link ([`crate::providers::beneath::chown_tree`]; files with another hard link are left
+/// alone).
 pub fn chown_tree(root: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.uid() != UID || meta.gid() != UID {
-            std::os::unix::fs::lchown(&path, Some(UID), Some(UID))?;
-        }
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-    }
-    Ok(())
+    crate::providers::beneath::chown_tree(root, UID)
 }
 
 fn to_info(raw: &ContainerInspectResponse) -> Option<ComputerInfo> {

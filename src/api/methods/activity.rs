@@ -1,11 +1,12 @@
 //! The activity feed and the Files window: history of a bot's commands, and browsing a
-//! computer's workspace (from the stored copy when the computer is stopped).
+//! computer's workspace (from the home store's latest copy when the computer is stopped,
+//! under the same file rules as a running computer's).
 
 use base64::Engine;
 use rakazo_actors::activity;
 use rakazo_actors::computer::{Call, CurrentMachine, Op, OpOutput};
 use rakazo_actors::leases::{LeaseKey, Leases};
-use rakazo_actors::provider::FileEntry;
+use rakazo_actors::provider::ProviderError;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -55,12 +56,6 @@ async fn running(
     Ok((c, live))
 }
 
-fn stored_path(ctx: &Ctx<'_>, home_key: &str, path: &str) -> DomainResult<std::path::PathBuf> {
-    let rel = normalize(path, true)?;
-    let root = ctx.app.config.data_dir.join("homes").join(home_key);
-    Ok(if rel.is_empty() { root } else { root.join(rel) })
-}
-
 /// `files.list {botId, path}`: a folder of the bot's computer, also when it is stopped.
 pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: FilePath = super::params(params)?;
@@ -75,34 +70,11 @@ pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             _ => Vec::new(),
         }
     } else {
-        let dir = stored_path(ctx, &c.home_key, &p.path)?;
-        let prefix = normalize(&p.path, true)?;
-        let mut out = Vec::new();
-        if let Ok(read) = std::fs::read_dir(&dir) {
-            for e in read.flatten() {
-                let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
-                    continue;
-                };
-                if !(meta.is_dir() || meta.is_file()) {
-                    continue;
-                }
-                let name = e.file_name().to_string_lossy().into_owned();
-                let path = if prefix.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{prefix}/{name}")
-                };
-                let kind = if meta.is_dir() { "dir" } else { "file" };
-                out.push(FileEntry {
-                    name,
-                    path,
-                    kind: kind.into(),
-                    size: if meta.is_file() { meta.len() } else { 0 },
-                });
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
+        ctx.app
+            .runtime()
+            .homes
+            .list_latest(&c.home_key, &p.path)
+            .await?
     };
     Ok(json!({ "path": p.path, "live": live, "entries": entries }))
 }
@@ -121,18 +93,22 @@ pub async fn read_file(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             _ => Vec::new(),
         }
     } else {
-        let path = stored_path(ctx, &c.home_key, &p.path)?;
-        let meta = std::fs::symlink_metadata(&path).map_err(|_| DomainError::not_found("file"))?;
-        if !meta.is_file() {
-            return Err(DomainError::not_found("file"));
+        match ctx
+            .app
+            .runtime()
+            .homes
+            .read_latest(&c.home_key, &p.path, MAX_FILE_BYTES as u64)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(ProviderError::TooLarge(_)) => {
+                return Err(DomainError::new(
+                    ErrorCode::TooLarge,
+                    "the file is larger than 8 MiB",
+                ));
+            }
+            Err(e) => return Err(e.into()),
         }
-        if meta.len() as usize > MAX_FILE_BYTES {
-            return Err(DomainError::new(
-                ErrorCode::TooLarge,
-                "the file is larger than 8 MiB",
-            ));
-        }
-        std::fs::read(&path).map_err(|_| DomainError::not_found("file"))?
     };
     if bytes.len() > MAX_FILE_BYTES {
         return Err(DomainError::new(

@@ -36,7 +36,6 @@ use rakazo_actors::provider::{
 use tokio::sync::Mutex;
 
 use crate::desktop::DesktopError;
-use crate::desktop::browser::profile_dir;
 use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
 use crate::desktop::files::blocking;
@@ -232,30 +231,6 @@ impl DockerProvider {
     }
 }
 
-/// Gives `path` and its parents up to `home` to the computer's user, so the container can
-/// change what this process wrote. Best effort: without the right to chown (this process is
-/// not root), the files keep this process's owner, which is uid 1000 in the usual setup.
-fn give_to_computer(home: &Path, path: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let mut current = Some(path);
-    while let Some(p) = current {
-        if !p.starts_with(home) {
-            break;
-        }
-        if let Ok(meta) = std::fs::symlink_metadata(p)
-            && meta.uid() != UID
-            && std::os::unix::fs::lchown(p, Some(UID), Some(UID)).is_err()
-        {
-            tracing::debug!("docker.files.chown_skipped");
-            break;
-        }
-        if p == home {
-            break;
-        }
-        current = p.parent();
-    }
-}
-
 #[async_trait]
 impl SandboxProvider for DockerProvider {
     async fn health(&self) -> Result<(), String> {
@@ -424,14 +399,23 @@ impl SandboxProvider for DockerProvider {
             ));
         }
         let m = self.machine(machine).await?;
-        let profile = profile_dir(&Self::home(&m)?, bot_id);
+        let home = Self::home(&m)?;
         let sockets = PathBuf::from(&m.info.x11_dir);
         let connect = || async {
-            let (port, path) = Cdp::endpoint(&profile).await?;
+            let (port, path) = Cdp::endpoint(&home, bot_id).await?;
             let name = m.runtime.devtools_bridge(bot_id, port).await?;
-            let stream = tokio::net::UnixStream::connect(sockets.join(name))
-                .await
-                .map_err(|e| DesktopError::Browser(format!("DevTools bridge: {e}")))?;
+            // The computer can write the socket directory: no link is followed to the socket.
+            let bridge = |e: std::io::Error| DesktopError::Browser(format!("DevTools bridge: {e}"));
+            let sockets = sockets.clone();
+            let stream = tokio::task::spawn_blocking(move || {
+                let stream = crate::providers::beneath::connect_socket(&sockets, &name)?;
+                stream.set_nonblocking(true)?;
+                Ok(stream)
+            })
+            .await
+            .map_err(|e| bridge(std::io::Error::other(e)))?
+            .and_then(tokio::net::UnixStream::from_std)
+            .map_err(bridge)?;
             Cdp::over(Box::new(stream), port, &path).await
         };
         self.pages
@@ -537,13 +521,7 @@ impl SandboxProvider for DockerProvider {
     ) -> ProviderResult<()> {
         let home = Self::home(&*self.machine(machine).await?)?;
         let (path, data) = (path.to_string(), data.to_vec());
-        blocking(move || {
-            files::write(&home, &path, &data)?;
-            let written = files::resolve(&home, &path)?;
-            give_to_computer(&home, &written);
-            Ok(())
-        })
-        .await
+        blocking(move || files::write(&home, &path, &data, Some(UID))).await
     }
 
     async fn export_workspace_since(

@@ -2,8 +2,10 @@
 //!
 //! Supported: `;`, `&&`, `||`; single and double quotes; `$VAR` and `${VAR}`; `>`, `>>`,
 //! `2>&1`, `>&2` and `< file`; the builtins `echo [-n]`, `printf FORMAT [ARGS]`, `cat`, `ls`,
-//! `pwd`, `mkdir [-p]`, `touch`, `rm [-r] [-f]`, `true`, `false`, `exit N`, `sleep SECONDS`,
-//! `whoami`, `env`. Unknown commands answer 127 like a shell does.
+//! `pwd`, `mkdir [-p]`, `touch`, `rm [-r] [-f]`, `ln [-s] TARGET NAME`, `mkfifo NAME`, `true`,
+//! `false`, `exit N`, `sleep SECONDS`, `whoami`, `env`. Unknown commands answer 127 like a
+//! shell does. A hard link can only name a file of this machine (another file system is
+//! "Invalid cross-device link", as on a real computer); the shell does not follow links.
 
 use std::collections::BTreeMap;
 
@@ -428,6 +430,31 @@ pub fn run_simple(
                         }
                     }
                     _ => return fail(format!("rm: refusing to remove '{a}'\n"), 1),
+                }
+            }
+        }
+        "ln" => {
+            let symbolic = args.iter().any(|a| a.starts_with('-') && a.contains('s'));
+            let words: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+            let [target, name] = words[..] else {
+                return fail("ln: missing file operand\n".into(), 1);
+            };
+            let made = match path_arg(cwd, name) {
+                Err(e) => Err(e),
+                Ok(link) if symbolic => tree.plant(&link, Node::Symlink(target.clone())),
+                Ok(link) => match path_arg(cwd, target) {
+                    Ok(source) => tree.hard_link(&source, &link),
+                    Err(_) => Err("Invalid cross-device link".into()),
+                },
+            };
+            if let Err(e) = made {
+                return fail(format!("ln: failed to create link '{name}': {e}\n"), 1);
+            }
+        }
+        "mkfifo" => {
+            for a in args.iter().filter(|a| !a.starts_with('-')) {
+                if let Err(e) = path_arg(cwd, a).and_then(|p| tree.plant(&p, Node::Fifo)) {
+                    return fail(format!("mkfifo: cannot create fifo '{a}': {e}\n"), 1);
                 }
             }
         }

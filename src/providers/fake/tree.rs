@@ -1,4 +1,9 @@
 //! The fake machine's in-memory file tree, with tar export and a strict tar import.
+//!
+//! It holds what a bot can plant in a real workspace (symlinks, fifos, files with a second
+//! hard link) and applies the real providers' file rules to them
+//! ([`crate::providers::beneath`]): reads, writes and listings never go through a link, never
+//! open a fifo and refuse a file with another hard link; the export leaves them all out.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -17,6 +22,16 @@ pub enum Node {
     Dir,
     /// A regular file.
     File(Vec<u8>),
+    /// A regular file with another hard link (`ln`): its bytes, never read by the file rules.
+    HardLinked(Vec<u8>),
+    /// A symbolic link and its target, never followed.
+    Symlink(String),
+    /// A fifo.
+    Fifo,
+}
+
+fn rejected(path: &str, why: &str) -> ProviderError {
+    ProviderError::PathRejected(format!("{path}: {why}"))
 }
 
 /// Paths (normalized, relative) to nodes; parents always exist as `Dir`.
@@ -30,6 +45,55 @@ fn parent(path: &str) -> Option<&str> {
 }
 
 impl Tree {
+    /// The parents of `path` (its proper prefixes) up to the first that does not exist: a
+    /// link on the way is refused, a parent that is not a directory is not found.
+    fn parents_ok(&self, path: &str) -> Result<(), ProviderError> {
+        for (i, _) in path.match_indices('/') {
+            match self.nodes.get(&path[..i]) {
+                Some(Node::Dir) => {}
+                None => return Ok(()),
+                Some(Node::Symlink(_)) => return Err(rejected(path, "a link is on the way")),
+                Some(_) => return Err(ProviderError::NotFound(path.to_owned())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses what the file rules never open as a regular file.
+    fn refuse_special(path: &str, node: &Node) -> Result<(), ProviderError> {
+        match node {
+            Node::Symlink(_) => Err(rejected(path, "a link is on the way")),
+            Node::HardLinked(_) => Err(rejected(path, "has more than one hard link")),
+            Node::Fifo => Err(rejected(path, "not a regular file")),
+            Node::Dir | Node::File(_) => Ok(()),
+        }
+    }
+
+    /// Plant a node that is not a directory or regular file (`ln -s`, `mkfifo`); its parent
+    /// must be a directory and the name free.
+    pub fn plant(&mut self, path: &str, node: Node) -> Result<(), String> {
+        if path.is_empty() || self.nodes.contains_key(path) {
+            return Err("File exists".into());
+        }
+        if parent(path).is_some_and(|p| !matches!(self.nodes.get(p), Some(Node::Dir))) {
+            return Err("No such file or directory".into());
+        }
+        self.nodes.insert(path.to_owned(), node);
+        Ok(())
+    }
+
+    /// `ln source name`: both names now hold a file with another hard link.
+    pub fn hard_link(&mut self, source: &str, name: &str) -> Result<(), String> {
+        let data = match self.nodes.get(source) {
+            Some(Node::File(d) | Node::HardLinked(d)) => d.clone(),
+            Some(_) => return Err("hard link not allowed for directory".into()),
+            None => return Err("No such file or directory".into()),
+        };
+        self.plant(name, Node::HardLinked(data.clone()))?;
+        self.nodes.insert(source.to_owned(), Node::HardLinked(data));
+        Ok(())
+    }
+
     /// Create `path` and its parents as directories.
     pub fn mkdir_all(&mut self, path: &str) -> Result<(), ProviderError> {
         if path.is_empty() {
@@ -39,8 +103,9 @@ impl Tree {
             self.mkdir_all(p)?;
         }
         match self.nodes.get(path) {
-            Some(Node::File(_)) => Err(ProviderError::Failed(format!("{path}: not a directory"))),
             Some(Node::Dir) => Ok(()),
+            Some(Node::Symlink(_)) => Err(rejected(path, "a link is on the way")),
+            Some(_) => Err(ProviderError::Failed(format!("{path}: not a directory"))),
             None => {
                 self.nodes.insert(path.to_owned(), Node::Dir);
                 Ok(())
@@ -48,8 +113,13 @@ impl Tree {
         }
     }
 
-    /// Write a file, creating parents.
+    /// Write a file, creating parents; never through a link, into a fifo or into a file with
+    /// another hard link.
     pub fn write(&mut self, path: &str, data: Vec<u8>) -> Result<(), ProviderError> {
+        self.parents_ok(path)?;
+        if let Some(node) = self.nodes.get(path) {
+            Self::refuse_special(path, node)?;
+        }
         if let Some(p) = parent(path) {
             self.mkdir_all(p)?;
         }
@@ -70,11 +140,14 @@ impl Tree {
         self.write(path, current)
     }
 
-    /// Read a file.
+    /// Read a regular file: never through a link, from a fifo or from a file with another
+    /// hard link.
     pub fn read(&self, path: &str) -> Result<&[u8], ProviderError> {
+        self.parents_ok(path)?;
         match self.nodes.get(path) {
             Some(Node::File(bytes)) => Ok(bytes),
             Some(Node::Dir) => Err(ProviderError::Failed(format!("{path}: is a directory"))),
+            Some(node) => Err(Self::refuse_special(path, node).expect_err("not a file")),
             None => Err(ProviderError::NotFound(path.to_owned())),
         }
     }
@@ -93,10 +166,14 @@ impl Tree {
         self.nodes.len() != before
     }
 
-    /// Direct children of a directory (`""` = root).
+    /// Direct children of a directory (`""` = root); links are listed, never followed.
     pub fn list(&self, dir: &str) -> Result<Vec<FileEntry>, ProviderError> {
-        if !dir.is_empty() && !matches!(self.nodes.get(dir), Some(Node::Dir)) {
-            return Err(ProviderError::NotFound(dir.to_owned()));
+        self.parents_ok(dir)?;
+        match self.nodes.get(dir) {
+            _ if dir.is_empty() => {}
+            Some(Node::Dir) => {}
+            Some(Node::Symlink(_)) => return Err(rejected(dir, "a link is on the way")),
+            _ => return Err(ProviderError::NotFound(dir.to_owned())),
         }
         let prefix = if dir.is_empty() {
             String::new()
@@ -110,21 +187,23 @@ impl Tree {
             .map(|(k, node)| FileEntry {
                 name: k[prefix.len()..].to_owned(),
                 path: k.clone(),
-                kind: if matches!(node, Node::Dir) {
-                    "dir"
-                } else {
-                    "file"
+                kind: match node {
+                    Node::Dir => "dir",
+                    Node::File(_) | Node::HardLinked(_) => "file",
+                    Node::Symlink(_) => "link",
+                    Node::Fifo => "other",
                 }
                 .into(),
                 size: match node {
-                    Node::File(b) => b.len() as u64,
-                    Node::Dir => 0,
+                    Node::File(b) | Node::HardLinked(b) => b.len() as u64,
+                    _ => 0,
                 },
             })
             .collect())
     }
 
-    /// A tar archive of every directory and file.
+    /// A tar archive of every directory and regular file (links, fifos and files with another
+    /// hard link are left out).
     pub fn export(&self) -> Result<Vec<u8>, ProviderError> {
         let mut builder = tar::Builder::new(Vec::new());
         let fail = |e: std::io::Error| ProviderError::Failed(format!("export: {e}"));
@@ -148,6 +227,7 @@ impl Tree {
                         .append_data(&mut header, path, bytes.as_slice())
                         .map_err(fail)?;
                 }
+                Node::HardLinked(_) | Node::Symlink(_) | Node::Fifo => {}
             }
         }
         builder.into_inner().map_err(fail)

@@ -110,6 +110,13 @@ pub struct SaveWorkspace(pub Reason);
 #[rtype(result = "DomainResult<()>")]
 pub struct Suspend(pub EndReason);
 
+/// Import the computer's pending restore into the machine in use, if there is one; answers
+/// whether a machine took it. A restore recorded while no machine was held is applied when a
+/// machine is next acquired instead.
+#[derive(Message)]
+#[rtype(result = "DomainResult<bool>")]
+pub struct ApplyRestore;
+
 /// The machine reference currently in use, if any (for status and tests).
 #[derive(Message)]
 #[rtype(result = "Option<ProviderRef>")]
@@ -285,6 +292,27 @@ impl Handler<CurrentMachine> for ComputerActor {
 
     fn handle(&mut self, _: CurrentMachine, _: &mut Context<Self>) -> Self::Result {
         self.machine.clone()
+    }
+}
+
+impl Handler<ApplyRestore> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<bool>>;
+
+    fn handle(&mut self, _: ApplyRestore, _: &mut Context<Self>) -> Self::Result {
+        let machine = self.machine.clone();
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        Box::pin(
+            async move {
+                let Some(machine) = machine else {
+                    return Ok(false);
+                };
+                let row = Computers::new(rt.db.clone()).get(&id).await?;
+                apply_pending_restore(&rt, rt.provider()?.as_ref(), &row, &machine).await?;
+                Ok(true)
+            }
+            .into_actor(self),
+        )
     }
 }
 
@@ -492,6 +520,7 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
         let stored = ProviderRef(stored);
         match provider.reconnect(&stored, &spec).await {
             Ok(()) => {
+                apply_pending_restore(rt, provider.as_ref(), &row, &stored).await?;
                 if row.state != ComputerState::Running.as_str() {
                     computers.set_state(id, ComputerState::Running).await?;
                     computers.open_run(&row, &kind).await?;
@@ -524,6 +553,10 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
             return Err(err);
         }
     }
+    if let Some(pending) = row.pending_restore_revision {
+        // The import above was of the computer's revision, which the restore made current.
+        computers.restore_applied(id, pending).await?;
+    }
     let row = computers.record_machine(id, &kind, &machine).await?;
     computers.open_run(&row, &kind).await?;
     tracing::info!(
@@ -540,6 +573,26 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
         }),
     );
     Ok(machine)
+}
+
+/// Imports the computer's pending restore (if any) into `machine` and records it applied.
+async fn apply_pending_restore(
+    rt: &Runtime,
+    provider: &dyn crate::provider::SandboxProvider,
+    row: &crate::entity::computer::Model,
+    machine: &ProviderRef,
+) -> DomainResult<()> {
+    let Some(pending) = row.pending_restore_revision else {
+        return Ok(());
+    };
+    let home = rt.home_id(row).await?;
+    let archive = rt.homes.load(&home, pending).await?;
+    provider.import_workspace(machine, &archive).await?;
+    Computers::new(rt.db.clone())
+        .restore_applied(&row.id, pending)
+        .await?;
+    tracing::info!(event = "home.restore_applied", computer.id = %row.id, revision = pending);
+    Ok(())
 }
 
 async fn run_op(

@@ -8,6 +8,7 @@ use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_initial;
 mod m20261129_000002_revision_fingerprint;
+mod m20261201_000001_pending_restore;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -18,6 +19,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261129_000001_initial::Migration),
             Box::new(m20261129_000002_revision_fingerprint::Migration),
+            Box::new(m20261201_000001_pending_restore::Migration),
         ]
     }
 }

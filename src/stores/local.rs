@@ -529,6 +529,24 @@ impl HomeStore for LocalHomeStore {
         blocking(move || me.load_blocking(&home, revision)).await
     }
 
+    async fn replace_latest(
+        &self,
+        home: &HomeId,
+        _revision: i64,
+        archive: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let (latest, home_key) = (self.latest.clone(), home.home_key.clone());
+        blocking(move || {
+            let staged = latest.stage(&home_key, &archive)?;
+            let swapped = latest.swap_in(&home_key, &staged);
+            if swapped.is_err() {
+                let _ = std::fs::remove_dir_all(&staged);
+            }
+            swapped
+        })
+        .await
+    }
+
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
         Self::list(&self.dir(&home.storage_id)?)
     }

@@ -559,6 +559,15 @@ impl HomeStore for ObjectHomeStore {
         Ok(plain)
     }
 
+    async fn replace_latest(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        self.refresh_cache(home, revision, Arc::new(archive)).await
+    }
+
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
         // Revisions sit right under the home's prefix; its chunks one folder down.
         let mut revs: Vec<i64> = self

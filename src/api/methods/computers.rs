@@ -22,6 +22,7 @@ pub fn computer_json(c: &computer::Model, operator: bool) -> Value {
         "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id, "homeKey": c.home_key,
         "providerKind": c.provider_kind, "state": c.state, "revision": c.revision,
         "provisioningFence": c.provisioning_fence, "lastActiveAtMs": c.last_active_at_ms,
+        "pendingRestore": c.pending_restore_revision,
     });
     if operator {
         v["providerRef"] = json!(c.provider_ref);

@@ -3,8 +3,8 @@
 
 use rakazo_actors::checkpoint::NewRevision;
 use rakazo_actors::clock::new_id;
-use rakazo_actors::computer::{Call, CurrentMachine, Op};
-use rakazo_actors::computers::{Computers, EndReason};
+use rakazo_actors::computer::{ApplyRestore, CurrentMachine};
+use rakazo_actors::computers::{ComputerState, Computers, EndReason};
 use rakazo_actors::entity::{computer, home_revision};
 use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
 use rakazo_actors::screen;
@@ -32,7 +32,8 @@ struct Restore {
     revision: i64,
 }
 
-/// `computer.revisions {computerId}`: the kept checkpoint revisions, newest first.
+/// `computer.revisions {computerId}`: the kept checkpoint revisions, newest first; `pending`
+/// marks a restored revision no machine has imported yet.
 pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
     let c = visible(ctx, &p.computer_id).await?;
@@ -53,6 +54,7 @@ pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             .map(|r| {
                 json!({ "revision": r.revision, "sizeBytes": r.size_bytes, "reason": r.reason,
                         "createdAtMs": r.created_at_ms, "current": r.revision == c.revision,
+                        "pending": c.pending_restore_revision == Some(r.revision),
                         "location": r.object_key })
             })
             .collect(),
@@ -100,13 +102,14 @@ async fn restore_reserved(
         .provider()
         .is_ok_and(|p| p.describe().capabilities.mounted_home);
     let h = handle(ctx, c);
-    if h.computer.send(CurrentMachine).await?.is_some() {
-        h.computer
-            .send(Call(Op::ImportWorkspace(archive.clone())))
-            .await??;
-    }
-    let row = Computers::new(ctx.db().clone()).get(&c.id).await?;
+    let live = h.computer.send(CurrentMachine).await?.is_some();
+    let computers = Computers::new(ctx.db().clone());
+    let row = computers.get(&c.id).await?;
+    // A stopped machine works in no copy: the latest copy becomes the restored one now, so
+    // the Files view shows what the next run sees.
+    let stopped = !live && row.state == ComputerState::Stopped.as_str();
     let new_revision = row.revision + 1;
+    let copy = (mounted && stopped).then(|| archive.clone());
     let saved = rt
         .homes
         .save(&home, new_revision, archive.into(), !mounted)
@@ -122,11 +125,17 @@ async fn restore_reserved(
     }
     .insert(ctx.db())
     .await?;
-    Computers::new(ctx.db().clone())
-        .set_revision(&c.id, new_revision)
-        .await?;
-    tracing::info!(event = "home.restored", computer.id = %c.id, from = revision, revision = new_revision);
-    Ok(json!({ "revision": new_revision, "restoredFrom": revision }))
+    // From here the restore is the computer's state: every machine imports it before use.
+    computers.record_restore(&c.id, new_revision).await?;
+    if let Some(copy) = copy
+        && let Err(e) = rt.homes.replace_latest(&home, new_revision, copy).await
+    {
+        tracing::warn!(event = "home.restore_copy_failed", computer.id = %c.id, error = %e);
+    }
+    let applied = h.computer.send(ApplyRestore).await??;
+    tracing::info!(event = "home.restored", computer.id = %c.id, from = revision,
+        revision = new_revision, pending = !applied);
+    Ok(json!({ "revision": new_revision, "restoredFrom": revision, "pending": !applied }))
 }
 
 /// `computer.delete {computerId}`: tear down screens, destroy the machine, forget the stored

@@ -20,7 +20,7 @@ use crate::stores::bucket;
 use crate::stores::local::LocalHomeStore;
 use crate::stores::object::ObjectHomeStore;
 use crate::stores::reconciler::{RECONCILE_EVERY, Reconciler};
-use crate::{auth, db, keyfile};
+use crate::{auth, db, keyfile, recovery};
 
 /// Why the app could not start.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +62,8 @@ pub struct App {
     /// The reconciler of unowned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
     /// The arbiter the actors run on; kept alive with the app.
+    /// This process's lock (see `recovery`), held while the app lives.
+    _process: recovery::ProcessLock,
     _arbiter: Arbiter,
 }
 
@@ -119,6 +121,11 @@ impl App {
             },
             master_key,
         });
+        // Before anything uses a home: settle what a crashed process left behind.
+        let process = recovery::at_start(&runtime, &config.data_dir)
+            .await
+            .map_err(|e| StartError::Bootstrap(e.message))?;
+        arbiter.spawn(recovery::heartbeat(db.clone()));
         let screen_key = keyfile::load_or_create(
             config.screen_secret.as_ref(),
             &config.data_dir,
@@ -157,6 +164,7 @@ impl App {
             proxy,
             authority,
             reconciler,
+            _process: process,
             _arbiter: arbiter,
         };
         Ok((Arc::new(app), operator_token))

@@ -29,7 +29,7 @@ use crate::runtime::Runtime;
 
 /// First restart delay; doubles per consecutive restart.
 const RESTART_BACKOFF_BASE: Duration = Duration::from_millis(50);
-/// Who holds the maintenance reservation of an idle suspension.
+/// Who holds the maintenance reservation of an idle suspension (with this process's id).
 const IDLE_CLAIM_HOLDER: &str = "idle-suspend";
 /// Longest an idle suspension holds the computer (a crash mid-suspension frees it then).
 const IDLE_CLAIM_TTL_MS: i64 = 30 * 60 * 1000;
@@ -414,7 +414,11 @@ async fn claim_idle(rt: &Runtime, id: &str) -> DomainResult<Option<i64>> {
     let leases = Leases::new(rt.db.clone());
     let key = LeaseKey::maintenance(id);
     let grant = match leases
-        .acquire(&key, IDLE_CLAIM_HOLDER, IDLE_CLAIM_TTL_MS)
+        .acquire(
+            &key,
+            &crate::processes::holder(IDLE_CLAIM_HOLDER),
+            IDLE_CLAIM_TTL_MS,
+        )
         .await
     {
         Ok(g) => g,

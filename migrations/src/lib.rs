@@ -9,6 +9,7 @@ use sea_orm_migration::prelude::*;
 mod m20261129_000001_initial;
 mod m20261129_000002_revision_fingerprint;
 mod m20261201_000001_pending_restore;
+mod m20261201_000002_processes;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000001_initial::Migration),
             Box::new(m20261129_000002_revision_fingerprint::Migration),
             Box::new(m20261201_000001_pending_restore::Migration),
+            Box::new(m20261201_000002_processes::Migration),
         ]
     }
 }

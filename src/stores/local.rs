@@ -6,8 +6,8 @@
 //! chunks and makes them durable at once, then writes the manifest (temporary file, fsync,
 //! rename). When the store keeps the latest copy, it stages it beside the writes and swaps it
 //! in afterwards (current → `.old-*`, staged → current, drop old). A crash at any point leaves
-//! the old or the new workspace, never a mix: an interrupted swap is rolled back the next time
-//! the home is touched. The last `keep` revisions, and the chunks they name, are kept.
+//! the old or the new workspace, never a mix: an interrupted swap is settled at start-up
+//! (`crate::recovery`) and whenever the home is next touched. The last `keep` revisions, and the chunks they name, are kept.
 
 use std::path::{Path, PathBuf};
 
@@ -20,15 +20,8 @@ use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
 
-/// Test hook: the environment variable naming a point where the process aborts, to prove
-/// crash safety (`home.before_swap`, `home.mid_swap`).
-pub const CRASH_AT_ENV: &str = "RAKAZO_CRASH_AT";
-
-fn crash_point(name: &str) {
-    if std::env::var(CRASH_AT_ENV).is_ok_and(|v| v == name) {
-        std::process::abort();
-    }
-}
+pub use crate::crash_point::CRASH_AT_ENV;
+use crate::crash_point::crash_point;
 
 pub(crate) fn fail(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(e.to_string())

@@ -8,6 +8,7 @@ pub mod computer_run;
 pub mod home_revision;
 pub mod lease;
 pub mod maintenance_operation;
+pub mod process;
 pub mod run;
 pub mod screen;
 pub mod space;

@@ -568,3 +568,42 @@ impl HomeStore for LocalHomeStore {
         Ok(ids)
     }
 }
+
+#[async_trait]
+impl super::doctor::Inspect for LocalHomeStore {
+    async fn stored_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.storage_ids().await
+    }
+
+    async fn manifests(&self, storage_id: &str) -> Result<Vec<i64>, StoreError> {
+        Self::list(&self.dir(storage_id)?)
+    }
+
+    async fn chunk_names(&self, storage_id: &str) -> Result<Vec<String>, StoreError> {
+        let mut names = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir(storage_id)?.join(CHUNKS)) {
+            for entry in entries.flatten() {
+                if let Some(name) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".sealed"))
+                {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    async fn sealed_manifest(
+        &self,
+        storage_id: &str,
+        revision: i64,
+    ) -> Result<Vec<u8>, StoreError> {
+        Self::read(&self.dir(storage_id)?.join(format!("{revision}.sealed")))
+    }
+
+    async fn sealed_chunk(&self, storage_id: &str, name: &str) -> Result<Vec<u8>, StoreError> {
+        Self::read(&Self::chunk_path(&self.dir(storage_id)?, name))
+    }
+}

@@ -4,6 +4,7 @@
 pub mod archive;
 pub mod bucket;
 pub mod chunks;
+pub mod doctor;
 pub mod durable;
 pub mod local;
 pub mod object;

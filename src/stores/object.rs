@@ -603,3 +603,46 @@ impl HomeStore for ObjectHomeStore {
         Ok(ids)
     }
 }
+
+#[async_trait]
+impl super::doctor::Inspect for ObjectHomeStore {
+    async fn stored_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.storage_ids().await
+    }
+
+    async fn manifests(&self, storage_id: &str) -> Result<Vec<i64>, StoreError> {
+        let mut revs: Vec<i64> = self
+            .bucket
+            .list_with_delimiter(Some(&prefix(storage_id)?))
+            .await
+            .map_err(|e| bucket_error("list", e))?
+            .objects
+            .iter()
+            .filter_map(|o| o.location.filename().and_then(|n| n.parse().ok()))
+            .collect();
+        revs.sort_unstable();
+        Ok(revs)
+    }
+
+    async fn chunk_names(&self, storage_id: &str) -> Result<Vec<String>, StoreError> {
+        let chunks = Path::from(format!("{HOMES}/{}/{CHUNKS}", safe_name(storage_id)?));
+        Ok(self
+            .keys(&chunks)
+            .await?
+            .iter()
+            .filter_map(|k| k.filename().map(str::to_owned))
+            .collect())
+    }
+
+    async fn sealed_manifest(
+        &self,
+        storage_id: &str,
+        revision: i64,
+    ) -> Result<Vec<u8>, StoreError> {
+        Ok(self.get(&key(storage_id, revision)?).await?.to_vec())
+    }
+
+    async fn sealed_chunk(&self, storage_id: &str, name: &str) -> Result<Vec<u8>, StoreError> {
+        Ok(self.get(&chunk_key(storage_id, name)?).await?.to_vec())
+    }
+}

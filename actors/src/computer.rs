@@ -452,14 +452,29 @@ async fn stop_machine(
     } else {
         Reason::Stop
     };
-    // A failed checkpoint keeps the machine running: its work is not saved anywhere else.
-    checkpoints
+    let provider = rt.provider()?;
+    let saved = checkpoints
         .send(Checkpoint {
             reason: why,
             machine: machine.clone(),
         })
-        .await??;
-    rt.provider()?.stop(machine).await?;
+        .await?;
+    if let Err(err) = saved {
+        // A failed checkpoint keeps the machine running when its work is saved nowhere
+        // else. A machine that works in the latest copy on this host keeps its work there
+        // when stopped, so a failing checkpoint never holds it up past its idle time.
+        let mounted = provider.describe().capabilities.mounted_home;
+        if !(mounted && matches!(reason, EndReason::Idle | EndReason::ActiveLimit)) {
+            computers.set_state(id, ComputerState::Running).await?;
+            return Err(err);
+        }
+        tracing::warn!(
+            event = "computer.suspended_unsaved",
+            computer.id = id,
+            code = err.code.as_str()
+        );
+    }
+    provider.stop(machine).await?;
     computers.close_runs(id, reason).await?;
     computers.set_state(id, ComputerState::Stopped).await?;
     tracing::info!(

@@ -193,6 +193,7 @@ pub async fn unchanged_workspace_is_not_exported_again(p: Arc<dyn SandboxProvide
         WorkspaceExport::Archive {
             workspace,
             fingerprint: after,
+            ..
         } => {
             assert_ne!(after.as_deref(), Some(fingerprint.as_str()));
             // Unchanged pieces may be named by stamp only; the changed bytes travel.

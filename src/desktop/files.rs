@@ -183,6 +183,7 @@ pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport,
         archive::Packed::Pieces(workspace, baseline) => Ok(WorkspaceExport::Archive {
             workspace,
             fingerprint: Some(baseline.encode()),
+            skipped: Vec::new(),
         }),
     }
 }

@@ -417,6 +417,7 @@ impl SandboxProvider for FakeProvider {
         Ok(WorkspaceExport::Archive {
             workspace: archive.into(),
             fingerprint: Some(fingerprint),
+            skipped: Vec::new(),
         })
     }
 

@@ -180,10 +180,10 @@ pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport,
         .map_err(|e: ArchiveError| ProviderError::Failed(format!("export: {e}")))?
     {
         archive::Packed::Unchanged => Ok(WorkspaceExport::Unchanged),
-        archive::Packed::Pieces(workspace, baseline) => Ok(WorkspaceExport::Archive {
+        archive::Packed::Pieces(workspace, baseline, skipped) => Ok(WorkspaceExport::Archive {
             workspace,
             fingerprint: Some(baseline.encode()),
-            skipped: Vec::new(),
+            skipped,
         }),
     }
 }

@@ -10,6 +10,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use rakazo_actors::provider::Skipped;
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
 
 use crate::providers::workspace_path::segments;
@@ -32,6 +33,10 @@ const TRANSIENT: &[&str] = &[
     "DawnWebGPUCache",
     "Crashpad",
 ];
+
+/// The longest workspace path packing keeps: a restore must create it under a staging
+/// directory within the system's 4,096-byte path limit. Deeper entries are skipped and reported.
+pub const MAX_PATH_BYTES: usize = 3072;
 
 /// Hard limits of an unpack.
 #[derive(Clone, Copy, Debug)]
@@ -81,19 +86,40 @@ struct Found<'a> {
 }
 
 /// Calls `f` for every directory and regular file under `root` that belongs in a workspace
-/// archive, parents before children, siblings in name order. Links, sockets, fifos, devices,
-/// names that are not UTF-8 and transient browser files are left out.
+/// archive, parents before children, siblings in name order. Links, sockets, fifos, devices
+/// and transient browser files are left out; names the store cannot hold (not UTF-8, a path
+/// past [`MAX_PATH_BYTES`]) and folders that cannot be read are left out and added to
+/// `skipped`.
 fn visit(
     root: &Path,
+    skipped: &mut Vec<Skipped>,
     mut f: impl FnMut(Found<'_>) -> Result<(), ArchiveError>,
 ) -> Result<(), ArchiveError> {
     let mut stack: Vec<(PathBuf, Vec<String>)> = vec![(root.to_path_buf(), Vec::new())];
     while let Some((dir, rel)) = stack.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+        let read = std::fs::read_dir(&dir).and_then(|d| d.collect::<Result<Vec<_>, _>>());
+        let mut entries = match read {
+            Ok(entries) => entries,
+            Err(e) if !rel.is_empty() => {
+                skip(
+                    skipped,
+                    rel.join("/"),
+                    format!("folder cannot be read: {}", e.kind()),
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         entries.sort_by_key(|e| e.file_name());
         for entry in entries.into_iter().rev() {
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
+            let name = match entry.file_name().into_string() {
+                Ok(name) => name,
+                Err(raw) => {
+                    let mut path = rel.clone();
+                    path.push(raw.to_string_lossy().into_owned());
+                    skip(skipped, path.join("/"), "name is not UTF-8".into());
+                    continue;
+                }
             };
             let mut child = rel.clone();
             child.push(name);
@@ -105,6 +131,14 @@ fn visit(
                 continue;
             }
             let path = child.join("/");
+            if path.len() > MAX_PATH_BYTES {
+                skip(
+                    skipped,
+                    path,
+                    format!("path longer than {MAX_PATH_BYTES} bytes"),
+                );
+                continue;
+            }
             f(Found {
                 path: &path,
                 fs_path: entry.path(),
@@ -118,10 +152,23 @@ fn visit(
     Ok(())
 }
 
+/// Records a skipped entry (its path cut to [`MAX_PATH_BYTES`] for the report).
+fn skip(skipped: &mut Vec<Skipped>, mut path: String, reason: String) {
+    if path.len() > MAX_PATH_BYTES {
+        let mut end = MAX_PATH_BYTES;
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        path.truncate(end);
+        path.push('…');
+    }
+    skipped.push(Skipped { path, reason });
+}
+
 /// Pack `root` (which must exist) into a tar archive, in a stable order.
 pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
     let mut builder = tar::Builder::new(Vec::new());
-    visit(root, |found| {
+    visit(root, &mut Vec::new(), |found| {
         append(&mut builder, found.path, &found.fs_path, found.dir)
     })?;
     Ok(builder.into_inner()?)
@@ -221,6 +268,7 @@ struct Surveyed {
 /// A metadata walk of what [`pack`] would put in an archive.
 struct Survey {
     entries: Vec<Surveyed>,
+    skipped: Vec<Skipped>,
 }
 
 impl Survey {
@@ -230,7 +278,8 @@ impl Survey {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
         let mut entries = Vec::new();
-        visit(root, |found| {
+        let mut skipped = Vec::new();
+        visit(root, &mut skipped, |found| {
             if found.dir {
                 entries.push(Surveyed {
                     line: format!("d {}\n", found.path),
@@ -264,7 +313,7 @@ impl Survey {
             });
             Ok(())
         })?;
-        Ok(Self { entries })
+        Ok(Self { entries, skipped })
     }
 
     /// The digest of every entry, unless one is too recent to vouch for.
@@ -344,8 +393,8 @@ impl Baseline {
 pub enum Packed {
     /// The tree still has the digest of the baseline: nothing was read.
     Unchanged,
-    /// The pieces, and the baseline of this pack.
-    Pieces(Workspace, Baseline),
+    /// The pieces, the baseline of this pack, and the entries left out.
+    Pieces(Workspace, Baseline, Vec<Skipped>),
 }
 
 /// Packs `root` into pieces ([`Cutter`]). A piece whose stamp the `since` baseline holds is
@@ -395,6 +444,7 @@ fn pack_pieces_within(
     Ok(Packed::Pieces(
         Workspace { pieces },
         Baseline { digest, stamps },
+        survey.skipped,
     ))
 }
 
@@ -715,7 +765,7 @@ mod tests {
 
     fn pieces(root: &Path, since: Option<&Baseline>) -> (Workspace, Baseline) {
         match pack_pieces_within(root, since, 0).unwrap() {
-            Packed::Pieces(workspace, baseline) => (workspace, baseline),
+            Packed::Pieces(workspace, baseline, _) => (workspace, baseline),
             Packed::Unchanged => panic!("unexpectedly unchanged"),
         }
     }
@@ -763,7 +813,7 @@ mod tests {
         assert_eq!(second.pieces.len(), first.pieces.len());
         // A change too recent to vouch for leaves its piece unstamped.
         match pack_pieces(root, Some(&baseline)).unwrap() {
-            Packed::Pieces(w, b) => {
+            Packed::Pieces(w, b, _) => {
                 assert!(
                     w.pieces
                         .iter()

@@ -1,6 +1,6 @@
 //! A test hook: `RAKAZO_CRASH_AT=<point>` makes the process abort at that named point, so tests
 //! prove what a crash there leaves behind (`home.file_written`, `home.before_swap`,
-//! `home.mid_swap`, `restore.saved`, `restore.recorded`, `restore.applied`). Never set in a
+//! `home.mid_swap`, `home.staged`, `home.mid_replace`, `restore.saved`, `restore.recorded`, `restore.applied`). Never set in a
 //! deployment; unset, a point costs one environment lookup.
 
 /// The environment variable naming the point where the process aborts.

@@ -186,8 +186,8 @@ const POINTS: &[(&str, bool)] = &[
     ("home.file_written", false),
     ("restore.saved", false),
     ("restore.recorded", true),
-    ("home.before_swap", true),
-    ("home.mid_swap", true),
+    ("home.staged", true),
+    ("home.mid_replace", true),
     ("restore.applied", true),
 ];
 
@@ -236,7 +236,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
             1,
             "{point}: the dead process still holds the computer"
         );
-        if ["home.file_written", "home.mid_swap"].contains(&point) {
+        if ["home.file_written", "home.staged", "home.mid_replace"].contains(&point) {
             assert!(!leftovers(data).is_empty(), "{point}: the crash left files");
         }
 

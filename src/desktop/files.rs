@@ -188,8 +188,9 @@ pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport,
     }
 }
 
-/// Replaces the home `root` (`<homes>/<home key>`) with the archive's contents: staged and
-/// checked completely, then swapped in, so a refused archive leaves the home untouched.
+/// Replaces the contents of the home `root` (`<homes>/<home key>`) with the archive's, keeping
+/// the directory a container may have mounted: staged and checked completely first, so a
+/// refused archive leaves the home untouched ([`LatestCopies::replace_in_place`]).
 pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
     let (Some(homes), Some(key)) = (root.parent(), root.file_name().and_then(|n| n.to_str()))
     else {
@@ -200,8 +201,7 @@ pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
         StoreError::Rejected(why) => ProviderError::ArchiveRejected(why),
         other => ProviderError::Failed(other.to_string()),
     };
-    let staged = copies.stage(key, archive).map_err(to_provider)?;
-    copies.swap_in(key, &staged).map_err(to_provider)
+    copies.replace_in_place(key, archive).map_err(to_provider)
 }
 
 #[cfg(test)]

@@ -201,6 +201,50 @@ impl LatestCopies {
         Ok(())
     }
 
+    /// Replace the latest copy's contents with `archive`'s, keeping the directory itself (a
+    /// machine may have it mounted: a container's bind mount holds the directory, not its
+    /// path). Staged and checked completely first, so a refused archive changes nothing; the
+    /// move itself is not atomic, so callers record what the copy must hold first and do it
+    /// again after a crash (a pending restore, an import before a machine's use). What a crash
+    /// leaves beside it (`.staging-*`, `.trash-*`) `recover` removes.
+    pub fn replace_in_place(&self, home_key: &str, archive: &[u8]) -> Result<(), StoreError> {
+        let staged = self.stage(home_key, archive)?;
+        crash_point("home.staged");
+        let outcome = self.move_contents_in(home_key, &staged);
+        let _ = std::fs::remove_dir_all(&staged);
+        outcome
+    }
+
+    fn move_contents_in(&self, home_key: &str, staged: &Path) -> Result<(), StoreError> {
+        let current = self.path(home_key)?;
+        match std::fs::remove_file(self.digest_stamp(home_key)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+            _ => {}
+        }
+        std::fs::create_dir_all(&current).map_err(fail)?;
+        let trash = self.homes.join(format!(
+            ".trash-{home_key}.{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&trash).map_err(fail)?;
+        for entry in std::fs::read_dir(&current).map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            std::fs::rename(entry.path(), trash.join(entry.file_name())).map_err(fail)?;
+        }
+        crash_point("home.mid_replace");
+        for entry in std::fs::read_dir(staged).map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            std::fs::rename(entry.path(), current.join(entry.file_name())).map_err(fail)?;
+        }
+        sync_dir(&current)?;
+        std::thread::spawn(move || {
+            if std::fs::remove_dir_all(&trash).is_err() {
+                tracing::debug!(event = "home.trash_left");
+            }
+        });
+        Ok(())
+    }
+
     /// Remove the latest copy.
     pub fn remove(&self, home_key: &str) -> Result<(), StoreError> {
         let _ = std::fs::remove_file(self.digest_stamp(home_key)?);
@@ -529,15 +573,7 @@ impl HomeStore for LocalHomeStore {
         archive: Vec<u8>,
     ) -> Result<(), StoreError> {
         let (latest, home_key) = (self.latest.clone(), home.home_key.clone());
-        blocking(move || {
-            let staged = latest.stage(&home_key, &archive)?;
-            let swapped = latest.swap_in(&home_key, &staged);
-            if swapped.is_err() {
-                let _ = std::fs::remove_dir_all(&staged);
-            }
-            swapped
-        })
-        .await
+        blocking(move || latest.replace_in_place(&home_key, &archive)).await
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {

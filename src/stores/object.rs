@@ -565,7 +565,20 @@ impl HomeStore for ObjectHomeStore {
         revision: i64,
         archive: Vec<u8>,
     ) -> Result<(), StoreError> {
-        self.refresh_cache(home, revision, Arc::new(archive)).await
+        let (me, home) = (self.clone(), home.clone());
+        blocking(move || {
+            let marker = me.marker(&home.home_key)?;
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+                _ => {}
+            }
+            me.latest.replace_in_place(&home.home_key, &archive)?;
+            write_atomic(
+                &marker,
+                format!("{}:{revision}", home.storage_id).as_bytes(),
+            )
+        })
+        .await
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {

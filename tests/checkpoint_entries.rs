@@ -137,3 +137,48 @@ async fn a_failed_checkpoint_fails_the_run_and_never_holds_off_idle_suspension()
         .await;
     assert_eq!(read["text"], "unsaved\n");
 }
+
+#[actix_rt::test]
+async fn a_long_path_on_a_fake_computer_is_skipped_and_reported() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    // 3,617 bytes: past what a checkpoint keeps, within what the emulated shell accepts.
+    let deep = vec!["x".repeat(200); 18].join("/");
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(
+        &run,
+        fence,
+        &format!("echo kept > keep.txt; mkdir -p {deep}; echo deep > {deep}/f.txt"),
+    )
+    .await
+    .unwrap();
+    let done = finish(&s, &run, fence).await;
+    let checkpoint = &done["checkpoint"];
+    assert_eq!(
+        (
+            checkpoint["saved"].as_i64(),
+            checkpoint["skippedCount"].as_i64()
+        ),
+        (Some(1), Some(1)),
+        "{checkpoint}"
+    );
+    assert_eq!(
+        checkpoint["skipped"][0]["reason"],
+        "path longer than 3072 bytes"
+    );
+    // The saved revision restores: a replacement machine starts from it.
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    s.ok(
+        "computer.restoreRevision",
+        json!({ "computerId": c["id"], "revision": 1 }),
+    )
+    .await;
+    let (run, fence) = s.start_run(bot).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat keep.txt").await.unwrap()["stdout"],
+        "kept\n"
+    );
+}

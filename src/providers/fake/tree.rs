@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use rakazo_actors::provider::{FileEntry, ProviderError};
+use rakazo_actors::provider::{FileEntry, ProviderError, Skipped};
 
 use crate::providers::workspace_path::normalize;
 
@@ -125,10 +125,25 @@ impl Tree {
     }
 
     /// A tar archive of every directory and file.
-    pub fn export(&self) -> Result<Vec<u8>, ProviderError> {
+    /// Paths past [`MAX_PATH_BYTES`] are left out, the topmost of each reported.
+    ///
+    /// [`MAX_PATH_BYTES`]: crate::stores::archive::MAX_PATH_BYTES
+    pub fn export(&self) -> Result<(Vec<u8>, Vec<Skipped>), ProviderError> {
+        use crate::stores::archive::MAX_PATH_BYTES;
         let mut builder = tar::Builder::new(Vec::new());
+        let mut skipped = Vec::new();
         let fail = |e: std::io::Error| ProviderError::Failed(format!("export: {e}"));
         for (path, node) in &self.nodes {
+            if path.len() > MAX_PATH_BYTES {
+                let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+                if parent.len() <= MAX_PATH_BYTES {
+                    skipped.push(Skipped {
+                        path: path.clone(),
+                        reason: format!("path longer than {MAX_PATH_BYTES} bytes"),
+                    });
+                }
+                continue;
+            }
             let mut header = tar::Header::new_gnu();
             header.set_mtime(0);
             match node {
@@ -150,7 +165,7 @@ impl Tree {
                 }
             }
         }
-        builder.into_inner().map_err(fail)
+        Ok((builder.into_inner().map_err(fail)?, skipped))
     }
 
     /// Parse an archive into a new tree; only relative directories and regular files.

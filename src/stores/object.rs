@@ -200,7 +200,9 @@ impl ObjectHomeStore {
             && self.latest.path(&home.home_key)?.is_dir())
     }
 
-    /// Stage `archive` and make it the latest copy of `home`, recording its revision.
+    /// Make `archive` the latest copy of `home`, recording its revision. The copy's contents
+    /// are replaced in place (a container may have the directory mounted); it is unstamped
+    /// first, so a crash midway fetches it again.
     async fn refresh_cache(
         &self,
         home: &HomeId,
@@ -209,8 +211,16 @@ impl ObjectHomeStore {
     ) -> Result<(), StoreError> {
         let (me, home) = (self.clone(), home.clone());
         blocking(move || {
-            let staged = me.latest.stage(&home.home_key, &archive)?;
-            me.make_current(&home, revision, &staged)
+            let marker = me.marker(&home.home_key)?;
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+                _ => {}
+            }
+            me.latest.replace_in_place(&home.home_key, &archive)?;
+            write_atomic(
+                &marker,
+                format!("{}:{revision}", home.storage_id).as_bytes(),
+            )
         })
         .await
     }
@@ -565,20 +575,7 @@ impl HomeStore for ObjectHomeStore {
         revision: i64,
         archive: Vec<u8>,
     ) -> Result<(), StoreError> {
-        let (me, home) = (self.clone(), home.clone());
-        blocking(move || {
-            let marker = me.marker(&home.home_key)?;
-            match std::fs::remove_file(&marker) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
-                _ => {}
-            }
-            me.latest.replace_in_place(&home.home_key, &archive)?;
-            write_atomic(
-                &marker,
-                format!("{}:{revision}", home.storage_id).as_bytes(),
-            )
-        })
-        .await
+        self.refresh_cache(home, revision, Arc::new(archive)).await
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {

@@ -127,7 +127,12 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     }
     let provider = rt.provider()?;
     let computers = Computers::new(rt.db.clone());
-    let row = computers.get(computer_id).await?;
+    let mut row = computers.get(computer_id).await?;
+    if row.pending_restore_revision.is_some() {
+        // Never save over a restore the machine has not taken yet: it takes it first.
+        crate::computer::apply_pending_restore(rt, provider.as_ref(), &row, &msg.machine).await?;
+        row = computers.get(computer_id).await?;
+    }
     let since = fingerprint_of(&rt.db, computer_id, row.revision).await?;
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;

@@ -242,7 +242,11 @@ impl Handler<Call> for ComputerActor {
                         .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable)));
                 };
                 let provider = rt.provider()?;
-                let _ = Computers::new(rt.db.clone()).touch(&id).await;
+                let computers = Computers::new(rt.db.clone());
+                let _ = computers.touch(&id).await;
+                // A restore the machine has not taken yet (its import failed) comes first.
+                let row = computers.get(&id).await?;
+                apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
                 run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await
             }
             .into_actor(act)
@@ -595,7 +599,7 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
 }
 
 /// Imports the computer's pending restore (if any) into `machine` and records it applied.
-async fn apply_pending_restore(
+pub(crate) async fn apply_pending_restore(
     rt: &Runtime,
     provider: &dyn crate::provider::SandboxProvider,
     row: &crate::entity::computer::Model,

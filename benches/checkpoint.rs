@@ -224,6 +224,7 @@ async fn checkpoint(
             WorkspaceExport::Archive {
                 workspace,
                 fingerprint,
+                ..
             } => {
                 *rev += 1;
                 let workspace = match leg {

@@ -18,8 +18,9 @@ use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_
 use crate::stores::archive::Limits;
 use crate::stores::deployment;
 use crate::stores::local::LocalHomeStore;
+use crate::stores::object::ObjectHomeStore;
 use crate::stores::reconciler::{ORPHAN_GRACE, RECONCILE_EVERY, Reconciler};
-use crate::{auth, db, keyfile};
+use crate::{auth, db, keyfile, recovery};
 
 /// Why the app could not start.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +68,8 @@ pub struct App {
     /// The reconciler of orphaned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
     /// The arbiter the actors run on; kept alive with the app.
+    /// This process's lock (see `recovery`), held while the app lives.
+    _process: recovery::ProcessLock,
     _arbiter: Arbiter,
 }
 
@@ -122,6 +125,11 @@ impl App {
             },
             master_key,
         });
+        // Before anything uses a home: settle what a crashed process left behind.
+        let process = recovery::at_start(&runtime, &config.data_dir)
+            .await
+            .map_err(|e| StartError::Bootstrap(e.message))?;
+        arbiter.spawn(recovery::heartbeat(db.clone()));
         let screen_key = keyfile::load_or_create(
             config.screen_secret.as_ref(),
             &config.data_dir,
@@ -170,6 +178,7 @@ impl App {
             authority,
             internal_token,
             reconciler,
+            _process: process,
             _arbiter: arbiter,
         };
         Ok((Arc::new(app), operator_token))

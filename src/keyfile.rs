@@ -38,6 +38,18 @@ pub fn load_or_create(
     }
 }
 
+/// The configured key, or the one in `data_dir/file`; never creates one.
+pub fn load(configured: Option<&Secret>, data_dir: &Path, file: &str) -> Result<KeyBytes, String> {
+    if let Some(secret) = configured {
+        return parse_hex(&secret.0)
+            .ok_or_else(|| "a configured key is not 64 hex characters".to_owned());
+    }
+    let path = data_dir.join(file);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    parse_hex(&text).ok_or_else(|| format!("{} is not a 64-hex-character key", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,5 @@
-//! The `rakazo` binary: `serve`, `supervisor`, `migrate`, `image build`, `config example`.
+//! The `rakazo` binary: `serve`, `supervisor`, `migrate`, `doctor`, `image build`, `config
+//! example`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -24,6 +25,13 @@ enum Command {
         #[arg(long)]
         listen: Option<SocketAddr>,
         /// A TOML configuration file (keys are the variable names in lower case).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Verify every stored workspace revision (manifests, chunks, seals, references) and
+    /// report what is missing, damaged or orphaned, changing nothing; exits 1 on a problem.
+    Doctor {
+        /// A TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -116,6 +124,13 @@ fn main() -> ExitCode {
             rakazo::telemetry::init(&config.log_filter);
             actix_rt::System::new().block_on(supervise(config))
         }
+        Command::Doctor { config } => {
+            let config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            actix_rt::System::new().block_on(doctor(config))
+        }
         Command::Migrate { config } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,
@@ -150,6 +165,35 @@ fn main() -> ExitCode {
             }
             rakazo::telemetry::init(&config.log_filter);
             actix_rt::System::new().block_on(serve(config))
+        }
+    }
+}
+
+async fn doctor(config: Config) -> ExitCode {
+    match rakazo::stores::doctor::run(&config).await {
+        Ok(report) if report.findings.is_empty() => {
+            println!(
+                "clean: {} computers, {} revisions, {} chunks verified",
+                report.computers, report.revisions, report.chunks
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            for finding in &report.findings {
+                println!("{finding}");
+            }
+            println!(
+                "{} problems: {} computers, {} revisions, {} chunks verified",
+                report.findings.len(),
+                report.computers,
+                report.revisions,
+                report.chunks
+            );
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("rakazo doctor: {err}");
+            ExitCode::from(2)
         }
     }
 }

@@ -678,3 +678,89 @@ async fn page_tools_reach_the_bots_browser_inside_the_container() {
         Err(ProviderError::Unsupported(_))
     ));
 }
+
+/// A restore on a stopped Docker computer is pending until its container imports it, shown by
+/// the stopped Files view and seen by the next run; a bot's 5,000-byte path and a name that is
+/// not UTF-8 do not stop its checkpoints.
+#[actix_rt::test]
+async fn a_restore_on_a_stopped_docker_computer_and_names_a_store_cannot_hold() {
+    use serde_json::json;
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let s = common::TestServer::docker(&sup.url, &sup.token).await;
+    let (space, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let finish = |run: String, fence: i64| {
+        let s = &s;
+        async move {
+            s.ok(
+                "run.finish",
+                json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+            )
+            .await
+        }
+    };
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(&run, fence, "echo one > state.txt").await.unwrap();
+    let _cleanup = RemoveOnDrop(docker_support::space_container(&space));
+    assert_eq!(finish(run, fence).await["checkpoint"]["saved"], 1);
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(
+        &run,
+        fence,
+        "echo two > state.txt; echo later > later.txt; d=$(printf 'x%.0s' $(seq 200)); \
+         (for i in $(seq 25); do mkdir $d && cd $d || exit 1; done; echo deep > f.txt); \
+         echo bad > \"$(printf 'bad\\377.txt')\"",
+    )
+    .await
+    .unwrap();
+    let done = finish(run, fence).await;
+    assert_eq!(
+        (
+            done["checkpoint"]["saved"].as_i64(),
+            done["checkpoint"]["skippedCount"].as_i64()
+        ),
+        (Some(2), Some(2)),
+        "{done}"
+    );
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let stopped = s.ok("computer.get", json!({ "computerId": c["id"] })).await["revision"]
+        .as_i64()
+        .unwrap();
+    let restored = s
+        .ok(
+            "computer.restoreRevision",
+            json!({ "computerId": c["id"], "revision": 1 }),
+        )
+        .await;
+    assert_eq!(
+        (restored["revision"].as_i64(), restored["pending"].as_bool()),
+        (Some(stopped + 1), Some(true)),
+        "{restored}"
+    );
+    let read = s
+        .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
+        .await;
+    assert_eq!(read["text"], "one\n");
+    let (run, fence) = s.start_run(bot).await;
+    assert_eq!(
+        s.exec(
+            &run,
+            fence,
+            "cat state.txt; test -e later.txt && echo later || echo gone; id -u -n"
+        )
+        .await
+        .unwrap()["stdout"],
+        "one\ngone\nrakazo\n"
+    );
+    let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert!(got["pendingRestore"].is_null(), "{got}");
+    s.exec(&run, fence, "echo three >> state.txt")
+        .await
+        .unwrap();
+    assert_eq!(finish(run, fence).await["checkpoint"]["saved"], stopped + 2);
+}

@@ -450,7 +450,7 @@ async fn pieces_the_last_revision_holds_are_named_not_stored_again() {
     let settle = || std::thread::sleep(std::time::Duration::from_millis(2100));
     settle();
     let pack = |since| match pack_pieces(&root, since).unwrap() {
-        Packed::Pieces(workspace, baseline) => (workspace, baseline),
+        Packed::Pieces(workspace, baseline, _) => (workspace, baseline),
         Packed::Unchanged => panic!("unchanged"),
     };
     let (first, baseline) = pack(None);

@@ -534,6 +534,7 @@ async fn insert_computer(db: &sea_orm::DatabaseConnection, storage_id: &str) {
         provider_ref: Set(None),
         state: Set("stopped".into()),
         revision: Set(1),
+        pending_restore_revision: Set(None),
         storage_id: Set(storage_id.into()),
         wrapped_data_key: Set(None),
         provisioning_fence: Set(0),

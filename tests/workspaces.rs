@@ -251,3 +251,125 @@ async fn desktop_checkpoints_store_what_changed_and_survive_a_lost_store() {
         "changed\nagain\n"
     );
 }
+
+/// A restore on a stopped computer is its state: pending until a machine imports it, shown by
+/// the stopped Files view, seen by the next run and saved by the next checkpoint.
+async fn a_restore_on_a_stopped_computer_is_what_the_next_run_sees(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(&run, fence, "echo one > state.txt").await.unwrap();
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], 1);
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(
+        &run,
+        fence,
+        "echo two > state.txt && echo later > later.txt",
+    )
+    .await
+    .unwrap();
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], 2);
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    // The stop's own checkpoint may store one more revision (host homes change as they stop).
+    let stopped = s.ok("computer.get", json!({ "computerId": c["id"] })).await["revision"]
+        .as_i64()
+        .unwrap();
+    let (restored_rev, next) = (stopped + 1, stopped + 2);
+
+    let restored = s
+        .ok(
+            "computer.restoreRevision",
+            json!({ "computerId": c["id"], "revision": 1 }),
+        )
+        .await;
+    assert_eq!(
+        (restored["revision"].as_i64(), restored["pending"].as_bool()),
+        (Some(restored_rev), Some(true)),
+        "{restored}"
+    );
+    let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert_eq!(
+        (got["revision"].as_i64(), got["pendingRestore"].as_i64()),
+        (Some(restored_rev), Some(restored_rev))
+    );
+    let revs = s
+        .ok("computer.revisions", json!({ "computerId": c["id"] }))
+        .await;
+    assert_eq!(
+        (revs[0]["revision"].as_i64(), revs[0]["pending"].as_bool()),
+        (Some(restored_rev), Some(true))
+    );
+    assert_eq!(revs[1]["pending"], false);
+
+    // The stopped Files view is what the next run will see.
+    let read = s
+        .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
+        .await;
+    assert_eq!(
+        (read["live"].as_bool(), read["text"].as_str()),
+        (Some(false), Some("one\n"))
+    );
+    let listed = s
+        .ok("files.list", json!({ "botId": bot, "path": "" }))
+        .await;
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"later.txt"), "{names:?}");
+
+    let (run, fence) = s.start_run(bot).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat state.txt; test -e later.txt || echo gone")
+            .await
+            .unwrap()["stdout"],
+        "one\ngone\n"
+    );
+    let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert!(got["pendingRestore"].is_null(), "applied: {got}");
+    s.exec(&run, fence, "echo three >> state.txt")
+        .await
+        .unwrap();
+    assert_eq!(finish(&s, &run, fence).await["checkpoint"]["saved"], next);
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let read = s
+        .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
+        .await;
+    assert_eq!(
+        read["text"], "one\nthree\n",
+        "the next checkpoint saved the restored files"
+    );
+    let (run, fence) = s.start_run(bot).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat state.txt; ls").await.unwrap()["stdout"],
+        "one\nthree\nstate.txt\n"
+    );
+}
+
+#[actix_rt::test]
+async fn a_restore_on_a_stopped_fake_computer_applies_on_sqlite() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    a_restore_on_a_stopped_computer_is_what_the_next_run_sees(s).await;
+}
+
+#[actix_rt::test]
+async fn a_restore_on_a_stopped_fake_computer_applies_on_postgres() {
+    let Some(s) = TestServer::start(Backend::Postgres, &[]).await else {
+        eprintln!("skipped: no RAKAZO_TEST_POSTGRES_URL");
+        return;
+    };
+    a_restore_on_a_stopped_computer_is_what_the_next_run_sees(s).await;
+}
+
+#[actix_rt::test]
+async fn a_restore_on_a_stopped_desktop_computer_applies() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "desktop")])
+        .await
+        .unwrap();
+    a_restore_on_a_stopped_computer_is_what_the_next_run_sees(s).await;
+}

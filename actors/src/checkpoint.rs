@@ -16,7 +16,7 @@ use crate::entity::home_revision;
 use crate::error::DomainResult;
 use crate::home_store::StoreError;
 use crate::leases::{LeaseKind, Leases};
-use crate::provider::{ProviderRef, WorkspaceExport};
+use crate::provider::{ProviderRef, Skipped, WorkspaceExport};
 use crate::runtime::Runtime;
 
 /// Why a checkpoint is asked for.
@@ -49,8 +49,8 @@ impl Reason {
 /// What a checkpoint request did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Saved as this revision.
-    Saved(i64),
+    /// Saved as this revision; the entries left out (the rest is saved).
+    Saved(i64, Vec<Skipped>),
     /// The workspace still matches this stored revision: nothing new was stored.
     Unchanged(i64),
     /// Deferred until the last active bot finishes.
@@ -102,7 +102,7 @@ impl Handler<Checkpoint> for CheckpointActor {
                 .map(|res, act, _| {
                     match &res {
                         Ok(Outcome::Deferred) => act.pending = true,
-                        Ok(Outcome::Saved(_) | Outcome::Unchanged(_)) => act.pending = false,
+                        Ok(Outcome::Saved(..) | Outcome::Unchanged(_)) => act.pending = false,
                         Err(_) => {}
                     }
                     res
@@ -127,14 +127,19 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     }
     let provider = rt.provider()?;
     let computers = Computers::new(rt.db.clone());
-    let row = computers.get(computer_id).await?;
+    let mut row = computers.get(computer_id).await?;
+    if row.pending_restore_revision.is_some() {
+        // Never save over a restore the machine has not taken yet: it takes it first.
+        crate::computer::apply_pending_restore(rt, provider.as_ref(), &row, &msg.machine).await?;
+        row = computers.get(computer_id).await?;
+    }
     let since = fingerprint_of(&rt.db, computer_id, row.revision).await?;
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
     let mounted = provider.describe().capabilities.mounted_home;
     let mut since = since.as_deref();
-    let (saved, fingerprint) = loop {
-        let (workspace, fingerprint) =
+    let (saved, fingerprint, skipped) = loop {
+        let (workspace, fingerprint, skipped) =
             match provider.export_workspace_since(&msg.machine, since).await? {
                 WorkspaceExport::Unchanged => {
                     tracing::info!(
@@ -148,10 +153,11 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
                 WorkspaceExport::Archive {
                     workspace,
                     fingerprint,
-                } => (workspace, fingerprint),
+                    skipped,
+                } => (workspace, fingerprint, skipped),
             };
         match rt.homes.save(&home, revision, workspace, !mounted).await {
-            Ok(saved) => break (saved, fingerprint),
+            Ok(saved) => break (saved, fingerprint, skipped),
             // The previous revision no longer holds what the export referred to: export
             // every byte once more.
             Err(StoreError::Stale(why)) if since.is_some() => {
@@ -185,7 +191,64 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         stored_bytes = saved.stored_bytes,
         reason = msg.reason.as_str()
     );
-    Ok(Outcome::Saved(revision))
+    if !skipped.is_empty() {
+        tracing::warn!(
+            event = "checkpoint.skipped",
+            computer.id = computer_id,
+            revision,
+            count = skipped.len()
+        );
+        record_skipped(rt, &row, msg, revision, &skipped).await;
+    }
+    Ok(Outcome::Saved(revision, skipped))
+}
+
+/// How many skipped entries the activity feed names (the count is always whole).
+const SKIPPED_NAMED: usize = 20;
+
+/// Puts a checkpoint's skipped entries in the activity feed of the bot whose run ended (or the
+/// computer's own bot).
+async fn record_skipped(
+    rt: &Runtime,
+    row: &crate::entity::computer::Model,
+    msg: &Checkpoint,
+    revision: i64,
+    skipped: &[Skipped],
+) {
+    let bot_id = match &msg.reason {
+        Reason::RunEnded { bot_id } => Some(bot_id.clone()),
+        _ => row.bot_id.clone(),
+    };
+    let Some(bot_id) = bot_id else {
+        return;
+    };
+    let named: Vec<String> = skipped
+        .iter()
+        .take(SKIPPED_NAMED)
+        .map(|s| format!("{} ({})", s.path, s.reason))
+        .collect();
+    let recorded = crate::activity::record(
+        &rt.db,
+        &rt.events,
+        crate::activity::Command {
+            space_id: row.space_id.clone(),
+            computer_id: row.id.clone(),
+            bot_id,
+            tool: "checkpoint".into(),
+            command: format!("checkpoint {revision}"),
+            output: None,
+            size_bytes: None,
+            error: Some(format!(
+                "{} entries left out: {}",
+                skipped.len(),
+                named.join("; ")
+            )),
+        },
+    )
+    .await;
+    if let Err(e) = recorded {
+        tracing::warn!(event = "checkpoint.skipped_not_recorded", error = %e);
+    }
 }
 
 /// The workspace fingerprint `revision` of the computer was exported at, if one was kept.

@@ -29,7 +29,7 @@ use crate::runtime::Runtime;
 
 /// First restart delay; doubles per consecutive restart.
 const RESTART_BACKOFF_BASE: Duration = Duration::from_millis(50);
-/// Who holds the maintenance reservation of an idle suspension.
+/// Who holds the maintenance reservation of an idle suspension (with this process's id).
 const IDLE_CLAIM_HOLDER: &str = "idle-suspend";
 /// Longest an idle suspension holds the computer (a crash mid-suspension frees it then).
 const IDLE_CLAIM_TTL_MS: i64 = 30 * 60 * 1000;
@@ -109,6 +109,13 @@ pub struct SaveWorkspace(pub Reason);
 #[derive(Message)]
 #[rtype(result = "DomainResult<()>")]
 pub struct Suspend(pub EndReason);
+
+/// Import the computer's pending restore into the machine in use, if there is one; answers
+/// whether a machine took it. A restore recorded while no machine was held is applied when a
+/// machine is next acquired instead.
+#[derive(Message)]
+#[rtype(result = "DomainResult<bool>")]
+pub struct ApplyRestore;
 
 /// The machine reference currently in use, if any (for status and tests).
 #[derive(Message)]
@@ -235,7 +242,11 @@ impl Handler<Call> for ComputerActor {
                         .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable)));
                 };
                 let provider = rt.provider()?;
-                let _ = Computers::new(rt.db.clone()).touch(&id).await;
+                let computers = Computers::new(rt.db.clone());
+                let _ = computers.touch(&id).await;
+                // A restore the machine has not taken yet (its import failed) comes first.
+                let row = computers.get(&id).await?;
+                apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
                 run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await
             }
             .into_actor(act)
@@ -285,6 +296,27 @@ impl Handler<CurrentMachine> for ComputerActor {
 
     fn handle(&mut self, _: CurrentMachine, _: &mut Context<Self>) -> Self::Result {
         self.machine.clone()
+    }
+}
+
+impl Handler<ApplyRestore> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<bool>>;
+
+    fn handle(&mut self, _: ApplyRestore, _: &mut Context<Self>) -> Self::Result {
+        let machine = self.machine.clone();
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        Box::pin(
+            async move {
+                let Some(machine) = machine else {
+                    return Ok(false);
+                };
+                let row = Computers::new(rt.db.clone()).get(&id).await?;
+                apply_pending_restore(&rt, rt.provider()?.as_ref(), &row, &machine).await?;
+                Ok(true)
+            }
+            .into_actor(self),
+        )
     }
 }
 
@@ -386,7 +418,11 @@ async fn claim_idle(rt: &Runtime, id: &str) -> DomainResult<Option<i64>> {
     let leases = Leases::new(rt.db.clone());
     let key = LeaseKey::maintenance(id);
     let grant = match leases
-        .acquire(&key, IDLE_CLAIM_HOLDER, IDLE_CLAIM_TTL_MS)
+        .acquire(
+            &key,
+            &crate::processes::holder(IDLE_CLAIM_HOLDER),
+            IDLE_CLAIM_TTL_MS,
+        )
         .await
     {
         Ok(g) => g,
@@ -420,14 +456,29 @@ async fn stop_machine(
     } else {
         Reason::Stop
     };
-    // A failed checkpoint keeps the machine running: its work is not saved anywhere else.
-    checkpoints
+    let provider = rt.provider()?;
+    let saved = checkpoints
         .send(Checkpoint {
             reason: why,
             machine: machine.clone(),
         })
-        .await??;
-    rt.provider()?.stop(machine).await?;
+        .await?;
+    if let Err(err) = saved {
+        // A failed checkpoint keeps the machine running when its work is saved nowhere
+        // else. A machine that works in the latest copy on this host keeps its work there
+        // when stopped, so a failing checkpoint never holds it up past its idle time.
+        let mounted = provider.describe().capabilities.mounted_home;
+        if !(mounted && matches!(reason, EndReason::Idle | EndReason::ActiveLimit)) {
+            computers.set_state(id, ComputerState::Running).await?;
+            return Err(err);
+        }
+        tracing::warn!(
+            event = "computer.suspended_unsaved",
+            computer.id = id,
+            code = err.code.as_str()
+        );
+    }
+    provider.stop(machine).await?;
     computers.close_runs(id, reason).await?;
     computers.set_state(id, ComputerState::Stopped).await?;
     tracing::info!(
@@ -492,6 +543,7 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
         let stored = ProviderRef(stored);
         match provider.reconnect(&stored, &spec).await {
             Ok(()) => {
+                apply_pending_restore(rt, provider.as_ref(), &row, &stored).await?;
                 if row.state != ComputerState::Running.as_str() {
                     computers.set_state(id, ComputerState::Running).await?;
                     computers.open_run(&row, &kind).await?;
@@ -524,6 +576,10 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
             return Err(err);
         }
     }
+    if let Some(pending) = row.pending_restore_revision {
+        // The import above was of the computer's revision, which the restore made current.
+        computers.restore_applied(id, pending).await?;
+    }
     let row = computers.record_machine(id, &kind, &machine).await?;
     computers.open_run(&row, &kind).await?;
     tracing::info!(
@@ -540,6 +596,26 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
         }),
     );
     Ok(machine)
+}
+
+/// Imports the computer's pending restore (if any) into `machine` and records it applied.
+pub(crate) async fn apply_pending_restore(
+    rt: &Runtime,
+    provider: &dyn crate::provider::SandboxProvider,
+    row: &crate::entity::computer::Model,
+    machine: &ProviderRef,
+) -> DomainResult<()> {
+    let Some(pending) = row.pending_restore_revision else {
+        return Ok(());
+    };
+    let home = rt.home_id(row).await?;
+    let archive = rt.homes.load(&home, pending).await?;
+    provider.import_workspace(machine, &archive).await?;
+    Computers::new(rt.db.clone())
+        .restore_applied(&row.id, pending)
+        .await?;
+    tracing::info!(event = "home.restore_applied", computer.id = %row.id, revision = pending);
+    Ok(())
 }
 
 async fn run_op(

@@ -135,6 +135,7 @@ impl Computers {
             provider_ref: Set(None),
             state: Set(ComputerState::Stopped.as_str().into()),
             revision: Set(0),
+            pending_restore_revision: Set(None),
             storage_id: Set(new_id()),
             wrapped_data_key: Set(None),
             provisioning_fence: Set(0),
@@ -200,6 +201,37 @@ impl Computers {
             .col_expr(computer::Column::Revision, Expr::value(revision))
             .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
             .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Record a restored revision as the computer's revision and as pending: every machine
+    /// of the computer imports it before it is next used.
+    pub async fn record_restore(&self, id: &str, revision: i64) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(computer::Column::Revision, Expr::value(revision))
+            .col_expr(
+                computer::Column::PendingRestoreRevision,
+                Expr::value(revision),
+            )
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// A machine imported the pending restore `revision` (a newer pending one stays).
+    pub async fn restore_applied(&self, id: &str, revision: i64) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(
+                computer::Column::PendingRestoreRevision,
+                Expr::value(Option::<i64>::None),
+            )
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .filter(computer::Column::PendingRestoreRevision.eq(revision))
             .exec(&self.db)
             .await?;
         Ok(())

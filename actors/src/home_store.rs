@@ -86,6 +86,15 @@ pub trait HomeStore: Send + Sync + 'static {
     ) -> Result<Saved, StoreError>;
     /// Load and verify a stored revision (the plaintext tar).
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError>;
+    /// Make `archive` (stored as `revision`) the latest unpacked copy of a home whose machine
+    /// is stopped, so a provider that works in that copy starts from it; the copy is then no
+    /// longer the store's alone (no stamp says which bytes it holds).
+    async fn replace_latest(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: Vec<u8>,
+    ) -> Result<(), StoreError>;
     /// Kept revisions, oldest first.
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError>;
     /// Forget every revision of a storage id and its latest copy.

@@ -28,6 +28,7 @@ pub mod home_store;
 pub mod keys;
 pub mod lease_actor;
 pub mod leases;
+pub mod processes;
 pub mod provider;
 pub mod registry;
 pub mod runs;

@@ -157,6 +157,15 @@ fn default_button() -> Button {
     Button::Left
 }
 
+/// An entry an export left out (a name the store cannot hold), and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// Its path in the workspace (not-UTF-8 bytes shown as U+FFFD).
+    pub path: String,
+    /// Why it was left out.
+    pub reason: String,
+}
+
 /// What [`SandboxProvider::export_workspace_since`] found.
 #[derive(Debug)]
 pub enum WorkspaceExport {
@@ -169,6 +178,8 @@ pub enum WorkspaceExport {
         workspace: Workspace,
         /// A fingerprint of exactly what the archive holds, when the provider can tell one.
         fingerprint: Option<String>,
+        /// Entries left out, with the reason (the rest is saved).
+        skipped: Vec<Skipped>,
     },
 }
 

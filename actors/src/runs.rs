@@ -213,6 +213,18 @@ impl Runs {
         Ok(canceled)
     }
 
+    /// A finished run's checkpoint failed: a completed run is failed now (its work was not
+    /// saved); a failed or canceled one stays as it is.
+    pub async fn checkpoint_failed(&self, run: run::Model) -> DomainResult<run::Model> {
+        if run.state != RunState::Completed.as_str() {
+            return Ok(run);
+        }
+        let mut active = run.into_active_model();
+        active.state = Set(RunState::Failed.as_str().into());
+        active.updated_at_ms = Set(now_ms());
+        Ok(active.update(&self.db).await?)
+    }
+
     async fn set_state(&self, run: run::Model, state: RunState) -> DomainResult<run::Model> {
         let now = now_ms();
         let mut active = run.into_active_model();

@@ -8,6 +8,8 @@ use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_initial;
 mod m20261129_000002_revision_fingerprint;
+mod m20261201_000001_pending_restore;
+mod m20261201_000002_processes;
 mod m20261201_000003_bucket_safety;
 
 /// Every migration of the product, oldest first.
@@ -19,6 +21,8 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261129_000001_initial::Migration),
             Box::new(m20261129_000002_revision_fingerprint::Migration),
+            Box::new(m20261201_000001_pending_restore::Migration),
+            Box::new(m20261201_000002_processes::Migration),
             Box::new(m20261201_000003_bucket_safety::Migration),
         ]
     }

@@ -84,15 +84,17 @@ pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport,
         .map_err(|e: ArchiveError| ProviderError::Failed(format!("export: {e}")))?
     {
         archive::Packed::Unchanged => Ok(WorkspaceExport::Unchanged),
-        archive::Packed::Pieces(workspace, baseline) => Ok(WorkspaceExport::Archive {
+        archive::Packed::Pieces(workspace, baseline, skipped) => Ok(WorkspaceExport::Archive {
             workspace,
             fingerprint: Some(baseline.encode()),
+            skipped,
         }),
     }
 }
 
-/// Replaces the home `root` (`<homes>/<home key>`) with the archive's contents: staged and
-/// checked completely, then swapped in, so a refused archive leaves the home untouched.
+/// Replaces the contents of the home `root` (`<homes>/<home key>`) with the archive's, keeping
+/// the directory a container may have mounted: staged and checked completely first, so a
+/// refused archive leaves the home untouched ([`LatestCopies::replace_in_place`]).
 pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
     let (Some(homes), Some(key)) = (root.parent(), root.file_name().and_then(|n| n.to_str()))
     else {
@@ -103,8 +105,7 @@ pub fn import(root: &Path, archive: &[u8]) -> Result<(), ProviderError> {
         StoreError::Rejected(why) => ProviderError::ArchiveRejected(why),
         other => ProviderError::Failed(other.to_string()),
     };
-    let staged = copies.stage(key, archive).map_err(to_provider)?;
-    copies.swap_in(key, &staged).map_err(to_provider)
+    copies.replace_in_place(key, archive).map_err(to_provider)
 }
 
 #[cfg(test)]

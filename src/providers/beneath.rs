@@ -108,7 +108,8 @@ pub enum Kind {
     Dir,
     /// A regular file with one link.
     File,
-    /// A regular file with more than one hard link: never read.
+    /// A regular file with more than one hard link: never read by the file tools; an export
+    /// reads it only when it found every name of it inside the workspace.
     Linked,
     /// A symbolic link: never followed.
     Symlink,
@@ -199,6 +200,23 @@ impl Beneath {
             }),
             Kind::Linked => Err(rejected(&rel, "has more than one hard link")),
             _ => Err(rejected(&rel, "not a regular file")),
+        }
+    }
+
+    /// Opens the regular file at `path` that a walk of this whole workspace found as the inode
+    /// `id` (device, inode) with every one of its names inside the workspace: unlike
+    /// [`Beneath::open_file`], a second hard link is accepted, but only for that very inode.
+    pub fn open_surveyed(&self, path: &str, id: (u64, u64)) -> Result<OpenFile, ProviderError> {
+        let rel = segments(path, false)?.join("/");
+        let fd = self.open_at(&rel, READ_FLAGS, Mode::empty())?;
+        let stat = rustix::fs::fstat(&fd).map_err(|e| from_errno(&rel, e))?;
+        let meta = Meta::of(&stat);
+        match Kind::of(&stat) {
+            Kind::File | Kind::Linked if (meta.dev, meta.ino) == id => Ok(OpenFile {
+                file: std::fs::File::from(fd),
+                stat,
+            }),
+            _ => Err(rejected(&rel, "not the file the walk found")),
         }
     }
 
@@ -359,25 +377,41 @@ fn open_walking(
 /// The entries of an open directory, by name (UTF-8 names only; others cannot be named by
 /// a workspace path), each with its `stat` taken without following it.
 pub fn entries_of(dir: &OwnedFd) -> Result<Vec<(String, Stat)>, Errno> {
-    let mut out = Vec::new();
+    Ok(listing_of(dir)?.entries)
+}
+
+/// What [`listing_of`] finds in a directory.
+pub struct Listing {
+    /// Entries with UTF-8 names, in name order, each with its `stat` (not followed).
+    pub entries: Vec<(String, Stat)>,
+    /// Names that are not UTF-8 (shown lossily), which no workspace path can name.
+    pub unnamed: Vec<String>,
+}
+
+/// The entries of an open directory ([`entries_of`]) and the names it cannot give.
+pub fn listing_of(dir: &OwnedFd) -> Result<Listing, Errno> {
+    let mut entries = Vec::new();
+    let mut unnamed = Vec::new();
     let mut read = rustix::fs::Dir::read_from(dir)?;
     while let Some(entry) = read.read() {
         let entry = entry?;
         let Ok(name) = entry.file_name().to_str() else {
+            unnamed.push(entry.file_name().to_string_lossy().into_owned());
             continue;
         };
         if name == "." || name == ".." {
             continue;
         }
         match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => out.push((name.to_owned(), stat)),
+            Ok(stat) => entries.push((name.to_owned(), stat)),
             // Removed since the listing.
             Err(Errno::NOENT) => continue,
             Err(e) => return Err(e),
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    unnamed.sort();
+    Ok(Listing { entries, unnamed })
 }
 
 /// Connects to the unix socket `name` in `dir`, a directory the computer can write to (its

@@ -6,19 +6,20 @@
 //! entry-count limits; any violation refuses the whole archive.
 //!
 //! Packing opens everything through [`Beneath`]: it never follows or descends through a
-//! symlink, never opens a fifo, socket or device, and leaves out regular files with more than
-//! one hard link (another name of such a file may be outside the workspace), as well as the
-//! transient cache and lock files inside `.browser-profiles` (files with the same names
-//! elsewhere are kept).
+//! symlink, never opens a fifo, socket or device, and keeps a regular file with more than one
+//! hard link only when the walk found every one of its names inside the workspace (else
+//! another name may be a host file); it leaves out the transient cache and lock files inside
+//! `.browser-profiles` (files with the same names elsewhere are kept), and reports names it
+//! cannot store.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
-use rakazo_actors::provider::ProviderError;
+use rakazo_actors::provider::{ProviderError, Skipped};
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
 use rustix::fs::Stat;
 
-use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, entries_of};
+use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, listing_of};
 use crate::providers::workspace_path::segments;
 
 /// The folder holding per-bot browser profiles.
@@ -39,6 +40,10 @@ const TRANSIENT: &[&str] = &[
     "DawnWebGPUCache",
     "Crashpad",
 ];
+
+/// The longest workspace path packing keeps: a restore must create it under a staging
+/// directory within the system's 4,096-byte path limit. Deeper entries are skipped and reported.
+pub const MAX_PATH_BYTES: usize = 3072;
 
 /// Hard limits of an unpack.
 #[derive(Clone, Copy, Debug)]
@@ -93,26 +98,35 @@ struct Found<'a> {
     stat: &'a Stat,
 }
 
-/// What [`visit`] left out of the archive, besides transient browser files.
+/// What [`visit`] left out of the archive, besides transient browser files and what it
+/// reports as skipped.
 #[derive(Debug, Default)]
 struct Left {
     /// Symbolic links.
     links: u64,
-    /// Regular files with more than one hard link.
+    /// Names of regular files with another hard link outside the workspace.
     hard_links: u64,
     /// Fifos, sockets and devices.
     special: u64,
 }
 
 /// Calls `f` for every directory and regular file under `root` that belongs in a workspace
-/// archive, parents before children. Nothing is followed: links, sockets, fifos, devices,
-/// files with another hard link, names that are not UTF-8 and transient browser files are
-/// left out; a directory replaced by anything else since it was seen is skipped.
+/// archive: parents before children, siblings in name order, then the files with more than one
+/// hard link whose every name is in the workspace (in path order). Nothing is followed: links,
+/// sockets, fifos, devices, files with a name outside the workspace (its other name may be a
+/// host file) and transient browser files are left out, and a directory replaced by anything
+/// else since it was seen is skipped; names the store cannot hold (not UTF-8, a path past
+/// [`MAX_PATH_BYTES`]) and folders that cannot be read are left out and added to `skipped`.
 fn visit(
     root: &Beneath,
+    skipped: &mut Vec<Skipped>,
     mut f: impl FnMut(Found<'_>) -> Result<(), ArchiveError>,
 ) -> Result<Left, ArchiveError> {
     let mut left = Left::default();
+    // Files with another hard link, by device and inode: their link count and the names the
+    // walk found. All names found means no name is outside the workspace.
+    let mut linked: std::collections::BTreeMap<(u64, u64), (u64, Vec<(String, Stat)>)> =
+        Default::default();
     let mut stack: Vec<Vec<String>> = vec![Vec::new()];
     while let Some(rel) = stack.pop() {
         let dir = match root.dir(&rel.join("/")) {
@@ -122,8 +136,21 @@ fn visit(
             }
             Err(e) => return Err(e.into()),
         };
-        let entries = entries_of(&dir).map_err(std::io::Error::from)?;
-        for (name, stat) in entries.into_iter().rev() {
+        let listing = match listing_of(&dir) {
+            Ok(listing) => listing,
+            Err(e) if !rel.is_empty() => {
+                let kind = std::io::Error::from(e).kind();
+                skip(skipped, rel.join("/"), format!("folder cannot be read: {kind}"));
+                continue;
+            }
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        };
+        for raw in listing.unnamed {
+            let mut path = rel.clone();
+            path.push(raw);
+            skip(skipped, path.join("/"), "name is not UTF-8".into());
+        }
+        for (name, stat) in listing.entries.into_iter().rev() {
             let mut child = rel.clone();
             child.push(name);
             if transient(&child) {
@@ -131,15 +158,31 @@ fn visit(
             }
             let kind = Kind::of(&stat);
             match kind {
-                Kind::Dir | Kind::File => {}
-                Kind::Symlink => left.links += 1,
-                Kind::Linked => left.hard_links += 1,
-                Kind::Other => left.special += 1,
-            }
-            if !matches!(kind, Kind::Dir | Kind::File) {
-                continue;
+                Kind::Dir | Kind::File | Kind::Linked => {}
+                Kind::Symlink => {
+                    left.links += 1;
+                    continue;
+                }
+                Kind::Other => {
+                    left.special += 1;
+                    continue;
+                }
             }
             let path = child.join("/");
+            if path.len() > MAX_PATH_BYTES {
+                skip(
+                    skipped,
+                    path,
+                    format!("path longer than {MAX_PATH_BYTES} bytes"),
+                );
+                continue;
+            }
+            if kind == Kind::Linked {
+                let m = Meta::of(&stat);
+                let (_, names) = linked.entry((m.dev, m.ino)).or_insert((m.nlink, Vec::new()));
+                names.push((path, stat));
+                continue;
+            }
             f(Found {
                 path: &path,
                 dir: kind == Kind::Dir,
@@ -149,6 +192,22 @@ fn visit(
                 stack.push(child);
             }
         }
+    }
+    let mut kept = Vec::new();
+    for (nlink, names) in linked.into_values() {
+        if names.len() as u64 == nlink {
+            kept.extend(names);
+        } else {
+            left.hard_links += names.len() as u64;
+        }
+    }
+    kept.sort_by(|a, b| a.0.cmp(&b.0));
+    for (path, stat) in &kept {
+        f(Found {
+            path,
+            dir: false,
+            stat,
+        })?;
     }
     if left.hard_links > 0 || left.links > 0 || left.special > 0 {
         tracing::info!(
@@ -161,17 +220,31 @@ fn visit(
     Ok(left)
 }
 
+/// Records a skipped entry (its path cut to [`MAX_PATH_BYTES`] for the report).
+fn skip(skipped: &mut Vec<Skipped>, mut path: String, reason: String) {
+    if path.len() > MAX_PATH_BYTES {
+        let mut end = MAX_PATH_BYTES;
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        path.truncate(end);
+        path.push('…');
+    }
+    skipped.push(Skipped { path, reason });
+}
+
 /// Pack `root` (which must exist) into a tar archive, in a stable order.
 pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
     let beneath = Beneath::open(root)?;
     let mut builder = tar::Builder::new(Vec::new());
     let mut found = Vec::new();
-    visit(&beneath, |f| {
-        found.push((f.path.to_owned(), f.dir));
+    visit(&beneath, &mut Vec::new(), |f| {
+        let m = Meta::of(f.stat);
+        found.push((f.path.to_owned(), f.dir, (m.dev, m.ino)));
         Ok(())
     })?;
-    for (path, dir) in found {
-        append(&mut builder, &beneath, &path, dir, None)?;
+    for (path, dir, id) in found {
+        append(&mut builder, &beneath, &path, dir, Some(id))?;
     }
     Ok(builder.into_inner()?)
 }
@@ -196,7 +269,11 @@ fn append(
         builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
         return Ok(true);
     }
-    let OpenFile { file, stat } = match root.open_file(path) {
+    let open = match expected {
+        Some(id) => root.open_surveyed(path, id),
+        None => root.open_file(path),
+    };
+    let OpenFile { file, stat } = match open {
         Ok(open) => open,
         Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) => return Ok(false),
         Err(e) => return Err(e.into()),
@@ -286,6 +363,8 @@ struct Surveyed {
 /// A metadata walk of what [`pack`] would put in an archive.
 struct Survey {
     entries: Vec<Surveyed>,
+    /// What the walk left out and reports.
+    skipped: Vec<Skipped>,
 }
 
 impl Survey {
@@ -294,7 +373,8 @@ impl Survey {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
         let mut entries = Vec::new();
-        visit(root, |found| {
+        let mut skipped = Vec::new();
+        visit(root, &mut skipped, |found| {
             if found.dir {
                 entries.push(Surveyed {
                     line: format!("d {}\n", found.path),
@@ -319,7 +399,7 @@ impl Survey {
             });
             Ok(())
         })?;
-        Ok(Self { entries })
+        Ok(Self { entries, skipped })
     }
 
     /// The digest of every entry, unless one is too recent to vouch for.
@@ -399,8 +479,8 @@ impl Baseline {
 pub enum Packed {
     /// The tree still has the digest of the baseline: nothing was read.
     Unchanged,
-    /// The pieces, and the baseline of this pack.
-    Pieces(Workspace, Baseline),
+    /// The pieces, the baseline of this pack, and the entries left out.
+    Pieces(Workspace, Baseline, Vec<Skipped>),
 }
 
 /// Packs `root` into pieces ([`Cutter`]). A piece whose stamp the `since` baseline holds is
@@ -460,6 +540,7 @@ fn pack_pieces_within(
     Ok(Packed::Pieces(
         Workspace { pieces },
         Baseline { digest, stamps },
+        survey.skipped,
     ))
 }
 
@@ -781,7 +862,7 @@ mod tests {
 
     fn pieces(root: &Path, since: Option<&Baseline>) -> (Workspace, Baseline) {
         match pack_pieces_within(root, since, 0).unwrap() {
-            Packed::Pieces(workspace, baseline) => (workspace, baseline),
+            Packed::Pieces(workspace, baseline, _) => (workspace, baseline),
             Packed::Unchanged => panic!("unexpectedly unchanged"),
         }
     }
@@ -829,7 +910,7 @@ mod tests {
         assert_eq!(second.pieces.len(), first.pieces.len());
         // A change too recent to vouch for leaves its piece unstamped.
         match pack_pieces(root, Some(&baseline)).unwrap() {
-            Packed::Pieces(w, b) => {
+            Packed::Pieces(w, b, _) => {
                 assert!(
                     w.pieces
                         .iter()

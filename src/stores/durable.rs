@@ -68,6 +68,7 @@ fn write_replacing(
         let _ = std::fs::remove_file(&tmp);
         return Err(fail(e));
     }
+    crate::crash_point::crash_point("home.file_written");
     std::fs::rename(&tmp, path).map_err(fail)?;
     if synced { sync_dir(dir) } else { Ok(()) }
 }

@@ -6,8 +6,8 @@
 //! chunks and makes them durable at once, then writes the manifest (temporary file, fsync,
 //! rename). When the store keeps the latest copy, it stages it beside the writes and swaps it
 //! in afterwards (current → `.old-*`, staged → current, drop old). A crash at any point leaves
-//! the old or the new workspace, never a mix: an interrupted swap is rolled back the next time
-//! the home is touched. The last `keep` revisions, and the chunks they name, are kept.
+//! the old or the new workspace, never a mix: an interrupted swap is settled at start-up
+//! (`crate::recovery`) and whenever the home is next touched. The last `keep` revisions, and the chunks they name, are kept.
 
 use std::path::{Path, PathBuf};
 
@@ -23,15 +23,8 @@ use super::seal::{self, Binding};
 use crate::providers::beneath::Beneath;
 use crate::providers::workspace_path::normalize;
 
-/// Test hook: the environment variable naming a point where the process aborts, to prove
-/// crash safety (`home.before_swap`, `home.mid_swap`).
-pub const CRASH_AT_ENV: &str = "RAKAZO_CRASH_AT";
-
-fn crash_point(name: &str) {
-    if std::env::var(CRASH_AT_ENV).is_ok_and(|v| v == name) {
-        std::process::abort();
-    }
-}
+pub use crate::crash_point::CRASH_AT_ENV;
+use crate::crash_point::crash_point;
 
 pub(crate) fn fail(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(e.to_string())
@@ -229,6 +222,50 @@ impl LatestCopies {
                 }
             });
         }
+        Ok(())
+    }
+
+    /// Replace the latest copy's contents with `archive`'s, keeping the directory itself (a
+    /// machine may have it mounted: a container's bind mount holds the directory, not its
+    /// path). Staged and checked completely first, so a refused archive changes nothing; the
+    /// move itself is not atomic, so callers record what the copy must hold first and do it
+    /// again after a crash (a pending restore, an import before a machine's use). What a crash
+    /// leaves beside it (`.staging-*`, `.trash-*`) `recover` removes.
+    pub fn replace_in_place(&self, home_key: &str, archive: &[u8]) -> Result<(), StoreError> {
+        let staged = self.stage(home_key, archive)?;
+        crash_point("home.staged");
+        let outcome = self.move_contents_in(home_key, &staged);
+        let _ = std::fs::remove_dir_all(&staged);
+        outcome
+    }
+
+    fn move_contents_in(&self, home_key: &str, staged: &Path) -> Result<(), StoreError> {
+        let current = self.path(home_key)?;
+        match std::fs::remove_file(self.digest_stamp(home_key)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+            _ => {}
+        }
+        std::fs::create_dir_all(&current).map_err(fail)?;
+        let trash = self.homes.join(format!(
+            ".trash-{home_key}.{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&trash).map_err(fail)?;
+        for entry in std::fs::read_dir(&current).map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            std::fs::rename(entry.path(), trash.join(entry.file_name())).map_err(fail)?;
+        }
+        crash_point("home.mid_replace");
+        for entry in std::fs::read_dir(staged).map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            std::fs::rename(entry.path(), current.join(entry.file_name())).map_err(fail)?;
+        }
+        sync_dir(&current)?;
+        std::thread::spawn(move || {
+            if std::fs::remove_dir_all(&trash).is_err() {
+                tracing::debug!(event = "home.trash_left");
+            }
+        });
         Ok(())
     }
 
@@ -562,6 +599,16 @@ impl HomeStore for LocalHomeStore {
         blocking(move || me.load_blocking(&home, revision)).await
     }
 
+    async fn replace_latest(
+        &self,
+        home: &HomeId,
+        _revision: i64,
+        archive: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let (latest, home_key) = (self.latest.clone(), home.home_key.clone());
+        blocking(move || latest.replace_in_place(&home_key, &archive)).await
+    }
+
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
         Self::list(&self.dir(&home.storage_id)?)
     }
@@ -607,5 +654,44 @@ impl HomeStore for LocalHomeStore {
             }
         }
         Ok(ids)
+    }
+}
+
+#[async_trait]
+impl super::doctor::Inspect for LocalHomeStore {
+    async fn stored_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.storage_ids().await
+    }
+
+    async fn manifests(&self, storage_id: &str) -> Result<Vec<i64>, StoreError> {
+        Self::list(&self.dir(storage_id)?)
+    }
+
+    async fn chunk_names(&self, storage_id: &str) -> Result<Vec<String>, StoreError> {
+        let mut names = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir(storage_id)?.join(CHUNKS)) {
+            for entry in entries.flatten() {
+                if let Some(name) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".sealed"))
+                {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    async fn sealed_manifest(
+        &self,
+        storage_id: &str,
+        revision: i64,
+    ) -> Result<Vec<u8>, StoreError> {
+        Self::read(&self.dir(storage_id)?.join(format!("{revision}.sealed")))
+    }
+
+    async fn sealed_chunk(&self, storage_id: &str, name: &str) -> Result<Vec<u8>, StoreError> {
+        Self::read(&Self::chunk_path(&self.dir(storage_id)?, name))
     }
 }

@@ -6,6 +6,7 @@ pub mod archive;
 pub mod bucket;
 pub mod chunks;
 pub mod deployment;
+pub mod doctor;
 pub mod durable;
 pub mod local;
 pub mod object;

@@ -219,7 +219,9 @@ impl ObjectHomeStore {
             && self.latest.path(&home.home_key)?.is_dir())
     }
 
-    /// Stage `archive` and make it the latest copy of `home`, recording its revision.
+    /// Make `archive` the latest copy of `home`, recording its revision. The copy's contents
+    /// are replaced in place (a container may have the directory mounted); it is unstamped
+    /// first, so a crash midway fetches it again.
     async fn refresh_cache(
         &self,
         home: &HomeId,
@@ -228,8 +230,16 @@ impl ObjectHomeStore {
     ) -> Result<(), StoreError> {
         let (me, home) = (self.clone(), home.clone());
         blocking(move || {
-            let staged = me.latest.stage(&home.home_key, &archive)?;
-            me.make_current(&home, revision, &staged)
+            let marker = me.marker(&home.home_key)?;
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+                _ => {}
+            }
+            me.latest.replace_in_place(&home.home_key, &archive)?;
+            write_atomic(
+                &marker,
+                format!("{}:{revision}", home.storage_id).as_bytes(),
+            )
         })
         .await
     }
@@ -677,6 +687,15 @@ impl HomeStore for ObjectHomeStore {
         Ok(plain)
     }
 
+    async fn replace_latest(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        self.refresh_cache(home, revision, Arc::new(archive)).await
+    }
+
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
         // Revisions sit right under the home's prefix; its chunks one folder down.
         let mut revs: Vec<i64> = self
@@ -706,5 +725,48 @@ impl HomeStore for ObjectHomeStore {
             .into_iter()
             .map(|h| h.storage_id)
             .collect())
+    }
+}
+
+#[async_trait]
+impl super::doctor::Inspect for ObjectHomeStore {
+    async fn stored_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.storage_ids().await
+    }
+
+    async fn manifests(&self, storage_id: &str) -> Result<Vec<i64>, StoreError> {
+        let mut revs: Vec<i64> = self
+            .bucket
+            .list_with_delimiter(Some(&prefix(storage_id)?))
+            .await
+            .map_err(|e| bucket_error("list", e))?
+            .objects
+            .iter()
+            .filter_map(|o| o.location.filename().and_then(|n| n.parse().ok()))
+            .collect();
+        revs.sort_unstable();
+        Ok(revs)
+    }
+
+    async fn chunk_names(&self, storage_id: &str) -> Result<Vec<String>, StoreError> {
+        let chunks = Path::from(format!("{HOMES}/{}/{CHUNKS}", safe_name(storage_id)?));
+        Ok(self
+            .keys(&chunks)
+            .await?
+            .iter()
+            .filter_map(|k| k.filename().map(str::to_owned))
+            .collect())
+    }
+
+    async fn sealed_manifest(
+        &self,
+        storage_id: &str,
+        revision: i64,
+    ) -> Result<Vec<u8>, StoreError> {
+        Ok(self.get(&key(storage_id, revision)?).await?.to_vec())
+    }
+
+    async fn sealed_chunk(&self, storage_id: &str, name: &str) -> Result<Vec<u8>, StoreError> {
+        Ok(self.get(&chunk_key(storage_id, name)?).await?.to_vec())
     }
 }

@@ -27,6 +27,9 @@ pub struct Model {
     pub state: String,
     /// Latest checkpointed workspace revision (0 = none).
     pub revision: i64,
+    /// A restored revision no machine has imported yet; applied before the machine is next
+    /// used (`None` when there is none).
+    pub pending_restore_revision: Option<i64>,
     /// Random id binding sealed archives to this computer.
     pub storage_id: String,
     /// The workspace data key, wrapped by the space's content key.

@@ -10,6 +10,7 @@ pub mod home_revision;
 pub mod home_tombstone;
 pub mod lease;
 pub mod maintenance_operation;
+pub mod process;
 pub mod run;
 pub mod screen;
 pub mod space;

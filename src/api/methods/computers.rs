@@ -24,6 +24,7 @@ pub fn computer_json(c: &computer::Model, caller: &Caller) -> Value {
         "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id,
         "providerKind": c.provider_kind, "state": c.state, "revision": c.revision,
         "provisioningFence": c.provisioning_fence, "lastActiveAtMs": c.last_active_at_ms,
+        "pendingRestore": c.pending_restore_revision,
     });
     if caller.bot_id().is_none() {
         v["homeKey"] = json!(c.home_key);
@@ -210,6 +211,9 @@ pub async fn stop(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     ))
 }
 
+/// How many skipped entries a checkpoint result lists (`skippedCount` is always whole).
+const SKIPPED_LISTED: usize = 100;
+
 /// Checkpoint after a run ended; the result says saved (revision), deferred or nothing to do.
 pub async fn checkpoint_after_run(h: &ComputerHandle, bot_id: &str) -> DomainResult<Value> {
     let outcome = h
@@ -219,7 +223,12 @@ pub async fn checkpoint_after_run(h: &ComputerHandle, bot_id: &str) -> DomainRes
         }))
         .await??;
     Ok(match outcome {
-        Some(Outcome::Saved(revision)) => json!({ "saved": revision }),
+        Some(Outcome::Saved(revision, skipped)) if !skipped.is_empty() => json!({
+            "saved": revision,
+            "skipped": &skipped[..skipped.len().min(SKIPPED_LISTED)],
+            "skippedCount": skipped.len(),
+        }),
+        Some(Outcome::Saved(revision, _)) => json!({ "saved": revision }),
         Some(Outcome::Unchanged(revision)) => json!({ "saved": revision, "unchanged": true }),
         Some(Outcome::Deferred) => json!({ "deferred": true }),
         None => Value::Null,

@@ -3,10 +3,11 @@
 
 use rakazo_actors::checkpoint::NewRevision;
 use rakazo_actors::clock::new_id;
-use rakazo_actors::computer::{Call, CurrentMachine, Op};
-use rakazo_actors::computers::{Computers, EndReason};
+use rakazo_actors::computer::{ApplyRestore, CurrentMachine};
+use rakazo_actors::computers::{ComputerState, Computers, EndReason};
 use rakazo_actors::entity::{computer, home_revision};
 use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
+use rakazo_actors::processes;
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::computers::{handle, visible};
 use super::{Ctx, access};
+use crate::crash_point::crash_point;
 
 /// Lifetime of the reservation a restore holds.
 const RESTORE_RESERVATION_MS: i64 = 10 * 60 * 1000;
@@ -32,7 +34,8 @@ struct Restore {
     revision: i64,
 }
 
-/// `computer.revisions {computerId}`: the kept checkpoint revisions, newest first.
+/// `computer.revisions {computerId}`: the kept checkpoint revisions, newest first; `pending`
+/// marks a restored revision no machine has imported yet.
 pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
     let c = visible(ctx, &p.computer_id).await?;
@@ -53,6 +56,7 @@ pub async fn revisions(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             .map(|r| {
                 json!({ "revision": r.revision, "sizeBytes": r.size_bytes, "reason": r.reason,
                         "createdAtMs": r.created_at_ms, "current": r.revision == c.revision,
+                        "pending": c.pending_restore_revision == Some(r.revision),
                         "location": r.object_key })
             })
             .collect(),
@@ -79,7 +83,7 @@ pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         ));
     }
     let key = LeaseKey::maintenance(&c.id);
-    let holder = format!("restore-{}", new_id());
+    let holder = processes::holder(&format!("restore-{}", new_id()));
     let reservation = leases
         .acquire(&key, &holder, RESTORE_RESERVATION_MS)
         .await?;
@@ -94,23 +98,33 @@ async fn restore_reserved(
     revision: i64,
 ) -> DomainResult<Value> {
     let rt = ctx.app.runtime();
+    // Only a revision the database recorded: a manifest a crash left before its row is not one.
+    home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(&c.id))
+        .filter(home_revision::Column::Revision.eq(revision))
+        .one(ctx.db())
+        .await?
+        .ok_or_else(|| DomainError::not_found("revision"))?;
     let home = rt.home_id(c).await?;
     let archive = rt.homes.load(&home, revision).await?;
     let mounted = rt
         .provider()
         .is_ok_and(|p| p.describe().capabilities.mounted_home);
     let h = handle(ctx, c);
-    if h.computer.send(CurrentMachine).await?.is_some() {
-        h.computer
-            .send(Call(Op::ImportWorkspace(archive.clone())))
-            .await??;
-    }
-    let row = Computers::new(ctx.db().clone()).get(&c.id).await?;
+    let live = h.computer.send(CurrentMachine).await?.is_some();
+    let computers = Computers::new(ctx.db().clone());
+    let row = computers.get(&c.id).await?;
+    // The latest copy becomes the restored one once the restore is recorded (so a crash
+    // before leaves it matching the recorded revision), unless a machine may work in it: a
+    // stopped machine works in no copy, so the Files view then shows what the next run sees.
+    let stopped = !live && row.state == ComputerState::Stopped.as_str();
     let new_revision = row.revision + 1;
+    let copy = (!mounted || stopped).then(|| archive.clone());
     let saved = rt
         .homes
-        .save(&home, new_revision, archive.into(), !mounted)
+        .save(&home, new_revision, archive.into(), false)
         .await?;
+    crash_point("restore.saved");
     NewRevision {
         computer_id: &c.id,
         home_key: &c.home_key,
@@ -122,11 +136,19 @@ async fn restore_reserved(
     }
     .insert(ctx.db())
     .await?;
-    Computers::new(ctx.db().clone())
-        .set_revision(&c.id, new_revision)
-        .await?;
-    tracing::info!(event = "home.restored", computer.id = %c.id, from = revision, revision = new_revision);
-    Ok(json!({ "revision": new_revision, "restoredFrom": revision }))
+    // From here the restore is the computer's state: every machine imports it before use.
+    computers.record_restore(&c.id, new_revision).await?;
+    crash_point("restore.recorded");
+    if let Some(copy) = copy
+        && let Err(e) = rt.homes.replace_latest(&home, new_revision, copy).await
+    {
+        tracing::warn!(event = "home.restore_copy_failed", computer.id = %c.id, error = %e);
+    }
+    let applied = h.computer.send(ApplyRestore).await??;
+    crash_point("restore.applied");
+    tracing::info!(event = "home.restored", computer.id = %c.id, from = revision,
+        revision = new_revision, pending = !applied);
+    Ok(json!({ "revision": new_revision, "restoredFrom": revision, "pending": !applied }))
 }
 
 /// `computer.delete {computerId}`: tear down screens, destroy the machine, forget the stored

@@ -164,7 +164,17 @@ pub async fn finish(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             .send(screen::Teardown)
             .await??;
     }
-    let checkpoint = checkpoint_after_run(&h, &r.bot_id).await?;
+    let (r, checkpoint) = match checkpoint_after_run(&h, &r.bot_id).await {
+        Ok(checkpoint) => (r, checkpoint),
+        // The run ended either way; its outcome says its work was not saved.
+        Err(e) => {
+            tracing::warn!(event = "checkpoint.failed", computer.id = %r.computer_id, code = e.code.as_str());
+            let r = Runs::new(ctx.db().clone()).checkpoint_failed(r).await?;
+            publish_run(ctx, &r);
+            let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
+            (r, failed)
+        }
+    };
     Ok(json!({ "run": run_json(&r), "checkpoint": checkpoint }))
 }
 

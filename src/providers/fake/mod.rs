@@ -409,7 +409,7 @@ impl SandboxProvider for FakeProvider {
     ) -> ProviderResult<WorkspaceExport> {
         use sha2::Digest as _;
         // The emulated tree has no file times: its fingerprint is the archive's digest.
-        let archive = self.with(machine, |m| m.files.export())?;
+        let (archive, skipped) = self.with(machine, |m| m.files.export())?;
         let fingerprint = hex::encode(sha2::Sha256::digest(&archive));
         if since == Some(fingerprint.as_str()) {
             return Ok(WorkspaceExport::Unchanged);
@@ -417,6 +417,7 @@ impl SandboxProvider for FakeProvider {
         Ok(WorkspaceExport::Archive {
             workspace: archive.into(),
             fingerprint: Some(fingerprint),
+            skipped,
         })
     }
 

@@ -3,12 +3,13 @@
 //! It holds what a bot can plant in a real workspace (symlinks, fifos, files with a second
 //! hard link) and applies the real providers' file rules to them
 //! ([`crate::providers::beneath`]): reads, writes and listings never go through a link, never
-//! open a fifo and refuse a file with another hard link; the export leaves them all out.
+//! open a fifo and refuse a file with another hard link; the export leaves links and fifos out
+//! and keeps hard-linked files, whose names the fake keeps inside the machine.
 
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use rakazo_actors::provider::{FileEntry, ProviderError};
+use rakazo_actors::provider::{FileEntry, ProviderError, Skipped};
 
 use crate::providers::workspace_path::normalize;
 
@@ -202,12 +203,27 @@ impl Tree {
             .collect())
     }
 
-    /// A tar archive of every directory and regular file (links, fifos and files with another
-    /// hard link are left out).
-    pub fn export(&self) -> Result<Vec<u8>, ProviderError> {
+    /// A tar archive of every directory and regular file (links and fifos are left out; a
+    /// file with another hard link is kept, since its names are all inside). Paths past [`MAX_PATH_BYTES`] are left out, the topmost of
+    /// each reported.
+    ///
+    /// [`MAX_PATH_BYTES`]: crate::stores::archive::MAX_PATH_BYTES
+    pub fn export(&self) -> Result<(Vec<u8>, Vec<Skipped>), ProviderError> {
+        use crate::stores::archive::MAX_PATH_BYTES;
         let mut builder = tar::Builder::new(Vec::new());
+        let mut skipped = Vec::new();
         let fail = |e: std::io::Error| ProviderError::Failed(format!("export: {e}"));
         for (path, node) in &self.nodes {
+            if path.len() > MAX_PATH_BYTES {
+                let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+                if parent.len() <= MAX_PATH_BYTES {
+                    skipped.push(Skipped {
+                        path: path.clone(),
+                        reason: format!("path longer than {MAX_PATH_BYTES} bytes"),
+                    });
+                }
+                continue;
+            }
             let mut header = tar::Header::new_gnu();
             header.set_mtime(0);
             match node {
@@ -219,7 +235,8 @@ impl Tree {
                         .append_data(&mut header, format!("{path}/"), std::io::empty())
                         .map_err(fail)?;
                 }
-                Node::File(bytes) => {
+                // Every hard link the fake allows is inside the machine: both names are kept.
+                Node::File(bytes) | Node::HardLinked(bytes) => {
                     header.set_entry_type(tar::EntryType::Regular);
                     header.set_mode(0o644);
                     header.set_size(bytes.len() as u64);
@@ -227,10 +244,10 @@ impl Tree {
                         .append_data(&mut header, path, bytes.as_slice())
                         .map_err(fail)?;
                 }
-                Node::HardLinked(_) | Node::Symlink(_) | Node::Fifo => {}
+                Node::Symlink(_) | Node::Fifo => {}
             }
         }
-        builder.into_inner().map_err(fail)
+        Ok((builder.into_inner().map_err(fail)?, skipped))
     }
 
     /// Parse an archive into a new tree; only relative directories and regular files.

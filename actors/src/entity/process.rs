@@ -1,0 +1,22 @@
+//! Processes of the deployment and their heartbeats.
+
+use sea_orm::entity::prelude::*;
+
+/// One row of `processes`.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "processes")]
+pub struct Model {
+    /// Random id of one run of a `rakazo serve` process.
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    /// When it started.
+    pub started_at_ms: i64,
+    /// Its last heartbeat.
+    pub heartbeat_at_ms: i64,
+}
+
+/// No declared relations.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,209 @@
+//! Crash recovery at start-up: what a process killed mid-work left behind is rolled back or
+//! forward before anything uses it. Interrupted swaps of latest copies are settled (back to
+//! the copy before the swap, or forward when the new copy was already in place), temporary
+//! and trashed files of the stores are swept, a pending restore's latest copy is made again,
+//! and reservations of processes that are gone are released.
+//!
+//! A process holds an exclusive lock on `DATA_DIR/run/processes/<id>.lock` for its whole life:
+//! a lock that can be taken belongs to a process that stopped, so its reservations are released
+//! at once; a process elsewhere is gone once its heartbeat is silent
+//! ([`processes::GONE_AFTER_MS`]).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rakazo_actors::computers::ComputerState;
+use rakazo_actors::entity::computer;
+use rakazo_actors::processes::{self, Processes};
+use rakazo_actors::runtime::Runtime;
+use rakazo_actors::{DomainError, DomainResult};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+use crate::stores::local::{LatestCopies, safe_name};
+
+/// This process's lock; released when dropped (with the app).
+pub struct ProcessLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for ProcessLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn locks_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("run").join("processes")
+}
+
+fn io(e: std::io::Error) -> DomainError {
+    DomainError::new(rakazo_actors::ErrorCode::Internal, e.to_string())
+}
+
+/// Takes this process's lock.
+fn lock_self(data_dir: &Path) -> DomainResult<ProcessLock> {
+    let dir = locks_dir(data_dir);
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let path = dir.join(format!("{}.lock", processes::id()));
+    let file = File::create(&path).map_err(io)?;
+    file.try_lock()
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    Ok(ProcessLock { _file: file, path })
+}
+
+/// Whether the process that made lock file `path` stopped (its lock can be taken).
+fn stopped(path: &Path) -> bool {
+    File::open(path).is_ok_and(|f| f.try_lock().is_ok())
+}
+
+/// Releases the reservations of every process that is gone: those on this data directory
+/// whose lock is free, and those anywhere whose heartbeat is silent. Then registers this one.
+async fn settle_processes(rt: &Runtime, data_dir: &Path) -> DomainResult<ProcessLock> {
+    let me = lock_self(data_dir)?;
+    let rows = Processes::new(rt.db.clone());
+    for row in rows.others().await? {
+        let lock = locks_dir(data_dir).join(format!("{}.lock", row.id));
+        if lock.is_file() && stopped(&lock) {
+            rows.gone(&row.id).await?;
+            let _ = std::fs::remove_file(&lock);
+        }
+    }
+    // Lock files of stopped processes whose rows are already gone.
+    if let Ok(entries) = std::fs::read_dir(locks_dir(data_dir)) {
+        for entry in entries.flatten() {
+            if entry.path() != me.path && stopped(&entry.path()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    rows.sweep_silent().await?;
+    rows.register().await?;
+    Ok(me)
+}
+
+/// Beats this process's heartbeat and releases the reservations of silent processes, forever.
+pub async fn heartbeat(db: sea_orm::DatabaseConnection) {
+    let rows = Processes::new(db);
+    let mut every = tokio::time::interval(processes::HEARTBEAT_EVERY);
+    loop {
+        every.tick().await;
+        if let Err(e) = rows.register().await {
+            tracing::warn!(event = "process.heartbeat_failed", error = %e);
+        }
+        if let Err(e) = rows.sweep_silent().await {
+            tracing::warn!(event = "process.sweep_failed", error = %e);
+        }
+    }
+}
+
+/// Whether a temporary file (`.tmp-<pid>-<id>`) was left by a process that is not running:
+/// not this one (nothing was written yet at start-up) or one with no `/proc` entry.
+fn abandoned_tmp(name: &str) -> bool {
+    let Some(pid) = name
+        .strip_prefix(".tmp-")
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+    else {
+        return name.starts_with(".tmp-");
+    };
+    pid == std::process::id() || !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes temporary and trashed files from every revision folder and its chunk folder.
+fn sweep_revisions(data_dir: &Path) -> usize {
+    let mut swept = 0;
+    let Ok(homes) = std::fs::read_dir(data_dir.join("home-revisions")) else {
+        return 0;
+    };
+    for home in homes.flatten() {
+        for dir in [home.path(), home.path().join("chunks")] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let leftover = name.starts_with(".trash-") || abandoned_tmp(&name);
+                if leftover && std::fs::remove_file(entry.path()).is_ok() {
+                    swept += 1;
+                }
+            }
+        }
+    }
+    swept
+}
+
+/// Settles every interrupted swap of a latest copy under `DATA_DIR/homes`.
+fn settle_copies(data_dir: &Path) -> DomainResult<()> {
+    let homes = data_dir.join("homes");
+    let copies = LatestCopies::new(&homes, Default::default());
+    let Ok(entries) = std::fs::read_dir(&homes) else {
+        return Ok(());
+    };
+    let mut keys = std::collections::BTreeSet::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        for prefix in [".old-", ".staging-", ".trash-"] {
+            if let Some((key, _)) = name
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.rsplit_once('.'))
+                && safe_name(key).is_ok()
+            {
+                keys.insert(key.to_owned());
+            }
+        }
+    }
+    for key in keys {
+        copies.recover(&key)?;
+    }
+    Ok(())
+}
+
+/// Makes the latest copy of every computer with a pending restore the restored revision again
+/// (a crash may have come between recording the restore and swapping the copy), unless a
+/// machine of a mounted provider may still work in it: that machine imports the restore before
+/// its next use.
+async fn settle_pending_restores(rt: &Runtime) -> DomainResult<()> {
+    let mounted = rt
+        .provider()
+        .is_ok_and(|p| p.describe().capabilities.mounted_home);
+    let pending = computer::Entity::find()
+        .filter(computer::Column::PendingRestoreRevision.is_not_null())
+        .all(&rt.db)
+        .await?;
+    for row in pending {
+        let Some(revision) = row.pending_restore_revision else {
+            continue;
+        };
+        if mounted && row.state != ComputerState::Stopped.as_str() {
+            continue;
+        }
+        let home = rt.home_id(&row).await?;
+        let copied = async {
+            let archive = rt.homes.load(&home, revision).await?;
+            rt.homes.replace_latest(&home, revision, archive).await
+        };
+        match copied.await {
+            Ok(()) => {
+                tracing::info!(event = "recovery.restore_copied", computer.id = %row.id, revision)
+            }
+            Err(e) => {
+                tracing::warn!(event = "recovery.restore_copy_failed", computer.id = %row.id, error = %e)
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Everything start-up recovery does, before the app serves anything. Answers this
+/// process's lock, to be held for the process's life.
+pub async fn at_start(rt: &Arc<Runtime>, data_dir: &Path) -> DomainResult<ProcessLock> {
+    settle_copies(data_dir)?;
+    let swept = sweep_revisions(data_dir);
+    if swept > 0 {
+        tracing::info!(event = "recovery.swept", files = swept);
+    }
+    settle_pending_restores(rt).await?;
+    settle_processes(rt, data_dir).await
+}

@@ -18,7 +18,6 @@ use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_
 use crate::stores::archive::Limits;
 use crate::stores::deployment;
 use crate::stores::local::LocalHomeStore;
-use crate::stores::object::ObjectHomeStore;
 use crate::stores::reconciler::{ORPHAN_GRACE, RECONCILE_EVERY, Reconciler};
 use crate::{auth, db, keyfile, recovery};
 

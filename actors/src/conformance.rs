@@ -218,7 +218,10 @@ const OTHER_SECRET: &[u8] = b"conformance-secret-of-another-workspace";
 
 /// The names of a tar archive's entries (GNU long names included).
 fn entry_names(archive: &[u8]) -> Vec<String> {
-    tar_entries(archive).into_iter().map(|(name, _)| name).collect()
+    tar_entries(archive)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// The data of the archive's entry `name`, if it has one.

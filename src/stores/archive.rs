@@ -110,6 +110,10 @@ struct Left {
     special: u64,
 }
 
+/// A file with more than one hard link, as a walk finds it: its link count and the names
+/// found (with their `stat`).
+type Linked = (u64, Vec<(String, Stat)>);
+
 /// Calls `f` for every directory and regular file under `root` that belongs in a workspace
 /// archive: parents before children, siblings in name order, then the files with more than one
 /// hard link whose every name is in the workspace (in path order). Nothing is followed: links,
@@ -125,8 +129,7 @@ fn visit(
     let mut left = Left::default();
     // Files with another hard link, by device and inode: their link count and the names the
     // walk found. All names found means no name is outside the workspace.
-    let mut linked: std::collections::BTreeMap<(u64, u64), (u64, Vec<(String, Stat)>)> =
-        Default::default();
+    let mut linked: std::collections::BTreeMap<(u64, u64), Linked> = Default::default();
     let mut stack: Vec<Vec<String>> = vec![Vec::new()];
     while let Some(rel) = stack.pop() {
         let dir = match root.dir(&rel.join("/")) {
@@ -140,7 +143,11 @@ fn visit(
             Ok(listing) => listing,
             Err(e) if !rel.is_empty() => {
                 let kind = std::io::Error::from(e).kind();
-                skip(skipped, rel.join("/"), format!("folder cannot be read: {kind}"));
+                skip(
+                    skipped,
+                    rel.join("/"),
+                    format!("folder cannot be read: {kind}"),
+                );
                 continue;
             }
             Err(e) => return Err(std::io::Error::from(e).into()),
@@ -179,7 +186,9 @@ fn visit(
             }
             if kind == Kind::Linked {
                 let m = Meta::of(&stat);
-                let (_, names) = linked.entry((m.dev, m.ino)).or_insert((m.nlink, Vec::new()));
+                let (_, names) = linked
+                    .entry((m.dev, m.ino))
+                    .or_insert((m.nlink, Vec::new()));
                 names.push((path, stat));
                 continue;
             }
@@ -771,6 +780,83 @@ pub fn cut(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The entries of an archive, by name, with their bytes.
+    fn packed_entries(archive: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
+        let mut out = std::collections::BTreeMap::new();
+        for entry in tar::Archive::new(archive).entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            out.insert(name, data);
+        }
+        out
+    }
+
+    #[test]
+    fn a_file_linked_twice_inside_is_kept_and_one_linked_from_outside_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("home");
+        std::fs::create_dir_all(root.join("venv")).unwrap();
+        std::fs::write(dir.path().join("host.key"), b"host secret").unwrap();
+        std::fs::write(root.join("cache.bin"), b"shared bytes").unwrap();
+        // Both names inside (a package manager's cache and an environment): kept, twice.
+        std::fs::hard_link(root.join("cache.bin"), root.join("venv/lib.bin")).unwrap();
+        // One name outside: its other name may be a host file, so it is left out.
+        std::fs::hard_link(dir.path().join("host.key"), root.join("stolen")).unwrap();
+        let entries = packed_entries(&pack(&root).unwrap());
+        assert_eq!(entries["cache.bin"], b"shared bytes");
+        assert_eq!(entries["venv/lib.bin"], b"shared bytes");
+        assert!(!entries.contains_key("stolen"), "{:?}", entries.keys());
+        // The pieces hold the same entries.
+        let Packed::Pieces(workspace, ..) = pack_pieces_within(&root, None, 0).unwrap() else {
+            panic!("a first pack is never unchanged");
+        };
+        let mut joined: Vec<u8> = workspace
+            .pieces
+            .into_iter()
+            .flat_map(|p| match p {
+                Piece::Bytes { bytes, .. } => bytes,
+                Piece::Same { .. } => unreachable!("no baseline"),
+            })
+            .collect();
+        joined.extend_from_slice(&ARCHIVE_END);
+        assert_eq!(packed_entries(&joined), entries);
+    }
+
+    #[test]
+    fn names_the_store_cannot_hold_are_skipped_and_reported() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("kept.txt"), b"kept").unwrap();
+        std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"bad-\xff")), b"x").unwrap();
+        let mut deep = root.to_path_buf();
+        while deep.as_os_str().len() < root.as_os_str().len() + MAX_PATH_BYTES + 10 {
+            deep.push("d".repeat(200));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let Packed::Pieces(workspace, _, skipped) = pack_pieces_within(root, None, 0).unwrap()
+        else {
+            panic!("a first pack is never unchanged");
+        };
+        let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert!(reasons.contains(&"name is not UTF-8"), "{reasons:?}");
+        assert!(
+            reasons.iter().any(|r| r.starts_with("path longer than")),
+            "{reasons:?}"
+        );
+        let bytes: usize = workspace
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Bytes { bytes, .. } => bytes.len(),
+                Piece::Same { .. } => 0,
+            })
+            .sum();
+        assert!(bytes > 0);
+    }
 
     #[test]
     fn fingerprints_follow_what_a_pack_would_hold() {

@@ -58,6 +58,32 @@ pub async fn open_store(
     Ok(store)
 }
 
+/// This deployment's object store as it is, for reading only: rooted at the deployment id
+/// the database already has (none yet: nothing was stored under a root), with nothing moved.
+pub async fn open_store_read_only(
+    db: &DatabaseConnection,
+    cfg: &ObjectStorage,
+    data_dir: &std::path::Path,
+    keep: usize,
+) -> Result<ObjectHomeStore, String> {
+    let client = bucket::open(cfg).map_err(|e| e.to_string())?;
+    let id = deployment_setting::Entity::find_by_id(DEPLOYMENT_ID)
+        .one(db)
+        .await
+        .map_err(|e| format!("database: {e}"))?
+        .map(|row| row.value)
+        .ok_or(
+            "this database has no deployment id yet: `rakazo serve` makes it at its first start",
+        )?;
+    Ok(ObjectHomeStore::new(
+        client,
+        root(cfg.prefix.as_deref(), &id),
+        data_dir,
+        keep,
+        Limits::default(),
+    ))
+}
+
 /// The setting holding the deployment id.
 const DEPLOYMENT_ID: &str = "deployment_id";
 

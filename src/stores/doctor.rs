@@ -80,8 +80,8 @@ pub async fn run(config: &crate::config::Config) -> Result<Report, String> {
     let keep = config.keep_revisions as usize;
     match &config.object_storage {
         Some(cfg) => {
-            let bucket = super::bucket::open(cfg).map_err(|e| e.to_string())?;
-            let store = super::object::ObjectHomeStore::new(bucket, &config.data_dir, keep, limits);
+            let store =
+                super::deployment::open_store_read_only(&db, cfg, &config.data_dir, keep).await?;
             check(&db, &master, &store).await
         }
         None => {

@@ -737,7 +737,7 @@ impl super::doctor::Inspect for ObjectHomeStore {
     async fn manifests(&self, storage_id: &str) -> Result<Vec<i64>, StoreError> {
         let mut revs: Vec<i64> = self
             .bucket
-            .list_with_delimiter(Some(&prefix(storage_id)?))
+            .list_with_delimiter(Some(&self.prefix(storage_id)?))
             .await
             .map_err(|e| bucket_error("list", e))?
             .objects
@@ -749,7 +749,7 @@ impl super::doctor::Inspect for ObjectHomeStore {
     }
 
     async fn chunk_names(&self, storage_id: &str) -> Result<Vec<String>, StoreError> {
-        let chunks = Path::from(format!("{HOMES}/{}/{CHUNKS}", safe_name(storage_id)?));
+        let chunks = self.prefix(storage_id)?.join(CHUNKS);
         Ok(self
             .keys(&chunks)
             .await?
@@ -763,10 +763,10 @@ impl super::doctor::Inspect for ObjectHomeStore {
         storage_id: &str,
         revision: i64,
     ) -> Result<Vec<u8>, StoreError> {
-        Ok(self.get(&key(storage_id, revision)?).await?.to_vec())
+        Ok(self.get(&self.key(storage_id, revision)?).await?.to_vec())
     }
 
     async fn sealed_chunk(&self, storage_id: &str, name: &str) -> Result<Vec<u8>, StoreError> {
-        Ok(self.get(&chunk_key(storage_id, name)?).await?.to_vec())
+        Ok(self.get(&self.chunk_key(storage_id, name)?).await?.to_vec())
     }
 }

@@ -62,6 +62,7 @@ fn from_errno(path: &str, e: Errno) -> ProviderError {
         Errno::LOOP => rejected(path, "a link is on the way"),
         Errno::XDEV => rejected(path, "leads outside the workspace"),
         Errno::NXIO | Errno::OPNOTSUPP => rejected(path, "not a regular file"),
+        Errno::ACCESS | Errno::PERM => rejected(path, "permission denied"),
         Errno::NOENT | Errno::NOTDIR => ProviderError::NotFound(shown(path)),
         e => ProviderError::Failed(format!("{}: {}", shown(path), std::io::Error::from(e))),
     }

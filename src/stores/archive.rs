@@ -134,7 +134,15 @@ fn visit(
     while let Some(rel) = stack.pop() {
         let dir = match root.dir(&rel.join("/")) {
             Ok(dir) => dir,
-            Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) if !rel.is_empty() => {
+            Err(ProviderError::NotFound(_)) if !rel.is_empty() => continue,
+            // No longer a folder, or one this process may not open: left out and reported.
+            Err(ProviderError::PathRejected(why)) if !rel.is_empty() => {
+                let why = why.rsplit(": ").next().unwrap_or_default();
+                skip(
+                    skipped,
+                    rel.join("/"),
+                    format!("folder cannot be read: {why}"),
+                );
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -253,21 +261,30 @@ pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
         Ok(())
     })?;
     for (path, dir, id) in found {
-        append(&mut builder, &beneath, &path, dir, Some(id))?;
+        append(
+            &mut builder,
+            &beneath,
+            &path,
+            dir,
+            Some(id),
+            &mut Vec::new(),
+        )?;
     }
     Ok(builder.into_inner()?)
 }
 
 /// Appends one directory or regular file to an archive, the same way every time. A file is
-/// opened beneath the root again, never through a link; one that is no longer a regular file
-/// with one link is left out. Answers whether the entry is what the survey saw (`expected`:
-/// device and inode).
+/// opened beneath the root again, never through a link; one that is gone is left out, and one
+/// that is no longer the file the walk found (`expected`: device and inode) or that this
+/// process may not read is left out and added to `skipped`. Answers whether the entry is what
+/// the survey saw.
 fn append(
     builder: &mut tar::Builder<Vec<u8>>,
     root: &Beneath,
     path: &str,
     dir: bool,
     expected: Option<(u64, u64)>,
+    skipped: &mut Vec<Skipped>,
 ) -> Result<bool, ArchiveError> {
     builder.mode(tar::HeaderMode::Deterministic);
     let mut h = tar::Header::new_gnu();
@@ -284,7 +301,12 @@ fn append(
     };
     let OpenFile { file, stat } = match open {
         Ok(open) => open,
-        Err(ProviderError::PathRejected(_) | ProviderError::NotFound(_)) => return Ok(false),
+        Err(ProviderError::NotFound(_)) => return Ok(false),
+        Err(ProviderError::PathRejected(why)) => {
+            let why = why.rsplit(": ").next().unwrap_or_default();
+            skip(skipped, path.to_owned(), format!("cannot be read: {why}"));
+            return Ok(false);
+        }
         Err(e) => return Err(e.into()),
     };
     let meta = Meta::of(&stat);
@@ -515,6 +537,8 @@ fn pack_pieces_within(
         .unwrap_or_default();
     let mut pieces = Vec::new();
     let mut stamps = Vec::new();
+    // What could not be read after the survey found it.
+    let mut unread = Vec::new();
     for range in survey.pieces() {
         let entries = &survey.entries[range];
         let mut stamp = Survey::stamp(entries);
@@ -531,7 +555,7 @@ fn pack_pieces_within(
         let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize + 1024));
         let mut as_surveyed = true;
         for e in entries {
-            as_surveyed &= append(&mut builder, &root, &e.path, e.dir, e.id)?;
+            as_surveyed &= append(&mut builder, &root, &e.path, e.dir, e.id, &mut unread)?;
         }
         // Changed since the survey: neither this piece nor the tree is vouched for.
         if !as_surveyed {
@@ -549,7 +573,7 @@ fn pack_pieces_within(
     Ok(Packed::Pieces(
         Workspace { pieces },
         Baseline { digest, stamps },
-        survey.skipped,
+        survey.skipped.into_iter().chain(unread).collect(),
     ))
 }
 
@@ -823,6 +847,64 @@ mod tests {
             .collect();
         joined.extend_from_slice(&ARCHIVE_END);
         assert_eq!(packed_entries(&joined), entries);
+    }
+
+    #[test]
+    fn files_and_folders_this_process_may_not_read_are_skipped_and_reported() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("home");
+        std::fs::create_dir_all(root.join("locked")).unwrap();
+        std::fs::write(root.join("kept.txt"), b"kept").unwrap();
+        std::fs::write(root.join("secret.txt"), b"x").unwrap();
+        std::fs::write(root.join("locked/inner.txt"), b"y").unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        mode(dir.path(), 0o755);
+        mode(&root, 0o755);
+        mode(&root.join("kept.txt"), 0o644);
+        mode(&root.join("secret.txt"), 0o000);
+        mode(&root.join("locked"), 0o000);
+        let pack = move || pack_pieces_within(&root, None, 0).unwrap();
+        // As root, modes bind nobody: pack from a thread that is another user.
+        let packed = if rustix::process::geteuid().is_root() {
+            std::thread::spawn(move || {
+                rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(65534)).unwrap();
+                pack()
+            })
+            .join()
+            .unwrap()
+        } else {
+            pack()
+        };
+        let Packed::Pieces(workspace, _, skipped) = packed else {
+            panic!("a first pack is never unchanged");
+        };
+        let reported: Vec<(&str, &str)> = skipped
+            .iter()
+            .map(|s| (s.path.as_str(), s.reason.as_str()))
+            .collect();
+        assert!(
+            reported.contains(&("secret.txt", "cannot be read: permission denied")),
+            "{reported:?}"
+        );
+        assert!(
+            reported.contains(&("locked", "folder cannot be read: permission denied")),
+            "{reported:?}"
+        );
+        let mut archive: Vec<u8> = workspace
+            .pieces
+            .into_iter()
+            .flat_map(|p| match p {
+                Piece::Bytes { bytes, .. } => bytes,
+                Piece::Same { .. } => unreachable!("no baseline"),
+            })
+            .collect();
+        archive.extend_from_slice(&ARCHIVE_END);
+        let entries = packed_entries(&archive);
+        assert_eq!(entries["kept.txt"], b"kept");
+        assert!(!entries.contains_key("secret.txt"), "{:?}", entries.keys());
     }
 
     #[test]

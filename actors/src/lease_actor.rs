@@ -64,7 +64,7 @@ pub struct Release {
 
 /// Tells the space's subscribers (and through them the screen gateway) that a control grant
 /// ended, by release or by expiry.
-fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
     rt.events.publish(
         space_id,
         "lease.changed",

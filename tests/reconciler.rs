@@ -24,6 +24,7 @@ on_both_databases!(
     a_computer_left_stopping_is_stopped_on_adoption,
     a_stretch_left_open_on_a_stopped_computer_is_closed_reconciled,
     expired_grants_are_released_with_the_event_that_closes_sockets,
+    a_computer_of_another_provider_kind_is_not_adopted,
 );
 
 /// A private bot whose computer runs: (bot, computer id, machine).
@@ -267,4 +268,28 @@ async fn expired_grants_are_released_with_the_event_that_closes_sockets(s: TestS
         live.fence
     );
     assert_eq!(reconcile(&s).await.leases_expired, 0, "released once");
+}
+
+async fn a_computer_of_another_provider_kind_is_not_adopted(s: TestServer) {
+    let (bot, id, machine) = running_computer(&s).await;
+    // As if it had been started by a process configured with another provider.
+    computer::Entity::update_many()
+        .col_expr(computer::Column::ProviderKind, Expr::value("docker"))
+        .filter(computer::Column::Id.eq(&id))
+        .exec(&s.app.db)
+        .await
+        .unwrap();
+    s.app.registry.forget(&id);
+    let pass = reconcile(&s).await;
+    assert_eq!((pass.adopted, pass.not_running), (0, 1), "{pass:?}");
+    assert_eq!(state(&s, &id).await, "stopped");
+    assert_eq!(stretches(&s, &id).await, [Some("reconciled".into())]);
+    // The next use provisions at this process's provider; the other one's reference is
+    // never handed to it.
+    s.ok("bot.stop", json!({ "botId": bot })).await;
+    let (run, fence) = s.start_run(&bot).await;
+    s.exec(&run, fence, "echo here").await.unwrap();
+    let now = s.ok("computer.machine", json!({ "computerId": id })).await["providerRef"].clone();
+    assert!(now.is_string() && now != machine.0, "{now}");
+    assert_eq!(stretches(&s, &id).await, [Some("reconciled".into()), None]);
 }

@@ -598,6 +598,16 @@ async fn adopt_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult<O
     if row.state == ComputerState::Stopped.as_str() {
         return Ok(None);
     }
+    let kind = rt.provider()?.describe().kind;
+    if row.provider_kind.as_deref().is_some_and(|k| k != kind) {
+        // Started at another provider, which this process cannot reach: nothing to adopt
+        // (the next use provisions here); its stretch's end is never seen.
+        let computers = Computers::new(rt.db.clone());
+        computers.close_runs(id, EndReason::Reconciled).await?;
+        computers.set_state(id, ComputerState::Stopped).await?;
+        tracing::warn!(event = "computer.adopt_other_provider", computer.id = id);
+        return Ok(None);
+    }
     if row.state == ComputerState::Stopping.as_str() {
         return Ok(reconnect_for_stop(rt, id, adopting)
             .await?

@@ -309,6 +309,21 @@ impl Leases {
             .collect())
     }
 
+    /// Mark the grant of `key` with `fence` released once it is past its expiry; whether this
+    /// call did (false: released already, renewed, or not expired).
+    pub async fn mark_expired(&self, key: &LeaseKey, fence: i64) -> DomainResult<bool> {
+        let now = now_ms();
+        let res = lease::Entity::update_many()
+            .col_expr(lease::Column::ReleasedAtMs, Expr::value(now))
+            .filter(key_filter(key))
+            .filter(lease::Column::Fence.eq(fence))
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.lte(now))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected == 1)
+    }
+
     /// Mark released every grant past its expiry that nobody released (its holder's process
     /// stopped, or nobody watched it); answers the grants this call released. Each row is
     /// released by one statement that checks it is still unreleased, so with several

@@ -12,6 +12,11 @@
 //! - releases leases and control grants past their expiry that nobody released, publishing
 //!   the `lease.changed` event the `LeaseActor` would, so sockets of an expired control grant
 //!   close. Grants not yet expired are never touched.
+//!
+//! A computer started at another provider kind than this process's is not adopted: its row
+//! is marked stopped (the next use provisions here). Which computers a process adopts is
+//! decided in this one place (`Computers::meant_to_run`): today every process adopts them
+//! all, so one process serves a database.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +41,8 @@ const ADOPT_CONCURRENCY: usize = 4;
 pub struct Reconciled {
     /// Computers whose machine an actor of this process now holds.
     pub adopted: u32,
-    /// Computers whose row said running but no machine was there to adopt.
+    /// Computers whose row said a machine runs but there was none to adopt (stopped
+    /// meanwhile, or started at another provider kind).
     pub not_running: u32,
     /// Computers whose adoption failed (tried again next pass).
     pub failed: u32,

@@ -25,6 +25,7 @@ on_both_databases!(
     a_stretch_left_open_on_a_stopped_computer_is_closed_reconciled,
     expired_grants_are_released_with_the_event_that_closes_sockets,
     a_computer_of_another_provider_kind_is_not_adopted,
+    a_control_grant_the_lease_actor_watched_ends_once,
 );
 
 /// A private bot whose computer runs: (bot, computer id, machine).
@@ -292,4 +293,50 @@ async fn a_computer_of_another_provider_kind_is_not_adopted(s: TestServer) {
     let now = s.ok("computer.machine", json!({ "computerId": id })).await["providerRef"].clone();
     assert!(now.is_string() && now != machine.0, "{now}");
     assert_eq!(stretches(&s, &id).await, [Some("reconciled".into()), None]);
+}
+
+async fn a_control_grant_the_lease_actor_watched_ends_once(s: TestServer) {
+    let (bot, id, _) = running_computer(&s).await;
+    s.ok("bot.stop", json!({ "botId": bot })).await;
+    let space = s.ok("computer.get", json!({ "computerId": id })).await["spaceId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut events = s.app.runtime().events.subscribe();
+    let grant = s
+        .app
+        .registry
+        .computer(&id, &space)
+        .leases
+        .send(rakazo_actors::lease_actor::Acquire {
+            key: LeaseKey::control(&id, &bot),
+            holder: "someone".into(),
+            ttl_ms: 200,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let ended = |e: &rakazo_actors::events::Event| {
+        e.topic == "lease.changed" && e.data["computerId"] == id.as_str()
+    };
+    let first = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let e = events.recv().await.unwrap();
+            if ended(&e) {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the lease actor publishes the expiry");
+    assert_eq!(
+        (first.data["state"].clone(), first.data["fence"].clone()),
+        (json!("expired"), json!(grant.fence))
+    );
+    // The lease actor marked it released: the reconciler has nothing left to publish.
+    assert_eq!(reconcile(&s).await.leases_expired, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while let Ok(e) = events.try_recv() {
+        assert!(!ended(&e), "a second end was published: {:?}", e.data);
+    }
 }

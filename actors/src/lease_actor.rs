@@ -119,12 +119,12 @@ impl Actor for LeaseActor {
             for grant in lapsed {
                 act.control.remove(&grant.subject);
                 let (rt, leases, space) = (act.rt.clone(), act.leases.clone(), act.space_id.clone());
+                let key = LeaseKey::control(&act.computer_id, &grant.subject);
                 // Marked released here, so exactly one of this actor and the reconciler
                 // publishes the end; a database error still publishes (sockets close).
                 ctx.spawn(async move {
-                    let key = LeaseKey::control(&grant.computer_id, &grant.subject);
                     if leases.mark_expired(&key, grant.fence).await.unwrap_or(true) {
-                        tracing::info!(event = "lease.expired", computer.id = %grant.computer_id, kind = "control", fence = grant.fence);
+                        tracing::info!(event = "lease.expired", computer.id = %key.computer_id, kind = "control", fence = grant.fence);
                         publish_control_ended(&rt, &space, &grant, "expired");
                     }
                 }.into_actor(act));

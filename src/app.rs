@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::{Actor, Addr, Arbiter};
 use rakazo_actors::events::EventBus;
 use rakazo_actors::home_store::HomeStore;
+use rakazo_actors::reconciler::{ComputerReconciler, RECONCILE_INTERVAL};
 use rakazo_actors::registry::Registry;
 use rakazo_actors::runtime::{Runtime, Settings};
 use sea_orm::DatabaseConnection;
@@ -66,6 +67,9 @@ pub struct App {
     pub internal_token: crate::config::Secret,
     /// The reconciler of orphaned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
+    /// The reconciler of computers: adopts running machines no actor here holds, closes
+    /// stretches nobody saw end, releases expired grants (at start-up and on an interval).
+    pub computer_reconciler: Addr<ComputerReconciler>,
     /// The arbiter the actors run on; kept alive with the app.
     /// This process's lock (see `recovery`), held while the app lives.
     _process: recovery::ProcessLock,
@@ -153,6 +157,11 @@ impl App {
         );
         let revoker = Arc::new(GatewayRevoker::new(gateway.clone(), routes.clone()));
         let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
+        let reconciled = registry.clone();
+        let computer_reconciler =
+            ComputerReconciler::start_in_arbiter(&arbiter.handle(), move |_| {
+                ComputerReconciler::new(reconciled, RECONCILE_INTERVAL)
+            });
         let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
         let proxy = ProxyState::new(
             keyring.clone(),
@@ -178,6 +187,7 @@ impl App {
             internal_token,
             reconciler,
             _process: process,
+            computer_reconciler,
             _arbiter: arbiter,
         };
         Ok((Arc::new(app), operator_token))

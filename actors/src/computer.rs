@@ -9,6 +9,14 @@
 //!
 //! Getting a machine runs under `ctx.wait`, so no other message interleaves with it; tool
 //! calls themselves run concurrently (different bots work at once).
+//!
+//! Adoption: the first machine an actor gets in this process is adopted. A machine that
+//! another process (or this one before a restart) watched is reconnected through the stored
+//! providerRef; the stretches that process left open are closed as `reconciled` (their end
+//! was never seen) and a new one opens, so every running machine has exactly one open
+//! stretch, opened by the process that watches it. The reconciler sends [`Adopt`] to every
+//! computer whose row says a machine runs; `computer.stop` reconnects the same way, so a stop
+//! always reaches the machine the row names, or marks the row stopped when it is gone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,6 +125,23 @@ pub struct Suspend(pub EndReason);
 #[rtype(result = "DomainResult<bool>")]
 pub struct ApplyRestore;
 
+/// Hold the machine the row says runs (running, provisioning, replacing: reconnect, or
+/// replace a gone one; stopping: reconnect and finish the stop). Nothing for a stopped row.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Adoption>")]
+pub struct Adopt;
+
+/// What [`Adopt`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adoption {
+    /// This actor already held the machine.
+    Held,
+    /// The machine is now held here (and, for a row that said stopping, being stopped).
+    Adopted,
+    /// The row says no machine runs.
+    NotRunning,
+}
+
 /// The machine reference currently in use, if any (for status and tests).
 #[derive(Message)]
 #[rtype(result = "Option<ProviderRef>")]
@@ -136,6 +161,26 @@ pub struct ComputerActor {
     checkpoints: Option<Addr<CheckpointActor>>,
     /// When the current machine became ready, for the uptime cap.
     running_since: Option<Instant>,
+    /// Whether this actor got (or settled) a machine once: the first time is an adoption.
+    adopted: bool,
+}
+
+/// Which machine a caller wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    /// A machine, provisioned when none runs (tool calls).
+    Any,
+    /// The machine the row says runs, if any (adoption).
+    IfRunning,
+}
+
+/// A machine this actor now holds.
+struct Acquired {
+    machine: ProviderRef,
+    /// Start of the stretch an adopted machine was already in (the uptime cap counts it).
+    since_ms: Option<i64>,
+    /// The row said stopping: finish that stop.
+    resume_stop: bool,
 }
 
 impl ComputerActor {
@@ -149,27 +194,43 @@ impl ComputerActor {
             restarts: 0,
             checkpoints: None,
             running_since: None,
+            adopted: false,
         }
     }
 
     /// Get a machine under `ctx.wait`: nothing else runs on this actor until it is settled.
-    fn ensure_machine(&mut self, ctx: &mut Context<Self>, delay: Duration) {
+    fn ensure_machine(&mut self, ctx: &mut Context<Self>, delay: Duration, want: Want) {
         let rt = self.rt.clone();
         let id = self.id.clone();
+        let adopting = !self.adopted;
         let fut = async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            acquire_machine(&rt, &id).await
+            match want {
+                Want::Any => acquire_machine(&rt, &id, adopting).await.map(Some),
+                Want::IfRunning => adopt_machine(&rt, &id, adopting).await,
+            }
         };
-        ctx.wait(fut.into_actor(self).map(|res, act, _| match res {
-            Ok(machine) => {
-                act.machine = Some(machine);
+        ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
+            Ok(got) => {
                 act.last_error = None;
-                act.running_since = Some(Instant::now());
+                if let Some(got) = got {
+                    act.adopted = true;
+                    act.hold(got, ctx);
+                }
             }
             Err(err) => act.last_error = Some(err),
         }));
+    }
+
+    /// Hold a machine just acquired; finish a stop the row said was under way.
+    fn hold(&mut self, got: Acquired, ctx: &mut Context<Self>) {
+        self.machine = Some(got.machine);
+        self.running_since = Some(since_instant(got.since_ms));
+        if got.resume_stop {
+            ctx.notify(SuspendNow(EndReason::Stopped));
+        }
     }
 
     fn checkpoints(&mut self) -> Addr<CheckpointActor> {
@@ -211,7 +272,7 @@ impl Actor for ComputerActor {
                 .min(RESTART_BACKOFF_MAX);
             tracing::warn!(event = "computer.restarting", computer.id = %self.id, restarts = self.restarts,
                 backoff_ms = backoff.as_millis() as u64);
-            self.ensure_machine(ctx, backoff);
+            self.ensure_machine(ctx, backoff, Want::Any);
         }
     }
 }
@@ -229,7 +290,7 @@ impl Handler<Call> for ComputerActor {
 
     fn handle(&mut self, Call(op): Call, ctx: &mut Context<Self>) -> Self::Result {
         if self.machine.is_none() {
-            self.ensure_machine(ctx, Duration::ZERO);
+            self.ensure_machine(ctx, Duration::ZERO, Want::Any);
         }
         let fut = actix::fut::ready(()).then(move |_, act: &mut Self, _| {
             let machine = act.machine.clone();
@@ -279,7 +340,7 @@ impl Handler<Ensure> for ComputerActor {
 
     fn handle(&mut self, _: Ensure, ctx: &mut Context<Self>) -> Self::Result {
         if self.machine.is_none() {
-            self.ensure_machine(ctx, Duration::ZERO);
+            self.ensure_machine(ctx, Duration::ZERO, Want::Any);
         }
         Box::pin(actix::fut::ready(()).map(|_, act: &mut Self, _| {
             act.machine.clone().ok_or_else(|| {
@@ -287,6 +348,24 @@ impl Handler<Ensure> for ComputerActor {
                     .clone()
                     .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable))
             })
+        }))
+    }
+}
+
+impl Handler<Adopt> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<Adoption>>;
+
+    fn handle(&mut self, _: Adopt, ctx: &mut Context<Self>) -> Self::Result {
+        if self.machine.is_some() {
+            return Box::pin(actix::fut::ready(Ok(Adoption::Held)));
+        }
+        self.ensure_machine(ctx, Duration::ZERO, Want::IfRunning);
+        Box::pin(actix::fut::ready(()).map(|_, act: &mut Self, _| {
+            match (&act.machine, &act.last_error) {
+                (Some(_), _) => Ok(Adoption::Adopted),
+                (None, Some(err)) => Err(err.clone()),
+                (None, None) => Ok(Adoption::NotRunning),
+            }
         }))
     }
 }
@@ -348,22 +427,41 @@ impl Handler<Suspend> for ComputerActor {
     type Result = AtomicResponse<Self, DomainResult<()>>;
 
     fn handle(&mut self, Suspend(reason): Suspend, _: &mut Context<Self>) -> Self::Result {
-        let machine = self.machine.clone();
+        let held = self.machine.clone();
         let checkpoints = self.checkpoints();
         let rt = self.rt.clone();
         let id = self.id.clone();
+        let adopting = !self.adopted;
         AtomicResponse::new(Box::pin(
             async move {
-                let Some(machine) = machine else {
-                    return Ok(false);
+                // A stop reaches the machine the row names even when no actor of this
+                // process held it yet (after a restart): reconnect, never replace.
+                let (machine, reconnected) = match held {
+                    Some(machine) => (machine, None),
+                    None if reason == EndReason::Stopped => {
+                        match reconnect_for_stop(&rt, &id, adopting).await {
+                            Ok(Some(got)) => (got.machine.clone(), Some(got)),
+                            Ok(None) => return (None, Ok(false)),
+                            Err(err) => return (None, Err(err)),
+                        }
+                    }
+                    None => return (None, Ok(false)),
                 };
-                suspend(&rt, &id, &machine, reason, &checkpoints).await
+                let res = suspend(&rt, &id, &machine, reason, &checkpoints).await;
+                (reconnected, res)
             }
             .into_actor(self)
-            .map(|res, act, _| {
+            .map(move |(reconnected, res), act, _| {
+                if reason == EndReason::Stopped {
+                    act.adopted = true;
+                }
                 if matches!(res, Ok(true)) {
                     act.machine = None;
                     act.running_since = None;
+                } else if let Some(got) = reconnected {
+                    // Not stopped (a failed checkpoint keeps the machine): hold it.
+                    act.machine = Some(got.machine);
+                    act.running_since = Some(since_instant(got.since_ms));
                 }
                 res.map(|_| ())
             }),
@@ -525,19 +623,136 @@ async fn idle_decision(
     Ok(None)
 }
 
-/// Reconnect through the stored providerRef (same provider kind only) or provision a
-/// replacement that imports the latest checkpoint.
-async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
-    let provider = rt.provider()?;
-    let kind = provider.describe().kind;
-    let computers = Computers::new(rt.db.clone());
-    let row = computers.get(id).await?;
-    let spec = MachineSpec {
+/// When a stretch that started at `since_ms` (now when unknown) began, as an `Instant`.
+fn since_instant(since_ms: Option<i64>) -> Instant {
+    let now = Instant::now();
+    since_ms
+        .map(|ms| crate::clock::now_ms().saturating_sub(ms).max(0) as u64)
+        .and_then(|ago| now.checked_sub(Duration::from_millis(ago)))
+        .unwrap_or(now)
+}
+
+/// The provider's spec of a computer's machine.
+fn spec_of(row: &crate::entity::computer::Model) -> MachineSpec {
+    MachineSpec {
         computer_id: row.id.clone(),
         space_id: row.space_id.clone(),
         bot_id: row.bot_id.clone(),
         home_key: row.home_key.clone(),
+    }
+}
+
+/// The row says a machine runs: adopt it (reconnect, or replace a gone one); it says
+/// stopping: reconnect and finish the stop; it says stopped: nothing.
+async fn adopt_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult<Option<Acquired>> {
+    let row = Computers::new(rt.db.clone()).get(id).await?;
+    if row.state == ComputerState::Stopped.as_str() {
+        return Ok(None);
+    }
+    let kind = rt.provider()?.describe().kind;
+    if row.provider_kind.as_deref().is_some_and(|k| k != kind) {
+        // Started at another provider, which this process cannot reach: nothing to adopt
+        // (the next use provisions here); its stretch's end is never seen.
+        let computers = Computers::new(rt.db.clone());
+        computers.close_runs(id, EndReason::Reconciled).await?;
+        computers.set_state(id, ComputerState::Stopped).await?;
+        tracing::warn!(event = "computer.adopt_other_provider", computer.id = id);
+        return Ok(None);
+    }
+    if row.state == ComputerState::Stopping.as_str() {
+        return Ok(reconnect_for_stop(rt, id, adopting)
+            .await?
+            .map(|got| Acquired {
+                resume_stop: true,
+                ..got
+            }));
+    }
+    acquire_machine(rt, id, adopting).await.map(Some)
+}
+
+/// After a reconnect: an adopting actor closes the stretches it did not watch as
+/// `reconciled` (answering when the oldest began), as does anyone reconnecting a row that
+/// said stopped; a stretch is open from here on.
+async fn settle_runs(
+    computers: &Computers,
+    row: &crate::entity::computer::Model,
+    kind: &str,
+    adopting: bool,
+) -> DomainResult<Option<i64>> {
+    let mut since = None;
+    let was_stopped = row.state == ComputerState::Stopped.as_str();
+    if adopting || was_stopped {
+        if !was_stopped {
+            since = computers.oldest_open_run_start(&row.id).await?;
+        }
+        let closed = computers.close_runs(&row.id, EndReason::Reconciled).await?;
+        if closed > 0 {
+            tracing::info!(event = "computer.runs_reconciled", computer.id = %row.id, closed);
+        }
+    }
+    computers.ensure_open_run(row, kind).await?;
+    Ok(since)
+}
+
+/// For a stop: the machine the row names, reconnected (never replaced); `None` when there is
+/// nothing to stop, after marking the row stopped (its stretches closed as `gone` when the
+/// provider lost the machine, `reconciled` when no machine of this provider was recorded).
+async fn reconnect_for_stop(
+    rt: &Runtime,
+    id: &str,
+    adopting: bool,
+) -> DomainResult<Option<Acquired>> {
+    let computers = Computers::new(rt.db.clone());
+    let row = computers.get(id).await?;
+    if row.state == ComputerState::Stopped.as_str() {
+        return Ok(None);
+    }
+    let provider = rt.provider()?;
+    let kind = provider.describe().kind;
+    let same_kind = row.provider_kind.as_deref() == Some(kind.as_str());
+    let reason = match (row.provider_ref.clone(), same_kind) {
+        (Some(stored), true) => {
+            let stored = ProviderRef(stored);
+            match provider.reconnect(&stored, &spec_of(&row)).await {
+                Ok(()) => {
+                    let since = settle_runs(&computers, &row, &kind, adopting).await?;
+                    tracing::info!(event = "computer.reconnected", computer.id = id);
+                    return Ok(Some(Acquired {
+                        machine: stored,
+                        since_ms: since,
+                        resume_stop: false,
+                    }));
+                }
+                Err(ProviderError::MachineGone) => EndReason::Gone,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        _ => EndReason::Reconciled,
     };
+    computers.close_runs(id, reason).await?;
+    computers.set_state(id, ComputerState::Stopped).await?;
+    tracing::info!(
+        event = "computer.stop_found_nothing",
+        computer.id = id,
+        reason = reason.as_str()
+    );
+    rt.events.publish(
+        &row.space_id,
+        "computer.state",
+        serde_json::json!({ "computerId": id, "state": "stopped", "reason": reason.as_str() }),
+    );
+    Ok(None)
+}
+
+/// Reconnect through the stored providerRef (same provider kind only) or provision a
+/// replacement that imports the latest checkpoint. `adopting`: the first machine of this
+/// actor (see the module docs).
+async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult<Acquired> {
+    let provider = rt.provider()?;
+    let kind = provider.describe().kind;
+    let computers = Computers::new(rt.db.clone());
+    let row = computers.get(id).await?;
+    let spec = spec_of(&row);
     let same_kind = row.provider_kind.as_deref() == Some(kind.as_str());
     if let (Some(stored), true) = (row.provider_ref.clone(), same_kind) {
         let stored = ProviderRef(stored);
@@ -546,10 +761,14 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
                 apply_pending_restore(rt, provider.as_ref(), &row, &stored).await?;
                 if row.state != ComputerState::Running.as_str() {
                     computers.set_state(id, ComputerState::Running).await?;
-                    computers.open_run(&row, &kind).await?;
                 }
+                let since = settle_runs(&computers, &row, &kind, adopting).await?;
                 tracing::info!(event = "computer.reconnected", computer.id = id);
-                return Ok(stored);
+                return Ok(Acquired {
+                    machine: stored,
+                    since_ms: since,
+                    resume_stop: false,
+                });
             }
             Err(ProviderError::MachineGone) => {
                 tracing::warn!(event = "computer.reconnect_gone", computer.id = id);
@@ -560,6 +779,8 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
     } else if row.provider_ref.is_some() {
         // A provider-kind change: the old reference is never handed to another kind.
         computers.close_runs(id, EndReason::Replaced).await?;
+    } else if adopting || row.state == ComputerState::Stopped.as_str() {
+        computers.close_runs(id, EndReason::Reconciled).await?;
     }
     computers.set_state(id, ComputerState::Provisioning).await?;
     let machine = provider.provision(&spec).await?;
@@ -595,7 +816,11 @@ async fn acquire_machine(rt: &Runtime, id: &str) -> DomainResult<ProviderRef> {
             "computerId": id, "state": "running", "provisioningFence": row.provisioning_fence,
         }),
     );
-    Ok(machine)
+    Ok(Acquired {
+        machine,
+        since_ms: None,
+        resume_stop: false,
+    })
 }
 
 /// Imports the computer's pending restore (if any) into `machine` and records it applied.

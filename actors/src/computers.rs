@@ -1,11 +1,10 @@
 //! Computer rows: creation for Team and Private bots, lifecycle states, machine records and
 //! `computer_runs` accounting.
 
-use sea_orm::sea_query::Expr;
-use sea_orm::sea_query::OnConflict;
+use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, ModelTrait,
-    QueryFilter, Set, TransactionTrait,
+    QueryFilter, QueryOrder, Set, TransactionTrait,
 };
 use serde::Serialize;
 
@@ -58,6 +57,9 @@ pub enum EndReason {
     Gone,
     /// The computer was deleted.
     Deleted,
+    /// The end was never seen (the process that watched the machine stopped); closed by
+    /// whoever adopted the computer or found it no longer running.
+    Reconciled,
 }
 
 impl EndReason {
@@ -70,6 +72,7 @@ impl EndReason {
             Self::Replaced => "replaced",
             Self::Gone => "gone",
             Self::Deleted => "deleted",
+            Self::Reconciled => "reconciled",
         }
     }
 }
@@ -255,9 +258,82 @@ impl Computers {
         Ok(())
     }
 
-    /// Close every open `computer_runs` stretch of a computer.
-    pub async fn close_runs(&self, id: &str, reason: EndReason) -> DomainResult<()> {
-        computer_run::Entity::update_many()
+    /// Open a stretch for a running computer unless one is open already (a start that was
+    /// not recorded); whether it opened one.
+    pub async fn ensure_open_run(
+        &self,
+        row: &computer::Model,
+        provider_kind: &str,
+    ) -> DomainResult<bool> {
+        if self.oldest_open_run_start(&row.id).await?.is_some() {
+            return Ok(false);
+        }
+        self.open_run(row, provider_kind).await?;
+        Ok(true)
+    }
+
+    /// When the oldest open stretch of a computer started, if one is open.
+    pub async fn oldest_open_run_start(&self, id: &str) -> DomainResult<Option<i64>> {
+        Ok(computer_run::Entity::find()
+            .filter(computer_run::Column::ComputerId.eq(id))
+            .filter(computer_run::Column::EndedAtMs.is_null())
+            .order_by_asc(computer_run::Column::StartedAtMs)
+            .one(&self.db)
+            .await?
+            .map(|r| r.started_at_ms))
+    }
+
+    /// Close, as `reconciled`, every open stretch of a computer that no longer reads as
+    /// running (its row says stopped, or is gone): their end was never seen. One statement
+    /// per stretch, each checking the computer's state as it writes, so a stretch opened
+    /// by a computer that just started is never taken. Answers the closed stretches.
+    pub async fn close_orphaned_runs(&self) -> DomainResult<Vec<computer_run::Model>> {
+        let not_running = || {
+            computer_run::Column::ComputerId.not_in_subquery(
+                Query::select()
+                    .column(computer::Column::Id)
+                    .from(computer::Entity)
+                    .and_where(computer::Column::State.ne(ComputerState::Stopped.as_str()))
+                    .to_owned(),
+            )
+        };
+        let open = computer_run::Entity::find()
+            .filter(computer_run::Column::EndedAtMs.is_null())
+            .filter(not_running())
+            .all(&self.db)
+            .await?;
+        let mut closed = Vec::new();
+        for run in open {
+            let res = computer_run::Entity::update_many()
+                .col_expr(computer_run::Column::EndedAtMs, Expr::value(now_ms()))
+                .col_expr(
+                    computer_run::Column::EndReason,
+                    Expr::value(EndReason::Reconciled.as_str()),
+                )
+                .filter(computer_run::Column::Id.eq(&run.id))
+                .filter(computer_run::Column::EndedAtMs.is_null())
+                .filter(not_running())
+                .exec(&self.db)
+                .await?;
+            if res.rows_affected == 1 {
+                closed.push(run);
+            }
+        }
+        Ok(closed)
+    }
+
+    /// Rows whose machine should run (running, provisioning, replacing) or was being
+    /// stopped: what a process adopts when no actor of its own holds them.
+    pub async fn meant_to_run(&self) -> DomainResult<Vec<computer::Model>> {
+        Ok(computer::Entity::find()
+            .filter(computer::Column::State.ne(ComputerState::Stopped.as_str()))
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Close every open `computer_runs` stretch of a computer; how many it closed.
+    pub async fn close_runs(&self, id: &str, reason: EndReason) -> DomainResult<u64> {
+        let res = computer_run::Entity::update_many()
             .col_expr(computer_run::Column::EndedAtMs, Expr::value(now_ms()))
             .col_expr(
                 computer_run::Column::EndReason,
@@ -267,7 +343,7 @@ impl Computers {
             .filter(computer_run::Column::EndedAtMs.is_null())
             .exec(&self.db)
             .await?;
-        Ok(())
+        Ok(res.rows_affected)
     }
 
     /// Delete a computer row and, in the same transaction, tombstone its storage id: its

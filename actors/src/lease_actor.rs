@@ -64,7 +64,7 @@ pub struct Release {
 
 /// Tells the space's subscribers (and through them the screen gateway) that a control grant
 /// ended, by release or by expiry.
-fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
     rt.events.publish(
         space_id,
         "lease.changed",
@@ -113,13 +113,21 @@ impl Actor for LeaseActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(EXPIRY_CHECK_INTERVAL, |act, _| {
+        ctx.run_interval(EXPIRY_CHECK_INTERVAL, |act, ctx| {
             let now = now_ms();
             let lapsed: Vec<Grant> = act.control.values().filter(|g| g.expires_at_ms <= now).cloned().collect();
             for grant in lapsed {
                 act.control.remove(&grant.subject);
-                tracing::info!(event = "lease.expired", computer.id = %act.computer_id, kind = "control", fence = grant.fence);
-                publish_control_ended(&act.rt, &act.space_id, &grant, "expired");
+                let (rt, leases, space) = (act.rt.clone(), act.leases.clone(), act.space_id.clone());
+                let key = LeaseKey::control(&act.computer_id, &grant.subject);
+                // Marked released here, so exactly one of this actor and the reconciler
+                // publishes the end; a database error still publishes (sockets close).
+                ctx.spawn(async move {
+                    if leases.mark_expired(&key, grant.fence).await.unwrap_or(true) {
+                        tracing::info!(event = "lease.expired", computer.id = %key.computer_id, kind = "control", fence = grant.fence);
+                        publish_control_ended(&rt, &space, &grant, "expired");
+                    }
+                }.into_actor(act));
             }
         });
     }

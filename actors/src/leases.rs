@@ -41,6 +41,16 @@ impl LeaseKind {
             Self::Maintenance => "maintenance",
         }
     }
+
+    /// From the stored form.
+    pub fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "execution" => Some(Self::Execution),
+            "control" => Some(Self::Control),
+            "maintenance" => Some(Self::Maintenance),
+            _ => None,
+        }
+    }
 }
 
 /// The subject of the computer-wide maintenance reservation.
@@ -295,16 +305,51 @@ impl Leases {
             .await?;
         Ok(rows
             .iter()
-            .filter_map(|row| {
-                let kind = match row.kind.as_str() {
-                    "execution" => LeaseKind::Execution,
-                    "control" => LeaseKind::Control,
-                    "maintenance" => LeaseKind::Maintenance,
-                    _ => return None,
-                };
-                Some(Grant::from_row(kind, row))
-            })
+            .filter_map(|row| Some(Grant::from_row(LeaseKind::parse(&row.kind)?, row)))
             .collect())
+    }
+
+    /// Mark the grant of `key` with `fence` released once it is past its expiry; whether this
+    /// call did (false: released already, renewed, or not expired).
+    pub async fn mark_expired(&self, key: &LeaseKey, fence: i64) -> DomainResult<bool> {
+        let now = now_ms();
+        let res = lease::Entity::update_many()
+            .col_expr(lease::Column::ReleasedAtMs, Expr::value(now))
+            .filter(key_filter(key))
+            .filter(lease::Column::Fence.eq(fence))
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.lte(now))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected == 1)
+    }
+
+    /// Mark released every grant past its expiry that nobody released (its holder's process
+    /// stopped, or nobody watched it); answers the grants this call released. Each row is
+    /// released by one statement that checks it is still unreleased, so with several
+    /// processes exactly one of them answers a given grant. Grants that have not expired are
+    /// never touched, whoever holds them.
+    pub async fn expire_stale(&self) -> DomainResult<Vec<Grant>> {
+        let now = now_ms();
+        let stale = lease::Entity::find()
+            .filter(lease::Column::ReleasedAtMs.is_null())
+            .filter(lease::Column::ExpiresAtMs.lte(now))
+            .all(&self.db)
+            .await?;
+        let mut expired = Vec::new();
+        for row in stale {
+            let res = lease::Entity::update_many()
+                .col_expr(lease::Column::ReleasedAtMs, Expr::value(now))
+                .filter(lease::Column::Id.eq(&row.id))
+                .filter(lease::Column::ReleasedAtMs.is_null())
+                .filter(lease::Column::ExpiresAtMs.lte(now))
+                .exec(&self.db)
+                .await?;
+            if let (1, Some(kind)) = (res.rows_affected, LeaseKind::parse(&row.kind)) {
+                expired.push(Grant::from_row(kind, &row));
+            }
+        }
+        Ok(expired)
     }
 }
 

@@ -6,7 +6,8 @@
 //! - [`leases`], [`runs`], [`computers`]: the domain rules, decided at the database; [`awake`]:
 //!   what holds a computer up against its idle timer.
 //! - [`computer`], [`screen`], [`lease_actor`], [`checkpoint`]: the actors, one mailbox each.
-//! - [`registry`]: the live actors of this process, by computer id.
+//! - [`registry`]: the live actors of this process, by computer id; [`reconciler`]: adopts
+//!   what no actor of this process holds and closes what nobody saw end.
 //! - [`events`]: the in-process bus that feeds live subscriptions.
 //! - [`conformance`]: the generic test suite every provider must pass.
 //!
@@ -30,6 +31,7 @@ pub mod lease_actor;
 pub mod leases;
 pub mod processes;
 pub mod provider;
+pub mod reconciler;
 pub mod registry;
 pub mod runs;
 pub mod runtime;

@@ -101,6 +101,11 @@ impl FakeProvider {
         }
     }
 
+    /// Test hook: whether a machine exists, is not lost and runs.
+    pub fn is_running(&self, machine: &ProviderRef) -> bool {
+        self.alive(machine)
+    }
+
     /// How many machines exist and are not lost.
     pub fn live_machines(&self) -> usize {
         self.lock().values().filter(|m| !m.lost).count()

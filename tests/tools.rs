@@ -284,9 +284,10 @@ async fn an_ecosystem_mcp_client_drives_the_computer() {
             .any(|c| c["type"] == "image")
     );
     assert_eq!(v["observe_again"]["structured"]["unchanged"], true);
-    // Closing the session ended its run and released the bot for the next driver.
+    // Closing the session ended its run with a checkpoint and released the bot for the next
+    // driver.
     let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
-    assert!(c["id"].is_string());
+    assert!(run_ended_revision(&s, c["id"].as_str().unwrap()).await);
     s.start_run(&bots[0]).await;
     // A token not scoped to a bot cannot use the endpoint.
     let resp = s

@@ -392,12 +392,28 @@ async fn run_ended_revision(s: &TestServer, computer: &str) -> bool {
         .any(|r| r["reason"] == "run_ended" && r["current"] == true)
 }
 
-#[actix_rt::test]
-async fn an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints() {
+/// An MCP lifecycle scenario on both databases.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[actix_rt::test] async fn $name() { super::$name(super::Backend::Sqlite).await } )*
+        }
+        mod postgres {
+            $( #[actix_rt::test] async fn $name() { super::$name(super::Backend::Postgres).await } )*
+        }
+    };
+}
+
+on_both!(
+    an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints,
+    an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_session,
+);
+
+async fn an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints(backend: Backend) {
     use rakazo_actors::leases::{LeaseKey, Leases};
-    let s = TestServer::start(Backend::Sqlite, &[("RUN_LEASE_TTL_MS", "2000")])
-        .await
-        .unwrap();
+    let Some(s) = TestServer::start(backend, &[("RUN_LEASE_TTL_MS", "2000")]).await else {
+        return;
+    };
     let (_, bots) = s.space_with_bots(2, "private").await;
     let (token, other) = (bot_token(&s, &bots[0]).await, bot_token(&s, &bots[1]).await);
     let (session, run, fence, computer) = mcp_session(&s, &token, &bots[0]).await;
@@ -439,11 +455,12 @@ async fn an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints() {
     assert_eq!(mcp_delete(&s, &token, &session).await, 404);
 }
 
-#[actix_rt::test]
-async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_session() {
-    let s = TestServer::start(Backend::Sqlite, &[("MCP_SESSION_IDLE_MS", "1000")])
-        .await
-        .unwrap();
+async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_session(
+    backend: Backend,
+) {
+    let Some(s) = TestServer::start(backend, &[("MCP_SESSION_IDLE_MS", "1000")]).await else {
+        return;
+    };
     let (_, bots) = s.space_with_bots(2, "private").await;
     let token = bot_token(&s, &bots[0]).await;
     let (session, run, _, computer) = mcp_session(&s, &token, &bots[0]).await;

@@ -466,6 +466,15 @@ async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_s
     let (session, run, _, computer) = mcp_session(&s, &token, &bots[0]).await;
     let (status, body) = mcp_shell(&s, &token, &session, "echo work > work.txt").await;
     assert_eq!((status, &body["result"]["isError"]), (200, &json!(false)));
+    // A call longer than the idle time is use: the session is not ended under it, and its
+    // idle time starts when the call is answered.
+    let long_call = rakazo_actors::clock::now_ms();
+    let (status, body) = mcp_shell(&s, &token, &session, "sleep 2").await;
+    assert_eq!(
+        (status, &body["result"]["isError"]),
+        (200, &json!(false)),
+        "{body}"
+    );
 
     // Without a call for a second, the session ends: its run is canceled and checkpointed.
     let mut state = Value::Null;
@@ -477,6 +486,8 @@ async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_s
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(state, "canceled");
+    let r = s.ok("run.get", json!({ "runId": run })).await;
+    assert!(r["endedAtMs"].as_i64().unwrap() >= long_call + 3000, "{r}");
     let mut saved = false;
     for _ in 0..100 {
         saved = run_ended_revision(&s, &computer).await;

@@ -190,7 +190,9 @@ impl App {
             computer_reconciler,
             _arbiter: arbiter,
         };
-        Ok((Arc::new(app), operator_token))
+        let app = Arc::new(app);
+        actix_rt::spawn(crate::api::mcp::sweep(Arc::downgrade(&app)));
+        Ok((app, operator_token))
     }
 
     /// Shared actor dependencies.

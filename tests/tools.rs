@@ -284,9 +284,10 @@ async fn an_ecosystem_mcp_client_drives_the_computer() {
             .any(|c| c["type"] == "image")
     );
     assert_eq!(v["observe_again"]["structured"]["unchanged"], true);
-    // Closing the session ended its run and released the bot for the next driver.
+    // Closing the session ended its run with a checkpoint and released the bot for the next
+    // driver.
     let c = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
-    assert!(c["id"].is_string());
+    assert!(run_ended_revision(&s, c["id"].as_str().unwrap()).await);
     s.start_run(&bots[0]).await;
     // A token not scoped to a bot cannot use the endpoint.
     let resp = s
@@ -298,4 +299,219 @@ async fn an_ecosystem_mcp_client_drives_the_computer() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 403);
+}
+
+/// A bot's own API token.
+async fn bot_token(s: &TestServer, bot: &str) -> String {
+    s.ok("token.createForBot", json!({ "botId": bot })).await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// One MCP request: (HTTP status, the session header, the body or null).
+async fn mcp(
+    s: &TestServer,
+    token: &str,
+    session: Option<&str>,
+    method: &str,
+    params: Value,
+) -> (u16, Option<String>, Value) {
+    let mut req = s
+        .http
+        .post(format!("{}/mcp", s.base))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params }));
+    if let Some(session) = session {
+        req = req.header("mcp-session-id", session);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, session, body)
+}
+
+/// `DELETE /mcp` of a session; the HTTP status.
+async fn mcp_delete(s: &TestServer, token: &str, session: &str) -> u16 {
+    s.http
+        .delete(format!("{}/mcp", s.base))
+        .bearer_auth(token)
+        .header("mcp-session-id", session)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// `initialize` as a bot: (session id, run id, fence, computer id).
+async fn mcp_session(s: &TestServer, token: &str, bot: &str) -> (String, String, i64, String) {
+    let (status, session, body) = mcp(
+        s,
+        token,
+        None,
+        "initialize",
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": { "name": "test", "version": "1" } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let st = s.ok("bot.status", json!({ "botId": bot })).await;
+    (
+        session.expect("a session id"),
+        st["run"]["id"].as_str().unwrap().to_owned(),
+        st["run"]["leaseFence"].as_i64().unwrap(),
+        st["computer"]["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A shell command through an MCP session; the HTTP status and the tool's result.
+async fn mcp_shell(s: &TestServer, token: &str, session: &str, command: &str) -> (u16, Value) {
+    let (status, _, body) = mcp(
+        s,
+        token,
+        Some(session),
+        "tools/call",
+        json!({ "name": "shell", "arguments": { "command": command } }),
+    )
+    .await;
+    (status, body)
+}
+
+async fn run_ended_revision(s: &TestServer, computer: &str) -> bool {
+    s.ok("computer.revisions", json!({ "computerId": computer }))
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["reason"] == "run_ended" && r["current"] == true)
+}
+
+/// An MCP lifecycle scenario on both databases.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[actix_rt::test] async fn $name() { super::$name(super::Backend::Sqlite).await } )*
+        }
+        mod postgres {
+            $( #[actix_rt::test] async fn $name() { super::$name(super::Backend::Postgres).await } )*
+        }
+    };
+}
+
+on_both!(
+    an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints,
+    an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_session,
+);
+
+async fn an_mcp_session_outlives_its_lease_while_used_and_delete_checkpoints(backend: Backend) {
+    use rakazo_actors::leases::{LeaseKey, Leases};
+    let Some(s) = TestServer::start(backend, &[("RUN_LEASE_TTL_MS", "2000")]).await else {
+        return;
+    };
+    let (_, bots) = s.space_with_bots(2, "private").await;
+    let (token, other) = (bot_token(&s, &bots[0]).await, bot_token(&s, &bots[1]).await);
+    let (session, run, fence, computer) = mcp_session(&s, &token, &bots[0]).await;
+    let key = LeaseKey::execution(&computer, &bots[0]);
+    let leases = Leases::new(s.app.db.clone());
+    let granted = leases.live(&key).await.unwrap().unwrap();
+    assert!(granted.expires_at_ms <= rakazo_actors::clock::now_ms() + 2000);
+
+    // Calls spread over two and a half lease lifetimes all work, under the same grant.
+    let begun = std::time::Instant::now();
+    let mut calls = 0;
+    while begun.elapsed() < Duration::from_millis(5000) {
+        let (status, body) =
+            mcp_shell(&s, &token, &session, &format!("echo {calls} >> calls.txt")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["result"]["isError"], false, "call {calls}: {body}");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let live = leases.live(&key).await.unwrap().expect("the lease is live");
+    assert_eq!(live.fence, fence);
+    assert!(live.expires_at_ms > granted.expires_at_ms);
+
+    // Another bot cannot end the session (it does not exist for that bot).
+    assert_eq!(mcp_delete(&s, &other, &session).await, 404);
+    let (status, body) = mcp_shell(&s, &token, &session, "true").await;
+    assert_eq!((status, &body["result"]["isError"]), (200, &json!(false)));
+
+    // DELETE ends the run as completed and stores a checkpoint revision.
+    assert_eq!(mcp_delete(&s, &token, &session).await, 204);
+    let r = s.ok("run.get", json!({ "runId": run })).await;
+    assert_eq!(r["state"], "completed");
+    assert!(run_ended_revision(&s, &computer).await);
+    assert!(leases.live(&key).await.unwrap().is_none());
+    // The session is gone: 404, which tells a client to start a new one.
+    let (status, body) = mcp_shell(&s, &token, &session, "true").await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["data"]["code"], "NOT_FOUND");
+    assert_eq!(mcp_delete(&s, &token, &session).await, 404);
+}
+
+async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_session(
+    backend: Backend,
+) {
+    let Some(s) = TestServer::start(backend, &[("MCP_SESSION_IDLE_MS", "1000")]).await else {
+        return;
+    };
+    let (_, bots) = s.space_with_bots(2, "private").await;
+    let token = bot_token(&s, &bots[0]).await;
+    let (session, run, _, computer) = mcp_session(&s, &token, &bots[0]).await;
+    let (status, body) = mcp_shell(&s, &token, &session, "echo work > work.txt").await;
+    assert_eq!((status, &body["result"]["isError"]), (200, &json!(false)));
+    // A call longer than the idle time is use: the session is not ended under it, and its
+    // idle time starts when the call is answered.
+    let long_call = rakazo_actors::clock::now_ms();
+    let (status, body) = mcp_shell(&s, &token, &session, "sleep 2").await;
+    assert_eq!(
+        (status, &body["result"]["isError"]),
+        (200, &json!(false)),
+        "{body}"
+    );
+
+    // Without a call for a second, the session ends: its run is canceled and checkpointed.
+    let mut state = Value::Null;
+    for _ in 0..100 {
+        state = s.ok("run.get", json!({ "runId": run })).await["state"].clone();
+        if state != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "canceled");
+    let r = s.ok("run.get", json!({ "runId": run })).await;
+    assert!(r["endedAtMs"].as_i64().unwrap() >= long_call + 3000, "{r}");
+    let mut saved = false;
+    for _ in 0..100 {
+        saved = run_ended_revision(&s, &computer).await;
+        if saved {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(saved, "the idle end stored a checkpoint");
+    let (status, body) = mcp_shell(&s, &token, &session, "true").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["data"]["code"], "NOT_FOUND");
+
+    // A run stopped by a person ends its session as well.
+    let token = bot_token(&s, &bots[1]).await;
+    let (session, _, _, _) = mcp_session(&s, &token, &bots[1]).await;
+    s.ok("bot.stop", json!({ "botId": bots[1] })).await;
+    let mut status = 0;
+    for _ in 0..50 {
+        status = mcp(&s, &token, Some(&session), "ping", json!({})).await.0;
+        if status == 404 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 404);
 }

@@ -74,6 +74,7 @@ pub struct RunTarget {
 pub struct Runs {
     db: DatabaseConnection,
     leases: Leases,
+    lease_ttl_ms: i64,
 }
 
 impl Runs {
@@ -82,7 +83,14 @@ impl Runs {
         Self {
             leases: Leases::new(db.clone()),
             db,
+            lease_ttl_ms: EXECUTION_LEASE_TTL_MS,
         }
+    }
+
+    /// The same rules, granting execution leases for `ttl_ms` (the configured lifetime).
+    pub fn with_lease_ttl(mut self, ttl_ms: i64) -> Self {
+        self.lease_ttl_ms = ttl_ms;
+        self
     }
 
     /// Start a run: grant the bot's execution lease to a new run. A second driver for the same
@@ -92,7 +100,7 @@ impl Runs {
         let run_id = new_id();
         let grant = self
             .leases
-            .acquire(&key, &run_id, EXECUTION_LEASE_TTL_MS)
+            .acquire(&key, &run_id, self.lease_ttl_ms)
             .await?;
         for stale in self.active_for_bot(&target.bot_id).await? {
             self.set_state(stale, RunState::Failed).await?;

@@ -142,6 +142,10 @@ pub struct Config {
     pub idle: Duration,
     /// `COMPUTER_MAX_ACTIVE_MS`.
     pub max_active: Duration,
+    /// `RUN_LEASE_TTL_MS`: lifetime of an execution lease unless renewed.
+    pub run_lease_ttl: Duration,
+    /// `MCP_SESSION_IDLE_MS`: an MCP session without a call for this long ends.
+    pub mcp_session_idle: Duration,
     /// `SANDBOX_TEAM_SCREEN_LIMIT`.
     pub team_screen_limit: u32,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
@@ -350,6 +354,19 @@ impl Config {
         if keep_revisions == 0 {
             return Err(s.invalid("HOME_REVISIONS_KEEP", "0", "a whole number from 1 to 1000"));
         }
+        let at_least_a_second = |var: &'static str| -> Result<Duration, ConfigError> {
+            let ms = s.number(var, DAY_MS)?;
+            if ms < 1000 {
+                return Err(s.invalid(
+                    var,
+                    &ms.to_string(),
+                    format!("a whole number from 1000 to {DAY_MS}"),
+                ));
+            }
+            Ok(Duration::from_millis(ms))
+        };
+        let run_lease_ttl = at_least_a_second("RUN_LEASE_TTL_MS")?;
+        let mcp_session_idle = at_least_a_second("MCP_SESSION_IDLE_MS")?;
         let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
         if let Some(token) = &supervisor_token {
             let others = [&screen_secret, &content_key, &internal_token];
@@ -407,6 +424,8 @@ impl Config {
             provider: s.one_of("SANDBOX_PROVIDER", PROVIDERS)?,
             idle: Duration::from_millis(s.number("SANDBOX_IDLE_MS", 30 * DAY_MS)?),
             max_active: Duration::from_millis(s.number("COMPUTER_MAX_ACTIVE_MS", 30 * DAY_MS)?),
+            run_lease_ttl,
+            mcp_session_idle,
             team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
@@ -493,6 +512,9 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:3100");
         assert_eq!(c.database_kind(), "sqlite");
         assert_eq!(c.keep_revisions, 3);
+        assert_eq!(c.run_lease_ttl, Duration::from_millis(300_000));
+        assert_eq!(c.mcp_session_idle, Duration::from_millis(1_800_000));
+        assert!(Config::load(&env(&[("MCP_SESSION_IDLE_MS", "999")]), None).is_err());
         assert_eq!(c.environment, Environment::Production);
     }
 

@@ -82,6 +82,18 @@ pub const VARS: &[Var] = &[
         doc: "On providers that bill while running, suspend after this long up in one stretch unless a run or a user holds it (0 = never).",
     },
     Var {
+        name: "RUN_LEASE_TTL_MS",
+        default: "300000",
+        secret: false,
+        doc: "Lifetime of a run's execution lease unless renewed (`run.renew`; MCP sessions renew it themselves while they live), in milliseconds (at least 1000).",
+    },
+    Var {
+        name: "MCP_SESSION_IDLE_MS",
+        default: "1800000",
+        secret: false,
+        doc: "End an MCP session after this many milliseconds without a call: its run ends as canceled, with a checkpoint (at least 1000).",
+    },
+    Var {
         name: "SANDBOX_TEAM_SCREEN_LIMIT",
         default: "0",
         secret: false,

@@ -7,7 +7,7 @@ mod homes;
 mod runs;
 mod tool_calls;
 
-pub use runs::run_json;
+pub use runs::{EndedBy, end_run, lease_ttl_ms, run_json, runs};
 mod spaces;
 
 use rakazo_actors::entity::run;

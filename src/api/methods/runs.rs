@@ -6,10 +6,11 @@ use rakazo_actors::entity::run;
 use rakazo_actors::lease_actor::{Acquire, Release, Renew};
 use rakazo_actors::leases::{Grant, LeaseKey, Leases};
 use rakazo_actors::provider::ScreenPolicy;
-use rakazo_actors::runs::{EXECUTION_LEASE_TTL_MS, RunState, RunTarget, Runs};
+use rakazo_actors::runs::{RunState, RunTarget, Runs};
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 
+use crate::app::App;
 use crate::screens::VIEW_TTL;
 use rakazo_web_proxy::ExtendControl;
 use serde::Deserialize;
@@ -37,6 +38,95 @@ fn publish_run(ctx: &Ctx<'_>, r: &run::Model) {
         .runtime()
         .events
         .publish(&r.space_id, "run.state", run_json(r));
+}
+
+/// The configured lifetime of an execution lease (`RUN_LEASE_TTL_MS`).
+pub fn lease_ttl_ms(app: &App) -> i64 {
+    app.config.run_lease_ttl.as_millis() as i64
+}
+
+/// Run rules granting execution leases of the configured lifetime.
+pub fn runs(app: &App) -> Runs {
+    Runs::new(app.db.clone()).with_lease_ttl(lease_ttl_ms(app))
+}
+
+/// Which transport ended a run (for the log).
+#[derive(Clone, Copy, Debug)]
+pub enum EndedBy {
+    /// `run.finish`.
+    Finish,
+    /// `DELETE /mcp`.
+    McpDelete,
+    /// An MCP session idle past `MCP_SESSION_IDLE_MS`.
+    McpIdle,
+}
+
+impl EndedBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Finish => "finish",
+            Self::McpDelete => "mcp_delete",
+            Self::McpIdle => "mcp_idle",
+        }
+    }
+}
+
+/// The one end of a run, for every transport (`run.finish`, `DELETE /mcp`, an idle MCP
+/// session): end the run with `outcome` under its fence and release its lease, forget its
+/// tool economy, revoke its bot's control (completion keeps the screen; failure and
+/// cancelation tear it down), then checkpoint the workspace (or defer to the last bot).
+/// The caller has checked that it may end this run.
+pub async fn end_run(
+    app: &App,
+    run_id: &str,
+    fence: i64,
+    outcome: RunState,
+    by: EndedBy,
+) -> DomainResult<Value> {
+    let r = Runs::new(app.db.clone())
+        .finish(run_id, fence, outcome)
+        .await?;
+    app.tools.forget(run_id);
+    app.runtime()
+        .events
+        .publish(&r.space_id, "run.state", run_json(&r));
+    let leases = Leases::new(app.db.clone());
+    if let Some(grant) = leases
+        .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
+        .await?
+    {
+        app.runtime().events.publish(&r.space_id, "lease.changed", json!({
+            "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
+        }));
+    }
+    let h = app.registry.computer(&r.computer_id, &r.space_id);
+    if outcome != RunState::Completed {
+        app.registry
+            .screen(&h, &r.bot_id)
+            .send(screen::Teardown)
+            .await??;
+    }
+    let (r, checkpoint) = match checkpoint_after_run(&h, &r.bot_id).await {
+        Ok(checkpoint) => (r, checkpoint),
+        // The run ended either way; its outcome says its work was not saved.
+        Err(e) => {
+            tracing::warn!(event = "checkpoint.failed", computer.id = %r.computer_id, code = e.code.as_str());
+            let r = Runs::new(app.db.clone()).checkpoint_failed(r).await?;
+            app.runtime()
+                .events
+                .publish(&r.space_id, "run.state", run_json(&r));
+            let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
+            (r, failed)
+        }
+    };
+    tracing::info!(
+        event = "run.ended",
+        outcome = %r.state,
+        by = by.as_str(),
+        checkpoint.saved = checkpoint.get("saved").and_then(serde_json::Value::as_i64),
+        checkpoint.skipped = checkpoint.get("skippedCount").and_then(serde_json::Value::as_u64)
+    );
+    Ok(json!({ "run": run_json(&r), "checkpoint": checkpoint }))
 }
 
 #[derive(Deserialize)]
@@ -69,7 +159,7 @@ pub async fn start(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         bot_id: p.bot_id,
         computer_id: c.id.clone(),
     };
-    let (r, grant) = Runs::new(ctx.db().clone()).start(&target).await?;
+    let (r, grant) = runs(ctx.app).start(&target).await?;
     publish_run(ctx, &r);
     Ok(json!({ "run": run_json(&r), "lease": lease_json(&grant) }))
 }
@@ -95,7 +185,7 @@ pub async fn renew(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         .send(Renew {
             key,
             fence: p.fence,
-            ttl_ms: EXECUTION_LEASE_TTL_MS,
+            ttl_ms: lease_ttl_ms(ctx.app),
         })
         .await??;
     Ok(lease_json(&grant))
@@ -136,46 +226,14 @@ pub async fn resume(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     Ok(run_json(&r))
 }
 
-/// `run.finish {runId, fence, outcome}`: end the run and release its lease. Completion
-/// revokes the run's control but keeps the screen; failure and cancelation tear the screen
-/// down. Then the workspace is checkpointed (or the checkpoint defers to the last bot).
+/// `run.finish {runId, fence, outcome}`: end the run through [`end_run`].
 pub async fn finish(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Finish = super::params(params)?;
     let outcome = RunState::parse_outcome(&p.outcome)
         .ok_or_else(|| DomainError::invalid("outcome must be completed, failed or canceled"))?;
-    let (_, h) = fenced_run(ctx, &p.run_id, p.fence).await?;
-    let r = Runs::new(ctx.db().clone())
-        .finish(&p.run_id, p.fence, outcome)
-        .await?;
-    publish_run(ctx, &r);
-    let leases = Leases::new(ctx.db().clone());
-    if let Some(grant) = leases
-        .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
-        .await?
-    {
-        ctx.app.runtime().events.publish(&r.space_id, "lease.changed", json!({
-            "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
-        }));
-    }
-    if outcome != RunState::Completed {
-        ctx.app
-            .registry
-            .screen(&h, &r.bot_id)
-            .send(screen::Teardown)
-            .await??;
-    }
-    let (r, checkpoint) = match checkpoint_after_run(&h, &r.bot_id).await {
-        Ok(checkpoint) => (r, checkpoint),
-        // The run ended either way; its outcome says its work was not saved.
-        Err(e) => {
-            tracing::warn!(event = "checkpoint.failed", computer.id = %r.computer_id, code = e.code.as_str());
-            let r = Runs::new(ctx.db().clone()).checkpoint_failed(r).await?;
-            publish_run(ctx, &r);
-            let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
-            (r, failed)
-        }
-    };
-    Ok(json!({ "run": run_json(&r), "checkpoint": checkpoint }))
+    // The run must be the caller's to end (and the fence its own) before anything changes.
+    fenced_run(ctx, &p.run_id, p.fence).await?;
+    end_run(ctx.app, &p.run_id, p.fence, outcome, EndedBy::Finish).await
 }
 
 /// `bot.stop {botId}`: cancel the bot's runs and revoke its execution lease.

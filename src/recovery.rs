@@ -22,15 +22,25 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use crate::stores::local::{LatestCopies, safe_name};
 
-/// This process's lock; released when dropped (with the app).
-pub struct ProcessLock {
+/// This process's lock; released when the last app of this process that holds it is dropped.
+#[derive(Clone)]
+pub struct ProcessLock(Arc<HeldLock>);
+
+/// An open, locked lock file; removed when dropped.
+struct HeldLock {
     _file: File,
     path: PathBuf,
 }
 
-impl Drop for ProcessLock {
+impl Drop for HeldLock {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl ProcessLock {
+    fn path(&self) -> &Path {
+        &self.0.path
     }
 }
 
@@ -42,15 +52,29 @@ fn io(e: std::io::Error) -> DomainError {
     DomainError::new(rakazo_actors::ErrorCode::Internal, e.to_string())
 }
 
-/// Takes this process's lock.
+/// Takes this process's lock, or shares it with another app of this process on the same data
+/// directory (one process, one lock: a second lock of the same file would block).
 fn lock_self(data_dir: &Path) -> DomainResult<ProcessLock> {
+    static HELD: std::sync::Mutex<Vec<std::sync::Weak<HeldLock>>> =
+        std::sync::Mutex::new(Vec::new());
     let dir = locks_dir(data_dir);
     std::fs::create_dir_all(&dir).map_err(io)?;
     let path = dir.join(format!("{}.lock", processes::id()));
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|w| w.strong_count() > 0);
+    if let Some(lock) = held
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .find(|l| l.path == path)
+    {
+        return Ok(ProcessLock(lock));
+    }
     let file = File::create(&path).map_err(io)?;
     file.try_lock()
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-    Ok(ProcessLock { _file: file, path })
+    let lock = Arc::new(HeldLock { _file: file, path });
+    held.push(Arc::downgrade(&lock));
+    Ok(ProcessLock(lock))
 }
 
 /// Whether the process that made lock file `path` stopped (its lock can be taken).
@@ -73,7 +97,7 @@ async fn settle_processes(rt: &Runtime, data_dir: &Path) -> DomainResult<Process
     // Lock files of stopped processes whose rows are already gone.
     if let Ok(entries) = std::fs::read_dir(locks_dir(data_dir)) {
         for entry in entries.flatten() {
-            if entry.path() != me.path && stopped(&entry.path()) {
+            if entry.path() != me.path() && stopped(&entry.path()) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }

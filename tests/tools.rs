@@ -299,3 +299,205 @@ async fn an_ecosystem_mcp_client_drives_the_computer() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 403);
 }
+
+/// The code and message of a failed tool result, checking the text says the same.
+fn tool_error(result: &Value) -> (String, String) {
+    assert_eq!(result["isError"], true, "{result}");
+    let e = &result["structuredContent"]["error"];
+    let (code, message) = (
+        e["code"].as_str().unwrap().to_owned(),
+        e["message"].as_str().unwrap().to_owned(),
+    );
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(&format!("{code}: ")) && text.contains(&message),
+        "{text}"
+    );
+    (code, message)
+}
+
+#[actix_rt::test]
+async fn every_bad_action_says_its_code_and_reason() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let act = |actions: Value| {
+        let (s, run) = (&s, run.clone());
+        async move {
+            tool(
+                s,
+                &run,
+                fence,
+                "computer_act",
+                json!({ "actions": actions }),
+            )
+            .await
+        }
+    };
+    // Each kind of step the screen cannot do: the code, the step and why.
+    let long = "x".repeat(10_001);
+    let cases = [
+        (
+            json!({ "type": "click", "x": 5000, "y": 10 }),
+            "action 1 of 1 (click) was not done: point (5000, 10) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "move", "x": -1, "y": 10 }),
+            "action 1 of 1 (move) was not done: point (-1, 10) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "drag", "from_x": 1, "from_y": 1, "to_x": 1, "to_y": 400 }),
+            "action 1 of 1 (drag) was not done: point (1, 400) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "key", "keys": "ctrl+foo" }),
+            "action 1 of 1 (key) was not done: unknown key \"foo\"",
+        ),
+        (
+            json!({ "type": "key", "keys": " " }),
+            "action 1 of 1 (key) was not done: empty key combination",
+        ),
+        (
+            json!({ "type": "scroll", "x": 5, "y": 5, "dx": 0, "dy": 500 }),
+            "action 1 of 1 (scroll) was not done: scroll of (0, 500) notches: at most 100 each way",
+        ),
+        (
+            json!({ "type": "wait", "ms": 60000 }),
+            "action 1 of 1 (wait) was not done: wait of 60000 ms: at most 10000 ms",
+        ),
+        (
+            json!({ "type": "type", "text": long }),
+            "action 1 of 1 (type) was not done: text of 10001 characters: at most 10000 per type action",
+        ),
+    ];
+    for (step, want) in cases {
+        let r = act(json!([step])).await;
+        assert_eq!(
+            tool_error(&r),
+            ("INVALID_PARAMS".to_owned(), want.to_owned()),
+            "{step}"
+        );
+        assert_eq!(r["structuredContent"]["completed"], 0);
+        assert!(
+            r["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("Only 0 of 1 actions completed")
+        );
+    }
+    // A batch stops at its bad step: the steps before it are done and the frame comes back.
+    let r =
+        act(json!([{ "type": "move", "x": 3, "y": 3 }, { "type": "click", "x": 10, "y": 999 }]))
+            .await;
+    let (code, message) = tool_error(&r);
+    assert_eq!(code, "INVALID_PARAMS");
+    assert!(message.starts_with("action 2 of 2 (click)"), "{message}");
+    assert_eq!(
+        (
+            r["structuredContent"]["completed"].as_u64(),
+            r["structuredContent"]["error"]["index"].as_u64(),
+            r["structuredContent"]["error"]["reason"].as_str(),
+        ),
+        (
+            Some(1),
+            Some(1),
+            Some("point (10, 999) is outside the 160x100 screen")
+        )
+    );
+    assert!(has_image(&r));
+
+    // Batches and arguments that are wrong as a whole.
+    for (args, want) in [
+        (
+            json!({ "actions": [] }),
+            "actions holds 0 steps: give 1 to 50",
+        ),
+        (
+            json!({ "actions": vec![json!({ "type": "wait", "ms": 0 }); 51] }),
+            "actions holds 51 steps: give 1 to 50",
+        ),
+        (
+            json!({ "actions": [{ "type": "hover", "x": 1, "y": 1 }] }),
+            "unknown variant `hover`",
+        ),
+        (
+            json!({ "actions": [{ "type": "click", "x": 1 }] }),
+            "missing field `y`",
+        ),
+        (json!({}), "missing field `actions`"),
+    ] {
+        let r = tool(&s, &run, fence, "computer_act", args.clone()).await;
+        let (code, message) = tool_error(&r);
+        assert_eq!(code, "INVALID_PARAMS", "{args}");
+        assert!(message.contains(want), "{args}: {message}");
+    }
+
+    // The other tools: the same shape, each with its own code.
+    for (name, args, want_code, want) in [
+        (
+            "no_such_tool",
+            json!({}),
+            "INVALID_PARAMS",
+            "unknown tool `no_such_tool`",
+        ),
+        (
+            "shell",
+            json!({ "command": " " }),
+            "INVALID_PARAMS",
+            "command must be",
+        ),
+        (
+            "shell",
+            json!({ "cmd": "ls" }),
+            "INVALID_PARAMS",
+            "unknown field `cmd`",
+        ),
+        (
+            "read_file",
+            json!({ "path": "missing.txt" }),
+            "NOT_FOUND",
+            "missing.txt",
+        ),
+        (
+            "read_file",
+            json!({ "path": "../../../etc/passwd" }),
+            "PATH_REJECTED",
+            "outside",
+        ),
+        (
+            "write_file",
+            json!({ "path": "a.txt" }),
+            "INVALID_PARAMS",
+            "exactly one of content",
+        ),
+        (
+            "write_file",
+            json!({ "path": "a.txt", "content_base64": "%%" }),
+            "INVALID_PARAMS",
+            "not base64",
+        ),
+        (
+            "list_files",
+            json!({ "path": "nowhere" }),
+            "NOT_FOUND",
+            "nowhere",
+        ),
+        (
+            "open_path",
+            json!({ "path": "../x" }),
+            "PATH_REJECTED",
+            "outside",
+        ),
+        (
+            "launch_app",
+            json!({ "command": "" }),
+            "INVALID_PARAMS",
+            "command is empty",
+        ),
+    ] {
+        let r = tool(&s, &run, fence, name, args.clone()).await;
+        let (code, message) = tool_error(&r);
+        assert_eq!(code, want_code, "{name} {args}: {message}");
+        assert!(message.contains(want), "{name} {args}: {message}");
+    }
+}

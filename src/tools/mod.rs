@@ -12,7 +12,7 @@ use base64::Engine;
 use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, Op, OpOutput};
 use rakazo_actors::entity::run;
-use rakazo_actors::provider::{Action, BrowserCommand, ExecRequest, Frame};
+use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
@@ -181,7 +181,10 @@ struct ActArgs {
 async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let ActArgs { actions } = args(a)?;
     if actions.is_empty() || actions.len() > 50 {
-        return Err(DomainError::invalid("actions must hold 1 to 50 steps"));
+        return Err(DomainError::invalid(format!(
+            "actions holds {} steps: give 1 to 50",
+            actions.len()
+        )));
     }
     let batch = serde_json::to_string(&actions).unwrap_or_default();
     if ctx.app.tools.exhausted(&ctx.run.id, &batch) {
@@ -192,35 +195,67 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     }
     open_screen(ctx).await?;
     let total = actions.len();
+    let kinds: Vec<&'static str> = actions
+        .iter()
+        .map(crate::desktop::action_rules::kind)
+        .collect();
     let OpOutput::Act(outcome) = ctx.op(Op::Act(ctx.run.bot_id.clone(), actions)).await? else {
         return Err(DomainError::new(
             ErrorCode::Internal,
             "unexpected provider reply",
         ));
     };
+    let completed = outcome.completed;
     let result = ctx
         .frame_result(
             outcome.frame,
-            json!({ "completed": outcome.completed, "total": total }),
+            json!({ "completed": completed, "total": total }),
         )
         .await;
     let unchanged = result["structuredContent"]["unchanged"]
         .as_bool()
         .unwrap_or(false);
     ctx.app.tools.count(&ctx.run.id, &batch, unchanged);
-    if outcome.completed < total {
-        let mut r = result;
-        r["isError"] = json!(true);
-        if let Some(c) = r["content"].as_array_mut() {
-            let note = format!(
-                "Only {} of {total} actions completed; nothing was replayed. Look at the screen before going on.",
-                outcome.completed
-            );
-            c.insert(0, text(note));
-        }
-        return Ok(r);
+    if completed < total {
+        let stop = outcome
+            .stopped
+            .unwrap_or_else(|| ActStop::failed("the computer stopped the batch"));
+        return Ok(act_stopped(
+            result,
+            &stop,
+            completed,
+            total,
+            kinds[completed],
+        ));
     }
     Ok(result)
+}
+
+/// A batch that stopped early: an `isError` result with the code and reason of the step that
+/// was not done, plus the frame so the agent sees where things stand.
+fn act_stopped(
+    mut result: Value,
+    stop: &ActStop,
+    completed: usize,
+    total: usize,
+    kind: &str,
+) -> Value {
+    let message = format!(
+        "action {} of {total} ({kind}) was not done: {}",
+        completed + 1,
+        stop.reason
+    );
+    result["isError"] = json!(true);
+    result["structuredContent"]["error"] = json!({ "code": stop.code.as_str(), "message": message,
+                                                   "reason": stop.reason, "index": completed });
+    if let Some(c) = result["content"].as_array_mut() {
+        let note = format!(
+            "{}: {message}. Only {completed} of {total} actions completed; nothing was replayed. Look at the screen before going on.",
+            stop.code.as_str()
+        );
+        c.insert(0, text(note));
+    }
+    result
 }
 
 #[derive(Deserialize)]

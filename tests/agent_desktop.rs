@@ -201,7 +201,7 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         &run,
         fence,
         "write_file",
-        json!({ "path": "shared/plan.md", "content": "step 1\n" }),
+        json!({ "path": "../../shared/plan.md", "content": "step 1\n" }),
     )
     .await;
     let out = tool(
@@ -223,7 +223,7 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         &run,
         fence,
         "read_file",
-        json!({ "path": "shared/plan.md" }),
+        json!({ "path": "/shared/plan.md" }),
     )
     .await;
     assert_eq!(read["structuredContent"]["content"], "step 1\n");

@@ -501,3 +501,143 @@ async fn every_bad_action_says_its_code_and_reason() {
         assert!(message.contains(want), "{name} {args}: {message}");
     }
 }
+
+#[actix_rt::test]
+async fn team_paths_mean_the_bots_folder_in_every_tool() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let call = |name: &'static str, arguments: Value| {
+        let (s, run) = (&s, run.clone());
+        async move {
+            let r = tool(s, &run, fence, name, arguments.clone()).await;
+            assert_eq!(r["isError"], false, "{name} {arguments}: {r}");
+            r["structuredContent"].clone()
+        }
+    };
+    let sh = |command: &'static str| call("shell", json!({ "command": command }));
+    let stdout = |v: Value| v["stdout"].as_str().unwrap().to_owned();
+
+    // The bot's folder: an empty listing before anything is in it, and where the shell starts.
+    assert_eq!(call("list_files", json!({})).await["entries"], json!([]));
+    assert_eq!(
+        stdout(sh("pwd").await),
+        format!("/workspace/bots/{}\n", bots[0])
+    );
+
+    // Written with the file tool, read with the shell.
+    let wrote = call(
+        "write_file",
+        json!({ "path": "notes/hello.txt", "content": "hello" }),
+    )
+    .await;
+    assert_eq!(wrote["path"], "notes/hello.txt");
+    assert_eq!(stdout(sh("cat notes/hello.txt").await), "hello");
+    let inside = call(
+        "shell",
+        json!({ "command": "cat hello.txt", "cwd": "notes" }),
+    )
+    .await;
+    assert_eq!(stdout(inside), "hello");
+    call(
+        "write_file",
+        json!({ "path": "../../shared/team.txt", "content": "for all" }),
+    )
+    .await;
+    assert_eq!(stdout(sh("cat ../../shared/team.txt").await), "for all");
+    call(
+        "write_file",
+        json!({ "path": "/shared/root.txt", "content": "from the root" }),
+    )
+    .await;
+    assert_eq!(
+        stdout(sh("cat ../../shared/root.txt").await),
+        "from the root"
+    );
+
+    // Written with the shell, read with every file tool.
+    sh("mkdir made && echo from the shell > made/s.txt").await;
+    let read = call("read_file", json!({ "path": "made/s.txt" })).await;
+    assert_eq!(
+        (read["path"].as_str(), read["content"].as_str()),
+        (Some("made/s.txt"), Some("from the shell\n"))
+    );
+    let attached = tool(
+        &s,
+        &run,
+        fence,
+        "attach_file",
+        json!({ "path": "./made/s.txt" }),
+    )
+    .await;
+    assert_eq!(attached["structuredContent"]["size"], 15, "{attached}");
+    let listed = call("list_files", json!({ "path": "made" })).await;
+    assert_eq!(listed["entries"][0]["path"], "made/s.txt");
+    let mine = call("list_files", json!({})).await;
+    let names: Vec<&str> = mine["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["made", "notes"]);
+    sh("echo shared by the shell > ../../shared/sh.txt").await;
+    let shared = call("read_file", json!({ "path": "../../shared/sh.txt" })).await;
+    assert_eq!(shared["content"], "shared by the shell\n");
+    assert_eq!(shared["path"], "/shared/sh.txt");
+    let root = call("list_files", json!({ "path": "/shared" })).await;
+    assert!(
+        root["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"] == "/shared/sh.txt"),
+        "{root}"
+    );
+    call("open_path", json!({ "path": "made/s.txt" })).await;
+
+    // The activity feed names workspace paths, as people browse them.
+    let history = s.ok("activity.list", json!({ "botId": bots[0] })).await;
+    let lines: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["command"].as_str().unwrap())
+        .collect();
+    assert!(
+        lines.contains(&format!("write bots/{}/notes/hello.txt", bots[0]).as_str()),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"write shared/team.txt"), "{lines:?}");
+
+    // Another bot's relative paths are its own folder.
+    let (run1, fence1) = s.start_run(&bots[1]).await;
+    let other = tool(
+        &s,
+        &run1,
+        fence1,
+        "read_file",
+        json!({ "path": "notes/hello.txt" }),
+    )
+    .await;
+    assert_eq!(other["structuredContent"]["error"]["code"], "NOT_FOUND");
+
+    // Nothing climbs out of the workspace, in any tool.
+    for (name, args) in [
+        ("read_file", json!({ "path": "../../../etc/passwd" })),
+        ("attach_file", json!({ "path": "/../etc/passwd" })),
+        (
+            "write_file",
+            json!({ "path": "../../../x", "content": "x" }),
+        ),
+        ("list_files", json!({ "path": "../../.." })),
+        ("shell", json!({ "command": "pwd", "cwd": "../../.." })),
+        ("open_path", json!({ "path": "../../../etc/passwd" })),
+    ] {
+        let r = tool(&s, &run, fence, name, args.clone()).await;
+        assert_eq!(
+            r["structuredContent"]["error"]["code"], "PATH_REJECTED",
+            "{name} {args}: {r}"
+        );
+    }
+}

@@ -23,6 +23,7 @@ pub use economy::Economy;
 pub use schema::definitions;
 
 use crate::app::App;
+use crate::providers::workspace_path;
 
 /// Largest file `read_file` and `attach_file` return.
 pub const MAX_READ_BYTES: usize = 8 * 1024 * 1024;
@@ -72,6 +73,26 @@ fn tail(bytes: &str, max: usize) -> (String, bool) {
 }
 
 impl ToolCtx<'_> {
+    /// The folder relative paths start from: `bots/<bot id>` on a Team Computer, the
+    /// workspace root otherwise.
+    fn base(&self) -> String {
+        if self.team {
+            format!("bots/{}", self.run.bot_id)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The workspace path an agent's path means (see [`workspace_path::resolve`]).
+    fn path(&self, path: &str, allow_root: bool) -> DomainResult<String> {
+        Ok(workspace_path::resolve(&self.base(), path, allow_root)?)
+    }
+
+    /// A workspace path as the agent writes it.
+    fn shown(&self, workspace_path: &str) -> String {
+        workspace_path::shown(&self.base(), workspace_path)
+    }
+
     async fn op(&self, op: Op) -> DomainResult<OpOutput> {
         self.handle.computer.send(Call(op)).await?
     }
@@ -282,9 +303,9 @@ pub async fn shell_exec(
     let max = ctx.app.config.command_timeout;
     let timeout = timeout_ms.map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
     let cwd = match cwd.filter(|c| !c.is_empty()) {
-        Some(c) => c,
+        Some(c) => ctx.path(&c, true)?,
         None if ctx.team => {
-            let home = format!("bots/{}", ctx.run.bot_id);
+            let home = ctx.base();
             let mkdir = ExecRequest {
                 command: format!("mkdir -p '{home}'"),
                 cwd: String::new(),
@@ -356,6 +377,7 @@ struct PathArgs {
 
 async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
+    let path = ctx.path(&path, false)?;
     let listing = ctx.op(Op::ListFiles(parent(&path).to_owned())).await;
     if let Ok(OpOutput::Files(entries)) = &listing
         && let Some(e) = entries.iter().find(|e| e.path == path)
@@ -402,8 +424,12 @@ async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Va
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
         let resource = json!({ "type": "resource", "resource": { "uri": format!("workspace:///{path}"),
                                "mimeType": "application/octet-stream", "blob": data } });
-        return Ok(ok(vec![resource], json!({ "path": path, "size": size })));
+        return Ok(ok(
+            vec![resource],
+            json!({ "path": ctx.shown(&path), "size": size }),
+        ));
     }
+    let path = ctx.shown(&path);
     Ok(match String::from_utf8(bytes) {
         Ok(s) => ok(
             vec![text(s.clone())],
@@ -453,6 +479,7 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         }
     };
     let size = data.len() as i64;
+    let path = ctx.path(&path, false)?;
     let outcome = ctx.op(Op::WriteFile(path.clone(), data)).await;
     ctx.record(
         "write_file",
@@ -463,6 +490,7 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     )
     .await;
     outcome?;
+    let path = ctx.shown(&path);
     Ok(ok(
         vec![text(format!("wrote {size} bytes to {path}"))],
         json!({ "path": path, "size": size }),
@@ -471,12 +499,23 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
 
 async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
-    let OpOutput::Files(entries) = ctx.op(Op::ListFiles(path.clone())).await? else {
-        return Err(DomainError::new(
-            ErrorCode::Internal,
-            "unexpected provider reply",
-        ));
+    let path = ctx.path(&path, true)?;
+    let mut entries = match ctx.op(Op::ListFiles(path.clone())).await {
+        Ok(OpOutput::Files(entries)) => entries,
+        // The bot's own folder before anything was put in it.
+        Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => Vec::new(),
+        Err(e) => return Err(e),
+        Ok(_) => {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                "unexpected provider reply",
+            ));
+        }
     };
+    for e in &mut entries {
+        e.path = ctx.shown(&e.path);
+    }
+    let path = ctx.shown(&path);
     let lines: Vec<String> = entries
         .iter()
         .map(|e| {
@@ -510,10 +549,12 @@ struct OpenArgs {
 
 async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let OpenArgs { path } = args(a)?;
+    let path = if workspace_path::is_web_url(&path) {
+        path
+    } else {
+        ctx.path(&path, false)?
+    };
     open_screen(ctx).await?;
-    if !crate::providers::workspace_path::is_web_url(&path) {
-        crate::providers::workspace_path::normalize(&path, false)?;
-    }
     let op = Op::Open(ctx.run.bot_id.clone(), path.clone());
     recorded(ctx, "open_path", format!("open {path}"), op).await?;
     Ok(ok(

@@ -14,6 +14,7 @@ on_both_databases!(
     maintenance_reservation_excludes_new_leases,
     refused_fences_say_what_happened,
     run_finish_always_answers_a_checkpoint_object,
+    a_person_controls_a_private_screen_while_the_run_goes_on,
 );
 
 async fn two_team_bots_drive_at_once(s: TestServer) {
@@ -267,4 +268,28 @@ async fn run_finish_always_answers_a_checkpoint_object(s: TestServer) {
         )
         .await;
     assert!(done["checkpoint"]["saved"].is_i64(), "{done}");
+}
+
+async fn a_person_controls_a_private_screen_while_the_run_goes_on(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo before").await.unwrap();
+    let control = s
+        .ok("computer.takeControl", json!({ "botId": bots[0] }))
+        .await;
+    assert!(control["fence"].is_i64(), "{control}");
+    // The run is still running, and its tools still work.
+    assert_eq!(
+        s.ok("run.get", json!({ "runId": run })).await["state"],
+        "running"
+    );
+    assert_eq!(
+        s.exec(&run, fence, "echo during").await.unwrap()["stdout"],
+        "during\n"
+    );
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bots[0], "fence": control["fence"] }),
+    )
+    .await;
 }

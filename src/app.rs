@@ -125,6 +125,7 @@ impl App {
                 max_active: config.max_active,
                 command_timeout: config.command_timeout,
                 team_screen_limit: config.team_screen_limit,
+                provider_setup_error: built.status.setup_error.clone(),
             },
             master_key,
         });

@@ -119,6 +119,41 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
             .unwrap();
         let _ = std::fs::write(std::env::temp_dir().join("agent-desktop-act.png"), png);
     }
+    // A step the real screen refuses: its code and reason, in the result and its text.
+    for (step, reason) in [
+        (
+            json!({ "type": "click", "x": 5000, "y": 10 }),
+            "point (5000, 10) is outside the 1280x800 screen",
+        ),
+        (
+            json!({ "type": "key", "keys": "ctrl+foo" }),
+            "unknown key \"foo\"",
+        ),
+    ] {
+        let bad = s
+            .ok(
+                "tools/call",
+                json!({ "runId": run, "fence": fence, "name": "computer_act",
+                        "arguments": { "actions": [{ "type": "move", "x": 5, "y": 5 }, step] } }),
+            )
+            .await;
+        let error = &bad["structuredContent"]["error"];
+        assert_eq!(
+            (
+                bad["isError"].as_bool(),
+                error["code"].as_str(),
+                error["reason"].as_str(),
+                bad["structuredContent"]["completed"].as_u64()
+            ),
+            (Some(true), Some("INVALID_PARAMS"), Some(reason), Some(1)),
+            "{bad}"
+        );
+        let text = bad["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("INVALID_PARAMS: action 2 of 2") && text.contains(reason),
+            "{text}"
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -201,7 +236,7 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         &run,
         fence,
         "write_file",
-        json!({ "path": "shared/plan.md", "content": "step 1\n" }),
+        json!({ "path": "../../shared/plan.md", "content": "step 1\n" }),
     )
     .await;
     let out = tool(
@@ -223,7 +258,7 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         &run,
         fence,
         "read_file",
-        json!({ "path": "shared/plan.md" }),
+        json!({ "path": "/shared/plan.md" }),
     )
     .await;
     assert_eq!(read["structuredContent"]["content"], "step 1\n");

@@ -31,11 +31,93 @@ async fn docker_without_its_token_is_a_plain_setup_failure() {
         .unwrap();
     let v: Value = s.health().await;
     assert_eq!(v["status"], "degraded");
+    let setup = v["setupError"].as_str().unwrap().to_owned();
+    assert!(setup.contains("SANDBOX_SUPERVISOR_TOKEN"));
+    // Computer calls name that setup error, not `SANDBOX_PROVIDER=none`.
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let err = match s.call("run.start", json!({ "botId": bots[0] })).await {
+        Err(e) => e,
+        Ok(started) => {
+            let fence = started["lease"]["fence"].as_i64().unwrap();
+            let run = started["run"]["id"].as_str().unwrap();
+            s.exec(run, fence, "ls").await.unwrap_err()
+        }
+    };
+    assert_eq!(err.1, "NO_PROVIDER");
+    assert_eq!(
+        err.2,
+        format!("the sandbox provider could not start: {setup}")
+    );
+    assert!(!err.2.contains("SANDBOX_PROVIDER=none"), "{}", err.2);
+}
+
+/// A raw JSON-RPC exchange: the HTTP status and the response body.
+async fn raw_rpc(s: &TestServer, body: Value) -> (u16, Value) {
+    let resp = s
+        .http
+        .post(format!("{}/rpc", s.base))
+        .bearer_auth(&s.operator_token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+#[actix_rt::test]
+async fn unknown_methods_and_positional_params_get_json_rpc_codes() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (status, v) = raw_rpc(
+        &s,
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "space.explode", "params": {} }),
+    )
+    .await;
+    assert_eq!(
+        (
+            status,
+            v["error"]["code"].as_i64(),
+            v["error"]["data"]["code"].as_str()
+        ),
+        (404, Some(-32601), Some("METHOD_NOT_FOUND"))
+    );
     assert!(
-        v["setupError"]
+        v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("SANDBOX_SUPERVISOR_TOKEN")
+            .contains("unknown method `space.explode`")
+    );
+    // Named parameters only, where the README documents them and where a method takes none.
+    for (method, params) in [
+        ("space.create", json!(["Acme"])),
+        ("space.list", json!([])),
+        ("tools/list", json!([{}])),
+    ] {
+        let (status, v) = raw_rpc(
+            &s,
+            json!({ "jsonrpc": "2.0", "id": 2, "method": method, "params": params }),
+        )
+        .await;
+        assert_eq!(
+            (
+                status,
+                v["error"]["code"].as_i64(),
+                v["error"]["data"]["code"].as_str()
+            ),
+            (400, Some(-32602), Some("INVALID_PARAMS")),
+            "{method}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("named parameters"),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        s.ok("space.list", json!({})).await,
+        json!([]),
+        "named (or absent) params still work"
     );
 }
 
@@ -116,7 +198,7 @@ async fn bad_input_gets_stable_codes() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
     assert_eq!(
         s.call("no.such", json!({})).await.unwrap_err().1,
-        "INVALID_PARAMS"
+        "METHOD_NOT_FOUND"
     );
     assert_eq!(
         s.call("space.create", json!({ "name": "" }))
@@ -141,7 +223,7 @@ async fn bad_input_gets_stable_codes() {
     let err = s
         .call(
             "computer.exec",
-            json!({ "runId": run, "fence": fence, "command": "x", "cwd": "../.." }),
+            json!({ "runId": run, "fence": fence, "command": "x", "cwd": "../../.." }),
         )
         .await
         .unwrap_err();
@@ -176,7 +258,8 @@ async fn bad_input_gets_stable_codes() {
         .await
         .unwrap();
     assert!(v[0]["result"].is_array());
-    assert_eq!(v[1]["error"]["data"]["code"], "INVALID_PARAMS");
+    assert_eq!(v[1]["error"]["data"]["code"], "METHOD_NOT_FOUND");
+    assert_eq!(v[1]["error"]["code"], -32601);
 }
 
 #[actix_rt::test]

@@ -79,3 +79,39 @@ fn health(port: u16) -> std::io::Result<String> {
         .map(str::to_owned)
         .ok_or_else(|| std::io::Error::other("no body"))
 }
+
+#[test]
+fn logs_into_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // The default provider without its token logs a setup error at startup.
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("DATA_DIR", dir.path())
+        .env("SANDBOX_PROVIDER", "docker")
+        .env_remove("SANDBOX_SUPERVISOR_TOKEN")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if health(port).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(logs.contains("sandbox.setup_failed"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+}

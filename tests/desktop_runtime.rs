@@ -292,7 +292,12 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     ];
     let result = runtime.act("bot-b", &bad).await.unwrap();
     assert_eq!(result.completed, 1);
-    assert!(result.error.unwrap().contains("outside"));
+    let stop = result.error.unwrap();
+    assert_eq!(stop.code, rakazo_actors::ErrorCode::InvalidParams);
+    assert_eq!(
+        stop.reason,
+        "point (5000, 10) is outside the 1280x800 screen"
+    );
 
     // A view capability reaches x11vnc through the gateway.
     let cap = runtime.grant("bot-a", Policy::View).await.unwrap();

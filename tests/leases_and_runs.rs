@@ -12,6 +12,9 @@ on_both_databases!(
     takeover_waits_for_the_bot,
     racing_drivers_get_exactly_one_lease,
     maintenance_reservation_excludes_new_leases,
+    refused_fences_say_what_happened,
+    run_finish_always_answers_a_checkpoint_object,
+    a_person_controls_a_private_screen_while_the_run_goes_on,
 );
 
 async fn two_team_bots_drive_at_once(s: TestServer) {
@@ -178,4 +181,111 @@ async fn maintenance_reservation_excludes_new_leases(s: TestServer) {
     assert!(s.exec(&run, fence, "true").await.is_ok());
     leases.release(&key, reservation.fence).await.unwrap();
     s.start_run(&bots[1]).await;
+}
+
+async fn refused_fences_say_what_happened(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    // A made-up fence: unknown, not the run's.
+    let made_up = fence + 1000;
+    let err = s.exec(&run, made_up, "echo x").await.unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (409, "LEASE_FENCED"));
+    assert_eq!(
+        err.2,
+        format!(
+            "fence {made_up} is unknown: it is not the current fence of run {run} (use the lease.fence that run.start returned)"
+        )
+    );
+    let tool = s
+        .call(
+            "tools/call",
+            json!({ "runId": run, "fence": made_up, "name": "shell", "arguments": { "command": "ls" } }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (tool.1.as_str(), tool.2.contains("is unknown")),
+        ("LEASE_FENCED", true)
+    );
+
+    // A finished run: it says the run finished, with its fence or any other.
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    let finished = format!(
+        "run {run} has finished (completed) and its lease is released: start a new run with run.start"
+    );
+    for f in [fence, made_up] {
+        let err = s.exec(&run, f, "echo x").await.unwrap_err();
+        assert_eq!(
+            (err.1.as_str(), err.2.as_str()),
+            ("LEASE_FENCED", finished.as_str())
+        );
+    }
+    let again = s
+        .call(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (again.1.as_str(), again.2.as_str()),
+        ("LEASE_FENCED", finished.as_str())
+    );
+    let renew = s
+        .call("run.renew", json!({ "runId": run, "fence": fence }))
+        .await
+        .unwrap_err();
+    assert_eq!(renew.2, finished);
+}
+
+async fn run_finish_always_answers_a_checkpoint_object(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    // A run that never used its computer: no machine runs, so nothing is saved, and the
+    // answer says so rather than `null`.
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let done = s
+        .ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+    assert_eq!(done["checkpoint"], json!({ "noMachine": true }), "{done}");
+    // A run that used it saves a revision.
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo hi > a.txt").await.unwrap();
+    let done = s
+        .ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+    assert!(done["checkpoint"]["saved"].is_i64(), "{done}");
+}
+
+async fn a_person_controls_a_private_screen_while_the_run_goes_on(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "echo before").await.unwrap();
+    let control = s
+        .ok("computer.takeControl", json!({ "botId": bots[0] }))
+        .await;
+    assert!(control["fence"].is_i64(), "{control}");
+    // The run is still running, and its tools still work.
+    assert_eq!(
+        s.ok("run.get", json!({ "runId": run })).await["state"],
+        "running"
+    );
+    assert_eq!(
+        s.exec(&run, fence, "echo during").await.unwrap()["stdout"],
+        "during\n"
+    );
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bots[0], "fence": control["fence"] }),
+    )
+    .await;
 }

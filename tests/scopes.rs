@@ -533,7 +533,8 @@ async fn mcp_serves_bot_tokens_only_and_only_the_tools() {
                 && if served {
                     body.get("result").is_some()
                 } else {
-                    body["error"]["data"]["code"] == "INVALID_PARAMS"
+                    body["error"]["data"]["code"] == "METHOD_NOT_FOUND"
+                        && body["error"]["code"] == -32601
                 };
             if !ok {
                 wrong.push(format!("{} over MCP as {who:?}: {status} {body}", m.name));

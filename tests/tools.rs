@@ -515,3 +515,345 @@ async fn an_idle_mcp_session_ends_with_a_checkpoint_and_a_stopped_run_ends_its_s
     }
     assert_eq!(status, 404);
 }
+
+/// The code and message of a failed tool result, checking the text says the same.
+fn tool_error(result: &Value) -> (String, String) {
+    assert_eq!(result["isError"], true, "{result}");
+    let e = &result["structuredContent"]["error"];
+    let (code, message) = (
+        e["code"].as_str().unwrap().to_owned(),
+        e["message"].as_str().unwrap().to_owned(),
+    );
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(&format!("{code}: ")) && text.contains(&message),
+        "{text}"
+    );
+    (code, message)
+}
+
+#[actix_rt::test]
+async fn every_bad_action_says_its_code_and_reason() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let act = |actions: Value| {
+        let (s, run) = (&s, run.clone());
+        async move {
+            tool(
+                s,
+                &run,
+                fence,
+                "computer_act",
+                json!({ "actions": actions }),
+            )
+            .await
+        }
+    };
+    // Each kind of step the screen cannot do: the code, the step and why.
+    let long = "x".repeat(10_001);
+    let cases = [
+        (
+            json!({ "type": "click", "x": 5000, "y": 10 }),
+            "action 1 of 1 (click) was not done: point (5000, 10) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "move", "x": -1, "y": 10 }),
+            "action 1 of 1 (move) was not done: point (-1, 10) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "drag", "from_x": 1, "from_y": 1, "to_x": 1, "to_y": 400 }),
+            "action 1 of 1 (drag) was not done: point (1, 400) is outside the 160x100 screen",
+        ),
+        (
+            json!({ "type": "key", "keys": "ctrl+foo" }),
+            "action 1 of 1 (key) was not done: unknown key \"foo\"",
+        ),
+        (
+            json!({ "type": "key", "keys": " " }),
+            "action 1 of 1 (key) was not done: empty key combination",
+        ),
+        (
+            json!({ "type": "scroll", "x": 5, "y": 5, "dx": 0, "dy": 500 }),
+            "action 1 of 1 (scroll) was not done: scroll of (0, 500) notches: at most 100 each way",
+        ),
+        (
+            json!({ "type": "wait", "ms": 60000 }),
+            "action 1 of 1 (wait) was not done: wait of 60000 ms: at most 10000 ms",
+        ),
+        (
+            json!({ "type": "type", "text": long }),
+            "action 1 of 1 (type) was not done: text of 10001 characters: at most 10000 per type action",
+        ),
+    ];
+    for (step, want) in cases {
+        let r = act(json!([step])).await;
+        assert_eq!(
+            tool_error(&r),
+            ("INVALID_PARAMS".to_owned(), want.to_owned()),
+            "{step}"
+        );
+        assert_eq!(r["structuredContent"]["completed"], 0);
+        assert!(
+            r["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("Only 0 of 1 actions completed")
+        );
+    }
+    // A batch stops at its bad step: the steps before it are done and the frame comes back.
+    let r =
+        act(json!([{ "type": "move", "x": 3, "y": 3 }, { "type": "click", "x": 10, "y": 999 }]))
+            .await;
+    let (code, message) = tool_error(&r);
+    assert_eq!(code, "INVALID_PARAMS");
+    assert!(message.starts_with("action 2 of 2 (click)"), "{message}");
+    assert_eq!(
+        (
+            r["structuredContent"]["completed"].as_u64(),
+            r["structuredContent"]["error"]["index"].as_u64(),
+            r["structuredContent"]["error"]["reason"].as_str(),
+        ),
+        (
+            Some(1),
+            Some(1),
+            Some("point (10, 999) is outside the 160x100 screen")
+        )
+    );
+    assert!(has_image(&r));
+
+    // Batches and arguments that are wrong as a whole.
+    for (args, want) in [
+        (
+            json!({ "actions": [] }),
+            "actions holds 0 steps: give 1 to 50",
+        ),
+        (
+            json!({ "actions": vec![json!({ "type": "wait", "ms": 0 }); 51] }),
+            "actions holds 51 steps: give 1 to 50",
+        ),
+        (
+            json!({ "actions": [{ "type": "hover", "x": 1, "y": 1 }] }),
+            "unknown variant `hover`",
+        ),
+        (
+            json!({ "actions": [{ "type": "click", "x": 1 }] }),
+            "missing field `y`",
+        ),
+        (json!({}), "missing field `actions`"),
+    ] {
+        let r = tool(&s, &run, fence, "computer_act", args.clone()).await;
+        let (code, message) = tool_error(&r);
+        assert_eq!(code, "INVALID_PARAMS", "{args}");
+        assert!(message.contains(want), "{args}: {message}");
+    }
+
+    // The other tools: the same shape, each with its own code.
+    for (name, args, want_code, want) in [
+        (
+            "no_such_tool",
+            json!({}),
+            "INVALID_PARAMS",
+            "unknown tool `no_such_tool`",
+        ),
+        (
+            "shell",
+            json!({ "command": " " }),
+            "INVALID_PARAMS",
+            "command must be",
+        ),
+        (
+            "shell",
+            json!({ "cmd": "ls" }),
+            "INVALID_PARAMS",
+            "unknown field `cmd`",
+        ),
+        (
+            "read_file",
+            json!({ "path": "missing.txt" }),
+            "NOT_FOUND",
+            "missing.txt",
+        ),
+        (
+            "read_file",
+            json!({ "path": "../../../etc/passwd" }),
+            "PATH_REJECTED",
+            "outside",
+        ),
+        (
+            "write_file",
+            json!({ "path": "a.txt" }),
+            "INVALID_PARAMS",
+            "exactly one of content",
+        ),
+        (
+            "write_file",
+            json!({ "path": "a.txt", "content_base64": "%%" }),
+            "INVALID_PARAMS",
+            "not base64",
+        ),
+        (
+            "list_files",
+            json!({ "path": "nowhere" }),
+            "NOT_FOUND",
+            "nowhere",
+        ),
+        (
+            "open_path",
+            json!({ "path": "../x" }),
+            "PATH_REJECTED",
+            "outside",
+        ),
+        (
+            "launch_app",
+            json!({ "command": "" }),
+            "INVALID_PARAMS",
+            "command is empty",
+        ),
+    ] {
+        let r = tool(&s, &run, fence, name, args.clone()).await;
+        let (code, message) = tool_error(&r);
+        assert_eq!(code, want_code, "{name} {args}: {message}");
+        assert!(message.contains(want), "{name} {args}: {message}");
+    }
+}
+
+#[actix_rt::test]
+async fn team_paths_mean_the_bots_folder_in_every_tool() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let call = |name: &'static str, arguments: Value| {
+        let (s, run) = (&s, run.clone());
+        async move {
+            let r = tool(s, &run, fence, name, arguments.clone()).await;
+            assert_eq!(r["isError"], false, "{name} {arguments}: {r}");
+            r["structuredContent"].clone()
+        }
+    };
+    let sh = |command: &'static str| call("shell", json!({ "command": command }));
+    let stdout = |v: Value| v["stdout"].as_str().unwrap().to_owned();
+
+    // The bot's folder: an empty listing before anything is in it, and where the shell starts.
+    assert_eq!(call("list_files", json!({})).await["entries"], json!([]));
+    assert_eq!(
+        stdout(sh("pwd").await),
+        format!("/workspace/bots/{}\n", bots[0])
+    );
+
+    // Written with the file tool, read with the shell.
+    let wrote = call(
+        "write_file",
+        json!({ "path": "notes/hello.txt", "content": "hello" }),
+    )
+    .await;
+    assert_eq!(wrote["path"], "notes/hello.txt");
+    assert_eq!(stdout(sh("cat notes/hello.txt").await), "hello");
+    let inside = call(
+        "shell",
+        json!({ "command": "cat hello.txt", "cwd": "notes" }),
+    )
+    .await;
+    assert_eq!(stdout(inside), "hello");
+    call(
+        "write_file",
+        json!({ "path": "../../shared/team.txt", "content": "for all" }),
+    )
+    .await;
+    assert_eq!(stdout(sh("cat ../../shared/team.txt").await), "for all");
+    call(
+        "write_file",
+        json!({ "path": "/shared/root.txt", "content": "from the root" }),
+    )
+    .await;
+    assert_eq!(
+        stdout(sh("cat ../../shared/root.txt").await),
+        "from the root"
+    );
+
+    // Written with the shell, read with every file tool.
+    sh("mkdir made && echo from the shell > made/s.txt").await;
+    let read = call("read_file", json!({ "path": "made/s.txt" })).await;
+    assert_eq!(
+        (read["path"].as_str(), read["content"].as_str()),
+        (Some("made/s.txt"), Some("from the shell\n"))
+    );
+    let attached = tool(
+        &s,
+        &run,
+        fence,
+        "attach_file",
+        json!({ "path": "./made/s.txt" }),
+    )
+    .await;
+    assert_eq!(attached["structuredContent"]["size"], 15, "{attached}");
+    let listed = call("list_files", json!({ "path": "made" })).await;
+    assert_eq!(listed["entries"][0]["path"], "made/s.txt");
+    let mine = call("list_files", json!({})).await;
+    let names: Vec<&str> = mine["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["made", "notes"]);
+    sh("echo shared by the shell > ../../shared/sh.txt").await;
+    let shared = call("read_file", json!({ "path": "../../shared/sh.txt" })).await;
+    assert_eq!(shared["content"], "shared by the shell\n");
+    assert_eq!(shared["path"], "/shared/sh.txt");
+    let root = call("list_files", json!({ "path": "/shared" })).await;
+    assert!(
+        root["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"] == "/shared/sh.txt"),
+        "{root}"
+    );
+    call("open_path", json!({ "path": "made/s.txt" })).await;
+
+    // The activity feed names workspace paths, as people browse them.
+    let history = s.ok("activity.list", json!({ "botId": bots[0] })).await;
+    let lines: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["command"].as_str().unwrap())
+        .collect();
+    assert!(
+        lines.contains(&format!("write bots/{}/notes/hello.txt", bots[0]).as_str()),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"write shared/team.txt"), "{lines:?}");
+
+    // Another bot's relative paths are its own folder.
+    let (run1, fence1) = s.start_run(&bots[1]).await;
+    let other = tool(
+        &s,
+        &run1,
+        fence1,
+        "read_file",
+        json!({ "path": "notes/hello.txt" }),
+    )
+    .await;
+    assert_eq!(other["structuredContent"]["error"]["code"], "NOT_FOUND");
+
+    // Nothing climbs out of the workspace, in any tool.
+    for (name, args) in [
+        ("read_file", json!({ "path": "../../../etc/passwd" })),
+        ("attach_file", json!({ "path": "/../etc/passwd" })),
+        (
+            "write_file",
+            json!({ "path": "../../../x", "content": "x" }),
+        ),
+        ("list_files", json!({ "path": "../../.." })),
+        ("shell", json!({ "command": "pwd", "cwd": "../../.." })),
+        ("open_path", json!({ "path": "../../../etc/passwd" })),
+    ] {
+        let r = tool(&s, &run, fence, name, args.clone()).await;
+        assert_eq!(
+            r["structuredContent"]["error"]["code"], "PATH_REJECTED",
+            "{name} {args}: {r}"
+        );
+    }
+}

@@ -485,7 +485,8 @@ pub async fn screens(p: Arc<dyn SandboxProvider>) {
     p.destroy(&m).await.unwrap();
 }
 
-/// Observe returns a PNG; an action batch reports every action completed and a frame.
+/// Observe returns a PNG; an action batch reports every action completed and a frame; a step
+/// the screen cannot do stops the batch with its reason.
 pub async fn observe_and_act(p: Arc<dyn SandboxProvider>) {
     let m = machine(p.as_ref(), "observe").await;
     p.open_screen(&m, "bot-a").await.unwrap();
@@ -507,7 +508,51 @@ pub async fn observe_and_act(p: Arc<dyn SandboxProvider>) {
     ];
     let outcome = p.act(&m, "bot-a", &actions).await.unwrap();
     assert_eq!(outcome.completed, actions.len());
+    assert_eq!(outcome.stopped, None);
     assert!(outcome.frame.png.starts_with(PNG_SIGNATURE));
+
+    // A step the screen cannot do stops the batch there, saying why (`INVALID_PARAMS`).
+    let (w, h) = (frame.width as i32, frame.height as i32);
+    let bad = [
+        (
+            Action::Click {
+                x: w + 4000,
+                y: 10,
+                button: Button::Left,
+                double: false,
+            },
+            format!("point ({}, 10) is outside the {w}x{h} screen", w + 4000),
+        ),
+        (
+            Action::Key {
+                keys: "ctrl+foo".into(),
+            },
+            "unknown key \"foo\"".to_owned(),
+        ),
+        (
+            Action::Scroll {
+                x: 1,
+                y: 1,
+                dx: 0,
+                dy: 500,
+            },
+            "scroll of (0, 500) notches: at most 100 each way".to_owned(),
+        ),
+        (
+            Action::Wait { ms: 60_000 },
+            "wait of 60000 ms: at most 10000 ms".to_owned(),
+        ),
+    ];
+    for (step, reason) in bad {
+        let batch = [Action::Move { x: 1, y: 1 }, step];
+        let outcome = p.act(&m, "bot-a", &batch).await.unwrap();
+        assert_eq!(outcome.completed, 1, "{batch:?}");
+        assert_eq!(
+            outcome.stopped,
+            Some(crate::provider::ActStop::invalid(reason)),
+            "{batch:?}"
+        );
+    }
     p.destroy(&m).await.unwrap();
 }
 

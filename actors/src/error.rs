@@ -9,6 +9,8 @@ use std::fmt;
 pub enum ErrorCode {
     /// The request is malformed or a parameter is out of range.
     InvalidParams,
+    /// No such method (JSON-RPC `-32601`).
+    MethodNotFound,
     /// No valid bearer token was presented.
     Unauthorized,
     /// The caller may not act on this space, bot or computer.
@@ -64,6 +66,7 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::InvalidParams => "INVALID_PARAMS",
+            Self::MethodNotFound => "METHOD_NOT_FOUND",
             Self::Unauthorized => "UNAUTHORIZED",
             Self::Forbidden => "FORBIDDEN",
             Self::NotFound => "NOT_FOUND",
@@ -97,7 +100,7 @@ impl ErrorCode {
             Self::InvalidParams | Self::PathRejected | Self::ArchiveRejected => 400,
             Self::Unauthorized => 401,
             Self::Forbidden => 403,
-            Self::NotFound => 404,
+            Self::NotFound | Self::MethodNotFound => 404,
             Self::LeaseHeld
             | Self::LeaseFenced
             | Self::StopBotFirst
@@ -123,7 +126,9 @@ impl ErrorCode {
         match self {
             Self::StopBotFirst => "Stop the bot first",
             Self::MultiScreenUnavailable => "This computer cannot open another screen",
-            Self::LeaseFenced => "The lease was granted again; this fence is stale",
+            Self::LeaseFenced => {
+                "This fence is not the live grant of its lease (released, expired or granted again)"
+            }
             Self::LeaseHeld => "The bot already has a driver",
             Self::ControlHeld => "Someone else controls this screen",
             Self::ControlRequired => "Take control of this screen first",

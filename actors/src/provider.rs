@@ -190,6 +190,38 @@ pub struct ActOutcome {
     pub completed: usize,
     /// The settled frame after the batch.
     pub frame: Frame,
+    /// Why the action after the completed ones was not done, when the batch stopped early.
+    pub stopped: Option<ActStop>,
+}
+
+/// Why a batch stopped before its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActStop {
+    /// `InvalidParams` when the action cannot be done on this screen (a point outside it,
+    /// an unknown key, a scroll, text or wait beyond its bound); `ProviderFailed` when the
+    /// computer failed to do it.
+    pub code: ErrorCode,
+    /// The reason, for the agent (for example `point (5000, 10) is outside the 1280x800
+    /// screen`).
+    pub reason: String,
+}
+
+impl ActStop {
+    /// An action that cannot be done on this screen.
+    pub fn invalid(reason: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::InvalidParams,
+            reason: reason.into(),
+        }
+    }
+
+    /// An action the computer failed to do.
+    pub fn failed(reason: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::ProviderFailed,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// An allocated screen: the display slot a bot's desktop runs on.

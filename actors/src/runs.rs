@@ -58,6 +58,31 @@ impl RunState {
     }
 }
 
+/// Why `fence` cannot act for `run` before its lease is even looked at: the run has finished,
+/// or the fence is not the one its `run.start` granted (`LEASE_FENCED` either way, saying
+/// which).
+pub fn fence_refusal(run: &run::Model, fence: i64) -> Option<DomainError> {
+    if RunState::parse_outcome(&run.state).is_some() {
+        return Some(DomainError::new(
+            ErrorCode::LeaseFenced,
+            format!(
+                "run {} has finished ({}) and its lease is released: start a new run with run.start",
+                run.id, run.state
+            ),
+        ));
+    }
+    if fence != run.lease_fence {
+        return Some(DomainError::new(
+            ErrorCode::LeaseFenced,
+            format!(
+                "fence {fence} is unknown: it is not the current fence of run {} (use the lease.fence that run.start returned)",
+                run.id
+            ),
+        ));
+    }
+    None
+}
+
 /// Where a run happens.
 #[derive(Clone, Debug)]
 pub struct RunTarget {
@@ -154,12 +179,22 @@ impl Runs {
 
     /// The execution lease of a run, checked against `fence`.
     pub async fn verify(&self, run: &run::Model, fence: i64) -> DomainResult<Grant> {
-        if fence != run.lease_fence {
-            return Err(DomainError::code(ErrorCode::LeaseFenced));
+        if let Some(refused) = fence_refusal(run, fence) {
+            return Err(refused);
         }
         self.leases
             .verify(&LeaseKey::execution(&run.computer_id, &run.bot_id), fence)
             .await
+            .map_err(|e| match e.code {
+                ErrorCode::LeaseFenced => DomainError::new(
+                    ErrorCode::LeaseFenced,
+                    format!(
+                        "the lease of run {} is no longer live (it expired, or the bot was stopped): start a new run with run.start",
+                        run.id
+                    ),
+                ),
+                _ => e,
+            })
     }
 
     /// The bot asks for a person: the run waits for takeover (the lease stays with it).

@@ -23,6 +23,9 @@ pub struct Settings {
     pub command_timeout: Duration,
     /// Cap on active desktops per computer (0 = none).
     pub team_screen_limit: u32,
+    /// Why the configured provider could not start (its setup error, as health reports it);
+    /// `NO_PROVIDER` answers name it. `None` when no provider was asked for.
+    pub provider_setup_error: Option<String>,
 }
 
 impl Default for Settings {
@@ -32,6 +35,7 @@ impl Default for Settings {
             max_active: Duration::from_millis(7_200_000),
             command_timeout: Duration::from_millis(300_000),
             team_screen_limit: 0,
+            provider_setup_error: None,
         }
     }
 }
@@ -62,13 +66,15 @@ impl Runtime {
         })
     }
 
-    /// The provider, or `NO_PROVIDER`.
+    /// The provider, or `NO_PROVIDER` naming why none runs: the configured provider's setup
+    /// error, or `SANDBOX_PROVIDER=none`.
     pub fn provider(&self) -> DomainResult<Arc<dyn SandboxProvider>> {
         self.provider.clone().ok_or_else(|| {
-            DomainError::new(
-                ErrorCode::NoProvider,
-                "no sandbox provider is configured (SANDBOX_PROVIDER=none)",
-            )
+            let message = match &self.settings.provider_setup_error {
+                Some(reason) => format!("the sandbox provider could not start: {reason}"),
+                None => "no sandbox provider is configured (SANDBOX_PROVIDER=none)".to_owned(),
+            };
+            DomainError::new(ErrorCode::NoProvider, message)
         })
     }
 }

@@ -174,7 +174,7 @@ pub async fn post(app: web::Data<App>, req: HttpRequest, payload: web::Payload) 
         "tools/list" => Ok(json!({ "tools": tools::definitions() })),
         "tools/call" => call_tool(&app, &caller, &session.0, params).await,
         other => Err(DomainError::new(
-            ErrorCode::InvalidParams,
+            ErrorCode::MethodNotFound,
             format!("unknown method `{other}`"),
         )),
     };

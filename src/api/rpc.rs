@@ -33,6 +33,7 @@ pub struct Request {
 fn numeric(code: ErrorCode) -> i64 {
     match code {
         ErrorCode::InvalidParams => -32602,
+        ErrorCode::MethodNotFound => -32601,
         ErrorCode::Internal => -32603,
         _ => -32000,
     }

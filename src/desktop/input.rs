@@ -16,15 +16,11 @@ use x11rb::protocol::xproto::{
 use x11rb::protocol::xtest::ConnectionExt as _;
 
 use super::DesktopError;
+use super::action_rules::check;
 use super::capture::{RawFrame, XDisplay, x_err};
 use super::keys::{char_keysym, parse_combo, sym};
 
-/// Longest single `wait` action.
-pub const MAX_WAIT: Duration = Duration::from_secs(10);
-/// Longest text of one `type` action, in characters.
-pub const MAX_TYPE_CHARS: usize = 10_000;
-/// Most wheel notches of one `scroll` action.
-pub const MAX_SCROLL: i32 = 100;
+pub use super::action_rules::{MAX_SCROLL, MAX_TYPE_CHARS, MAX_WAIT};
 /// Pause after a key combination with modifiers (shortcuts move focus asynchronously).
 const SHORTCUT_PAUSE: Duration = Duration::from_millis(50);
 /// Pointer steps of a drag, so applications see the motion between press and release.
@@ -307,16 +303,27 @@ impl XDisplay {
     /// first failure with [`DesktopError::Action`], whose `index` is how many completed.
     pub fn apply_batch(&mut self, actions: &[Action]) -> Result<(), DesktopError> {
         for (index, action) in actions.iter().enumerate() {
+            let (width, height) = (u32::from(self.width), u32::from(self.height));
+            check(action, width, height).map_err(|reason| DesktopError::Action {
+                index,
+                reason,
+                invalid: true,
+            })?;
             self.apply(action)
                 .and_then(|()| self.conn.flush().map_err(x_err))
                 .map_err(|e| DesktopError::Action {
                     index,
-                    reason: e.to_string(),
+                    invalid: matches!(e, DesktopError::Invalid(_)),
+                    reason: match e {
+                        DesktopError::Invalid(reason) => reason,
+                        other => other.to_string(),
+                    },
                 })?;
         }
         self.sync().map_err(|e| DesktopError::Action {
             index: actions.len(),
             reason: e.to_string(),
+            invalid: false,
         })
     }
 

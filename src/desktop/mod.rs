@@ -21,6 +21,7 @@
 //! (the screen actor) decides who controls a screen and when to tear it down; this module only
 //! keeps the processes and sockets true to that decision.
 
+pub mod action_rules;
 pub mod browser;
 pub mod capture;
 pub mod cdp;
@@ -66,6 +67,9 @@ pub enum DesktopError {
         index: usize,
         /// Why it failed.
         reason: String,
+        /// Whether the action itself was invalid on this screen (rather than the display
+        /// failing to do it).
+        invalid: bool,
     },
     /// An identifier (bot id, home key) is not acceptable as a path component.
     #[error("invalid identifier: {0}")]

@@ -285,12 +285,13 @@ impl SandboxProvider for DesktopProvider {
             .runtime
             .act(bot_id, actions)
             .await?;
-        if let Some(reason) = &result.error {
-            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "desktop.act.stopped");
+        if let Some(stop) = &result.error {
+            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "desktop.act.stopped");
         }
         Ok(ActOutcome {
             completed: result.completed,
             frame: result.observation.frame,
+            stopped: result.error,
         })
     }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use rakazo_actors::provider::{Action, Frame};
+use rakazo_actors::provider::{ActStop, Action, Frame};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 
@@ -169,7 +169,7 @@ pub struct ActResult {
     /// How many actions completed, in order.
     pub completed: usize,
     /// Why the next action failed, if one did.
-    pub error: Option<String>,
+    pub error: Option<ActStop>,
     /// The settled screen after the batch.
     pub observation: Observation,
 }
@@ -644,8 +644,15 @@ impl DesktopRuntime {
             let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
             let (completed, error) = match x.apply_batch(&actions) {
                 Ok(()) => (actions.len(), None),
-                Err(DesktopError::Action { index, reason }) => (index, Some(reason)),
-                Err(e) => (0, Some(e.to_string())),
+                Err(DesktopError::Action {
+                    index,
+                    reason,
+                    invalid: true,
+                }) => (index, Some(ActStop::invalid(reason))),
+                Err(DesktopError::Action { index, reason, .. }) => {
+                    (index, Some(ActStop::failed(reason)))
+                }
+                Err(e) => (0, Some(ActStop::failed(e.to_string()))),
             };
             let raw = x.settle(settle.first_delay, settle.interval, settle.timeout)?;
             Ok(ActResult {

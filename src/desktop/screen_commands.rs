@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use rakazo_actors::provider::{Action, Button, Frame};
+use rakazo_actors::provider::{ActStop, Action, Button, Frame};
 
+use super::action_rules::{MAX_WAIT, check};
 use super::capture::frame_hash;
 use super::command::{CommandRunner, SCRIPT_TIMEOUT, install_program};
 use super::keys::parse_combo;
@@ -22,9 +23,6 @@ use super::{DesktopError, shell_quote};
 
 /// The capture helper program.
 pub const HELPER_SOURCE: &str = include_str!("capture_helper.py");
-
-/// Longest wait action (as on the direct path).
-const MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// One display of a machine, reached through commands.
 pub struct CommandScreen {
@@ -110,7 +108,7 @@ impl CommandScreen {
     }
 
     /// Applies `actions` in order: how many completed, and why the next one failed.
-    pub async fn apply(&self, actions: &[Action]) -> (usize, Option<String>) {
+    pub async fn apply(&self, actions: &[Action]) -> (usize, Option<ActStop>) {
         let mut script = format!("export {}\n", self.env());
         for (index, action) in actions.iter().enumerate() {
             match xdotool(action, self.width, self.height) {
@@ -125,18 +123,18 @@ impl CommandScreen {
         }
         let out = match self.runner.run(&script, SCRIPT_TIMEOUT + MAX_WAIT).await {
             Ok(out) => out,
-            Err(e) => return (0, Some(e.to_string())),
+            Err(e) => return (0, Some(ActStop::failed(e.to_string()))),
         };
         let mut completed = 0;
         let mut error = None;
         for line in out.stdout.lines() {
             match line.strip_prefix('!') {
-                Some(reason) => error = Some(reason.to_owned()),
+                Some(reason) => error = Some(ActStop::invalid(reason)),
                 None => completed = line.trim().parse().unwrap_or(completed),
             }
         }
         if error.is_none() && completed < actions.len() {
-            error = Some(format!("xdotool: {}", out.stderr.trim()));
+            error = Some(ActStop::failed(format!("xdotool: {}", out.stderr.trim())));
         }
         (completed, error)
     }
@@ -160,12 +158,9 @@ impl CommandScreen {
 
 /// The `xdotool` call of one action on a `width` x `height` screen, or why it is invalid.
 fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
-    let point = |x: i32, y: i32| -> Result<String, String> {
-        if x < 0 || y < 0 || x as u32 >= width || y as u32 >= height {
-            return Err(format!("point ({x}, {y}) is off the screen"));
-        }
-        Ok(format!("mousemove --sync {x} {y}"))
-    };
+    check(action, width, height)?;
+    let point =
+        |x: i32, y: i32| -> Result<String, String> { Ok(format!("mousemove --sync {x} {y}")) };
     Ok(match action {
         Action::Move { x, y } => format!("xdotool {}", point(*x, *y)?),
         Action::Click {
@@ -196,7 +191,7 @@ fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
                     let button = if amount < 0 { negative } else { positive };
                     cmd.push_str(&format!(
                         " click --repeat {} {button}",
-                        amount.unsigned_abs().min(50)
+                        amount.unsigned_abs()
                     ));
                 }
             }
@@ -211,11 +206,7 @@ fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
             format!("xdotool key --clearmodifiers {}", combo.join("+"))
         }
         Action::Wait { ms } => {
-            let wait = Duration::from_millis(*ms);
-            if wait > MAX_WAIT {
-                return Err(format!("wait longer than {} ms", MAX_WAIT.as_millis()));
-            }
-            format!("sleep {}", wait.as_secs_f64())
+            format!("sleep {}", Duration::from_millis(*ms).as_secs_f64())
         }
     })
 }

@@ -12,7 +12,7 @@ use base64::Engine;
 use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, Op, OpOutput};
 use rakazo_actors::entity::run;
-use rakazo_actors::provider::{Action, BrowserCommand, ExecRequest, Frame};
+use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
@@ -23,6 +23,7 @@ pub use economy::Economy;
 pub use schema::definitions;
 
 use crate::app::App;
+use crate::providers::workspace_path;
 
 /// Largest file `read_file` and `attach_file` return.
 pub const MAX_READ_BYTES: usize = 8 * 1024 * 1024;
@@ -72,6 +73,26 @@ fn tail(bytes: &str, max: usize) -> (String, bool) {
 }
 
 impl ToolCtx<'_> {
+    /// The folder relative paths start from: `bots/<bot id>` on a Team Computer, the
+    /// workspace root otherwise.
+    fn base(&self) -> String {
+        if self.team {
+            format!("bots/{}", self.run.bot_id)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The workspace path an agent's path means (see [`workspace_path::resolve`]).
+    fn path(&self, path: &str, allow_root: bool) -> DomainResult<String> {
+        Ok(workspace_path::resolve(&self.base(), path, allow_root)?)
+    }
+
+    /// A workspace path as the agent writes it.
+    fn shown(&self, workspace_path: &str) -> String {
+        workspace_path::shown(&self.base(), workspace_path)
+    }
+
     async fn op(&self, op: Op) -> DomainResult<OpOutput> {
         self.handle.computer.send(Call(op)).await?
     }
@@ -181,7 +202,10 @@ struct ActArgs {
 async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let ActArgs { actions } = args(a)?;
     if actions.is_empty() || actions.len() > 50 {
-        return Err(DomainError::invalid("actions must hold 1 to 50 steps"));
+        return Err(DomainError::invalid(format!(
+            "actions holds {} steps: give 1 to 50",
+            actions.len()
+        )));
     }
     let batch = serde_json::to_string(&actions).unwrap_or_default();
     if ctx.app.tools.exhausted(&ctx.run.id, &batch) {
@@ -192,35 +216,67 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     }
     open_screen(ctx).await?;
     let total = actions.len();
+    let kinds: Vec<&'static str> = actions
+        .iter()
+        .map(crate::desktop::action_rules::kind)
+        .collect();
     let OpOutput::Act(outcome) = ctx.op(Op::Act(ctx.run.bot_id.clone(), actions)).await? else {
         return Err(DomainError::new(
             ErrorCode::Internal,
             "unexpected provider reply",
         ));
     };
+    let completed = outcome.completed;
     let result = ctx
         .frame_result(
             outcome.frame,
-            json!({ "completed": outcome.completed, "total": total }),
+            json!({ "completed": completed, "total": total }),
         )
         .await;
     let unchanged = result["structuredContent"]["unchanged"]
         .as_bool()
         .unwrap_or(false);
     ctx.app.tools.count(&ctx.run.id, &batch, unchanged);
-    if outcome.completed < total {
-        let mut r = result;
-        r["isError"] = json!(true);
-        if let Some(c) = r["content"].as_array_mut() {
-            let note = format!(
-                "Only {} of {total} actions completed; nothing was replayed. Look at the screen before going on.",
-                outcome.completed
-            );
-            c.insert(0, text(note));
-        }
-        return Ok(r);
+    if completed < total {
+        let stop = outcome
+            .stopped
+            .unwrap_or_else(|| ActStop::failed("the computer stopped the batch"));
+        return Ok(act_stopped(
+            result,
+            &stop,
+            completed,
+            total,
+            kinds[completed],
+        ));
     }
     Ok(result)
+}
+
+/// A batch that stopped early: an `isError` result with the code and reason of the step that
+/// was not done, plus the frame so the agent sees where things stand.
+fn act_stopped(
+    mut result: Value,
+    stop: &ActStop,
+    completed: usize,
+    total: usize,
+    kind: &str,
+) -> Value {
+    let message = format!(
+        "action {} of {total} ({kind}) was not done: {}",
+        completed + 1,
+        stop.reason
+    );
+    result["isError"] = json!(true);
+    result["structuredContent"]["error"] = json!({ "code": stop.code.as_str(), "message": message,
+                                                   "reason": stop.reason, "index": completed });
+    if let Some(c) = result["content"].as_array_mut() {
+        let note = format!(
+            "{}: {message}. Only {completed} of {total} actions completed; nothing was replayed. Look at the screen before going on.",
+            stop.code.as_str()
+        );
+        c.insert(0, text(note));
+    }
+    result
 }
 
 #[derive(Deserialize)]
@@ -247,9 +303,9 @@ pub async fn shell_exec(
     let max = ctx.app.config.command_timeout;
     let timeout = timeout_ms.map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
     let cwd = match cwd.filter(|c| !c.is_empty()) {
-        Some(c) => c,
+        Some(c) => ctx.path(&c, true)?,
         None if ctx.team => {
-            let home = format!("bots/{}", ctx.run.bot_id);
+            let home = ctx.base();
             let mkdir = ExecRequest {
                 command: format!("mkdir -p '{home}'"),
                 cwd: String::new(),
@@ -321,6 +377,7 @@ struct PathArgs {
 
 async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
+    let path = ctx.path(&path, false)?;
     let listing = ctx.op(Op::ListFiles(parent(&path).to_owned())).await;
     if let Ok(OpOutput::Files(entries)) = &listing
         && let Some(e) = entries.iter().find(|e| e.path == path)
@@ -367,8 +424,12 @@ async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Va
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
         let resource = json!({ "type": "resource", "resource": { "uri": format!("workspace:///{path}"),
                                "mimeType": "application/octet-stream", "blob": data } });
-        return Ok(ok(vec![resource], json!({ "path": path, "size": size })));
+        return Ok(ok(
+            vec![resource],
+            json!({ "path": ctx.shown(&path), "size": size }),
+        ));
     }
+    let path = ctx.shown(&path);
     Ok(match String::from_utf8(bytes) {
         Ok(s) => ok(
             vec![text(s.clone())],
@@ -418,6 +479,7 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         }
     };
     let size = data.len() as i64;
+    let path = ctx.path(&path, false)?;
     let outcome = ctx.op(Op::WriteFile(path.clone(), data)).await;
     ctx.record(
         "write_file",
@@ -428,6 +490,7 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     )
     .await;
     outcome?;
+    let path = ctx.shown(&path);
     Ok(ok(
         vec![text(format!("wrote {size} bytes to {path}"))],
         json!({ "path": path, "size": size }),
@@ -436,12 +499,23 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
 
 async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
-    let OpOutput::Files(entries) = ctx.op(Op::ListFiles(path.clone())).await? else {
-        return Err(DomainError::new(
-            ErrorCode::Internal,
-            "unexpected provider reply",
-        ));
+    let path = ctx.path(&path, true)?;
+    let mut entries = match ctx.op(Op::ListFiles(path.clone())).await {
+        Ok(OpOutput::Files(entries)) => entries,
+        // The bot's own folder before anything was put in it.
+        Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => Vec::new(),
+        Err(e) => return Err(e),
+        Ok(_) => {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                "unexpected provider reply",
+            ));
+        }
     };
+    for e in &mut entries {
+        e.path = ctx.shown(&e.path);
+    }
+    let path = ctx.shown(&path);
     let lines: Vec<String> = entries
         .iter()
         .map(|e| {
@@ -475,10 +549,12 @@ struct OpenArgs {
 
 async fn open_path(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let OpenArgs { path } = args(a)?;
+    let path = if workspace_path::is_web_url(&path) {
+        path
+    } else {
+        ctx.path(&path, false)?
+    };
     open_screen(ctx).await?;
-    if !crate::providers::workspace_path::is_web_url(&path) {
-        crate::providers::workspace_path::normalize(&path, false)?;
-    }
     let op = Op::Open(ctx.run.bot_id.clone(), path.clone());
     recorded(ctx, "open_path", format!("open {path}"), op).await?;
     Ok(ok(

@@ -2,9 +2,12 @@
 
 use serde_json::{Value, json};
 
+/// How every tool reads a workspace path.
+const PATH_RULE: &str = "A path relative to your folder, the same folder `shell` starts in: `bots/<your bot id>/` on a Team Computer, the workspace root on a Private Computer. A path starting with `/` starts at the workspace root, so a Team's shared files are `../../shared/...` or `/shared/...`. `..` may not leave the workspace.";
+
 /// One tool's definition, in the shape MCP's `tools/list` uses.
 pub fn definitions() -> Vec<Value> {
-    let path = json!({ "type": "string", "description": "Path relative to the workspace root (no `..`)." });
+    let path = json!({ "type": "string", "description": PATH_RULE });
     vec![
         tool(
             "computer_observe",
@@ -29,7 +32,7 @@ pub fn definitions() -> Vec<Value> {
             "open_path",
             "Open a workspace file or a URL in your browser.",
             json!({ "type": "object", "required": ["path"], "additionalProperties": false, "properties": {
-                "path": { "type": "string", "description": "A workspace path or an http(s) URL." } } }),
+                "path": { "type": "string", "description": format!("An http(s) URL, or a workspace path. {PATH_RULE}") } } }),
         ),
         tool(
             "launch_app",
@@ -39,7 +42,7 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "shell",
-            "Run a shell command on your computer. Returns the exit code and the tail of its output.",
+            "Run a shell command on your computer, in your folder (`bots/<your bot id>/` on a Team Computer, the workspace root on a Private Computer) unless `cwd` says otherwise. Returns the exit code and the tail of its output.",
             json!({ "type": "object", "required": ["command"], "additionalProperties": false, "properties": {
                 "command": { "type": "string" }, "cwd": path.clone(),
                 "timeout_ms": { "type": "integer", "minimum": 1 } } }),

@@ -107,8 +107,8 @@ pub async fn fenced_run(
     access::bot(ctx.db(), ctx.caller, &run.bot_id)
         .await
         .map_err(|_| DomainError::not_found("run"))?;
-    if fence != run.lease_fence {
-        return Err(DomainError::code(ErrorCode::LeaseFenced));
+    if let Some(refused) = rakazo_actors::runs::fence_refusal(&run, fence) {
+        return Err(refused);
     }
     let c = Computers::new(ctx.db().clone())
         .get(&run.computer_id)
@@ -231,6 +231,7 @@ pub async fn checkpoint_after_run(h: &ComputerHandle, bot_id: &str) -> DomainRes
         Some(Outcome::Saved(revision, _)) => json!({ "saved": revision }),
         Some(Outcome::Unchanged(revision)) => json!({ "saved": revision, "unchanged": true }),
         Some(Outcome::Deferred) => json!({ "deferred": true }),
-        None => Value::Null,
+        // No machine runs (none was started, or it was lost): nothing new to save.
+        None => json!({ "noMachine": true }),
     })
 }

@@ -44,12 +44,23 @@ impl Ctx<'_> {
 
 /// Deserialize parameters, turning every mismatch into `INVALID_PARAMS`.
 pub fn params<T: DeserializeOwned>(params: Value) -> DomainResult<T> {
+    refuse_positional(&params)?;
     let params = if params.is_null() {
         Value::Object(Default::default())
     } else {
         params
     };
     serde_json::from_value(params).map_err(|e| DomainError::invalid(format!("invalid params: {e}")))
+}
+
+/// Parameters are named: an array (positional parameters) is `INVALID_PARAMS`.
+fn refuse_positional(params: &Value) -> DomainResult<()> {
+    if params.is_array() {
+        return Err(DomainError::invalid(
+            "params must be an object of named parameters, not an array",
+        ));
+    }
+    Ok(())
 }
 
 /// One RPC method and the scopes that may call it. Dispatch refuses every other scope with
@@ -120,13 +131,10 @@ pub fn method(name: &str) -> Option<&'static Method> {
 }
 
 /// Refuse a caller whose scope the method does not admit (unknown methods are
-/// `INVALID_PARAMS`).
+/// `METHOD_NOT_FOUND`).
 pub fn admit(caller: &Caller, name: &str) -> DomainResult<()> {
     let Some(found) = method(name) else {
-        return Err(DomainError::new(
-            ErrorCode::InvalidParams,
-            format!("unknown method `{name}`"),
-        ));
+        return Err(unknown_method(name));
     };
     if !found.scopes.contains(&caller.kind()) {
         return Err(DomainError::new(
@@ -137,9 +145,19 @@ pub fn admit(caller: &Caller, name: &str) -> DomainResult<()> {
     Ok(())
 }
 
+fn unknown_method(name: &str) -> DomainError {
+    DomainError::new(
+        ErrorCode::MethodNotFound,
+        format!(
+            "unknown method `{name}`: see tools/list for the agent tools and the README's method table"
+        ),
+    )
+}
+
 /// Dispatch one method call.
 pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Value> {
     admit(ctx.caller, method)?;
+    refuse_positional(&params)?;
     match method {
         "space.create" => spaces::create_space(ctx, params).await,
         "space.list" => spaces::list_spaces(ctx).await,
@@ -177,10 +195,7 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "files.list" => activity::list_files(ctx, params).await,
         "files.read" => activity::read_file(ctx, params).await,
         "files.upload" => activity::upload(ctx, params).await,
-        other => Err(DomainError::new(
-            ErrorCode::InvalidParams,
-            format!("unknown method `{other}`"),
-        )),
+        other => Err(unknown_method(other)),
     }
 }
 

@@ -144,6 +144,11 @@ class BotView {
     this.takeBtn = el("button", { class: "primary", "data-action": "take", onclick: () => this.take() }, "Take control");
     this.releaseBtn = el("button", { "data-action": "release", hidden: true, onclick: () => this.release() }, "Release");
     this.stopBtn = el("button", { class: "danger", "data-action": "stop", onclick: () => this.stop() }, "Stop bot");
+    // On a Private Computer a person may take control while the bot's run goes on.
+    this.privateNote = bot.computerMode === "private"
+      ? el("p", { class: "muted hint", "data-role": "private-control" },
+        "Private Computer: the bot keeps running while you control its screen.")
+      : null;
     const stage = el("div", { class: "stage" });
     this.screen = new Screen(stage, bot.id, () => this.screenSource());
     this.dock = new Dock(stage, this);
@@ -152,6 +157,7 @@ class BotView {
       el("div", { class: "bot-head" },
         el("h3", {}, bot.name), el("span", { class: "muted" }, bot.computerMode), this.runBadge, this.controlBadge,
         el("div", { class: "actions" }, this.takeBtn, this.releaseBtn, this.stopBtn)),
+      this.privateNote,
       this.notice,
       el("div", { class: "bot-body" }, stage, this.activity.root));
   }
@@ -212,7 +218,8 @@ class BotView {
       this.controlUrl = g.controlUrl ? g.controlUrl.url : null;
       this.renderControl();
       if (this.controlUrl) this.screen.open();
-      this.say("You have control of this screen.");
+      const running = this.runState === "running" && this.bot.computerMode === "private";
+      this.say(running ? "You have control of this screen; the bot keeps running." : "You have control of this screen.");
     } catch (e) {
       this.say(e.message, true);
     } finally {

@@ -450,12 +450,13 @@ impl SandboxProvider for DockerProvider {
             Ok(r) => r,
             Err(e) => return Err(self.classify(machine, e.into()).await),
         };
-        if let Some(reason) = &result.error {
-            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.error = %reason, "docker.act.stopped");
+        if let Some(stop) = &result.error {
+            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "docker.act.stopped");
         }
         Ok(ActOutcome {
             completed: result.completed,
             frame: result.observation.frame,
+            stopped: result.error,
         })
     }
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
+    ActOutcome, ActStop, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry,
+    Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
     ScreenRoute, WorkspaceExport,
 };
 
@@ -264,7 +264,14 @@ impl SandboxProvider for FakeProvider {
         actions: &[Action],
     ) -> ProviderResult<ActOutcome> {
         let mut completed = 0;
+        let mut stopped = None;
         for action in actions {
+            if let Err(reason) =
+                crate::desktop::action_rules::check(action, frame::WIDTH, frame::HEIGHT)
+            {
+                stopped = Some(ActStop::invalid(reason));
+                break;
+            }
             if let Action::Wait { ms } = action {
                 tokio::time::sleep(Duration::from_millis((*ms).min(10_000))).await;
             }
@@ -288,7 +295,11 @@ impl SandboxProvider for FakeProvider {
             completed += 1;
         }
         let frame = self.observe(machine, bot_id).await?;
-        Ok(ActOutcome { completed, frame })
+        Ok(ActOutcome {
+            completed,
+            frame,
+            stopped,
+        })
     }
 
     async fn launch(

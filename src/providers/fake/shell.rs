@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::providers::workspace_path::normalize;
+use crate::providers::workspace_path::{normalize, resolve};
 
 use super::tree::{Node, Tree};
 
@@ -231,13 +231,13 @@ pub fn parse(
         .collect()
 }
 
+/// A path argument from `cwd`: `..` goes up a name, but never above the workspace; absolute
+/// paths are outside the emulated workspace.
 fn path_arg(cwd: &str, arg: &str) -> Result<String, String> {
-    let joined = if cwd.is_empty() {
-        arg.to_owned()
-    } else {
-        format!("{cwd}/{arg}")
-    };
-    normalize(&joined, true).map_err(|e| e.to_string())
+    if arg.starts_with('/') {
+        return normalize(arg, true).map_err(|e| e.to_string());
+    }
+    resolve(cwd, arg, true).map_err(|e| e.to_string())
 }
 
 fn printf(format: &str, args: &[String]) -> String {

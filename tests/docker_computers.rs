@@ -6,6 +6,7 @@
 
 mod common;
 mod docker_support;
+mod windows;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -677,4 +678,36 @@ async fn page_tools_reach_the_bots_browser_inside_the_container() {
         plain.browser(&m, "bot-a", &BrowserCommand::Snapshot).await,
         Err(ProviderError::Unsupported(_))
     ));
+}
+
+#[actix_rt::test]
+async fn a_fresh_desktop_shows_its_browser_and_nothing_else() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let spec = team_spec();
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    let screen = p.open_screen(&m, "bot-a").await.unwrap();
+    // The first frame a bot gets.
+    let first = p.observe(&m, "bot-a").await.unwrap();
+    let runtime = p.runtime(&m).await.unwrap();
+    let display = runtime.screen("bot-a").await.unwrap().display;
+    assert_eq!(runtime.screen("bot-a").await.unwrap().slot, screen.slot);
+    let x11_dir = std::path::PathBuf::from(p.info(&m).await.unwrap().x11_dir);
+    let conn = windows::connect_in(&x11_dir, display);
+    windows::assert_only_the_browser(&conn);
+    let out = p
+        .exec(&m, &cmd("ps -eo args= | grep -E '^(xmessage|/bin/sh /usr/bin/fbsetbg)' || true"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "", "a wallpaper setter ran");
+    let painted = windows::painted_in_row(&first.png, 20);
+    assert!(
+        painted > first.width as usize / 2,
+        "the first frame's title area is the browser's ({painted} pixels painted)"
+    );
+    p.destroy(&m).await.unwrap();
 }

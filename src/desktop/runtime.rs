@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rakazo_actors::provider::{Action, Frame};
 use tokio::sync::{Mutex, broadcast};
-use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
 use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
@@ -844,11 +844,16 @@ impl DesktopRuntime {
         let prepare = format!(
             "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q}\n\
              printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
-             printf '%s\\n' 'background: none' > {q}/wm/.fluxbox/overlay\n",
+             printf '%s\\n' {overlay} > {q}/wm/.fluxbox/overlay\n",
             q = shell_quote(&run_dir),
             init = FLUXBOX_INIT
                 .iter()
                 .map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm"))))
+                .collect::<Vec<_>>()
+                .join(" "),
+            overlay = FLUXBOX_OVERLAY
+                .iter()
+                .map(|l| shell_quote(l))
                 .collect::<Vec<_>>()
                 .join(" "),
         );
@@ -890,6 +895,7 @@ impl DesktopRuntime {
                         "-nolisten".into(),
                         "tcp".into(),
                         "-noreset".into(),
+                        "-br".into(),
                     ]
                     .to_vec(),
                     env: tagged_env(&tag),
@@ -1096,7 +1102,7 @@ impl DesktopRuntime {
                 Io::X(x) => {
                     let x2 = x.clone();
                     tokio::task::spawn_blocking(move || {
-                        client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+                        browser_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
                     })
                     .await
                     .map_err(|e| DesktopError::X(format!("window task: {e}")))??
@@ -1123,13 +1129,18 @@ struct NoWindow {
     exited: bool,
 }
 
-/// The window manager's settings: no toolbar, no wallpaper (whose failure would pop up a
-/// dialog that takes the focus), new windows focused.
+/// The window manager's settings: no toolbar, new windows focused, and the style overlay
+/// below.
 const FLUXBOX_INIT: &[&str] = &[
     "session.screen0.toolbar.visible: false",
     "session.screen0.focusNewWindows: true",
     "session.styleOverlay: {home}/.fluxbox/overlay",
 ];
+
+/// The style overlay: leave the root window alone (Xvfb paints it black). Any other
+/// background option, `none`, `flat` and `solid` included, has fluxbox 1.3 run `fbsetbg`,
+/// which on a computer without a wallpaper setter opens an `xmessage` dialog on the screen.
+const FLUXBOX_OVERLAY: &[&str] = &["background: unset"];
 
 fn tagged_env(tag: &str) -> Vec<(String, String)> {
     let mut env = minimal_env();
@@ -1179,8 +1190,10 @@ async fn connect_when_ready(
     }
 }
 
-/// How many client windows the window manager lists (`_NET_CLIENT_LIST`).
-fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
+/// How many browser windows are up: entries of the window manager's `_NET_CLIENT_LIST` whose
+/// `WM_CLASS` class is Chromium's and which are mapped and viewable. Another client (a dialog)
+/// does not count.
+fn browser_windows(x: &XDisplay) -> Result<usize, DesktopError> {
     let atom = x
         .conn
         .intern_atom(true, b"_NET_CLIENT_LIST")
@@ -1197,5 +1210,34 @@ fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
         .map_err(x_err)?
         .reply()
         .map_err(x_err)?;
-    Ok(reply.value_len as usize)
+    let mut count = 0;
+    for window in reply.value32().into_iter().flatten() {
+        let Ok(class) = x
+            .conn
+            .get_property(false, window, AtomEnum::WM_CLASS, AtomEnum::STRING, 0, 256)
+            .map_err(x_err)?
+            .reply()
+        else {
+            continue;
+        };
+        // WM_CLASS is "instance\0class\0"; Chromium's class is "Chromium".
+        let is_browser = class
+            .value
+            .split(|b| *b == 0)
+            .nth(1)
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chromium"));
+        if !is_browser {
+            continue;
+        }
+        let viewable = x
+            .conn
+            .get_window_attributes(window)
+            .map_err(x_err)?
+            .reply()
+            .is_ok_and(|a| a.map_state == MapState::VIEWABLE);
+        if viewable {
+            count += 1;
+        }
+    }
+    Ok(count)
 }

@@ -20,7 +20,7 @@ use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
-    minimal_env, sweep_script, wait_ready,
+    minimal_env, reap_script, sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::screen_commands::CommandScreen;
@@ -42,6 +42,8 @@ const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
 const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long Xvfb and the window manager get on SIGTERM.
 const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long the browsers an earlier process left get to quit before their displays stop.
+pub const REAP_GRACE: Duration = Duration::from_secs(10);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
 
@@ -248,6 +250,8 @@ pub struct DesktopRuntime {
     events: broadcast::Sender<Teardown>,
     /// Whether the browser must run without its sandbox (we are root); probed once.
     as_root: tokio::sync::OnceCell<bool>,
+    /// Set once what an earlier process left in this run directory was stopped.
+    reaped: tokio::sync::OnceCell<()>,
 }
 
 impl DesktopRuntime {
@@ -266,6 +270,7 @@ impl DesktopRuntime {
             }),
             events,
             as_root: tokio::sync::OnceCell::new(),
+            reaped: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -373,6 +378,7 @@ impl DesktopRuntime {
                 table.slots.len() - 1
             }
         };
+        self.reap_leftovers().await?;
         let mut screen = self.start_stack(bot_id).await?;
         if let Err(e) = self.start_browser(&mut screen).await {
             let _ = self.stop_screen(&mut screen).await;
@@ -829,6 +835,30 @@ impl DesktopRuntime {
             }
         }
         Ok(out)
+    }
+
+    /// Before this runtime starts its first process, stops what an earlier process of the
+    /// server left in the same run directory (a server that was killed, or a container that
+    /// outlived its server), so the displays, the gateway port and the profiles are free.
+    async fn reap_leftovers(&self) -> Result<(), DesktopError> {
+        self.reaped
+            .get_or_try_init(|| async {
+                let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
+                let out = self
+                    .runner
+                    .run(
+                        &reap_script(&prefix, REAP_GRACE),
+                        REAP_GRACE + SCRIPT_TIMEOUT,
+                    )
+                    .await?;
+                let found: u64 = out.stdout.trim().parse().unwrap_or(0);
+                if found > 0 {
+                    tracing::info!(processes = found, "desktop.leftovers.reaped");
+                }
+                Ok::<_, DesktopError>(())
+            })
+            .await
+            .map(|_| ())
     }
 
     fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {

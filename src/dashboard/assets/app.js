@@ -153,7 +153,7 @@ class BotView {
         el("h3", {}, bot.name), el("span", { class: "muted" }, bot.computerMode), this.runBadge, this.controlBadge,
         el("div", { class: "actions" }, this.takeBtn, this.releaseBtn, this.stopBtn)),
       this.notice,
-      el("div", { class: "bot-body" }, stage, this.activity.root));
+      el("div", { class: "bot-body" }, el("div", { class: "screen-col" }, stage, this.dock.bar), this.activity.root));
   }
 
   async start() {

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use actix::{Actor, Addr, Arbiter};
+use rakazo_actors::checkpoint::Reason;
+use rakazo_actors::computer::SaveWorkspace;
 use rakazo_actors::events::EventBus;
 use rakazo_actors::home_store::HomeStore;
 use rakazo_actors::reconciler::{ComputerReconciler, RECONCILE_INTERVAL};
@@ -88,6 +90,11 @@ impl App {
             .await
             .map_err(|e| StartError::Bootstrap(e.message))?;
         let built = providers::build(&config).map_err(StartError::Provider)?;
+        if let Some(provider) = &built.provider
+            && let Err(e) = provider.recover().await
+        {
+            tracing::warn!(error = %e, "sandbox.recover_failed");
+        }
         let master_key =
             keyfile::load_or_create(config.content_key.as_ref(), &config.data_dir, "content.key")
                 .map_err(StartError::Bootstrap)?;
@@ -200,7 +207,55 @@ impl App {
     pub fn runtime(&self) -> &Arc<Runtime> {
         self.registry.runtime()
     }
+
+    /// Drains the app once the server stopped taking requests: every computer with a machine
+    /// in this process gets a last checkpoint (which stores nothing when the workspace is
+    /// unchanged), then the provider stops what must not outlive this process (host
+    /// desktops); machines that can outlive it (containers) keep running for the next start.
+    pub async fn shutdown(&self) {
+        let started = std::time::Instant::now();
+        let saves = self
+            .registry
+            .handles()
+            .into_iter()
+            .map(|handle| async move {
+                let save = handle.computer.send(SaveWorkspace(Reason::Shutdown));
+                match tokio::time::timeout(SHUTDOWN_CHECKPOINT_TIMEOUT, save).await {
+                    Ok(Ok(Ok(Some(_)))) => 1,
+                    Ok(Ok(Ok(None))) => 0,
+                    Ok(Ok(Err(e))) => {
+                        tracing::warn!(code = ?e.code, "server.shutdown.checkpoint_failed");
+                        0
+                    }
+                    Ok(Err(_)) | Err(_) => {
+                        tracing::warn!("server.shutdown.checkpoint_failed");
+                        0
+                    }
+                }
+            });
+        let checkpoints: u32 = futures_util::future::join_all(saves)
+            .await
+            .into_iter()
+            .sum();
+        if let Some(provider) = &self.runtime().provider {
+            match tokio::time::timeout(SHUTDOWN_PROVIDER_TIMEOUT, provider.shutdown()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "server.shutdown.provider_failed"),
+                Err(_) => tracing::warn!("server.shutdown.provider_timed_out"),
+            }
+        }
+        tracing::info!(
+            checkpoints,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "server.drained"
+        );
+    }
 }
+
+/// How long the last checkpoints at shutdown may take (they run at once, one per computer).
+const SHUTDOWN_CHECKPOINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long the provider gets to stop its host processes at shutdown.
+const SHUTDOWN_PROVIDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Drop for App {
     fn drop(&mut self) {

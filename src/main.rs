@@ -221,7 +221,7 @@ async fn serve(config: Config) -> ExitCode {
     tracing::info!(event = "server.listening", addr = %listen, sandbox = %app.provider_status.sandbox,
         database = app.config.database_kind());
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let server = match rakazo::server::build(app, listener, workers) {
+    let server = match rakazo::server::build(app.clone(), listener, workers) {
         Ok(s) => s,
         Err(err) => {
             eprintln!("rakazo: {err}");
@@ -230,16 +230,42 @@ async fn serve(config: Config) -> ExitCode {
     };
     let handle = server.handle();
     actix_rt::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!(event = "server.stopping");
+        let signal = stop_signal().await;
+        tracing::info!(event = "server.stopping", signal);
         handle.stop(true).await;
     });
-    match server.await {
+    let served = server.await;
+    // The server takes no more requests: drain (last checkpoints, host desktops stopped). A
+    // second signal ends the process at once.
+    tokio::select! {
+        () = app.shutdown() => {}
+        signal = stop_signal() => {
+            tracing::warn!(event = "server.drain_abandoned", signal);
+            return ExitCode::from(130);
+        }
+    }
+    tracing::info!(event = "server.stopped");
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("rakazo: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (Ctrl-C); answers which.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
     }
 }
 

@@ -538,6 +538,18 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         long,
     )
     .await;
+    // The dock's buttons sit below the screen, clear of the bot's window and its title bar.
+    let clear = cdp
+        .eval(&format!(
+            "(() => {{ const s = document.querySelector('{card} .stage').getBoundingClientRect(); \
+             return [...document.querySelectorAll('{card} .dock-bar button')].every(b => b.getBoundingClientRect().top >= s.bottom); }})()"
+        ))
+        .await;
+    assert_eq!(
+        clear,
+        json!(true),
+        "the dock's buttons do not cover the screen"
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
     cdp.shot("02-screen-connected").await;
 
@@ -1174,6 +1186,23 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
 
     // 1. A script in the live screen frame (as if the RFB stream had taken over noVNC).
     let live = cdp.frame_world("/screen/").await;
+    // Only the desktop shows: noVNC's control bar and its "Connected (unencrypted)" banner
+    // stay hidden (the dashboard shows its own status).
+    let chrome = cdp
+        .eval_in(
+            &live,
+            "(() => { const hidden = id => { const e = document.getElementById(id); \
+             return !!e && getComputedStyle(e).display === 'none' && e.getClientRects().length === 0; }; \
+             return [hidden('noVNC_control_bar_anchor'), hidden('noVNC_status'), \
+             document.documentElement.classList.contains('noVNC_connected')]; })()",
+        )
+        .await;
+    assert_eq!(
+        chrome,
+        json!([true, true, true]),
+        "control bar and banner hidden, screen connected"
+    );
+    cdp.shot("screen-chrome-hidden").await;
     assert_eq!(
         cdp.eval_in(&live, VIEWER_CHECK).await,
         json!("complete noVNC true"),
@@ -1236,7 +1265,12 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
     let body = page.text().await.unwrap();
     assert!(!body.contains("bot page"));
     assert_eq!(
-        body.replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1),
+        body.replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1)
+            .replacen(
+                "<link rel=\"stylesheet\" href=\"rakazo-screen.css\"></head>",
+                "</head>",
+                1
+            ),
         packaged
     );
     for other in ["anything-else.html", "steal", "app/bot.js", "vnc_lite.html"] {

@@ -22,6 +22,8 @@ use rakazo_actors::provider::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+mod windows;
+
 /// One test at a time: each runs real browsers.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -475,5 +477,42 @@ async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
     assert!(x2.generation > x.generation + 1);
     let all: HashMap<_, _> = runtime.screens().await;
     assert_eq!(all.len(), 2);
+    runtime.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fresh_screen_shows_its_browser_and_nothing_else() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir.path(), 71, 0),
+    );
+    let screen = runtime.open_screen("bot-a").await.unwrap();
+    // The first frame a bot gets: taken before anything else looks at the screen.
+    let first = runtime.observe("bot-a").await.unwrap();
+    let conn = windows::connect_local(screen.display);
+    windows::assert_only_the_browser(&conn);
+    // No wallpaper setter ran (its failure opens a dialog on computers without one).
+    let out = HostRunner::minimal()
+        .run(
+            &format!(
+                "ps -eo pid=,args= | grep -E 'fbsetbg|xmessage' | grep -v grep | while read p a; do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -q 'DISPLAY=:{}$' && echo \"$a\"; done",
+                screen.display
+            ),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "", "a wallpaper setter ran");
+    // The frame shows the browser's window: its top rows (tab strip and toolbar) are painted,
+    // not the black desktop.
+    let painted = windows::painted_in_row(&first.frame.png, 20);
+    assert!(
+        painted > first.frame.width as usize / 2,
+        "the first frame's title area is the browser's ({painted} pixels painted)"
+    );
     runtime.shutdown().await.unwrap();
 }

@@ -6,6 +6,7 @@
 
 mod common;
 mod docker_support;
+mod windows;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -763,4 +764,79 @@ async fn a_restore_on_a_stopped_docker_computer_and_names_a_store_cannot_hold() 
         .await
         .unwrap();
     assert_eq!(finish(run, fence).await["checkpoint"]["saved"], stopped + 2);
+}
+
+#[actix_rt::test]
+async fn a_fresh_desktop_shows_its_browser_and_nothing_else() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let spec = team_spec();
+    let m = p.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    let screen = p.open_screen(&m, "bot-a").await.unwrap();
+    // The first frame a bot gets.
+    let first = p.observe(&m, "bot-a").await.unwrap();
+    let runtime = p.runtime(&m).await.unwrap();
+    let display = runtime.screen("bot-a").await.unwrap().display;
+    assert_eq!(runtime.screen("bot-a").await.unwrap().slot, screen.slot);
+    let x11_dir = std::path::PathBuf::from(p.info(&m).await.unwrap().x11_dir);
+    let conn = windows::connect_in(&x11_dir, display);
+    windows::assert_only_the_browser(&conn);
+    let out = p
+        .exec(
+            &m,
+            &cmd("ps -eo args= | grep -E '^(xmessage|/bin/sh /usr/bin/fbsetbg)' || true"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "", "a wallpaper setter ran");
+    let painted = windows::painted_in_row(&first.png, 20);
+    assert!(
+        painted > first.width as usize / 2,
+        "the first frame's title area is the browser's ({painted} pixels painted)"
+    );
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_new_process_stops_the_desktops_an_old_one_left_in_its_container() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let spec = team_spec();
+    let old = sup.provider();
+    let m = old.provision(&spec).await.unwrap();
+    let _cleanup = RemoveOnDrop(m.0.clone());
+    old.open_screen(&m, "bot-a").await.unwrap();
+    let count = "ps -eo comm= | grep -cE '^(Xvfb|fluxbox|chromium)$' || true";
+    let before = old.exec(&m, &cmd(count)).await.unwrap();
+    assert!(before.stdout.trim().parse::<u32>().unwrap() >= 3);
+    // The old process is gone without stopping its desktops (killed); the container stays
+    // and a new process adopts it.
+    let new = sup.provider();
+    let again = new.provision(&spec).await.unwrap();
+    assert_eq!(again, m, "the container is adopted");
+    let screen = new.open_screen(&again, "bot-a").await.unwrap();
+    // The old stack was stopped first: one Xvfb and one window manager, on the first display.
+    let xvfb = new
+        .exec(
+            &again,
+            &cmd("ps -eo comm= | grep -c '^Xvfb$'; ps -eo comm= | grep -c '^fluxbox$'"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        xvfb.stdout.split_whitespace().collect::<Vec<_>>(),
+        ["1", "1"]
+    );
+    let runtime = new.runtime(&again).await.unwrap();
+    assert_eq!(runtime.screen("bot-a").await.unwrap().display, 1);
+    assert_eq!(screen.slot, 0);
+    let first = new.observe(&again, "bot-a").await.unwrap();
+    assert!(windows::painted_in_row(&first.png, 20) > first.width as usize / 2);
+    new.destroy(&again).await.unwrap();
 }

@@ -31,6 +31,8 @@ pub enum Reason {
     Stop,
     /// Before idle suspension.
     Idle,
+    /// The server is stopping.
+    Shutdown,
     /// Asked for by a person or maintenance.
     Explicit,
 }
@@ -41,6 +43,7 @@ impl Reason {
             Self::RunEnded { .. } => "run_ended",
             Self::Stop => "stop",
             Self::Idle => "idle",
+            Self::Shutdown => "shutdown",
             Self::Explicit => "explicit",
         }
     }

@@ -359,6 +359,17 @@ pub trait SandboxProvider: Send + Sync + 'static {
     async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()>;
     /// Destroy the machine; destroying a machine that is already gone succeeds.
     async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()>;
+    /// Start-up: stop what an earlier process of this deployment left running and cannot
+    /// adopt (processes of a server that was killed). Machines that outlive a process (such
+    /// as containers) are not touched here; they are reconnected on first use.
+    async fn recover(&self) -> ProviderResult<()> {
+        Ok(())
+    }
+    /// The server is stopping: stop what must not outlive this process (host processes).
+    /// Machines that can outlive it are left running for the next start to reconnect.
+    async fn shutdown(&self) -> ProviderResult<()> {
+        Ok(())
+    }
 
     // --- desktop ---------------------------------------------------------------------------
 

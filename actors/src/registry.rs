@@ -101,6 +101,11 @@ impl Registry {
             .clone()
     }
 
+    /// The actors of every computer that has them.
+    pub fn handles(&self) -> Vec<ComputerHandle> {
+        self.computers.iter().map(|e| e.value().clone()).collect()
+    }
+
     /// How many computers have live actors.
     pub fn len(&self) -> usize {
         self.computers.len()

@@ -358,6 +358,41 @@ exit 0
     )
 }
 
+/// A script that stops every process of this user whose environment has a [`TAG_VAR`] value
+/// starting with `prefix`, and everything else in their sessions (Chromium's helpers, which
+/// may not let their environment be read): SIGTERM first to all but the X servers, so
+/// browsers write their cookies and session, up to `grace` for those to end, then SIGTERM
+/// to what is left, and SIGKILL after two more seconds. Prints how many processes it found.
+pub fn reap_script(prefix: &str, grace: Duration) -> String {
+    let want = shell_quote(&format!("{TAG_VAR}={prefix}"));
+    let steps = (grace.as_millis() / 100).max(1);
+    format!(
+        r#"want={want}
+me=$(ps -o sid= -p $$ | tr -d ' ')
+pids=""
+for e in /proc/[0-9]*/environ; do
+  p=${{e#/proc/}}; p=${{p%/environ}}
+  [ "$p" = "$$" ] && continue
+  while IFS= read -r -d '' line; do
+    case "$line" in "$want"*) pids="$pids $p"; break ;; esac
+  done 2>/dev/null < "$e"
+done
+[ -z "$pids" ] && {{ echo 0; exit 0; }}
+sids=$(for p in $pids; do ps -o sid= -p "$p"; done | tr -d ' ' | grep -v "^$me\$" | sort -u | paste -sd, -)
+members() {{ [ -n "$sids" ] && ps -o pid=,stat=,comm= -s "$sids" | awk '$2 !~ /^Z/'; }}
+for p in $pids; do
+  [ "$(ps -o comm= -p "$p")" = Xvfb ] || kill -TERM "$p" 2>/dev/null
+done
+i=0; while [ $i -lt {steps} ] && members | awk '$3 != "Xvfb"' | grep -q .; do sleep 0.1; i=$((i+1)); done
+for p in $pids $(members | awk '{{print $1}}'); do kill -TERM "$p" 2>/dev/null; done
+i=0; while [ $i -lt 20 ] && members | grep -q .; do sleep 0.1; i=$((i+1)); done
+for p in $pids $(members | awk '{{print $1}}'); do kill -KILL "$p" 2>/dev/null; done
+echo $pids | wc -w
+exit 0
+"#
+    )
+}
+
 /// `PATH`, `LANG`: enough for the runtime's own tools.
 pub fn minimal_env() -> Vec<(String, String)> {
     vec![

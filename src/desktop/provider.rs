@@ -18,10 +18,12 @@ use rakazo_actors::provider::{
 };
 use tokio::sync::Mutex;
 
-use super::command::{HostRunner, minimal_env};
+use super::command::{
+    CommandRunner as _, HostRunner, SCRIPT_TIMEOUT, minimal_env, reap_script, sweep_script,
+};
 use super::files::blocking;
 use super::gateway::free_local_port;
-use super::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
 /// The environments the provider agrees to run in (`RAKAZO_ENV`).
@@ -189,6 +191,41 @@ impl SandboxProvider for DesktopProvider {
 
     async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()> {
         self.detach(machine).await
+    }
+
+    async fn recover(&self) -> ProviderResult<()> {
+        let prefix = format!("{}/", self.config.run_root.to_string_lossy());
+        let out = HostRunner::minimal()
+            .run(
+                &reap_script(&prefix, REAP_GRACE),
+                REAP_GRACE + SCRIPT_TIMEOUT,
+            )
+            .await?;
+        let found: u64 = out.stdout.trim().parse().unwrap_or(0);
+        tracing::info!(processes = found, "desktop.leftovers.reaped");
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> ProviderResult<()> {
+        let machines: Vec<String> = self.machines.lock().await.keys().cloned().collect();
+        let stops = machines
+            .into_iter()
+            .map(|m| async move { (self.detach(&ProviderRef(m.clone())).await, m) });
+        let mut failed = 0;
+        for (result, machine) in futures_util::future::join_all(stops).await {
+            if let Err(e) = result {
+                failed += 1;
+                tracing::warn!(machine = %short_name(&machine), error = %e, "desktop.shutdown_failed");
+            }
+        }
+        // What a failed teardown left goes too: nothing of this server's desktops outlives it.
+        if failed > 0 {
+            let prefix = format!("{}/", self.config.run_root.to_string_lossy());
+            HostRunner::minimal()
+                .run(&sweep_script(&prefix), SCRIPT_TIMEOUT)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn destroy(&self, machine: &ProviderRef) -> ProviderResult<()> {

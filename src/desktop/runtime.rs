@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use rakazo_actors::provider::{ActStop, Action, Frame};
 use tokio::sync::{Mutex, broadcast};
-use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
 use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
-    minimal_env, sweep_script, wait_ready,
+    minimal_env, reap_script, sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::screen_commands::CommandScreen;
@@ -42,6 +42,8 @@ const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
 const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long Xvfb and the window manager get on SIGTERM.
 const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long the browsers an earlier process left get to quit before their displays stop.
+pub const REAP_GRACE: Duration = Duration::from_secs(10);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
 
@@ -248,6 +250,8 @@ pub struct DesktopRuntime {
     events: broadcast::Sender<Teardown>,
     /// Whether the browser must run without its sandbox (we are root); probed once.
     as_root: tokio::sync::OnceCell<bool>,
+    /// Set once what an earlier process left in this run directory was stopped.
+    reaped: tokio::sync::OnceCell<()>,
 }
 
 impl DesktopRuntime {
@@ -266,6 +270,7 @@ impl DesktopRuntime {
             }),
             events,
             as_root: tokio::sync::OnceCell::new(),
+            reaped: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -373,6 +378,7 @@ impl DesktopRuntime {
                 table.slots.len() - 1
             }
         };
+        self.reap_leftovers().await?;
         let mut screen = self.start_stack(bot_id).await?;
         if let Err(e) = self.start_browser(&mut screen).await {
             let _ = self.stop_screen(&mut screen).await;
@@ -838,6 +844,30 @@ impl DesktopRuntime {
         Ok(out)
     }
 
+    /// Before this runtime starts its first process, stops what an earlier process of the
+    /// server left in the same run directory (a server that was killed, or a container that
+    /// outlived its server), so the displays, the gateway port and the profiles are free.
+    async fn reap_leftovers(&self) -> Result<(), DesktopError> {
+        self.reaped
+            .get_or_try_init(|| async {
+                let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
+                let out = self
+                    .runner
+                    .run(
+                        &reap_script(&prefix, REAP_GRACE),
+                        REAP_GRACE + SCRIPT_TIMEOUT,
+                    )
+                    .await?;
+                let found: u64 = out.stdout.trim().parse().unwrap_or(0);
+                if found > 0 {
+                    tracing::info!(processes = found, "desktop.leftovers.reaped");
+                }
+                Ok::<_, DesktopError>(())
+            })
+            .await
+            .map(|_| ())
+    }
+
     fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {
         let mut env = tagged_env(tag);
         env.push(("DISPLAY".into(), format!(":{display}")));
@@ -851,11 +881,16 @@ impl DesktopRuntime {
         let prepare = format!(
             "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q}\n\
              printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
-             printf '%s\\n' 'background: none' > {q}/wm/.fluxbox/overlay\n",
+             printf '%s\\n' {overlay} > {q}/wm/.fluxbox/overlay\n",
             q = shell_quote(&run_dir),
             init = FLUXBOX_INIT
                 .iter()
                 .map(|l| shell_quote(&l.replace("{home}", &format!("{run_dir}/wm"))))
+                .collect::<Vec<_>>()
+                .join(" "),
+            overlay = FLUXBOX_OVERLAY
+                .iter()
+                .map(|l| shell_quote(l))
                 .collect::<Vec<_>>()
                 .join(" "),
         );
@@ -897,6 +932,7 @@ impl DesktopRuntime {
                         "-nolisten".into(),
                         "tcp".into(),
                         "-noreset".into(),
+                        "-br".into(),
                     ]
                     .to_vec(),
                     env: tagged_env(&tag),
@@ -1103,7 +1139,7 @@ impl DesktopRuntime {
                 Io::X(x) => {
                     let x2 = x.clone();
                     tokio::task::spawn_blocking(move || {
-                        client_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
+                        browser_windows(&x2.lock().unwrap_or_else(|e| e.into_inner()))
                     })
                     .await
                     .map_err(|e| DesktopError::X(format!("window task: {e}")))??
@@ -1130,13 +1166,18 @@ struct NoWindow {
     exited: bool,
 }
 
-/// The window manager's settings: no toolbar, no wallpaper (whose failure would pop up a
-/// dialog that takes the focus), new windows focused.
+/// The window manager's settings: no toolbar, new windows focused, and the style overlay
+/// below.
 const FLUXBOX_INIT: &[&str] = &[
     "session.screen0.toolbar.visible: false",
     "session.screen0.focusNewWindows: true",
     "session.styleOverlay: {home}/.fluxbox/overlay",
 ];
+
+/// The style overlay: leave the root window alone (Xvfb paints it black). Any other
+/// background option, `none`, `flat` and `solid` included, has fluxbox 1.3 run `fbsetbg`,
+/// which on a computer without a wallpaper setter opens an `xmessage` dialog on the screen.
+const FLUXBOX_OVERLAY: &[&str] = &["background: unset"];
 
 fn tagged_env(tag: &str) -> Vec<(String, String)> {
     let mut env = minimal_env();
@@ -1186,8 +1227,10 @@ async fn connect_when_ready(
     }
 }
 
-/// How many client windows the window manager lists (`_NET_CLIENT_LIST`).
-fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
+/// How many browser windows are up: entries of the window manager's `_NET_CLIENT_LIST` whose
+/// `WM_CLASS` class is Chromium's and which are mapped and viewable. Another client (a dialog)
+/// does not count.
+fn browser_windows(x: &XDisplay) -> Result<usize, DesktopError> {
     let atom = x
         .conn
         .intern_atom(true, b"_NET_CLIENT_LIST")
@@ -1204,5 +1247,34 @@ fn client_windows(x: &XDisplay) -> Result<usize, DesktopError> {
         .map_err(x_err)?
         .reply()
         .map_err(x_err)?;
-    Ok(reply.value_len as usize)
+    let mut count = 0;
+    for window in reply.value32().into_iter().flatten() {
+        let Ok(class) = x
+            .conn
+            .get_property(false, window, AtomEnum::WM_CLASS, AtomEnum::STRING, 0, 256)
+            .map_err(x_err)?
+            .reply()
+        else {
+            continue;
+        };
+        // WM_CLASS is "instance\0class\0"; Chromium's class is "Chromium".
+        let is_browser = class
+            .value
+            .split(|b| *b == 0)
+            .nth(1)
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chromium"));
+        if !is_browser {
+            continue;
+        }
+        let viewable = x
+            .conn
+            .get_window_attributes(window)
+            .map_err(x_err)?
+            .reply()
+            .is_ok_and(|a| a.map_state == MapState::VIEWABLE);
+        if viewable {
+            count += 1;
+        }
+    }
+    Ok(count)
 }

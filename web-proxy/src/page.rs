@@ -23,7 +23,7 @@ use std::sync::LazyLock;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 
-use crate::viewer::REPORTER_PATH;
+use crate::viewer::{REPORTER_PATH, STYLE_PATH};
 
 /// The fixed, human reason shown (and sent) for every refusal.
 pub const SCREEN_FAILURE_MESSAGE: &str = "The screen did not respond.";
@@ -102,6 +102,13 @@ pub const REPORTER_JS: &str = r#"// Rakazo's screen reporter: storage that stays
 })();
 "#;
 
+/// The screen stylesheet, served at [`STYLE_PATH`] and linked last in noVNC's `<head>`: an
+/// embedded screen shows the desktop only. noVNC's side control bar (and its handle) and its
+/// status banner ("Connected (unencrypted) to ...", which behind TLS is false) stay hidden;
+/// the embedding page shows its own status from the reporter's messages.
+pub const STYLE_CSS: &str = "/* Rakazo's screen chrome: the desktop only. */\n\
+#noVNC_control_bar_anchor, #noVNC_status { display: none !important; }\n";
+
 /// The refusal page's one inline script: tells the embedding window at once.
 const REFUSAL_SCRIPT: &str =
     r#"try{window.parent.postMessage({type:"rakazo.screen",state:"failed"},"*")}catch(e){}"#;
@@ -152,6 +159,17 @@ pub fn with_reporter_tag(html: &str) -> String {
     out
 }
 
+/// `html` with `<link rel="stylesheet" href="rakazo-screen.css">` just before `</head>`, after
+/// noVNC's own stylesheets (or at the very end when there is no `</head>`).
+pub fn with_style_link(html: &str) -> String {
+    let link = format!("<link rel=\"stylesheet\" href=\"{STYLE_PATH}\">");
+    let at = html.to_ascii_lowercase().find("</head>");
+    match at {
+        Some(i) => format!("{}{link}{}", &html[..i], &html[i..]),
+        None => format!("{html}{link}"),
+    }
+}
+
 /// The index just after the `>` of the first `<name` start tag (ASCII case-insensitive).
 fn tag_end(html: &str, name: &str) -> Option<usize> {
     let bytes = html.as_bytes();
@@ -195,6 +213,21 @@ mod tests {
         let head = out.find("<HEAD data-x>").unwrap();
         assert!(head < script && script < module);
         assert!(REPORTER_JS.contains("VideoDecoder"));
+    }
+
+    #[test]
+    fn links_the_screen_style_last_in_head() {
+        let html = "<html><head><link rel=\"stylesheet\" href=\"app/styles/base.css\"></HEAD><body></body></html>";
+        let out = with_style_link(html);
+        let ours = out.find("href=\"rakazo-screen.css\"").unwrap();
+        assert!(out.find("base.css").unwrap() < ours && ours < out.find("</HEAD>").unwrap());
+        assert!(
+            with_style_link("<p>x</p>")
+                .ends_with("<link rel=\"stylesheet\" href=\"rakazo-screen.css\">")
+        );
+        assert!(
+            STYLE_CSS.contains("#noVNC_control_bar_anchor") && STYLE_CSS.contains("#noVNC_status")
+        );
     }
 
     #[test]

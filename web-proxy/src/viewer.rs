@@ -4,7 +4,8 @@
 //! RFB websocket is relayed from it.
 //!
 //! What is served: `vnc.html` (with `<script src="rakazo-reporter.js">` as the first child of
-//! `<head>`), [`REPORTER_PATH`], and the regular files under `app/`, `core/` and `vendor/` whose
+//! `<head>` and `<link rel="stylesheet" href="rakazo-screen.css">` as its last), [`REPORTER_PATH`],
+//! [`STYLE_PATH`], and the regular files under `app/`, `core/` and `vendor/` whose
 //! extension has a known content type. Nothing else of the directory (not `utils/`, not the
 //! other pages). Links are followed only when their target stays inside the directory;
 //! directories are never entered through a link. Lookups are exact matches on the relative path,
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use actix_web::web::Bytes;
 
-use crate::page::REPORTER_JS;
+use crate::page::{REPORTER_JS, STYLE_CSS};
 
 /// Where Debian's `novnc` package puts noVNC.
 pub const DEFAULT_NOVNC_DIR: &str = "/usr/share/novnc";
@@ -24,6 +25,8 @@ pub const DEFAULT_NOVNC_DIR: &str = "/usr/share/novnc";
 pub const PAGE_PATH: &str = "vnc.html";
 /// The reporter script's path under the capability.
 pub const REPORTER_PATH: &str = "rakazo-reporter.js";
+/// The screen stylesheet's path under the capability.
+pub const STYLE_PATH: &str = "rakazo-screen.css";
 /// The directories of the package that are served (recursively).
 const SERVED_DIRS: &[&str] = &["app", "core", "vendor"];
 /// Files the viewer cannot work without; a directory lacking one is not a noVNC.
@@ -154,7 +157,16 @@ impl Viewer {
         let mut files = walk.files;
         let page = files.get_mut(PAGE_PATH).expect("required");
         let html = String::from_utf8_lossy(&page.body);
-        page.body = Bytes::from(crate::page::with_reporter_tag(&html));
+        page.body = Bytes::from(crate::page::with_style_link(
+            &crate::page::with_reporter_tag(&html),
+        ));
+        files.insert(
+            STYLE_PATH.to_owned(),
+            ViewerFile {
+                content_type: "text/css; charset=utf-8",
+                body: Bytes::from_static(STYLE_CSS.as_bytes()),
+            },
+        );
         files.insert(
             REPORTER_PATH.to_owned(),
             ViewerFile {
@@ -325,7 +337,12 @@ mod tests {
         ] {
             assert!(v.get(absent).is_none(), "{absent}");
         }
-        assert_eq!(v.len(), 5);
+        assert_eq!(
+            v.get(STYLE_PATH).unwrap().body,
+            Bytes::from_static(STYLE_CSS.as_bytes())
+        );
+        assert!(html.contains("<link rel=\"stylesheet\" href=\"rakazo-screen.css\">"));
+        assert_eq!(v.len(), 6);
     }
 
     #[test]

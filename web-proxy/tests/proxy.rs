@@ -11,7 +11,7 @@ use common::*;
 use rakazo_web_proxy::authority::{AuthorityError, RejectCause};
 use rakazo_web_proxy::capability::{Keyring, Policy, now_ms};
 use rakazo_web_proxy::gateway::{CountSockets, RevokeControl, RevokeSlot};
-use rakazo_web_proxy::page::{CSP, REPORTER_JS, SCREEN_FAILURE_MESSAGE};
+use rakazo_web_proxy::page::{CSP, REPORTER_JS, SCREEN_FAILURE_MESSAGE, STYLE_CSS};
 
 const TOKEN: &str = "sock3tT0ken_for-tests";
 
@@ -110,10 +110,11 @@ async fn the_packaged_viewer_is_served_never_the_computers_pages() {
         assert!(script < body.find("type=\"module\"").unwrap());
     }
     // The reporter and noVNC's modules, readable from the sandbox's opaque origin.
-    for (tail, want) in [
-        ("rakazo-reporter.js", REPORTER_JS),
-        ("app/ui.js", "export default 1;"),
-        ("core/rfb.js", "export default 2;"),
+    for (tail, want, kind) in [
+        ("rakazo-reporter.js", REPORTER_JS, "text/javascript"),
+        ("rakazo-screen.css", STYLE_CSS, "text/css"),
+        ("app/ui.js", "export default 1;", "text/javascript"),
+        ("core/rfb.js", "export default 2;", "text/javascript"),
     ] {
         let resp = http.get(f.url(&token, tail)).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{tail}");
@@ -123,7 +124,7 @@ async fn the_packaged_viewer_is_served_never_the_computers_pages() {
             resp.headers()["content-type"]
                 .to_str()
                 .unwrap()
-                .starts_with("text/javascript")
+                .starts_with(kind)
         );
         assert_eq!(resp.text().await.unwrap(), want);
     }

@@ -251,7 +251,8 @@ async fn real_x11vnc_through_the_proxy() {
         Path::new(DEFAULT_NOVNC_DIR),
     );
 
-    // The noVNC page is Debian's, served by the proxy, naming the reporter first.
+    // The noVNC page is Debian's, served by the proxy, naming the reporter first and the screen
+    // stylesheet last in its head.
     let view = keyring.seal(&capability(Policy::View, 1, 0)).unwrap();
     let page = reqwest::get(format!("http://{proxy}/screen/{view}/vnc.html"))
         .await
@@ -260,7 +261,13 @@ async fn real_x11vnc_through_the_proxy() {
     let packaged = std::fs::read_to_string(Path::new(DEFAULT_NOVNC_DIR).join("vnc.html")).unwrap();
     let served = page.text().await.unwrap();
     assert_eq!(
-        served.replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1),
+        served
+            .replacen("<script src=\"rakazo-reporter.js\"></script>", "", 1)
+            .replacen(
+                "<link rel=\"stylesheet\" href=\"rakazo-screen.css\"></head>",
+                "</head>",
+                1
+            ),
         packaged
     );
 

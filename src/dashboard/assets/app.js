@@ -159,7 +159,7 @@ class BotView {
         el("div", { class: "actions" }, this.takeBtn, this.releaseBtn, this.stopBtn)),
       this.privateNote,
       this.notice,
-      el("div", { class: "bot-body" }, stage, this.activity.root));
+      el("div", { class: "bot-body" }, el("div", { class: "screen-col" }, stage, this.dock.bar), this.activity.root));
   }
 
   async start() {

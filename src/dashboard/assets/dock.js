@@ -146,7 +146,9 @@ export class Dock {
       terminal: el("button", { "data-dock": "terminal", "aria-pressed": "false", onclick: () => this.toggle("terminal") }, "Terminal"),
       browser: el("button", { "data-dock": "browser", "aria-pressed": "true", title: "Show the whole screen", onclick: () => this.showBrowser() }, "Browser"),
     };
-    stage.append(this.layer, el("div", { class: "dock-bar" }, this.buttons.browser, this.buttons.files, this.buttons.terminal));
+    stage.append(this.layer);
+    // Below the screen, never over it: the bot's window keeps its title-bar buttons visible.
+    this.bar = el("div", { class: "dock-bar" }, this.buttons.browser, this.buttons.files, this.buttons.terminal);
   }
 
   toggle(name) {

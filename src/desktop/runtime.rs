@@ -16,7 +16,7 @@ use rakazo_actors::provider::{Action, Frame};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 
-use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
+use super::browser::{DevToolsAction, LOCK_FILES, chromium_args, devtools_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
@@ -776,15 +776,20 @@ impl DesktopRuntime {
     }
 
     /// Quits the screen's browser like a person would first, so cookies and the session are
-    /// written; the signals after it only clean up what is left.
+    /// written (and its cookies saved to the profile first); the signals after it only clean
+    /// up what is left.
     async fn quit_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
         let Some(pid) = screen.browser else {
             return Ok(());
         };
+        self.browser_devtools(screen, DevToolsAction::Save).await;
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let closed = self
             .runner
-            .run(&close_script(&profile), SCRIPT_TIMEOUT)
+            .run(
+                &devtools_script(&profile, DevToolsAction::Close),
+                SCRIPT_TIMEOUT,
+            )
             .await;
         // A browser that quits writes its cookie database after its window is gone: let it
         // finish before any signal.
@@ -800,35 +805,63 @@ impl DesktopRuntime {
         Ok(())
     }
 
-    /// Runs `export` with every browser quiesced: each running browser quits (its profile
-    /// databases and session complete on disk), `export` reads the workspace, then the
-    /// browsers start again on the same profiles and restore their tabs. No graphical tool
-    /// runs in between. A browser that does not come back is logged; the next graphical tool
-    /// starts it.
-    pub async fn with_browsers_quiesced<T>(
+    /// Saves or loads the cookies of the screen's browser through its DevTools port; a failure
+    /// is logged, never fatal (the browser keeps running either way). Says whether a file was
+    /// written.
+    async fn browser_devtools(&self, screen: &Screen, action: DevToolsAction) -> bool {
+        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        let out = self
+            .runner
+            .run(&devtools_script(&profile, action), SCRIPT_TIMEOUT)
+            .await;
+        let failed = match &out {
+            Ok(o) if o.exit_code == 0 => return o.stdout.trim() == "written",
+            Ok(o) => format!("exit {}", o.exit_code),
+            Err(e) => e.to_string(),
+        };
+        let event = match action {
+            DevToolsAction::Load => "desktop.browser.cookies_restore_failed",
+            _ => "desktop.browser.cookies_save_failed",
+        };
+        tracing::warn!(bot.id = %screen.bot_id, error = %failed, "{event}");
+        false
+    }
+
+    /// Makes every running browser's state consistent in the workspace without closing it (a
+    /// person may be watching or driving it, a bot's run may be using it), then runs
+    /// `export`. Each browser's cookies are read through DevTools and written to its profile
+    /// ([`super::browser::SAVED_COOKIES`], rewritten only when they changed); the archive
+    /// leaves out the cookie database Chromium writes on its own schedule and the files it
+    /// rewrites while idle, and the browser gets the saved cookies back at its next start.
+    /// The browsers keep their processes, windows and viewers.
+    pub async fn with_browser_state_saved<T>(
         &self,
         export: impl std::future::Future<Output = T>,
     ) -> Result<T, DesktopError> {
-        let mut table = self.table.lock().await;
-        let mut quiesced = Vec::new();
-        for (i, slot) in table.slots.iter_mut().enumerate() {
-            if let SlotState::Active(screen) = &mut slot.state
-                && screen.browser.is_some()
-            {
-                self.quit_browser(screen).await?;
-                quiesced.push(i);
+        let written = {
+            let table = self.table.lock().await;
+            let mut written = 0usize;
+            let mut running = 0usize;
+            for slot in &table.slots {
+                if let SlotState::Active(screen) = &slot.state
+                    && screen.browser.is_some()
+                {
+                    running += 1;
+                    if self.browser_devtools(screen, DevToolsAction::Save).await {
+                        written += 1;
+                    }
+                }
             }
+            tracing::info!(browsers = running, written, "desktop.browsers.state_saved");
+            written
+        };
+        if written > 0 {
+            // A file younger than the survey's window is not vouched for, and the next
+            // checkpoint would read its piece again: let the new snapshot age past it.
+            let window = crate::stores::archive::RACY_WINDOW_NS as u64;
+            tokio::time::sleep(Duration::from_nanos(window) + Duration::from_millis(100)).await;
         }
-        tracing::info!(browsers = quiesced.len(), "desktop.browsers.quiesced");
-        let out = export.await;
-        for i in quiesced {
-            if let SlotState::Active(screen) = &mut table.slots[i].state
-                && let Err(e) = self.start_browser(screen).await
-            {
-                tracing::warn!(screen.slot = i, error = %e, "desktop.browser.resume_failed");
-            }
-        }
-        Ok(out)
+        Ok(export.await)
     }
 
     fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {
@@ -1052,6 +1085,9 @@ impl DesktopRuntime {
                 }
             }
         };
+        // The cookies saved at the last checkpoint or quit (the cookie database itself is not
+        // in the archive, so a restored profile has only these).
+        self.browser_devtools(screen, DevToolsAction::Load).await;
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
         let quiet = Settle {

@@ -38,6 +38,24 @@ const TRANSIENT: &[&str] = &[
     "DawnGraphiteCache",
     "DawnWebGPUCache",
     "Crashpad",
+    // Written by Chromium on its own schedule; the DevTools snapshot `Saved Cookies.json`
+    // stands for them (see `desktop::browser::SAVED_COOKIES`).
+    "Cookies",
+    "Cookies-journal",
+    // Rewritten by an idle browser or at every start, with nothing of the bot's in them.
+    "shared_proto_db",
+    "segmentation_platform",
+    "GPUPersistentCache",
+    "QuotaManager",
+    "QuotaManager-journal",
+    "Network Persistent State",
+    "BrowserMetrics",
+    "component_crx_cache",
+    "extensions_crx_cache",
+    "Last Version",
+    "Last Browser",
+    "Variations",
+    "chrome_debug.log",
 ];
 
 /// Hard limits of an unpack.
@@ -218,7 +236,7 @@ fn append(
 
 /// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
 /// clock, so a write right after the walk could leave a just-written file's times unchanged.
-const RACY_WINDOW_NS: i128 = 2_000_000_000;
+pub const RACY_WINDOW_NS: i128 = 2_000_000_000;
 
 /// The largest piece a packed workspace is cut into, unless one entry alone is larger.
 pub const PIECE_MAX: u64 = 8 << 20;

@@ -30,6 +30,7 @@ pub mod db;
 pub mod desktop;
 pub mod image;
 pub mod keyfile;
+pub mod managed;
 pub mod providers;
 pub mod screens;
 pub mod server;

@@ -51,13 +51,8 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/form" => FORM,
                     _ => "ok",
                 };
-                let cookie = if path == "/remember" {
-                    "set-cookie: quiesce_marker=kept; Max-Age=86400; Path=/\r\n"
-                } else {
-                    ""
-                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n{cookie}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = sock.write_all(resp.as_bytes()).await;
@@ -236,4 +231,3 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         .collect();
     assert_eq!(tools, ["shell", "write_file", "open_path"]);
 }
-

@@ -38,6 +38,8 @@ const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
 const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
 const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
 const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a checkpoint waits for the browsers' profiles to stop changing.
+const PROFILE_QUIET_TIMEOUT: Duration = Duration::from_secs(6);
 /// How long Chromium gets to save its session and cookies on SIGTERM.
 const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long Xvfb and the window manager get on SIGTERM.
@@ -838,7 +840,7 @@ impl DesktopRuntime {
         &self,
         export: impl std::future::Future<Output = T>,
     ) -> Result<T, DesktopError> {
-        let written = {
+        let (written, running) = {
             let table = self.table.lock().await;
             let mut written = 0usize;
             let mut running = 0usize;
@@ -853,15 +855,47 @@ impl DesktopRuntime {
                 }
             }
             tracing::info!(browsers = running, written, "desktop.browsers.state_saved");
-            written
+            (written, running)
         };
-        if written > 0 {
-            // A file younger than the survey's window is not vouched for, and the next
-            // checkpoint would read its piece again: let the new snapshot age past it.
-            let window = crate::stores::archive::RACY_WINDOW_NS as u64;
-            tokio::time::sleep(Duration::from_nanos(window) + Duration::from_millis(100)).await;
+        if written > 0 || running > 0 {
+            // A file younger than the survey's window (a new snapshot, or what a browser
+            // wrote a while after activity) is not vouched for, and the next checkpoint
+            // would read its piece again.
+            self.wait_for_quiet_profiles().await;
         }
         Ok(export.await)
+    }
+
+    /// Waits, for at most [`PROFILE_QUIET_TIMEOUT`], until no archived file of the profiles
+    /// changed within the survey's window: a browser writes its profile a while after
+    /// activity, and a file that young would keep the checkpoint from vouching for its piece.
+    async fn wait_for_quiet_profiles(&self) {
+        let profiles = self
+            .config
+            .workspace
+            .join(super::browser::PROFILES_DIR)
+            .to_string_lossy()
+            .into_owned();
+        let transient = crate::stores::archive::TRANSIENT
+            .iter()
+            .map(|n| format!("-name {}", shell_quote(n)))
+            .collect::<Vec<_>>()
+            .join(" -o ");
+        let window_s = (crate::stores::archive::RACY_WINDOW_NS / 1_000_000_000) as u64 + 1;
+        let script = format!(
+            "[ -d {p} ] || exit 0
+             find {p} \\( {transient} \\) -prune -o -newermt '-{window_s} seconds' -print -quit 2>/dev/null",
+            p = shell_quote(&profiles)
+        );
+        let started = Instant::now();
+        while started.elapsed() < PROFILE_QUIET_TIMEOUT {
+            match self.runner.run(&script, SCRIPT_TIMEOUT).await {
+                Ok(o) if o.exit_code == 0 && o.stdout.trim().is_empty() => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Err(_) => return,
+            }
+        }
+        tracing::info!("desktop.browsers.profiles_busy");
     }
 
     fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {

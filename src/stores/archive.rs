@@ -24,7 +24,7 @@ use crate::providers::workspace_path::segments;
 /// The folder holding per-bot browser profiles.
 pub const PROFILES_DIR: &str = ".browser-profiles";
 /// Chromium's transient files and caches, skipped only inside [`PROFILES_DIR`].
-const TRANSIENT: &[&str] = &[
+pub const TRANSIENT: &[&str] = &[
     "SingletonLock",
     "SingletonSocket",
     "SingletonCookie",

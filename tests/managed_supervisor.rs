@@ -30,7 +30,11 @@ impl Drop for Serve {
 fn children_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -51,11 +55,22 @@ fn children_of(parent: u32) -> Vec<u32> {
 }
 
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
-async fn rpc(http: &reqwest::Client, base: &str, token: &str, method: &str, params: Value) -> Value {
+async fn rpc(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    params: Value,
+) -> Value {
     let v: Value = http
         .post(format!("{base}/rpc"))
         .bearer_auth(token)
@@ -135,7 +150,14 @@ async fn serve_starts_its_own_supervisor_and_computers_work() {
 
     let operator = std::fs::read_to_string(data_dir.join("operator-token")).unwrap();
     let operator = operator.trim();
-    let space = rpc(&http, &base, operator, "space.create", json!({ "name": "Acme" })).await;
+    let space = rpc(
+        &http,
+        &base,
+        operator,
+        "space.create",
+        json!({ "name": "Acme" }),
+    )
+    .await;
     let bot = rpc(
         &http,
         &base,
@@ -144,7 +166,14 @@ async fn serve_starts_its_own_supervisor_and_computers_work() {
         json!({ "spaceId": space["id"], "name": "first", "computerMode": "team" }),
     )
     .await;
-    let run = rpc(&http, &base, operator, "run.start", json!({ "botId": bot["id"] })).await;
+    let run = rpc(
+        &http,
+        &base,
+        operator,
+        "run.start",
+        json!({ "botId": bot["id"] }),
+    )
+    .await;
     let space_id = space["id"].as_str().unwrap().to_owned();
     let observed = rpc(
         &http,

@@ -418,7 +418,9 @@ impl Config {
             ),
             fake_single_screen: s.boolean("SANDBOX_FAKE_SINGLE_SCREEN")?,
             supervisor_configured: supervisor_token.is_some()
-                || s.env.var("SANDBOX_SUPERVISOR_URL").is_some_and(|v| !v.is_empty())
+                || s.env
+                    .var("SANDBOX_SUPERVISOR_URL")
+                    .is_some_and(|v| !v.is_empty())
                 || s.file.contains_key("sandbox_supervisor_url"),
             supervisor_managed: false,
             supervisor_url: s.get("SANDBOX_SUPERVISOR_URL").unwrap_or_default(),

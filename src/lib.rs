@@ -31,6 +31,7 @@ pub mod db;
 pub mod desktop;
 pub mod image;
 pub mod keyfile;
+pub mod managed;
 pub mod providers;
 pub mod recovery;
 pub mod screens;

@@ -49,6 +49,13 @@ enum Command {
         /// A TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Build a missing computer image of the built-in recipe (as `rakazo image build`)
+        /// rather than refusing computers.
+        #[arg(long)]
+        build_image: bool,
+        /// Stop when this process (the `rakazo serve` that started it) ends.
+        #[arg(long, hide = true)]
+        parent: Option<u32>,
     },
     /// Computer image helpers.
     Image {
@@ -113,7 +120,18 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Supervisor { listen, config } => {
+        Command::Supervisor {
+            listen,
+            config,
+            build_image,
+            parent,
+        } => {
+            if let Some(parent) = parent
+                && !rakazo::managed::follow_parent(parent)
+            {
+                eprintln!("rakazo: the process that started this supervisor has ended");
+                return ExitCode::FAILURE;
+            }
             let mut config = match load(config.as_ref()) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -122,7 +140,7 @@ fn main() -> ExitCode {
                 config.supervisor_listen = listen;
             }
             rakazo::telemetry::init(&config.log_filter);
-            actix_rt::System::new().block_on(supervise(config))
+            actix_rt::System::new().block_on(supervise(config, build_image))
         }
         Command::Doctor { config } => {
             let config = match load(config.as_ref()) {
@@ -156,6 +174,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve { listen, config } => {
+            let file = config.clone();
             let mut config = match load(config.as_ref()) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -164,7 +183,14 @@ fn main() -> ExitCode {
                 config.listen = listen;
             }
             rakazo::telemetry::init(&config.log_filter);
-            actix_rt::System::new().block_on(serve(config))
+            // Started on the main thread, which outlives the server: the child's parent-death
+            // signal follows it.
+            let managed = rakazo::managed::wanted(&config)
+                .then(|| rakazo::managed::ManagedSupervisor::start(&mut config, file.as_deref()))
+                .flatten();
+            let code = actix_rt::System::new().block_on(serve(config));
+            drop(managed);
+            code
         }
     }
 }
@@ -269,8 +295,8 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-async fn supervise(config: Config) -> ExitCode {
-    let (listener, state) = match rakazo::supervisor::prepare(&config).await {
+async fn supervise(config: Config, build_image: bool) -> ExitCode {
+    let (listener, state) = match rakazo::supervisor::prepare_with(&config, build_image).await {
         Ok(ready) => ready,
         Err(err) => {
             tracing::error!(error = %err, "supervisor.refused");

@@ -51,13 +51,8 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/form" => FORM,
                     _ => "ok",
                 };
-                let cookie = if path == "/remember" {
-                    "set-cookie: quiesce_marker=kept; Max-Age=86400; Path=/\r\n"
-                } else {
-                    ""
-                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n{cookie}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = sock.write_all(resp.as_bytes()).await;
@@ -270,68 +265,4 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         .map(|e| e["tool"].as_str().unwrap())
         .collect();
     assert_eq!(tools, ["shell", "write_file", "open_path"]);
-}
-
-/// Finds files named `name` under `dir`.
-fn find_files(dir: &std::path::Path, name: &str, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            find_files(&path, name, out);
-        } else if path.file_name().is_some_and(|n| n == name) {
-            out.push(path);
-        }
-    }
-}
-
-#[actix_rt::test]
-async fn a_checkpoint_quiesces_the_browser_so_its_cookies_are_saved() {
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
-    )
-    .await
-    .unwrap();
-    let (site, _) = fixture().await;
-    let (_, bots) = s.space_with_bots(1, "team").await;
-    let (run, fence) = s.start_run(&bots[0]).await;
-    tool(
-        &s,
-        &run,
-        fence,
-        "open_path",
-        json!({ "path": format!("{site}/remember") }),
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // The run ends: its checkpoint quits the browser first, so the cookie database on disk
-    // (and in the sealed revision) has the cookie, then the browser comes back.
-    let finished = s
-        .ok(
-            "run.finish",
-            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-        )
-        .await;
-    assert!(finished["checkpoint"].is_object(), "{finished}");
-    let mut cookies = Vec::new();
-    find_files(
-        &s.app.config.data_dir.join("homes"),
-        "Cookies",
-        &mut cookies,
-    );
-    let saved = cookies
-        .iter()
-        .any(|p| std::fs::read(p).is_ok_and(|b| b.windows(14).any(|w| w == b"quiesce_marker")));
-    assert!(saved, "no saved cookie in {cookies:?}");
-    // The browser is back on its profile, with its tab.
-    let (run, fence) = s.start_run(&bots[0]).await;
-    let snap =
-        tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
-    assert!(
-        snap["url"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("/remember"),
-        "{snap}"
-    );
 }

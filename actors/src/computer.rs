@@ -783,6 +783,13 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
         computers.close_runs(id, EndReason::Reconciled).await?;
     }
     computers.set_state(id, ComputerState::Provisioning).await?;
+    // Shown while the machine is prepared (on a first docker start, while the supervisor
+    // builds the computer image and starts the container).
+    rt.events.publish(
+        &row.space_id,
+        "computer.state",
+        serde_json::json!({ "computerId": id, "state": "provisioning", "stage": "preparing" }),
+    );
     let machine = provider.provision(&spec).await?;
     if row.revision > 0 {
         let home = rt.home_id(&row).await?;

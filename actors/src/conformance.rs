@@ -126,7 +126,9 @@ pub async fn workspace_moves_between_machines(p: Arc<dyn SandboxProvider>) {
     p.write_file(&a, "shared/report.md", b"# report\n")
         .await
         .unwrap();
-    p.write_file(&a, ".browser-profiles/bot-1/Cookies", b"cookie-db")
+    // A browser's cookies move as the snapshot the runtime keeps in its profile (Chromium's
+    // own cookie database is left out of exports).
+    p.write_file(&a, ".browser-profiles/bot-1/Saved Cookies.json", b"[]\n")
         .await
         .unwrap();
     let archive = p.export_workspace(&a).await.unwrap();
@@ -138,10 +140,10 @@ pub async fn workspace_moves_between_machines(p: Arc<dyn SandboxProvider>) {
         b"# report\n"
     );
     assert_eq!(
-        p.read_file(&b, ".browser-profiles/bot-1/Cookies")
+        p.read_file(&b, ".browser-profiles/bot-1/Saved Cookies.json")
             .await
             .unwrap(),
-        b"cookie-db"
+        b"[]\n"
     );
     assert!(matches!(
         p.read_file(&b, "stale.txt").await,

@@ -56,6 +56,13 @@ async fn health(app: web::Data<App>) -> HttpResponse {
     });
     if let Some(err) = &status.setup_error {
         body["setupError"] = json!(err);
+    } else if status.sandbox == "docker" {
+        // Whether serve started the supervisor itself or one was configured.
+        body["supervisor"] = json!(if app.config.supervisor_managed {
+            "managed"
+        } else {
+            "external"
+        });
     }
     if let Err(why) = backend {
         body["sandboxError"] = json!(why);

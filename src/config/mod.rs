@@ -158,6 +158,11 @@ pub struct Config {
     pub supervisor_token: Option<Secret>,
     /// `SANDBOX_SUPERVISOR_LISTEN`.
     pub supervisor_listen: SocketAddr,
+    /// Whether a supervisor was configured (`SANDBOX_SUPERVISOR_URL` or `_TOKEN` given): when
+    /// not, `rakazo serve` with the docker provider starts its own ([`crate::managed`]).
+    pub supervisor_configured: bool,
+    /// Whether the supervisor is the one `rakazo serve` started (health: `managed`).
+    pub supervisor_managed: bool,
     /// `SANDBOX_DOCKER_*`: how the supervisor shapes computer containers.
     pub docker: DockerSettings,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
@@ -431,6 +436,12 @@ impl Config {
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
             ),
             fake_single_screen: s.boolean("SANDBOX_FAKE_SINGLE_SCREEN")?,
+            supervisor_configured: supervisor_token.is_some()
+                || s.env
+                    .var("SANDBOX_SUPERVISOR_URL")
+                    .is_some_and(|v| !v.is_empty())
+                || s.file.contains_key("sandbox_supervisor_url"),
+            supervisor_managed: false,
             supervisor_url: s.get("SANDBOX_SUPERVISOR_URL").unwrap_or_default(),
             supervisor_token,
             supervisor_listen,

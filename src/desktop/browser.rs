@@ -59,41 +59,43 @@ pub fn chromium_args(profile: &Path, width: u32, height: u32, no_sandbox: bool) 
     args
 }
 
-/// A script, run inside the computer, that closes the browser of `profile` the way a person
-/// quitting it would (DevTools `Browser.close`): Chromium then writes its cookie database and
-/// session, which it skips on SIGTERM. Exits 0 once the browser answered; non-zero when it
-/// has no DevTools endpoint (the caller then falls back to signals).
-pub fn close_script(profile: &Path) -> String {
-    let port_file =
-        crate::desktop::shell_quote(&format!("{}/DevToolsActivePort", profile.display()));
-    format!("python3 - {port_file} <<'PY'\n{CLOSE_PY}PY\n")
+/// The file in a profile that holds the browser's cookies as DevTools reported them at the
+/// last checkpoint or quit ([`devtools_script`]`(.., Save)`); the browser gets them back at its
+/// next start. It stands for Chromium's own cookie database, which a running browser flushes
+/// only now and then and which the archive leaves out.
+pub const SAVED_COOKIES: &str = "Saved Cookies.json";
+
+/// What [`devtools_script`] asks of a browser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevToolsAction {
+    /// Quit the way a person quitting it would (DevTools `Browser.close`): Chromium then writes
+    /// its databases and session, which it skips on SIGTERM.
+    Close,
+    /// Write its cookies (`Storage.getCookies`) to [`SAVED_COOKIES`], sorted, and only when
+    /// they differ from the file's, so an unchanged browser changes no file.
+    Save,
+    /// Give it the cookies of [`SAVED_COOKIES`] (`Storage.setCookies`), right after its start.
+    /// It connects even without a file: Chromium rewrites its preferences on its first DevTools
+    /// connection, which would otherwise happen at the first checkpoint and look like a change.
+    Load,
 }
 
-/// A minimal websocket client (RFC 6455 handshake, one masked text frame, one reply).
-const CLOSE_PY: &str = r#"import base64, json, os, socket, sys
-lines = open(sys.argv[1]).read().split()
-port, path = int(lines[0]), lines[1]
-s = socket.create_connection(("127.0.0.1", port), timeout=5)
-key = base64.b64encode(os.urandom(16)).decode()
-s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (path, port, key)).encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    chunk = s.recv(4096)
-    if not chunk:
-        sys.exit(2)
-    head += chunk
-if b" 101 " not in head.split(b"\r\n")[0]:
-    sys.exit(3)
-body = json.dumps({"id": 1, "method": "Browser.close"}).encode()
-mask = os.urandom(4)
-frame = bytes([0x81, 0x80 | len(body)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(body))
-s.sendall(frame)
-try:
-    s.recv(4096)
-except OSError:
-    pass
-"#;
+/// A script, run inside the computer as the workspace user, that does `action` through the
+/// DevTools port of the browser of `profile` (`browser_devtools.py`). Exits 0 when done,
+/// non-zero when the browser has no DevTools endpoint or refused (a caller closing it then
+/// falls back to signals).
+pub fn devtools_script(profile: &Path, action: DevToolsAction) -> String {
+    let profile = crate::desktop::shell_quote(&profile.display().to_string());
+    let action = match action {
+        DevToolsAction::Close => "close",
+        DevToolsAction::Save => "save",
+        DevToolsAction::Load => "load",
+    };
+    format!("python3 - {profile} {action} <<'PY'\n{DEVTOOLS_PY}PY\n")
+}
+
+/// The in-computer DevTools client (Python 3 standard library only).
+const DEVTOOLS_PY: &str = include_str!("browser_devtools.py");
 
 #[cfg(test)]
 mod tests {

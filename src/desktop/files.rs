@@ -61,15 +61,16 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| ProviderError::Failed(format!("file task: {e}")))?
 }
 
-/// [`export_since`] of a machine's home with the runtime's browsers quiesced.
-pub(crate) async fn export_quiesced(
+/// [`export_since`] of a machine's home once the runtime's running browsers saved their state
+/// ([`DesktopRuntime::with_browser_state_saved`]); no browser is closed.
+pub(crate) async fn export_consistent(
     runtime: &DesktopRuntime,
     home: PathBuf,
     since: Option<&str>,
 ) -> Result<WorkspaceExport, ProviderError> {
     let since = since.map(str::to_owned);
     runtime
-        .with_browsers_quiesced(blocking(move || export_since(&home, since.as_deref())))
+        .with_browser_state_saved(blocking(move || export_since(&home, since.as_deref())))
         .await?
 }
 

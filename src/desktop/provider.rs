@@ -386,7 +386,7 @@ impl SandboxProvider for DesktopProvider {
         since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
         let m = self.machine(machine).await?;
-        files::export_quiesced(&m.runtime, m.home.clone(), since).await
+        files::export_consistent(&m.runtime, m.home.clone(), since).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

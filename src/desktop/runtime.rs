@@ -16,7 +16,7 @@ use rakazo_actors::provider::{ActStop, Action, Frame};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
-use super::browser::{LOCK_FILES, chromium_args, close_script, profile_dir};
+use super::browser::{DevToolsAction, LOCK_FILES, chromium_args, devtools_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
@@ -38,6 +38,8 @@ const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
 const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
 const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
 const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a checkpoint waits for the browsers' profiles to stop changing.
+const PROFILE_QUIET_TIMEOUT: Duration = Duration::from_secs(6);
 /// How long Chromium gets to save its session and cookies on SIGTERM.
 const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long Xvfb and the window manager get on SIGTERM.
@@ -789,15 +791,20 @@ impl DesktopRuntime {
     }
 
     /// Quits the screen's browser like a person would first, so cookies and the session are
-    /// written; the signals after it only clean up what is left.
+    /// written (and its cookies saved to the profile first); the signals after it only clean
+    /// up what is left.
     async fn quit_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
         let Some(pid) = screen.browser else {
             return Ok(());
         };
+        self.browser_devtools(screen, DevToolsAction::Save).await;
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let closed = self
             .runner
-            .run(&close_script(&profile), SCRIPT_TIMEOUT)
+            .run(
+                &devtools_script(&profile, DevToolsAction::Close),
+                SCRIPT_TIMEOUT,
+            )
             .await;
         // A browser that quits writes its cookie database after its window is gone: let it
         // finish before any signal.
@@ -813,35 +820,95 @@ impl DesktopRuntime {
         Ok(())
     }
 
-    /// Runs `export` with every browser quiesced: each running browser quits (its profile
-    /// databases and session complete on disk), `export` reads the workspace, then the
-    /// browsers start again on the same profiles and restore their tabs. No graphical tool
-    /// runs in between. A browser that does not come back is logged; the next graphical tool
-    /// starts it.
-    pub async fn with_browsers_quiesced<T>(
+    /// Saves or loads the cookies of the screen's browser through its DevTools port; a failure
+    /// is logged, never fatal (the browser keeps running either way). Says whether a file was
+    /// written.
+    async fn browser_devtools(&self, screen: &Screen, action: DevToolsAction) -> bool {
+        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        let out = self
+            .runner
+            .run(&devtools_script(&profile, action), SCRIPT_TIMEOUT)
+            .await;
+        let failed = match &out {
+            Ok(o) if o.exit_code == 0 => return o.stdout.trim() == "written",
+            Ok(o) => format!("exit {}", o.exit_code),
+            Err(e) => e.to_string(),
+        };
+        let event = match action {
+            DevToolsAction::Load => "desktop.browser.cookies_restore_failed",
+            _ => "desktop.browser.cookies_save_failed",
+        };
+        tracing::warn!(bot.id = %screen.bot_id, error = %failed, "{event}");
+        false
+    }
+
+    /// Makes every running browser's state consistent in the workspace without closing it (a
+    /// person may be watching or driving it, a bot's run may be using it), then runs
+    /// `export`. Each browser's cookies are read through DevTools and written to its profile
+    /// ([`super::browser::SAVED_COOKIES`], rewritten only when they changed); the archive
+    /// leaves out the cookie database Chromium writes on its own schedule and the files it
+    /// rewrites while idle, and the browser gets the saved cookies back at its next start.
+    /// The browsers keep their processes, windows and viewers.
+    pub async fn with_browser_state_saved<T>(
         &self,
         export: impl std::future::Future<Output = T>,
     ) -> Result<T, DesktopError> {
-        let mut table = self.table.lock().await;
-        let mut quiesced = Vec::new();
-        for (i, slot) in table.slots.iter_mut().enumerate() {
-            if let SlotState::Active(screen) = &mut slot.state
-                && screen.browser.is_some()
-            {
-                self.quit_browser(screen).await?;
-                quiesced.push(i);
+        let (written, running) = {
+            let table = self.table.lock().await;
+            let mut written = 0usize;
+            let mut running = 0usize;
+            for slot in &table.slots {
+                if let SlotState::Active(screen) = &slot.state
+                    && screen.browser.is_some()
+                {
+                    running += 1;
+                    if self.browser_devtools(screen, DevToolsAction::Save).await {
+                        written += 1;
+                    }
+                }
+            }
+            tracing::info!(browsers = running, written, "desktop.browsers.state_saved");
+            (written, running)
+        };
+        if written > 0 || running > 0 {
+            // A file younger than the survey's window (a new snapshot, or what a browser
+            // wrote a while after activity) is not vouched for, and the next checkpoint
+            // would read its piece again.
+            self.wait_for_quiet_profiles().await;
+        }
+        Ok(export.await)
+    }
+
+    /// Waits, for at most [`PROFILE_QUIET_TIMEOUT`], until no archived file of the profiles
+    /// changed within the survey's window: a browser writes its profile a while after
+    /// activity, and a file that young would keep the checkpoint from vouching for its piece.
+    async fn wait_for_quiet_profiles(&self) {
+        let profiles = self
+            .config
+            .workspace
+            .join(super::browser::PROFILES_DIR)
+            .to_string_lossy()
+            .into_owned();
+        let transient = crate::stores::archive::TRANSIENT
+            .iter()
+            .map(|n| format!("-name {}", shell_quote(n)))
+            .collect::<Vec<_>>()
+            .join(" -o ");
+        let window_s = (crate::stores::archive::RACY_WINDOW_NS / 1_000_000_000) as u64 + 1;
+        let script = format!(
+            "[ -d {p} ] || exit 0
+             find {p} \\( {transient} \\) -prune -o -newermt '-{window_s} seconds' -print -quit 2>/dev/null",
+            p = shell_quote(&profiles)
+        );
+        let started = Instant::now();
+        while started.elapsed() < PROFILE_QUIET_TIMEOUT {
+            match self.runner.run(&script, SCRIPT_TIMEOUT).await {
+                Ok(o) if o.exit_code == 0 && o.stdout.trim().is_empty() => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Err(_) => return,
             }
         }
-        tracing::info!(browsers = quiesced.len(), "desktop.browsers.quiesced");
-        let out = export.await;
-        for i in quiesced {
-            if let SlotState::Active(screen) = &mut table.slots[i].state
-                && let Err(e) = self.start_browser(screen).await
-            {
-                tracing::warn!(screen.slot = i, error = %e, "desktop.browser.resume_failed");
-            }
-        }
-        Ok(out)
+        tracing::info!("desktop.browsers.profiles_busy");
     }
 
     /// Before this runtime starts its first process, stops what an earlier process of the
@@ -1095,6 +1162,9 @@ impl DesktopRuntime {
                 }
             }
         };
+        // The cookies saved at the last checkpoint or quit (the cookie database itself is not
+        // in the archive, so a restored profile has only these).
+        self.browser_devtools(screen, DevToolsAction::Load).await;
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
         let quiet = Settle {

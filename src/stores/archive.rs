@@ -25,7 +25,7 @@ use crate::providers::workspace_path::segments;
 /// The folder holding per-bot browser profiles.
 pub const PROFILES_DIR: &str = ".browser-profiles";
 /// Chromium's transient files and caches, skipped only inside [`PROFILES_DIR`].
-const TRANSIENT: &[&str] = &[
+pub const TRANSIENT: &[&str] = &[
     "SingletonLock",
     "SingletonSocket",
     "SingletonCookie",
@@ -39,6 +39,24 @@ const TRANSIENT: &[&str] = &[
     "DawnGraphiteCache",
     "DawnWebGPUCache",
     "Crashpad",
+    // Written by Chromium on its own schedule; the DevTools snapshot `Saved Cookies.json`
+    // stands for them (see `desktop::browser::SAVED_COOKIES`).
+    "Cookies",
+    "Cookies-journal",
+    // Rewritten by an idle browser or at every start, with nothing of the bot's in them.
+    "shared_proto_db",
+    "segmentation_platform",
+    "GPUPersistentCache",
+    "QuotaManager",
+    "QuotaManager-journal",
+    "Network Persistent State",
+    "BrowserMetrics",
+    "component_crx_cache",
+    "extensions_crx_cache",
+    "Last Version",
+    "Last Browser",
+    "Variations",
+    "chrome_debug.log",
 ];
 
 /// The longest workspace path packing keeps: a restore must create it under a staging
@@ -326,7 +344,7 @@ fn append(
 
 /// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
 /// clock, so a write right after the walk could leave a just-written file's times unchanged.
-const RACY_WINDOW_NS: i128 = 2_000_000_000;
+pub const RACY_WINDOW_NS: i128 = 2_000_000_000;
 
 /// The largest piece a packed workspace is cut into, unless one entry alone is larger.
 pub const PIECE_MAX: u64 = 8 << 20;

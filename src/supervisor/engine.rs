@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
@@ -103,6 +104,9 @@ pub struct EngineSettings {
 pub struct Engine {
     docker: Docker,
     settings: EngineSettings,
+    /// Set when a missing image of the built-in recipe is built here (the supervisor `rakazo
+    /// serve` starts itself); held while a build runs, so creates wait for it.
+    builds: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -122,7 +126,50 @@ impl Engine {
         let docker = Docker::connect_with_unix_defaults()?
             .negotiate_version()
             .await?;
-        Ok(Self { docker, settings })
+        Ok(Self {
+            docker,
+            settings,
+            builds: None,
+        })
+    }
+
+    /// Builds the image of the built-in recipe when a computer needs it and it is missing
+    /// (`rakazo image build`'s logic), rather than refusing the computer.
+    pub fn building_missing_image(mut self) -> Self {
+        self.builds = Some(Arc::new(tokio::sync::Mutex::new(())));
+        self
+    }
+
+    /// Makes sure the image is present: with [`Self::building_missing_image`], a missing
+    /// image of the built-in recipe is built (one build at a time; others wait for it).
+    pub async fn ensure_image(&self) -> Result<(), EngineError> {
+        if self.image_present().await? {
+            return Ok(());
+        }
+        let missing = || EngineError::ImageMissing(self.settings.image.clone());
+        let Some(builds) = &self.builds else {
+            return Err(missing());
+        };
+        if self.settings.image != crate::image::default_image() {
+            return Err(missing());
+        }
+        let _building = builds.lock().await;
+        if self.image_present().await? {
+            return Ok(());
+        }
+        tracing::info!(image = %self.settings.image, "supervisor.image.building");
+        let work = std::env::temp_dir();
+        match tokio::task::spawn_blocking(move || crate::image::build(&work)).await {
+            Ok(Ok(_)) => {
+                tracing::info!(image = %self.settings.image, "supervisor.image.ready");
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                tracing::error!(image = %self.settings.image, error = %e, "supervisor.image.build_failed");
+                Err(EngineError::Engine(format!("image build: {e}")))
+            }
+            Err(e) => Err(EngineError::Engine(format!("image build task: {e}"))),
+        }
     }
 
     /// The settings in use.
@@ -172,9 +219,7 @@ impl Engine {
     /// Creates and starts a computer, replacing a container of the same name.
     pub async fn create(&self, req: &CreateComputer) -> Result<ComputerInfo, EngineError> {
         let name = Self::container_name(req)?;
-        if !self.image_present().await? {
-            return Err(EngineError::ImageMissing(self.settings.image.clone()));
-        }
+        self.ensure_image().await?;
         match self
             .docker
             .remove_container(

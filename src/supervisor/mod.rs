@@ -67,6 +67,16 @@ pub fn settings(config: &Config) -> Result<EngineSettings, SupervisorError> {
 pub async fn prepare(
     config: &Config,
 ) -> Result<(TcpListener, web::Data<routes::State>), SupervisorError> {
+    prepare_with(config, false).await
+}
+
+/// [`prepare`]; with `build_image`, a missing image of the built-in recipe is built here, in
+/// the background from the start and awaited by the first computer that needs it (the
+/// supervisor `rakazo serve` starts itself).
+pub async fn prepare_with(
+    config: &Config,
+    build_image: bool,
+) -> Result<(TcpListener, web::Data<routes::State>), SupervisorError> {
     let token = config
         .supervisor_token
         .as_ref()
@@ -74,9 +84,16 @@ pub async fn prepare(
         .filter(|t| !t.is_empty())
         .ok_or(SupervisorError::NoToken)?;
     listen::check(config.supervisor_listen).map_err(SupervisorError::PublicAddress)?;
-    let engine = Engine::connect(settings(config)?).await?;
+    let mut engine = Engine::connect(settings(config)?).await?;
+    if build_image {
+        engine = engine.building_missing_image();
+    }
     if !engine.image_present().await? {
         tracing::warn!(image = %engine.settings().image, "supervisor.image.missing");
+        if build_image {
+            let engine = engine.clone();
+            actix_rt::spawn(async move { engine.ensure_image().await });
+        }
     }
     let listener = TcpListener::bind(config.supervisor_listen)?;
     Ok((listener, web::Data::new(routes::State::new(engine, &token))))

@@ -531,7 +531,7 @@ impl SandboxProvider for DockerProvider {
         since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
         let m = self.machine(machine).await?;
-        files::export_quiesced(&m.runtime, Self::home(&m)?, since).await
+        files::export_consistent(&m.runtime, Self::home(&m)?, since).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

@@ -233,19 +233,27 @@ async fn settle_pending_restores(rt: &Runtime) -> DomainResult<()> {
 /// Makes the latest copy of every computer whose machine does not work in it hold the
 /// revision the database names: a crash between a checkpoint's swap of the copy and the row
 /// that records it leaves the copy a revision ahead (its stamp says so). Computers with a
-/// pending restore were settled just before.
+/// pending restore were settled just before. A copy that may be a mounted machine's home (this
+/// provider mounts homes, there is none, or the computer last ran at another provider kind) is
+/// the machine's own and is left as it is.
 async fn settle_latest_copies(rt: &Runtime) -> DomainResult<()> {
-    let mounted = rt
-        .provider()
-        .is_ok_and(|p| p.describe().capabilities.mounted_home);
-    if mounted {
+    let Ok(provider) = rt.provider() else {
+        return Ok(());
+    };
+    let described = provider.describe();
+    if described.capabilities.mounted_home {
         return Ok(());
     }
     let rows = computer::Entity::find()
         .filter(computer::Column::PendingRestoreRevision.is_null())
         .all(&rt.db)
         .await?;
-    for row in rows {
+    let ours = |row: &computer::Model| {
+        row.provider_kind
+            .as_deref()
+            .is_none_or(|kind| kind == described.kind)
+    };
+    for row in rows.into_iter().filter(ours) {
         let settled = async {
             let home = rt.home_id(&row).await?;
             DomainResult::Ok(rt.homes.settle_latest(&home, row.revision).await?)

@@ -327,6 +327,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &'st
             (Some(old), "two\nlater.txt\nstate.txt\n")
         };
         assert_eq!(got["revision"].as_i64(), expected.0, "{point}: {got}");
+        assert_eq!(got["providerKind"], provider, "{point}: {got}");
         // The stopped Files view is what the next run sees.
         let view = s
             .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
@@ -445,8 +446,13 @@ async fn a_crash_between_a_checkpoints_copy_and_its_row_leaves_the_recorded_revi
         .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
         .await;
     assert_eq!(view["live"], json!(false), "{view}");
-    assert_eq!(view["text"], "one\n", "the stopped view is the recorded revision");
-    let listed = s.ok("files.list", json!({ "botId": bot, "path": "" })).await;
+    assert_eq!(
+        view["text"], "one\n",
+        "the stopped view is the recorded revision"
+    );
+    let listed = s
+        .ok("files.list", json!({ "botId": bot, "path": "" }))
+        .await;
     let names: Vec<&str> = listed["entries"]
         .as_array()
         .unwrap()

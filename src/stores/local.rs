@@ -5,9 +5,13 @@
 //! Saving plans the revision (every chunk checked against the restore rules), writes the new
 //! chunks and makes them durable at once, then writes the manifest (temporary file, fsync,
 //! rename). When the store keeps the latest copy, it stages it beside the writes and swaps it
-//! in afterwards (current → `.old-*`, staged → current, drop old). A crash at any point leaves
-//! the old or the new workspace, never a mix: an interrupted swap is settled at start-up
-//! (`crate::recovery`) and whenever the home is next touched. The last `keep` revisions, and the chunks they name, are kept.
+//! in afterwards (current → `.old-*`, staged → current, drop old), stamped first with the
+//! revision it holds (`.revision-<home key>`, `<storage id>:<revision>`). A crash at any point
+//! leaves the old or the new workspace, never a mix: an interrupted swap is settled at
+//! start-up (`crate::recovery`) and whenever the home is next touched, and a copy whose stamp
+//! is not the revision the database recorded is made that revision again
+//! ([`HomeStore::settle_latest`]). The last `keep` revisions, and the chunks they name, are
+//! kept.
 
 use std::path::{Path, PathBuf};
 
@@ -162,7 +166,9 @@ impl LatestCopies {
     /// Where the stamp naming the revision the latest copy holds is kept
     /// (`<storage id>:<revision>`).
     pub fn revision_stamp(&self, home_key: &str) -> Result<PathBuf, StoreError> {
-        Ok(self.homes.join(format!(".revision-{}", safe_name(home_key)?)))
+        Ok(self
+            .homes
+            .join(format!(".revision-{}", safe_name(home_key)?)))
     }
 
     /// The revision of `storage_id` the latest copy's stamp names, if any.

@@ -714,7 +714,8 @@ impl HomeStore for ObjectHomeStore {
         // Loading the newest stored revision refreshes the cache itself.
         let archive = self.load(home, revision).await?;
         if !self.cached_is(home, revision)? {
-            self.refresh_cache(home, revision, Arc::new(archive)).await?;
+            self.refresh_cache(home, revision, Arc::new(archive))
+                .await?;
         }
         Ok(true)
     }

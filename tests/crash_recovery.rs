@@ -4,6 +4,9 @@
 //! desktop and Docker providers (Docker needs an engine and the computer image, see `gate`).
 
 mod docker_support;
+#[allow(clippy::duplicate_mod)]
+#[path = "gate/mod.rs"]
+mod gate;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +30,8 @@ struct Host {
     provider: &'static str,
     data_dir: PathBuf,
     supervisor: Option<docker_support::TestSupervisor>,
+    /// More settings of every `rakazo serve` (the object store's).
+    env: Vec<(&'static str, String)>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -38,6 +43,7 @@ impl Host {
                 provider,
                 data_dir: sup.data_dir.clone(),
                 supervisor: Some(sup),
+                env: Vec::new(),
                 _dir: None,
             };
         }
@@ -46,8 +52,34 @@ impl Host {
             provider,
             data_dir: dir.path().to_path_buf(),
             supervisor: None,
+            env: Vec::new(),
             _dir: Some(dir),
         }
+    }
+
+    /// A fake-provider host whose revisions live in a fresh bucket of the test S3 server;
+    /// `None` when the server is missing (see `gate`).
+    async fn fake_on_s3() -> Option<Host> {
+        let Ok(endpoint) = std::env::var("RAKAZO_TEST_S3_ENDPOINT") else {
+            gate::missing("the S3 server (RAKAZO_TEST_S3_ENDPOINT)", gate::S3);
+            return None;
+        };
+        let bucket = format!("rakazo-{}", uuid::Uuid::new_v4().simple());
+        let created = reqwest::Client::new()
+            .put(format!("{endpoint}/{bucket}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(created.status().is_success(), "the bucket is created");
+        let mut host = Host::new("fake");
+        host.env = vec![
+            ("OBJECT_STORAGE_BUCKET", bucket),
+            ("OBJECT_STORAGE_ENDPOINT", endpoint),
+            ("OBJECT_STORAGE_REGION", "us-east-1".into()),
+            ("OBJECT_STORAGE_ACCESS_KEY_ID", "test".into()),
+            ("OBJECT_STORAGE_SECRET_ACCESS_KEY", "test".into()),
+        ];
+        Some(host)
     }
 
     async fn serve(&self, crash_at: Option<&str>) -> Serve {
@@ -58,6 +90,7 @@ impl Host {
             ],
             None => Vec::new(),
         };
+        let env: Vec<(&str, String)> = env.into_iter().chain(self.env.clone()).collect();
         Serve::start_with(&self.data_dir, self.provider, crash_at, &env).await
     }
 
@@ -392,7 +425,19 @@ impl Drop for RemoveContainer<'_> {
 /// one a row never named.
 #[actix_rt::test]
 async fn a_crash_between_a_checkpoints_copy_and_its_row_leaves_the_recorded_revision_in_view() {
-    let host = Host::new("fake");
+    a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(Host::new("fake")).await;
+}
+
+/// The same with the object store, whose cache is the latest copy.
+#[actix_rt::test]
+async fn a_crash_between_a_checkpoints_cache_and_its_row_leaves_the_recorded_revision_in_view() {
+    let Some(host) = Host::fake_on_s3().await else {
+        return;
+    };
+    a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host).await;
+}
+
+async fn a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host: Host) {
     let data = host.data_dir.as_path();
     let s = host.serve(None).await;
     let space = s.ok("space.create", json!({ "name": "Acme" })).await;

@@ -2,7 +2,8 @@
 //! forward before anything uses it. Interrupted swaps of latest copies are settled (back to
 //! the copy before the swap, or forward when the new copy was already in place), temporary
 //! and trashed files of the stores are swept, a pending restore's latest copy is made again,
-//! and reservations of processes that are gone are released.
+//! a latest copy a checkpoint swapped in before its revision was recorded is brought back to
+//! the recorded revision, and reservations of processes that are gone are released.
 //!
 //! A process holds an exclusive lock on `DATA_DIR/run/processes/<id>.lock` for its whole life:
 //! a lock that can be taken belongs to a process that stopped, so its reservations are released
@@ -135,9 +136,18 @@ fn abandoned_tmp(name: &str) -> bool {
     pid == std::process::id() || !Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Removes temporary and trashed files from every revision folder and its chunk folder.
+/// Removes temporary and trashed files from every revision folder and its chunk folder, and
+/// abandoned temporary files (stamps being written) beside the latest copies.
 fn sweep_revisions(data_dir: &Path) -> usize {
     let mut swept = 0;
+    if let Ok(entries) = std::fs::read_dir(data_dir.join("homes")) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if abandoned_tmp(&name) && std::fs::remove_file(entry.path()).is_ok() {
+                swept += 1;
+            }
+        }
+    }
     let Ok(homes) = std::fs::read_dir(data_dir.join("home-revisions")) else {
         return 0;
     };
@@ -220,6 +230,47 @@ async fn settle_pending_restores(rt: &Runtime) -> DomainResult<()> {
     Ok(())
 }
 
+/// Makes the latest copy of every computer whose machine does not work in it hold the
+/// revision the database names: a crash between a checkpoint's swap of the copy and the row
+/// that records it leaves the copy a revision ahead (its stamp says so). Computers with a
+/// pending restore were settled just before. A copy that may be a mounted machine's home (this
+/// provider mounts homes, there is none, or the computer last ran at another provider kind) is
+/// the machine's own and is left as it is.
+async fn settle_latest_copies(rt: &Runtime) -> DomainResult<()> {
+    let Ok(provider) = rt.provider() else {
+        return Ok(());
+    };
+    let described = provider.describe();
+    if described.capabilities.mounted_home {
+        return Ok(());
+    }
+    let rows = computer::Entity::find()
+        .filter(computer::Column::PendingRestoreRevision.is_null())
+        .all(&rt.db)
+        .await?;
+    let ours = |row: &computer::Model| {
+        row.provider_kind
+            .as_deref()
+            .is_none_or(|kind| kind == described.kind)
+    };
+    for row in rows.into_iter().filter(ours) {
+        let settled = async {
+            let home = rt.home_id(&row).await?;
+            DomainResult::Ok(rt.homes.settle_latest(&home, row.revision).await?)
+        };
+        match settled.await {
+            Ok(true) => {
+                tracing::info!(event = "recovery.copy_settled", computer.id = %row.id, revision = row.revision)
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(event = "recovery.copy_settle_failed", computer.id = %row.id, error = %e)
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Everything start-up recovery does, before the app serves anything. Answers this
 /// process's lock, to be held for the process's life.
 pub async fn at_start(rt: &Arc<Runtime>, data_dir: &Path) -> DomainResult<ProcessLock> {
@@ -229,5 +280,6 @@ pub async fn at_start(rt: &Arc<Runtime>, data_dir: &Path) -> DomainResult<Proces
         tracing::info!(event = "recovery.swept", files = swept);
     }
     settle_pending_restores(rt).await?;
+    settle_latest_copies(rt).await?;
     settle_processes(rt, data_dir).await
 }

@@ -1,8 +1,14 @@
 //! Crash recovery through the real binary: `rakazo serve` is killed (`RAKAZO_CRASH_AT`
 //! aborts it) at each step of a restore, started again, and must come back with the old home
-//! or the restored one, no reservation stuck and no temporary files left.
+//! or the restored one, no reservation stuck and no temporary files left; on the fake,
+//! desktop and Docker providers (Docker needs an engine and the computer image, see `gate`).
 
-use std::path::Path;
+mod docker_support;
+#[allow(clippy::duplicate_mod)]
+#[path = "gate/mod.rs"]
+mod gate;
+
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,8 +24,103 @@ struct Serve {
     http: reqwest::Client,
 }
 
+/// Where a provider's computers live for one test: a data directory, and for Docker the
+/// supervisor that shares it.
+struct Host {
+    provider: &'static str,
+    data_dir: PathBuf,
+    supervisor: Option<docker_support::TestSupervisor>,
+    /// More settings of every `rakazo serve` (the object store's).
+    env: Vec<(&'static str, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Host {
+    fn new(provider: &'static str) -> Host {
+        if provider == "docker" {
+            let sup = docker_support::TestSupervisor::start(rakazo::config::DockerNetwork::None);
+            return Host {
+                provider,
+                data_dir: sup.data_dir.clone(),
+                supervisor: Some(sup),
+                env: Vec::new(),
+                _dir: None,
+            };
+        }
+        let dir = tempfile::tempdir().unwrap();
+        Host {
+            provider,
+            data_dir: dir.path().to_path_buf(),
+            supervisor: None,
+            env: Vec::new(),
+            _dir: Some(dir),
+        }
+    }
+
+    /// A fake-provider host whose revisions live in a fresh bucket of the test S3 server;
+    /// `None` when the server is missing (see `gate`).
+    async fn fake_on_s3() -> Option<Host> {
+        let Ok(endpoint) = std::env::var("RAKAZO_TEST_S3_ENDPOINT") else {
+            gate::missing("the S3 server (RAKAZO_TEST_S3_ENDPOINT)", gate::S3);
+            return None;
+        };
+        let bucket = format!("rakazo-{}", uuid::Uuid::new_v4().simple());
+        let created = reqwest::Client::new()
+            .put(format!("{endpoint}/{bucket}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(created.status().is_success(), "the bucket is created");
+        let mut host = Host::new("fake");
+        host.env = vec![
+            ("OBJECT_STORAGE_BUCKET", bucket),
+            ("OBJECT_STORAGE_ENDPOINT", endpoint),
+            ("OBJECT_STORAGE_REGION", "us-east-1".into()),
+            ("OBJECT_STORAGE_ACCESS_KEY_ID", "test".into()),
+            ("OBJECT_STORAGE_SECRET_ACCESS_KEY", "test".into()),
+        ];
+        Some(host)
+    }
+
+    async fn serve(&self, crash_at: Option<&str>) -> Serve {
+        let env: Vec<(&str, String)> = match &self.supervisor {
+            Some(sup) => vec![
+                ("SANDBOX_SUPERVISOR_URL", sup.url.clone()),
+                ("SANDBOX_SUPERVISOR_TOKEN", sup.token.clone()),
+            ],
+            None => Vec::new(),
+        };
+        let env: Vec<(&str, String)> = env.into_iter().chain(self.env.clone()).collect();
+        Serve::start_with(&self.data_dir, self.provider, crash_at, &env).await
+    }
+
+    /// Removes the computer's container (running or stopped), if any.
+    fn remove_container(&self, computer: &str) {
+        if self.supervisor.is_none() {
+            return;
+        }
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--no-trunc", "--filter"])
+            .arg(format!("label=rakazo.computerId={computer}"))
+            .output()
+            .unwrap();
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            drop(docker_support::RemoveOnDrop(id.to_owned()));
+        }
+    }
+}
+
 impl Serve {
     async fn start(data_dir: &Path, provider: &str, crash_at: Option<&str>) -> Serve {
+        Self::start_with(data_dir, provider, crash_at, &[]).await
+    }
+
+    async fn start_with(
+        data_dir: &Path,
+        provider: &str,
+        crash_at: Option<&str>,
+        env: &[(&str, String)],
+    ) -> Serve {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -33,16 +134,19 @@ impl Serve {
             .env_remove(rakazo::crash_point::CRASH_AT_ENV)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
         if let Some(point) = crash_at {
             cmd.env(rakazo::crash_point::CRASH_AT_ENV, point);
         }
         let child = cmd.spawn().unwrap();
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
+            .timeout(Duration::from_secs(120))
             .build()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let up = http
                 .get(format!("{base}/internal/health"))
@@ -131,6 +235,13 @@ impl Serve {
     }
 }
 
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Live maintenance reservations in the data directory's database.
 async fn live_reservations(data_dir: &Path) -> usize {
     use rakazo_actors::entity::lease;
@@ -191,11 +302,11 @@ const POINTS: &[(&str, bool)] = &[
     ("restore.applied", true),
 ];
 
-async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str) {
+async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &'static str) {
     for &(point, recorded) in POINTS {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path();
-        let s = Serve::start(data, provider, None).await;
+        let host = Host::new(provider);
+        let data = host.data_dir.as_path();
+        let s = host.serve(None).await;
         let space = s.ok("space.create", json!({ "name": "Acme" })).await;
         let bot = s
             .ok(
@@ -210,6 +321,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
         s.run(&bot, "echo two > state.txt && echo later > later.txt")
             .await;
         let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+        let _container = RemoveContainer(&host, c["id"].as_str().unwrap().to_owned());
         s.ok("computer.stop", json!({ "computerId": c["id"] }))
             .await;
         // The stop's own checkpoint may store one more revision (host homes change as they
@@ -219,7 +331,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
             .unwrap();
         s.kill();
 
-        let s = Serve::start(data, provider, Some(point)).await;
+        let s = host.serve(Some(point)).await;
         let res = s
             .call(
                 "computer.restoreRevision",
@@ -240,7 +352,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
             assert!(!leftovers(data).is_empty(), "{point}: the crash left files");
         }
 
-        let s = Serve::start(data, provider, None).await;
+        let s = host.serve(None).await;
         let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
         let expected = if recorded {
             (Some(old + 1), "one\nstate.txt\n")
@@ -248,6 +360,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
             (Some(old), "two\nlater.txt\nstate.txt\n")
         };
         assert_eq!(got["revision"].as_i64(), expected.0, "{point}: {got}");
+        assert_eq!(got["providerKind"], provider, "{point}: {got}");
         // The stopped Files view is what the next run sees.
         let view = s
             .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
@@ -267,7 +380,7 @@ async fn a_crash_at_each_step_of_a_restore_leaves_old_or_restored(provider: &str
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(leftovers(data), Vec::<String>::new(), "{point}");
-        // No reservation stuck: a run starts at once.
+        // No reservation stuck: a run starts at once, and its shell sees the same home.
         let seen = s.run(&bot, "cat state.txt; ls").await;
         assert_eq!(seen, expected.1, "{point}");
         let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
@@ -285,6 +398,116 @@ async fn a_crash_during_a_restore_on_the_fake_provider_recovers() {
 #[actix_rt::test]
 async fn a_crash_during_a_restore_on_the_desktop_provider_recovers() {
     a_crash_at_each_step_of_a_restore_leaves_old_or_restored("desktop").await;
+}
+
+/// Docker homes are bind-mounted: a restore on a stopped computer replaces the home's
+/// contents in place (`home.staged`, `home.mid_replace` crash before and in the middle of
+/// that), and the container's shell then sees the same home as the API.
+#[actix_rt::test]
+async fn a_crash_during_a_restore_on_the_docker_provider_recovers() {
+    if !docker_support::docker_ready() {
+        return;
+    }
+    a_crash_at_each_step_of_a_restore_leaves_old_or_restored("docker").await;
+}
+
+/// Removes a computer's container when dropped, so a failing test leaves none behind.
+struct RemoveContainer<'a>(&'a Host, String);
+
+impl Drop for RemoveContainer<'_> {
+    fn drop(&mut self) {
+        self.0.remove_container(&self.1);
+    }
+}
+
+/// A checkpoint that stored its revision and swapped the latest copy, killed before the row
+/// records it: after the restart the stopped Files view reads the recorded revision, not the
+/// one a row never named.
+#[actix_rt::test]
+async fn a_crash_between_a_checkpoints_copy_and_its_row_leaves_the_recorded_revision_in_view() {
+    a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(Host::new("fake")).await;
+}
+
+/// The same with the object store, whose cache is the latest copy.
+#[actix_rt::test]
+async fn a_crash_between_a_checkpoints_cache_and_its_row_leaves_the_recorded_revision_in_view() {
+    let Some(host) = Host::fake_on_s3().await else {
+        return;
+    };
+    a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host).await;
+}
+
+async fn a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host: Host) {
+    let data = host.data_dir.as_path();
+    let s = host.serve(None).await;
+    let space = s.ok("space.create", json!({ "name": "Acme" })).await;
+    let bot = s
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.run(&bot, "echo one > state.txt").await;
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let recorded = s.ok("computer.get", json!({ "computerId": c["id"] })).await["revision"]
+        .as_i64()
+        .unwrap();
+    s.kill();
+
+    let s = host.serve(Some("checkpoint.stored")).await;
+    let started = s.ok("run.start", json!({ "botId": bot })).await;
+    let (run, fence) = (
+        started["run"]["id"].clone(),
+        started["lease"]["fence"].clone(),
+    );
+    s.ok(
+        "computer.exec",
+        json!({ "runId": run, "fence": fence,
+                "command": "echo two > state.txt && echo later > later.txt" }),
+    )
+    .await;
+    let finished = s
+        .call(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+    assert!(finished.is_err(), "the checkpoint must not answer");
+    assert!(s.crashed(), "the process aborted");
+
+    let s = host.serve(None).await;
+    // Stopped again (a machine the reconciler adopted takes nothing new to save).
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert_eq!(got["state"], "stopped", "{got}");
+    assert_eq!(got["revision"].as_i64(), Some(recorded), "{got}");
+    let view = s
+        .ok("files.read", json!({ "botId": bot, "path": "state.txt" }))
+        .await;
+    assert_eq!(view["live"], json!(false), "{view}");
+    assert_eq!(
+        view["text"], "one\n",
+        "the stopped view is the recorded revision"
+    );
+    let listed = s
+        .ok("files.list", json!({ "botId": bot, "path": "" }))
+        .await;
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["state.txt"], "{listed}");
+    assert_eq!(leftovers(data), Vec::<String>::new());
+    assert_eq!(s.run(&bot, "cat state.txt; ls").await, "one\nstate.txt\n");
+    s.kill();
 }
 
 /// Holds `computer_id` for process `process` whose last heartbeat was `beat_ms` ago.

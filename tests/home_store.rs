@@ -86,6 +86,45 @@ async fn revisions_round_trip_and_only_the_last_ones_are_kept() {
     assert!(!sealed.windows(5).any(|w| w == b"rev 5"));
 }
 
+/// The latest copy is stamped with the revision it holds: settling it on the revision the
+/// database recorded makes it that revision again when the stamp names another (a save the
+/// database never recorded) or none, and leaves it alone when it already holds it.
+#[actix_rt::test]
+async fn the_latest_copy_is_settled_on_the_recorded_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), Limits::default());
+    let h = home("team-s");
+    for rev in 1..=2 {
+        let archive = Tar::new()
+            .file("notes.txt", format!("rev {rev}").as_bytes())
+            .bytes();
+        s.save(&h, rev, archive.into(), true).await.unwrap();
+    }
+    let latest = s.latest().path("team-s").unwrap();
+    let stamp = s.latest().revision_stamp("team-s").unwrap();
+    assert_eq!(read(&stamp), "storage-team-s:2");
+    assert!(
+        !s.settle_latest(&h, 2).await.unwrap(),
+        "already the recorded one"
+    );
+    // Revision 2 was stored and swapped in, but the database still names 1.
+    assert!(s.settle_latest(&h, 1).await.unwrap());
+    assert_eq!(read(&latest.join("notes.txt")), "rev 1");
+    assert_eq!(read(&stamp), "storage-team-s:1");
+    assert!(!s.settle_latest(&h, 1).await.unwrap());
+    // A copy nothing stamped is made again; another computer's stamp is not this one's.
+    std::fs::write(latest.join("notes.txt"), "unknown").unwrap();
+    std::fs::remove_file(&stamp).unwrap();
+    assert!(s.settle_latest(&h, 1).await.unwrap());
+    assert_eq!(read(&latest.join("notes.txt")), "rev 1");
+    std::fs::write(&stamp, "storage-other:1").unwrap();
+    assert!(s.settle_latest(&h, 1).await.unwrap());
+    // Nothing recorded: no copy.
+    assert!(s.settle_latest(&h, 0).await.unwrap());
+    assert!(!latest.exists() && !stamp.exists());
+    assert!(!s.settle_latest(&h, 0).await.unwrap());
+}
+
 #[actix_rt::test]
 async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,7 +214,10 @@ async fn hostile_archives_are_refused_and_the_previous_workspace_stays() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name())
-        .filter(|n| !n.to_string_lossy().starts_with(".digest-"))
+        .filter(|n| {
+            let n = n.to_string_lossy();
+            !n.starts_with(".digest-") && !n.starts_with(".revision-")
+        })
         .collect();
     assert_eq!(
         leftovers,

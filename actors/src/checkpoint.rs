@@ -174,6 +174,7 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
             Err(e) => return Err(e.into()),
         }
     };
+    crate::crash_point::crash_point("checkpoint.stored");
     NewRevision {
         computer_id,
         home_key: &row.home_key,

@@ -95,6 +95,11 @@ pub trait HomeStore: Send + Sync + 'static {
         revision: i64,
         archive: Vec<u8>,
     ) -> Result<(), StoreError>;
+    /// Make the latest copy of a home whose machine does not work in it hold `revision` (no
+    /// copy for 0), unless the stamp the store keeps beside it says it does; answers whether it
+    /// changed. A save stamps the copy before swapping it in, so a crash between the swap and
+    /// the database recording the revision leaves a copy whose stamp is not the recorded one.
+    async fn settle_latest(&self, home: &HomeId, revision: i64) -> Result<bool, StoreError>;
     /// Kept revisions, oldest first.
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError>;
     /// Forget every revision of a storage id and its latest copy.

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod computer;
 pub mod computers;
 pub mod conformance;
+pub mod crash_point;
 pub mod entity;
 pub mod error;
 pub mod events;

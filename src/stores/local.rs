@@ -5,9 +5,13 @@
 //! Saving plans the revision (every chunk checked against the restore rules), writes the new
 //! chunks and makes them durable at once, then writes the manifest (temporary file, fsync,
 //! rename). When the store keeps the latest copy, it stages it beside the writes and swaps it
-//! in afterwards (current → `.old-*`, staged → current, drop old). A crash at any point leaves
-//! the old or the new workspace, never a mix: an interrupted swap is settled at start-up
-//! (`crate::recovery`) and whenever the home is next touched. The last `keep` revisions, and the chunks they name, are kept.
+//! in afterwards (current → `.old-*`, staged → current, drop old), stamped first with the
+//! revision it holds (`.revision-<home key>`, `<storage id>:<revision>`). A crash at any point
+//! leaves the old or the new workspace, never a mix: an interrupted swap is settled at
+//! start-up (`crate::recovery`) and whenever the home is next touched, and a copy whose stamp
+//! is not the revision the database recorded is made that revision again
+//! ([`HomeStore::settle_latest`]). The last `keep` revisions, and the chunks they name, are
+//! kept.
 
 use std::path::{Path, PathBuf};
 
@@ -159,6 +163,39 @@ impl LatestCopies {
         Ok(staged)
     }
 
+    /// Where the stamp naming the revision the latest copy holds is kept
+    /// (`<storage id>:<revision>`).
+    pub fn revision_stamp(&self, home_key: &str) -> Result<PathBuf, StoreError> {
+        Ok(self
+            .homes
+            .join(format!(".revision-{}", safe_name(home_key)?)))
+    }
+
+    /// The revision of `storage_id` the latest copy's stamp names, if any.
+    pub fn stamped(&self, home_key: &str, storage_id: &str) -> Result<Option<i64>, StoreError> {
+        let stamp = std::fs::read_to_string(self.revision_stamp(home_key)?).unwrap_or_default();
+        Ok(stamp
+            .strip_prefix(storage_id)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rev| rev.parse().ok()))
+    }
+
+    /// Stamps the latest copy as holding `revision` of `storage_id`.
+    pub fn stamp(&self, home_key: &str, storage_id: &str, revision: i64) -> Result<(), StoreError> {
+        write_atomic(
+            &self.revision_stamp(home_key)?,
+            format!("{storage_id}:{revision}").as_bytes(),
+        )
+    }
+
+    /// Removes the latest copy's revision stamp: nothing then says what it holds.
+    pub fn unstamp(&self, home_key: &str) -> Result<(), StoreError> {
+        match std::fs::remove_file(self.revision_stamp(home_key)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(fail(e)),
+            _ => Ok(()),
+        }
+    }
+
     /// Where the digest of the archive the latest copy was unpacked from is kept.
     fn digest_stamp(&self, home_key: &str) -> Result<PathBuf, StoreError> {
         Ok(self.homes.join(format!(".digest-{}", safe_name(home_key)?)))
@@ -272,6 +309,7 @@ impl LatestCopies {
     /// Remove the latest copy.
     pub fn remove(&self, home_key: &str) -> Result<(), StoreError> {
         let _ = std::fs::remove_file(self.digest_stamp(home_key)?);
+        self.unstamp(home_key)?;
         match std::fs::remove_dir_all(self.path(home_key)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(fail(e)),
             _ => Ok(()),
@@ -443,7 +481,13 @@ impl LocalHomeStore {
             });
             match (staged, stored) {
                 (Some(staged), Ok(())) => {
-                    let swapped = self.latest.commit(&home.home_key, &staged);
+                    // Stamped before the swap: until the database records this revision, a
+                    // crash leaves a stamp that is not the recorded revision, and start-up
+                    // recovery makes the copy the recorded one again.
+                    let swapped = self
+                        .latest
+                        .stamp(&home.home_key, &home.storage_id, revision)
+                        .and_then(|()| self.latest.commit(&home.home_key, &staged));
                     if swapped.is_err() {
                         staged.discard();
                     }
@@ -551,6 +595,36 @@ impl LocalHomeStore {
         Ok(())
     }
 
+    /// See [`HomeStore::settle_latest`].
+    fn settle_latest_blocking(&self, home: &HomeId, revision: i64) -> Result<bool, StoreError> {
+        let key = &home.home_key;
+        self.latest.recover(key)?;
+        if self.latest.stamped(key, &home.storage_id)? == Some(revision) {
+            return Ok(false);
+        }
+        if revision == 0 {
+            let had = self.latest.path(key)?.exists() || self.latest.revision_stamp(key)?.exists();
+            self.latest.remove(key)?;
+            return Ok(had);
+        }
+        let archive = self.load_blocking(home, revision)?;
+        self.replace_latest_blocking(home, revision, &archive)?;
+        Ok(true)
+    }
+
+    /// Replaces the latest copy's contents in place, unstamped while it changes.
+    fn replace_latest_blocking(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: &[u8],
+    ) -> Result<(), StoreError> {
+        self.latest.unstamp(&home.home_key)?;
+        self.latest.replace_in_place(&home.home_key, archive)?;
+        self.latest
+            .stamp(&home.home_key, &home.storage_id, revision)
+    }
+
     fn load_blocking(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {
         self.latest.recover(&home.home_key)?;
         match self.open_revision(home, revision)? {
@@ -602,11 +676,16 @@ impl HomeStore for LocalHomeStore {
     async fn replace_latest(
         &self,
         home: &HomeId,
-        _revision: i64,
+        revision: i64,
         archive: Vec<u8>,
     ) -> Result<(), StoreError> {
-        let (latest, home_key) = (self.latest.clone(), home.home_key.clone());
-        blocking(move || latest.replace_in_place(&home_key, &archive)).await
+        let (me, home) = (self.clone(), home.clone());
+        blocking(move || me.replace_latest_blocking(&home, revision, &archive)).await
+    }
+
+    async fn settle_latest(&self, home: &HomeId, revision: i64) -> Result<bool, StoreError> {
+        let (me, home) = (self.clone(), home.clone());
+        blocking(move || me.settle_latest_blocking(&home, revision)).await
     }
 
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {

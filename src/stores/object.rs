@@ -696,6 +696,30 @@ impl HomeStore for ObjectHomeStore {
         self.refresh_cache(home, revision, Arc::new(archive)).await
     }
 
+    async fn settle_latest(&self, home: &HomeId, revision: i64) -> Result<bool, StoreError> {
+        let (latest, key) = (self.latest.clone(), home.home_key.clone());
+        blocking(move || latest.recover(&key)).await?;
+        if self.cached_is(home, revision)? {
+            return Ok(false);
+        }
+        if revision == 0 {
+            let (latest, key) = (self.latest.clone(), home.home_key.clone());
+            return blocking(move || {
+                let had = latest.path(&key)?.exists() || latest.revision_stamp(&key)?.exists();
+                latest.remove(&key)?;
+                Ok(had)
+            })
+            .await;
+        }
+        // Loading the newest stored revision refreshes the cache itself.
+        let archive = self.load(home, revision).await?;
+        if !self.cached_is(home, revision)? {
+            self.refresh_cache(home, revision, Arc::new(archive))
+                .await?;
+        }
+        Ok(true)
+    }
+
     async fn revisions(&self, home: &HomeId) -> Result<Vec<i64>, StoreError> {
         // Revisions sit right under the home's prefix; its chunks one folder down.
         let mut revs: Vec<i64> = self

@@ -88,11 +88,12 @@ fn logs_into_a_pipe_carry_no_colour_codes() {
         .local_addr()
         .unwrap()
         .port();
-    // The default provider without its token logs a setup error at startup.
+    // The default provider with a supervisor named but no token logs a setup error at startup.
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .env("DATA_DIR", dir.path())
         .env("SANDBOX_PROVIDER", "docker")
+        .env("SANDBOX_SUPERVISOR_URL", "http://127.0.0.1:9")
         .env_remove("SANDBOX_SUPERVISOR_TOKEN")
         .env_remove("NO_COLOR")
         .stdout(Stdio::piped())

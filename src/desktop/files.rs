@@ -156,7 +156,9 @@ mod tests {
         let root = dir.path().join("home");
         fs::create_dir_all(&root).unwrap();
         write(&root, "bots/b1/notes.txt", b"one", None).unwrap();
-        write(&root, ".browser-profiles/b1/Default/Cookies", b"c", None).unwrap();
+        write(&root, ".browser-profiles/b1/Default/Bookmarks", b"c", None).unwrap();
+        // Chromium's live cookie database: its DevTools snapshot stands in for it.
+        write(&root, ".browser-profiles/b1/Default/Cookies", b"live", None).unwrap();
         write(&root, ".browser-profiles/b1/Default/Cache/x", b"junk", None).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
         // Planted by the workspace's owner: none of it is followed, read or waited on.
@@ -184,9 +186,10 @@ mod tests {
         import(&other, &archive).unwrap();
         assert_eq!(fs::read(other.join("bots/b1/notes.txt")).unwrap(), b"one");
         assert_eq!(
-            fs::read(other.join(".browser-profiles/b1/Default/Cookies")).unwrap(),
+            fs::read(other.join(".browser-profiles/b1/Default/Bookmarks")).unwrap(),
             b"c"
         );
+        assert!(!other.join(".browser-profiles/b1/Default/Cookies").exists());
         assert!(!other.join(".browser-profiles/b1/Default/Cache").exists());
         assert!(!other.join("link").exists());
         for planted in ["up", "hard", "pipe"] {

@@ -823,6 +823,23 @@ pub fn cut(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
 mod tests {
     use super::*;
 
+    /// The archive a first pack's pieces (no baseline, so all bytes) make, end blocks included.
+    fn joined(packed: Packed) -> (Vec<u8>, Vec<Skipped>) {
+        let Packed::Pieces(workspace, _, skipped) = packed else {
+            panic!("a first pack is never unchanged");
+        };
+        let mut archive: Vec<u8> = workspace
+            .pieces
+            .into_iter()
+            .flat_map(|p| match p {
+                Piece::Bytes { bytes, .. } => bytes,
+                Piece::Same { .. } => unreachable!("no baseline"),
+            })
+            .collect();
+        archive.extend_from_slice(&ARCHIVE_END);
+        (archive, skipped)
+    }
+
     /// The entries of an archive, by name, with their bytes.
     fn packed_entries(archive: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
         let mut out = std::collections::BTreeMap::new();
@@ -852,19 +869,8 @@ mod tests {
         assert_eq!(entries["venv/lib.bin"], b"shared bytes");
         assert!(!entries.contains_key("stolen"), "{:?}", entries.keys());
         // The pieces hold the same entries.
-        let Packed::Pieces(workspace, ..) = pack_pieces_within(&root, None, 0).unwrap() else {
-            panic!("a first pack is never unchanged");
-        };
-        let mut joined: Vec<u8> = workspace
-            .pieces
-            .into_iter()
-            .flat_map(|p| match p {
-                Piece::Bytes { bytes, .. } => bytes,
-                Piece::Same { .. } => unreachable!("no baseline"),
-            })
-            .collect();
-        joined.extend_from_slice(&ARCHIVE_END);
-        assert_eq!(packed_entries(&joined), entries);
+        let (pieces, _) = joined(pack_pieces_within(&root, None, 0).unwrap());
+        assert_eq!(packed_entries(&pieces), entries);
     }
 
     #[test]
@@ -896,9 +902,7 @@ mod tests {
         } else {
             pack()
         };
-        let Packed::Pieces(workspace, _, skipped) = packed else {
-            panic!("a first pack is never unchanged");
-        };
+        let (archive, skipped) = joined(packed);
         let reported: Vec<(&str, &str)> = skipped
             .iter()
             .map(|s| (s.path.as_str(), s.reason.as_str()))
@@ -911,15 +915,6 @@ mod tests {
             reported.contains(&("locked", "folder cannot be read: permission denied")),
             "{reported:?}"
         );
-        let mut archive: Vec<u8> = workspace
-            .pieces
-            .into_iter()
-            .flat_map(|p| match p {
-                Piece::Bytes { bytes, .. } => bytes,
-                Piece::Same { .. } => unreachable!("no baseline"),
-            })
-            .collect();
-        archive.extend_from_slice(&ARCHIVE_END);
         let entries = packed_entries(&archive);
         assert_eq!(entries["kept.txt"], b"kept");
         assert!(!entries.contains_key("secret.txt"), "{:?}", entries.keys());
@@ -937,25 +932,14 @@ mod tests {
             deep.push("d".repeat(200));
         }
         std::fs::create_dir_all(&deep).unwrap();
-        let Packed::Pieces(workspace, _, skipped) = pack_pieces_within(root, None, 0).unwrap()
-        else {
-            panic!("a first pack is never unchanged");
-        };
+        let (archive, skipped) = joined(pack_pieces_within(root, None, 0).unwrap());
         let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
         assert!(reasons.contains(&"name is not UTF-8"), "{reasons:?}");
         assert!(
             reasons.iter().any(|r| r.starts_with("path longer than")),
             "{reasons:?}"
         );
-        let bytes: usize = workspace
-            .pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Bytes { bytes, .. } => bytes.len(),
-                Piece::Same { .. } => 0,
-            })
-            .sum();
-        assert!(bytes > 0);
+        assert_eq!(packed_entries(&archive)["kept.txt"], b"kept");
     }
 
     #[test]

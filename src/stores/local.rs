@@ -77,25 +77,35 @@ impl LatestCopies {
         Ok(self.homes.join(safe_name(home_key)?))
     }
 
-    /// Lists a folder of a latest copy, beneath it and never through a link; a home without
-    /// a copy lists nothing.
-    pub fn list(&self, home_key: &str, path: &str) -> Result<Vec<FileEntry>, ProviderError> {
+    /// Lists a folder of a latest copy, beneath it and never through a link (off the async
+    /// executor); a home without a copy lists nothing.
+    pub async fn list(&self, home_key: &str, path: &str) -> Result<Vec<FileEntry>, ProviderError> {
         let root = self
             .path(home_key)
             .map_err(|_| ProviderError::NotFound(String::new()))?;
-        if !root.exists() && normalize(path, true)?.is_empty() {
-            return Ok(Vec::new());
-        }
-        Beneath::open(&root)?.list(path)
+        let path = path.to_owned();
+        files_blocking(move || {
+            if !root.exists() && normalize(&path, true)?.is_empty() {
+                return Ok(Vec::new());
+            }
+            Beneath::open(&root)?.list(&path)
+        })
+        .await
     }
 
     /// Reads a regular file of a latest copy, beneath it and never through a link, at most
-    /// `cap` bytes.
-    pub fn read(&self, home_key: &str, path: &str, cap: u64) -> Result<Vec<u8>, ProviderError> {
+    /// `cap` bytes (off the async executor).
+    pub async fn read(
+        &self,
+        home_key: &str,
+        path: &str,
+        cap: u64,
+    ) -> Result<Vec<u8>, ProviderError> {
         let root = self
             .path(home_key)
             .map_err(|_| ProviderError::NotFound(String::new()))?;
-        Beneath::open(&root)?.read(path, cap)
+        let path = path.to_owned();
+        files_blocking(move || Beneath::open(&root)?.read(&path, cap)).await
     }
 
     /// Roll back an interrupted swap and drop stale staging directories.
@@ -640,7 +650,7 @@ impl LocalHomeStore {
 }
 
 /// Run blocking file work of a latest copy off the async executor.
-pub(crate) async fn files_blocking<T: Send + 'static>(
+async fn files_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
 ) -> Result<T, ProviderError> {
     tokio::task::spawn_blocking(f)
@@ -709,8 +719,7 @@ impl HomeStore for LocalHomeStore {
         home_key: &str,
         path: &str,
     ) -> Result<Vec<FileEntry>, ProviderError> {
-        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
-        files_blocking(move || latest.list(&home_key, &path)).await
+        self.latest.list(home_key, path).await
     }
 
     async fn read_latest(
@@ -719,8 +728,7 @@ impl HomeStore for LocalHomeStore {
         path: &str,
         cap: u64,
     ) -> Result<Vec<u8>, ProviderError> {
-        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
-        files_blocking(move || latest.read(&home_key, &path, cap)).await
+        self.latest.read(home_key, path, cap).await
     }
 
     async fn storage_ids(&self) -> Result<Vec<String>, StoreError> {

@@ -31,7 +31,7 @@ use rakazo_actors::workspace::Workspace;
 use super::archive::Limits;
 use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::write_atomic;
-use super::local::{LatestCopies, blocking, fail, files_blocking, safe_name};
+use super::local::{LatestCopies, blocking, fail, safe_name};
 use super::seal::{self, Binding};
 
 /// Objects above this size upload in parts of this size.
@@ -575,8 +575,7 @@ impl HomeStore for ObjectHomeStore {
         home_key: &str,
         path: &str,
     ) -> Result<Vec<FileEntry>, ProviderError> {
-        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
-        files_blocking(move || latest.list(&home_key, &path)).await
+        self.latest.list(home_key, path).await
     }
 
     async fn read_latest(
@@ -585,8 +584,7 @@ impl HomeStore for ObjectHomeStore {
         path: &str,
         cap: u64,
     ) -> Result<Vec<u8>, ProviderError> {
-        let (latest, home_key, path) = (self.latest.clone(), home_key.to_owned(), path.to_owned());
-        files_blocking(move || latest.read(&home_key, &path, cap)).await
+        self.latest.read(home_key, path, cap).await
     }
 
     async fn save(

@@ -366,8 +366,10 @@ async fn packing_skips_only_transient_browser_files() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("home");
     for (path, data) in [
-        (".browser-profiles/bot-1/Default/Cookies", "cookies"),
+        (".browser-profiles/bot-1/Default/Cookies", "live cookie database"),
+        (".browser-profiles/bot-1/Default/Saved Cookies.json", "cookies"),
         (".browser-profiles/bot-1/SingletonLock", "lock"),
+        ("projects/Cookies", "a project file named like the database"),
         (".browser-profiles/bot-1/Default/Cache/data_0", "cache"),
         ("projects/SingletonLock", "a project file with that name"),
         ("projects/Cache/notes.md", "kept"),
@@ -380,9 +382,15 @@ async fn packing_skips_only_transient_browser_files() {
     let archive = pack(&root).unwrap();
     let out = dir.path().join("out");
     rakazo::stores::archive::unpack(&archive, &out, Limits::default()).unwrap();
+    // Chromium's live cookie database is left out: the DevTools snapshot stands in for it.
+    assert!(!out.join(".browser-profiles/bot-1/Default/Cookies").exists());
     assert_eq!(
-        read(&out.join(".browser-profiles/bot-1/Default/Cookies")),
+        read(&out.join(".browser-profiles/bot-1/Default/Saved Cookies.json")),
         "cookies"
+    );
+    assert_eq!(
+        read(&out.join("projects/Cookies")),
+        "a project file named like the database"
     );
     assert!(!out.join(".browser-profiles/bot-1/SingletonLock").exists());
     assert!(!out.join(".browser-profiles/bot-1/Default/Cache").exists());

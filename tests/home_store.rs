@@ -366,8 +366,14 @@ async fn packing_skips_only_transient_browser_files() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("home");
     for (path, data) in [
-        (".browser-profiles/bot-1/Default/Cookies", "live cookie database"),
-        (".browser-profiles/bot-1/Default/Saved Cookies.json", "cookies"),
+        (
+            ".browser-profiles/bot-1/Default/Cookies",
+            "live cookie database",
+        ),
+        (
+            ".browser-profiles/bot-1/Default/Saved Cookies.json",
+            "cookies",
+        ),
         (".browser-profiles/bot-1/SingletonLock", "lock"),
         ("projects/Cookies", "a project file named like the database"),
         (".browser-profiles/bot-1/Default/Cache/data_0", "cache"),

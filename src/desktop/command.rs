@@ -175,6 +175,19 @@ const GROUP_ALIVE_FN: &str =
 
 const ALIVE_FN: &str = r#"alive() { s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }"#;
 
+/// `release_shm PID...`: removes the System V shared memory segments that the given (now
+/// dead) processes created. x11vnc and Chromium attach dozens of segments and remove them only
+/// on an orderly exit; after a SIGKILL they would stay until the machine reboots, and once the
+/// kernel's table (`kernel.shmmni`, 4096) is full no new screen can start. `ipcrm` where the
+/// machine has it, else the same system call through Python.
+const RELEASE_SHM_FN: &str = r#"release_shm() {
+  [ $# -gt 0 ] || return 0
+  for id in $(ipcs -m -p 2>/dev/null | awk -v list=" $* " 'NR>3 && $1 ~ /^[0-9]+$/ && index(list, " " $3 " ") {print $1}'); do
+    ipcrm -m "$id" 2>/dev/null || python3 -c 'import ctypes,sys; ctypes.CDLL(None).shmctl(int(sys.argv[1]), 0, None)' "$id" 2>/dev/null
+  done
+  return 0
+}"#;
+
 fn spawn_script(spec: &SpawnSpec) -> String {
     let cwd = if spec.cwd.is_empty() {
         "/"
@@ -207,12 +220,16 @@ fn stop_script(pid: u32, grace: Duration) -> String {
     let steps = (grace.as_millis() / 50).max(1);
     // Wait for the whole group, not just its leader: Chromium's network service writes the
     // cookie database after the browser process is gone.
+    // The group's members are listed before anything is killed, so that the shared memory
+    // they leave behind can be released once they are gone.
     format!(
-        "{ALIVE_FN}\n{GROUP_ALIVE_FN}\npid={pid}\nkill -TERM \"$pid\" 2>/dev/null\n\
+        "{ALIVE_FN}\n{GROUP_ALIVE_FN}\n{RELEASE_SHM_FN}\npid={pid}\n\
+         members=$(ps -eo pid=,pgid= | awk -v g=\"$pid\" '$2 == g {{print $1}}')\n\
+         kill -TERM \"$pid\" 2>/dev/null\n\
          i=0; while group_alive \"$pid\" && [ $i -lt {steps} ]; do sleep 0.05; i=$((i+1)); done\n\
          kill -KILL -- \"-$pid\" 2>/dev/null; kill -KILL \"$pid\" 2>/dev/null\n\
          i=0; while alive \"$pid\" && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done\n\
-         alive \"$pid\" && exit 1; exit 0\n"
+         alive \"$pid\" && exit 1\nrelease_shm $members\nexit 0\n"
     )
 }
 
@@ -345,14 +362,18 @@ pub const TAG_VAR: &str = "RAKAZO_DESKTOP_TAG";
 pub fn sweep_script(prefix: &str) -> String {
     let want = shell_quote(&format!("{TAG_VAR}={prefix}"));
     format!(
-        r#"want={want}
+        r#"{RELEASE_SHM_FN}
+want={want}
+pids=""
 for e in /proc/[0-9]*/environ; do
   p=${{e#/proc/}}; p=${{p%/environ}}
   [ "$p" = "$$" ] && continue
   while IFS= read -r -d '' line; do
-    case "$line" in "$want"*) kill -KILL "$p" 2>/dev/null; break ;; esac
+    case "$line" in "$want"*) kill -KILL "$p" 2>/dev/null; pids="$pids $p"; break ;; esac
   done 2>/dev/null < "$e"
 done
+[ -n "$pids" ] && sleep 0.1
+release_shm $pids
 exit 0
 "#
     )
@@ -367,7 +388,8 @@ pub fn reap_script(prefix: &str, grace: Duration) -> String {
     let want = shell_quote(&format!("{TAG_VAR}={prefix}"));
     let steps = (grace.as_millis() / 100).max(1);
     format!(
-        r#"want={want}
+        r#"{RELEASE_SHM_FN}
+want={want}
 me=$(ps -o sid= -p $$ | tr -d ' ')
 pids=""
 for e in /proc/[0-9]*/environ; do
@@ -386,7 +408,10 @@ done
 i=0; while [ $i -lt {steps} ] && members | awk '$3 != "Xvfb"' | grep -q .; do sleep 0.1; i=$((i+1)); done
 for p in $pids $(members | awk '{{print $1}}'); do kill -TERM "$p" 2>/dev/null; done
 i=0; while [ $i -lt 20 ] && members | grep -q .; do sleep 0.1; i=$((i+1)); done
-for p in $pids $(members | awk '{{print $1}}'); do kill -KILL "$p" 2>/dev/null; done
+gone="$pids $(members | awk '{{print $1}}')"
+for p in $gone; do kill -KILL "$p" 2>/dev/null; done
+sleep 0.1
+release_shm $gone
 echo $pids | wc -w
 exit 0
 "#
@@ -445,6 +470,70 @@ mod tests {
             .unwrap();
         assert!(out.timed_out);
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A program that creates a System V shared memory segment, prints its id, ignores
+    /// SIGTERM and sleeps: it dies only by SIGKILL, which skips its own clean-up.
+    const SHM_HOLDER: &str = "import ctypes, signal, sys, time\n\
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+        libc = ctypes.CDLL(None)\n\
+        print(libc.shmget(0, 65536, 0o1600), flush=True)\n\
+        time.sleep(60)\n";
+
+    async fn shm_exists(runner: &HostRunner, id: &str) -> bool {
+        let out = runner
+            .run(
+                &format!("ipcs -m | awk '$2 == \"{id}\"' | grep -q ."),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+            .unwrap();
+        out.exit_code == 0
+    }
+
+    async fn spawn_shm_holder(runner: &HostRunner, env: Vec<(String, String)>) -> (u32, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("id");
+        let pid = runner
+            .spawn(&SpawnSpec {
+                argv: vec!["python3".into(), "-c".into(), SHM_HOLDER.into()],
+                env,
+                log: log.to_string_lossy().into_owned(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut id = String::new();
+        for _ in 0..100 {
+            id = std::fs::read_to_string(&log).unwrap_or_default().trim().to_string();
+            if !id.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(id.parse::<i64>().is_ok_and(|n| n >= 0), "shmget said {id:?}");
+        (pid, id)
+    }
+
+    #[tokio::test]
+    async fn killed_processes_leave_no_shared_memory_behind() {
+        let runner = HostRunner::minimal();
+        // Stopped: SIGTERM is ignored, so the group dies by SIGKILL.
+        let (pid, id) = spawn_shm_holder(&runner, minimal_env()).await;
+        assert!(shm_exists(&runner, &id).await);
+        runner.stop(pid, Duration::from_millis(200)).await.unwrap();
+        assert!(!shm_exists(&runner, &id).await, "segment {id} outlived its creator");
+        // Swept by tag.
+        let tag = format!("/test-shm-{}", std::process::id());
+        let mut env = minimal_env();
+        env.push((TAG_VAR.into(), format!("{tag}/a")));
+        let (pid, id) = spawn_shm_holder(&runner, env).await;
+        runner
+            .run(&sweep_script(&tag), SCRIPT_TIMEOUT)
+            .await
+            .unwrap();
+        assert!(!runner.is_running(pid).await.unwrap());
+        assert!(!shm_exists(&runner, &id).await, "segment {id} outlived its creator");
     }
 
     #[tokio::test]

@@ -212,12 +212,13 @@ impl Gateway {
         policy: Policy,
     ) -> Result<Capability, DesktopError> {
         self.ensure_started().await?;
-        // x11vnc now and then fails to open a display that is busy starting a browser: one
-        // more try with a fresh token before the grant fails.
+        // x11vnc now and then fails to open a display that is busy starting a browser, and
+        // it exits when the machine's shared memory table is full: one more try with a fresh
+        // token, and without shared memory, before the grant fails.
         let mut attempt = 0;
         let (token, pid) = loop {
             attempt += 1;
-            match self.start_vnc(display, policy).await? {
+            match self.start_vnc(display, policy, attempt > 1).await? {
                 Ok(started) => break started,
                 Err(detail) if attempt < VNC_ATTEMPTS => {
                     tracing::warn!(screen.slot = slot, detail = %detail, "desktop.gateway.vnc_retry");
@@ -248,12 +249,14 @@ impl Gateway {
         })
     }
 
-    /// Starts an x11vnc for `display` on a fresh token's socket. The inner error says why it
-    /// did not come up (its last log line, with the token redacted).
+    /// Starts an x11vnc for `display` on a fresh token's socket (`without_shm`: reading the
+    /// screen without MIT-SHM, slower but independent of the machine's shared memory). The
+    /// inner error says why it did not come up (its last log line, with the token redacted).
     async fn start_vnc(
         &self,
         display: u32,
         policy: Policy,
+        without_shm: bool,
     ) -> Result<Result<(Token, u32), String>, DesktopError> {
         let token = Token::fresh();
         let socket = self.dir.join(token.expose());
@@ -277,6 +280,9 @@ impl Gateway {
         ];
         if policy == Policy::View {
             argv.push("-viewonly".into());
+        }
+        if without_shm {
+            argv.push("-noshm".into());
         }
         let mut env = self.env();
         env.push(("HOME".into(), self.run_dir.to_string_lossy().into_owned()));

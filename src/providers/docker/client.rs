@@ -16,6 +16,9 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Deadline of every call but exec (creating a container may take a few seconds).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of a create: the supervisor builds a missing computer image first (about ten
+/// minutes from Debian's packages on a fresh machine), and the first computer waits for it.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Extra time an exec call gets past the script's own deadline.
 const EXEC_SLACK: Duration = Duration::from_secs(30);
 
@@ -117,7 +120,7 @@ impl SupervisorClient {
                 reqwest::Method::POST,
                 "/v1/computers",
                 Some(req),
-                CALL_TIMEOUT,
+                CREATE_TIMEOUT,
             )
             .await?,
         )

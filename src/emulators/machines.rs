@@ -19,6 +19,9 @@ use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody, ExecResult
 const PROCS: &str = "/tmp/.rakazo-emulator/procs";
 /// Bytes of a file per exec (base64 keeps them under the exec's 1 MiB output cap).
 const CHUNK: usize = 600 << 10;
+/// Bytes of a file per write (base64 in the script, which is one argument: under Linux's
+/// 128 KiB limit of a single argument).
+const WRITE_CHUNK: usize = 90_000;
 /// Deadline of the short bookkeeping scripts.
 const SCRIPT: Duration = Duration::from_secs(30);
 
@@ -286,7 +289,7 @@ impl Machines {
         let q = shell_quote(path);
         let tmp = shell_quote(&format!("{path}.rakazo-upload"));
         let mut first = true;
-        let mut chunks = data.chunks(CHUNK).peekable();
+        let mut chunks = data.chunks(WRITE_CHUNK).peekable();
         if chunks.peek().is_none() {
             let out = self
                 .script(

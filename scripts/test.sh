@@ -40,6 +40,12 @@ if ! python3 -c "import mcp.client.streamable_http" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
 fi
 
+# E2B's official SDK, which the e2b-emulator faithfulness test drives the emulator with.
+if ! python3 -c "import e2b" >/dev/null 2>&1; then
+  echo "test.sh: installing the e2b package"
+  python3 -m pip install --quiet --disable-pip-version-check 'e2b>=2.6,<3'
+fi
+
 # A private Postgres cluster on a loopback port, owned by the postgres user.
 source scripts/lib/postgres.sh
 start_test_postgres

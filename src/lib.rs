@@ -29,6 +29,7 @@ pub mod crash_point;
 pub mod dashboard;
 pub mod db;
 pub mod desktop;
+pub mod emulators;
 pub mod image;
 pub mod keyfile;
 pub mod managed;

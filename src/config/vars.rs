@@ -67,7 +67,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_PROVIDER",
         default: "docker",
         secret: false,
-        doc: "Where computers run: docker, e2b, daytona, box, e2b-emulator, daytona-emulator, box-emulator, desktop, fake, kubernetes or none.",
+        doc: "Where computers run: docker, e2b, e2b-emulator, desktop, fake or none. daytona, box, daytona-emulator, box-emulator and kubernetes are not built yet (a setup error); Novita is not built.",
     },
     Var {
         name: "SANDBOX_IDLE_MS",
@@ -128,6 +128,30 @@ pub const VARS: &[Var] = &[
         default: "127.0.0.1:7091",
         secret: false,
         doc: "Address `rakazo supervisor` listens on: a loopback or private address only (it refuses a public one).",
+    },
+    Var {
+        name: "SANDBOX_TEMPLATE",
+        default: "rakazo-computer",
+        secret: false,
+        doc: "With e2b: the E2B template computers are created from (it needs the desktop packages of the computer image).",
+    },
+    Var {
+        name: "E2B_API_KEY",
+        default: "",
+        secret: true,
+        doc: "With SANDBOX_PROVIDER=e2b: the E2B API key (required; never logged).",
+    },
+    Var {
+        name: "E2B_DOMAIN",
+        default: "e2b.app",
+        secret: false,
+        doc: "With e2b: E2B's domain (port hosts are <port>-<sandbox id>.<domain>).",
+    },
+    Var {
+        name: "E2B_API_URL",
+        default: "",
+        secret: false,
+        doc: "With e2b: the control plane's URL. Unset: https://api.<E2B_DOMAIN>.",
     },
     Var {
         name: "SANDBOX_DOCKER_IMAGE",

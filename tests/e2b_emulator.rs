@@ -1,0 +1,331 @@
+//! The e2b-emulator with real Docker computers through an in-process supervisor: E2B's
+//! official Python SDK drives it (tests/e2b_sdk/sdk_check.py), the provider conformance suite
+//! runs on the real `e2b` adapter pointed at it, and the adapter's lifecycle holds when a
+//! sandbox is killed behind its back.
+
+mod docker_support;
+
+use std::sync::{Arc, OnceLock};
+
+use rakazo::config::DockerNetwork;
+use rakazo::emulators::e2b::{DOMAIN, Emulator, Settings};
+use rakazo::providers::e2b::{E2b, E2bConfig};
+use rakazo::providers::remote::provider::RemoteProvider;
+use rakazo_actors::provider::SandboxProvider;
+
+use docker_support::{TestSupervisor, docker_ready};
+
+#[allow(clippy::duplicate_mod)]
+#[path = "gate/mod.rs"]
+mod gate;
+
+struct TestEmulator {
+    url: String,
+    emulator: Arc<Emulator>,
+    _supervisor: TestSupervisor,
+}
+
+fn emulator() -> &'static TestEmulator {
+    static SHARED: OnceLock<TestEmulator> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+        let settings = Settings {
+            supervisor_url: supervisor.url.clone(),
+            supervisor_token: supervisor.token.clone(),
+            domain: DOMAIN.into(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let running = rakazo::emulators::e2b::start(listener, settings)
+                    .await
+                    .unwrap();
+                tx.send((format!("http://{}", running.addr), running.emulator.clone()))
+                    .unwrap();
+                std::future::pending::<()>().await;
+            })
+        });
+        let (url, emulator) = rx.recv().unwrap();
+        TestEmulator {
+            url,
+            emulator,
+            _supervisor: supervisor,
+        }
+    })
+}
+
+fn adapter() -> E2b {
+    let e = emulator();
+    E2b::new(E2bConfig {
+        kind: "e2b-emulator",
+        api_key: "e2b_test_key".into(),
+        domain: DOMAIN.into(),
+        api_url: e.url.clone(),
+        sandbox_url: Some(e.url.clone()),
+        template: "rakazo-computer".into(),
+    })
+    .unwrap()
+}
+
+/// A fresh provider per test, one emulator (and supervisor) for all.
+fn provider() -> Arc<dyn SandboxProvider> {
+    Arc::new(RemoteProvider::new(Arc::new(adapter()), 0))
+}
+
+fn sdk_ready() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import e2b"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        gate::missing(
+            "E2B's Python SDK (the e2b package)",
+            "scripts/test.sh installs it (pip install 'e2b>=2.6,<3')",
+        );
+    }
+    ok
+}
+
+#[test]
+fn the_official_sdk_drives_the_emulator() {
+    if !docker_ready() || !sdk_ready() {
+        return;
+    }
+    let e = emulator();
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/e2b_sdk/sdk_check.py"
+        ))
+        .env("E2B_API_URL", &e.url)
+        .env("E2B_SANDBOX_URL", &e.url)
+        .env("E2B_DOMAIN", DOMAIN)
+        .env("E2B_API_KEY", "e2b_any_key")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("ALL OK"),
+        "SDK check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(e.emulator.lock().is_empty() || !stdout.is_empty());
+}
+
+/// A `GET /` with the given `Host` over a raw connection; the answer's head.
+async fn raw_get(url: &str, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        conn.read_to_end(&mut buf),
+    )
+    .await;
+    String::from_utf8_lossy(&buf).chars().take(300).collect()
+}
+
+#[actix_rt::test]
+async fn a_request_without_an_api_key_or_with_a_wrong_access_token_is_refused() {
+    if !docker_ready() {
+        return;
+    }
+    let e = emulator();
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/v2/sandboxes", e.url))
+        .json(&serde_json::json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], 401);
+    assert!(body["message"].is_string());
+    // A sandbox's envd refuses another token.
+    let resp = http
+        .post(format!("{}/v2/sandboxes", e.url))
+        .header("X-API-KEY", "k")
+        .json(&serde_json::json!({"templateID": "base", "timeout": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let sandbox: serde_json::Value = resp.json().await.unwrap();
+    let id = sandbox["sandboxID"].as_str().unwrap().to_string();
+    for token in ["", "wrong"] {
+        let resp = http
+            .get(format!("{}/files?path=/etc/hostname", e.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "token {token:?}");
+    }
+    let resp = http
+        .get(format!("{}/files?path=/etc/hostname", e.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header(
+            "X-Access-Token",
+            sandbox["envdAccessToken"].as_str().unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // A port host of another sandbox id is not routed anywhere.
+    let head = raw_get(&e.url, &format!("6080-{}.{DOMAIN}", "a".repeat(20))).await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    // The sandbox's own port host reaches its machine, not the emulator's API.
+    let head = raw_get(&e.url, &format!("6080-{id}.{DOMAIN}")).await;
+    assert!(
+        !head.contains("\"code\": 401")
+            && !head.starts_with("HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json"),
+        "{head}"
+    );
+    assert!(e.emulator.kill(&id).await);
+    let resp = http
+        .get(format!("{}/sandboxes/{id}", e.url))
+        .header("X-API-KEY", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+}
+
+#[actix_rt::test]
+async fn a_sandbox_killed_behind_the_adapters_back_is_gone_and_ttl_expiry_kills() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo::providers::remote::RemoteSandboxes;
+    use rakazo_actors::provider::{MachineSpec, ProviderError};
+    let e = emulator();
+    let p = provider();
+    let spec = MachineSpec {
+        computer_id: "c-gone".into(),
+        space_id: "s1".into(),
+        bot_id: None,
+        home_key: "h-gone".into(),
+    };
+    let machine = p.provision(&spec).await.unwrap();
+    p.write_file(&machine, "made.txt", b"by the bot")
+        .await
+        .unwrap();
+    assert!(e.emulator.kill(&machine.0).await);
+    assert!(matches!(
+        p.read_file(&machine, "made.txt").await,
+        Err(ProviderError::MachineGone)
+    ));
+    assert!(matches!(
+        p.reconnect(&machine, &spec).await,
+        Err(ProviderError::MachineGone)
+    ));
+    p.destroy(&machine).await.unwrap();
+
+    // A paused sandbox resumes through connect, keeping its files.
+    let machine = p.provision(&spec).await.unwrap();
+    p.write_file(&machine, "kept.txt", b"kept").await.unwrap();
+    p.stop(&machine).await.unwrap();
+    let fresh = provider();
+    fresh.reconnect(&machine, &spec).await.unwrap();
+    assert_eq!(
+        fresh.read_file(&machine, "kept.txt").await.unwrap(),
+        b"kept"
+    );
+    fresh.destroy(&machine).await.unwrap();
+
+    // TTL expiry kills.
+    let a = adapter();
+    let session = a.create(&spec).await.unwrap();
+    let id = E2b::id(&session).to_string();
+    reqwest::Client::new()
+        .post(format!("{}/sandboxes/{id}/timeout", e.url))
+        .header("X-API-KEY", "k")
+        .json(&serde_json::json!({"timeout": 0}))
+        .send()
+        .await
+        .unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if e.emulator.get(&id).is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the expired sandbox was not killed");
+    assert!(matches!(
+        a.connect(&id).await,
+        Err(ProviderError::MachineGone)
+    ));
+}
+
+rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+/// Reads the first websocket message of a gateway route, if any comes.
+async fn gateway_greeting(upstream: &str, token: &str) -> Option<Vec<u8>> {
+    use futures_util::StreamExt;
+    let url = format!(
+        "{}/websockify?token={token}",
+        upstream.replacen("http://", "ws://", 1)
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+    match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next()).await {
+        Ok(Some(Ok(msg))) if msg.is_binary() || msg.is_text() => Some(msg.into_data().to_vec()),
+        _ => None,
+    }
+}
+
+/// Two bots on one sandbox: separate displays and routes through the emulator's port host,
+/// routes that name only a loopback forwarder, and a closed route's token refused.
+#[actix_rt::test]
+async fn two_bots_get_separate_screens_reached_through_the_port_host() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo_actors::provider::{MachineSpec, ScreenPolicy};
+    let p = provider();
+    let spec = MachineSpec {
+        computer_id: "c-screens".into(),
+        space_id: "s-screens".into(),
+        bot_id: None,
+        home_key: "team-s-screens".into(),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let a = p.open_screen(&m, "bot-a").await.unwrap();
+    let b = p.open_screen(&m, "bot-b").await.unwrap();
+    assert_ne!(a.slot, b.slot);
+    let ra = p
+        .open_route(&m, "bot-a", ScreenPolicy::Control)
+        .await
+        .unwrap();
+    let rb = p.open_route(&m, "bot-b", ScreenPolicy::View).await.unwrap();
+    for r in [&ra, &rb] {
+        assert!(r.upstream.starts_with("http://127.0.0.1:"), "{r:?}");
+        assert!(!r.upstream.contains(DOMAIN) && !r.upstream.contains(&m.0));
+    }
+    assert_ne!(ra.token, rb.token);
+    let greeting = gateway_greeting(&ra.upstream, &ra.token).await;
+    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
+    let greeting = gateway_greeting(&rb.upstream, &rb.token).await;
+    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
+    p.close_route(&m, &ra.token).await.unwrap();
+    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
+    // The slot of bot-a is reused by another bot: bot-b's old route keeps working, bot-a's
+    // closed one stays refused.
+    p.close_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-c").await.unwrap();
+    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
+    assert!(gateway_greeting(&rb.upstream, &rb.token).await.is_some());
+    p.destroy(&m).await.unwrap();
+}

@@ -349,6 +349,13 @@ pub trait SandboxProvider: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The state of the egress guard keeping machines off private destinations (for
+    /// `/internal/health`): `Ok(words)` when it holds (`active`, or why none is needed),
+    /// `Err(why)` when it does not; `None` when the provider has no such guard.
+    async fn egress_guard(&self) -> Option<Result<String, String>> {
+        None
+    }
+
     // --- lifecycle -------------------------------------------------------------------------
 
     /// Create a fresh machine for `spec`, with an empty workspace.

@@ -505,13 +505,19 @@ mod tests {
             .unwrap();
         let mut id = String::new();
         for _ in 0..100 {
-            id = std::fs::read_to_string(&log).unwrap_or_default().trim().to_string();
+            id = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .trim()
+                .to_string();
             if !id.is_empty() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(id.parse::<i64>().is_ok_and(|n| n >= 0), "shmget said {id:?}");
+        assert!(
+            id.parse::<i64>().is_ok_and(|n| n >= 0),
+            "shmget said {id:?}"
+        );
         (pid, id)
     }
 
@@ -522,7 +528,10 @@ mod tests {
         let (pid, id) = spawn_shm_holder(&runner, minimal_env()).await;
         assert!(shm_exists(&runner, &id).await);
         runner.stop(pid, Duration::from_millis(200)).await.unwrap();
-        assert!(!shm_exists(&runner, &id).await, "segment {id} outlived its creator");
+        assert!(
+            !shm_exists(&runner, &id).await,
+            "segment {id} outlived its creator"
+        );
         // Swept by tag.
         let tag = format!("/test-shm-{}", std::process::id());
         let mut env = minimal_env();
@@ -533,7 +542,10 @@ mod tests {
             .await
             .unwrap();
         assert!(!runner.is_running(pid).await.unwrap());
-        assert!(!shm_exists(&runner, &id).await, "segment {id} outlived its creator");
+        assert!(
+            !shm_exists(&runner, &id).await,
+            "segment {id} outlived its creator"
+        );
     }
 
     #[tokio::test]

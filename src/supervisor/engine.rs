@@ -41,9 +41,10 @@ const STOP_GRACE_SECS: i32 = 10;
 /// Extra time past an exec's deadline before the supervisor kills it itself.
 const EXEC_GRACE: Duration = Duration::from_secs(5);
 
-/// The seccomp profile of every computer (`config/computer-seccomp.json`): Docker's default
-/// refuses the user namespaces Chromium's sandbox needs; this one allows them and refuses the
-/// kernel interfaces a sandboxed browser never needs instead, so Chromium keeps its sandbox.
+/// The seccomp profile of every computer (`config/computer-seccomp.json`): an allowlist (the
+/// default action refuses) built from Docker's default for a container without capabilities,
+/// minus interfaces a sandboxed browser never needs, plus the user namespaces and chroot
+/// Chromium's own sandbox needs, so Chromium keeps its sandbox.
 pub const SECCOMP_PROFILE: &str = include_str!("../../config/computer-seccomp.json");
 
 /// Label keys.

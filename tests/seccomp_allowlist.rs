@@ -2,6 +2,8 @@
 //! outside the list is refused inside a computer (and answers normally without the profile),
 //! and Chromium keeps its own sandbox under it: renderers run in their own user and PID
 //! namespaces under an extra seccomp filter, and the browser runs without `--no-sandbox`.
+//! A computer's control groups are not delegated to it, and `describe()` says desktop
+//! freezing and per-desktop limits are off.
 
 mod docker_support;
 
@@ -137,5 +139,18 @@ async fn chromium_keeps_its_sandbox_and_unlisted_calls_are_refused() {
             "Chromium's seccomp-bpf filter on top of the computer's: {r} vs {browser}"
         );
     }
+
+    // The computer cannot be given control groups of its own (they are mounted read-only for
+    // its user), so describe() says freezing and per-desktop limits are off.
+    let cgroups = p
+        .exec(&m, &cmd("mkdir /sys/fs/cgroup/rakazo-probe 2>/dev/null || mkdir /sys/fs/cgroup/freezer/rakazo-probe"))
+        .await
+        .unwrap();
+    assert_ne!(
+        cgroups.exit_code, 0,
+        "control groups are not delegated: {cgroups:?}"
+    );
+    let caps = p.describe().capabilities;
+    assert!(!caps.desktop_freezing && !caps.desktop_limits);
     p.destroy(&m).await.unwrap();
 }

@@ -260,6 +260,8 @@ impl SandboxProvider for DockerProvider {
                 page_browser: !self.config.commands_only,
                 bills_while_running: false,
                 mounted_home: true,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

@@ -35,6 +35,7 @@ fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
             memory_bytes: 0,
             pids_limit: 4096,
             network: DockerNetwork::Bridge,
+            egress: Default::default(),
         },
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -31,6 +31,14 @@ pub struct Capabilities {
     /// The machine's workspace is the store's latest copy itself (`DATA_DIR/homes/<key>`,
     /// mounted or on this host): checkpoints seal a revision but never replace that copy.
     pub mounted_home: bool,
+    /// Freezes an idle desktop (its processes stop using CPU, memory stays) and thaws it on
+    /// the next tool call or viewer. Needs control groups delegated into the machine; `false`
+    /// where the machine cannot delegate them (a Docker computer's control groups are
+    /// mounted read-only for its unprivileged user), and not built for any provider yet.
+    pub desktop_freezing: bool,
+    /// Per-desktop CPU weight and memory ceiling (one control group per bot's display stack);
+    /// same requirement as `desktop_freezing`, and not built for any provider yet.
+    pub desktop_limits: bool,
 }
 
 /// The provider's self-description.
@@ -347,6 +355,13 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// Whether the backend answers (for `/internal/health`); a plain sentence when not.
     async fn health(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The state of the egress guard keeping machines off private destinations (for
+    /// `/internal/health`): `Ok(words)` when it holds (`active`, or why none is needed),
+    /// `Err(why)` when it does not; `None` when the provider has no such guard.
+    async fn egress_guard(&self) -> Option<Result<String, String>> {
+        None
     }
 
     // --- lifecycle -------------------------------------------------------------------------

@@ -42,12 +42,16 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
 async fn health(app: web::Data<App>) -> HttpResponse {
     let db_ok = app.db.ping().await.is_ok();
     let status = &app.provider_status;
-    let backend = match &app.runtime().provider {
-        Some(p) => p.health().await,
-        None => Ok(()),
+    let (backend, egress) = match &app.runtime().provider {
+        Some(p) => (p.health().await, p.egress_guard().await),
+        None => (Ok(()), None),
     };
     let viewer = app.proxy.viewer_error();
-    let ok = db_ok && status.setup_error.is_none() && backend.is_ok() && viewer.is_none();
+    let ok = db_ok
+        && status.setup_error.is_none()
+        && backend.is_ok()
+        && viewer.is_none()
+        && !matches!(egress, Some(Err(_)));
     let mut body = json!({
         "status": if ok { "ok" } else { "degraded" },
         "sandbox": status.sandbox,
@@ -63,6 +67,16 @@ async fn health(app: web::Data<App>) -> HttpResponse {
         } else {
             "external"
         });
+    }
+    match egress {
+        Some(Ok(state)) => {
+            body["egressGuard"] = json!(state);
+        }
+        Some(Err(why)) => {
+            body["egressGuard"] = json!("inactive");
+            body["egressGuardError"] = json!(why);
+        }
+        None => {}
     }
     if let Err(why) = backend {
         body["sandboxError"] = json!(why);

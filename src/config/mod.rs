@@ -4,6 +4,7 @@
 //! touch the process environment. An invalid value is one [`ConfigError`] line naming the
 //! variable, the value and what is accepted.
 
+pub mod egress;
 mod vars;
 
 use std::collections::HashMap;
@@ -121,6 +122,30 @@ pub struct DockerSettings {
     pub pids_limit: i64,
     /// Network mode.
     pub network: DockerNetwork,
+    /// The egress guard of bridged computers (`SANDBOX_EGRESS_*`).
+    pub egress: EgressSettings,
+}
+
+/// The egress guard (`SANDBOX_EGRESS_GUARD`, `SANDBOX_EGRESS_ALLOW`, `SANDBOX_EGRESS_NETWORK`):
+/// bridged computers join a dedicated Docker network whose private destinations are refused.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EgressSettings {
+    /// Whether the guard is on (the default).
+    pub guard: bool,
+    /// Destinations opened despite the guard.
+    pub allow: Vec<egress::EgressAllow>,
+    /// Name of the dedicated Docker network.
+    pub network: String,
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        Self {
+            guard: true,
+            allow: Vec::new(),
+            network: egress::DEFAULT_NETWORK.into(),
+        }
+    }
 }
 
 /// The whole configuration.
@@ -426,6 +451,20 @@ impl Config {
             {
                 "none" => DockerNetwork::None,
                 _ => DockerNetwork::Bridge,
+            },
+            egress: EgressSettings {
+                guard: s.one_of("SANDBOX_EGRESS_GUARD", &["on", "off"])? == "on",
+                allow: {
+                    let raw = s.get("SANDBOX_EGRESS_ALLOW").unwrap_or_default();
+                    egress::parse_allow(&raw)
+                        .map_err(|why| s.invalid("SANDBOX_EGRESS_ALLOW", &raw, why))?
+                },
+                network: {
+                    let raw = s.get("SANDBOX_EGRESS_NETWORK").unwrap_or_default();
+                    egress::check_network_name(&raw)
+                        .map_err(|why| s.invalid("SANDBOX_EGRESS_NETWORK", &raw, why))?;
+                    raw
+                },
             },
         };
         Ok(Config {

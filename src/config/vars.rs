@@ -181,7 +181,25 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_DOCKER_NETWORK",
         default: "bridge",
         secret: false,
-        doc: "Network of docker computers: bridge (outbound access, screen gateway published on 127.0.0.1) or none (no network at all).",
+        doc: "Network of docker computers: bridge (outbound access through the egress guard, screen gateway published on 127.0.0.1) or none (no network at all; the guard is then not needed).",
+    },
+    Var {
+        name: "SANDBOX_EGRESS_GUARD",
+        default: "on",
+        secret: false,
+        doc: "Egress guard of bridged docker computers: on (computers join the supervisor's own network; its firewall rules refuse private, link-local, carrier-grade NAT, loopback and multicast destinations, the host itself and other computers; creates are refused while the rules cannot be installed) or off.",
+    },
+    Var {
+        name: "SANDBOX_EGRESS_ALLOW",
+        default: "",
+        secret: false,
+        doc: "Destinations opened despite the egress guard: comma-separated CIDR, CIDR:PORT or CIDR:LOW-HIGH ([v6-CIDR]:PORT for IPv6 with ports). A private DNS resolver (for instance a cloud's 169.254.169.253:53) must be listed here.",
+    },
+    Var {
+        name: "SANDBOX_EGRESS_NETWORK",
+        default: "rakazo-computers",
+        secret: false,
+        doc: "Name of the Docker network the supervisor owns for guarded computers (its bridge and firewall chains are named from it).",
     },
     Var {
         name: "SCREEN_CAPABILITY_SECRET",

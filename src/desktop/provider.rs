@@ -169,6 +169,8 @@ impl SandboxProvider for DesktopProvider {
                 page_browser: false,
                 bills_while_running: false,
                 mounted_home: true,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

@@ -20,6 +20,7 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::egress::{Guard, GuardState};
 use super::wire::{ComputerInfo, CreateComputer, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
 
@@ -40,9 +41,10 @@ const STOP_GRACE_SECS: i32 = 10;
 /// Extra time past an exec's deadline before the supervisor kills it itself.
 const EXEC_GRACE: Duration = Duration::from_secs(5);
 
-/// The seccomp profile of every computer (`config/computer-seccomp.json`): Docker's default
-/// refuses the user namespaces Chromium's sandbox needs; this one allows them and refuses the
-/// kernel interfaces a sandboxed browser never needs instead, so Chromium keeps its sandbox.
+/// The seccomp profile of every computer (`config/computer-seccomp.json`): an allowlist (the
+/// default action refuses) built from Docker's default for a container without capabilities,
+/// minus interfaces a sandboxed browser never needs, plus the user namespaces and chroot
+/// Chromium's own sandbox needs, so Chromium keeps its sandbox.
 pub const SECCOMP_PROFILE: &str = include_str!("../../config/computer-seccomp.json");
 
 /// Label keys.
@@ -107,6 +109,8 @@ pub struct Engine {
     /// Set when a missing image of the built-in recipe is built here (the supervisor `rakazo
     /// serve` starts itself); held while a build runs, so creates wait for it.
     builds: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// The egress guard of bridged computers (`None`: off or no network); one check at a time.
+    guard: Option<Arc<(Guard, tokio::sync::Mutex<()>)>>,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -126,11 +130,41 @@ impl Engine {
         let docker = Docker::connect_with_unix_defaults()?
             .negotiate_version()
             .await?;
-        Ok(Self {
+        let d = &settings.docker;
+        let guard = (d.network == DockerNetwork::Bridge && d.egress.guard).then(|| {
+            Arc::new((
+                Guard::new(&d.egress.network, &d.egress.allow),
+                Default::default(),
+            ))
+        });
+        let engine = Self {
             docker,
             settings,
             builds: None,
-        })
+            guard,
+        };
+        // Installed at start; creates and health checks check it again.
+        if let GuardState::Failed(why) = engine.egress().await {
+            tracing::warn!(error = %why, "supervisor.egress.inactive");
+        }
+        Ok(engine)
+    }
+
+    /// The egress guard's state, reinstalling its network and rules when they are missing.
+    pub async fn egress(&self) -> GuardState {
+        let Some(guard) = &self.guard else {
+            return match self.settings.docker.network {
+                DockerNetwork::None => GuardState::NoNetwork,
+                DockerNetwork::Bridge => GuardState::Off,
+            };
+        };
+        let _one = guard.1.lock().await;
+        guard.0.ensure(&self.docker).await
+    }
+
+    /// The guard (network name, bridge, chains) when it is on.
+    pub fn guard(&self) -> Option<&Guard> {
+        self.guard.as_ref().map(|g| &g.0)
     }
 
     /// Builds the image of the built-in recipe when a computer needs it and it is missing
@@ -219,6 +253,16 @@ impl Engine {
     /// Creates and starts a computer, replacing a container of the same name.
     pub async fn create(&self, req: &CreateComputer) -> Result<ComputerInfo, EngineError> {
         let name = Self::container_name(req)?;
+        let bridge_network = match (&self.guard, self.egress().await) {
+            (Some(g), GuardState::Active) => g.0.network.clone(),
+            (Some(_), state) => {
+                return Err(EngineError::Engine(format!(
+                    "egress guard {}; computers are not created without it (SANDBOX_EGRESS_GUARD=off turns it off)",
+                    state.describe()
+                )));
+            }
+            (None, _) => "bridge".to_string(),
+        };
         self.ensure_image().await?;
         match self
             .docker
@@ -288,9 +332,9 @@ impl Engine {
                         host_port: Some(String::new()),
                     }]),
                 );
-                ("bridge", Some(map), Some(vec![port_key]))
+                (bridge_network, Some(map), Some(vec![port_key]))
             }
-            DockerNetwork::None => ("none", None, None),
+            DockerNetwork::None => ("none".to_string(), None, None),
         };
         let positive = |v: i64| (v > 0).then_some(v);
         let body = ContainerCreateBody {
@@ -312,7 +356,7 @@ impl Engine {
                 nano_cpus: positive(d.nano_cpus),
                 memory: positive(d.memory_bytes),
                 pids_limit: positive(d.pids_limit),
-                network_mode: Some(network_mode.into()),
+                network_mode: Some(network_mode),
                 port_bindings,
                 // docker-init as pid 1 reaps the orphans of detached desktop processes.
                 init: Some(true),

@@ -8,9 +8,12 @@
 //! - [`wire`]: the JSON types of the API, shared with the provider's client.
 //! - [`engine`]: bollard; container shape (labels, mounts, ceilings, loopback-only port);
 //!   exec with deadline and kill; Docker errors translated at this edge.
+//! - [`egress`]: the egress guard: the computers' own Docker network and the firewall rules
+//!   refusing private destinations, the host and other computers.
 //! - [`routes`]: parsing and constant-time token check only.
 //! - [`listen`]: the address rule.
 
+pub mod egress;
 pub mod engine;
 pub mod listen;
 pub mod routes;

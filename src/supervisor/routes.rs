@@ -144,7 +144,14 @@ async fn start(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Ans
 
 async fn health(_: Authorized, s: web::Data<State>) -> Answer {
     s.engine.ping().await?;
-    Ok(HttpResponse::NoContent().finish())
+    let guard = s.engine.egress().await;
+    Ok(HttpResponse::Ok().json(super::wire::Health {
+        egress_guard: guard.describe(),
+        egress_active: matches!(
+            guard,
+            super::egress::GuardState::Active | super::egress::GuardState::NoNetwork
+        ),
+    }))
 }
 
 async fn stop(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {

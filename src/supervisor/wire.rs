@@ -105,3 +105,13 @@ pub struct ErrorBody {
     /// Human-readable detail (never contains the token).
     pub message: String,
 }
+
+/// `GET /v1/health`: the engine answered; the egress guard's state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    /// `active`, `off`, `not needed: ...` or `inactive: <why>`.
+    pub egress_guard: String,
+    /// Whether bridged computers are kept off private destinations (or have no network).
+    pub egress_active: bool,
+}

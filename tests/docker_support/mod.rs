@@ -13,7 +13,7 @@ use std::sync::Arc;
 #[path = "../gate/mod.rs"]
 mod gate;
 
-use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::config::{DockerNetwork, DockerSettings, EgressSettings};
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
 use rakazo::supervisor::engine::{Engine, EngineSettings};
 use rakazo::supervisor::routes::State;
@@ -60,8 +60,14 @@ pub struct TestSupervisor {
 }
 
 impl TestSupervisor {
-    /// Starts a supervisor whose computers use `network`.
+    /// Starts a supervisor whose computers use `network` (bridged ones behind the default
+    /// egress guard).
     pub fn start(network: DockerNetwork) -> Self {
+        Self::start_with(network, EgressSettings::default())
+    }
+
+    /// Starts a supervisor whose computers use `network` and the egress guard `egress`.
+    pub fn start_with(network: DockerNetwork, egress: EgressSettings) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().canonicalize().unwrap();
         let token = format!("test-{}", uuid::Uuid::new_v4().simple());
@@ -74,6 +80,7 @@ impl TestSupervisor {
                 memory_bytes: 4 << 30,
                 pids_limit: 2048,
                 network,
+                egress,
             },
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
-    ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult,
+    ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult, Health,
 };
 
 /// How long a health check waits for the supervisor.
@@ -101,16 +101,17 @@ impl SupervisorClient {
         v.ok_or_else(|| ProviderError::Failed("supervisor answered without a body".into()))
     }
 
-    /// Whether the supervisor and its Docker engine answer.
-    pub async fn health(&self) -> ProviderResult<()> {
-        self.call::<serde_json::Value>(
-            reqwest::Method::GET,
-            "/v1/health",
-            None::<&()>,
-            HEALTH_TIMEOUT,
+    /// Whether the supervisor and its Docker engine answer, and the egress guard's state.
+    pub async fn health(&self) -> ProviderResult<Health> {
+        Self::some(
+            self.call::<Health>(
+                reqwest::Method::GET,
+                "/v1/health",
+                None::<&()>,
+                HEALTH_TIMEOUT,
+            )
+            .await?,
         )
-        .await
-        .map(|_| ())
     }
 
     /// Creates and starts a computer.

@@ -237,7 +237,17 @@ impl SandboxProvider for DockerProvider {
         self.client
             .health()
             .await
+            .map(|_| ())
             .map_err(|_| "the Docker supervisor or its engine does not answer".to_owned())
+    }
+
+    async fn egress_guard(&self) -> Option<Result<String, String>> {
+        let health = self.client.health().await.ok()?;
+        Some(if health.egress_active {
+            Ok(health.egress_guard)
+        } else {
+            Err(health.egress_guard)
+        })
     }
 
     fn describe(&self) -> Description {
@@ -250,6 +260,8 @@ impl SandboxProvider for DockerProvider {
                 page_browser: !self.config.commands_only,
                 bills_while_running: false,
                 mounted_home: true,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

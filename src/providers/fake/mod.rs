@@ -155,6 +155,8 @@ impl SandboxProvider for FakeProvider {
                 page_browser: false,
                 bills_while_running: false,
                 mounted_home: false,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

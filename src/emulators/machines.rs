@@ -85,7 +85,7 @@ impl Machines {
 
     /// Whether the supervisor answers.
     pub async fn health(&self) -> ProviderResult<()> {
-        self.client.health().await
+        self.client.health().await.map(|_| ())
     }
 
     /// Creates and starts the machine of sandbox `id` of `vendor`.

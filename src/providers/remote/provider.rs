@@ -240,6 +240,8 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                 page_browser: false,
                 bills_while_running: true,
                 mounted_home: false,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

@@ -28,6 +28,7 @@ pub mod config;
 pub mod crash_point;
 pub mod dashboard;
 pub mod db;
+pub mod emulators;
 pub mod desktop;
 pub mod image;
 pub mod keyfile;

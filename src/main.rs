@@ -57,6 +57,18 @@ enum Command {
         #[arg(long, hide = true)]
         parent: Option<u32>,
     },
+    /// Serve a remote vendor's API offline on loopback, with containers of the computer image
+    /// (through the supervisor, SANDBOX_SUPERVISOR_URL and _TOKEN) behind its sandboxes.
+    Emulator {
+        /// The vendor: `daytona` or `box`.
+        vendor: String,
+        /// Address to listen on (loopback or private).
+        #[arg(long)]
+        listen: SocketAddr,
+        /// A TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Computer image helpers.
     Image {
         #[command(subcommand)]
@@ -142,6 +154,18 @@ fn main() -> ExitCode {
             rakazo::telemetry::init(&config.log_filter);
             actix_rt::System::new().block_on(supervise(config, build_image))
         }
+        Command::Emulator {
+            vendor,
+            listen,
+            config,
+        } => {
+            let config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            rakazo::telemetry::init(&config.log_filter);
+            actix_rt::System::new().block_on(emulate(config, vendor, listen))
+        }
         Command::Doctor { config } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,
@@ -191,6 +215,80 @@ fn main() -> ExitCode {
             let code = actix_rt::System::new().block_on(serve(config));
             drop(managed);
             code
+        }
+    }
+}
+
+async fn emulate(config: Config, vendor: String, listen: SocketAddr) -> ExitCode {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rakazo::emulators::{boat, daytona, machines::SupervisorMachines};
+    if let Err(err) = rakazo::supervisor::listen::check(listen) {
+        eprintln!("rakazo: emulator: {err}");
+        return ExitCode::from(2);
+    }
+    let Some(token) = config.supervisor_token.as_ref().map(|t| t.0.clone()).filter(|t| !t.is_empty()) else {
+        eprintln!("rakazo: the emulator's machines need SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN");
+        return ExitCode::from(2);
+    };
+    let machines = match SupervisorMachines::new(&config.supervisor_url, &token) {
+        Ok(m) => Arc::new(m),
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(err) => {
+            eprintln!("rakazo: cannot listen on {listen}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let base_url = format!("http://{listen}");
+    let server = match vendor.as_str() {
+        "daytona" => daytona::serve(
+            listener,
+            daytona::DaytonaEmulator::new(
+                machines,
+                daytona::Settings {
+                    base_url,
+                    key: None,
+                    minute: Duration::from_secs(60),
+                },
+            ),
+        ),
+        "box" => boat::serve(
+            listener,
+            boat::BoatEmulator::new(
+                machines,
+                boat::Settings {
+                    base_url,
+                    key: None,
+                    snapshot_retention: Duration::from_secs(7 * 24 * 3600),
+                },
+            ),
+        ),
+        other => {
+            eprintln!("rakazo: no emulator for {other:?} (daytona or box)");
+            return ExitCode::from(2);
+        }
+    };
+    match server {
+        Ok(server) => {
+            tracing::info!(event = "emulator.listening", vendor = %vendor, addr = %listen);
+            match server.await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("rakazo: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -2,6 +2,8 @@
 //! the configuration.
 
 pub mod beneath;
+pub mod boat;
+pub mod daytona;
 pub mod docker;
 pub mod fake;
 pub mod workspace_path;

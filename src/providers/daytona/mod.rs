@@ -1,0 +1,6 @@
+//! The `daytona` provider's vendor side: the API and toolbox client ([`client`]), their JSON
+//! ([`wire`]) and the toolbox's multipart bodies ([`multipart`]).
+
+pub mod client;
+pub mod multipart;
+pub mod wire;

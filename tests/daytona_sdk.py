@@ -39,12 +39,12 @@ step("exec")
 # never happens.
 started = time.monotonic()
 try:
-    sandbox.process.exec("sleep 4; touch /tmp/late-marker", timeout=1)
+    sandbox.process.exec("sleep 4.31; touch /tmp/late-marker", timeout=1)
     raise AssertionError("a timed-out command returned")
 except DaytonaTimeoutError:
     pass
 assert time.monotonic() - started < 4, "the call waited for the command"
-r = sandbox.process.exec("sleep 5; if [ -e /tmp/late-marker ]; then echo present; else echo absent; fi; pgrep -x sleep || echo none", timeout=20)
+r = sandbox.process.exec("sleep 5; if [ -e /tmp/late-marker ]; then echo present; else echo absent; fi; pgrep -f 'sleep 4[.]31' || echo none", timeout=20)
 assert "absent" in r.result and "none" in r.result, r.result
 step("timeout kills")
 

@@ -40,6 +40,12 @@ if ! python3 -c "import mcp.client.streamable_http" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
 fi
 
+# E2B's official SDK, which the e2b-emulator faithfulness test drives the emulator with.
+if ! python3 -c "import e2b" >/dev/null 2>&1; then
+  echo "test.sh: installing the e2b package"
+  python3 -m pip install --quiet --disable-pip-version-check 'e2b>=2.6,<3'
+fi
+
 # Daytona's official Python SDK, which the daytona-emulator test drives (tests/daytona_sdk.py).
 if ! python3 -c "import daytona" >/dev/null 2>&1; then
   echo "test.sh: installing the daytona package"

@@ -53,6 +53,8 @@ pub struct App {
     pub provider_status: ProviderStatus,
     /// The fake provider, when it is the one in use (tests drive its hooks).
     pub fake: Option<Arc<providers::fake::FakeProvider>>,
+    /// The in-process e2b-emulator (`SANDBOX_PROVIDER=e2b-emulator`), for tests.
+    pub e2b_emulator: Option<Arc<crate::emulators::e2b::Emulator>>,
     /// Live screens: capabilities, routes, revocation.
     pub screens: Screens,
     /// Live MCP sessions.
@@ -89,7 +91,9 @@ impl App {
         let operator_token = auth::ensure_operator(&db, &config.data_dir)
             .await
             .map_err(|e| StartError::Bootstrap(e.message))?;
-        let built = providers::build(&config).map_err(StartError::Provider)?;
+        let built = providers::build(&config)
+            .await
+            .map_err(StartError::Provider)?;
         if let Some(provider) = &built.provider
             && let Err(e) = provider.recover().await
         {
@@ -187,6 +191,7 @@ impl App {
             registry,
             provider_status: built.status,
             fake: built.fake,
+            e2b_emulator: built.e2b_emulator,
             screens,
             tools: Default::default(),
             mcp: Default::default(),

@@ -57,12 +57,13 @@ enum Command {
         #[arg(long, hide = true)]
         parent: Option<u32>,
     },
-    /// Serve a remote vendor's API offline on loopback, with containers of the computer image
-    /// (through the supervisor, SANDBOX_SUPERVISOR_URL and _TOKEN) behind its sandboxes.
+    /// Run an offline vendor emulator (`e2b`) whose sandboxes are Docker computers through
+    /// the supervisor (SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN).
     Emulator {
-        /// The vendor: `daytona` or `box`.
+        /// The vendor to emulate.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(rakazo::emulators::VENDORS))]
         vendor: String,
-        /// Address to listen on (loopback or private).
+        /// Address to listen on: loopback or private only.
         #[arg(long)]
         listen: SocketAddr,
         /// A TOML configuration file.
@@ -100,6 +101,43 @@ fn load(file: Option<&PathBuf>) -> Result<Config, ExitCode> {
         eprintln!("rakazo: {err}");
         ExitCode::from(2)
     })
+}
+
+/// `rakazo emulator <vendor>`: serves until interrupted, then kills its sandboxes.
+async fn emulate(config: Config, vendor: &str, listen: SocketAddr) -> ExitCode {
+    if let Err(why) = rakazo::supervisor::listen::check(listen) {
+        eprintln!("rakazo: {why}");
+        return ExitCode::from(2);
+    }
+    let Some(token) = config.supervisor_token.as_ref().filter(|t| !t.0.is_empty()) else {
+        eprintln!(
+            "rakazo: the {vendor} emulator needs the supervisor: set SANDBOX_SUPERVISOR_TOKEN (and SANDBOX_SUPERVISOR_URL)"
+        );
+        return ExitCode::from(2);
+    };
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("rakazo: cannot listen on {listen}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = rakazo::emulators::e2b::Settings {
+        supervisor_url: config.supervisor_url.clone(),
+        supervisor_token: token.0.clone(),
+        domain: rakazo::emulators::e2b::DOMAIN.into(),
+    };
+    let running = match rakazo::emulators::e2b::start(listener, settings).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rakazo: the {vendor} emulator did not start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{vendor} emulator listening on http://{}", running.addr);
+    let _ = tokio::signal::ctrl_c().await;
+    running.stop().await;
+    ExitCode::SUCCESS
 }
 
 fn main() -> ExitCode {
@@ -164,7 +202,11 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             rakazo::telemetry::init(&config.log_filter);
-            actix_rt::System::new().block_on(emulate(config, vendor, listen))
+            if vendor == "e2b" {
+                actix_rt::System::new().block_on(emulate(config, &vendor, listen))
+            } else {
+                actix_rt::System::new().block_on(emulate_vendor(config, vendor, listen))
+            }
         }
         Command::Doctor { config } => {
             let config = match load(config.as_ref()) {
@@ -219,7 +261,8 @@ fn main() -> ExitCode {
     }
 }
 
-async fn emulate(config: Config, vendor: String, listen: SocketAddr) -> ExitCode {
+/// `rakazo emulator daytona|box`: serves until the process ends.
+async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> ExitCode {
     use std::sync::Arc;
     use std::time::Duration;
 

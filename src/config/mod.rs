@@ -177,6 +177,14 @@ pub struct Config {
     pub object_storage: Option<ObjectStorage>,
     /// `HOME_REVISIONS_KEEP`.
     pub keep_revisions: u32,
+    /// `SANDBOX_TEMPLATE`.
+    pub template: String,
+    /// `E2B_API_KEY`.
+    pub e2b_api_key: Option<Secret>,
+    /// `E2B_DOMAIN`.
+    pub e2b_domain: String,
+    /// `E2B_API_URL` (empty: `https://api.<domain>`).
+    pub e2b_api_url: String,
 }
 
 /// Layers: environment, then an optional file, then the built-in defaults.
@@ -455,6 +463,12 @@ impl Config {
             content_key,
             object_storage,
             keep_revisions,
+            template: s
+                .get("SANDBOX_TEMPLATE")
+                .unwrap_or_else(|| "rakazo-computer".into()),
+            e2b_api_key: s.secret("E2B_API_KEY"),
+            e2b_domain: s.get("E2B_DOMAIN").unwrap_or_else(|| "e2b.app".into()),
+            e2b_api_url: s.get("E2B_API_URL").unwrap_or_default(),
         })
     }
 

@@ -130,6 +130,30 @@ pub const VARS: &[Var] = &[
         doc: "Address `rakazo supervisor` listens on: a loopback or private address only (it refuses a public one).",
     },
     Var {
+        name: "SANDBOX_TEMPLATE",
+        default: "rakazo-computer",
+        secret: false,
+        doc: "With e2b: the E2B template computers are created from (it needs the desktop packages of the computer image).",
+    },
+    Var {
+        name: "E2B_API_KEY",
+        default: "",
+        secret: true,
+        doc: "With SANDBOX_PROVIDER=e2b: the E2B API key (required; never logged).",
+    },
+    Var {
+        name: "E2B_DOMAIN",
+        default: "e2b.app",
+        secret: false,
+        doc: "With e2b: E2B's domain (port hosts are <port>-<sandbox id>.<domain>).",
+    },
+    Var {
+        name: "E2B_API_URL",
+        default: "",
+        secret: false,
+        doc: "With e2b: the control plane's URL. Unset: https://api.<E2B_DOMAIN>.",
+    },
+    Var {
         name: "SANDBOX_DOCKER_IMAGE",
         default: "",
         secret: false,

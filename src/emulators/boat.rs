@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use super::daytona::rfc3339;
 use super::machines::Machines;
+use super::{read, running};
 use crate::desktop::shell_quote;
 use crate::providers::boat::wire::{
     CONFIRM_DELETE_HEADER, Command, CommandResult, CreateSandbox, Envelope, ErrorEnvelope,
@@ -66,7 +67,7 @@ struct Sb {
 
 /// The emulator.
 pub struct BoatEmulator {
-    machines: Arc<dyn Machines>,
+    machines: Machines,
     settings: Settings,
     sandboxes: Mutex<HashMap<String, Sb>>,
     /// Idempotency key → sandbox id.
@@ -215,7 +216,7 @@ fn ok(kind: &str, sandbox: Sandbox) -> HttpResponse {
 
 impl BoatEmulator {
     /// An emulator over `machines`.
-    pub fn new(machines: Arc<dyn Machines>, settings: Settings) -> Arc<Self> {
+    pub fn new(machines: Machines, settings: Settings) -> Arc<Self> {
         Arc::new(Self {
             machines,
             settings,
@@ -297,7 +298,7 @@ impl BoatEmulator {
         }
         let Some(machine) = machine else { return };
         if state.usable() || state == State::Archived {
-            match self.machines.running(&machine).await {
+            match running(&self.machines, &machine).await {
                 Ok(None) => {
                     tracing::info!("emulator.box.machine_lost");
                     if let Some(sb) = self.lock().get_mut(id) {
@@ -376,7 +377,7 @@ impl BoatEmulator {
         let this = self.clone();
         let sid = id.clone();
         actix_rt::spawn(async move {
-            match this.machines.create("box", &sid).await {
+            match this.machines.create("box", &sid).await.map(|info| info.id) {
                 Ok(machine) => {
                     if let Some(sb) = this.lock().get_mut(&sid) {
                         sb.machine = Some(machine);
@@ -422,7 +423,7 @@ impl BoatEmulator {
             let result = match (op, &machine) {
                 (_, None) => Err(ProviderError::MachineGone),
                 (Op::Stop, Some(m)) => this.machines.stop(m).await,
-                (Op::Resume, Some(m)) => this.machines.start(m).await,
+                (Op::Resume, Some(m)) => this.machines.start(m).await.map(|_| ()),
             };
             match result {
                 Ok(()) => this.set_state(&sid, to, None),
@@ -544,7 +545,7 @@ impl BoatEmulator {
         let cwd = body
             .cwd
             .clone()
-            .unwrap_or_else(|| self.machines.home().to_string());
+            .unwrap_or_else(|| self.machines.home());
         if body.detached {
             let script = format!(
                 "setsid sh -c {} >/dev/null 2>&1 </dev/null &",
@@ -577,7 +578,7 @@ impl BoatEmulator {
     }
 
     fn check_path(&self, path: &str) -> Result<(), ApiError> {
-        if path_allowed(path, self.machines.home()) {
+        if path_allowed(path, &self.machines.home()) {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -591,7 +592,7 @@ impl BoatEmulator {
     async fn read_file(self: &Arc<Self>, id: &str, path: &str, encoding: &str) -> Answer {
         self.check_path(path)?;
         let (machine, _) = self.usable(id).await?;
-        let data = self.machines.read(&machine, path).await?;
+        let data = read(&self.machines, &machine, path).await?;
         let content = match encoding {
             "base64" => base64::engine::general_purpose::STANDARD.encode(&data),
             "utf8" | "" => String::from_utf8(data)
@@ -618,7 +619,7 @@ impl BoatEmulator {
             _ => return Err(ApiError::invalid("encoding must be utf8 or base64")),
         };
         let (machine, _) = self.usable(id).await?;
-        self.machines.write(&machine, &body.path, &data).await?;
+        self.machines.write_file(&machine, &body.path, &data).await?;
         Ok(HttpResponse::Ok().json(serde_json::json!({"ok": true, "path": body.path, "size": data.len()})))
     }
 

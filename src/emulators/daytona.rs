@@ -22,8 +22,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use rakazo_actors::provider::ProviderError;
 use serde::Deserialize;
 
-use super::machines::{Entry, Machines};
+use super::machines::Machines;
+use super::{Entry, list, read, running};
 use crate::desktop::shell_quote;
+use crate::supervisor::engine::GATEWAY_PORT;
 use crate::providers::daytona::multipart::{self, Part};
 use crate::providers::daytona::wire::{
     BulkDownload, CreateSandbox, ErrorBody, ExecuteRequest, ExecuteResponse, FileInfo, PreviewUrl,
@@ -66,7 +68,7 @@ struct Sb {
 
 /// The emulator.
 pub struct DaytonaEmulator {
-    machines: Arc<dyn Machines>,
+    machines: Machines,
     settings: Settings,
     sandboxes: Mutex<HashMap<String, Sb>>,
 }
@@ -225,7 +227,7 @@ fn token() -> String {
 
 impl DaytonaEmulator {
     /// An emulator over `machines`.
-    pub fn new(machines: Arc<dyn Machines>, settings: Settings) -> Arc<Self> {
+    pub fn new(machines: Machines, settings: Settings) -> Arc<Self> {
         Arc::new(Self {
             machines,
             settings,
@@ -310,7 +312,7 @@ impl DaytonaEmulator {
             return;
         }
         let Some(machine) = machine else { return };
-        match self.machines.running(&machine).await {
+        match running(&self.machines, &machine).await {
             Ok(None) => {
                 tracing::info!("emulator.daytona.machine_lost");
                 self.set_state(id, State::Error, Some("the sandbox's machine is gone".into()));
@@ -373,7 +375,7 @@ impl DaytonaEmulator {
         let this = self.clone();
         let sid = id.clone();
         actix_rt::spawn(async move {
-            let made = this.machines.create("daytona", &sid).await;
+            let made = this.machines.create("daytona", &sid).await.map(|info| info.id);
             let (state, error) = match made {
                 Ok(machine) => {
                     if let Some(sb) = this.lock().get_mut(&sid) {
@@ -421,7 +423,7 @@ impl DaytonaEmulator {
         actix_rt::spawn(async move {
             let result = match (op, &machine) {
                 (_, None) if op != Op::Delete => Err(ProviderError::MachineGone),
-                (Op::Start, Some(m)) => this.machines.start(m).await,
+                (Op::Start, Some(m)) => this.machines.start(m).await.map(|_| ()),
                 (Op::Stop, Some(m)) => this.machines.stop(m).await,
                 (Op::Archive, _) => Ok(()),
                 (Op::Delete, Some(m)) => this.machines.remove(m).await,
@@ -501,7 +503,7 @@ impl DaytonaEmulator {
         Ok(if p.starts_with('/') {
             p.to_string()
         } else {
-            format!("{}/{p}", self.machines.home().trim_end_matches('/'))
+            format!("{}/{p}", self.machines.home().trim_end_matches('/').to_string())
         })
     }
 
@@ -510,7 +512,7 @@ impl DaytonaEmulator {
         let secs = body.timeout.filter(|t| *t > 0).unwrap_or(DEFAULT_EXEC_SECONDS);
         let cwd = match &body.cwd {
             Some(c) => self.path(c)?,
-            None => self.machines.home().to_string(),
+            None => self.machines.home(),
         };
         let env: Vec<(String, String)> = body.envs.unwrap_or_default().into_iter().collect();
         // The daemon runs the command with the user's shell, stdout and stderr together.
@@ -559,7 +561,7 @@ impl DaytonaEmulator {
                 .get(&i)
                 .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, format!("{i}: no path")))?;
             let dest = self.path(dest)?;
-            self.machines.write(&machine, &dest, &data).await?;
+            self.machines.write_file(&machine, &dest, &data).await?;
         }
         Ok(HttpResponse::Ok().finish())
     }
@@ -572,7 +574,7 @@ impl DaytonaEmulator {
         let mut parts = Vec::new();
         for requested in &body.paths {
             let got = match self.path(requested) {
-                Ok(p) => self.machines.read(&machine, &p).await.map_err(ApiError::from),
+                Ok(p) => read(&self.machines, &machine, &p).await.map_err(ApiError::from),
                 Err(e) => Err(e),
             };
             match got {
@@ -615,7 +617,7 @@ impl DaytonaEmulator {
     async fn list(&self, id: &str, path: &str) -> Answer {
         let machine = self.started(id).await?;
         let dir = self.path(if path.is_empty() { "." } else { path })?;
-        let entries = self.machines.list(&machine, &dir).await?;
+        let entries = list(&self.machines, &machine, &dir).await?;
         let infos: Vec<FileInfo> = entries.iter().map(|e| Self::file_info(&dir, e)).collect();
         Ok(HttpResponse::Ok().json(infos))
     }
@@ -625,7 +627,7 @@ impl DaytonaEmulator {
         let full = self.path(path)?;
         let (dir, name) = full.rsplit_once('/').unwrap_or(("/", full.as_str()));
         let dir = if dir.is_empty() { "/" } else { dir };
-        let entries = self.machines.list(&machine, dir).await?;
+        let entries = list(&self.machines, &machine, dir).await?;
         let e = entries
             .iter()
             .find(|e| e.name == name)
@@ -682,9 +684,13 @@ impl DaytonaEmulator {
             return Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"));
         }
         let machine = self.started(id).await?;
-        self.machines
-            .port_addr(&machine, port)
-            .await?
+        let published = if port == GATEWAY_PORT {
+            self.machines.inspect(&machine).await?.gateway_port
+        } else {
+            None
+        };
+        published
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
             .ok_or_else(|| ApiError::new(StatusCode::BAD_GATEWAY, "nothing listens on that port"))
     }
 }

@@ -1,301 +1,146 @@
-//! The machines behind the emulators' sandboxes: [`Machines`] is what an emulator needs of
-//! one (create, start, stop, remove, whether it is still there, run a script with a deadline
-//! that kills it, and files), and [`SupervisorMachines`] gives it with real containers of the
-//! computer image through the supervisor. Files travel as base64 through scripts, in chunks
-//! under the supervisor's output and body caps.
+//! The machine backend every vendor emulator shares: a sandbox is a real container of the
+//! computer image, created through the supervisor as Docker computers are, whose uid 1000
+//! goes by the vendor's account name (E2B's `user`, home `/home/user`). Commands run through
+//! the supervisor's exec; long-lived processes (a vendor's background commands) are started
+//! detached in their own process group with their output in files on the machine, and are
+//! followed, signalled and listed from here. Bytes of files travel base64-encoded in chunks,
+//! within the exec's output cap.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine as _;
-use rakazo_actors::provider::{ExecOutput, ProviderError, ProviderResult};
-use serde::Deserialize;
+use rakazo_actors::provider::{ProviderError, ProviderResult};
 
-use crate::desktop::command::minimal_env;
 use crate::desktop::shell_quote;
 use crate::providers::docker::client::SupervisorClient;
-use crate::supervisor::engine::{GATEWAY_PORT, WORKSPACE};
-use crate::supervisor::wire::{CreateComputer, ExecBody};
+use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody, ExecResult};
 
-/// Largest file the emulators read or write.
-pub const MAX_FILE: u64 = 64 << 20;
-/// Raw bytes per chunk of a file transfer (base64 keeps it under the supervisor's caps).
-const CHUNK: usize = 512 << 10;
-/// Deadline of the file scripts.
-const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Where the emulated daemon keeps its process records on a machine.
+const PROCS: &str = "/tmp/.rakazo-emulator/procs";
+/// Bytes of a file per exec (base64 keeps them under the exec's 1 MiB output cap).
+const CHUNK: usize = 600 << 10;
+/// Bytes of a file per write (base64 in the script, which is one argument: under Linux's
+/// 128 KiB limit of a single argument).
+const WRITE_CHUNK: usize = 90_000;
+/// Deadline of the short bookkeeping scripts.
+const SCRIPT: Duration = Duration::from_secs(30);
 
-/// An entry of a listed directory.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Entry {
-    /// Name within the directory.
-    pub name: String,
-    /// A directory.
-    pub dir: bool,
-    /// Size in bytes.
-    pub size: u64,
-    /// `st_mode`.
-    pub mode: u32,
-    /// Owner name.
-    pub owner: String,
-    /// Group name.
-    pub group: String,
-    /// Modification time, seconds since the epoch.
-    pub mtime: i64,
+/// A process started with [`Machines::spawn`].
+#[derive(Clone, Debug)]
+pub struct Spawned {
+    /// Its pid (also its process group).
+    pub pid: u32,
+    /// Its record directory on the machine.
+    pub dir: String,
 }
 
-/// What an emulator needs of its machines. Paths are absolute paths on the machine.
-#[async_trait]
-pub trait Machines: Send + Sync + 'static {
-    /// Creates and starts a machine for sandbox `name` of `vendor`; returns its id.
-    async fn create(&self, vendor: &str, name: &str) -> ProviderResult<String>;
-    /// Starts a stopped machine; `MachineGone` when it is not there.
-    async fn start(&self, id: &str) -> ProviderResult<()>;
-    /// Stops it, keeping its disk.
-    async fn stop(&self, id: &str) -> ProviderResult<()>;
-    /// Removes it (a machine already gone is fine).
-    async fn remove(&self, id: &str) -> ProviderResult<()>;
-    /// Whether it is still there, and whether it runs: `None` when it is gone.
-    async fn running(&self, id: &str) -> ProviderResult<Option<bool>>;
-    /// Runs `script` with bash as the machine's user; past `timeout` the script's whole
-    /// process group is killed and `timed_out` is set.
-    async fn exec(
-        &self,
-        id: &str,
-        script: &str,
-        cwd: &str,
-        env: &[(String, String)],
-        timeout: Duration,
-    ) -> ProviderResult<ExecOutput>;
-    /// The machine user's home directory.
-    fn home(&self) -> &str;
-    /// Where this host reaches `port` of the machine, when it is published.
-    async fn port_addr(&self, id: &str, port: u16) -> ProviderResult<Option<SocketAddr>>;
-
-    /// Reads a regular file; `NotFound` when there is none, `TooLarge` past [`MAX_FILE`].
-    async fn read(&self, id: &str, path: &str) -> ProviderResult<Vec<u8>> {
-        let q = shell_quote(path);
-        let head = self
-            .exec(
-                id,
-                &format!("[ -e {q} ] || exit 3; [ -f {q} ] || exit 4; stat -c %s -- {q}"),
-                "/",
-                &[],
-                FILE_TIMEOUT,
-            )
-            .await?;
-        match head.exit_code {
-            0 => {}
-            3 => return Err(ProviderError::NotFound(path.chars().take(200).collect())),
-            4 => {
-                return Err(ProviderError::PathRejected(format!(
-                    "{}: not a regular file",
-                    path.chars().take(200).collect::<String>()
-                )));
-            }
-            _ => return Err(ProviderError::Failed(head.stderr.trim().chars().take(200).collect())),
-        }
-        let size: u64 = head
-            .stdout
-            .trim()
-            .parse()
-            .map_err(|_| ProviderError::Failed("file size unreadable".into()))?;
-        if size > MAX_FILE {
-            return Err(ProviderError::TooLarge(path.chars().take(200).collect()));
-        }
-        let mut data = Vec::with_capacity(size as usize);
-        loop {
-            let out = self
-                .exec(
-                    id,
-                    &format!(
-                        "tail -c +{} -- {q} | head -c {CHUNK} | base64 -w0",
-                        data.len() + 1
-                    ),
-                    "/",
-                    &[],
-                    FILE_TIMEOUT,
-                )
-                .await?;
-            if out.exit_code != 0 {
-                return Err(ProviderError::Failed(out.stderr.trim().chars().take(200).collect()));
-            }
-            let chunk = base64::engine::general_purpose::STANDARD
-                .decode(out.stdout.trim())
-                .map_err(|_| ProviderError::Failed("file chunk unreadable".into()))?;
-            let n = chunk.len();
-            data.extend_from_slice(&chunk);
-            if n < CHUNK || data.len() as u64 > MAX_FILE {
-                break;
-            }
-        }
-        Ok(data)
-    }
-
-    /// Writes a file, creating its parent directories; replaces it whole at the end.
-    async fn write(&self, id: &str, path: &str, data: &[u8]) -> ProviderResult<()> {
-        if data.len() as u64 > MAX_FILE {
-            return Err(ProviderError::TooLarge(path.chars().take(200).collect()));
-        }
-        let q = shell_quote(path);
-        let tmp = shell_quote(&format!("{path}.rakazo-upload"));
-        let mut first = true;
-        let mut chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
-        if chunks.is_empty() {
-            chunks.push(&[]);
-        }
-        for chunk in chunks {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(chunk);
-            let redirect = if first { ">" } else { ">>" };
-            let prep = if first {
-                format!("mkdir -p -- \"$(dirname -- {q})\" || exit 5\n[ -d {q} ] && exit 4\n")
-            } else {
-                String::new()
-            };
-            let out = self
-                .exec(
-                    id,
-                    &format!("{prep}printf %s '{b64}' | base64 -d {redirect} {tmp} || exit 6"),
-                    "/",
-                    &[],
-                    FILE_TIMEOUT,
-                )
-                .await?;
-            match out.exit_code {
-                0 => {}
-                4 => {
-                    return Err(ProviderError::PathRejected(format!(
-                        "{}: a directory",
-                        path.chars().take(200).collect::<String>()
-                    )));
-                }
-                _ => {
-                    return Err(ProviderError::Failed(
-                        out.stderr.trim().chars().take(200).collect(),
-                    ));
-                }
-            }
-            first = false;
-        }
-        let out = self
-            .exec(id, &format!("mv -f -- {tmp} {q}"), "/", &[], FILE_TIMEOUT)
-            .await?;
-        if out.exit_code != 0 {
-            return Err(ProviderError::Failed(out.stderr.trim().chars().take(200).collect()));
-        }
-        Ok(())
-    }
-
-    /// Lists a directory (links are listed, not followed); `NotFound` when it is not one.
-    async fn list(&self, id: &str, path: &str) -> ProviderResult<Vec<Entry>> {
-        let out = self
-            .exec(
-                id,
-                &format!("[ -d {} ] || exit 3\npython3 -c {} {}", shell_quote(path), shell_quote(LIST_PY), shell_quote(path)),
-                "/",
-                &[],
-                FILE_TIMEOUT,
-            )
-            .await?;
-        match out.exit_code {
-            0 => out
-                .stdout
-                .lines()
-                .filter(|l| !l.is_empty())
-                .map(|l| {
-                    serde_json::from_str(l)
-                        .map_err(|_| ProviderError::Failed("listing unreadable".into()))
-                })
-                .collect(),
-            3 => Err(ProviderError::NotFound(path.chars().take(200).collect())),
-            _ => Err(ProviderError::Failed(out.stderr.trim().chars().take(200).collect())),
-        }
-    }
+/// What a process did since the offsets of a [`Machines::poll`].
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    /// New standard output.
+    pub stdout: Vec<u8>,
+    /// New standard error.
+    pub stderr: Vec<u8>,
+    /// Its exit status once it exited on its own.
+    pub exit: Option<i32>,
+    /// Whether the process is still running.
+    pub alive: bool,
 }
 
-/// Prints one JSON line per entry of `argv[1]`, never following a link.
-const LIST_PY: &str = r#"import grp, json, os, pwd, stat, sys
-d = sys.argv[1]
-def name(f, i):
-    try:
-        return f(i)[0]
-    except KeyError:
-        return str(i)
-for n in sorted(os.listdir(d)):
-    try:
-        s = os.lstat(os.path.join(d, n))
-    except OSError:
-        continue
-    print(json.dumps({"name": n, "dir": stat.S_ISDIR(s.st_mode), "size": s.st_size, "mode": s.st_mode, "owner": name(pwd.getpwuid, s.st_uid), "group": name(grp.getgrgid, s.st_gid), "mtime": int(s.st_mtime)}))
-"#;
-
-/// Machines as containers of the computer image, through the supervisor.
-pub struct SupervisorMachines {
+/// The vendor emulators' machines, through one supervisor.
+#[derive(Clone)]
+pub struct Machines {
     client: SupervisorClient,
+    account: String,
 }
 
-impl SupervisorMachines {
-    /// Machines through the supervisor at `url` with `token`.
-    pub fn new(url: &str, token: &str) -> ProviderResult<Self> {
+impl Machines {
+    /// Machines through the supervisor at `url`, whose uid 1000 is named `account`.
+    pub fn new(url: &str, token: &str, account: &str) -> ProviderResult<Self> {
         Ok(Self {
             client: SupervisorClient::new(url, token)?,
+            account: account.to_string(),
         })
     }
-}
 
-#[async_trait]
-impl Machines for SupervisorMachines {
-    async fn create(&self, vendor: &str, name: &str) -> ProviderResult<String> {
-        let info = self
-            .client
+    /// The account's home on every machine.
+    pub fn home(&self) -> String {
+        format!("/home/{}", self.account)
+    }
+
+    /// The default environment of the account's processes.
+    pub fn default_env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "PATH".into(),
+                "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+            ),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("HOME".into(), self.home()),
+            ("USER".into(), self.account.clone()),
+            ("LOGNAME".into(), self.account.clone()),
+            ("SHELL".into(), "/bin/bash".into()),
+        ]
+    }
+
+    /// Whether the supervisor answers.
+    pub async fn health(&self) -> ProviderResult<()> {
+        self.client.health().await
+    }
+
+    /// Creates and starts the machine of sandbox `id` of `vendor`.
+    pub async fn create(&self, vendor: &str, id: &str) -> ProviderResult<ComputerInfo> {
+        self.client
             .create(&CreateComputer {
-                computer_id: format!("{vendor}-{name}"),
-                space_id: format!("emulator-{vendor}"),
+                computer_id: id.to_string(),
+                space_id: format!("{vendor}-emulator"),
                 bot_id: None,
-                home_key: format!("emulator-{vendor}-{name}"),
+                home_key: format!("{vendor}-{id}"),
+                account: Some(self.account.clone()),
             })
-            .await?;
-        Ok(info.id)
+            .await
     }
 
-    async fn start(&self, id: &str) -> ProviderResult<()> {
-        self.client.start(id).await.map(|_| ())
+    /// Starts a stopped machine.
+    pub async fn start(&self, container: &str) -> ProviderResult<ComputerInfo> {
+        self.client.start(container).await
     }
 
-    async fn stop(&self, id: &str) -> ProviderResult<()> {
-        self.client.stop(id).await
+    /// Stops a machine (its processes end; its files stay).
+    pub async fn stop(&self, container: &str) -> ProviderResult<()> {
+        self.client.stop(container).await
     }
 
-    async fn remove(&self, id: &str) -> ProviderResult<()> {
-        match self.client.remove(id).await {
+    /// Removes a machine.
+    pub async fn remove(&self, container: &str) -> ProviderResult<()> {
+        match self.client.remove(container).await {
             Ok(()) | Err(ProviderError::MachineGone) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    async fn running(&self, id: &str) -> ProviderResult<Option<bool>> {
-        match self.client.inspect(id).await {
-            Ok(info) => Ok(Some(info.running)),
-            Err(ProviderError::MachineGone) => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// The machine as the supervisor reports it.
+    pub async fn inspect(&self, container: &str) -> ProviderResult<ComputerInfo> {
+        self.client.inspect(container).await
     }
 
-    async fn exec(
+    /// Runs a script as the account, with its default environment plus `env`.
+    pub async fn exec(
         &self,
-        id: &str,
+        container: &str,
         script: &str,
         cwd: &str,
         env: &[(String, String)],
         timeout: Duration,
-    ) -> ProviderResult<ExecOutput> {
-        let mut all = minimal_env();
-        all.push(("HOME".into(), WORKSPACE.into()));
-        all.extend(env.iter().cloned());
-        let out = self
-            .client
+    ) -> ProviderResult<ExecResult> {
+        let mut all = self.default_env();
+        for (k, v) in env {
+            all.retain(|(key, _)| key != k);
+            all.push((k.clone(), v.clone()));
+        }
+        self.client
             .exec(
-                id,
+                container,
                 &ExecBody {
                     script: script.to_string(),
                     cwd: cwd.to_string(),
@@ -304,26 +149,233 @@ impl Machines for SupervisorMachines {
                     run_id: None,
                 },
             )
+            .await
+    }
+
+    async fn script(&self, container: &str, script: &str) -> ProviderResult<ExecResult> {
+        self.exec(container, script, "/", &[], SCRIPT).await
+    }
+
+    /// Starts `argv` detached in its own session and process group, in `cwd` (created if
+    /// missing is not done: a missing directory fails the start), with the account's
+    /// environment plus `env`; stdin is empty. Waits up to `wait` for it to end, so that a
+    /// short command needs no further call.
+    pub async fn spawn(
+        &self,
+        container: &str,
+        argv: &[String],
+        cwd: &str,
+        env: &[(String, String)],
+        wait: Duration,
+    ) -> ProviderResult<(Spawned, Progress)> {
+        let dir = format!("{PROCS}/{}", uuid::Uuid::new_v4().simple());
+        let args: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
+        let script = format!(
+            "umask 077; mkdir -p {dir} || exit 90\ncd {cwd} 2>/dev/null || exit 91\n\
+             setsid sh -c '\"$@\" >\"$0/out\" 2>\"$0/err\" </dev/null; echo $? >\"$0/exit.tmp\"; mv \"$0/exit.tmp\" \"$0/exit\"' {dir} {args} >/dev/null 2>&1 </dev/null &\n\
+             echo $! >{dir}/pid\necho $!\n{poll}",
+            dir = shell_quote(&dir),
+            cwd = shell_quote(cwd),
+            args = args.join(" "),
+            poll = poll_script(&dir, "$!", 0, 0, wait),
+        );
+        let out = self
+            .exec(container, &script, "/", env, wait + SCRIPT)
             .await?;
-        Ok(ExecOutput {
-            exit_code: out.exit_code,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            timed_out: out.timed_out,
-        })
-    }
-
-    fn home(&self) -> &str {
-        WORKSPACE
-    }
-
-    async fn port_addr(&self, id: &str, port: u16) -> ProviderResult<Option<SocketAddr>> {
-        if port != GATEWAY_PORT {
-            return Ok(None);
+        match out.exit_code {
+            90 => return Err(ProviderError::Failed("cannot record the process".into())),
+            91 => {
+                return Err(ProviderError::NotFound(format!(
+                    "cwd '{cwd}' does not exist"
+                )));
+            }
+            _ => {}
         }
-        let info = self.client.inspect(id).await?;
-        Ok(info
-            .gateway_port
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], p))))
+        let mut lines = out.stdout.splitn(2, '\n');
+        let pid = lines
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+            .ok_or_else(|| ProviderError::Failed(format!("start failed: {}", out.stderr.trim())))?;
+        let progress = parse_progress(lines.next().unwrap_or_default())?;
+        Ok((Spawned { pid, dir }, progress))
     }
+
+    /// New output of a spawned process past the given offsets, waiting up to `wait` for
+    /// something to happen.
+    pub async fn poll(
+        &self,
+        container: &str,
+        p: &Spawned,
+        out_off: u64,
+        err_off: u64,
+        wait: Duration,
+    ) -> ProviderResult<Progress> {
+        let script = poll_script(&p.dir, &p.pid.to_string(), out_off, err_off, wait);
+        let out = self
+            .exec(container, &script, "/", &[], wait + SCRIPT)
+            .await?;
+        parse_progress(&out.stdout)
+    }
+
+    /// Sends `signal` (`KILL`, `TERM`) to the process group of `pid`; false when no such
+    /// process runs.
+    pub async fn signal(&self, container: &str, pid: u32, signal: &str) -> ProviderResult<bool> {
+        if !matches!(signal, "KILL" | "TERM") {
+            return Err(ProviderError::Failed("unsupported signal".into()));
+        }
+        let out = self
+            .script(
+                container,
+                &format!("kill -0 {pid} 2>/dev/null || exit 3\nkill -{signal} -- -{pid} 2>/dev/null || kill -{signal} {pid}"),
+            )
+            .await?;
+        Ok(out.exit_code == 0)
+    }
+
+    /// Reads a file (at most `limit` bytes; more is an error); `None` when it does not exist.
+    pub async fn read_file(
+        &self,
+        container: &str,
+        path: &str,
+        limit: u64,
+    ) -> ProviderResult<Option<Vec<u8>>> {
+        let q = shell_quote(path);
+        let size = self
+            .script(
+                container,
+                &format!("[ -f {q} ] || exit 3\n[ -r {q} ] || exit 4\nstat -c %s {q}"),
+            )
+            .await?;
+        match size.exit_code {
+            0 => {}
+            3 => return Ok(None),
+            4 => return Err(ProviderError::PathRejected("permission denied".into())),
+            _ => return Err(ProviderError::Failed(size.stderr.trim().to_string())),
+        }
+        let size: u64 = size.stdout.trim().parse().unwrap_or(0);
+        if size > limit {
+            return Err(ProviderError::Failed("file too large".into()));
+        }
+        let mut data = Vec::with_capacity(size as usize);
+        loop {
+            let out = self
+                .script(
+                    container,
+                    &format!(
+                        "tail -c +{} {q} | head -c {CHUNK} | base64 -w0",
+                        data.len() + 1
+                    ),
+                )
+                .await?;
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(out.stdout.trim())
+                .map_err(|_| ProviderError::Failed("unreadable file chunk".into()))?;
+            if chunk.is_empty() {
+                break;
+            }
+            data.extend_from_slice(&chunk);
+            if data.len() as u64 > limit {
+                return Err(ProviderError::Failed("file too large".into()));
+            }
+            if chunk.len() < CHUNK {
+                break;
+            }
+        }
+        Ok(Some(data))
+    }
+
+    /// Writes a file, creating its parent directories.
+    pub async fn write_file(&self, container: &str, path: &str, data: &[u8]) -> ProviderResult<()> {
+        let q = shell_quote(path);
+        let tmp = shell_quote(&format!("{path}.rakazo-upload"));
+        let mut first = true;
+        let mut chunks = data.chunks(WRITE_CHUNK).peekable();
+        if chunks.peek().is_none() {
+            let out = self
+                .script(
+                    container,
+                    &format!("mkdir -p \"$(dirname {q})\" && : > {q}"),
+                )
+                .await?;
+            return check(out);
+        }
+        for chunk in chunks {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(chunk);
+            let redirect = if first { ">" } else { ">>" };
+            let prefix = if first {
+                format!("mkdir -p \"$(dirname {q})\" || exit 1\n")
+            } else {
+                String::new()
+            };
+            let out = self
+                .script(
+                    container,
+                    &format!("{prefix}base64 -d {redirect} {tmp} <<'EOF'\n{b64}\nEOF"),
+                )
+                .await?;
+            check(out)?;
+            first = false;
+        }
+        check(self.script(container, &format!("mv -f {tmp} {q}")).await?)
+    }
+}
+
+fn check(out: ExecResult) -> ProviderResult<()> {
+    if out.exit_code == 0 {
+        Ok(())
+    } else {
+        Err(ProviderError::Failed(
+            out.stderr.trim().chars().take(300).collect(),
+        ))
+    }
+}
+
+/// Waits up to `wait` for new output or the end, then prints `<exit or -> <alive 0/1>`,
+/// the new stdout and the new stderr (base64, one line each, capped).
+fn poll_script(dir: &str, pid: &str, out_off: u64, err_off: u64, wait: Duration) -> String {
+    let steps = (wait.as_millis() / 20).max(1);
+    format!(
+        "d={d}; p={pid}; i=0\n\
+         while :; do\n\
+           [ -e \"$d/exit\" ] && break\n\
+           kill -0 \"$p\" 2>/dev/null || break\n\
+           [ \"$(stat -c %s \"$d/out\" 2>/dev/null || echo 0)\" -gt {out_off} ] && break\n\
+           [ \"$(stat -c %s \"$d/err\" 2>/dev/null || echo 0)\" -gt {err_off} ] && break\n\
+           [ $i -ge {steps} ] && break\n\
+           sleep 0.02; i=$((i+1))\n\
+         done\n\
+         ex=-; [ -e \"$d/exit\" ] && ex=$(cat \"$d/exit\")\n\
+         al=1; kill -0 \"$p\" 2>/dev/null || al=0\n\
+         [ \"$ex\" != - ] && al=0\n\
+         echo \"$ex $al\"\n\
+         tail -c +{o1} \"$d/out\" 2>/dev/null | head -c {cap} | base64 -w0; echo\n\
+         tail -c +{o2} \"$d/err\" 2>/dev/null | head -c {cap} | base64 -w0; echo\n",
+        d = shell_quote(dir),
+        o1 = out_off + 1,
+        o2 = err_off + 1,
+        cap = CHUNK / 2,
+    )
+}
+
+fn parse_progress(text: &str) -> ProviderResult<Progress> {
+    let bad = || ProviderError::Failed("unreadable process state".into());
+    let mut lines = text.lines();
+    let state = lines.next().ok_or_else(bad)?;
+    let mut parts = state.split_whitespace();
+    let exit = match parts.next().ok_or_else(bad)? {
+        "-" => None,
+        code => Some(code.parse::<i32>().map_err(|_| bad())?),
+    };
+    let alive = parts.next() == Some("1");
+    let b64 = |l: Option<&str>| {
+        base64::engine::general_purpose::STANDARD
+            .decode(l.unwrap_or_default().trim())
+            .map_err(|_| bad())
+    };
+    Ok(Progress {
+        stdout: b64(lines.next())?,
+        stderr: b64(lines.next())?,
+        exit,
+        alive,
+    })
 }

@@ -1,11 +1,39 @@
-//! Offline emulators of the remote vendors: each serves the vendor's wire protocol on
-//! loopback (`rakazo emulator <vendor> --listen ADDR`) with real machines, containers of the
-//! computer image through the supervisor, behind its sandboxes.
+//! Offline vendor emulators: servers on loopback that answer a sandbox vendor's wire as the
+//! vendor does, so that the real adapter (and the vendor's own SDK) runs against them
+//! unchanged. `rakazo emulator <vendor> --listen ADDR` runs one; `SANDBOX_PROVIDER=
+//! <vendor>-emulator` starts one in-process on a loopback port and points the real adapter
+//! at it.
 //!
-//! - [`machines`]: what an emulator needs of a machine, and its supervisor implementation.
-//! - [`daytona`]: the daytona-emulator (API and toolbox).
-//! - [`boat`]: the box-emulator (Box, also called Boat).
+//! - [`machines`]: the shared machine backend: a sandbox is a real container of the computer
+//!   image through the supervisor (account name and home of the vendor's user), commands by
+//!   the supervisor's exec, background processes followed through files, chunked file bytes;
+//! - [`front`]: the shared listener that routes a vendor's port hosts
+//!   (`<port>-<sandbox id>.<domain>`) by the `Host` header to the machine's published port
+//!   and everything else to the emulator's HTTP app;
+//! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`);
+//! - [`daytona`]: Daytona's API (`/api/sandbox`...) and toolbox (`/toolbox/{id}/...`), with
+//!   a preview listener per sandbox port;
+//! - [`boat`]: Box's API (`/api/v1/sandboxes`...), the vendor the spec calls Box or Boat.
 
 pub mod boat;
 pub mod daytona;
+pub mod e2b;
+pub mod files;
+pub mod front;
 pub mod machines;
+
+pub use files::{Entry, list, read, running};
+
+use rand::Rng as _;
+
+/// A random id of `len` characters from `[a-z0-9]`.
+pub fn random_id(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..len)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// The emulators this build has.
+pub const VENDORS: &[&str] = &["e2b", "daytona", "box"];

@@ -5,7 +5,9 @@ pub mod beneath;
 pub mod boat;
 pub mod daytona;
 pub mod docker;
+pub mod e2b;
 pub mod fake;
+pub mod remote;
 pub mod workspace_path;
 
 use std::sync::Arc;
@@ -35,6 +37,9 @@ pub struct Built {
     pub status: ProviderStatus,
     /// The fake, when it is the provider (test hooks).
     pub fake: Option<Arc<fake::FakeProvider>>,
+    /// The in-process e2b-emulator, when it serves the provider (test hooks: kill a sandbox
+    /// behind the API's back).
+    pub e2b_emulator: Option<Arc<crate::emulators::e2b::Emulator>>,
 }
 
 fn unavailable(reason: String) -> Built {
@@ -46,14 +51,15 @@ fn unavailable(reason: String) -> Built {
             setup_error: Some(reason),
         },
         fake: None,
+        e2b_emulator: None,
     }
 }
 
 /// Build the configured provider. A provider that cannot run is a setup failure reported by
 /// health and the startup log, never a silent fall back to `none`.
-pub fn build(config: &Config) -> Result<Built, String> {
+pub async fn build(config: &Config) -> Result<Built, String> {
     match config.provider.as_str() {
-        "none" => Ok(Built { provider: None, status: ProviderStatus { sandbox: "none".into(), setup_error: None }, fake: None }),
+        "none" => Ok(Built { provider: None, status: ProviderStatus { sandbox: "none".into(), setup_error: None }, fake: None, e2b_emulator: None }),
         "fake" => {
             let mode = if config.fake_single_screen {
                 fake::ScreenMode::Single
@@ -65,6 +71,7 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 provider: Some(fake.clone()),
                 status: ProviderStatus { sandbox: "fake".into(), setup_error: None },
                 fake: Some(fake),
+                e2b_emulator: None,
             })
         }
         "desktop" => {
@@ -85,6 +92,7 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 provider: Some(Arc::new(desktop)),
                 status: ProviderStatus { sandbox: "desktop".into(), setup_error: None },
                 fake: None,
+                e2b_emulator: None,
             })
         }
         "docker" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
@@ -103,6 +111,70 @@ pub fn build(config: &Config) -> Result<Built, String> {
                 provider: Some(Arc::new(docker)),
                 status: ProviderStatus { sandbox: "docker".into(), setup_error: None },
                 fake: None,
+                e2b_emulator: None,
+            })
+        }
+        "e2b" => {
+            let Some(key) = config.e2b_api_key.as_ref().filter(|k| !k.0.trim().is_empty()) else {
+                return Ok(unavailable("SANDBOX_PROVIDER=e2b requires E2B_API_KEY".into()));
+            };
+            let api_url = if config.e2b_api_url.is_empty() {
+                format!("https://api.{}", config.e2b_domain)
+            } else {
+                config.e2b_api_url.clone()
+            };
+            let adapter = e2b::E2b::new(e2b::E2bConfig {
+                kind: "e2b",
+                api_key: key.0.clone(),
+                domain: config.e2b_domain.clone(),
+                api_url,
+                sandbox_url: None,
+                template: config.template.clone(),
+            })
+            .map_err(|e| format!("SANDBOX_PROVIDER=e2b: {e}"))?;
+            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+            Ok(Built {
+                provider: Some(Arc::new(provider)),
+                status: ProviderStatus { sandbox: "e2b".into(), setup_error: None },
+                fake: None,
+                e2b_emulator: None,
+            })
+        }
+        "e2b-emulator" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
+            "SANDBOX_PROVIDER=e2b-emulator runs its sandboxes as Docker computers: it requires the supervisor (SANDBOX_SUPERVISOR_TOKEN)".into(),
+        )),
+        "e2b-emulator" => {
+            let token = config.supervisor_token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("e2b-emulator: {e}"))?;
+            let running = crate::emulators::e2b::start(
+                listener,
+                crate::emulators::e2b::Settings {
+                    supervisor_url: config.supervisor_url.clone(),
+                    supervisor_token: token,
+                    domain: crate::emulators::e2b::DOMAIN.into(),
+                },
+            )
+            .await
+            .map_err(|e| format!("SANDBOX_PROVIDER=e2b-emulator: {e}"))?;
+            let url = format!("http://{}", running.addr);
+            let emulator = running.emulator.clone();
+            // The emulator serves as long as the process (its tasks are detached).
+            drop(running);
+            let adapter = e2b::E2b::new(e2b::E2bConfig {
+                kind: "e2b-emulator",
+                api_key: format!("e2b_{}", crate::emulators::random_id(40)),
+                domain: crate::emulators::e2b::DOMAIN.into(),
+                api_url: url.clone(),
+                sandbox_url: Some(url),
+                template: config.template.clone(),
+            })
+            .map_err(|e| format!("SANDBOX_PROVIDER=e2b-emulator: {e}"))?;
+            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+            Ok(Built {
+                provider: Some(Arc::new(provider)),
+                status: ProviderStatus { sandbox: "e2b-emulator".into(), setup_error: None },
+                fake: None,
+                e2b_emulator: Some(emulator),
             })
         }
         other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),

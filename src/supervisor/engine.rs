@@ -238,11 +238,36 @@ impl Engine {
         }
         let home = self.home_dir(&req.home_key);
         let x11 = self.x11_dir(&name);
-        let (home2, x112) = (home.clone(), x11.clone());
-        tokio::task::spawn_blocking(move || prepare_dirs(&home2, &x112))
-            .await
-            .map_err(|e| EngineError::Engine(format!("directory task: {e}")))?
-            .map_err(|e| EngineError::Engine(format!("host directories: {e}")))?;
+        let workspace = match &req.account {
+            Some(account) => {
+                check_account(account)?;
+                format!("/home/{account}")
+            }
+            None => WORKSPACE.to_string(),
+        };
+        let accounts = req
+            .account
+            .as_ref()
+            .map(|a| (a.clone(), x11.with_extension("accounts")));
+        let (home2, x112, accounts2) = (home.clone(), x11.clone(), accounts.clone());
+        tokio::task::spawn_blocking(move || {
+            prepare_dirs(&home2, &x112)?;
+            match accounts2 {
+                Some((account, dir)) => write_accounts(&dir, &account),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| EngineError::Engine(format!("directory task: {e}")))?
+        .map_err(|e| EngineError::Engine(format!("host directories: {e}")))?;
+        let mut binds = vec![
+            format!("{}:{workspace}:rw", home.display()),
+            format!("{}:/tmp/.X11-unix:rw", x11.display()),
+        ];
+        if let Some((_, dir)) = &accounts {
+            binds.push(format!("{}:/etc/passwd:ro", dir.join("passwd").display()));
+            binds.push(format!("{}:/etc/group:ro", dir.join("group").display()));
+        }
 
         let mut labels = HashMap::new();
         labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
@@ -273,19 +298,16 @@ impl Engine {
             cmd: Some(vec!["sleep".into(), "infinity".into()]),
             user: Some(USER.into()),
             hostname: Some("computer".into()),
-            working_dir: Some(WORKSPACE.into()),
+            working_dir: Some(workspace.clone()),
             env: Some(vec![
-                format!("HOME={WORKSPACE}"),
+                format!("HOME={workspace}"),
                 "LANG=C.UTF-8".into(),
                 "PATH=/usr/local/bin:/usr/bin:/bin".into(),
             ]),
             labels: Some(labels),
             exposed_ports: exposed,
             host_config: Some(HostConfig {
-                binds: Some(vec![
-                    format!("{}:{WORKSPACE}:rw", home.display()),
-                    format!("{}:/tmp/.X11-unix:rw", x11.display()),
-                ]),
+                binds: Some(binds),
                 shm_size: Some(SHM_BYTES),
                 nano_cpus: positive(d.nano_cpus),
                 memory: positive(d.memory_bytes),
@@ -392,7 +414,11 @@ impl Engine {
             )
             .await?;
         let x11 = PathBuf::from(&info.x11_dir);
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(x11)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_dir_all(x11.with_extension("accounts"));
+            std::fs::remove_dir_all(x11)
+        })
+        .await;
         tracing::info!(container.name = %info.name, "supervisor.container.removed");
         Ok(())
     }
@@ -586,6 +612,37 @@ impl Drop for KillOnDrop {
 
 /// Creates the home (owned by uid 1000, recursively: a restore may have written it as
 /// another user) and the X socket directory (mode 1777, as `/tmp/.X11-unix` must be).
+/// Accepts an emulated account name: a lowercase POSIX user name.
+fn check_account(account: &str) -> Result<(), EngineError> {
+    let ok = (1..=32).contains(&account.len())
+        && account.starts_with(|c: char| c.is_ascii_lowercase())
+        && account
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && account != "root";
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("bad account".into()))
+    }
+}
+
+/// The `passwd` and `group` files of an emulated account's machine: uid/gid 1000 named
+/// `account`, home `/home/<account>` (mounted read-only over the image's own).
+fn write_accounts(dir: &Path, account: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("passwd"),
+        format!(
+            "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n{account}:x:{UID}:{UID}::/home/{account}:/bin/bash\n"
+        ),
+    )?;
+    std::fs::write(
+        dir.join("group"),
+        format!("root:x:0:\nnogroup:x:65534:\n{account}:x:{UID}:\n"),
+    )
+}
+
 fn prepare_dirs(home: &Path, x11: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(home)?;
@@ -643,7 +700,15 @@ fn to_info(raw: &ContainerInspectResponse) -> Option<ComputerInfo> {
         space_id: label(LABEL_SPACE),
         bot_id: label(LABEL_BOT),
         home_key: label(LABEL_HOME),
-        home_dir: source_of(WORKSPACE),
+        home_dir: binds
+            .iter()
+            .find_map(|b| {
+                let mut parts = b.split(':');
+                let (src, dst) = (parts.next()?, parts.next()?);
+                (dst == WORKSPACE || (dst.starts_with("/home/") && !dst[6..].contains('/')))
+                    .then(|| src.to_string())
+            })
+            .unwrap_or_default(),
         x11_dir: source_of("/tmp/.X11-unix"),
         gateway_port,
     })
@@ -658,6 +723,7 @@ mod tests {
             computer_id: "c1".into(),
             space_id: space.into(),
             bot_id: bot.map(Into::into),
+            account: None,
             home_key: home.into(),
         }
     }

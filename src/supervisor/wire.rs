@@ -17,6 +17,10 @@ pub struct CreateComputer {
     pub bot_id: Option<String>,
     /// The home key: `DATA_DIR/homes/<home key>` is mounted at the workspace.
     pub home_key: String,
+    /// For a vendor emulator's machine: the name uid 1000 goes by, with its home (the
+    /// mounted workspace) at `/home/<account>` instead of `/home/rakazo` (E2B's `user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 /// A computer container, as the supervisor reports it.

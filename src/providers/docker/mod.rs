@@ -265,6 +265,7 @@ impl SandboxProvider for DockerProvider {
                 space_id: spec.space_id.clone(),
                 bot_id: spec.bot_id.clone(),
                 home_key: spec.home_key.clone(),
+                account: None,
             })
             .await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.provisioned");

@@ -1,0 +1,144 @@
+//! Remote computers: a vendor-neutral port for sandbox vendors ([`RemoteSandboxes`]) and the
+//! one [`provider::RemoteProvider`] that implements `SandboxProvider` on top of any of them.
+//!
+//! A vendor adapter (`e2b`, and others beside it) implements only [`RemoteSandboxes`]: create,
+//! connect-or-resume, pause, kill and TTL refresh of a sandbox; run a script with a deadline
+//! (the process is killed when it passes, and a kill that is not confirmed is an error);
+//! upload and download one file; and the address of a sandbox port with the headers that
+//! reach it. Everything else is shared and lives here:
+//!
+//! - [`runner`]: the desktop runtime's [`crate::desktop::command::CommandRunner`] over the
+//!   vendor's run call, so every bot display (its own Xvfb, browser profile, x11vnc per
+//!   capability behind the one token gateway) is the same runtime Docker uses;
+//! - [`files`]: workspace files through the command path: paths confined to the workspace on
+//!   the machine by a helper that opens every segment without following links; whole-workspace
+//!   export and import as a tar stream with the archive rules of [`crate::stores::archive`]
+//!   (transient browser files left out, links, fifos and devices never packed), checked again
+//!   on this host before it is used;
+//! - [`forward`]: a loopback forwarder per sandbox port, so the screen proxy reaches the
+//!   gateway at `http://127.0.0.1:<port>` and the vendor host, its headers and any traffic
+//!   token stay in the provider (never in a route, a browser or a log line);
+//! - [`provider`]: lifecycle (a sandbox the vendor no longer knows is `MachineGone`, which
+//!   makes the computer actor provision a replacement and restore the last checkpoint), TTL
+//!   refresh while the computer is used, pause on stop, kill on destroy, and `describe()`
+//!   billing while running.
+
+pub mod files;
+pub mod forward;
+pub mod provider;
+pub mod runner;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderResult};
+
+/// Where things live on a vendor's machine.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The workspace (browser profiles live under its `.browser-profiles`).
+    pub workspace: String,
+    /// A private directory for the runtime's logs, sockets and file transfers.
+    pub run_dir: String,
+    /// The port the screen gateway listens on inside the machine.
+    pub gateway_port: u16,
+}
+
+/// A script to run on the machine as the vendor's default user.
+#[derive(Clone, Debug)]
+pub struct RemoteCommand {
+    /// Run with `bash -c`.
+    pub script: String,
+    /// Absolute working directory.
+    pub cwd: String,
+    /// Environment variables set for the script (added to the vendor's defaults).
+    pub env: Vec<(String, String)>,
+    /// Deadline: when it passes the process is killed and `timed_out` is set.
+    pub timeout: Duration,
+}
+
+/// How this host reaches a port of a sandbox: a base URL (`http://` or `https://`) and the
+/// headers every request needs (a `Host` for vendors that route by host name, a traffic
+/// token). Both are secret from browsers and logs.
+#[derive(Clone)]
+pub struct PortEndpoint {
+    /// Base URL without a trailing slash.
+    pub url: String,
+    /// Headers to send; a `host` entry replaces the URL's host name in the `Host` header.
+    pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for PortEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PortEndpoint([redacted])")
+    }
+}
+
+/// A sandbox vendor, as the shared remote provider uses it. Vendor errors are translated at
+/// the adapter's edge: a sandbox the vendor does not know (any more) is
+/// [`rakazo_actors::provider::ProviderError::MachineGone`].
+#[async_trait]
+pub trait RemoteSandboxes: Send + Sync + 'static {
+    /// A connected sandbox: its id and whatever the adapter needs to reach it (tokens, URLs).
+    /// Its `Debug` must not show secrets.
+    type Session: Clone + Send + Sync + std::fmt::Debug + 'static;
+
+    /// The `SANDBOX_PROVIDER` name (`e2b`, ...).
+    fn kind(&self) -> &'static str;
+
+    /// Where the workspace and the runtime's files live on this vendor's machines.
+    fn layout(&self) -> Layout;
+
+    /// The sandbox id of a session (stored as the providerRef).
+    fn id(session: &Self::Session) -> &str;
+
+    /// How long a sandbox lives without a refresh; refreshed well before it passes while the
+    /// computer is used.
+    fn ttl(&self) -> Duration;
+
+    /// Whether the vendor answers (for `/internal/health`); a plain sentence when not.
+    async fn health(&self) -> Result<(), String>;
+
+    /// Creates a sandbox for `spec` and waits until commands can run in it.
+    async fn create(&self, spec: &MachineSpec) -> ProviderResult<Self::Session>;
+
+    /// Connects to sandbox `id`, resuming it when paused; `MachineGone` when the vendor does
+    /// not know it.
+    async fn connect(&self, id: &str) -> ProviderResult<Self::Session>;
+
+    /// Pushes the sandbox's end of life to now + [`Self::ttl`].
+    async fn refresh(&self, session: &Self::Session) -> ProviderResult<()>;
+
+    /// Pauses (suspends) the sandbox; pausing a paused one succeeds.
+    async fn pause(&self, id: &str) -> ProviderResult<()>;
+
+    /// Kills the sandbox; killing one that is gone succeeds.
+    async fn kill(&self, id: &str) -> ProviderResult<()>;
+
+    /// Runs a script. A non-zero exit is an outcome. When the deadline passes, or the future
+    /// is dropped, the process is killed; a kill the vendor does not confirm is an error.
+    async fn run(
+        &self,
+        session: &Self::Session,
+        command: &RemoteCommand,
+    ) -> ProviderResult<ExecOutput>;
+
+    /// Writes `data` to the absolute `path` on the machine (parents created).
+    async fn upload(
+        &self,
+        session: &Self::Session,
+        path: &str,
+        data: Vec<u8>,
+    ) -> ProviderResult<()>;
+
+    /// Reads the absolute `path` on the machine, refusing more than `limit` bytes.
+    async fn download(
+        &self,
+        session: &Self::Session,
+        path: &str,
+        limit: u64,
+    ) -> ProviderResult<Vec<u8>>;
+
+    /// How this host reaches `port` of the sandbox.
+    fn port(&self, session: &Self::Session, port: u16) -> PortEndpoint;
+}

@@ -1,0 +1,252 @@
+//! The e2b-emulator with real Docker computers through an in-process supervisor: E2B's
+//! official Python SDK drives it (tests/e2b_sdk/sdk_check.py), the provider conformance suite
+//! runs on the real `e2b` adapter pointed at it, and the adapter's lifecycle holds when a
+//! sandbox is killed behind its back.
+
+mod docker_support;
+
+use std::sync::{Arc, OnceLock};
+
+use rakazo::config::DockerNetwork;
+use rakazo::emulators::e2b::{DOMAIN, Emulator, Settings};
+use rakazo::providers::e2b::{E2b, E2bConfig};
+use rakazo::providers::remote::provider::RemoteProvider;
+use rakazo_actors::provider::SandboxProvider;
+
+use docker_support::{TestSupervisor, docker_ready};
+
+#[allow(clippy::duplicate_mod)]
+#[path = "gate/mod.rs"]
+mod gate;
+
+struct TestEmulator {
+    url: String,
+    emulator: Arc<Emulator>,
+    _supervisor: TestSupervisor,
+}
+
+fn emulator() -> &'static TestEmulator {
+    static SHARED: OnceLock<TestEmulator> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+        let settings = Settings {
+            supervisor_url: supervisor.url.clone(),
+            supervisor_token: supervisor.token.clone(),
+            domain: DOMAIN.into(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let running = rakazo::emulators::e2b::start(listener, settings)
+                    .await
+                    .unwrap();
+                tx.send((format!("http://{}", running.addr), running.emulator.clone()))
+                    .unwrap();
+                std::future::pending::<()>().await;
+            })
+        });
+        let (url, emulator) = rx.recv().unwrap();
+        TestEmulator {
+            url,
+            emulator,
+            _supervisor: supervisor,
+        }
+    })
+}
+
+fn adapter() -> E2b {
+    let e = emulator();
+    E2b::new(E2bConfig {
+        kind: "e2b-emulator",
+        api_key: "e2b_test_key".into(),
+        domain: DOMAIN.into(),
+        api_url: e.url.clone(),
+        sandbox_url: Some(e.url.clone()),
+        template: "rakazo-computer".into(),
+    })
+    .unwrap()
+}
+
+/// A fresh provider per test, one emulator (and supervisor) for all.
+fn provider() -> Arc<dyn SandboxProvider> {
+    Arc::new(RemoteProvider::new(Arc::new(adapter()), 0))
+}
+
+fn sdk_ready() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import e2b"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        gate::missing(
+            "E2B's Python SDK (the e2b package)",
+            "scripts/test.sh installs it (pip install 'e2b>=2.6,<3')",
+        );
+    }
+    ok
+}
+
+#[test]
+fn the_official_sdk_drives_the_emulator() {
+    if !docker_ready() || !sdk_ready() {
+        return;
+    }
+    let e = emulator();
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/e2b_sdk/sdk_check.py"
+        ))
+        .env("E2B_API_URL", &e.url)
+        .env("E2B_SANDBOX_URL", &e.url)
+        .env("E2B_DOMAIN", DOMAIN)
+        .env("E2B_API_KEY", "e2b_any_key")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("ALL OK"),
+        "SDK check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(e.emulator.lock().is_empty() || !stdout.is_empty());
+}
+
+#[actix_rt::test]
+async fn a_request_without_an_api_key_or_with_a_wrong_access_token_is_refused() {
+    if !docker_ready() {
+        return;
+    }
+    let e = emulator();
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/v2/sandboxes", e.url))
+        .json(&serde_json::json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], 401);
+    assert!(body["message"].is_string());
+    // A sandbox's envd refuses another token.
+    let resp = http
+        .post(format!("{}/v2/sandboxes", e.url))
+        .header("X-API-KEY", "k")
+        .json(&serde_json::json!({"templateID": "base", "timeout": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let sandbox: serde_json::Value = resp.json().await.unwrap();
+    let id = sandbox["sandboxID"].as_str().unwrap().to_string();
+    for token in ["", "wrong"] {
+        let resp = http
+            .get(format!("{}/files?path=/etc/hostname", e.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "token {token:?}");
+    }
+    let resp = http
+        .get(format!("{}/files?path=/etc/hostname", e.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header(
+            "X-Access-Token",
+            sandbox["envdAccessToken"].as_str().unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // A port host of another sandbox id is not routed anywhere.
+    let resp = http
+        .get(format!("{}/", e.url))
+        .header("Host", format!("6080-{}.{DOMAIN}", "a".repeat(20)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 502);
+    assert!(e.emulator.kill(&id).await);
+    let resp = http
+        .get(format!("{}/sandboxes/{id}", e.url))
+        .header("X-API-KEY", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+}
+
+#[actix_rt::test]
+async fn a_sandbox_killed_behind_the_adapters_back_is_gone_and_ttl_expiry_kills() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo::providers::remote::RemoteSandboxes;
+    use rakazo_actors::provider::{MachineSpec, ProviderError};
+    let e = emulator();
+    let p = provider();
+    let spec = MachineSpec {
+        computer_id: "c-gone".into(),
+        space_id: "s1".into(),
+        bot_id: None,
+        home_key: "h-gone".into(),
+    };
+    let machine = p.provision(&spec).await.unwrap();
+    p.write_file(&machine, "made.txt", b"by the bot")
+        .await
+        .unwrap();
+    assert!(e.emulator.kill(&machine.0).await);
+    assert!(matches!(
+        p.read_file(&machine, "made.txt").await,
+        Err(ProviderError::MachineGone)
+    ));
+    assert!(matches!(
+        p.reconnect(&machine, &spec).await,
+        Err(ProviderError::MachineGone)
+    ));
+    p.destroy(&machine).await.unwrap();
+
+    // A paused sandbox resumes through connect, keeping its files.
+    let machine = p.provision(&spec).await.unwrap();
+    p.write_file(&machine, "kept.txt", b"kept").await.unwrap();
+    p.stop(&machine).await.unwrap();
+    let fresh = provider();
+    fresh.reconnect(&machine, &spec).await.unwrap();
+    assert_eq!(
+        fresh.read_file(&machine, "kept.txt").await.unwrap(),
+        b"kept"
+    );
+    fresh.destroy(&machine).await.unwrap();
+
+    // TTL expiry kills.
+    let a = adapter();
+    let session = a.create(&spec).await.unwrap();
+    let id = E2b::id(&session).to_string();
+    reqwest::Client::new()
+        .post(format!("{}/sandboxes/{id}/timeout", e.url))
+        .header("X-API-KEY", "k")
+        .json(&serde_json::json!({"timeout": 0}))
+        .send()
+        .await
+        .unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if e.emulator.get(&id).is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the expired sandbox was not killed");
+    assert!(matches!(
+        a.connect(&id).await,
+        Err(ProviderError::MachineGone)
+    ));
+}
+
+rakazo_actors::conformance_suite!(provider(), gate = docker_ready());

@@ -263,10 +263,9 @@ fn main() -> ExitCode {
 
 /// `rakazo emulator daytona|box`: serves until the process ends.
 async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> ExitCode {
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use rakazo::emulators::{boat, daytona, machines::SupervisorMachines};
+    use rakazo::emulators::{boat, daytona, machines::Machines};
     if let Err(err) = rakazo::supervisor::listen::check(listen) {
         eprintln!("rakazo: emulator: {err}");
         return ExitCode::from(2);
@@ -275,8 +274,9 @@ async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> E
         eprintln!("rakazo: the emulator's machines need SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN");
         return ExitCode::from(2);
     };
-    let machines = match SupervisorMachines::new(&config.supervisor_url, &token) {
-        Ok(m) => Arc::new(m),
+    let account = if vendor == "box" { "user" } else { "daytona" };
+    let machines = match Machines::new(&config.supervisor_url, &token, account) {
+        Ok(m) => m,
         Err(err) => {
             eprintln!("rakazo: {err}");
             return ExitCode::FAILURE;

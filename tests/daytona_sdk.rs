@@ -6,12 +6,11 @@
 mod docker_support;
 
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rakazo::config::DockerNetwork;
 use rakazo::emulators::daytona::{DaytonaEmulator, Settings};
-use rakazo::emulators::machines::SupervisorMachines;
+use rakazo::emulators::machines::Machines;
 
 use docker_support::{TestSupervisor, docker_ready};
 
@@ -37,7 +36,7 @@ fn sdk_installed() -> bool {
 fn start_emulator(supervisor_url: &str, supervisor_token: &str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let machines = Arc::new(SupervisorMachines::new(supervisor_url, supervisor_token).unwrap());
+    let machines = Machines::new(supervisor_url, supervisor_token, "daytona").unwrap();
     let settings = Settings {
         base_url: base.clone(),
         key: None,

@@ -8,6 +8,8 @@ DAYTONA_API_KEY. Every step asserts a real outcome on a real machine; the script
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from daytona import Daytona, DaytonaConfig, DaytonaError, DaytonaNotFoundError
 from daytona.common.errors import DaytonaTimeoutError
@@ -66,8 +68,14 @@ except DaytonaError:
 step("files")
 
 link = sandbox.get_preview_link(6080)
-assert link.url.startswith(api_url.rsplit("/api", 1)[0]), link.url
+assert link.url.startswith("http://127.0.0.1:"), link.url
 assert link.token, "a preview token"
+assert sandbox.get_preview_link(6080).token == link.token, "one token per port"
+try:
+    urllib.request.urlopen(link.url + "/", timeout=10)
+    raise AssertionError("a preview answered without its token")
+except urllib.error.HTTPError as e:
+    assert e.code == 401, e.code
 step("preview link")
 
 sandbox.stop(timeout=120)

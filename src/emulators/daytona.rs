@@ -61,7 +61,8 @@ struct Sb {
     machine: Option<String>,
     last_activity: Instant,
     stopped_since: Option<Instant>,
-    previews: HashMap<u16, String>,
+    /// Preview token and the loopback port of its listener, per sandbox port.
+    previews: HashMap<u16, (String, u16)>,
     /// A lifecycle change is running in the background.
     busy: bool,
 }
@@ -653,36 +654,117 @@ impl DaytonaEmulator {
         }
     }
 
-    async fn preview(&self, id: &str, port: u16) -> Answer {
+    async fn preview(self: &Arc<Self>, id: &str, port: u16) -> Answer {
         self.refresh(id).await;
-        let token = {
-            let mut map = self.lock();
-            let sb = map.get_mut(id).ok_or_else(|| ApiError::not_found(id))?;
-            sb.previews.entry(port).or_insert_with(token).clone()
+        let known = {
+            let map = self.lock();
+            let sb = map.get(id).ok_or_else(|| ApiError::not_found(id))?;
+            sb.previews.get(&port).cloned()
+        };
+        let (token, local) = match known {
+            Some(p) => p,
+            None => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+                    .port();
+                let token = token();
+                let this = self.clone();
+                let (sid, tok) = (id.to_string(), token.clone());
+                actix_rt::spawn(async move {
+                    while let Ok((conn, _)) = listener.accept().await {
+                        let (emu, name, t) = (this.clone(), sid.clone(), tok.clone());
+                        actix_rt::spawn(async move {
+                            if let Err(e) = emu.relay_preview(conn, &name, port, &t).await {
+                                tracing::debug!(error = %e.kind(), "emulator.daytona.preview_closed");
+                            }
+                        });
+                        if !this.lock().contains_key(&sid) {
+                            break;
+                        }
+                    }
+                });
+                let mut map = self.lock();
+                let sb = map.get_mut(id).ok_or_else(|| ApiError::not_found(id))?;
+                sb.previews.entry(port).or_insert((token, local)).clone()
+            }
         };
         Ok(HttpResponse::Ok().json(PreviewUrl {
             sandbox_id: id.to_string(),
-            url: format!("{}/preview/{id}/{port}", self.settings.base_url),
+            url: format!("http://127.0.0.1:{local}"),
             token,
         }))
     }
 
-    /// The machine address behind a preview URL, once its token is checked.
-    pub async fn preview_target(
+    /// One connection to a preview URL: its first request must carry the port's token in
+    /// [`PREVIEW_TOKEN_HEADER`]; then it is relayed to the machine's port as it is.
+    async fn relay_preview(
         &self,
+        mut conn: tokio::net::TcpStream,
         id: &str,
         port: u16,
-        presented: &str,
-    ) -> Result<std::net::SocketAddr, ApiError> {
-        let expected = self
-            .lock()
-            .get(id)
-            .and_then(|sb| sb.previews.get(&port).cloned())
-            .ok_or_else(|| ApiError::not_found(id))?;
-        use subtle::ConstantTimeEq as _;
-        if presented.is_empty() || !bool::from(presented.as_bytes().ct_eq(expected.as_bytes())) {
-            return Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"));
-        }
+        token: &str,
+    ) -> std::io::Result<()> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut buf = Vec::with_capacity(4096);
+        let end = loop {
+            let mut chunk = [0u8; 4096];
+            let n = conn.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if buf.len() > 64 << 10 {
+                return Ok(());
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let presented = head
+            .split("\r\n")
+            .skip(1)
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case(PREVIEW_TOKEN_HEADER)
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        let target = {
+            use subtle::ConstantTimeEq as _;
+            if presented.is_empty() || !bool::from(presented.as_bytes().ct_eq(token.as_bytes())) {
+                Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"))
+            } else {
+                self.preview_target(id, port).await
+            }
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(e) => {
+                let body = serde_json::json!({"statusCode": e.status.as_u16(), "message": e.message}).to_string();
+                let answer = format!(
+                    "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    e.status.as_u16(),
+                    e.status.canonical_reason().unwrap_or(""),
+                    body.len()
+                );
+                conn.write_all(answer.as_bytes()).await?;
+                return conn.shutdown().await;
+            }
+        };
+        let mut upstream = tokio::net::TcpStream::connect(target).await?;
+        upstream.write_all(&buf).await?;
+        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
+        Ok(())
+    }
+
+    /// The machine address behind a sandbox's port.
+    async fn preview_target(&self, id: &str, port: u16) -> Result<std::net::SocketAddr, ApiError> {
         let machine = self.started(id).await?;
         let published = if port == GATEWAY_PORT {
             self.machines.inspect(&machine).await?.gateway_port
@@ -910,9 +992,6 @@ pub fn serve(
     .listen(listener)?
     .run())
 }
-
-/// The preview header clients send.
-pub const PREVIEW_HEADER: &str = PREVIEW_TOKEN_HEADER;
 
 #[cfg(test)]
 mod tests {

@@ -404,14 +404,14 @@ impl DaytonaEmulator {
         let (from, to, machine) = {
             let mut map = self.lock();
             let sb = map.get_mut(id).ok_or_else(|| ApiError::not_found(id))?;
-            if sb.busy {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    format!("Sandbox is {}: wait for it to settle", sb.dto.state().as_str()),
-                ));
-            }
             match transition(sb.dto.state(), op).map_err(|(s, m)| ApiError::new(s, m))? {
                 None => return Ok(HttpResponse::Ok().json(sb.dto.clone())),
+                Some(_) if sb.busy => {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        format!("Sandbox is {}: wait for it to settle", sb.dto.state().as_str()),
+                    ));
+                }
                 Some((via, to)) => {
                     sb.busy = true;
                     sb.dto.state = Some(via.as_str().into());

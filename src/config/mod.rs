@@ -479,7 +479,7 @@ impl Config {
                 .get("SANDBOX_TEMPLATE")
                 .unwrap_or_else(|| "rakazo-computer".into()),
             e2b_api_key: s.secret("E2B_API_KEY"),
-            e2b_domain: s.get("E2B_DOMAIN").unwrap_or_else(|| "e2b.app".into()),
+            e2b_domain: s.get("E2B_DOMAIN").unwrap_or_default(),
             e2b_api_url: s.get("E2B_API_URL").unwrap_or_default(),
             daytona_api_key: s.secret("DAYTONA_API_KEY"),
             daytona_api_url: s

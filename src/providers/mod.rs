@@ -271,3 +271,58 @@ fn start_emulator(config: &Config, vendor: &str) -> Result<(String, String), Str
     actix_rt::spawn(server);
     Ok((url, key))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Config {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(&env, None).unwrap()
+    }
+
+    #[actix_rt::test]
+    async fn e2b_without_a_key_is_a_setup_error_and_with_one_it_is_e2b() {
+        let built = build(&config(&[("SANDBOX_PROVIDER", "e2b")]))
+            .await
+            .unwrap();
+        assert!(built.provider.is_none());
+        assert_eq!(built.status.sandbox, "none");
+        assert!(
+            built
+                .status
+                .setup_error
+                .as_deref()
+                .is_some_and(|e| e.contains("E2B_API_KEY")),
+            "{:?}",
+            built.status.setup_error
+        );
+        let built = build(&config(&[
+            ("SANDBOX_PROVIDER", "e2b"),
+            ("E2B_API_KEY", "e2b_secret_key"),
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(built.status.sandbox, "e2b");
+        assert!(built.status.setup_error.is_none());
+        let provider = built.provider.unwrap();
+        let d = provider.describe();
+        assert_eq!(d.kind, "e2b");
+        assert!(d.capabilities.bills_while_running && d.capabilities.multi_screen);
+        assert!(!d.capabilities.mounted_home);
+    }
+
+    #[actix_rt::test]
+    async fn the_e2b_emulator_needs_the_supervisor() {
+        let built = build(&config(&[("SANDBOX_PROVIDER", "e2b-emulator")]))
+            .await
+            .unwrap();
+        assert!(built.provider.is_none());
+        assert!(built.status.setup_error.is_some());
+    }
+}

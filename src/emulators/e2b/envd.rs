@@ -329,7 +329,7 @@ async fn start(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> H
             .clamp(1, 3600),
     );
     let first_wait = deadline.map_or(FIRST_WAIT, |d| {
-        FIRST_WAIT.min(d.saturating_duration_since(Instant::now()))
+        FIRST_WAIT.min(d.saturating_duration_since(Instant::now()) / 2)
     });
     let (spawned, progress) = match em
         .machines

@@ -37,8 +37,10 @@ pub const RUN_DIR: &str = "/tmp/rakazo-run";
 const TTL: Duration = Duration::from_secs(600);
 /// Deadline of control-plane calls (creating a sandbox takes a while).
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
-/// Extra time given to the server past a command's own deadline.
-const RUN_SLACK: Duration = Duration::from_secs(15);
+/// Extra time given to the server past a command's own deadline (the adapter kills first).
+const RUN_SLACK: Duration = Duration::from_secs(2);
+/// How long a command past its deadline may take to report its pid, so it can be killed.
+const START_GRACE: Duration = Duration::from_secs(30);
 /// Cap on each of stdout and stderr of one command.
 const OUTPUT_CAP: usize = 1 << 20;
 
@@ -239,8 +241,9 @@ impl E2b {
     async fn read_stream(
         &self,
         resp: reqwest::Response,
-        pid: &mut Option<u64>,
+        pid_tx: &tokio::sync::watch::Sender<Option<u64>>,
     ) -> ProviderResult<ExecOutput> {
+        let mut pid: Option<u64> = None;
         let mut resp = resp;
         let mut decoder = Decoder::default();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -258,7 +261,10 @@ impl E2b {
                         let event = &m["event"];
                         if pid.is_none() {
                             match event["start"]["pid"].as_u64() {
-                                Some(p) => *pid = Some(p),
+                                Some(p) => {
+                                    pid = Some(p);
+                                    let _ = pid_tx.send(Some(p));
+                                }
                                 None => {
                                     return Err(ProviderError::Failed(
                                         "envd's stream did not begin with the process start".into(),
@@ -336,17 +342,28 @@ fn files_path(path: &str) -> String {
 struct KillOnDrop<'a> {
     adapter: Option<(&'a E2b, Session)>,
     pid: Option<u64>,
+    rx: Option<tokio::sync::watch::Receiver<Option<u64>>>,
+    task: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for KillOnDrop<'_> {
     fn drop(&mut self) {
-        let (Some((adapter, session)), Some(pid)) = (self.adapter.take(), self.pid) else {
+        let Some((adapter, session)) = self.adapter.take() else {
             return;
         };
-        let http = adapter.http.clone();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let pid = self
+            .pid
+            .or_else(|| self.rx.as_ref().and_then(|rx| *rx.borrow()));
+        let Some(pid) = pid else {
+            tracing::warn!(sandbox.id = %session.id, "e2b.command.kill_unconfirmed");
+            return;
+        };
         let e2b = E2b {
             config: adapter.config.clone(),
-            http,
+            http: adapter.http.clone(),
         };
         tokio::spawn(async move {
             match e2b.kill_process(&session, pid).await {
@@ -500,7 +517,8 @@ impl RemoteSandboxes for E2b {
             }),
         );
         let server_deadline = command.timeout + RUN_SLACK;
-        let resp = self
+        let deadline = tokio::time::Instant::now() + command.timeout;
+        let request = self
             .envd(s, reqwest::Method::POST, "/process.Process/Start")
             .header("Content-Type", "application/connect+json")
             .header("Connect-Protocol-Version", "1")
@@ -511,52 +529,61 @@ impl RemoteSandboxes for E2b {
                 "Connect-Timeout-Ms",
                 server_deadline.as_millis().to_string(),
             )
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport("envd", &e))?;
-        match resp.status().as_u16() {
-            200 => {}
-            502 => return Err(ProviderError::MachineGone),
-            other => {
-                return Err(ProviderError::Failed(format!(
-                    "envd answered {other} to a command"
-                )));
+            .body(body);
+        // The stream is read by a task that reports the pid as soon as it is known: when the
+        // deadline passes (or this call is dropped) the command is killed by that pid, waiting
+        // up to a grace for it if the command has not reported it yet.
+        let (pid_tx, mut pid_rx) = tokio::sync::watch::channel(None::<u64>);
+        let reader = E2b {
+            config: self.config.clone(),
+            http: self.http.clone(),
+        };
+        let mut task = tokio::spawn(async move {
+            let resp = request.send().await.map_err(|e| transport("envd", &e))?;
+            match resp.status().as_u16() {
+                200 => {}
+                502 => return Err(ProviderError::MachineGone),
+                other => {
+                    return Err(ProviderError::Failed(format!(
+                        "envd answered {other} to a command"
+                    )));
+                }
             }
-        }
+            reader.read_stream(resp, &pid_tx).await
+        });
         let mut guard = KillOnDrop {
             adapter: Some((self, s.clone())),
             pid: None,
+            rx: Some(pid_rx.clone()),
+            task: Some(task.abort_handle()),
         };
-        let mut pid = None;
-        let outcome = tokio::time::timeout(command.timeout, self.read_stream(resp, &mut pid)).await;
-        guard.pid = pid;
-        match outcome {
-            Ok(result) => {
-                guard.adapter = None;
-                result
-            }
-            Err(_) => {
-                guard.adapter = None;
-                let Some(pid) = pid else {
-                    return Err(ProviderError::Failed(
-                        "the command did not start before its deadline".into(),
-                    ));
-                };
-                match self.kill_process(s, pid).await {
-                    Ok(_) => Ok(ExecOutput {
-                        exit_code: -1,
-                        stdout: String::new(),
-                        stderr: String::new(),
-                        timed_out: true,
-                    }),
-                    Err(e) => {
-                        tracing::warn!(sandbox.id = %s.id, error = %e, "e2b.command.kill_unconfirmed");
-                        Err(ProviderError::Failed(format!(
-                            "the command passed its deadline and its kill was not confirmed: {e}"
-                        )))
-                    }
-                }
+        if let Ok(joined) = tokio::time::timeout_at(deadline, &mut task).await {
+            guard.adapter = None;
+            return joined
+                .map_err(|_| ProviderError::Failed("the command's reader failed".into()))?;
+        }
+        let known = tokio::time::timeout(START_GRACE, pid_rx.wait_for(Option::is_some)).await;
+        let pid = known.ok().and_then(|r| r.ok().and_then(|p| *p));
+        task.abort();
+        guard.adapter = None;
+        let Some(pid) = pid else {
+            tracing::warn!(sandbox.id = %s.id, "e2b.command.kill_unconfirmed");
+            return Err(ProviderError::Failed(
+                "the command passed its deadline without reporting its process, which could not be killed".into(),
+            ));
+        };
+        match self.kill_process(s, pid).await {
+            Ok(_) => Ok(ExecOutput {
+                exit_code: -1,
+                stdout: String::new(),
+                stderr: String::new(),
+                timed_out: true,
+            }),
+            Err(e) => {
+                tracing::warn!(sandbox.id = %s.id, error = %e, "e2b.command.kill_unconfirmed");
+                Err(ProviderError::Failed(format!(
+                    "the command passed its deadline and its kill was not confirmed: {e}"
+                )))
             }
         }
     }

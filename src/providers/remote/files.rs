@@ -36,6 +36,8 @@ pub struct RemoteFiles<'a, V: RemoteSandboxes> {
     pub run_dir: &'a str,
     /// Scripts on the machine (the sandbox's runtime runner).
     pub runner: &'a dyn CommandRunner,
+    /// Where the helper was installed on this machine, once it was.
+    pub helper: &'a tokio::sync::OnceCell<std::path::PathBuf>,
 }
 
 impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
@@ -68,14 +70,19 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         timeout: std::time::Duration,
         what: &str,
     ) -> ProviderResult<String> {
-        let program = install_program(
-            self.runner,
-            std::path::Path::new(self.run_dir),
-            "workspace",
-            HELPER,
-        )
-        .await
-        .map_err(ProviderError::from)?;
+        let program = self
+            .helper
+            .get_or_try_init(|| async {
+                install_program(
+                    self.runner,
+                    std::path::Path::new(self.run_dir),
+                    "workspace",
+                    HELPER,
+                )
+                .await
+                .map_err(ProviderError::from)
+            })
+            .await?;
         let script = format!(
             "mkdir -p {ws} && exec python3 {p} {ws} {op} {a}",
             ws = shell_quote(self.workspace),

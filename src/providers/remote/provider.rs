@@ -35,6 +35,8 @@ struct Machine<V: RemoteSandboxes> {
     gateway: Mutex<Option<Forwarder>>,
     /// When the sandbox's TTL was last pushed.
     refreshed: std::sync::Mutex<Instant>,
+    /// The workspace helper's path on the machine, once installed.
+    helper: tokio::sync::OnceCell<PathBuf>,
 }
 
 /// The remote provider.
@@ -85,6 +87,7 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             runtime,
             gateway: Mutex::new(None),
             refreshed: std::sync::Mutex::new(Instant::now()),
+            helper: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -179,6 +182,7 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             workspace: &self.layout.workspace,
             run_dir: &self.layout.run_dir,
             runner: m.runner.as_ref(),
+            helper: &m.helper,
         }
     }
 

@@ -270,8 +270,15 @@ async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> E
         eprintln!("rakazo: emulator: {err}");
         return ExitCode::from(2);
     }
-    let Some(token) = config.supervisor_token.as_ref().map(|t| t.0.clone()).filter(|t| !t.is_empty()) else {
-        eprintln!("rakazo: the emulator's machines need SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN");
+    let Some(token) = config
+        .supervisor_token
+        .as_ref()
+        .map(|t| t.0.clone())
+        .filter(|t| !t.is_empty())
+    else {
+        eprintln!(
+            "rakazo: the emulator's machines need SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN"
+        );
         return ExitCode::from(2);
     };
     let account = if vendor == "box" { "user" } else { "daytona" };

@@ -140,7 +140,10 @@ async fn a_machine_destroyed_behind_the_api_is_gone() {
             .output()
             .unwrap();
         let container = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        assert!(!container.is_empty(), "the sandbox's machine is a container");
+        assert!(
+            !container.is_empty(),
+            "the sandbox's machine is a container"
+        );
         let _ = std::process::Command::new("docker")
             .args(["rm", "-f", &container])
             .output();
@@ -149,7 +152,11 @@ async fn a_machine_destroyed_behind_the_api_is_gone() {
         } else {
             Arc::new(RemoteProvider::new(Arc::new(boat_adapter()), 0))
         };
-        assert_eq!(fresh.reconnect(&m, &s).await, Err(ProviderError::MachineGone), "{i}");
+        assert_eq!(
+            fresh.reconnect(&m, &s).await,
+            Err(ProviderError::MachineGone),
+            "{i}"
+        );
         p.destroy(&m).await.unwrap();
     }
 }
@@ -163,14 +170,27 @@ async fn the_box_emulator_keeps_the_vendor_rules() {
     let base = format!("{}/api/v1", emulators().boat);
     let http = reqwest::Client::new();
     // No key: the error envelope.
-    let r = http.get(format!("{base}/sandboxes/bx_nope")).send().await.unwrap();
+    let r = http
+        .get(format!("{base}/sandboxes/bx_nope"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!((v["ok"].as_bool(), v["code"].as_str()), (Some(false), Some("unauthorized")));
+    assert_eq!(
+        (v["ok"].as_bool(), v["code"].as_str()),
+        (Some(false), Some("unauthorized"))
+    );
     assert!(v["requestId"].as_str().is_some());
     // Create needs an Idempotency-Key; a replay answers the same sandbox.
     let body = serde_json::json!({"ttlSeconds": 7200, "noEnv": false});
-    let r = http.post(format!("{base}/sandboxes")).bearer_auth(KEY).json(&body).send().await.unwrap();
+    let r = http
+        .post(format!("{base}/sandboxes"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let create = || {
         http.post(format!("{base}/sandboxes"))
@@ -186,7 +206,15 @@ async fn the_box_emulator_keeps_the_vendor_rules() {
     assert_eq!(b["sandbox"]["id"], a["sandbox"]["id"]);
     // Wait until usable.
     loop {
-        let v: serde_json::Value = http.get(format!("{base}/sandboxes/{id}")).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+        let v: serde_json::Value = http
+            .get(format!("{base}/sandboxes/{id}"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         match v["sandbox"]["state"].as_str().unwrap() {
             "ready" | "running" | "idle" => break,
             "provisioning" | "provisioned" => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -194,26 +222,67 @@ async fn the_box_emulator_keeps_the_vendor_rules() {
         }
     }
     // Without noEnv the account's environment reaches commands: the adapter always sends it.
-    let cmd = serde_json::json!({"command": "echo ${BOAT_ACCOUNT_TOKEN:-none}", "timeoutSeconds": 10});
-    let v: serde_json::Value = http.post(format!("{base}/sandboxes/{id}/commands")).bearer_auth(KEY).json(&cmd).send().await.unwrap().json().await.unwrap();
+    let cmd =
+        serde_json::json!({"command": "echo ${BOAT_ACCOUNT_TOKEN:-none}", "timeoutSeconds": 10});
+    let v: serde_json::Value = http
+        .post(format!("{base}/sandboxes/{id}/commands"))
+        .bearer_auth(KEY)
+        .json(&cmd)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_ne!(v["stdout"].as_str().unwrap().trim(), "none");
     // A deadline kills the command.
     let cmd = serde_json::json!({"command": "sleep 5; echo late", "timeoutSeconds": 1});
-    let v: serde_json::Value = http.post(format!("{base}/sandboxes/{id}/commands")).bearer_auth(KEY).json(&cmd).send().await.unwrap().json().await.unwrap();
+    let v: serde_json::Value = http
+        .post(format!("{base}/sandboxes/{id}/commands"))
+        .bearer_auth(KEY)
+        .json(&cmd)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["timedOut"], true);
     assert!(v["exitCode"].is_null());
     // Files only under the home and /tmp.
     let put = serde_json::json!({"path": "/etc/x", "content": "eA==", "encoding": "base64"});
-    let r = http.put(format!("{base}/sandboxes/{id}/files")).bearer_auth(KEY).json(&put).send().await.unwrap();
+    let r = http
+        .put(format!("{base}/sandboxes/{id}/files"))
+        .bearer_auth(KEY)
+        .json(&put)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["code"], "path_not_allowed");
     // Delete needs its confirmation header.
-    let r = http.delete(format!("{base}/sandboxes/{id}")).bearer_auth(KEY).send().await.unwrap();
+    let r = http
+        .delete(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 428);
-    let r = http.delete(format!("{base}/sandboxes/{id}")).bearer_auth(KEY).header("X-Ascii-Confirm-Delete", &id).send().await.unwrap();
+    let r = http
+        .delete(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .header("X-Ascii-Confirm-Delete", &id)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 202);
-    let r = http.get(format!("{base}/sandboxes/{id}")).bearer_auth(KEY).send().await.unwrap();
+    let r = http
+        .get(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
 }
 

@@ -86,7 +86,10 @@ fn the_official_sdk_drives_the_emulator() {
         "start",
         "delete",
     ] {
-        assert!(stdout.contains(&format!("ok {step}\n")), "{step} missing:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("ok {step}\n")),
+            "{step} missing:\n{stdout}"
+        );
     }
 }
 
@@ -100,7 +103,11 @@ fn calls_without_a_key_get_the_vendor_error_body() {
         .unwrap();
     rt.block_on(async {
         let http = reqwest::Client::new();
-        let resp = http.get(format!("{base}/api/sandbox/nope")).send().await.unwrap();
+        let resp = http
+            .get(format!("{base}/api/sandbox/nope"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 401);
         let v: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(v["statusCode"], 401);

@@ -125,13 +125,17 @@ impl ApiError {
 impl From<ProviderError> for ApiError {
     fn from(e: ProviderError) -> Self {
         match e {
-            ProviderError::NotFound(_) => {
-                Self::new(StatusCode::NOT_FOUND, codes::FILE_NOT_FOUND, "file not found")
-            }
+            ProviderError::NotFound(_) => Self::new(
+                StatusCode::NOT_FOUND,
+                codes::FILE_NOT_FOUND,
+                "file not found",
+            ),
             ProviderError::PathRejected(m) => Self::invalid(m),
-            ProviderError::TooLarge(_) => {
-                Self::new(StatusCode::PAYLOAD_TOO_LARGE, codes::INVALID_REQUEST, "file too large")
-            }
+            ProviderError::TooLarge(_) => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                codes::INVALID_REQUEST,
+                "file too large",
+            ),
             ProviderError::MachineGone => Self::new(
                 StatusCode::CONFLICT,
                 codes::INVALID_STATE,
@@ -516,7 +520,10 @@ impl BoatEmulator {
     }
 
     /// The usable sandbox's machine and its command environment; a command marks it running.
-    async fn usable(self: &Arc<Self>, id: &str) -> Result<(String, Vec<(String, String)>), ApiError> {
+    async fn usable(
+        self: &Arc<Self>,
+        id: &str,
+    ) -> Result<(String, Vec<(String, String)>), ApiError> {
         self.refresh(id).await;
         let mut map = self.lock();
         let sb = map.get_mut(id).ok_or_else(ApiError::not_found)?;
@@ -542,10 +549,7 @@ impl BoatEmulator {
             )));
         }
         let (machine, env) = self.usable(id).await?;
-        let cwd = body
-            .cwd
-            .clone()
-            .unwrap_or_else(|| self.machines.home());
+        let cwd = body.cwd.clone().unwrap_or_else(|| self.machines.home());
         if body.detached {
             let script = format!(
                 "setsid sh -c {} >/dev/null 2>&1 </dev/null &",
@@ -602,7 +606,12 @@ impl BoatEmulator {
         let mut v = serde_json::to_value(FileContent {
             path: path.to_string(),
             content,
-            encoding: if encoding.is_empty() { "utf8" } else { encoding }.into(),
+            encoding: if encoding.is_empty() {
+                "utf8"
+            } else {
+                encoding
+            }
+            .into(),
         })
         .unwrap_or_default();
         v["ok"] = serde_json::Value::Bool(true);
@@ -619,8 +628,11 @@ impl BoatEmulator {
             _ => return Err(ApiError::invalid("encoding must be utf8 or base64")),
         };
         let (machine, _) = self.usable(id).await?;
-        self.machines.write_file(&machine, &body.path, &data).await?;
-        Ok(HttpResponse::Ok().json(serde_json::json!({"ok": true, "path": body.path, "size": data.len()})))
+        self.machines
+            .write_file(&machine, &body.path, &data)
+            .await?;
+        Ok(HttpResponse::Ok()
+            .json(serde_json::json!({"ok": true, "path": body.path, "size": data.len()})))
     }
 
     async fn host(self: &Arc<Self>, id: &str, body: HostPort) -> Answer {
@@ -777,16 +789,30 @@ mod tests {
     #[test]
     fn stop_archives_and_resume_needs_the_snapshot() {
         for usable in [Ready, Idle, Running] {
-            assert_eq!(transition(usable, false, Op::Stop), Ok(Some((Archiving, Archived))));
+            assert_eq!(
+                transition(usable, false, Op::Stop),
+                Ok(Some((Archiving, Archived)))
+            );
             assert_eq!(transition(usable, false, Op::Resume), Ok(None));
         }
         assert_eq!(transition(Archived, true, Op::Stop), Ok(None));
-        assert_eq!(transition(Archived, true, Op::Resume), Ok(Some((Provisioning, Running))));
+        assert_eq!(
+            transition(Archived, true, Op::Resume),
+            Ok(Some((Provisioning, Running)))
+        );
         let expired = transition(Archived, false, Op::Resume).unwrap_err();
         assert_eq!(expired.status, StatusCode::GONE);
         assert_eq!(expired.code, codes::SNAPSHOT_EXPIRED);
-        assert_eq!(transition(Cancelled, false, Op::Resume).unwrap_err().code, codes::INVALID_STATE);
-        assert_eq!(transition(Provisioning, false, Op::Stop).unwrap_err().status, StatusCode::CONFLICT);
+        assert_eq!(
+            transition(Cancelled, false, Op::Resume).unwrap_err().code,
+            codes::INVALID_STATE
+        );
+        assert_eq!(
+            transition(Provisioning, false, Op::Stop)
+                .unwrap_err()
+                .status,
+            StatusCode::CONFLICT
+        );
     }
 
     #[test]
@@ -813,7 +839,9 @@ mod tests {
         let resp = ApiError::not_found().response();
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         let body = actix_web::body::to_bytes(resp.into_body());
-        let body = futures_util::FutureExt::now_or_never(body).unwrap().unwrap();
+        let body = futures_util::FutureExt::now_or_never(body)
+            .unwrap()
+            .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["ok"], false);
         assert_eq!(v["status"], 404);

@@ -25,12 +25,12 @@ use serde::Deserialize;
 use super::machines::Machines;
 use super::{Entry, list, read, running};
 use crate::desktop::shell_quote;
-use crate::supervisor::engine::GATEWAY_PORT;
 use crate::providers::daytona::multipart::{self, Part};
 use crate::providers::daytona::wire::{
-    BulkDownload, CreateSandbox, ErrorBody, ExecuteRequest, ExecuteResponse, FileInfo, PreviewUrl,
-    PREVIEW_TOKEN_HEADER, SOURCE_API, SOURCE_DAEMON, Sandbox, SandboxPage, State,
+    BulkDownload, CreateSandbox, ErrorBody, ExecuteRequest, ExecuteResponse, FileInfo,
+    PREVIEW_TOKEN_HEADER, PreviewUrl, SOURCE_API, SOURCE_DAEMON, Sandbox, SandboxPage, State,
 };
+use crate::supervisor::engine::GATEWAY_PORT;
 
 /// How long `process/execute` lets a command run when the request names no timeout.
 const DEFAULT_EXEC_SECONDS: u64 = 10;
@@ -117,7 +117,14 @@ impl ApiError {
             message: self.message.clone(),
             error: self.status.canonical_reason().map(str::to_string),
             code: self.code.map(str::to_string),
-            source: Some(if self.code.is_some() { SOURCE_DAEMON } else { SOURCE_API }.into()),
+            source: Some(
+                if self.code.is_some() {
+                    SOURCE_DAEMON
+                } else {
+                    SOURCE_API
+                }
+                .into(),
+            ),
         })
     }
 }
@@ -125,9 +132,11 @@ impl ApiError {
 impl From<ProviderError> for ApiError {
     fn from(e: ProviderError) -> Self {
         match e {
-            ProviderError::NotFound(p) => {
-                Self::daemon(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", format!("file not found: {p}"))
-            }
+            ProviderError::NotFound(p) => Self::daemon(
+                StatusCode::NOT_FOUND,
+                "FILE_NOT_FOUND",
+                format!("file not found: {p}"),
+            ),
             ProviderError::PathRejected(p) => {
                 Self::daemon(StatusCode::BAD_REQUEST, "INVALID_FILE_PATH", p)
             }
@@ -316,7 +325,11 @@ impl DaytonaEmulator {
         match running(&self.machines, &machine).await {
             Ok(None) => {
                 tracing::info!("emulator.daytona.machine_lost");
-                self.set_state(id, State::Error, Some("the sandbox's machine is gone".into()));
+                self.set_state(
+                    id,
+                    State::Error,
+                    Some("the sandbox's machine is gone".into()),
+                );
             }
             Ok(Some(false)) if state == State::Started => self.set_state(id, State::Stopped, None),
             _ => {}
@@ -338,7 +351,10 @@ impl DaytonaEmulator {
             id: id.clone(),
             organization_id: "emulator".into(),
             name: body.name.clone().unwrap_or_else(|| id.clone()),
-            snapshot: body.snapshot.clone().or_else(|| Some("rakazo-computer".into())),
+            snapshot: body
+                .snapshot
+                .clone()
+                .or_else(|| Some("rakazo-computer".into())),
             user: body.user.clone().unwrap_or_else(|| "rakazo".into()),
             env: body.env.clone(),
             labels: body.labels.clone(),
@@ -376,7 +392,11 @@ impl DaytonaEmulator {
         let this = self.clone();
         let sid = id.clone();
         actix_rt::spawn(async move {
-            let made = this.machines.create("daytona", &sid).await.map(|info| info.id);
+            let made = this
+                .machines
+                .create("daytona", &sid)
+                .await
+                .map(|info| info.id);
             let (state, error) = match made {
                 Ok(machine) => {
                     if let Some(sb) = this.lock().get_mut(&sid) {
@@ -386,7 +406,10 @@ impl DaytonaEmulator {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "emulator.daytona.create_failed");
-                    (State::Error, Some("the machine could not be created".to_string()))
+                    (
+                        State::Error,
+                        Some("the machine could not be created".to_string()),
+                    )
                 }
             };
             this.set_state(&sid, state, error);
@@ -409,7 +432,10 @@ impl DaytonaEmulator {
                 Some(_) if sb.busy => {
                     return Err(ApiError::new(
                         StatusCode::CONFLICT,
-                        format!("Sandbox is {}: wait for it to settle", sb.dto.state().as_str()),
+                        format!(
+                            "Sandbox is {}: wait for it to settle",
+                            sb.dto.state().as_str()
+                        ),
                     ));
                 }
                 Some((via, to)) => {
@@ -504,13 +530,19 @@ impl DaytonaEmulator {
         Ok(if p.starts_with('/') {
             p.to_string()
         } else {
-            format!("{}/{p}", self.machines.home().trim_end_matches('/').to_string())
+            format!(
+                "{}/{p}",
+                self.machines.home().trim_end_matches('/').to_string()
+            )
         })
     }
 
     async fn execute(&self, id: &str, body: ExecuteRequest) -> Answer {
         let machine = self.started(id).await?;
-        let secs = body.timeout.filter(|t| *t > 0).unwrap_or(DEFAULT_EXEC_SECONDS);
+        let secs = body
+            .timeout
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_EXEC_SECONDS);
         let cwd = match &body.cwd {
             Some(c) => self.path(c)?,
             None => self.machines.home(),
@@ -542,7 +574,9 @@ impl DaytonaEmulator {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .and_then(multipart::boundary_of)
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "expected multipart/form-data"))?;
+            .ok_or_else(|| {
+                ApiError::new(StatusCode::BAD_REQUEST, "expected multipart/form-data")
+            })?;
         let parts = multipart::decode(&body, &boundary, MAX_FILES * 2)
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "malformed multipart body"))?;
         let mut paths: BTreeMap<String, String> = BTreeMap::new();
@@ -575,7 +609,9 @@ impl DaytonaEmulator {
         let mut parts = Vec::new();
         for requested in &body.paths {
             let got = match self.path(requested) {
-                Ok(p) => read(&self.machines, &machine, &p).await.map_err(ApiError::from),
+                Ok(p) => read(&self.machines, &machine, &p)
+                    .await
+                    .map_err(ApiError::from),
                 Err(e) => Err(e),
             };
             match got {
@@ -629,12 +665,13 @@ impl DaytonaEmulator {
         let (dir, name) = full.rsplit_once('/').unwrap_or(("/", full.as_str()));
         let dir = if dir.is_empty() { "/" } else { dir };
         let entries = list(&self.machines, &machine, dir).await?;
-        let e = entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| {
-                ApiError::daemon(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", format!("file not found: {path}"))
-            })?;
+        let e = entries.iter().find(|e| e.name == name).ok_or_else(|| {
+            ApiError::daemon(
+                StatusCode::NOT_FOUND,
+                "FILE_NOT_FOUND",
+                format!("file not found: {path}"),
+            )
+        })?;
         Ok(HttpResponse::Ok().json(Self::file_info(dir, e)))
     }
 
@@ -646,7 +683,11 @@ impl DaytonaEmulator {
             .await?;
         match out.exit_code {
             0 => Ok(HttpResponse::Ok().finish()),
-            3 => Err(ApiError::daemon(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", "file not found")),
+            3 => Err(ApiError::daemon(
+                StatusCode::NOT_FOUND,
+                "FILE_NOT_FOUND",
+                "file not found",
+            )),
             _ => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 out.stderr.trim().chars().take(200).collect::<String>(),
@@ -746,7 +787,9 @@ impl DaytonaEmulator {
         let target = match target {
             Ok(t) => t,
             Err(e) => {
-                let body = serde_json::json!({"statusCode": e.status.as_u16(), "message": e.message}).to_string();
+                let body =
+                    serde_json::json!({"statusCode": e.status.as_u16(), "message": e.message})
+                        .to_string();
                 let answer = format!(
                     "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     e.status.as_u16(),
@@ -971,7 +1014,8 @@ pub fn serve(
     emulator: Arc<DaytonaEmulator>,
 ) -> std::io::Result<actix_web::dev::Server> {
     let sweeper = emulator.clone();
-    let tick = (emulator.settings.minute / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
+    let tick =
+        (emulator.settings.minute / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
     actix_rt::spawn(async move {
         let mut interval = tokio::time::interval(tick);
         loop {
@@ -1001,13 +1045,28 @@ mod tests {
     #[test]
     fn the_lifecycle_follows_the_vendor_states() {
         assert_eq!(transition(Started, Op::Stop), Ok(Some((Stopping, Stopped))));
-        assert_eq!(transition(Stopped, Op::Start), Ok(Some((Starting, Started))));
-        assert_eq!(transition(Archived, Op::Start), Ok(Some((Restoring, Started))));
-        assert_eq!(transition(Stopped, Op::Archive), Ok(Some((Archiving, Archived))));
+        assert_eq!(
+            transition(Stopped, Op::Start),
+            Ok(Some((Starting, Started)))
+        );
+        assert_eq!(
+            transition(Archived, Op::Start),
+            Ok(Some((Restoring, Started)))
+        );
+        assert_eq!(
+            transition(Stopped, Op::Archive),
+            Ok(Some((Archiving, Archived)))
+        );
         assert_eq!(transition(Started, Op::Start), Ok(None));
         assert_eq!(transition(Stopped, Op::Stop), Ok(None));
-        assert_eq!(transition(Started, Op::Delete), Ok(Some((Destroying, Destroyed))));
-        assert_eq!(transition(Error, Op::Delete), Ok(Some((Destroying, Destroyed))));
+        assert_eq!(
+            transition(Started, Op::Delete),
+            Ok(Some((Destroying, Destroyed)))
+        );
+        assert_eq!(
+            transition(Error, Op::Delete),
+            Ok(Some((Destroying, Destroyed)))
+        );
     }
 
     #[test]
@@ -1017,7 +1076,10 @@ mod tests {
         assert!(msg.contains("stopped"));
         assert!(transition(Error, Op::Start).is_err());
         assert!(transition(Creating, Op::Stop).is_err());
-        assert_eq!(transition(Starting, Op::Delete).unwrap_err().0, StatusCode::CONFLICT);
+        assert_eq!(
+            transition(Starting, Op::Delete).unwrap_err().0,
+            StatusCode::CONFLICT
+        );
     }
 
     #[test]
@@ -1025,7 +1087,9 @@ mod tests {
         let resp = ApiError::not_found("abc").response();
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         let body = actix_web::body::to_bytes(resp.into_body());
-        let body = futures_util::FutureExt::now_or_never(body).unwrap().unwrap();
+        let body = futures_util::FutureExt::now_or_never(body)
+            .unwrap()
+            .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["statusCode"], 404);
         assert_eq!(v["error"], "Not Found");

@@ -77,7 +77,8 @@ pub async fn list(machines: &Machines, container: &str, path: &str) -> ProviderR
             .lines()
             .filter(|l| !l.is_empty())
             .map(|l| {
-                serde_json::from_str(l).map_err(|_| ProviderError::Failed("listing unreadable".into()))
+                serde_json::from_str(l)
+                    .map_err(|_| ProviderError::Failed("listing unreadable".into()))
             })
             .collect(),
         3 => Err(ProviderError::NotFound(path.chars().take(200).collect())),

@@ -222,16 +222,32 @@ fn daytona_adapter(
     .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))
 }
 
-fn boat_adapter(kind: &'static str, api_url: String, api_key: String) -> Result<boat::adapter::Boat, String> {
-    boat::adapter::Boat::new(boat::adapter::BoatConfig { kind, api_url, api_key })
-        .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))
+fn boat_adapter(
+    kind: &'static str,
+    api_url: String,
+    api_key: String,
+) -> Result<boat::adapter::Boat, String> {
+    boat::adapter::Boat::new(boat::adapter::BoatConfig {
+        kind,
+        api_url,
+        api_key,
+    })
+    .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))
 }
 
-fn remote_built<V: remote::RemoteSandboxes>(config: &Config, kind: &str, adapter: V) -> Result<Built, String> {
-    let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+fn remote_built<V: remote::RemoteSandboxes>(
+    config: &Config,
+    kind: &str,
+    adapter: V,
+) -> Result<Built, String> {
+    let provider =
+        remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
     Ok(Built {
         provider: Some(Arc::new(provider)),
-        status: ProviderStatus { sandbox: kind.into(), setup_error: None },
+        status: ProviderStatus {
+            sandbox: kind.into(),
+            setup_error: None,
+        },
         fake: None,
         e2b_emulator: None,
     })
@@ -243,18 +259,33 @@ fn start_emulator(config: &Config, vendor: &str) -> Result<(String, String), Str
     use std::time::Duration;
 
     use crate::emulators::{boat as boat_emu, daytona as daytona_emu, machines::Machines};
-    let token = config.supervisor_token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("{vendor}-emulator: {e}"))?;
-    let url = format!("http://{}", listener.local_addr().map_err(|e| format!("{vendor}-emulator: {e}"))?);
+    let token = config
+        .supervisor_token
+        .as_ref()
+        .map(|t| t.0.clone())
+        .unwrap_or_default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("{vendor}-emulator: {e}"))?;
+    let url = format!(
+        "http://{}",
+        listener
+            .local_addr()
+            .map_err(|e| format!("{vendor}-emulator: {e}"))?
+    );
     let key = format!("emu_{}", crate::emulators::random_id(40));
     let account = if vendor == "box" { "user" } else { "daytona" };
-    let machines = Machines::new(&config.supervisor_url, &token, account).map_err(|e| format!("{vendor}-emulator: {e}"))?;
+    let machines = Machines::new(&config.supervisor_url, &token, account)
+        .map_err(|e| format!("{vendor}-emulator: {e}"))?;
     let server = if vendor == "box" {
         boat_emu::serve(
             listener,
             boat_emu::BoatEmulator::new(
                 machines,
-                boat_emu::Settings { base_url: url.clone(), key: Some(key.clone()), snapshot_retention: Duration::from_secs(7 * 24 * 3600) },
+                boat_emu::Settings {
+                    base_url: url.clone(),
+                    key: Some(key.clone()),
+                    snapshot_retention: Duration::from_secs(7 * 24 * 3600),
+                },
             ),
         )
     } else {
@@ -262,7 +293,11 @@ fn start_emulator(config: &Config, vendor: &str) -> Result<(String, String), Str
             listener,
             daytona_emu::DaytonaEmulator::new(
                 machines,
-                daytona_emu::Settings { base_url: url.clone(), key: Some(key.clone()), minute: Duration::from_secs(60) },
+                daytona_emu::Settings {
+                    base_url: url.clone(),
+                    key: Some(key.clone()),
+                    minute: Duration::from_secs(60),
+                },
             ),
         )
     }

@@ -124,7 +124,11 @@ impl RemoteSandboxes for Boat {
 
     async fn create(&self, spec: &MachineSpec) -> ProviderResult<Session> {
         // One key per attempt: a retried request of this attempt gets the same sandbox.
-        let key = format!("rakazo-{}-{}", spec.computer_id, uuid::Uuid::new_v4().simple());
+        let key = format!(
+            "rakazo-{}-{}",
+            spec.computer_id,
+            uuid::Uuid::new_v4().simple()
+        );
         let created = self.client.create(None, &key).await?;
         if let Err(e) = self.client.wait_usable(&created.id, SETTLE).await {
             let _ = self.client.delete(&created.id).await;
@@ -160,7 +164,13 @@ impl RemoteSandboxes for Boat {
             }
             match self.client.wait_usable(id, SETTLE).await {
                 Ok(_) => {}
-                Err(ProviderError::Failed(_)) if self.client.get(id).await.is_ok_and(|s| s.state() == State::Error) => {
+                Err(ProviderError::Failed(_))
+                    if self
+                        .client
+                        .get(id)
+                        .await
+                        .is_ok_and(|s| s.state() == State::Error) =>
+                {
                     return Err(ProviderError::MachineGone);
                 }
                 Err(e) => return Err(e),
@@ -201,7 +211,10 @@ impl RemoteSandboxes for Boat {
             .collect();
         let line = format!(
             "exec bash -c {}",
-            shell_quote(&format!("{exports}exec bash -c {}", shell_quote(&command.script)))
+            shell_quote(&format!(
+                "{exports}exec bash -c {}",
+                shell_quote(&command.script)
+            ))
         );
         match self
             .client
@@ -209,7 +222,11 @@ impl RemoteSandboxes for Boat {
             .await
         {
             Ok(r) => Ok(ExecOutput {
-                exit_code: if r.timed_out { -1 } else { r.exit_code.unwrap_or(-1) },
+                exit_code: if r.timed_out {
+                    -1
+                } else {
+                    r.exit_code.unwrap_or(-1)
+                },
                 stdout: r.stdout,
                 stderr: r.stderr,
                 timed_out: r.timed_out,
@@ -240,7 +257,11 @@ impl RemoteSandboxes for Boat {
         // See the module's "Not built": the protected URL's token cannot travel as a header.
         tracing::debug!(port, "box.port.unprotected_route");
         PortEndpoint {
-            url: format!("{}/sandboxes/{}/host/{port}", self.config.api_url.trim_end_matches('/'), s.id),
+            url: format!(
+                "{}/sandboxes/{}/host/{port}",
+                self.config.api_url.trim_end_matches('/'),
+                s.id
+            ),
             headers: Vec::new(),
         }
     }

@@ -66,7 +66,11 @@ impl Refusal {
 fn unreachable(e: &reqwest::Error) -> ProviderError {
     ProviderError::Failed(format!(
         "box unreachable ({})",
-        if e.is_timeout() { "timeout" } else { "connection" }
+        if e.is_timeout() {
+            "timeout"
+        } else {
+            "connection"
+        }
     ))
 }
 
@@ -153,14 +157,24 @@ impl BoatClient {
 
     /// Whether the API answers this key (`GET /sandboxes?limit=1`).
     pub async fn health(&self) -> ProviderResult<()> {
-        self.call::<serde_json::Value>(Method::GET, "/sandboxes?limit=1", None::<&()>, &[], CALL_TIMEOUT)
-            .await?
-            .map(|_| ())
-            .map_err(Refusal::into_error)
+        self.call::<serde_json::Value>(
+            Method::GET,
+            "/sandboxes?limit=1",
+            None::<&()>,
+            &[],
+            CALL_TIMEOUT,
+        )
+        .await?
+        .map(|_| ())
+        .map_err(Refusal::into_error)
     }
 
     /// `POST /sandboxes` with `noEnv: true`, a two-hour TTL and `idempotency_key`.
-    pub async fn create(&self, from: Option<&str>, idempotency_key: &str) -> ProviderResult<Sandbox> {
+    pub async fn create(
+        &self,
+        from: Option<&str>,
+        idempotency_key: &str,
+    ) -> ProviderResult<Sandbox> {
         let body = CreateSandbox {
             r#type: None,
             ttl_seconds: TTL.as_secs(),
@@ -178,8 +192,13 @@ impl BoatClient {
 
     /// `GET /sandboxes/{id}`; `MachineGone` on 404.
     pub async fn get(&self, id: &str) -> ProviderResult<Sandbox> {
-        self.sandbox_call(Method::GET, &format!("/sandboxes/{}", seg(id)), None::<&()>, &[])
-            .await
+        self.sandbox_call(
+            Method::GET,
+            &format!("/sandboxes/{}", seg(id)),
+            None::<&()>,
+            &[],
+        )
+        .await
     }
 
     /// `PATCH /sandboxes/{id}`: the TTL is two hours from now again.
@@ -187,8 +206,13 @@ impl BoatClient {
         let body = Patch {
             ttl_seconds: TTL.as_secs(),
         };
-        self.sandbox_call(Method::PATCH, &format!("/sandboxes/{}", seg(id)), Some(&body), &[])
-            .await
+        self.sandbox_call(
+            Method::PATCH,
+            &format!("/sandboxes/{}", seg(id)),
+            Some(&body),
+            &[],
+        )
+        .await
     }
 
     /// `POST /sandboxes/{id}/stop`: it is snapshotted and archived.
@@ -356,7 +380,9 @@ impl BoatClient {
             .await?
             .map_err(Refusal::into_error)?;
         if !url.is_protected {
-            return Err(ProviderError::Failed("box gave an unprotected host URL".into()));
+            return Err(ProviderError::Failed(
+                "box gave an unprotected host URL".into(),
+            ));
         }
         Ok(url)
     }
@@ -373,11 +399,26 @@ mod tests {
             code: code.into(),
             message: "m".into(),
         };
-        assert_eq!(r(404, codes::NOT_FOUND).into_error(), ProviderError::MachineGone);
-        assert_eq!(r(410, codes::SNAPSHOT_EXPIRED).into_error(), ProviderError::MachineGone);
-        assert!(matches!(r(404, codes::FILE_NOT_FOUND).into_error(), ProviderError::NotFound(_)));
-        assert!(matches!(r(403, codes::PATH_NOT_ALLOWED).into_error(), ProviderError::PathRejected(_)));
-        assert!(matches!(r(409, codes::INVALID_STATE).into_error(), ProviderError::Failed(_)));
+        assert_eq!(
+            r(404, codes::NOT_FOUND).into_error(),
+            ProviderError::MachineGone
+        );
+        assert_eq!(
+            r(410, codes::SNAPSHOT_EXPIRED).into_error(),
+            ProviderError::MachineGone
+        );
+        assert!(matches!(
+            r(404, codes::FILE_NOT_FOUND).into_error(),
+            ProviderError::NotFound(_)
+        ));
+        assert!(matches!(
+            r(403, codes::PATH_NOT_ALLOWED).into_error(),
+            ProviderError::PathRejected(_)
+        ));
+        assert!(matches!(
+            r(409, codes::INVALID_STATE).into_error(),
+            ProviderError::Failed(_)
+        ));
         let ProviderError::Failed(m) = r(401, codes::UNAUTHORIZED).into_error() else {
             panic!()
         };

@@ -280,7 +280,10 @@ impl State {
 
     /// On its way somewhere: poll again.
     pub fn in_transition(self) -> bool {
-        matches!(self, Self::Provisioning | Self::Provisioned | Self::Archiving)
+        matches!(
+            self,
+            Self::Provisioning | Self::Provisioned | Self::Archiving
+        )
     }
 }
 
@@ -308,12 +311,24 @@ mod tests {
     #[test]
     fn states_round_trip_and_only_running_ones_are_usable() {
         for s in [
-            "provisioning", "provisioned", "ready", "idle", "running", "archiving", "archived",
-            "error", "cancelled", "deleted",
+            "provisioning",
+            "provisioned",
+            "ready",
+            "idle",
+            "running",
+            "archiving",
+            "archived",
+            "error",
+            "cancelled",
+            "deleted",
         ] {
             let st = State::parse(s);
             assert_eq!(st.as_str(), s);
-            assert_eq!(st.usable(), matches!(s, "ready" | "idle" | "running"), "{s}");
+            assert_eq!(
+                st.usable(),
+                matches!(s, "ready" | "idle" | "running"),
+                "{s}"
+            );
         }
         assert_eq!(State::parse("hibernating"), State::Unknown);
     }
@@ -329,7 +344,10 @@ mod tests {
         assert!(sb("cancelled", false).is_gone());
         assert!(sb("archived", false).is_gone());
         assert!(!sb("archived", true).is_gone());
-        assert!(!sb("error", false).is_gone(), "an error is gone only when resume fails");
+        assert!(
+            !sb("error", false).is_gone(),
+            "an error is gone only when resume fails"
+        );
         assert!(!sb("running", false).is_gone());
     }
 

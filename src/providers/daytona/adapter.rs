@@ -68,7 +68,9 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -170,7 +172,11 @@ impl RemoteSandboxes for Daytona {
             ..Default::default()
         };
         let created = self.client.create(&body).await?;
-        let started = match self.client.wait_for(&created.id, &[State::Started], SETTLE).await {
+        let started = match self
+            .client
+            .wait_for(&created.id, &[State::Started], SETTLE)
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.client.delete(&created.id).await;
@@ -194,7 +200,11 @@ impl RemoteSandboxes for Daytona {
         if sb.state().in_transition() {
             sb = self
                 .client
-                .wait_for(id, &[State::Started, State::Stopped, State::Archived], SETTLE)
+                .wait_for(
+                    id,
+                    &[State::Started, State::Stopped, State::Archived],
+                    SETTLE,
+                )
                 .await?;
         }
         if sb.state() != State::Started {
@@ -206,7 +216,10 @@ impl RemoteSandboxes for Daytona {
     }
 
     async fn refresh(&self, s: &Session) -> ProviderResult<()> {
-        let sb = self.client.set_autostop(&s.id, self.auto_stop_minutes()).await?;
+        let sb = self
+            .client
+            .set_autostop(&s.id, self.auto_stop_minutes())
+            .await?;
         if sb.is_gone() {
             return Err(ProviderError::MachineGone);
         }
@@ -240,7 +253,13 @@ impl RemoteSandboxes for Daytona {
             .iter()
             .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
             .collect();
-        let line = format!("bash -c {}", shell_quote(&format!("{exports}{}", Self::wrap(&command.script, &marker))));
+        let line = format!(
+            "bash -c {}",
+            shell_quote(&format!(
+                "{exports}{}",
+                Self::wrap(&command.script, &marker)
+            ))
+        );
         match self
             .client
             .execute(&s.sandbox, &line, Some(&command.cwd), command.timeout)

@@ -54,7 +54,11 @@ fn unreachable(e: &reqwest::Error) -> ProviderError {
     // reqwest's text names the URL (a host): keep only its kind.
     ProviderError::Failed(format!(
         "daytona unreachable ({})",
-        if e.is_timeout() { "timeout" } else { "connection" }
+        if e.is_timeout() {
+            "timeout"
+        } else {
+            "connection"
+        }
     ))
 }
 
@@ -179,7 +183,11 @@ impl DaytonaClient {
     /// `DELETE /sandbox/{id}`; a sandbox already gone is fine.
     pub async fn delete(&self, id: &str) -> ProviderResult<()> {
         let ans = self
-            .api::<serde_json::Value>(Method::DELETE, &format!("/sandbox/{}", seg(id)), None::<&()>)
+            .api::<serde_json::Value>(
+                Method::DELETE,
+                &format!("/sandbox/{}", seg(id)),
+                None::<&()>,
+            )
             .await?;
         match Self::sandbox(ans) {
             Ok(_) | Err(ProviderError::MachineGone) => Ok(()),
@@ -201,7 +209,12 @@ impl DaytonaClient {
 
     /// Polls until the sandbox is in one of `want`; a state the API cannot recover from is
     /// `MachineGone`, any other settled state is a failure naming it.
-    pub async fn wait_for(&self, id: &str, want: &[State], limit: Duration) -> ProviderResult<Sandbox> {
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        want: &[State],
+        limit: Duration,
+    ) -> ProviderResult<Sandbox> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let sb = self.get(id).await?;
@@ -216,7 +229,10 @@ impl DaytonaClient {
                 return Err(ProviderError::Failed(format!(
                     "daytona sandbox is {} (waiting for {})",
                     state.as_str(),
-                    want.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ")
+                    want.iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
                 )));
             }
             if tokio::time::Instant::now() >= deadline {
@@ -232,7 +248,9 @@ impl DaytonaClient {
 
     fn toolbox(&self, sb: &Sandbox, path: &str) -> ProviderResult<String> {
         if sb.toolbox_proxy_url.is_empty() {
-            return Err(ProviderError::Failed("daytona sandbox has no toolbox URL".into()));
+            return Err(ProviderError::Failed(
+                "daytona sandbox has no toolbox URL".into(),
+            ));
         }
         Ok(format!(
             "{}/{}{path}",
@@ -310,7 +328,11 @@ impl DaytonaClient {
             ],
         );
         let resp = self
-            .request(Method::POST, self.toolbox(sb, "/files/bulk-upload")?, CALL_TIMEOUT)
+            .request(
+                Method::POST,
+                self.toolbox(sb, "/files/bulk-upload")?,
+                CALL_TIMEOUT,
+            )
             .header(reqwest::header::CONTENT_TYPE, multipart::content_type(&b))
             .body(body)
             .send()
@@ -325,7 +347,11 @@ impl DaytonaClient {
     /// `POST /files/bulk-download` of one file; `NotFound` when the toolbox says so.
     pub async fn download(&self, sb: &Sandbox, path: &str) -> ProviderResult<Vec<u8>> {
         let resp = self
-            .request(Method::POST, self.toolbox(sb, "/files/bulk-download")?, CALL_TIMEOUT)
+            .request(
+                Method::POST,
+                self.toolbox(sb, "/files/bulk-download")?,
+                CALL_TIMEOUT,
+            )
             .header(reqwest::header::ACCEPT, "multipart/form-data")
             .json(&BulkDownload {
                 paths: vec![path.to_string()],
@@ -341,13 +367,16 @@ impl DaytonaClient {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .and_then(multipart::boundary_of)
-            .ok_or_else(|| ProviderError::Failed("daytona download: not a multipart answer".into()))?;
+            .ok_or_else(|| {
+                ProviderError::Failed("daytona download: not a multipart answer".into())
+            })?;
         let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
         if body.len() > MAX_DOWNLOAD {
             return Err(ProviderError::TooLarge(path.chars().take(200).collect()));
         }
-        let parts = multipart::decode(&body, &boundary, 4)
-            .ok_or_else(|| ProviderError::Failed("daytona download: a broken multipart answer".into()))?;
+        let parts = multipart::decode(&body, &boundary, 4).ok_or_else(|| {
+            ProviderError::Failed("daytona download: a broken multipart answer".into())
+        })?;
         let part = parts
             .into_iter()
             .find(|p| p.filename.as_deref() == Some(path))

@@ -57,7 +57,10 @@ pub fn encode(boundary: &str, parts: &[Part]) -> Vec<u8> {
     let mut out = Vec::new();
     for p in parts {
         out.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-        let mut disposition = format!("Content-Disposition: form-data; name=\"{}\"", quote(&p.name));
+        let mut disposition = format!(
+            "Content-Disposition: form-data; name=\"{}\"",
+            quote(&p.name)
+        );
         if let Some(f) = &p.filename {
             disposition.push_str(&format!("; filename=\"{}\"", quote(f)));
         }
@@ -217,7 +220,11 @@ mod tests {
         let b = boundary();
         let parts = vec![
             Part::field("files[0].path", "/home/u/a \"b\".txt"),
-            Part::file("files[0].file", "/home/u/a \"b\".txt", vec![0, 13, 10, 45, 45, 255]),
+            Part::file(
+                "files[0].file",
+                "/home/u/a \"b\".txt",
+                vec![0, 13, 10, 45, 45, 255],
+            ),
         ];
         let body = encode(&b, &parts);
         let back = decode(&body, &b, 10).unwrap();

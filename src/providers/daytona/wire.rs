@@ -376,9 +376,22 @@ mod tests {
     #[test]
     fn every_named_state_round_trips_and_unknown_stays_unknown() {
         for s in [
-            "creating", "starting", "started", "stopping", "stopped", "archiving", "archived",
-            "destroying", "destroyed", "error", "build_failed", "pending_build", "restoring",
-            "pausing", "paused", "resuming",
+            "creating",
+            "starting",
+            "started",
+            "stopping",
+            "stopped",
+            "archiving",
+            "archived",
+            "destroying",
+            "destroyed",
+            "error",
+            "build_failed",
+            "pending_build",
+            "restoring",
+            "pausing",
+            "paused",
+            "resuming",
         ] {
             assert_eq!(State::parse(s).as_str(), s);
         }

@@ -302,16 +302,13 @@ impl BoatEmulator {
         }
         let Some(machine) = machine else { return };
         if state.usable() || state == State::Archived {
-            match running(&self.machines, &machine).await {
-                Ok(None) => {
-                    tracing::info!("emulator.box.machine_lost");
-                    if let Some(sb) = self.lock().get_mut(id) {
-                        sb.machine = None;
-                    }
-                    self.set_state(id, State::Error, Some("the machine was lost".into()));
-                    return;
+            if let Ok(None) = running(&self.machines, &machine).await {
+                tracing::info!("emulator.box.machine_lost");
+                if let Some(sb) = self.lock().get_mut(id) {
+                    sb.machine = None;
                 }
-                Ok(Some(_)) | Err(_) => {}
+                self.set_state(id, State::Error, Some("the machine was lost".into()));
+                return;
             }
         }
         if state.usable() && expired {

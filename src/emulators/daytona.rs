@@ -530,10 +530,7 @@ impl DaytonaEmulator {
         Ok(if p.starts_with('/') {
             p.to_string()
         } else {
-            format!(
-                "{}/{p}",
-                self.machines.home().trim_end_matches('/').to_string()
-            )
+            format!("{}/{p}", self.machines.home().trim_end_matches('/'))
         })
     }
 

@@ -125,9 +125,7 @@ fn disposition_param(header: &str, key: &str) -> Option<String> {
     let mut rest = header;
     while let Some(pos) = rest.find(';') {
         rest = rest[pos + 1..].trim_start();
-        let Some((k, v)) = rest.split_once('=') else {
-            return None;
-        };
+        let (k, v) = rest.split_once('=')?;
         let v = v.trim_start();
         let (value, after) = if let Some(q) = v.strip_prefix('"') {
             let mut value = String::new();

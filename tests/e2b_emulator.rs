@@ -271,3 +271,61 @@ async fn a_sandbox_killed_behind_the_adapters_back_is_gone_and_ttl_expiry_kills(
 }
 
 rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+/// Reads the first websocket message of a gateway route, if any comes.
+async fn gateway_greeting(upstream: &str, token: &str) -> Option<Vec<u8>> {
+    use futures_util::StreamExt;
+    let url = format!(
+        "{}/websockify?token={token}",
+        upstream.replacen("http://", "ws://", 1)
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+    match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next()).await {
+        Ok(Some(Ok(msg))) if msg.is_binary() || msg.is_text() => Some(msg.into_data().to_vec()),
+        _ => None,
+    }
+}
+
+/// Two bots on one sandbox: separate displays and routes through the emulator's port host,
+/// routes that name only a loopback forwarder, and a closed route's token refused.
+#[actix_rt::test]
+async fn two_bots_get_separate_screens_reached_through_the_port_host() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo_actors::provider::{MachineSpec, ScreenPolicy};
+    let p = provider();
+    let spec = MachineSpec {
+        computer_id: "c-screens".into(),
+        space_id: "s-screens".into(),
+        bot_id: None,
+        home_key: "team-s-screens".into(),
+    };
+    let m = p.provision(&spec).await.unwrap();
+    let a = p.open_screen(&m, "bot-a").await.unwrap();
+    let b = p.open_screen(&m, "bot-b").await.unwrap();
+    assert_ne!(a.slot, b.slot);
+    let ra = p
+        .open_route(&m, "bot-a", ScreenPolicy::Control)
+        .await
+        .unwrap();
+    let rb = p.open_route(&m, "bot-b", ScreenPolicy::View).await.unwrap();
+    for r in [&ra, &rb] {
+        assert!(r.upstream.starts_with("http://127.0.0.1:"), "{r:?}");
+        assert!(!r.upstream.contains(DOMAIN) && !r.upstream.contains(&m.0));
+    }
+    assert_ne!(ra.token, rb.token);
+    let greeting = gateway_greeting(&ra.upstream, &ra.token).await;
+    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
+    let greeting = gateway_greeting(&rb.upstream, &rb.token).await;
+    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
+    p.close_route(&m, &ra.token).await.unwrap();
+    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
+    // The slot of bot-a is reused by another bot: bot-b's old route keeps working, bot-a's
+    // closed one stays refused.
+    p.close_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-c").await.unwrap();
+    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
+    assert!(gateway_greeting(&rb.upstream, &rb.token).await.is_some());
+    p.destroy(&m).await.unwrap();
+}

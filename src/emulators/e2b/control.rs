@@ -36,13 +36,13 @@ pub fn error(status: StatusCode, message: &str) -> HttpResponse {
     HttpResponse::build(status).json(json!({"code": status.as_u16(), "message": message}))
 }
 
-fn authorized(req: &HttpRequest) -> Result<(), HttpResponse> {
+fn authorized(req: &HttpRequest) -> Result<(), Box<HttpResponse>> {
     match req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
         Some(k) if !k.trim().is_empty() => Ok(()),
-        _ => Err(error(
+        _ => Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "Invalid API key, it must start with 'e2b_' prefix",
-        )),
+        ))),
     }
 }
 
@@ -113,13 +113,13 @@ fn detail_json(s: &Sandbox, domain: &str) -> Value {
     })
 }
 
-fn lifetime(timeout: Option<u64>) -> Result<Duration, HttpResponse> {
+fn lifetime(timeout: Option<u64>) -> Result<Duration, Box<HttpResponse>> {
     let t = timeout.unwrap_or(DEFAULT_TIMEOUT);
     if t > MAX_TIMEOUT {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             &format!("timeout cannot be greater than {MAX_TIMEOUT} seconds"),
-        ));
+        )));
     }
     Ok(Duration::from_secs(t))
 }
@@ -142,12 +142,12 @@ async fn create(
     body: web::Json<CreateBody>,
 ) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     let body = body.into_inner();
     let ttl = match lifetime(body.timeout) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if body.template_id.is_empty() || body.template_id.len() > 128 {
         return error(StatusCode::BAD_REQUEST, "templateID is required");
@@ -195,11 +195,11 @@ async fn connect(
     body: Option<web::Json<TimeoutBody>>,
 ) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     let ttl = match lifetime(body.and_then(|b| b.timeout)) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(sandbox) = em.get(&id) else {
         return not_found(&id);
@@ -252,17 +252,13 @@ struct ListQuery {
 
 async fn list(em: web::Data<Emulator>, req: HttpRequest, q: web::Query<ListQuery>) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     let states: Vec<&str> = q
         .state
         .as_deref()
         .map_or(vec!["running", "paused"], |s| s.split(',').collect());
-    let wanted: Vec<(String, String)> = q
-        .metadata
-        .as_deref()
-        .map(|m| url_pairs(m))
-        .unwrap_or_default();
+    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(url_pairs).unwrap_or_default();
     let table = em.lock();
     let items: Vec<Value> = table
         .values()
@@ -311,7 +307,7 @@ fn url_pairs(s: &str) -> Vec<(String, String)> {
 
 async fn detail(em: web::Data<Emulator>, req: HttpRequest, id: web::Path<String>) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     match em.get(&id) {
         Some(s) => HttpResponse::Ok().json(detail_json(&s, &em.settings.domain)),
@@ -321,7 +317,7 @@ async fn detail(em: web::Data<Emulator>, req: HttpRequest, id: web::Path<String>
 
 async fn kill(em: web::Data<Emulator>, req: HttpRequest, id: web::Path<String>) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     if em.kill(&id).await {
         HttpResponse::NoContent().finish()
@@ -337,11 +333,11 @@ async fn set_timeout(
     body: web::Json<TimeoutBody>,
 ) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     let ttl = match lifetime(body.timeout) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut table = em.lock();
     match table.get_mut(id.as_str()) {
@@ -355,7 +351,7 @@ async fn set_timeout(
 
 async fn pause(em: web::Data<Emulator>, req: HttpRequest, id: web::Path<String>) -> HttpResponse {
     if let Err(r) = authorized(&req) {
-        return r;
+        return *r;
     }
     let Some(s) = em.get(&id) else {
         return not_found(&id);

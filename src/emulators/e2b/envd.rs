@@ -66,7 +66,7 @@ fn http_error(status: StatusCode, message: &str) -> HttpResponse {
 
 /// The sandbox a call is for (by `E2b-Sandbox-Id`, else by the `49983-<id>.` host), once its
 /// access token matches; otherwise the answer to send.
-fn sandbox(em: &Emulator, req: &HttpRequest) -> Result<Sandbox, HttpResponse> {
+fn sandbox(em: &Emulator, req: &HttpRequest) -> Result<Sandbox, Box<HttpResponse>> {
     let header = |name: &str| {
         req.headers()
             .get(name)
@@ -79,24 +79,30 @@ fn sandbox(em: &Emulator, req: &HttpRequest) -> Result<Sandbox, HttpResponse> {
         Some(rest.split('.').next()?.to_string())
     });
     let Some(id) = id else {
-        return Err(http_error(StatusCode::BAD_GATEWAY, "sandbox not found"));
+        return Err(Box::new(http_error(
+            StatusCode::BAD_GATEWAY,
+            "sandbox not found",
+        )));
     };
     let sandbox = match em.get(&id) {
         Some(s) if s.state == State::Running => s,
         _ => {
-            return Err(http_error(
+            return Err(Box::new(http_error(
                 StatusCode::BAD_GATEWAY,
                 &format!(
                     "The sandbox {} was not found",
                     id.chars().take(64).collect::<String>()
                 ),
-            ));
+            )));
         }
     };
     use subtle::ConstantTimeEq;
     let given = header("x-access-token").unwrap_or_default();
     if !bool::from(given.as_bytes().ct_eq(sandbox.access_token.as_bytes())) {
-        return Err(http_error(StatusCode::UNAUTHORIZED, "invalid access token"));
+        return Err(Box::new(http_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid access token",
+        )));
     }
     Ok(sandbox)
 }
@@ -118,7 +124,7 @@ fn resolve(em: &Emulator, path: &str) -> String {
 async fn health(em: web::Data<Emulator>, req: HttpRequest) -> HttpResponse {
     match sandbox(&em, &req) {
         Ok(_) => HttpResponse::NoContent().finish(),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -131,7 +137,7 @@ fn query(req: &HttpRequest, key: &str) -> Option<String> {
 async fn read_file(em: web::Data<Emulator>, req: HttpRequest) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(path) = query(&req, "path") else {
         return http_error(StatusCode::BAD_REQUEST, "path is required");
@@ -198,7 +204,7 @@ fn multipart_parts(content_type: &str, body: &[u8]) -> Option<Vec<(Option<String
 async fn write_file(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let content_type = req
         .headers()
@@ -294,7 +300,7 @@ fn stream_error(code: &str, message: &str) -> HttpResponse {
 async fn start(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(msg) = envelope_message(&body) else {
         return stream_error("invalid_argument", "unreadable request envelope");
@@ -376,7 +382,7 @@ async fn start(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> H
 async fn connect(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(msg) = envelope_message(&body) else {
         return stream_error("invalid_argument", "unreadable request envelope");
@@ -515,7 +521,7 @@ fn forget(em: &Emulator, id: &str, pid: u32) {
 async fn list(em: web::Data<Emulator>, req: HttpRequest) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let pids: Vec<u32> = s.processes.keys().copied().collect();
     let script = pids
@@ -559,7 +565,7 @@ async fn list(em: web::Data<Emulator>, req: HttpRequest) -> HttpResponse {
 async fn send_signal(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
         return connect_error("invalid_argument", "unreadable request");
@@ -604,7 +610,7 @@ async fn filesystem(
 ) -> HttpResponse {
     let s = match sandbox(&em, &req) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
         return connect_error("invalid_argument", "unreadable request");

@@ -43,7 +43,7 @@ impl Decoder {
     }
 
     /// The next whole envelope, if one is there; an error for a malformed stream.
-    pub fn next(&mut self) -> Result<Option<Frame>, String> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, String> {
         if self.buf.len() < 5 {
             return Ok(None);
         }
@@ -83,7 +83,7 @@ mod tests {
             let mut frames = Vec::new();
             for part in [&bytes[..cut], &bytes[cut..]] {
                 d.push(part);
-                while let Some(f) = d.next().unwrap() {
+                while let Some(f) = d.next_frame().unwrap() {
                     frames.push(f);
                 }
             }
@@ -101,9 +101,9 @@ mod tests {
     fn refuses_compressed_and_oversized_messages() {
         let mut d = Decoder::default();
         d.push(&encode(FLAG_COMPRESSED, &json!({})));
-        assert!(d.next().is_err());
+        assert!(d.next_frame().is_err());
         let mut d = Decoder::default();
         d.push(&[0, 0xff, 0xff, 0xff, 0xff]);
-        assert!(d.next().is_err());
+        assert!(d.next_frame().is_err());
     }
 }

@@ -255,7 +255,7 @@ impl E2b {
         };
         let mut exit: Option<i32> = None;
         loop {
-            while let Some(frame) = decoder.next().map_err(ProviderError::Failed)? {
+            while let Some(frame) = decoder.next_frame().map_err(ProviderError::Failed)? {
                 match frame {
                     Frame::Message(m) => {
                         let event = &m["event"];

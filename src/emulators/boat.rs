@@ -301,15 +301,15 @@ impl BoatEmulator {
             return;
         }
         let Some(machine) = machine else { return };
-        if state.usable() || state == State::Archived {
-            if let Ok(None) = running(&self.machines, &machine).await {
-                tracing::info!("emulator.box.machine_lost");
-                if let Some(sb) = self.lock().get_mut(id) {
-                    sb.machine = None;
-                }
-                self.set_state(id, State::Error, Some("the machine was lost".into()));
-                return;
+        if (state.usable() || state == State::Archived)
+            && let Ok(None) = running(&self.machines, &machine).await
+        {
+            tracing::info!("emulator.box.machine_lost");
+            if let Some(sb) = self.lock().get_mut(id) {
+                sb.machine = None;
             }
+            self.set_state(id, State::Error, Some("the machine was lost".into()));
+            return;
         }
         if state.usable() && expired {
             tracing::info!("emulator.box.ttl_expired");

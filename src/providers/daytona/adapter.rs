@@ -348,7 +348,7 @@ mod tests {
             api_key: "k".into(),
             target: String::new(),
             snapshot: String::new(),
-            idle: Duration::from_millis(600_001),
+            idle: Duration::from_secs(601),
         })
         .unwrap();
         assert_eq!(d.auto_stop_minutes(), 16);

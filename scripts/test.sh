@@ -46,6 +46,12 @@ if ! python3 -c "import e2b" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check 'e2b>=2.6,<3'
 fi
 
+# Daytona's official Python SDK, which the daytona-emulator test drives (tests/daytona_sdk.py).
+if ! python3 -c "import daytona" >/dev/null 2>&1; then
+  echo "test.sh: installing the daytona package"
+  python3 -m pip install --quiet --disable-pip-version-check 'daytona==0.226.1'
+fi
+
 # A private Postgres cluster on a loopback port, owned by the postgres user.
 source scripts/lib/postgres.sh
 start_test_postgres

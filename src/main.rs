@@ -202,7 +202,11 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             rakazo::telemetry::init(&config.log_filter);
-            actix_rt::System::new().block_on(emulate(config, &vendor, listen))
+            if vendor == "e2b" {
+                actix_rt::System::new().block_on(emulate(config, &vendor, listen))
+            } else {
+                actix_rt::System::new().block_on(emulate_vendor(config, vendor, listen))
+            }
         }
         Command::Doctor { config } => {
             let config = match load(config.as_ref()) {
@@ -253,6 +257,88 @@ fn main() -> ExitCode {
             let code = actix_rt::System::new().block_on(serve(config));
             drop(managed);
             code
+        }
+    }
+}
+
+/// `rakazo emulator daytona|box`: serves until the process ends.
+async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> ExitCode {
+    use std::time::Duration;
+
+    use rakazo::emulators::{boat, daytona, machines::Machines};
+    if let Err(err) = rakazo::supervisor::listen::check(listen) {
+        eprintln!("rakazo: emulator: {err}");
+        return ExitCode::from(2);
+    }
+    let Some(token) = config
+        .supervisor_token
+        .as_ref()
+        .map(|t| t.0.clone())
+        .filter(|t| !t.is_empty())
+    else {
+        eprintln!(
+            "rakazo: the emulator's machines need SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN"
+        );
+        return ExitCode::from(2);
+    };
+    let account = if vendor == "box" { "user" } else { "daytona" };
+    let machines = match Machines::new(&config.supervisor_url, &token, account) {
+        Ok(m) => m,
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(err) => {
+            eprintln!("rakazo: cannot listen on {listen}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let base_url = format!("http://{listen}");
+    let server = match vendor.as_str() {
+        "daytona" => daytona::serve(
+            listener,
+            daytona::DaytonaEmulator::new(
+                machines,
+                daytona::Settings {
+                    base_url,
+                    key: None,
+                    minute: Duration::from_secs(60),
+                },
+            ),
+        ),
+        "box" => boat::serve(
+            listener,
+            boat::BoatEmulator::new(
+                machines,
+                boat::Settings {
+                    base_url,
+                    key: None,
+                    snapshot_retention: Duration::from_secs(7 * 24 * 3600),
+                },
+            ),
+        ),
+        other => {
+            eprintln!("rakazo: no emulator for {other:?} (daytona or box)");
+            return ExitCode::from(2);
+        }
+    };
+    match server {
+        Ok(server) => {
+            tracing::info!(event = "emulator.listening", vendor = %vendor, addr = %listen);
+            match server.await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("rakazo: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(err) => {
+            eprintln!("rakazo: {err}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -210,6 +210,18 @@ pub struct Config {
     pub e2b_domain: String,
     /// `E2B_API_URL` (empty: `https://api.<domain>`).
     pub e2b_api_url: String,
+    /// `DAYTONA_API_KEY`.
+    pub daytona_api_key: Option<Secret>,
+    /// `DAYTONA_API_URL`.
+    pub daytona_api_url: String,
+    /// `DAYTONA_TARGET`.
+    pub daytona_target: String,
+    /// `DAYTONA_SNAPSHOT`.
+    pub daytona_snapshot: String,
+    /// `BOAT_API_KEY`.
+    pub boat_api_key: Option<Secret>,
+    /// `BOAT_API_URL`.
+    pub boat_api_url: String,
 }
 
 /// Layers: environment, then an optional file, then the built-in defaults.
@@ -508,6 +520,16 @@ impl Config {
             e2b_api_key: s.secret("E2B_API_KEY"),
             e2b_domain: s.get("E2B_DOMAIN").unwrap_or_default(),
             e2b_api_url: s.get("E2B_API_URL").unwrap_or_default(),
+            daytona_api_key: s.secret("DAYTONA_API_KEY"),
+            daytona_api_url: s
+                .get("DAYTONA_API_URL")
+                .unwrap_or_else(|| crate::providers::daytona::client::DEFAULT_API_URL.into()),
+            daytona_target: s.get("DAYTONA_TARGET").unwrap_or_default(),
+            daytona_snapshot: s.get("DAYTONA_SNAPSHOT").unwrap_or_default(),
+            boat_api_key: s.secret("BOAT_API_KEY"),
+            boat_api_url: s
+                .get("BOAT_API_URL")
+                .unwrap_or_else(|| crate::providers::boat::client::DEFAULT_API_URL.into()),
         })
     }
 

@@ -154,6 +154,42 @@ pub const VARS: &[Var] = &[
         doc: "With e2b: the control plane's URL. Unset: https://api.<E2B_DOMAIN>.",
     },
     Var {
+        name: "DAYTONA_API_KEY",
+        default: "",
+        secret: true,
+        doc: "With SANDBOX_PROVIDER=daytona: the Daytona API key (required; never logged).",
+    },
+    Var {
+        name: "DAYTONA_API_URL",
+        default: "https://app.daytona.io/api",
+        secret: false,
+        doc: "With daytona: the API's URL, with its /api prefix.",
+    },
+    Var {
+        name: "DAYTONA_TARGET",
+        default: "",
+        secret: false,
+        doc: "With daytona: the region sandboxes are created in (empty: the organization's default).",
+    },
+    Var {
+        name: "DAYTONA_SNAPSHOT",
+        default: "",
+        secret: false,
+        doc: "With daytona: the snapshot sandboxes start from (it needs the desktop packages of the computer image; empty: Daytona's default).",
+    },
+    Var {
+        name: "BOAT_API_KEY",
+        default: "",
+        secret: true,
+        doc: "With SANDBOX_PROVIDER=box: the Box (Boat) API key (required; never logged).",
+    },
+    Var {
+        name: "BOAT_API_URL",
+        default: "https://boat.dev/api/v1",
+        secret: false,
+        doc: "With box: the API's URL.",
+    },
+    Var {
         name: "SANDBOX_DOCKER_IMAGE",
         default: "",
         secret: false,

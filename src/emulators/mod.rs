@@ -10,11 +10,19 @@
 //! - [`front`]: the shared listener that routes a vendor's port hosts
 //!   (`<port>-<sandbox id>.<domain>`) by the `Host` header to the machine's published port
 //!   and everything else to the emulator's HTTP app;
-//! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`).
+//! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`);
+//! - [`daytona`]: Daytona's API (`/api/sandbox`...) and toolbox (`/toolbox/{id}/...`), with
+//!   a preview listener per sandbox port;
+//! - [`boat`]: Box's API (`/api/v1/sandboxes`...), the vendor the spec calls Box or Boat.
 
+pub mod boat;
+pub mod daytona;
 pub mod e2b;
+pub mod files;
 pub mod front;
 pub mod machines;
+
+pub use files::{Entry, list, read, running};
 
 use rand::Rng as _;
 
@@ -28,4 +36,4 @@ pub fn random_id(len: usize) -> String {
 }
 
 /// The emulators this build has.
-pub const VENDORS: &[&str] = &["e2b"];
+pub const VENDORS: &[&str] = &["e2b", "daytona", "box"];

@@ -2,6 +2,8 @@
 //! the configuration.
 
 pub mod beneath;
+pub mod boat;
+pub mod daytona;
 pub mod docker;
 pub mod e2b;
 pub mod fake;
@@ -175,8 +177,134 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 e2b_emulator: Some(emulator),
             })
         }
+        "daytona" => {
+            let Some(key) = config.daytona_api_key.as_ref().filter(|k| !k.0.trim().is_empty()) else {
+                return Ok(unavailable("SANDBOX_PROVIDER=daytona requires DAYTONA_API_KEY".into()));
+            };
+            remote_built(config, "daytona", daytona_adapter(config, "daytona", config.daytona_api_url.clone(), key.0.clone())?)
+        }
+        "box" => {
+            let Some(key) = config.boat_api_key.as_ref().filter(|k| !k.0.trim().is_empty()) else {
+                return Ok(unavailable("SANDBOX_PROVIDER=box requires BOAT_API_KEY".into()));
+            };
+            remote_built(config, "box", boat_adapter("box", config.boat_api_url.clone(), key.0.clone())?)
+        }
+        "daytona-emulator" | "box-emulator" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(format!(
+            "SANDBOX_PROVIDER={} runs its sandboxes as Docker computers: it requires the supervisor (SANDBOX_SUPERVISOR_TOKEN)",
+            config.provider
+        ))),
+        "daytona-emulator" => {
+            let (url, key) = start_emulator(config, "daytona")?;
+            remote_built(config, "daytona-emulator", daytona_adapter(config, "daytona-emulator", format!("{url}/api"), key)?)
+        }
+        "box-emulator" => {
+            let (url, key) = start_emulator(config, "box")?;
+            remote_built(config, "box-emulator", boat_adapter("box-emulator", format!("{url}/api/v1"), key)?)
+        }
         other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),
     }
+}
+
+fn daytona_adapter(
+    config: &Config,
+    kind: &'static str,
+    api_url: String,
+    api_key: String,
+) -> Result<daytona::adapter::Daytona, String> {
+    daytona::adapter::Daytona::new(daytona::adapter::DaytonaConfig {
+        kind,
+        api_url,
+        api_key,
+        target: config.daytona_target.clone(),
+        snapshot: config.daytona_snapshot.clone(),
+        idle: config.idle,
+    })
+    .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))
+}
+
+fn boat_adapter(
+    kind: &'static str,
+    api_url: String,
+    api_key: String,
+) -> Result<boat::adapter::Boat, String> {
+    boat::adapter::Boat::new(boat::adapter::BoatConfig {
+        kind,
+        api_url,
+        api_key,
+    })
+    .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))
+}
+
+fn remote_built<V: remote::RemoteSandboxes>(
+    config: &Config,
+    kind: &str,
+    adapter: V,
+) -> Result<Built, String> {
+    let provider =
+        remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+    Ok(Built {
+        provider: Some(Arc::new(provider)),
+        status: ProviderStatus {
+            sandbox: kind.into(),
+            setup_error: None,
+        },
+        fake: None,
+        e2b_emulator: None,
+    })
+}
+
+/// Starts the daytona- or box-emulator in this process on a loopback port, with a fresh key
+/// only this process knows; returns its base URL and the key.
+fn start_emulator(config: &Config, vendor: &str) -> Result<(String, String), String> {
+    use std::time::Duration;
+
+    use crate::emulators::{boat as boat_emu, daytona as daytona_emu, machines::Machines};
+    let token = config
+        .supervisor_token
+        .as_ref()
+        .map(|t| t.0.clone())
+        .unwrap_or_default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("{vendor}-emulator: {e}"))?;
+    let url = format!(
+        "http://{}",
+        listener
+            .local_addr()
+            .map_err(|e| format!("{vendor}-emulator: {e}"))?
+    );
+    let key = format!("emu_{}", crate::emulators::random_id(40));
+    let account = if vendor == "box" { "user" } else { "daytona" };
+    let machines = Machines::new(&config.supervisor_url, &token, account)
+        .map_err(|e| format!("{vendor}-emulator: {e}"))?;
+    let server = if vendor == "box" {
+        boat_emu::serve(
+            listener,
+            boat_emu::BoatEmulator::new(
+                machines,
+                boat_emu::Settings {
+                    base_url: url.clone(),
+                    key: Some(key.clone()),
+                    snapshot_retention: Duration::from_secs(7 * 24 * 3600),
+                },
+            ),
+        )
+    } else {
+        daytona_emu::serve(
+            listener,
+            daytona_emu::DaytonaEmulator::new(
+                machines,
+                daytona_emu::Settings {
+                    base_url: url.clone(),
+                    key: Some(key.clone()),
+                    minute: Duration::from_secs(60),
+                },
+            ),
+        )
+    }
+    .map_err(|e| format!("{vendor}-emulator: {e}"))?;
+    // Serves as long as the process.
+    actix_rt::spawn(server);
+    Ok((url, key))
 }
 
 #[cfg(test)]

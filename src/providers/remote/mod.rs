@@ -96,6 +96,13 @@ pub trait RemoteSandboxes: Send + Sync + 'static {
     /// computer is used.
     fn ttl(&self) -> Duration;
 
+    /// Whether a machine can host more than one desktop (`multiScreen`). A vendor whose
+    /// machines ship one desktop answers false: a second bot's graphical tools then get
+    /// `MultiScreenUnavailable` while the first keeps its screen (never evicted for it).
+    fn multi_screen(&self) -> bool {
+        true
+    }
+
     /// Whether the vendor answers (for `/internal/health`); a plain sentence when not.
     async fn health(&self) -> Result<(), String>;
 

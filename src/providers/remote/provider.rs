@@ -235,7 +235,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         Description {
             kind: self.vendor.kind().into(),
             capabilities: Capabilities {
-                multi_screen: true,
+                multi_screen: self.vendor.multi_screen(),
                 terminal: true,
                 page_browser: false,
                 bills_while_running: true,
@@ -295,7 +295,12 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
     }
 
     async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+        let single = !self.vendor.multi_screen();
         self.on(machine, |m| async move {
+            if single && m.runtime.screens().await.keys().any(|b| b != bot_id) {
+                tracing::info!(bot.id = bot_id, "remote.screen.single_taken");
+                return Err(ProviderError::MultiScreenUnavailable);
+            }
             let screen = m.runtime.open_screen(bot_id).await.map_err(to_provider)?;
             Ok(ScreenInfo { slot: screen.slot })
         })

@@ -1,0 +1,302 @@
+//! The `daytona` and `box` adapters against their emulators, whose sandboxes are real Docker
+//! computers through an in-process supervisor: the provider conformance suite on each (Box
+//! with one desktop per machine: a second bot gets `MultiScreenUnavailable` while shell and
+//! files keep working), a machine destroyed behind the API's back is gone, the box-emulator's
+//! wire rules (idempotent create, `noEnv`, delete confirmation, file roots, error envelope),
+//! and the plain setup errors of a missing key.
+
+mod docker_support;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rakazo::config::DockerNetwork;
+use rakazo::emulators::machines::Machines;
+use rakazo::emulators::{boat as boat_emu, daytona as daytona_emu};
+use rakazo::providers::boat::adapter::{Boat, BoatConfig};
+use rakazo::providers::daytona::adapter::{Daytona, DaytonaConfig};
+use rakazo::providers::remote::provider::RemoteProvider;
+use rakazo_actors::provider::{MachineSpec, ProviderError, SandboxProvider};
+
+use docker_support::{TestSupervisor, docker_ready};
+
+const KEY: &str = "emulator-test-key";
+
+struct Emulators {
+    daytona: String,
+    boat: String,
+    _supervisor: TestSupervisor,
+}
+
+fn emulators() -> &'static Emulators {
+    static SHARED: OnceLock<Emulators> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+        let d = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let daytona = format!("http://{}", d.local_addr().unwrap());
+        let boat = format!("http://{}", b.local_addr().unwrap());
+        let dm = Machines::new(&supervisor.url, &supervisor.token, "daytona").unwrap();
+        let bm = Machines::new(&supervisor.url, &supervisor.token, "user").unwrap();
+        let (du, bu) = (daytona.clone(), boat.clone());
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let de = daytona_emu::DaytonaEmulator::new(
+                    dm,
+                    daytona_emu::Settings {
+                        base_url: du,
+                        key: Some(KEY.into()),
+                        minute: Duration::from_secs(60),
+                    },
+                );
+                let be = boat_emu::BoatEmulator::new(
+                    bm,
+                    boat_emu::Settings {
+                        base_url: bu,
+                        key: Some(KEY.into()),
+                        snapshot_retention: Duration::from_secs(3600),
+                    },
+                );
+                actix_rt::spawn(daytona_emu::serve(d, de).unwrap());
+                boat_emu::serve(b, be).unwrap().await.unwrap();
+            })
+        });
+        Emulators {
+            daytona,
+            boat,
+            _supervisor: supervisor,
+        }
+    })
+}
+
+fn daytona_adapter() -> Daytona {
+    Daytona::new(DaytonaConfig {
+        kind: "daytona-emulator",
+        api_url: format!("{}/api", emulators().daytona),
+        api_key: KEY.into(),
+        target: "us".into(),
+        snapshot: String::new(),
+        idle: Duration::from_secs(600),
+    })
+    .unwrap()
+}
+
+fn boat_adapter() -> Boat {
+    Boat::new(BoatConfig {
+        kind: "box-emulator",
+        api_url: format!("{}/api/v1", emulators().boat),
+        api_key: KEY.into(),
+    })
+    .unwrap()
+}
+
+fn spec(name: &str) -> MachineSpec {
+    MachineSpec {
+        computer_id: format!("c-{name}"),
+        space_id: "s-1".into(),
+        bot_id: None,
+        home_key: format!("team-{name}"),
+    }
+}
+
+mod daytona {
+    use super::*;
+
+    fn provider() -> Arc<dyn SandboxProvider> {
+        Arc::new(RemoteProvider::new(Arc::new(daytona_adapter()), 0))
+    }
+
+    rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+}
+
+mod boat {
+    use super::*;
+
+    fn provider() -> Arc<dyn SandboxProvider> {
+        Arc::new(RemoteProvider::new(Arc::new(boat_adapter()), 0))
+    }
+
+    rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+}
+
+/// A sandbox whose machine is removed behind the API's back is gone for both adapters.
+#[actix_rt::test]
+async fn a_machine_destroyed_behind_the_api_is_gone() {
+    if !docker_ready() {
+        return;
+    }
+    let providers: [Arc<dyn SandboxProvider>; 2] = [
+        Arc::new(RemoteProvider::new(Arc::new(daytona_adapter()), 0)),
+        Arc::new(RemoteProvider::new(Arc::new(boat_adapter()), 0)),
+    ];
+    for (i, p) in providers.into_iter().enumerate() {
+        let s = spec(&format!("lost-{i}"));
+        let m = p.provision(&s).await.unwrap();
+        p.write_file(&m, "a.txt", b"x").await.unwrap();
+        // The emulators' machines carry the sandbox id as their computer label.
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--no-trunc", "--filter"])
+            .arg(format!("label=rakazo.computerId={}", m.0))
+            .output()
+            .unwrap();
+        let container = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(
+            !container.is_empty(),
+            "the sandbox's machine is a container"
+        );
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &container])
+            .output();
+        let fresh: Arc<dyn SandboxProvider> = if i == 0 {
+            Arc::new(RemoteProvider::new(Arc::new(daytona_adapter()), 0))
+        } else {
+            Arc::new(RemoteProvider::new(Arc::new(boat_adapter()), 0))
+        };
+        assert_eq!(
+            fresh.reconnect(&m, &s).await,
+            Err(ProviderError::MachineGone),
+            "{i}"
+        );
+        p.destroy(&m).await.unwrap();
+    }
+}
+
+/// Box's wire rules the adapter relies on, straight over HTTP.
+#[actix_rt::test]
+async fn the_box_emulator_keeps_the_vendor_rules() {
+    if !docker_ready() {
+        return;
+    }
+    let base = format!("{}/api/v1", emulators().boat);
+    let http = reqwest::Client::new();
+    // No key: the error envelope.
+    let r = http
+        .get(format!("{base}/sandboxes/bx_nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["ok"].as_bool(), v["code"].as_str()),
+        (Some(false), Some("unauthorized"))
+    );
+    assert!(v["requestId"].as_str().is_some());
+    // Create needs an Idempotency-Key; a replay answers the same sandbox.
+    let body = serde_json::json!({"ttlSeconds": 7200, "noEnv": false});
+    let r = http
+        .post(format!("{base}/sandboxes"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let create = || {
+        http.post(format!("{base}/sandboxes"))
+            .bearer_auth(KEY)
+            .header("Idempotency-Key", "k-1")
+            .json(&body)
+            .send()
+    };
+    let a: serde_json::Value = create().await.unwrap().json().await.unwrap();
+    let b: serde_json::Value = create().await.unwrap().json().await.unwrap();
+    let id = a["sandbox"]["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("bx_") && id.len() == 11, "{id}");
+    assert_eq!(b["sandbox"]["id"], a["sandbox"]["id"]);
+    // Wait until usable.
+    loop {
+        let v: serde_json::Value = http
+            .get(format!("{base}/sandboxes/{id}"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        match v["sandbox"]["state"].as_str().unwrap() {
+            "ready" | "running" | "idle" => break,
+            "provisioning" | "provisioned" => tokio::time::sleep(Duration::from_millis(200)).await,
+            other => panic!("{other}"),
+        }
+    }
+    // Without noEnv the account's environment reaches commands: the adapter always sends it.
+    let cmd =
+        serde_json::json!({"command": "echo ${BOAT_ACCOUNT_TOKEN:-none}", "timeoutSeconds": 10});
+    let v: serde_json::Value = http
+        .post(format!("{base}/sandboxes/{id}/commands"))
+        .bearer_auth(KEY)
+        .json(&cmd)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(v["stdout"].as_str().unwrap().trim(), "none");
+    // A deadline kills the command.
+    let cmd = serde_json::json!({"command": "sleep 5; echo late", "timeoutSeconds": 1});
+    let v: serde_json::Value = http
+        .post(format!("{base}/sandboxes/{id}/commands"))
+        .bearer_auth(KEY)
+        .json(&cmd)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["timedOut"], true);
+    assert!(v["exitCode"].is_null());
+    // Files only under the home and /tmp.
+    let put = serde_json::json!({"path": "/etc/x", "content": "eA==", "encoding": "base64"});
+    let r = http
+        .put(format!("{base}/sandboxes/{id}/files"))
+        .bearer_auth(KEY)
+        .json(&put)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "path_not_allowed");
+    // Delete needs its confirmation header.
+    let r = http
+        .delete(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 428);
+    let r = http
+        .delete(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .header("X-Ascii-Confirm-Delete", &id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = http
+        .get(format!("{base}/sandboxes/{id}"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+/// A missing key is a plain setup error, for both vendors.
+#[actix_rt::test]
+async fn a_missing_key_is_a_plain_setup_error() {
+    for (provider, var) in [("daytona", "DAYTONA_API_KEY"), ("box", "BOAT_API_KEY")] {
+        let env: std::collections::HashMap<String, String> =
+            [("SANDBOX_PROVIDER".to_string(), provider.to_string())].into();
+        let config = rakazo::config::Config::load(&env, None).unwrap();
+        let built = rakazo::providers::build(&config).await.unwrap();
+        assert!(built.provider.is_none());
+        assert_eq!(built.status.sandbox, "none");
+        let err = built.status.setup_error.unwrap();
+        assert!(err.contains(var), "{err}");
+    }
+}

@@ -12,6 +12,7 @@ use actix::prelude::*;
 
 use crate::clock::now_ms;
 use crate::error::DomainResult;
+use crate::events::Topic;
 use crate::leases::{Grant, LeaseKey, LeaseKind, Leases};
 use crate::runtime::Runtime;
 
@@ -67,10 +68,22 @@ pub struct Release {
 pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
     rt.events.publish(
         space_id,
-        "lease.changed",
+        Topic::LeaseChanged,
         serde_json::json!({
             "computerId": grant.computer_id, "botId": grant.subject, "kind": "control",
             "fence": grant.fence, "state": why,
+        }),
+    );
+}
+
+/// Tells every process that a control grant was released (by its key and fence).
+fn publish_control_released(rt: &Runtime, space_id: &str, key: &LeaseKey, fence: i64) {
+    rt.events.publish(
+        space_id,
+        Topic::LeaseChanged,
+        serde_json::json!({
+            "computerId": key.computer_id, "botId": key.subject, "kind": "control",
+            "fence": fence, "state": "released",
         }),
     );
 }
@@ -179,16 +192,16 @@ impl Handler<Release> for LeaseActor {
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> Self::Result {
         let leases = self.leases.clone();
-        let key = msg.key.clone();
+        let (key, fence) = (msg.key.clone(), msg.fence);
         AtomicResponse::new(Box::pin(
             async move { leases.release(&msg.key, msg.fence).await }
                 .into_actor(self)
                 .map(move |res, act, _| {
-                    if res.is_ok()
-                        && key.kind == LeaseKind::Control
-                        && let Some(grant) = act.control.remove(&key.subject)
-                    {
-                        publish_control_ended(&act.rt, &act.space_id, &grant, "released");
+                    // Published whichever process handed the grant out: the sockets it
+                    // guards may be held through any process.
+                    if res.is_ok() && key.kind == LeaseKind::Control {
+                        act.control.remove(&key.subject);
+                        publish_control_released(&act.rt, &act.space_id, &key, fence);
                     }
                     res
                 }),

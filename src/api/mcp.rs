@@ -210,7 +210,7 @@ async fn initialize(
     };
     app.runtime()
         .events
-        .publish(&run.space_id, "run.state", methods::run_json(&run));
+        .publish(&run.space_id, rakazo_actors::events::Topic::RunState, methods::run_json(&run));
     let session_id = crate::auth::generate();
     app.mcp.insert(
         session_id.clone(),

@@ -37,7 +37,7 @@ fn publish_run(ctx: &Ctx<'_>, r: &run::Model) {
     ctx.app
         .runtime()
         .events
-        .publish(&r.space_id, "run.state", run_json(r));
+        .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(r));
 }
 
 /// The configured lifetime of an execution lease (`RUN_LEASE_TTL_MS`).
@@ -89,13 +89,13 @@ pub async fn end_run(
     app.tools.forget(run_id);
     app.runtime()
         .events
-        .publish(&r.space_id, "run.state", run_json(&r));
+        .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(&r));
     let leases = Leases::new(app.db.clone());
     if let Some(grant) = leases
         .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
         .await?
     {
-        app.runtime().events.publish(&r.space_id, "lease.changed", json!({
+        app.runtime().events.publish(&r.space_id, rakazo_actors::events::Topic::LeaseChanged, json!({
             "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
         }));
     }
@@ -114,7 +114,7 @@ pub async fn end_run(
             let r = Runs::new(app.db.clone()).checkpoint_failed(r).await?;
             app.runtime()
                 .events
-                .publish(&r.space_id, "run.state", run_json(&r));
+                .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(&r));
             let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
             (r, failed)
         }
@@ -308,7 +308,7 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     };
     ctx.app.runtime().events.publish(
         &c.space_id,
-        "lease.changed",
+        rakazo_actors::events::Topic::LeaseChanged,
         json!({
             "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
             "holder": grant.holder, "state": "granted",
@@ -436,7 +436,7 @@ pub async fn renew_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> 
     tracing::debug!(event = "screen.control_renewed", sockets = extended);
     ctx.app.runtime().events.publish(
         &c.space_id,
-        "lease.changed",
+        rakazo_actors::events::Topic::LeaseChanged,
         json!({
             "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
             "holder": grant.holder, "state": "renewed", "expiresAtMs": grant.expires_at_ms,

@@ -18,7 +18,7 @@ use rakazo_web_proxy::{GatewayActor, Keyring, ProxyConfig, ProxyState};
 
 use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
-use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_control_watch};
+use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens};
 use crate::stores::archive::Limits;
 use crate::stores::deployment;
 use crate::stores::local::LocalHomeStore;
@@ -185,13 +185,20 @@ impl App {
         let keyring = Arc::new(Keyring::new(1, &screen_key));
         let gateway = GatewayActor::start_default();
         let routes: Arc<RouteBook> = Arc::default();
-        spawn_control_watch(
+        crate::screens::spawn_revocation_watch(
             &runtime.events,
+            crate::screens::Watch {
+                db: db.clone(),
+                gateway: gateway.clone(),
+                routes: routes.clone(),
+                provider: runtime.provider.clone(),
+            },
+        );
+        let revoker = Arc::new(GatewayRevoker::new(
             gateway.clone(),
             routes.clone(),
-            runtime.provider.clone(),
-        );
-        let revoker = Arc::new(GatewayRevoker::new(gateway.clone(), routes.clone()));
+            runtime.events.clone(),
+        ));
         let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
         let reconciled = registry.clone();
         let every = config.reconcile_interval;

@@ -1,10 +1,11 @@
-//! Cross-process events on Postgres: every event published in this process is sent with
+//! Cross-process events on Postgres: every event and revocation published in this process is
+//! sent with
 //! `pg_notify` on one channel, and every process `LISTEN`s on it (one dedicated connection,
 //! `sqlx`'s `PgListener`) and delivers the events of other processes to its own bus. A
 //! dashboard connected to one process so sees a run started through another, and a control
 //! release through one closes the sockets another holds. SQLite serves one process: no relay.
 
-use rakazo_actors::events::{Event, EventBus};
+use rakazo_actors::events::{EventBus, Relayed};
 use rakazo_actors::processes;
 use sea_orm::sqlx::postgres::PgListener;
 use sea_orm::{ConnectionTrait, DatabaseBackend, DatabaseConnection, Statement};
@@ -20,7 +21,28 @@ const MAX_PAYLOAD: usize = 7900;
 #[derive(Serialize, Deserialize)]
 struct Envelope {
     origin: String,
-    event: Event,
+    relayed: Relayed,
+}
+
+/// The listening connection. Its own drop hands the connection back through a task, which
+/// cannot start once the runtime is going away (an app dropped at the end of its system):
+/// then the connection is left to close with the process.
+struct Held(Option<PgListener>);
+
+impl Held {
+    fn get(&mut self) -> &mut PgListener {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(listener) = self.0.take()
+            && tokio::runtime::Handle::try_current().is_err()
+        {
+            std::mem::forget(listener);
+        }
+    }
 }
 
 /// Starts the relay when the database is Postgres; answers whether it runs. Listening starts
@@ -29,24 +51,27 @@ pub async fn start(db: &DatabaseConnection, bus: &EventBus) -> Result<bool, Stri
     if db.get_database_backend() != DatabaseBackend::Postgres {
         return Ok(false);
     }
-    let mut listener = PgListener::connect_with(db.get_postgres_connection_pool())
-        .await
-        .map_err(|e| format!("event relay: {e}"))?;
+    let mut listener = Held(Some(
+        PgListener::connect_with(db.get_postgres_connection_pool())
+            .await
+            .map_err(|e| format!("event relay: {e}"))?,
+    ));
     listener
+        .get()
         .listen(CHANNEL)
         .await
         .map_err(|e| format!("event relay: {e}"))?;
     let inbound = bus.clone();
     actix_rt::spawn(async move {
         loop {
-            match listener.try_recv().await {
+            match listener.get().try_recv().await {
                 Ok(Some(note)) => {
                     let Ok(envelope) = serde_json::from_str::<Envelope>(note.payload()) else {
                         tracing::warn!(event = "events.relay_unreadable");
                         continue;
                     };
                     if envelope.origin != processes::id() {
-                        inbound.deliver(envelope.event);
+                        inbound.deliver(envelope.relayed);
                     }
                 }
                 // The connection was lost and is being made again: whatever was sent
@@ -62,15 +87,18 @@ pub async fn start(db: &DatabaseConnection, bus: &EventBus) -> Result<bool, Stri
             }
         }
     });
-    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Relayed>();
     bus.set_relay(tx);
     let db = db.clone();
     actix_rt::spawn(async move {
-        while let Some(event) = rx.recv().await {
-            let topic = event.topic.as_str();
+        while let Some(relayed) = rx.recv().await {
+            let topic = match &relayed {
+                Relayed::Event(e) => e.topic.as_str(),
+                Relayed::Revocation(_) => "revocation",
+            };
             let payload = match serde_json::to_string(&Envelope {
                 origin: processes::id().to_owned(),
-                event,
+                relayed,
             }) {
                 Ok(p) if p.len() <= MAX_PAYLOAD => p,
                 _ => {

@@ -62,12 +62,53 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
+/// A typed message to the screen gateway of every process: a grant or a slot generation
+/// ended, so the sockets opened under it close. Sent by the single writer of that state (the
+/// lease rules and the screen actor), never parsed out of a feed event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Revocation {
+    /// A control grant ended (released, expired, revoked with its run): its control sockets,
+    /// screen and terminal, close, as do the routes issued for it.
+    #[serde(rename_all = "camelCase")]
+    ControlEnded {
+        /// Computer id.
+        computer_id: String,
+        /// Bot whose screen the grant was on.
+        bot_id: String,
+        /// The grant's fence (older fences of that bot end too).
+        fence: i64,
+    },
+    /// A slot's generation was retired (teardown, reuse, eviction): every socket of that
+    /// generation or older closes.
+    #[serde(rename_all = "camelCase")]
+    SlotRetired {
+        /// Computer id.
+        computer_id: String,
+        /// Display slot.
+        slot: u32,
+        /// The newest retired generation.
+        generation: i64,
+    },
+}
+
+/// What the relay carries to other processes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Relayed {
+    /// A feed event.
+    Event(Event),
+    /// A revocation.
+    Revocation(Revocation),
+}
+
 /// A cloneable publisher; subscribers get a receiver each.
 #[derive(Clone)]
 pub struct EventBus {
     tx: broadcast::Sender<Event>,
-    /// Where events published here go to reach other processes (set once, by the relay).
-    relay: Arc<OnceLock<mpsc::UnboundedSender<Event>>>,
+    revocations: broadcast::Sender<Revocation>,
+    /// Where what is published here goes to reach other processes (set once, by the relay).
+    relay: Arc<OnceLock<mpsc::UnboundedSender<Relayed>>>,
     /// Counts gaps: times events may have been lost on their way here (the relay's
     /// connection was made again). Watchers that must not miss one sweep after each.
     gaps: Arc<watch::Sender<u64>>,
@@ -84,6 +125,7 @@ impl EventBus {
     pub fn new() -> Self {
         Self {
             tx: broadcast::channel(CAPACITY).0,
+            revocations: broadcast::channel(CAPACITY).0,
             relay: Arc::default(),
             gaps: Arc::new(watch::channel(0).0),
         }
@@ -98,20 +140,41 @@ impl EventBus {
             data,
         };
         if let Some(relay) = self.relay.get() {
-            let _ = relay.send(event.clone());
+            let _ = relay.send(Relayed::Event(event.clone()));
         }
         let _ = self.tx.send(event);
     }
 
-    /// Deliver an event another process published, to this process's subscribers only.
-    pub fn deliver(&self, event: Event) {
-        let _ = self.tx.send(event);
+    /// Tell the screen gateway of this and every other process to close what `revocation`
+    /// names.
+    pub fn revoke(&self, revocation: Revocation) {
+        if let Some(relay) = self.relay.get() {
+            let _ = relay.send(Relayed::Revocation(revocation.clone()));
+        }
+        let _ = self.revocations.send(revocation);
     }
 
-    /// Hands every event published from now on to `relay` as well; answers false when a
-    /// relay was already set.
-    pub fn set_relay(&self, relay: mpsc::UnboundedSender<Event>) -> bool {
+    /// Deliver what another process published, to this process's subscribers only.
+    pub fn deliver(&self, relayed: Relayed) {
+        match relayed {
+            Relayed::Event(event) => {
+                let _ = self.tx.send(event);
+            }
+            Relayed::Revocation(revocation) => {
+                let _ = self.revocations.send(revocation);
+            }
+        }
+    }
+
+    /// Hands everything published from now on to `relay` as well; answers false when a relay
+    /// was already set.
+    pub fn set_relay(&self, relay: mpsc::UnboundedSender<Relayed>) -> bool {
         self.relay.set(relay).is_ok()
+    }
+
+    /// A new subscription to revocations (the screen gateway's watcher).
+    pub fn revocations(&self) -> broadcast::Receiver<Revocation> {
+        self.revocations.subscribe()
     }
 
     /// Events may have been lost on their way to this process.

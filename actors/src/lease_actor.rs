@@ -12,7 +12,7 @@ use actix::prelude::*;
 
 use crate::clock::now_ms;
 use crate::error::DomainResult;
-use crate::events::Topic;
+use crate::events::{Revocation, Topic};
 use crate::leases::{Grant, LeaseKey, LeaseKind, Leases};
 use crate::runtime::Runtime;
 
@@ -63,29 +63,34 @@ pub struct Release {
     pub fence: i64,
 }
 
-/// Tells the space's subscribers (and through them the screen gateway) that a control grant
-/// ended, by release or by expiry.
-pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+/// Tells the space's subscribers that a control grant ended (by release, expiry or with its
+/// run), and the screen gateway of every process, by a typed revocation, to close its sockets.
+pub fn announce_control_end(
+    rt: &Runtime,
+    space_id: &str,
+    computer_id: &str,
+    bot_id: &str,
+    fence: i64,
+    why: &str,
+) {
+    rt.events.revoke(Revocation::ControlEnded {
+        computer_id: computer_id.to_owned(),
+        bot_id: bot_id.to_owned(),
+        fence,
+    });
     rt.events.publish(
         space_id,
         Topic::LeaseChanged,
         serde_json::json!({
-            "computerId": grant.computer_id, "botId": grant.subject, "kind": "control",
-            "fence": grant.fence, "state": why,
+            "computerId": computer_id, "botId": bot_id, "kind": "control",
+            "fence": fence, "state": why,
         }),
     );
 }
 
-/// Tells every process that a control grant was released (by its key and fence).
-fn publish_control_released(rt: &Runtime, space_id: &str, key: &LeaseKey, fence: i64) {
-    rt.events.publish(
-        space_id,
-        Topic::LeaseChanged,
-        serde_json::json!({
-            "computerId": key.computer_id, "botId": key.subject, "kind": "control",
-            "fence": fence, "state": "released",
-        }),
-    );
+/// [`announce_control_end`] of a grant.
+pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+    announce_control_end(rt, space_id, &grant.computer_id, &grant.subject, grant.fence, why);
 }
 
 /// One computer's lease mailbox.
@@ -201,7 +206,7 @@ impl Handler<Release> for LeaseActor {
                     // guards may be held through any process.
                     if res.is_ok() && key.kind == LeaseKind::Control {
                         act.control.remove(&key.subject);
-                        publish_control_released(&act.rt, &act.space_id, &key, fence);
+                        announce_control_end(&act.rt, &act.space_id, &key.computer_id, &key.subject, fence, "released");
                     }
                     res
                 }),

@@ -95,9 +95,14 @@ pub async fn end_run(
         .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
         .await?
     {
-        app.runtime().events.publish(&r.space_id, rakazo_actors::events::Topic::LeaseChanged, json!({
-            "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
-        }));
+        rakazo_actors::lease_actor::announce_control_end(
+            app.runtime(),
+            &r.space_id,
+            &r.computer_id,
+            &r.bot_id,
+            grant.fence,
+            "revoked",
+        );
     }
     let h = app.registry.computer(&r.computer_id, &r.space_id);
     if outcome != RunState::Completed {

@@ -123,10 +123,7 @@ async fn run(app: &App, request: Request) -> DomainResult<RemoteOutput> {
     match request.remote {
         Remote::Call(op) => Ok(RemoteOutput::Call(handle.computer.send(Call(op)).await??)),
         Remote::Stop => {
-            handle
-                .computer
-                .send(Suspend(EndReason::Stopped))
-                .await??;
+            handle.computer.send(Suspend(EndReason::Stopped)).await??;
             Ok(RemoteOutput::Stopped)
         }
     }

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::terminal::{Ended, TerminalClient};
 use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message;
 use rakazo_actors::entity::{computer, computer_owner, lease, process};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rakazo");
 /// A silent process is gone after this long (every process of the test uses it).
@@ -61,7 +61,10 @@ impl Proc {
             if up.is_ok_and(|r| r.status().is_success()) {
                 break;
             }
-            assert!(Instant::now() < deadline, "rakazo {args:?} answers its health");
+            assert!(
+                Instant::now() < deadline,
+                "rakazo {args:?} answers its health"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Proc { child, base }
@@ -367,7 +370,10 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
             Ok(out) => break out,
             Err(code) => {
                 assert_eq!(code, "COMPUTER_UNAVAILABLE");
-                assert!(Instant::now() < deadline, "the computer is never taken over");
+                assert!(
+                    Instant::now() < deadline,
+                    "the computer is never taken over"
+                );
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -414,4 +420,55 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     )
     .await;
     drop(worker);
+}
+
+/// Claims decided at the database: a live owner elsewhere keeps the computer, a silent one
+/// loses it to exactly one claimant, a released claim is free again.
+#[actix_rt::test]
+async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
+    use rakazo_actors::clock::now_ms;
+    use rakazo_actors::owners::{Owner, Owners};
+    use sea_orm::{ActiveModelTrait, Set};
+    let db = rakazo::db::connect("sqlite::memory:").await.unwrap();
+    rakazo::db::migrate(&db).await.unwrap();
+    let owners = Owners::new(db.clone());
+    let other = |id: &str, beat: i64| process::ActiveModel {
+        id: Set(id.into()),
+        started_at_ms: Set(beat),
+        heartbeat_at_ms: Set(beat),
+        address: Set(Some(format!("http://{id}"))),
+    };
+    other("live", now_ms()).insert(&db).await.unwrap();
+    other("silent", now_ms() - 600_000)
+        .insert(&db)
+        .await
+        .unwrap();
+    for (computer, by) in [("c-live", "live"), ("c-silent", "silent")] {
+        computer_owner::ActiveModel {
+            computer_id: Set(computer.into()),
+            process_id: Set(by.into()),
+            claimed_at_ms: Set(now_ms()),
+        }
+        .insert(&db)
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        owners.claim("c-live").await.unwrap(),
+        Owner::Elsewhere {
+            process_id: "live".into(),
+            address: Some("http://live".into())
+        }
+    );
+    assert_eq!(owners.claim("c-silent").await.unwrap(), Owner::Me);
+    assert_eq!(owners.claim("c-new").await.unwrap(), Owner::Me);
+    assert_eq!(owners.holder("c-silent").await.unwrap(), Some(Owner::Me));
+    owners.release("c-new").await.unwrap();
+    assert_eq!(owners.holder("c-new").await.unwrap(), None);
+    // Another process's release does not free this one's claim.
+    owners.release("c-live").await.unwrap();
+    assert!(matches!(
+        owners.holder("c-live").await.unwrap(),
+        Some(Owner::Elsewhere { .. })
+    ));
 }

@@ -28,12 +28,12 @@ use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKey, LeaseKind, Leases};
+use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
     ProviderError, ProviderRef, ScreenInfo,
 };
 use crate::runs::Runs;
-use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::runtime::Runtime;
 
 /// First restart delay; doubles per consecutive restart.

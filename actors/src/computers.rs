@@ -322,7 +322,6 @@ impl Computers {
         Ok(closed)
     }
 
-
     /// Rows whose machine should run (running, provisioning, replacing) or was being
     /// stopped and that no other live process owns: what this process adopts when no actor
     /// of its own holds them (every process that may own a computer calls it).

@@ -90,7 +90,14 @@ pub fn announce_control_end(
 
 /// [`announce_control_end`] of a grant.
 pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
-    announce_control_end(rt, space_id, &grant.computer_id, &grant.subject, grant.fence, why);
+    announce_control_end(
+        rt,
+        space_id,
+        &grant.computer_id,
+        &grant.subject,
+        grant.fence,
+        why,
+    );
 }
 
 /// One computer's lease mailbox.
@@ -206,7 +213,14 @@ impl Handler<Release> for LeaseActor {
                     // guards may be held through any process.
                     if res.is_ok() && key.kind == LeaseKind::Control {
                         act.control.remove(&key.subject);
-                        announce_control_end(&act.rt, &act.space_id, &key.computer_id, &key.subject, fence, "released");
+                        announce_control_end(
+                            &act.rt,
+                            &act.space_id,
+                            &key.computer_id,
+                            &key.subject,
+                            fence,
+                            "released",
+                        );
                     }
                     res
                 }),

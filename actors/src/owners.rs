@@ -6,8 +6,8 @@
 
 use async_trait::async_trait;
 use sea_orm::sea_query::{Expr, OnConflict};
-use serde::{Deserialize, Serialize};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
+use serde::{Deserialize, Serialize};
 
 use crate::clock::now_ms;
 use crate::computer::{Op, OpOutput};

@@ -114,7 +114,9 @@ impl Processes {
 
     /// A live process by id (`None` when unknown or silent).
     pub async fn live(&self, process_id: &str) -> DomainResult<Option<process::Model>> {
-        let row = process::Entity::find_by_id(process_id).one(&self.db).await?;
+        let row = process::Entity::find_by_id(process_id)
+            .one(&self.db)
+            .await?;
         Ok(row.filter(|r| !Self::silent(r, now_ms())))
     }
 

@@ -166,7 +166,11 @@ async fn apply(watch: &Watch, revocation: Revocation) {
             if let Ok(done) = watch.gateway.send(revoke).await
                 && done.closed > 0
             {
-                tracing::info!(event = "screen.revoked", cause = "slot", closed = done.closed);
+                tracing::info!(
+                    event = "screen.revoked",
+                    cause = "slot",
+                    closed = done.closed
+                );
             }
         }
     }

@@ -34,10 +34,11 @@ fn lease_json(g: &Grant) -> Value {
 }
 
 fn publish_run(ctx: &Ctx<'_>, r: &run::Model) {
-    ctx.app
-        .runtime()
-        .events
-        .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(r));
+    ctx.app.runtime().events.publish(
+        &r.space_id,
+        rakazo_actors::events::Topic::RunState,
+        run_json(r),
+    );
 }
 
 /// The configured lifetime of an execution lease (`RUN_LEASE_TTL_MS`).
@@ -87,9 +88,11 @@ pub async fn end_run(
         .finish(run_id, fence, outcome)
         .await?;
     app.tools.forget(run_id);
-    app.runtime()
-        .events
-        .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(&r));
+    app.runtime().events.publish(
+        &r.space_id,
+        rakazo_actors::events::Topic::RunState,
+        run_json(&r),
+    );
     let leases = Leases::new(app.db.clone());
     if let Some(grant) = leases
         .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
@@ -117,9 +120,11 @@ pub async fn end_run(
         Err(e) => {
             tracing::warn!(event = "checkpoint.failed", computer.id = %r.computer_id, code = e.code.as_str());
             let r = Runs::new(app.db.clone()).checkpoint_failed(r).await?;
-            app.runtime()
-                .events
-                .publish(&r.space_id, rakazo_actors::events::Topic::RunState, run_json(&r));
+            app.runtime().events.publish(
+                &r.space_id,
+                rakazo_actors::events::Topic::RunState,
+                run_json(&r),
+            );
             let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
             (r, failed)
         }

@@ -8,7 +8,6 @@
 //! keeps its one lease, and the idle timer suspends the computer.
 
 mod common;
-mod gate;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

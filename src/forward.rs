@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use async_trait::async_trait;
-use rakazo_actors::computer::{Call, Suspend};
+use rakazo_actors::computer::{Call, SaveWorkspace, Suspend};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::owners::{Forward, Owner, Owners, Remote, RemoteOutput};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
@@ -122,6 +122,9 @@ async fn run(app: &App, request: Request) -> DomainResult<RemoteOutput> {
     let handle = app.registry.computer(&row.id, &row.space_id);
     match request.remote {
         Remote::Call(op) => Ok(RemoteOutput::Call(handle.computer.send(Call(op)).await??)),
+        Remote::Save(reason) => Ok(RemoteOutput::Saved(
+            handle.computer.send(SaveWorkspace(reason)).await??,
+        )),
         Remote::Stop => {
             handle.computer.send(Suspend(EndReason::Stopped)).await??;
             Ok(RemoteOutput::Stopped)

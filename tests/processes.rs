@@ -400,12 +400,18 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     assert_eq!(live_execution(&db, &team, &bot).await, vec![fence]);
 
     // The idle timer of its new owner suspends it once the run ended.
-    survivor
+    // Its end checkpoints through the owner, wherever the call came in.
+    let finished = survivor
         .ok(
             "run.finish",
             json!({ "runId": run, "fence": fence, "outcome": "completed" }),
         )
         .await;
+    assert!(
+        finished["checkpoint"]["saved"].is_i64(),
+        "{}",
+        finished["checkpoint"]
+    );
     wait_for(
         "the adopted computer is suspended when idle",
         Duration::from_secs(60),

@@ -330,7 +330,7 @@ impl Handler<Call> for ComputerActor {
                 {
                     return match forward(&rt, address, &id, Remote::Call(op)).await? {
                         RemoteOutput::Call(out) => Ok(out),
-                        RemoteOutput::Stopped => Err(DomainError::code(ErrorCode::Internal)),
+                        _ => Err(DomainError::code(ErrorCode::Internal)),
                     };
                 }
                 let Some(machine) = machine else {
@@ -445,9 +445,21 @@ impl Handler<SaveWorkspace> for ComputerActor {
     ) -> Self::Result {
         let machine = self.machine.clone();
         let checkpoints = self.checkpoints();
+        let (rt, id) = (self.rt.clone(), self.id.clone());
         Box::pin(
             async move {
                 let Some(machine) = machine else {
+                    // The owner elsewhere holds the machine: it checkpoints (shutdown drains
+                    // only what this process holds).
+                    if reason != Reason::Shutdown
+                        && let Some(Owner::Elsewhere { address, .. }) =
+                            Owners::new(rt.db.clone()).holder(&id).await?
+                    {
+                        return match forward(&rt, address, &id, Remote::Save(reason)).await? {
+                            RemoteOutput::Saved(outcome) => Ok(outcome),
+                            _ => Err(DomainError::code(ErrorCode::Internal)),
+                        };
+                    }
                     return Ok(None);
                 };
                 Ok(Some(

@@ -9,6 +9,7 @@ use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{Outcome, Reason};
 use crate::clock::now_ms;
 use crate::computer::{Op, OpOutput};
 use crate::entity::computer_owner;
@@ -136,6 +137,8 @@ pub enum Remote {
     Call(Op),
     /// `computer.stop`.
     Stop,
+    /// A checkpoint (after a run ended, or asked for).
+    Save(Reason),
 }
 
 /// What the owner answered.
@@ -146,6 +149,8 @@ pub enum RemoteOutput {
     Call(OpOutput),
     /// The stop is done.
     Stopped,
+    /// What the checkpoint did (`None`: no machine runs).
+    Saved(Option<Outcome>),
 }
 
 /// The port through which a process reaches the owner of a computer (an adapter speaks the

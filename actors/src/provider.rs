@@ -158,7 +158,7 @@ fn default_button() -> Button {
 }
 
 /// An entry an export left out (a name the store cannot hold), and why.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Skipped {
     /// Its path in the workspace (not-UTF-8 bytes shown as U+FFFD).
     pub path: String,

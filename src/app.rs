@@ -8,7 +8,8 @@ use rakazo_actors::checkpoint::Reason;
 use rakazo_actors::computer::SaveWorkspace;
 use rakazo_actors::events::EventBus;
 use rakazo_actors::home_store::HomeStore;
-use rakazo_actors::reconciler::{ComputerReconciler, RECONCILE_INTERVAL};
+use rakazo_actors::processes;
+use rakazo_actors::reconciler::ComputerReconciler;
 use rakazo_actors::registry::Registry;
 use rakazo_actors::runtime::{Runtime, Settings};
 use sea_orm::DatabaseConnection;
@@ -17,7 +18,7 @@ use rakazo_web_proxy::{GatewayActor, Keyring, ProxyConfig, ProxyState};
 
 use crate::config::Config;
 use crate::providers::{self, ProviderStatus};
-use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens, spawn_control_watch};
+use crate::screens::{GatewayRevoker, RouteBook, ScreenAuthority, Screens};
 use crate::stores::archive::Limits;
 use crate::stores::deployment;
 use crate::stores::local::LocalHomeStore;
@@ -71,9 +72,12 @@ pub struct App {
     pub internal_token: crate::config::Secret,
     /// The reconciler of orphaned stored revisions (object storage only).
     pub reconciler: Option<Addr<Reconciler>>,
-    /// The reconciler of computers: adopts running machines no actor here holds, closes
-    /// stretches nobody saw end, releases expired grants (at start-up and on an interval).
-    pub computer_reconciler: Addr<ComputerReconciler>,
+    /// The reconciler of computers: adopts running machines no live process holds, closes
+    /// stretches nobody saw end, releases expired grants (at start-up and on an interval);
+    /// only in a process that runs the worker's part.
+    pub computer_reconciler: Option<Addr<ComputerReconciler>>,
+    /// Whether events reach and come from the deployment's other processes (Postgres).
+    pub relayed: bool,
     /// The arbiter the actors run on; kept alive with the app.
     /// This process's lock (see `recovery`), held while the app lives.
     _process: recovery::ProcessLock,
@@ -88,6 +92,13 @@ impl App {
         })?;
         let db = db::connect(&config.database_url.0).await?;
         db::migrate(&db).await?;
+        processes::set_gone_after(config.process_gone_after.as_millis() as i64);
+        processes::set_address(
+            config
+                .internal_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", config.listen)),
+        );
         let operator_token = auth::ensure_operator(&db, &config.data_dir)
             .await
             .map_err(|e| StartError::Bootstrap(e.message))?;
@@ -105,7 +116,7 @@ impl App {
         let keep = config.keep_revisions as usize;
         let arbiter = Arbiter::new();
         let (homes, reconciler): (Arc<dyn HomeStore>, _) = match &config.object_storage {
-            Some(cfg) => {
+            Some(cfg) if config.role.worker() => {
                 let store = Arc::new(
                     deployment::open_store(&db, cfg, &config.data_dir, keep)
                         .await
@@ -117,6 +128,14 @@ impl App {
                 });
                 (store, Some(addr))
             }
+            Some(cfg) => (
+                Arc::new(
+                    deployment::open_store(&db, cfg, &config.data_dir, keep)
+                        .await
+                        .map_err(StartError::Bootstrap)?,
+                ) as Arc<dyn HomeStore>,
+                None,
+            ),
             None => (
                 Arc::new(LocalHomeStore::new(
                     &config.data_dir,
@@ -126,6 +145,17 @@ impl App {
                 None,
             ),
         };
+        let internal_token = keyfile::load_or_create(
+            config.internal_token.as_ref(),
+            &config.data_dir,
+            INTERNAL_TOKEN_FILE,
+        )
+        .map(|k| crate::config::Secret(hex::encode(k)))
+        .map_err(StartError::Bootstrap)?;
+        let forward = Arc::new(crate::forward::HttpForward::new(
+            internal_token.clone(),
+            config.command_timeout,
+        ));
         let runtime = Arc::new(Runtime {
             db: db.clone(),
             provider: built.provider,
@@ -139,7 +169,12 @@ impl App {
                 provider_setup_error: built.status.setup_error.clone(),
             },
             master_key,
+            forward: Some(forward),
         });
+        // Before anything publishes or watches: events of the other processes.
+        let relayed = crate::notify::start(&db, &runtime.events)
+            .await
+            .map_err(StartError::Bootstrap)?;
         // Before anything uses a home: settle what a crashed process left behind.
         let process = recovery::at_start(&runtime, &config.data_dir)
             .await
@@ -152,28 +187,30 @@ impl App {
         )
         .map_err(StartError::Bootstrap)?;
         let keyring = Arc::new(Keyring::new(1, &screen_key));
-        let internal_token = keyfile::load_or_create(
-            config.internal_token.as_ref(),
-            &config.data_dir,
-            INTERNAL_TOKEN_FILE,
-        )
-        .map(|k| crate::config::Secret(hex::encode(k)))
-        .map_err(StartError::Bootstrap)?;
         let gateway = GatewayActor::start_default();
         let routes: Arc<RouteBook> = Arc::default();
-        spawn_control_watch(
+        crate::screens::spawn_revocation_watch(
             &runtime.events,
+            crate::screens::Watch {
+                db: db.clone(),
+                gateway: gateway.clone(),
+                routes: routes.clone(),
+                provider: runtime.provider.clone(),
+            },
+        );
+        let revoker = Arc::new(GatewayRevoker::new(
             gateway.clone(),
             routes.clone(),
-            runtime.provider.clone(),
-        );
-        let revoker = Arc::new(GatewayRevoker::new(gateway.clone(), routes.clone()));
+            runtime.events.clone(),
+        ));
         let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
         let reconciled = registry.clone();
-        let computer_reconciler =
+        let every = config.reconcile_interval;
+        let computer_reconciler = config.role.worker().then(|| {
             ComputerReconciler::start_in_arbiter(&arbiter.handle(), move |_| {
-                ComputerReconciler::new(reconciled, RECONCILE_INTERVAL)
-            });
+                ComputerReconciler::new(reconciled, every)
+            })
+        });
         let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
         let proxy = ProxyState::new(
             keyring.clone(),
@@ -201,6 +238,7 @@ impl App {
             reconciler,
             _process: process,
             computer_reconciler,
+            relayed,
             _arbiter: arbiter,
         };
         let app = Arc::new(app);

@@ -1,5 +1,5 @@
-//! The `rakazo` binary: `serve`, `supervisor`, `migrate`, `doctor`, `image build`, `config
-//! example`.
+//! The `rakazo` binary: `serve`, `worker`, `supervisor`, `migrate`, `doctor`, `image build`,
+//! `config example`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use rakazo::app::App;
-use rakazo::config::{Config, ProcessEnv};
+use rakazo::config::{Config, ProcessEnv, Role};
 
 /// Rakazo Runtime: self-hostable computers for AI agents.
 #[derive(Parser)]
@@ -19,12 +19,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the API, the dashboard and the screen proxy.
+    /// Run the API, the dashboard and the screen proxy, with the worker's timers, jobs and
+    /// reconcilers unless `--no-worker`.
     Serve {
         /// Address to listen on (overrides RAKAZO_LISTEN).
         #[arg(long)]
         listen: Option<SocketAddr>,
         /// A TOML configuration file (keys are the variable names in lower case).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Serve the API only; timers, jobs and reconcilers run in `rakazo worker` processes
+        /// on the same Postgres database.
+        #[arg(long)]
+        no_worker: bool,
+    },
+    /// Run timers, jobs and reconcilers without the API (beside `serve --no-worker`
+    /// processes on the same Postgres database); listens for internal endpoints and health.
+    Worker {
+        /// Address of the internal endpoints (overrides RAKAZO_LISTEN).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// A TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -239,25 +254,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Serve { listen, config } => {
-            let file = config.clone();
-            let mut config = match load(config.as_ref()) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            if let Some(listen) = listen {
-                config.listen = listen;
-            }
-            rakazo::telemetry::init(&config.log_filter);
-            // Started on the main thread, which outlives the server: the child's parent-death
-            // signal follows it.
-            let managed = rakazo::managed::wanted(&config)
-                .then(|| rakazo::managed::ManagedSupervisor::start(&mut config, file.as_deref()))
-                .flatten();
-            let code = actix_rt::System::new().block_on(serve(config));
-            drop(managed);
-            code
-        }
+        Command::Serve {
+            listen,
+            config,
+            no_worker,
+        } => run_app(
+            listen,
+            config,
+            if no_worker { Role::Api } else { Role::Both },
+        ),
+        Command::Worker { listen, config } => run_app(listen, config, Role::Worker),
     }
 }
 
@@ -341,6 +347,32 @@ async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> E
             ExitCode::FAILURE
         }
     }
+/// `serve`, `serve --no-worker` or `worker`.
+fn run_app(listen: Option<SocketAddr>, config: Option<PathBuf>, role: Role) -> ExitCode {
+    let file = config.clone();
+    let mut config = match load(config.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    config.role = role;
+    if role != Role::Both && config.database_kind() != "postgres" {
+        eprintln!(
+            "rakazo: several processes share a Postgres database only; SQLite serves one `rakazo serve`"
+        );
+        return ExitCode::from(2);
+    }
+    rakazo::telemetry::init(&config.log_filter);
+    // Started on the main thread, which outlives the server: the child's parent-death
+    // signal follows it.
+    let managed = rakazo::managed::wanted(&config)
+        .then(|| rakazo::managed::ManagedSupervisor::start(&mut config, file.as_deref()))
+        .flatten();
+    let code = actix_rt::System::new().block_on(serve(config));
+    drop(managed);
+    code
 }
 
 async fn doctor(config: Config) -> ExitCode {

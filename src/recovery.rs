@@ -8,7 +8,7 @@
 //! A process holds an exclusive lock on `DATA_DIR/run/processes/<id>.lock` for its whole life:
 //! a lock that can be taken belongs to a process that stopped, so its reservations are released
 //! at once; a process elsewhere is gone once its heartbeat is silent
-//! ([`processes::GONE_AFTER_MS`]).
+//! ([`processes::gone_after_ms`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -111,7 +111,7 @@ async fn settle_processes(rt: &Runtime, data_dir: &Path) -> DomainResult<Process
 /// Beats this process's heartbeat and releases the reservations of silent processes, forever.
 pub async fn heartbeat(db: sea_orm::DatabaseConnection) {
     let rows = Processes::new(db);
-    let mut every = tokio::time::interval(processes::HEARTBEAT_EVERY);
+    let mut every = tokio::time::interval(processes::heartbeat_every());
     loop {
         every.tick().await;
         if let Err(e) = rows.register().await {

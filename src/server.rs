@@ -12,9 +12,14 @@ use crate::app::App;
 pub fn build(app: Arc<App>, listener: TcpListener, workers: usize) -> std::io::Result<Server> {
     let server = actix_web::HttpServer::new(move || {
         let proxy = app.proxy.clone();
+        let api = app.config.role.api();
         actix_web::App::new()
             .configure(api::configure(app.clone()))
-            .configure(|cfg| rakazo_web_proxy::configure(cfg, proxy))
+            .configure(move |cfg| {
+                if api {
+                    rakazo_web_proxy::configure(cfg, proxy)
+                }
+            })
     })
     .workers(workers.max(1))
     .disable_signals()

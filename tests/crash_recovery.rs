@@ -522,6 +522,7 @@ async fn reserve_for(data_dir: &Path, computer_id: &str, process: &str, beat_ms:
         id: Set(process.into()),
         started_at_ms: Set(now - beat_ms),
         heartbeat_at_ms: Set(now - beat_ms),
+        address: Set(None),
     }
     .insert(&db)
     .await

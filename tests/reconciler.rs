@@ -59,6 +59,8 @@ async fn stretches(s: &TestServer, id: &str) -> Vec<Option<String>> {
 async fn reconcile(s: &TestServer) -> Reconciled {
     s.app
         .computer_reconciler
+        .as_ref()
+        .expect("serve runs the reconciler")
         .send(ReconcileNow)
         .await
         .unwrap()

@@ -189,3 +189,39 @@ async fn renewing_control_keeps_it_and_its_shell_and_only_its_holder_may() {
         .unwrap_err();
     assert_eq!((theirs.0, theirs.1.as_str()), (409, "CONTROL_HELD"));
 }
+
+/// A grant that ended where this process saw no message (another process's change, a lost
+/// notification) closes its sockets at the sweep after the next gap; the socket of a grant
+/// still live stays open.
+#[actix_rt::test]
+async fn a_grant_ended_unseen_is_swept_after_a_gap() {
+    use rakazo_actors::leases::{LeaseKey, Leases};
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(2, "team").await;
+    let mut shells = Vec::new();
+    let mut grants = Vec::new();
+    for bot in &bots {
+        let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+        grants.push(control["fence"].as_i64().unwrap());
+        let issued = s.ok("computer.terminalUrl", json!({ "botId": bot })).await;
+        let mut shell = TerminalClient::connect(&s.base, issued["url"].as_str().unwrap())
+            .await
+            .unwrap();
+        shell.send("echo up\r").await;
+        shell.expect("up\r\n", WAIT).await;
+        shells.push(shell);
+    }
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Released in the table only: no revocation is sent.
+    Leases::new(s.app.db.clone())
+        .release(&LeaseKey::control(&computer, &bots[0]), grants[0])
+        .await
+        .unwrap();
+    s.app.runtime().events.gap();
+    assert_eq!(shells[0].ended(WAIT).await, Ended::Closed("revoked".into()));
+    shells[1].send("echo still-here\r").await;
+    shells[1].expect("still-here\r\n", WAIT).await;
+}

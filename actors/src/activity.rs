@@ -160,7 +160,7 @@ pub async fn record(
     let json = ActivityJson::from(&row);
     events.publish(
         &c.space_id,
-        "computer.command",
+        crate::events::Topic::ComputerCommand,
         serde_json::to_value(&json).unwrap_or_default(),
     );
     Ok(json)

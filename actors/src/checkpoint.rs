@@ -20,7 +20,7 @@ use crate::provider::{ProviderRef, Skipped, WorkspaceExport};
 use crate::runtime::Runtime;
 
 /// Why a checkpoint is asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reason {
     /// A run of `bot_id` ended (completed or failed).
     RunEnded {
@@ -50,7 +50,7 @@ impl Reason {
 }
 
 /// What a checkpoint request did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     /// Saved as this revision; the entries left out (the rest is saved).
     Saved(i64, Vec<Skipped>),

@@ -28,6 +28,7 @@ use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKey, LeaseKind, Leases};
+use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
     ProviderError, ProviderRef, ScreenInfo,
@@ -49,7 +50,7 @@ const IDLE_CHECK_INTERVAL: Duration = Duration::from_secs(15);
 const EXEC_GRACE: Duration = Duration::from_secs(5);
 
 /// One provider operation on the computer's machine.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// Run a command.
     Exec(ExecRequest),
@@ -78,7 +79,7 @@ pub enum Op {
 }
 
 /// What an [`Op`] returned.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum OpOutput {
     /// From `Exec`.
     Exec(ExecOutput),
@@ -140,6 +141,8 @@ pub enum Adoption {
     Adopted,
     /// The row says no machine runs.
     NotRunning,
+    /// Another live process holds the computer's actor.
+    Elsewhere,
 }
 
 /// The machine reference currently in use, if any (for status and tests).
@@ -163,6 +166,18 @@ pub struct ComputerActor {
     running_since: Option<Instant>,
     /// Whether this actor got (or settled) a machine once: the first time is an adoption.
     adopted: bool,
+    /// Another live process owns the computer (its internal address, if it serves one):
+    /// machine calls are forwarded there. Checked again before every call made without a
+    /// machine, so a gone owner is taken over by the next call or reconciler pass.
+    elsewhere: Option<Option<String>>,
+}
+
+/// What getting a machine found.
+enum Got {
+    /// A machine, or (adoption) none because the row says stopped.
+    Machine(Option<Acquired>),
+    /// Another live process owns the computer.
+    Elsewhere(Option<String>),
 }
 
 /// Which machine a caller wants.
@@ -195,6 +210,7 @@ impl ComputerActor {
             checkpoints: None,
             running_since: None,
             adopted: false,
+            elsewhere: None,
         }
     }
 
@@ -207,18 +223,28 @@ impl ComputerActor {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
+            if let Owner::Elsewhere { address, .. } = Owners::new(rt.db.clone()).claim(&id).await? {
+                return Ok(Got::Elsewhere(address));
+            }
             match want {
-                Want::Any => acquire_machine(&rt, &id, adopting).await.map(Some),
-                Want::IfRunning => adopt_machine(&rt, &id, adopting).await,
+                Want::Any => acquire_machine(&rt, &id, adopting)
+                    .await
+                    .map(|got| Got::Machine(Some(got))),
+                Want::IfRunning => adopt_machine(&rt, &id, adopting).await.map(Got::Machine),
             }
         };
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Ok(got) => {
+            Ok(Got::Machine(got)) => {
                 act.last_error = None;
+                act.elsewhere = None;
                 if let Some(got) = got {
                     act.adopted = true;
                     act.hold(got, ctx);
                 }
+            }
+            Ok(Got::Elsewhere(address)) => {
+                act.last_error = None;
+                act.elsewhere = Some(address);
             }
             Err(err) => act.last_error = Some(err),
         }));
@@ -295,9 +321,18 @@ impl Handler<Call> for ComputerActor {
         let fut = actix::fut::ready(()).then(move |_, act: &mut Self, _| {
             let machine = act.machine.clone();
             let last_error = act.last_error.clone();
+            let elsewhere = act.elsewhere.clone();
             let rt = act.rt.clone();
             let id = act.id.clone();
             async move {
+                if machine.is_none()
+                    && let Some(address) = elsewhere
+                {
+                    return match forward(&rt, address, &id, Remote::Call(op)).await? {
+                        RemoteOutput::Call(out) => Ok(out),
+                        _ => Err(DomainError::code(ErrorCode::Internal)),
+                    };
+                }
                 let Some(machine) = machine else {
                     return Err(last_error
                         .unwrap_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable)));
@@ -364,6 +399,7 @@ impl Handler<Adopt> for ComputerActor {
             match (&act.machine, &act.last_error) {
                 (Some(_), _) => Ok(Adoption::Adopted),
                 (None, Some(err)) => Err(err.clone()),
+                (None, None) if act.elsewhere.is_some() => Ok(Adoption::Elsewhere),
                 (None, None) => Ok(Adoption::NotRunning),
             }
         }))
@@ -409,9 +445,21 @@ impl Handler<SaveWorkspace> for ComputerActor {
     ) -> Self::Result {
         let machine = self.machine.clone();
         let checkpoints = self.checkpoints();
+        let (rt, id) = (self.rt.clone(), self.id.clone());
         Box::pin(
             async move {
                 let Some(machine) = machine else {
+                    // The owner elsewhere holds the machine: it checkpoints (shutdown drains
+                    // only what this process holds).
+                    if reason != Reason::Shutdown
+                        && let Some(Owner::Elsewhere { address, .. }) =
+                            Owners::new(rt.db.clone()).holder(&id).await?
+                    {
+                        return match forward(&rt, address, &id, Remote::Save(reason)).await? {
+                            RemoteOutput::Saved(outcome) => Ok(outcome),
+                            _ => Err(DomainError::code(ErrorCode::Internal)),
+                        };
+                    }
                     return Ok(None);
                 };
                 Ok(Some(
@@ -439,6 +487,15 @@ impl Handler<Suspend> for ComputerActor {
                 let (machine, reconnected) = match held {
                     Some(machine) => (machine, None),
                     None if reason == EndReason::Stopped => {
+                        let owners = Owners::new(rt.db.clone());
+                        match owners.claim(&id).await {
+                            Ok(Owner::Elsewhere { address, .. }) => {
+                                let res = forward(&rt, address, &id, Remote::Stop).await;
+                                return (None, res.map(|_| false));
+                            }
+                            Ok(Owner::Me) => {}
+                            Err(err) => return (None, Err(err)),
+                        }
                         match reconnect_for_stop(&rt, &id, adopting).await {
                             Ok(Some(got)) => (got.machine.clone(), Some(got)),
                             Ok(None) => return (None, Ok(false)),
@@ -458,6 +515,12 @@ impl Handler<Suspend> for ComputerActor {
                 if matches!(res, Ok(true)) {
                     act.machine = None;
                     act.running_since = None;
+                    // No machine here any more: any process may hold the computer next.
+                    let owners = Owners::new(act.rt.db.clone());
+                    let id = act.id.clone();
+                    actix::spawn(async move {
+                        let _ = owners.release(&id).await;
+                    });
                 } else if let Some(got) = reconnected {
                     // Not stopped (a failed checkpoint keeps the machine): hold it.
                     act.machine = Some(got.machine);
@@ -478,6 +541,22 @@ impl Handler<SuspendNow> for ComputerActor {
             let _ = addr.send(Suspend(reason)).await;
         });
     }
+}
+
+/// Sends a machine call or a stop to the process that owns the computer.
+async fn forward(
+    rt: &Runtime,
+    address: Option<String>,
+    id: &str,
+    what: Remote,
+) -> DomainResult<RemoteOutput> {
+    let (Some(forward), Some(address)) = (rt.forward.as_ref(), address) else {
+        return Err(DomainError::new(
+            ErrorCode::ComputerUnavailable,
+            "the computer is held by another process this one cannot reach",
+        ));
+    };
+    forward.send(&address, id, what).await
 }
 
 /// Checkpoint, then stop the machine; whether it stopped. An idle suspension first claims the
@@ -587,7 +666,7 @@ async fn stop_machine(
     let row = computers.get(id).await?;
     rt.events.publish(
         &row.space_id,
-        "computer.state",
+        crate::events::Topic::ComputerState,
         serde_json::json!({ "computerId": id, "state": "stopped", "reason": reason.as_str() }),
     );
     Ok(())
@@ -738,7 +817,7 @@ async fn reconnect_for_stop(
     );
     rt.events.publish(
         &row.space_id,
-        "computer.state",
+        crate::events::Topic::ComputerState,
         serde_json::json!({ "computerId": id, "state": "stopped", "reason": reason.as_str() }),
     );
     Ok(None)
@@ -787,7 +866,7 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
     // builds the computer image and starts the container).
     rt.events.publish(
         &row.space_id,
-        "computer.state",
+        crate::events::Topic::ComputerState,
         serde_json::json!({ "computerId": id, "state": "provisioning", "stage": "preparing" }),
     );
     let machine = provider.provision(&spec).await?;
@@ -818,7 +897,7 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
     );
     rt.events.publish(
         &row.space_id,
-        "computer.state",
+        crate::events::Topic::ComputerState,
         serde_json::json!({
             "computerId": id, "state": "running", "provisioningFence": row.provisioning_fence,
         }),

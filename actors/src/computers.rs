@@ -323,12 +323,24 @@ impl Computers {
     }
 
     /// Rows whose machine should run (running, provisioning, replacing) or was being
-    /// stopped: what a process adopts when no actor of its own holds them.
+    /// stopped and that no other live process owns: what this process adopts when no actor
+    /// of its own holds them (every process that may own a computer calls it).
     pub async fn meant_to_run(&self) -> DomainResult<Vec<computer::Model>> {
-        Ok(computer::Entity::find()
+        let rows = computer::Entity::find()
             .filter(computer::Column::State.ne(ComputerState::Stopped.as_str()))
             .all(&self.db)
-            .await?)
+            .await?;
+        let owners = crate::owners::Owners::new(self.db.clone());
+        let mut mine = Vec::with_capacity(rows.len());
+        for row in rows {
+            if !matches!(
+                owners.holder(&row.id).await?,
+                Some(crate::owners::Owner::Elsewhere { .. })
+            ) {
+                mine.push(row);
+            }
+        }
+        Ok(mine)
     }
 
     /// Close every open `computer_runs` stretch of a computer; how many it closed.

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// A stable, client-visible error code. The string form (`as_str`) is part of the contract:
 /// clients match on it, so a variant is never renamed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     /// The request is malformed or a parameter is out of range.

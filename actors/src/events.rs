@@ -1,28 +1,117 @@
-//! The in-process event bus behind live subscriptions (`/rpc/ws`).
+//! The event bus behind live subscriptions (`/rpc/ws`) and the screen gateway's revocation.
+//! Events are published in this process; a relay (Postgres `LISTEN/NOTIFY`, `src/notify.rs`)
+//! carries them to every other process of the deployment, which delivers them to its own
+//! subscribers as if published there.
 
-use serde::Serialize;
-use tokio::sync::broadcast;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc, watch};
 
 /// How many events a slow subscriber may lag before it misses some.
 const CAPACITY: usize = 1024;
 
+/// What an event is about: the stable topic names of the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Topic {
+    /// A computer's lifecycle state.
+    #[serde(rename = "computer.state")]
+    ComputerState,
+    /// A run's state.
+    #[serde(rename = "run.state")]
+    RunState,
+    /// A lease granted, released, expired or revoked.
+    #[serde(rename = "lease.changed")]
+    LeaseChanged,
+    /// A bot's screen opened, torn down or evicted.
+    #[serde(rename = "screen.state")]
+    ScreenState,
+    /// A command in the activity feed.
+    #[serde(rename = "computer.command")]
+    ComputerCommand,
+}
+
+impl Topic {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ComputerState => "computer.state",
+            Self::RunState => "run.state",
+            Self::LeaseChanged => "lease.changed",
+            Self::ScreenState => "screen.state",
+            Self::ComputerCommand => "computer.command",
+        }
+    }
+}
+
+impl PartialEq<&str> for Topic {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// One live update, scoped to a space.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// The space the event belongs to; subscribers only see their spaces.
     pub space_id: String,
-    /// Stable topic: `computer.state`, `run.state`, `lease.changed`, `screen.state`,
-    /// `computer.command`.
-    pub topic: &'static str,
+    /// What it is about.
+    pub topic: Topic,
     /// Topic-specific body.
     pub data: serde_json::Value,
+}
+
+/// A typed message to the screen gateway of every process: a grant or a slot generation
+/// ended, so the sockets opened under it close. Sent by the single writer of that state (the
+/// lease rules and the screen actor), never parsed out of a feed event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Revocation {
+    /// A control grant ended (released, expired, revoked with its run): its control sockets,
+    /// screen and terminal, close, as do the routes issued for it.
+    #[serde(rename_all = "camelCase")]
+    ControlEnded {
+        /// Computer id.
+        computer_id: String,
+        /// Bot whose screen the grant was on.
+        bot_id: String,
+        /// The grant's fence (older fences of that bot end too).
+        fence: i64,
+    },
+    /// A slot's generation was retired (teardown, reuse, eviction): every socket of that
+    /// generation or older closes.
+    #[serde(rename_all = "camelCase")]
+    SlotRetired {
+        /// Computer id.
+        computer_id: String,
+        /// Display slot.
+        slot: u32,
+        /// The newest retired generation.
+        generation: i64,
+    },
+}
+
+/// What the relay carries to other processes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Relayed {
+    /// A feed event.
+    Event(Event),
+    /// A revocation.
+    Revocation(Revocation),
 }
 
 /// A cloneable publisher; subscribers get a receiver each.
 #[derive(Clone)]
 pub struct EventBus {
     tx: broadcast::Sender<Event>,
+    revocations: broadcast::Sender<Revocation>,
+    /// Where what is published here goes to reach other processes (set once, by the relay).
+    relay: Arc<OnceLock<mpsc::UnboundedSender<Relayed>>>,
+    /// Counts gaps: times events may have been lost on their way here (the relay's
+    /// connection was made again). Watchers that must not miss one sweep after each.
+    gaps: Arc<watch::Sender<u64>>,
 }
 
 impl Default for EventBus {
@@ -36,16 +125,66 @@ impl EventBus {
     pub fn new() -> Self {
         Self {
             tx: broadcast::channel(CAPACITY).0,
+            revocations: broadcast::channel(CAPACITY).0,
+            relay: Arc::default(),
+            gaps: Arc::new(watch::channel(0).0),
         }
     }
 
-    /// Publish; having no subscriber is fine.
-    pub fn publish(&self, space_id: &str, topic: &'static str, data: serde_json::Value) {
-        let _ = self.tx.send(Event {
+    /// Publish to this process's subscribers and, through the relay, every other process's;
+    /// having no subscriber is fine.
+    pub fn publish(&self, space_id: &str, topic: Topic, data: serde_json::Value) {
+        let event = Event {
             space_id: space_id.to_owned(),
             topic,
             data,
-        });
+        };
+        if let Some(relay) = self.relay.get() {
+            let _ = relay.send(Relayed::Event(event.clone()));
+        }
+        let _ = self.tx.send(event);
+    }
+
+    /// Tell the screen gateway of this and every other process to close what `revocation`
+    /// names.
+    pub fn revoke(&self, revocation: Revocation) {
+        if let Some(relay) = self.relay.get() {
+            let _ = relay.send(Relayed::Revocation(revocation.clone()));
+        }
+        let _ = self.revocations.send(revocation);
+    }
+
+    /// Deliver what another process published, to this process's subscribers only.
+    pub fn deliver(&self, relayed: Relayed) {
+        match relayed {
+            Relayed::Event(event) => {
+                let _ = self.tx.send(event);
+            }
+            Relayed::Revocation(revocation) => {
+                let _ = self.revocations.send(revocation);
+            }
+        }
+    }
+
+    /// Hands everything published from now on to `relay` as well; answers false when a relay
+    /// was already set.
+    pub fn set_relay(&self, relay: mpsc::UnboundedSender<Relayed>) -> bool {
+        self.relay.set(relay).is_ok()
+    }
+
+    /// A new subscription to revocations (the screen gateway's watcher).
+    pub fn revocations(&self) -> broadcast::Receiver<Revocation> {
+        self.revocations.subscribe()
+    }
+
+    /// Events may have been lost on their way to this process.
+    pub fn gap(&self) {
+        self.gaps.send_modify(|n| *n += 1);
+    }
+
+    /// Watches gaps (see [`EventBus::gap`]).
+    pub fn gaps(&self) -> watch::Receiver<u64> {
+        self.gaps.subscribe()
     }
 
     /// A new subscription.

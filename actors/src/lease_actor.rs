@@ -12,6 +12,7 @@ use actix::prelude::*;
 
 use crate::clock::now_ms;
 use crate::error::DomainResult;
+use crate::events::{Revocation, Topic};
 use crate::leases::{Grant, LeaseKey, LeaseKind, Leases};
 use crate::runtime::Runtime;
 
@@ -62,16 +63,40 @@ pub struct Release {
     pub fence: i64,
 }
 
-/// Tells the space's subscribers (and through them the screen gateway) that a control grant
-/// ended, by release or by expiry.
-pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+/// Tells the space's subscribers that a control grant ended (by release, expiry or with its
+/// run), and the screen gateway of every process, by a typed revocation, to close its sockets.
+pub fn announce_control_end(
+    rt: &Runtime,
+    space_id: &str,
+    computer_id: &str,
+    bot_id: &str,
+    fence: i64,
+    why: &str,
+) {
+    rt.events.revoke(Revocation::ControlEnded {
+        computer_id: computer_id.to_owned(),
+        bot_id: bot_id.to_owned(),
+        fence,
+    });
     rt.events.publish(
         space_id,
-        "lease.changed",
+        Topic::LeaseChanged,
         serde_json::json!({
-            "computerId": grant.computer_id, "botId": grant.subject, "kind": "control",
-            "fence": grant.fence, "state": why,
+            "computerId": computer_id, "botId": bot_id, "kind": "control",
+            "fence": fence, "state": why,
         }),
+    );
+}
+
+/// [`announce_control_end`] of a grant.
+pub fn publish_control_ended(rt: &Runtime, space_id: &str, grant: &Grant, why: &str) {
+    announce_control_end(
+        rt,
+        space_id,
+        &grant.computer_id,
+        &grant.subject,
+        grant.fence,
+        why,
     );
 }
 
@@ -179,16 +204,23 @@ impl Handler<Release> for LeaseActor {
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> Self::Result {
         let leases = self.leases.clone();
-        let key = msg.key.clone();
+        let (key, fence) = (msg.key.clone(), msg.fence);
         AtomicResponse::new(Box::pin(
             async move { leases.release(&msg.key, msg.fence).await }
                 .into_actor(self)
                 .map(move |res, act, _| {
-                    if res.is_ok()
-                        && key.kind == LeaseKind::Control
-                        && let Some(grant) = act.control.remove(&key.subject)
-                    {
-                        publish_control_ended(&act.rt, &act.space_id, &grant, "released");
+                    // Published whichever process handed the grant out: the sockets it
+                    // guards may be held through any process.
+                    if res.is_ok() && key.kind == LeaseKind::Control {
+                        act.control.remove(&key.subject);
+                        announce_control_end(
+                            &act.rt,
+                            &act.space_id,
+                            &key.computer_id,
+                            &key.subject,
+                            fence,
+                            "released",
+                        );
                     }
                     res
                 }),

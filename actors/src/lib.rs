@@ -30,6 +30,7 @@ pub mod home_store;
 pub mod keys;
 pub mod lease_actor;
 pub mod leases;
+pub mod owners;
 pub mod processes;
 pub mod provider;
 pub mod reconciler;

@@ -1,23 +1,50 @@
-//! Processes of the deployment: each `rakazo serve` registers a row and beats its heartbeat.
+//! Processes of the deployment: each `rakazo serve` and `rakazo worker` registers a row (with
+//! the address of its internal endpoints) and beats its heartbeat.
 //! A maintenance reservation names the process that holds it (`<what>@<process id>`), so a
 //! reservation held by a process that is gone is released once that process provably
 //! stopped: its heartbeat is older than [`GONE_AFTER_MS`], or the caller proved it otherwise
 //! (a process on the same data directory whose lock is free).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sea_orm::sea_query::Expr;
 use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
 
 use crate::clock::{new_id, now_ms};
-use crate::entity::{lease, process};
+use crate::entity::{computer_owner, lease, process};
 use crate::error::DomainResult;
 
-/// How often a process beats its heartbeat.
+/// How often a process beats its heartbeat by default.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-/// A process whose heartbeat is older than this is gone (six missed beats).
+/// By default a process whose heartbeat is older than this is gone (six missed beats).
 pub const GONE_AFTER_MS: i64 = 60_000;
+
+static GONE_AFTER: AtomicI64 = AtomicI64::new(GONE_AFTER_MS);
+
+/// Sets how long a silent process counts as alive (`RAKAZO_PROCESS_GONE_MS`); heartbeats
+/// come six times as often. Every process of a deployment must use the same value.
+pub fn set_gone_after(ms: i64) {
+    GONE_AFTER.store(ms.max(600), Ordering::Relaxed);
+}
+
+/// How long a silent process counts as alive.
+pub fn gone_after_ms() -> i64 {
+    GONE_AFTER.load(Ordering::Relaxed)
+}
+
+/// How often this process beats its heartbeat (a sixth of [`gone_after_ms`]).
+pub fn heartbeat_every() -> Duration {
+    Duration::from_millis((gone_after_ms() / 6).max(100) as u64)
+}
+
+static ADDRESS: OnceLock<String> = OnceLock::new();
+
+/// Records where this process serves its internal endpoints, before it registers.
+pub fn set_address(address: String) {
+    let _ = ADDRESS.set(address);
+}
 
 /// This process's id, random per start.
 pub fn id() -> &'static str {
@@ -55,6 +82,7 @@ impl Processes {
             id: Set(id().into()),
             started_at_ms: Set(now),
             heartbeat_at_ms: Set(now),
+            address: Set(ADDRESS.get().cloned()),
         }
         .insert(&self.db)
         .await?;
@@ -81,11 +109,20 @@ impl Processes {
 
     /// Whether a process's heartbeat says it is gone.
     pub fn silent(row: &process::Model, now: i64) -> bool {
-        now.saturating_sub(row.heartbeat_at_ms) > GONE_AFTER_MS
+        now.saturating_sub(row.heartbeat_at_ms) > gone_after_ms()
     }
 
-    /// A process is gone: releases the maintenance reservations it held and forgets it.
-    /// Returns how many reservations were released.
+    /// A live process by id (`None` when unknown or silent).
+    pub async fn live(&self, process_id: &str) -> DomainResult<Option<process::Model>> {
+        let row = process::Entity::find_by_id(process_id)
+            .one(&self.db)
+            .await?;
+        Ok(row.filter(|r| !Self::silent(r, now_ms())))
+    }
+
+    /// A process is gone: releases the maintenance reservations it held, its claims on
+    /// computers (their actors may start elsewhere), and forgets it. Returns how many
+    /// reservations were released.
     pub async fn gone(&self, process_id: &str) -> DomainResult<u64> {
         let released = lease::Entity::update_many()
             .col_expr(lease::Column::ReleasedAtMs, Expr::value(now_ms()))
@@ -95,6 +132,10 @@ impl Processes {
             .exec(&self.db)
             .await?
             .rows_affected;
+        computer_owner::Entity::delete_many()
+            .filter(computer_owner::Column::ProcessId.eq(process_id))
+            .exec(&self.db)
+            .await?;
         process::Entity::delete_by_id(process_id)
             .exec(&self.db)
             .await?;

@@ -65,7 +65,7 @@ pub struct MachineSpec {
 }
 
 /// A command to run inside the machine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecRequest {
     /// Shell command line, run by the machine's shell.
     pub command: String,
@@ -78,7 +78,7 @@ pub struct ExecRequest {
 }
 
 /// The outcome of a command.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecOutput {
     /// Exit status (`-1` when killed by the deadline).
@@ -92,7 +92,7 @@ pub struct ExecOutput {
 }
 
 /// A directory entry in the workspace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FileEntry {
     /// Name within its directory.
@@ -107,7 +107,7 @@ pub struct FileEntry {
 }
 
 /// One captured frame of a screen.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
     /// PNG bytes.
     pub png: Vec<u8>,
@@ -166,7 +166,7 @@ fn default_button() -> Button {
 }
 
 /// An entry an export left out (a name the store cannot hold), and why.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Skipped {
     /// Its path in the workspace (not-UTF-8 bytes shown as U+FFFD).
     pub path: String,
@@ -192,7 +192,7 @@ pub enum WorkspaceExport {
 }
 
 /// The result of an action batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActOutcome {
     /// How many actions completed, in order.
     pub completed: usize,
@@ -203,7 +203,7 @@ pub struct ActOutcome {
 }
 
 /// Why a batch stopped before its end.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActStop {
     /// `InvalidParams` when the action cannot be done on this screen (a point outside it,
     /// an unknown key, a scroll, text or wait beyond its bound); `ProviderFailed` when the
@@ -233,7 +233,7 @@ impl ActStop {
 }
 
 /// An allocated screen: the display slot a bot's desktop runs on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScreenInfo {
     /// Display slot (X display `:slot+1`).

@@ -15,8 +15,9 @@
 //!
 //! A computer started at another provider kind than this process's is not adopted: its row
 //! is marked stopped (the next use provisions here). Which computers a process adopts is
-//! decided in this one place (`Computers::meant_to_run`): today every process adopts them
-//! all, so one process serves a database.
+//! decided in this one place (`Computers::meant_to_run`): the computers no other live process
+//! owns (`owners`), so after a process stops heartbeating, any other process adopts what it
+//! held; an actor claims the computer before it reconnects, so exactly one does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,7 +140,7 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
                     done.adopted += 1;
                     tracing::info!(event = "reconciler.adopted", computer.id = %id);
                 }
-                Ok(Ok(Adoption::NotRunning)) => done.not_running += 1,
+                Ok(Ok(Adoption::NotRunning | Adoption::Elsewhere)) => done.not_running += 1,
                 Ok(Err(e)) => {
                     done.failed += 1;
                     tracing::warn!(event = "reconciler.adopt_failed", computer.id = %id, code = e.code.as_str());

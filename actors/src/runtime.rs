@@ -10,6 +10,7 @@ use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::events::EventBus;
 use crate::home_store::{HomeId, HomeStore};
 use crate::keys::{self, KeyBytes};
+use crate::owners::Forward;
 use crate::provider::SandboxProvider;
 
 /// Timing and capacity settings of computers.
@@ -54,6 +55,8 @@ pub struct Runtime {
     pub settings: Settings,
     /// The deployment's master key; wraps the spaces' content keys.
     pub master_key: KeyBytes,
+    /// How machine calls reach a computer another process owns (`None`: one process).
+    pub forward: Option<Arc<dyn Forward>>,
 }
 
 impl Runtime {

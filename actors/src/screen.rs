@@ -215,7 +215,7 @@ impl Handler<Teardown> for ScreenActor {
                 active.updated_at_ms = Set(now_ms());
                 let existing = active.update(&rt.db).await?;
                 revoker.revoke_slot(&computer_id, slot as u32, generation).await;
-                rt.events.publish(&space_id, "screen.state", serde_json::json!({
+                rt.events.publish(&space_id, crate::events::Topic::ScreenState, serde_json::json!({
                     "computerId": computer_id, "botId": bot_id, "slot": slot, "generation": generation,
                     "state": "torn_down",
                 }));

@@ -27,7 +27,7 @@ fn rejection(status: StatusCode, reason: RejectCause) -> HttpResponse {
 }
 
 /// Whether the request carries the internal credential (compared in constant time).
-fn internal_caller(app: &App, req: &HttpRequest) -> bool {
+pub(crate) fn internal_caller(app: &App, req: &HttpRequest) -> bool {
     use subtle::ConstantTimeEq;
     super::bearer(req).is_some_and(|token| {
         token

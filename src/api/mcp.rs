@@ -208,9 +208,11 @@ async fn initialize(
         Ok(r) => r,
         Err(e) => return HttpResponse::Ok().json(rpc::error(id, &e)),
     };
-    app.runtime()
-        .events
-        .publish(&run.space_id, "run.state", methods::run_json(&run));
+    app.runtime().events.publish(
+        &run.space_id,
+        rakazo_actors::events::Topic::RunState,
+        methods::run_json(&run),
+    );
     let session_id = crate::auth::generate();
     app.mcp.insert(
         session_id.clone(),

@@ -7,6 +7,8 @@ pub mod methods;
 pub mod rpc;
 pub mod ws;
 
+pub(crate) use internal::internal_caller;
+
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
@@ -21,13 +23,19 @@ use crate::auth::{self, Caller};
 /// Mount every route.
 pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
+        let api = app.config.role.api();
         cfg.app_data(web::Data::from(app))
             .route("/internal/health", web::get().to(health))
             .route(
                 "/internal/screen-authority",
                 web::post().to(internal::screen_authority),
             )
-            .route("/rpc", web::post().to(rpc_http))
+            .route("/internal/computer", web::post().to(crate::forward::serve));
+        if !api {
+            // `rakazo worker`: health and the internal endpoints only.
+            return;
+        }
+        cfg.route("/rpc", web::post().to(rpc_http))
             .route("/rpc/ws", web::get().to(ws::upgrade))
             .service(
                 web::resource("/mcp")
@@ -56,6 +64,7 @@ async fn health(app: web::Data<App>) -> HttpResponse {
         "status": if ok { "ok" } else { "degraded" },
         "sandbox": status.sandbox,
         "database": app.config.database_kind(),
+        "role": app.config.role.as_str(),
         "version": env!("CARGO_PKG_VERSION"),
     });
     if let Some(err) = &status.setup_error {

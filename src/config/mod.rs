@@ -148,6 +148,38 @@ impl Default for EgressSettings {
     }
 }
 
+/// What one process of a deployment runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `rakazo serve`: the API and the worker's timers, jobs and reconcilers in one process.
+    Both,
+    /// `rakazo serve --no-worker`: the API only.
+    Api,
+    /// `rakazo worker`: timers, jobs and reconcilers, and the internal endpoints.
+    Worker,
+}
+
+impl Role {
+    /// Whether this process serves the public API.
+    pub fn api(self) -> bool {
+        matches!(self, Self::Both | Self::Api)
+    }
+
+    /// Whether this process runs timers, jobs and reconcilers.
+    pub fn worker(self) -> bool {
+        matches!(self, Self::Both | Self::Worker)
+    }
+
+    /// The name health reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Both => "serve",
+            Self::Api => "api",
+            Self::Worker => "worker",
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -171,6 +203,15 @@ pub struct Config {
     pub run_lease_ttl: Duration,
     /// `MCP_SESSION_IDLE_MS`: an MCP session without a call for this long ends.
     pub mcp_session_idle: Duration,
+    /// `RAKAZO_PROCESS_GONE_MS`: a silent process is gone after this long.
+    pub process_gone_after: Duration,
+    /// `RAKAZO_RECONCILE_INTERVAL_MS`: how often the computer reconciler passes.
+    pub reconcile_interval: Duration,
+    /// `RAKAZO_INTERNAL_URL`: where other processes reach this one (`None`: from the listen
+    /// address).
+    pub internal_url: Option<String>,
+    /// What this process runs (`serve`, `serve --no-worker`, `worker`); not a variable.
+    pub role: Role,
     /// `SANDBOX_TEAM_SCREEN_LIMIT`.
     pub team_screen_limit: u32,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
@@ -417,6 +458,8 @@ impl Config {
         };
         let run_lease_ttl = at_least_a_second("RUN_LEASE_TTL_MS")?;
         let mcp_session_idle = at_least_a_second("MCP_SESSION_IDLE_MS")?;
+        let process_gone_after = at_least_a_second("RAKAZO_PROCESS_GONE_MS")?;
+        let reconcile_interval = at_least_a_second("RAKAZO_RECONCILE_INTERVAL_MS")?;
         let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
         if let Some(token) = &supervisor_token {
             let others = [&screen_secret, &content_key, &internal_token];
@@ -490,6 +533,12 @@ impl Config {
             max_active: Duration::from_millis(s.number("COMPUTER_MAX_ACTIVE_MS", 30 * DAY_MS)?),
             run_lease_ttl,
             mcp_session_idle,
+            process_gone_after,
+            reconcile_interval,
+            internal_url: s
+                .get("RAKAZO_INTERNAL_URL")
+                .map(|u| u.trim_end_matches('/').to_owned()),
+            role: Role::Both,
             team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),

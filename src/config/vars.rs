@@ -94,6 +94,24 @@ pub const VARS: &[Var] = &[
         doc: "End an MCP session after this many milliseconds without a call: its run ends as canceled, with a checkpoint (at least 1000).",
     },
     Var {
+        name: "RAKAZO_PROCESS_GONE_MS",
+        default: "60000",
+        secret: false,
+        doc: "A process (serve or worker) whose heartbeat is silent this many milliseconds is gone: its reservations are released and another process adopts its computers; heartbeats come six times as often. Use one value for every process of a deployment (at least 1000).",
+    },
+    Var {
+        name: "RAKAZO_RECONCILE_INTERVAL_MS",
+        default: "60000",
+        secret: false,
+        doc: "How often a worker (or plain serve) adopts computers no live process holds, closes stretches nobody saw end and expires stale grants, in milliseconds (at least 1000).",
+    },
+    Var {
+        name: "RAKAZO_INTERNAL_URL",
+        default: "",
+        secret: false,
+        doc: "Base URL at which the deployment's other processes reach this process's internal endpoints (machine calls for computers it holds); empty = http:// and RAKAZO_LISTEN, which must then not be a wildcard address when several processes share a database.",
+    },
+    Var {
         name: "SANDBOX_TEAM_SCREEN_LIMIT",
         default: "0",
         secret: false,

@@ -24,7 +24,7 @@ use rakazo_web_proxy::{Capability, Channel, GatewayActor, Keyring, Policy};
 use serde::Serialize;
 
 pub use authority::ScreenAuthority;
-pub use revoke::{GatewayRevoker, spawn_control_watch};
+pub use revoke::{GatewayRevoker, Watch, spawn_revocation_watch, sweep};
 
 /// Lifetime of a view URL.
 pub const VIEW_TTL: Duration = Duration::from_secs(15 * 60);

@@ -1,27 +1,48 @@
 //! Revocation: a torn-down slot closes every socket of its older generations before the slot
-//! serves anyone else, and an ended control lease closes its control sockets and routes.
+//! serves anyone else, and an ended control grant closes its control sockets and routes.
+//!
+//! The single writers of grants (the lease rules) and slot generations (the screen actor) send
+//! typed [`Revocation`]s on the event bus; the relay carries them to every other process. The
+//! watcher of each process tells its `GatewayActor` at once and cleans routes up after. After
+//! any gap (a lagged subscription, a relay reconnect, and at start and on an interval for
+//! whatever another process changed unseen) it sweeps: every live socket is checked against
+//! the lease and screen tables, and each one no longer granted is closed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::Addr;
 use async_trait::async_trait;
-use rakazo_actors::events::EventBus;
+use rakazo_actors::entity::screen;
+use rakazo_actors::events::{EventBus, Revocation};
+use rakazo_actors::leases::{LeaseKey, Leases};
 use rakazo_actors::provider::{SandboxProvider, ScreenPolicy};
 use rakazo_actors::screen::ScreenRevoker;
-use rakazo_web_proxy::{GatewayActor, RevokeControl, RevokeSlot};
+use rakazo_web_proxy::{GatewayActor, ListScopes, Policy, RevokeControl, RevokeSlot};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use tokio::sync::broadcast::error::RecvError;
 
 use super::RouteBook;
+
+/// How often the watcher sweeps even without a known gap.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 /// The `ScreenRevoker` the screen actors call before a slot is reused.
 pub struct GatewayRevoker {
     gateway: Addr<GatewayActor>,
     routes: Arc<RouteBook>,
+    events: EventBus,
 }
 
 impl GatewayRevoker {
-    /// A revoker over the app's socket registry and routes.
-    pub fn new(gateway: Addr<GatewayActor>, routes: Arc<RouteBook>) -> Self {
-        Self { gateway, routes }
+    /// A revoker over the app's socket registry and routes; it tells other processes by
+    /// `events`.
+    pub fn new(gateway: Addr<GatewayActor>, routes: Arc<RouteBook>, events: EventBus) -> Self {
+        Self {
+            gateway,
+            routes,
+            events,
+        }
     }
 }
 
@@ -32,14 +53,20 @@ impl ScreenRevoker for GatewayRevoker {
         self.routes.retain(|k, _| {
             !(k.computer_id == computer_id && k.slot == slot && k.generation < generation)
         });
+        let retired = (generation - 1).max(0);
+        // Other processes' sockets of the slot (their own watchers close them).
+        self.events.revoke(Revocation::SlotRetired {
+            computer_id: computer_id.to_owned(),
+            slot,
+            generation: retired,
+        });
         let Ok(slot) = u16::try_from(slot) else {
             return;
         };
-        let retired = (generation - 1).max(0) as u64;
         let revoke = RevokeSlot {
             computer_id: computer_id.into(),
             slot,
-            generation: retired,
+            generation: retired as u64,
         };
         match self.gateway.send(revoke).await {
             Ok(done) => tracing::info!(
@@ -52,64 +79,183 @@ impl ScreenRevoker for GatewayRevoker {
     }
 }
 
-/// Watch the event bus for ended control leases: close their sockets, then their routes.
-pub fn spawn_control_watch(
-    events: &EventBus,
-    gateway: Addr<GatewayActor>,
-    routes: Arc<RouteBook>,
-    provider: Option<Arc<dyn SandboxProvider>>,
-) {
-    let mut rx = events.subscribe();
+/// What the watcher needs.
+#[derive(Clone)]
+pub struct Watch {
+    /// The database (the sweep's truth).
+    pub db: DatabaseConnection,
+    /// This process's socket registry.
+    pub gateway: Addr<GatewayActor>,
+    /// This process's routes.
+    pub routes: Arc<RouteBook>,
+    /// The provider, which closes routes upstream.
+    pub provider: Option<Arc<dyn SandboxProvider>>,
+}
+
+/// Watch typed revocations (and gaps) for as long as the process lives.
+pub fn spawn_revocation_watch(events: &EventBus, watch: Watch) {
+    let mut rx = events.revocations();
+    let mut gaps = events.gaps();
     actix::spawn(async move {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
         loop {
-            let event = match rx.recv().await {
-                Ok(e) => e,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(_) => return,
-            };
-            let d = &event.data;
-            let ended = matches!(
-                d["state"].as_str(),
-                Some("released" | "expired" | "revoked")
-            );
-            if event.topic != "lease.changed" || d["kind"] != "control" || !ended {
-                continue;
+            tokio::select! {
+                got = rx.recv() => match got {
+                    Ok(revocation) => apply(&watch, revocation).await,
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::warn!(event = "screen.revocations_lagged", missed);
+                        sweep(&watch).await;
+                    }
+                    Err(RecvError::Closed) => return,
+                },
+                changed = gaps.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    sweep(&watch).await;
+                }
+                _ = every.tick() => {
+                    sweep(&watch).await;
+                }
             }
-            let (Some(computer_id), Some(bot_id), Some(fence)) = (
-                d["computerId"].as_str(),
-                d["botId"].as_str(),
-                d["fence"].as_i64(),
-            ) else {
-                continue;
-            };
+        }
+    });
+}
+
+/// Closes what one revocation names: the sockets at once, routes after.
+async fn apply(watch: &Watch, revocation: Revocation) {
+    match revocation {
+        Revocation::ControlEnded {
+            computer_id,
+            bot_id,
+            fence,
+        } => {
             let revoke = RevokeControl {
-                computer_id: computer_id.into(),
-                bot_id: bot_id.into(),
-                fence: fence as u64,
+                computer_id: computer_id.clone(),
+                bot_id: bot_id.clone(),
+                fence: fence.max(0) as u64,
             };
-            if let Ok(done) = gateway.send(revoke).await {
+            if let Ok(done) = watch.gateway.send(revoke).await {
                 tracing::info!(
                     event = "screen.revoked",
                     cause = "control",
                     closed = done.closed
                 );
             }
-            let ended: Vec<_> = routes
-                .iter()
-                .filter(|e| {
-                    let k = e.key();
-                    k.computer_id == computer_id
-                        && k.bot_id == bot_id
-                        && k.policy == ScreenPolicy::Control
-                        && k.fence <= fence
-                })
-                .map(|e| e.key().clone())
-                .collect();
-            for key in ended {
-                if let (Some((_, entry)), Some(p)) = (routes.remove(&key), provider.as_ref()) {
-                    let _ = p.close_route(&entry.machine, &entry.route.token).await;
-                }
+            let watch = watch.clone();
+            actix::spawn(async move {
+                close_control_routes(&watch, &computer_id, &bot_id, fence).await;
+            });
+        }
+        Revocation::SlotRetired {
+            computer_id,
+            slot,
+            generation,
+        } => {
+            watch.routes.retain(|k, _| {
+                !(k.computer_id == computer_id && k.slot == slot && k.generation <= generation)
+            });
+            let Ok(slot) = u16::try_from(slot) else {
+                return;
+            };
+            let revoke = RevokeSlot {
+                computer_id,
+                slot,
+                generation: generation.max(0) as u64,
+            };
+            if let Ok(done) = watch.gateway.send(revoke).await
+                && done.closed > 0
+            {
+                tracing::info!(
+                    event = "screen.revoked",
+                    cause = "slot",
+                    closed = done.closed
+                );
             }
         }
-    });
+    }
+}
+
+/// Drops a control grant's routes and closes them upstream (off the revocation path).
+async fn close_control_routes(watch: &Watch, computer_id: &str, bot_id: &str, fence: i64) {
+    let ended: Vec<_> = watch
+        .routes
+        .iter()
+        .filter(|e| {
+            let k = e.key();
+            k.computer_id == computer_id
+                && k.bot_id == bot_id
+                && k.policy == ScreenPolicy::Control
+                && k.fence <= fence
+        })
+        .map(|e| e.key().clone())
+        .collect();
+    for key in ended {
+        if let (Some((_, entry)), Some(p)) = (watch.routes.remove(&key), watch.provider.as_ref()) {
+            let _ = p.close_route(&entry.machine, &entry.route.token).await;
+        }
+    }
+}
+
+/// Checks every live socket against the lease and screen tables and closes each one no
+/// longer granted: a control socket whose grant is not the live one, any socket whose screen
+/// row no longer has its slot and generation active. Answers how many scopes it revoked.
+pub async fn sweep(watch: &Watch) -> usize {
+    let Ok(scopes) = watch.gateway.send(ListScopes).await else {
+        return 0;
+    };
+    let leases = Leases::new(watch.db.clone());
+    let mut revoked = 0;
+    for scope in scopes {
+        let rows = screen::Entity::find()
+            .filter(screen::Column::ComputerId.eq(scope.computer_id.as_str()))
+            .filter(screen::Column::BotId.eq(scope.bot_id.as_str()))
+            .all(&watch.db)
+            .await;
+        let Ok(rows) = rows else {
+            // Unknown: nothing is closed on a database error; the next sweep looks again.
+            continue;
+        };
+        let current = rows.iter().any(|r| {
+            r.state == "active"
+                && r.slot == Some(i64::from(scope.slot))
+                && r.generation == scope.generation as i64
+        });
+        if !current {
+            revoked += 1;
+            apply(
+                watch,
+                Revocation::SlotRetired {
+                    computer_id: scope.computer_id.clone(),
+                    slot: u32::from(scope.slot),
+                    generation: scope.generation as i64,
+                },
+            )
+            .await;
+            continue;
+        }
+        if scope.policy == Policy::Control {
+            let key = LeaseKey::control(&scope.computer_id, &scope.bot_id);
+            let granted = match leases.live(&key).await {
+                Ok(live) => live.is_some_and(|g| g.fence == scope.fence as i64),
+                Err(_) => continue,
+            };
+            if !granted {
+                revoked += 1;
+                apply(
+                    watch,
+                    Revocation::ControlEnded {
+                        computer_id: scope.computer_id.clone(),
+                        bot_id: scope.bot_id.clone(),
+                        fence: scope.fence as i64,
+                    },
+                )
+                .await;
+            }
+        }
+    }
+    if revoked > 0 {
+        tracing::info!(event = "screen.swept", revoked);
+    }
+    revoked
 }

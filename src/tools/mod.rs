@@ -608,7 +608,7 @@ async fn request_takeover(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         .await?;
     ctx.app.runtime().events.publish(
         &run.space_id,
-        "run.state",
+        rakazo_actors::events::Topic::RunState,
         crate::api::methods::run_json(&run),
     );
     let why = reason.unwrap_or_default();

@@ -106,7 +106,8 @@ impl RevokeCause {
     }
 }
 
-/// Acknowledges a close when dropped: the socket drops it once it has closed both sides.
+/// Acknowledges a close when dropped: the socket drops it once the browser's side is closed (its
+/// upstream is cleaned up after).
 #[derive(Debug)]
 pub struct CloseAck(Option<oneshot::Sender<()>>);
 
@@ -253,6 +254,11 @@ pub struct ForgetComputer {
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct CountSockets;
+
+/// The scopes of every live socket, each once (the sweep checks them against the tables).
+#[derive(Message)]
+#[rtype(result = "Vec<SocketScope>")]
+pub struct ListScopes;
 
 /// The answer to a revocation: how many sockets were closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, MessageResponse)]
@@ -468,6 +474,20 @@ impl Handler<ForgetComputer> for GatewayActor {
         self.ended_fence.retain(|(c, _), _| *c != msg.computer_id);
         let acks = self.close_where(RevokeCause::Slot, |s| s.computer_id == msg.computer_id);
         await_acks(acks)
+    }
+}
+
+impl Handler<ListScopes> for GatewayActor {
+    type Result = Vec<SocketScope>;
+
+    fn handle(&mut self, _: ListScopes, _: &mut Self::Context) -> Vec<SocketScope> {
+        let mut scopes: Vec<SocketScope> = Vec::new();
+        for entry in self.sockets.values() {
+            if !scopes.contains(&entry.scope) {
+                scopes.push(entry.scope.clone());
+            }
+        }
+        scopes
     }
 }
 

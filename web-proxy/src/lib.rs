@@ -62,6 +62,8 @@ pub use authority::{
     RejectCause, Target,
 };
 pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
-pub use gateway::{ExtendControl, GatewayActor, RevokeControl, RevokeSlot};
+pub use gateway::{
+    ExtendControl, GatewayActor, ListScopes, RevokeControl, RevokeSlot, SocketKind, SocketScope,
+};
 pub use service::{ProxyConfig, ProxyState, configure};
 pub use viewer::{Viewer, ViewerError};

@@ -268,16 +268,24 @@ async fn relay(
         }),
     };
     let upstream_open = !matches!(end, End::Upstream(_) | End::UpstreamError);
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-        let _ = to_client.close(client_reason).await;
-        if upstream_open {
-            let _ = up_tx.send(UpMessage::Close(upstream_frame)).await;
-        }
-        let _ = up_tx.close().await;
-    })
-    .await;
-    drop(up_rx);
+    // The browser's side first: its close frame, then every handle of its connection goes,
+    // so the connection itself ends now. A revocation is acknowledged here; the upstream is
+    // cleaned up after, off the revocation path (nothing it sends reaches the browser).
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, to_client.close(client_reason)).await;
+    drop(pong);
+    drop(client);
     drop(registration);
+    drop(ack);
+    actix_rt::spawn(async move {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            if upstream_open {
+                let _ = up_tx.send(UpMessage::Close(upstream_frame)).await;
+            }
+            let _ = up_tx.close().await;
+        })
+        .await;
+        drop(up_rx);
+    });
     tracing::event!(
         name: "screen.proxy.websocket_closed",
         tracing::Level::INFO,
@@ -289,8 +297,6 @@ async fn relay(
         dropped_input = filter.as_ref().map_or(0, ViewFilter::dropped),
         "screen.proxy.websocket_closed"
     );
-    // Acknowledge the revocation only now that both sides are closed.
-    drop(ack);
 }
 
 fn socket_error(conn: ConnectionId, policy: Policy, side: &'static str, error: &'static str) {

@@ -4,6 +4,7 @@ pub mod activity_event;
 pub mod api_token;
 pub mod bot;
 pub mod computer;
+pub mod computer_owner;
 pub mod computer_run;
 pub mod deployment_setting;
 pub mod home_revision;

@@ -6,13 +6,16 @@ use sea_orm::entity::prelude::*;
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "processes")]
 pub struct Model {
-    /// Random id of one run of a `rakazo serve` process.
+    /// Random id of one run of a `rakazo serve` or `rakazo worker` process.
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: String,
     /// When it started.
     pub started_at_ms: i64,
     /// Its last heartbeat.
     pub heartbeat_at_ms: i64,
+    /// Where other processes reach its internal endpoints (`http://host:port`); `None` when
+    /// it serves none.
+    pub address: Option<String>,
 }
 
 /// No declared relations.

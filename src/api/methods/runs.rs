@@ -34,10 +34,11 @@ fn lease_json(g: &Grant) -> Value {
 }
 
 fn publish_run(ctx: &Ctx<'_>, r: &run::Model) {
-    ctx.app
-        .runtime()
-        .events
-        .publish(&r.space_id, "run.state", run_json(r));
+    ctx.app.runtime().events.publish(
+        &r.space_id,
+        rakazo_actors::events::Topic::RunState,
+        run_json(r),
+    );
 }
 
 /// The configured lifetime of an execution lease (`RUN_LEASE_TTL_MS`).
@@ -87,17 +88,24 @@ pub async fn end_run(
         .finish(run_id, fence, outcome)
         .await?;
     app.tools.forget(run_id);
-    app.runtime()
-        .events
-        .publish(&r.space_id, "run.state", run_json(&r));
+    app.runtime().events.publish(
+        &r.space_id,
+        rakazo_actors::events::Topic::RunState,
+        run_json(&r),
+    );
     let leases = Leases::new(app.db.clone());
     if let Some(grant) = leases
         .revoke(&LeaseKey::control(&r.computer_id, &r.bot_id))
         .await?
     {
-        app.runtime().events.publish(&r.space_id, "lease.changed", json!({
-            "computerId": r.computer_id, "botId": r.bot_id, "kind": "control", "fence": grant.fence, "state": "revoked",
-        }));
+        rakazo_actors::lease_actor::announce_control_end(
+            app.runtime(),
+            &r.space_id,
+            &r.computer_id,
+            &r.bot_id,
+            grant.fence,
+            "revoked",
+        );
     }
     let h = app.registry.computer(&r.computer_id, &r.space_id);
     if outcome != RunState::Completed {
@@ -112,9 +120,11 @@ pub async fn end_run(
         Err(e) => {
             tracing::warn!(event = "checkpoint.failed", computer.id = %r.computer_id, code = e.code.as_str());
             let r = Runs::new(app.db.clone()).checkpoint_failed(r).await?;
-            app.runtime()
-                .events
-                .publish(&r.space_id, "run.state", run_json(&r));
+            app.runtime().events.publish(
+                &r.space_id,
+                rakazo_actors::events::Topic::RunState,
+                run_json(&r),
+            );
             let failed = json!({ "failed": true, "code": e.code.as_str(), "message": e.message });
             (r, failed)
         }
@@ -308,7 +318,7 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     };
     ctx.app.runtime().events.publish(
         &c.space_id,
-        "lease.changed",
+        rakazo_actors::events::Topic::LeaseChanged,
         json!({
             "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
             "holder": grant.holder, "state": "granted",
@@ -436,7 +446,7 @@ pub async fn renew_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> 
     tracing::debug!(event = "screen.control_renewed", sockets = extended);
     ctx.app.runtime().events.publish(
         &c.space_id,
-        "lease.changed",
+        rakazo_actors::events::Topic::LeaseChanged,
         json!({
             "computerId": c.id, "botId": p.bot_id, "kind": "control", "fence": grant.fence,
             "holder": grant.holder, "state": "renewed", "expiresAtMs": grant.expires_at_ms,

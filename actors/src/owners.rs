@@ -1,0 +1,167 @@
+//! Which process holds each computer's actor. A computer's machine, timers and stretches
+//! belong to one process at a time: the one named by its `computer_owners` row. A process
+//! claims a computer before its actor gets a machine; a claim held by a process that is gone
+//! (no row, or a silent heartbeat) is taken over by one conditional update, so exactly one
+//! claimant wins. A process that is not the owner forwards machine calls to it.
+
+use async_trait::async_trait;
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{Outcome, Reason};
+use crate::clock::now_ms;
+use crate::computer::{Op, OpOutput};
+use crate::entity::computer_owner;
+use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::processes::{self, Processes};
+
+/// Who holds a computer's actor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// This process.
+    Me,
+    /// Another live process, reachable at `address` (`None`: it serves no internal endpoint).
+    Elsewhere {
+        /// The owning process.
+        process_id: String,
+        /// Its internal endpoints' base URL.
+        address: Option<String>,
+    },
+}
+
+/// Claims over the database.
+#[derive(Clone)]
+pub struct Owners {
+    db: DatabaseConnection,
+}
+
+impl Owners {
+    /// Claims over a database.
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// Claims `computer_id` for this process unless a live process holds it; answers who
+    /// holds it now.
+    pub async fn claim(&self, computer_id: &str) -> DomainResult<Owner> {
+        let me = processes::id();
+        computer_owner::Entity::insert(computer_owner::ActiveModel {
+            computer_id: Set(computer_id.to_owned()),
+            process_id: Set(me.to_owned()),
+            claimed_at_ms: Set(now_ms()),
+        })
+        .on_conflict(
+            OnConflict::column(computer_owner::Column::ComputerId)
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_without_returning(&self.db)
+        .await?;
+        for _ in 0..3 {
+            let Some(row) = computer_owner::Entity::find_by_id(computer_id)
+                .one(&self.db)
+                .await?
+            else {
+                // Released meanwhile: claim again.
+                return Box::pin(self.claim(computer_id)).await;
+            };
+            if row.process_id == me {
+                return Ok(Owner::Me);
+            }
+            if let Some(owner) = Processes::new(self.db.clone())
+                .live(&row.process_id)
+                .await?
+            {
+                return Ok(Owner::Elsewhere {
+                    process_id: owner.id,
+                    address: owner.address,
+                });
+            }
+            // The owner is gone: take over, unless someone else did first.
+            let taken = computer_owner::Entity::update_many()
+                .col_expr(computer_owner::Column::ProcessId, Expr::value(me))
+                .col_expr(computer_owner::Column::ClaimedAtMs, Expr::value(now_ms()))
+                .filter(computer_owner::Column::ComputerId.eq(computer_id))
+                .filter(computer_owner::Column::ProcessId.eq(row.process_id.as_str()))
+                .exec(&self.db)
+                .await?
+                .rows_affected;
+            if taken == 1 {
+                tracing::info!(event = "computer.taken_over", computer.id = computer_id);
+                return Ok(Owner::Me);
+            }
+        }
+        Err(DomainError::new(
+            ErrorCode::ComputerUnavailable,
+            "the computer's owner is changing; try again",
+        ))
+    }
+
+    /// Who holds `computer_id` now, without claiming it (`None`: nobody, or a gone process).
+    pub async fn holder(&self, computer_id: &str) -> DomainResult<Option<Owner>> {
+        let Some(row) = computer_owner::Entity::find_by_id(computer_id)
+            .one(&self.db)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if row.process_id == processes::id() {
+            return Ok(Some(Owner::Me));
+        }
+        Ok(Processes::new(self.db.clone())
+            .live(&row.process_id)
+            .await?
+            .map(|p| Owner::Elsewhere {
+                process_id: p.id,
+                address: p.address,
+            }))
+    }
+
+    /// Gives up this process's claim (its actor holds no machine any more).
+    pub async fn release(&self, computer_id: &str) -> DomainResult<()> {
+        computer_owner::Entity::delete_many()
+            .filter(computer_owner::Column::ComputerId.eq(computer_id))
+            .filter(computer_owner::Column::ProcessId.eq(processes::id()))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+}
+
+/// What a process sends the owner of a computer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Remote {
+    /// A machine call.
+    Call(Op),
+    /// `computer.stop`.
+    Stop,
+    /// A checkpoint (after a run ended, or asked for).
+    Save(Reason),
+}
+
+/// What the owner answered.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RemoteOutput {
+    /// A machine call's result.
+    Call(OpOutput),
+    /// The stop is done.
+    Stopped,
+    /// What the checkpoint did (`None`: no machine runs).
+    Saved(Option<Outcome>),
+}
+
+/// The port through which a process reaches the owner of a computer (an adapter speaks the
+/// internal HTTP endpoint).
+#[async_trait]
+pub trait Forward: Send + Sync {
+    /// Sends `what` for `computer_id` to the process serving `address`.
+    async fn send(
+        &self,
+        address: &str,
+        computer_id: &str,
+        what: Remote,
+    ) -> DomainResult<RemoteOutput>;
+}

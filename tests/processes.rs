@@ -1,0 +1,479 @@
+//! Several processes on one Postgres: two `rakazo serve --no-worker` and one `rakazo worker`
+//! (real processes of the built binary, the `fake` provider) share a database and a data
+//! directory. One bot is driven through both API processes: exactly one run holds its lease,
+//! and a tool call through the process that does not hold the computer's actor is forwarded
+//! to the one that does; a takeover through one is refused while the bot runs through the
+//! other; releasing control through one closes the terminal socket held through the other;
+//! after `kill -9` of the process that owns the computer's actor, another adopts it, the run
+//! keeps its one lease, and the idle timer suspends the computer.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::terminal::{Ended, TerminalClient};
+use futures_util::{SinkExt, StreamExt};
+use rakazo_actors::entity::{computer, computer_owner, lease, process};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rakazo");
+/// A silent process is gone after this long (every process of the test uses it).
+const GONE_MS: &str = "2000";
+
+/// One child process of the binary.
+struct Proc {
+    child: Child,
+    base: String,
+}
+
+impl Proc {
+    /// Starts `rakazo <args>` on `data_dir` and `db`, waiting for its health.
+    async fn start(args: &[&str], data_dir: &std::path::Path, db: &str) -> Proc {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(BIN)
+            .args(args)
+            .args(["--listen", &listen])
+            .env("DATA_DIR", data_dir)
+            .env("DATABASE_URL", db)
+            .env("RAKAZO_ENV", "test")
+            .env("SANDBOX_PROVIDER", "fake")
+            .env("SANDBOX_IDLE_MS", "3000")
+            .env("RAKAZO_PROCESS_GONE_MS", GONE_MS)
+            .env("RAKAZO_RECONCILE_INTERVAL_MS", "1000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://{listen}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let up = http.get(format!("{base}/internal/health")).send().await;
+            if up.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rakazo {args:?} answers its health"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Proc { child, base }
+    }
+
+    /// `kill -9`: nothing of this process gets to run.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A JSON-RPC client of one API process.
+struct Api {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(p: &Proc, token: &str) -> Api {
+        Api {
+            base: p.base.clone(),
+            token: token.to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// The result, or the error's code.
+    async fn call(&self, method: &str, params: Value) -> Result<Value, String> {
+        let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+        let v: Value = self
+            .http
+            .post(format!("{}/rpc", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        match v.get("error") {
+            Some(e) => Err(e["data"]["code"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or_default()
+                .to_owned()),
+            None => Ok(v["result"].clone()),
+        }
+    }
+
+    async fn ok(&self, method: &str, params: Value) -> Value {
+        match self.call(method, params.clone()).await {
+            Ok(v) => v,
+            Err(code) => panic!("{method} {params}: {code}"),
+        }
+    }
+}
+
+/// The process owning a computer's actor, if any.
+async fn owner(db: &DatabaseConnection, computer_id: &str) -> Option<String> {
+    computer_owner::Entity::find_by_id(computer_id)
+        .one(db)
+        .await
+        .unwrap()
+        .map(|o| o.process_id)
+}
+
+/// The internal address of a process.
+async fn address(db: &DatabaseConnection, process_id: &str) -> Option<String> {
+    process::Entity::find_by_id(process_id)
+        .one(db)
+        .await
+        .unwrap()
+        .and_then(|p| p.address)
+}
+
+/// Live execution leases of a bot.
+async fn live_execution(db: &DatabaseConnection, computer_id: &str, bot: &str) -> Vec<i64> {
+    lease::Entity::find()
+        .filter(lease::Column::ComputerId.eq(computer_id))
+        .filter(lease::Column::Kind.eq("execution"))
+        .filter(lease::Column::Subject.eq(bot))
+        .filter(lease::Column::ReleasedAtMs.is_null())
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.fence)
+        .collect()
+}
+
+type Feed =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A dashboard's live subscription to a space through the process at `base`.
+async fn ws_subscribe(base: &str, token: &str, space: &str) -> Feed {
+    let url = format!("{}/rpc/ws", base.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    for (id, method, params) in [
+        (1, "auth", json!({ "token": token })),
+        (2, "subscribe", json!({ "spaceId": space })),
+    ] {
+        let call = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        ws.send(Message::Text(call.to_string().into()))
+            .await
+            .unwrap();
+        ws_expect(&mut ws, |v| v["id"] == id).await;
+    }
+    ws
+}
+
+/// Reads the feed until a message matches (events are matched on their `params`).
+async fn ws_expect(ws: &mut Feed, wanted: impl Fn(&Value) -> bool) {
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("the awaited message")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = msg {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v.get("id").is_some_and(|id| !id.is_null()) {
+                assert!(v.get("error").is_none(), "{v}");
+            }
+            if wanted(&v) || (v["method"] == "event" && wanted(&v["params"])) {
+                return;
+            }
+        }
+    }
+}
+
+async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn two_api_processes_and_a_worker_share_one_postgres() {
+    let Some(admin) = common::postgres_admin_url() else {
+        return;
+    };
+    let url = common::fresh_postgres_db(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .arg("migrate")
+        .env("DATA_DIR", dir.path())
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut a = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let mut b = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let mut worker = Proc::start(&["worker"], dir.path(), &url).await;
+    let token = std::fs::read_to_string(dir.path().join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+
+    // The worker serves no API.
+    let rpc = reqwest::Client::new()
+        .post(format!("{}/rpc", worker.base))
+        .bearer_auth(&token)
+        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": "space.list" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rpc.status(), 404);
+
+    // A dashboard connected to B sees a run started through A.
+    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bot = api_a
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "driver", "computerMode": "team" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let watched = api_b
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "watched", "computerMode": "private" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut feed = ws_subscribe(&b.base, &token, &space).await;
+
+    // The same bot through both API processes at once: exactly one run holds the lease.
+    let (ra, rb) = tokio::join!(
+        api_a.call("run.start", json!({ "botId": bot })),
+        api_b.call("run.start", json!({ "botId": bot }))
+    );
+    let (started, refused, driver, other) = match (ra, rb) {
+        (Ok(s), Err(e)) => (s, e, &api_a, &api_b),
+        (Err(e), Ok(s)) => (s, e, &api_b, &api_a),
+        both => panic!("exactly one run.start wins: {both:?}"),
+    };
+    assert_eq!(refused, "LEASE_HELD");
+    let run = started["run"]["id"].as_str().unwrap().to_owned();
+    let fence = started["lease"]["fence"].as_i64().unwrap();
+    ws_expect(&mut feed, |e| {
+        e["topic"] == "run.state" && e["data"]["id"] == run.as_str()
+    })
+    .await;
+
+    // Driven through both: the computer's actor lives in one process; the other forwards.
+    let exec = |api: &'static str| json!({ "runId": run, "fence": fence, "command": format!("echo via-{api} >> log.txt; cat log.txt") });
+    let out = driver.ok("computer.exec", exec("driver")).await;
+    assert!(out["stdout"].as_str().unwrap().contains("via-driver"));
+    let out = other.ok("computer.exec", exec("other")).await;
+    assert_eq!(out["stdout"], "via-driver\nvia-other\n", "{out}");
+    let team = api_a.ok("computer.forBot", json!({ "botId": bot })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first_owner = owner(&db, &team).await.expect("an owner");
+
+    // A person may not take over through the other process while the bot runs.
+    assert_eq!(
+        other
+            .call("computer.takeControl", json!({ "botId": bot }))
+            .await
+            .unwrap_err(),
+        "STOP_BOT_FIRST"
+    );
+
+    // Control of another bot through B, its terminal socket through B; released through A.
+    let control = api_b
+        .ok("computer.takeControl", json!({ "botId": watched }))
+        .await;
+    let terminal = api_b
+        .ok("computer.terminalUrl", json!({ "botId": watched }))
+        .await;
+    let mut shell = TerminalClient::connect(&b.base, terminal["url"].as_str().unwrap())
+        .await
+        .unwrap();
+    shell.send("echo alive\r").await;
+    shell.expect("alive\r\n", Duration::from_secs(10)).await;
+    let released = Instant::now();
+    api_a
+        .ok(
+            "computer.releaseControl",
+            json!({ "botId": watched, "fence": control["fence"] }),
+        )
+        .await;
+    assert_eq!(
+        shell.ended(Duration::from_secs(10)).await,
+        Ended::Closed("revoked".into())
+    );
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "closed after {:?}",
+        released.elapsed()
+    );
+
+    // kill -9 of the process owning the team computer's actor: another adopts it.
+    let owner_address = address(&db, &first_owner).await.unwrap();
+    let survivor = if owner_address == a.base {
+        a.kill();
+        &api_b
+    } else if owner_address == b.base {
+        b.kill();
+        &api_a
+    } else {
+        assert_eq!(owner_address, worker.base);
+        worker.kill();
+        // No reconciler runs in the API processes: the next call takes it over.
+        &api_a
+    };
+    // Calls through the surviving API process go on (a forward to the dead owner is
+    // COMPUTER_UNAVAILABLE until its heartbeat is silent; then the computer is taken over).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        match survivor.call("computer.exec", exec("after")).await {
+            Ok(out) => break out,
+            Err(code) => {
+                assert_eq!(code, "COMPUTER_UNAVAILABLE");
+                assert!(
+                    Instant::now() < deadline,
+                    "the computer is never taken over"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(out["exitCode"], 0, "{out}");
+    wait_for(
+        "another process adopts the computer",
+        Duration::from_secs(30),
+        || async { owner(&db, &team).await.is_some_and(|o| o != first_owner) },
+    )
+    .await;
+    let state = computer::Entity::find_by_id(&team)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap()
+        .state;
+    assert_ne!(state, "stopped");
+
+    // The run kept its one lease: same fence, usable through the surviving process.
+    assert_eq!(live_execution(&db, &team, &bot).await, vec![fence]);
+    survivor
+        .ok("run.renew", json!({ "runId": run, "fence": fence }))
+        .await;
+    assert_eq!(live_execution(&db, &team, &bot).await, vec![fence]);
+
+    // The idle timer of its new owner suspends it once the run ended.
+    // Its end checkpoints through the owner, wherever the call came in.
+    let finished = survivor
+        .ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+    assert!(
+        finished["checkpoint"]["saved"].is_i64(),
+        "{}",
+        finished["checkpoint"]
+    );
+    wait_for(
+        "the adopted computer is suspended when idle",
+        Duration::from_secs(60),
+        || async {
+            computer::Entity::find_by_id(&team)
+                .one(&db)
+                .await
+                .unwrap()
+                .is_some_and(|c| c.state == "stopped")
+        },
+    )
+    .await;
+    drop(worker);
+}
+
+/// Claims decided at the database: a live owner elsewhere keeps the computer, a silent one
+/// loses it to exactly one claimant, a released claim is free again.
+#[actix_rt::test]
+async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
+    use rakazo_actors::clock::now_ms;
+    use rakazo_actors::owners::{Owner, Owners};
+    use sea_orm::{ActiveModelTrait, Set};
+    let db = rakazo::db::connect("sqlite::memory:").await.unwrap();
+    rakazo::db::migrate(&db).await.unwrap();
+    let owners = Owners::new(db.clone());
+    let other = |id: &str, beat: i64| process::ActiveModel {
+        id: Set(id.into()),
+        started_at_ms: Set(beat),
+        heartbeat_at_ms: Set(beat),
+        address: Set(Some(format!("http://{id}"))),
+    };
+    other("live", now_ms()).insert(&db).await.unwrap();
+    other("silent", now_ms() - 600_000)
+        .insert(&db)
+        .await
+        .unwrap();
+    for (computer, by) in [("c-live", "live"), ("c-silent", "silent")] {
+        computer_owner::ActiveModel {
+            computer_id: Set(computer.into()),
+            process_id: Set(by.into()),
+            claimed_at_ms: Set(now_ms()),
+        }
+        .insert(&db)
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        owners.claim("c-live").await.unwrap(),
+        Owner::Elsewhere {
+            process_id: "live".into(),
+            address: Some("http://live".into())
+        }
+    );
+    assert_eq!(owners.claim("c-silent").await.unwrap(), Owner::Me);
+    assert_eq!(owners.claim("c-new").await.unwrap(), Owner::Me);
+    assert_eq!(owners.holder("c-silent").await.unwrap(), Some(Owner::Me));
+    owners.release("c-new").await.unwrap();
+    assert_eq!(owners.holder("c-new").await.unwrap(), None);
+    // Another process's release does not free this one's claim.
+    owners.release("c-live").await.unwrap();
+    assert!(matches!(
+        owners.holder("c-live").await.unwrap(),
+        Some(Owner::Elsewhere { .. })
+    ));
+}

@@ -42,6 +42,7 @@ fn runtime(db: DatabaseConnection, dir: &std::path::Path) -> Arc<Runtime> {
         events: EventBus::new(),
         settings: Settings::default(),
         master_key: rakazo_actors::keys::random_key(),
+        clock: rakazo_actors::clock::Clock::system(),
     })
 }
 

@@ -135,6 +135,7 @@ impl App {
                 provider_setup_error: built.status.setup_error.clone(),
             },
             master_key,
+            clock: rakazo_actors::clock::Clock::system(),
         });
         // Before anything uses a home: settle what a crashed process left behind.
         let process = recovery::at_start(&runtime, &config.data_dir)

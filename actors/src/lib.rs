@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod agent_sessions;
 pub mod awake;
 pub mod checkpoint;
 pub mod clock;
@@ -30,10 +31,13 @@ pub mod home_store;
 pub mod keys;
 pub mod lease_actor;
 pub mod leases;
+pub mod maintenance;
+pub mod maintenance_job;
 pub mod processes;
 pub mod provider;
 pub mod reconciler;
 pub mod registry;
+pub mod run_reports;
 pub mod runs;
 pub mod runtime;
 pub mod screen;

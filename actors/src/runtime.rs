@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 
+use crate::clock::Clock;
 use crate::entity::computer;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::events::EventBus;
@@ -54,6 +55,8 @@ pub struct Runtime {
     pub settings: Settings,
     /// The deployment's master key; wraps the spaces' content keys.
     pub master_key: KeyBytes,
+    /// The time idle, uptime and heartbeat rules decide by.
+    pub clock: Clock,
 }
 
 impl Runtime {

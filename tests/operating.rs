@@ -286,7 +286,7 @@ async fn every_other_end_reason_is_recorded() {
     finish(&s, &u).await;
     // stopped
     s.ok("computer.stop", json!({ "computerId": u.id })).await;
-    // reconciled: the next start finds the row says stopped but a stretch left open
+    // the next use resumes it
     let (run, fence) = s.start_run(&u.bots[0]).await;
     s.exec(&run, fence, "true").await.unwrap();
     // gone: the provider lost the machine under a command

@@ -612,11 +612,14 @@ async fn claim_idle(rt: &Runtime, id: &str) -> DomainResult<Option<i64>> {
         Err(e) if e.code == ErrorCode::ComputerReserved => return Ok(None),
         Err(e) => return Err(e),
     };
-    let others = leases
-        .live_on(id)
-        .await?
-        .into_iter()
-        .any(|g| g.kind != LeaseKind::Maintenance);
+    // As in `held_awake`: a run waiting for a person does not hold the computer up by its
+    // own execution lease.
+    let waiting = Runs::new(rt.db.clone()).waiting_on(id).await?;
+    let others = leases.live_on(id).await?.into_iter().any(|g| {
+        let waiting_run =
+            g.kind == LeaseKind::Execution && waiting.iter().any(|r| r.bot_id == g.subject);
+        g.kind != LeaseKind::Maintenance && !waiting_run
+    });
     if others {
         leases.release(&key, grant.fence).await?;
         tracing::info!(event = "computer.idle_suspend_skipped", computer.id = id);
@@ -695,42 +698,41 @@ async fn idle_decision(
     let provider = rt.provider()?;
     let bills = provider.describe().capabilities.bills_while_running;
     let now = rt.clock.now_ms();
+    let idle_ms = rt.settings.idle.as_millis() as i64;
+    let cap_ms = rt.settings.max_active.as_millis() as i64;
+    let up_for = since_ms.map(|since| now.saturating_sub(since));
+    // Session files are watched through the last idle window before the cap (whatever holds
+    // the computer meanwhile), so a write in that window is known when the cap comes due.
+    let capped = bills && cap_ms > 0;
+    let mut sessions = None;
+    if capped && up_for.is_some_and(|up| up >= cap_ms.saturating_sub(idle_ms)) {
+        let look = agent_sessions::fingerprint(provider.as_ref(), machine).await;
+        let mut watch = lock_watch(agents);
+        let first = watch.observe(look, now);
+        sessions = Some((first, watch.wrote_within(idle_ms, now)));
+    }
     let leases = Leases::new(rt.db.clone()).live_on(id).await?;
     let waiting = Runs::new(rt.db.clone()).waiting_on(id).await?;
     if held_awake(&leases, &waiting, bills, now) {
         return Ok(None);
     }
     let row = Computers::new(rt.db.clone()).get(id).await?;
-    let idle_ms = rt.settings.idle.as_millis() as i64;
     let idle_for = now.saturating_sub(row.last_active_at_ms).max(0);
     if idle_ms > 0 && idle_for >= idle_ms {
         return Ok(Some(EndReason::Idle));
     }
-    let cap_ms = rt.settings.max_active.as_millis() as i64;
-    let (true, true, Some(since)) = (bills, cap_ms > 0, since_ms) else {
-        return Ok(None);
-    };
-    let up_for = now.saturating_sub(since);
-    // Session files are watched through the last idle window before the cap, so a write in
-    // that window is seen when the cap comes due.
-    if up_for < cap_ms.saturating_sub(idle_ms) {
+    if !capped || up_for.is_none_or(|up| up < cap_ms) {
         return Ok(None);
     }
-    let sessions = agent_sessions::fingerprint(provider.as_ref(), machine).await;
-    let (first_look, wrote) = {
-        let mut watch = lock_watch(agents);
-        let first = watch.observe(sessions, now);
-        (first, watch.wrote_within(idle_ms, now))
-    };
-    if up_for < cap_ms || first_look {
-        // Not due yet, or no earlier look to compare with: decide at the next check.
-        return Ok(None);
+    match sessions {
+        // No earlier look to compare with: decide at the next check.
+        None | Some((true, _)) => Ok(None),
+        Some((false, true)) => {
+            tracing::info!(event = "computer.active_limit_deferred", computer.id = id);
+            Ok(None)
+        }
+        Some((false, false)) => Ok(Some(EndReason::ActiveLimit)),
     }
-    if wrote {
-        tracing::info!(event = "computer.active_limit_deferred", computer.id = id);
-        return Ok(None);
-    }
-    Ok(Some(EndReason::ActiveLimit))
 }
 
 fn lock_watch(watch: &Mutex<AgentWatch>) -> std::sync::MutexGuard<'_, AgentWatch> {

@@ -130,6 +130,7 @@ impl App {
             settings: Settings {
                 idle: config.idle,
                 max_active: config.max_active,
+                maintenance_heartbeat_timeout: config.maintenance_heartbeat_timeout,
                 command_timeout: config.command_timeout,
                 team_screen_limit: config.team_screen_limit,
                 provider_setup_error: built.status.setup_error.clone(),

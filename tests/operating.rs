@@ -115,7 +115,11 @@ async fn idle_suspension_claims_the_computer_before_it_exports() {
     finish(&s, &u).await;
     advance(&s, 9 * MIN);
     check(&s, &u).await;
-    assert_eq!(state(&s, &u.id).await, "running", "not idle for 10 minutes yet");
+    assert_eq!(
+        state(&s, &u.id).await,
+        "running",
+        "not idle for 10 minutes yet"
+    );
 
     advance(&s, 2 * MIN);
     let gate = fake.hold_exports().await;
@@ -174,10 +178,18 @@ async fn on_a_billed_provider_a_takeover_request_restarts_the_idle_timer_only() 
     .await;
     advance(&s, 9 * MIN);
     check(&s, &u).await;
-    assert_eq!(state(&s, &u.id).await, "running", "the request restarted the timer");
+    assert_eq!(
+        state(&s, &u.id).await,
+        "running",
+        "the request restarted the timer"
+    );
     advance(&s, 2 * MIN);
     check(&s, &u).await;
-    assert_eq!(state(&s, &u.id).await, "stopped", "no 30-minute hold when billed");
+    assert_eq!(
+        state(&s, &u.id).await,
+        "stopped",
+        "no 30-minute hold when billed"
+    );
     assert_eq!(stretches(&s, &u.id).await, [Some("idle".into())]);
 }
 
@@ -219,7 +231,10 @@ async fn the_uptime_cap_stops_a_busy_computer_only_on_a_billed_provider() {
     let u = up(&s, 1, "private").await;
     finish(&s, &u).await;
     assert!(keep_busy(&s, &u, 117, async |_| {}).await, "under 2 hours");
-    assert!(!keep_busy(&s, &u, 9, async |_| {}).await, "capped past 2 hours");
+    assert!(
+        !keep_busy(&s, &u, 9, async |_| {}).await,
+        "capped past 2 hours"
+    );
     assert_eq!(stretches(&s, &u.id).await, [Some("active_limit".into())]);
 }
 
@@ -242,7 +257,10 @@ async fn an_executing_run_or_a_person_in_control_lifts_the_cap() {
         json!({ "botId": u.bots[0], "fence": fence }),
     )
     .await;
-    assert!(!keep_busy(&s, &u, 9, async |_| {}).await, "capped once nothing holds it");
+    assert!(
+        !keep_busy(&s, &u, 9, async |_| {}).await,
+        "capped once nothing holds it"
+    );
     assert_eq!(stretches(&s, &u.id).await, [Some("active_limit".into())]);
 }
 
@@ -271,7 +289,10 @@ async fn an_agent_writing_its_session_lifts_the_cap_an_agent_at_its_prompt_does_
     assert!(working, "an agent writing its session holds the computer");
     // It waits at its prompt: it writes nothing, so once SANDBOX_IDLE_MS passed since its
     // last write, the cap applies.
-    assert!(keep_busy(&s, &u, 9, async |_| {}).await, "wrote 9 minutes ago");
+    assert!(
+        keep_busy(&s, &u, 9, async |_| {}).await,
+        "wrote 9 minutes ago"
+    );
     assert!(!keep_busy(&s, &u, 9, async |_| {}).await, "capped");
     assert_eq!(stretches(&s, &u.id).await, [Some("active_limit".into())]);
 }
@@ -421,7 +442,8 @@ async fn the_reporting_queries_return_the_hours_of_a_seeded_history_on_postgres(
         .collect();
     assert_eq!(open, [("c-b2".to_owned(), 7.0)]);
     // The README prints exactly these queries.
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     for query in [
         rakazo_actors::run_reports::RUN_HOURS_PER_USER_7D,
         rakazo_actors::run_reports::RUNS_OPEN_OVER_6H,
@@ -467,8 +489,14 @@ async fn an_update_checkpoints_live_work_and_replaces_the_machine_under_the_rese
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
     let fake = s.app.fake.clone().unwrap();
     let u = up(&s, 1, "private").await;
-    let busy = s.call("computer.update", json!({ "computerId": u.id })).await;
-    assert_eq!(code(busy), "STOP_BOT_FIRST", "a driving bot would act on the old machine");
+    let busy = s
+        .call("computer.update", json!({ "computerId": u.id }))
+        .await;
+    assert_eq!(
+        code(busy),
+        "STOP_BOT_FIRST",
+        "a driving bot would act on the old machine"
+    );
     finish(&s, &u).await;
     fake.write_file(&u.machine, "live.txt", b"unsaved until the update")
         .await
@@ -482,9 +510,13 @@ async fn an_update_checkpoints_live_work_and_replaces_the_machine_under_the_rese
     assert_eq!(code(refused), "COMPUTER_RESERVED");
     let refused = s.call("computer.stop", json!({ "computerId": u.id })).await;
     assert_eq!(code(refused), "COMPUTER_RESERVED");
-    let refused = s.call("computer.recover", json!({ "computerId": u.id })).await;
+    let refused = s
+        .call("computer.recover", json!({ "computerId": u.id }))
+        .await;
     assert_eq!(code(refused), "COMPUTER_RESERVED");
-    let listed = s.ok("computer.operations", json!({ "spaceId": u.space })).await;
+    let listed = s
+        .ok("computer.operations", json!({ "spaceId": u.space }))
+        .await;
     assert_eq!(listed["operations"][0]["id"], id);
     drop(gate);
     let done = wait_done(&s, id).await;
@@ -500,7 +532,9 @@ async fn an_update_checkpoints_live_work_and_replaces_the_machine_under_the_rese
     );
     assert_eq!(stretches(&s, &u.id).await, [Some("replaced".into()), None]);
     let (run, fence) = s.start_run(&u.bots[0]).await;
-    s.exec(&run, fence, "true").await.expect("reservation released");
+    s.exec(&run, fence, "true")
+        .await
+        .expect("reservation released");
 }
 
 #[actix_rt::test]
@@ -553,7 +587,11 @@ async fn an_interrupted_operation_stays_reserved_until_released_then_recovery_re
         ("computer.recover", json!({ "computerId": u.id })),
         ("computer.takeControl", json!({ "botId": u.bots[0] })),
     ] {
-        assert_eq!(code(s.call(method, params).await), "COMPUTER_RESERVED", "{method}");
+        assert_eq!(
+            code(s.call(method, params).await),
+            "COMPUTER_RESERVED",
+            "{method}"
+        );
     }
     advance(&s, 60 * MIN);
     reconcile().await;
@@ -598,10 +636,16 @@ async fn an_interrupted_operation_stays_reserved_until_released_then_recovery_re
             json!({ "id": op.id, "workersStopped": true }),
         )
         .await;
-    assert_eq!(code(again), "INVALID_PARAMS", "only an interrupted operation");
+    assert_eq!(
+        code(again),
+        "INVALID_PARAMS",
+        "only an interrupted operation"
+    );
 
     // Recovery is available and falls back to the last checkpoint.
-    let queued = s.ok("computer.recover", json!({ "computerId": u.id })).await;
+    let queued = s
+        .ok("computer.recover", json!({ "computerId": u.id }))
+        .await;
     let done = wait_done(&s, queued["id"].as_str().unwrap()).await;
     assert_eq!(done.state, "completed", "{done:?}");
     assert_eq!(
@@ -609,7 +653,10 @@ async fn an_interrupted_operation_stays_reserved_until_released_then_recovery_re
         Some(rakazo_actors::maintenance_job::UNSAVED_WORK_NOTE)
     );
     let machine = machine_of(&s, &u.id).await.unwrap();
-    assert_eq!(read(&s, &machine, "saved.txt").await.as_deref(), Some("checkpointed"));
+    assert_eq!(
+        read(&s, &machine, "saved.txt").await.as_deref(),
+        Some("checkpointed")
+    );
     assert_eq!(read(&s, &machine, "unsaved.txt").await, None);
 }
 
@@ -635,4 +682,225 @@ async fn the_reconciler_republishes_a_queued_operation_after_a_missed_enqueue() 
     assert_eq!(reconcile().await.republished, 1);
     assert_eq!(wait_done(&s, &op.id).await.state, "completed");
     assert_eq!(reconcile().await.republished, 0);
+}
+
+// --- a worker killed mid-update -------------------------------------------------------------
+
+/// A `rakazo serve` child on a data directory (fake provider, SQLite).
+struct Child {
+    child: std::process::Child,
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Child {
+    async fn start(data: &std::path::Path, env: &[(&str, &str)]) -> Child {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rakazo"));
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env("DATA_DIR", data)
+            .env("SANDBOX_PROVIDER", "fake")
+            .env("RAKAZO_ENV", "test")
+            .env_remove(rakazo::crash_point::CRASH_AT_ENV)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        while http
+            .get(format!("{base}/internal/health"))
+            .send()
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let token = std::fs::read_to_string(data.join("operator-token"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        Child {
+            child,
+            base,
+            token,
+            http,
+        }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Result<Value, String> {
+        let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+        let v: Value = self
+            .http
+            .post(format!("{}/rpc", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        match v.get("error") {
+            Some(e) => Err(e["data"]["code"].as_str().unwrap_or_default().to_owned()),
+            None => Ok(v["result"].clone()),
+        }
+    }
+
+    async fn ok(&self, method: &str, params: Value) -> Value {
+        self.call(method, params.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+    }
+
+    /// Run `command` in a new run of `bot` and finish it (a checkpoint); its stdout.
+    async fn run(&self, bot: &Value, command: &str) -> String {
+        let started = self.ok("run.start", json!({ "botId": bot })).await;
+        let (run, fence) = (&started["run"]["id"], &started["lease"]["fence"]);
+        let out = self
+            .ok(
+                "computer.exec",
+                json!({ "runId": run, "fence": fence, "command": command }),
+            )
+            .await;
+        self.ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+        out["stdout"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The operation `id` once `done` says so.
+    async fn operation_when(
+        &self,
+        space: &Value,
+        id: &Value,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        loop {
+            let listed = self
+                .ok("computer.operations", json!({ "spaceId": space }))
+                .await;
+            let found = listed["operations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["id"] == *id)
+                .cloned();
+            if let Some(op) = found.filter(|o| done(o)) {
+                return op;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[actix_rt::test]
+async fn a_worker_killed_mid_update_leaves_an_interrupted_reserved_job_that_release_and_recovery_settle()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    // The worker dies right after tearing the old machine down.
+    let a = Child::start(
+        data,
+        &[(rakazo::crash_point::CRASH_AT_ENV, "maintenance.torn_down")],
+    )
+    .await;
+    let space = a.ok("space.create", json!({ "name": "Ops" })).await["id"].clone();
+    let bot = a
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "b", "computerMode": "private" }),
+        )
+        .await["id"]
+        .clone();
+    a.run(&bot, "echo checkpointed > saved.txt").await;
+    let computer = a.ok("computer.forBot", json!({ "botId": bot })).await["id"].clone();
+    let op = a
+        .ok("computer.update", json!({ "computerId": computer }))
+        .await;
+    let mut a = a;
+    let status = a.child.wait().unwrap();
+    assert!(!status.success(), "the worker died mid-update");
+
+    // Another process, with a short heartbeat timeout so the test does not wait ten minutes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = Child::start(
+        data,
+        &[("COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS", "1000")],
+    )
+    .await;
+    let interrupted = b
+        .operation_when(&space, &op["id"], |o| o["state"] == "interrupted")
+        .await;
+    assert_eq!(
+        interrupted["stage"], "tearing_down",
+        "it never went further"
+    );
+    // Still reserved: nothing starts, stops or recovers the computer.
+    assert_eq!(
+        b.call("run.start", json!({ "botId": bot }))
+            .await
+            .unwrap_err(),
+        "COMPUTER_RESERVED"
+    );
+    assert_eq!(
+        b.call("computer.recover", json!({ "computerId": computer }))
+            .await
+            .unwrap_err(),
+        "COMPUTER_RESERVED"
+    );
+    assert_eq!(
+        b.call(
+            "computer.releaseInterrupted",
+            json!({ "id": op["id"], "workersStopped": false })
+        )
+        .await
+        .unwrap_err(),
+        "INVALID_PARAMS"
+    );
+    let released = b
+        .ok(
+            "computer.releaseInterrupted",
+            json!({ "id": op["id"], "workersStopped": true }),
+        )
+        .await;
+    assert_eq!(released["state"], "released");
+    let recovery = b
+        .ok("computer.recover", json!({ "computerId": computer }))
+        .await;
+    // A completed operation leaves the list (a failed one would stay in it).
+    loop {
+        let listed = b
+            .ok("computer.operations", json!({ "spaceId": space }))
+            .await;
+        let ops = listed["operations"].as_array().unwrap().clone();
+        if let Some(o) = ops.iter().find(|o| o["id"] == recovery["id"]) {
+            assert_ne!(o["state"], "failed", "{o}");
+        } else {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Recovery restored the last checkpoint; the interrupted update was never run again.
+    assert_eq!(b.run(&bot, "cat saved.txt").await, "checkpointed\n");
+    let listed = b
+        .ok("computer.operations", json!({ "spaceId": space }))
+        .await;
+    assert_eq!(listed["operations"], json!([]));
 }

@@ -92,7 +92,10 @@ mod tests {
         assert!(watch.observe(Some("a".into()), 0), "first look");
         assert!(!watch.wrote_within(600, 10), "the first look is no write");
         assert!(!watch.observe(Some("a".into()), 100));
-        assert!(!watch.wrote_within(600, 100), "unchanged: an agent at its prompt");
+        assert!(
+            !watch.wrote_within(600, 100),
+            "unchanged: an agent at its prompt"
+        );
         watch.observe(Some("b".into()), 200);
         assert!(watch.wrote_within(600, 700));
         assert!(!watch.wrote_within(600, 800));

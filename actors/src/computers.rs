@@ -207,7 +207,10 @@ impl Computers {
     /// so the next use provisions a new machine that imports the latest checkpoint.
     pub async fn forget_machine(&self, id: &str) -> DomainResult<()> {
         computer::Entity::update_many()
-            .col_expr(computer::Column::ProviderRef, Expr::value(Option::<String>::None))
+            .col_expr(
+                computer::Column::ProviderRef,
+                Expr::value(Option::<String>::None),
+            )
             .col_expr(
                 computer::Column::State,
                 Expr::value(ComputerState::Stopped.as_str()),

@@ -27,8 +27,8 @@ use crate::entity::{computer, maintenance_operation as op};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKey, LeaseKind, Leases};
 
-/// A worker that has not beaten for this long is taken as gone: its operation is
-/// `interrupted`.
+/// The default of `COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS`: a worker that has not beaten
+/// for this long is taken as gone and its operation is `interrupted`.
 pub const HEARTBEAT_TIMEOUT_MS: i64 = 10 * 60 * 1000;
 /// How often a worker beats while it runs an operation.
 pub const HEARTBEAT_EVERY_MS: i64 = 30 * 1000;
@@ -278,12 +278,7 @@ impl Maintenance {
     /// End `worker`'s running operation as completed (`error` none) or failed, and release
     /// its reservation; false when it was not running under `worker` any more (an
     /// interrupted operation keeps its reservation until released).
-    pub async fn finish(
-        &self,
-        id: &str,
-        worker: &str,
-        error: Option<&str>,
-    ) -> DomainResult<bool> {
+    pub async fn finish(&self, id: &str, worker: &str, error: Option<&str>) -> DomainResult<bool> {
         let now = self.clock.now_ms();
         let state = if error.is_some() {
             OpState::Failed
@@ -320,7 +315,10 @@ impl Maintenance {
         let mut marked = Vec::new();
         for row in stale {
             let res = op::Entity::update_many()
-                .col_expr(op::Column::State, Expr::value(OpState::Interrupted.as_str()))
+                .col_expr(
+                    op::Column::State,
+                    Expr::value(OpState::Interrupted.as_str()),
+                )
                 .col_expr(op::Column::UpdatedAtMs, Expr::value(now))
                 .filter(op::Column::Id.eq(&row.id))
                 .filter(op::Column::State.eq(OpState::Running.as_str()))

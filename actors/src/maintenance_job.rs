@@ -14,8 +14,7 @@ use crate::maintenance::{HEARTBEAT_EVERY_MS, Maintenance, OpKind, Stage};
 use crate::registry::Registry;
 
 /// The note of a recovery whose live work could not be saved.
-pub const UNSAVED_WORK_NOTE: &str =
-    "The live workspace could not be saved; the computer was restored from the last saved workspace, so unsaved work may be lost.";
+pub const UNSAVED_WORK_NOTE: &str = "The live workspace could not be saved; the computer was restored from the last saved workspace, so unsaved work may be lost.";
 
 /// Hand a queued operation to this process's worker: it runs in the background if this
 /// worker claims it. Calling it again for the same operation is harmless.
@@ -92,7 +91,10 @@ async fn work(
     };
     if kind != OpKind::Reset {
         stage(Stage::Checkpointing).await?;
-        let saved = handle.computer.send(SaveWorkspace(Reason::Explicit)).await?;
+        let saved = handle
+            .computer
+            .send(SaveWorkspace(Reason::Explicit))
+            .await?;
         match (kind, saved) {
             (_, Ok(_)) => {}
             // An update never tears down work it could not save.
@@ -105,6 +107,7 @@ async fn work(
     }
     stage(Stage::TearingDown).await?;
     handle.computer.send(TearDown).await??;
+    crate::crash_point::crash_point("maintenance.torn_down");
     stage(Stage::Provisioning).await?;
     handle.computer.send(Ensure).await??;
     stage(Stage::Ready).await?;

@@ -10,7 +10,7 @@
 //! - closes, as `reconciled`, the open `computer_runs` stretches of computers that no longer
 //!   read as running (the end was never seen);
 //! - marks `interrupted` the maintenance operations whose worker stopped beating for
-//!   [`HEARTBEAT_TIMEOUT_MS`] (they stay reserved), and hands queued operations whose
+//!   `COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS` (they stay reserved), and hands queued operations whose
 //!   publication was missed to the workers again (a claimed one is never run again);
 //! - releases leases and control grants past their expiry that nobody released, publishing
 //!   the `lease.changed` event the `LeaseActor` would, so sockets of an expired control grant
@@ -32,7 +32,7 @@ use crate::computers::Computers;
 use crate::error::DomainResult;
 use crate::lease_actor::publish_control_ended;
 use crate::leases::{LeaseKind, Leases};
-use crate::maintenance::{HEARTBEAT_TIMEOUT_MS, Maintenance, REPUBLISH_AFTER_MS};
+use crate::maintenance::{Maintenance, REPUBLISH_AFTER_MS};
 use crate::registry::Registry;
 
 /// How often a pass runs after the one at start-up.
@@ -166,7 +166,8 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
     }
 
     let ops = Maintenance::new(rt.db.clone(), rt.clock.clone());
-    for op in ops.mark_interrupted(HEARTBEAT_TIMEOUT_MS).await? {
+    let timeout_ms = rt.settings.maintenance_heartbeat_timeout.as_millis() as i64;
+    for op in ops.mark_interrupted(timeout_ms).await? {
         done.interrupted += 1;
         rt.events.publish(
             op.space_id.as_deref().unwrap_or_default(),

@@ -20,6 +20,8 @@ pub struct Settings {
     pub idle: Duration,
     /// Suspend after this long up in one stretch on billed providers (0 = never).
     pub max_active: Duration,
+    /// A maintenance operation whose worker has not beaten this long is interrupted.
+    pub maintenance_heartbeat_timeout: Duration,
     /// Default and maximum command timeout.
     pub command_timeout: Duration,
     /// Cap on active desktops per computer (0 = none).
@@ -34,6 +36,9 @@ impl Default for Settings {
         Self {
             idle: Duration::from_millis(600_000),
             max_active: Duration::from_millis(7_200_000),
+            maintenance_heartbeat_timeout: Duration::from_millis(
+                crate::maintenance::HEARTBEAT_TIMEOUT_MS as u64,
+            ),
             command_timeout: Duration::from_millis(300_000),
             team_screen_limit: 0,
             provider_setup_error: None,

@@ -12,7 +12,10 @@ impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let table = Alias::new("maintenance_operations");
         let columns = [
-            ColumnDef::new(Alias::new("space_id")).text().null().to_owned(),
+            ColumnDef::new(Alias::new("space_id"))
+                .text()
+                .null()
+                .to_owned(),
             ColumnDef::new(Alias::new("requested_by"))
                 .text()
                 .null()

@@ -374,15 +374,16 @@ async fn the_reporting_queries_return_the_hours_of_a_seeded_history_on_postgres(
           ('ada', 'Ada', 'ada@example.test', false, 0), ('bea', 'Bea', 'bea@example.test', false, 0)"
         .into())
     .await;
-    let mut runs = Vec::new();
-    // Ada: a run from 10 to 6 days ago counts its last day (24 h); one open for 3 hours.
-    runs.push(("a1", Some("ada"), now - 240 * h, Some(now - 144 * h)));
-    runs.push(("a2", Some("ada"), now - 3 * h, None));
-    // Bea: a run that ended 8 days ago does not count; one open for 7 hours does.
-    runs.push(("b1", Some("bea"), now - 200 * h, Some(now - 192 * h)));
-    runs.push(("b2", Some("bea"), now - 7 * h, None));
-    // A deleted user's 2-hour run yesterday, its user id cleared.
-    runs.push(("x1", None, now - 26 * h, Some(now - 24 * h)));
+    let runs = vec![
+        // Ada: a run from 10 to 6 days ago counts its last day (24 h); one open for 3 hours.
+        ("a1", Some("ada"), now - 240 * h, Some(now - 144 * h)),
+        ("a2", Some("ada"), now - 3 * h, None),
+        // Bea: a run that ended 8 days ago does not count; one open for 7 hours does.
+        ("b1", Some("bea"), now - 200 * h, Some(now - 192 * h)),
+        ("b2", Some("bea"), now - 7 * h, None),
+        // A deleted user's 2-hour run yesterday, its user id cleared.
+        ("x1", None, now - 26 * h, Some(now - 24 * h)),
+    ];
     for (id, user, start, end) in runs {
         let user = user.map_or("NULL".into(), |u| format!("'{u}'"));
         let end = end.map_or("NULL".into(), |e| e.to_string());

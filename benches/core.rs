@@ -43,6 +43,7 @@ fn runtime(db: DatabaseConnection, dir: &std::path::Path) -> Arc<Runtime> {
         settings: Settings::default(),
         master_key: rakazo_actors::keys::random_key(),
         forward: None,
+        clock: rakazo_actors::clock::Clock::system(),
     })
 }
 

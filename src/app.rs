@@ -164,12 +164,14 @@ impl App {
             settings: Settings {
                 idle: config.idle,
                 max_active: config.max_active,
+                maintenance_heartbeat_timeout: config.maintenance_heartbeat_timeout,
                 command_timeout: config.command_timeout,
                 team_screen_limit: config.team_screen_limit,
                 provider_setup_error: built.status.setup_error.clone(),
             },
             master_key,
             forward: Some(forward),
+            clock: rakazo_actors::clock::Clock::system(),
         });
         // Before anything publishes or watches: events of the other processes.
         let relayed = crate::notify::start(&db, &runtime.events)

@@ -1,7 +1,8 @@
 //! A test hook: `RAKAZO_CRASH_AT=<point>` makes the process abort at that named point, so tests
 //! prove what a crash there leaves behind (`home.file_written`, `home.before_swap`,
 //! `home.mid_swap`, `home.staged`, `home.mid_replace`, `checkpoint.stored`, `restore.saved`,
-//! `restore.recorded`, `restore.applied`). Never set in a deployment; unset, a point costs one
+//! `restore.recorded`, `restore.applied`, `maintenance.torn_down`: a maintenance operation's
+//! worker dies after tearing the old machine down). Never set in a deployment; unset, a point costs one
 //! environment lookup.
 
 pub use rakazo_actors::crash_point::{CRASH_AT_ENV, crash_point};

@@ -69,6 +69,11 @@ const ROWS: &[(&str, &[Who])] = &[
     ("computer.releaseControl", PEOPLE),
     ("computer.renewControl", PEOPLE),
     ("computer.terminalUrl", PEOPLE),
+    ("computer.update", PEOPLE),
+    ("computer.recover", PEOPLE),
+    ("computer.reset", PEOPLE),
+    ("computer.operations", PEOPLE),
+    ("computer.releaseInterrupted", &[Operator]),
     ("run.start", OWN),
     ("run.get", OWN),
     ("run.renew", OWN),
@@ -295,6 +300,38 @@ impl Fixture {
                     .op("computer.forBot", json!({ "botId": b["id"] }))
                     .await;
                 json!({ "computerId": c["id"] })
+            }
+            "computer.update" | "computer.recover" | "computer.reset" => {
+                // A computer of its own: the operation replaces its machine.
+                let b = self
+                    .op(
+                        "bot.create",
+                        json!({ "spaceId": self.space, "name": "kept", "computerMode": "private" }),
+                    )
+                    .await;
+                let c = self
+                    .op("computer.forBot", json!({ "botId": b["id"] }))
+                    .await;
+                json!({ "computerId": c["id"] })
+            }
+            "computer.operations" => json!({ "spaceId": self.space }),
+            "computer.releaseInterrupted" => {
+                // An operation in a space the server owner owns; without the assertion the
+                // owner gets past authorization and is refused with INVALID_PARAMS.
+                let space = self.op("space.create", json!({ "name": "Ops" })).await;
+                let b = self
+                    .op(
+                        "bot.create",
+                        json!({ "spaceId": space["id"], "name": "ops", "computerMode": "private" }),
+                    )
+                    .await;
+                let c = self
+                    .op("computer.forBot", json!({ "botId": b["id"] }))
+                    .await;
+                let queued = self
+                    .op("computer.reset", json!({ "computerId": c["id"] }))
+                    .await;
+                json!({ "id": queued["id"], "workersStopped": false })
             }
             "computer.releaseControl" | "computer.renewControl" => {
                 json!({ "botId": self.bot, "fence": self.control_for(who).await })

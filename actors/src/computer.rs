@@ -19,10 +19,12 @@
 //! always reaches the machine the row names, or marks the row stopped when it is gone.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc as SharedArc, Mutex};
+use std::time::Duration;
 
 use actix::prelude::*;
 
+use crate::agent_sessions::{self, AgentWatch};
 use crate::awake::held_awake;
 use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
@@ -145,6 +147,13 @@ pub enum Adoption {
     Elsewhere,
 }
 
+/// Tear the machine down for a replacement (update, recovery, reset): destroy the machine
+/// this actor holds, or the one the row names, close its stretch as `replaced`, and forget
+/// it; the next [`Ensure`] provisions a new machine that imports the latest checkpoint.
+#[derive(Message)]
+#[rtype(result = "DomainResult<()>")]
+pub struct TearDown;
+
 /// The machine reference currently in use, if any (for status and tests).
 #[derive(Message)]
 #[rtype(result = "Option<ProviderRef>")]
@@ -162,8 +171,10 @@ pub struct ComputerActor {
     restarts: u32,
     /// Serializes checkpoints.
     checkpoints: Option<Addr<CheckpointActor>>,
-    /// When the current machine became ready, for the uptime cap.
-    running_since: Option<Instant>,
+    /// When the current machine became ready (by the runtime's clock), for the uptime cap.
+    running_since_ms: Option<i64>,
+    /// What the coding-agent session files looked like at the last uptime check.
+    agents: SharedArc<Mutex<AgentWatch>>,
     /// Whether this actor got (or settled) a machine once: the first time is an adoption.
     adopted: bool,
     /// Another live process owns the computer (its internal address, if it serves one):
@@ -208,7 +219,8 @@ impl ComputerActor {
             last_error: None,
             restarts: 0,
             checkpoints: None,
-            running_since: None,
+            running_since_ms: None,
+            agents: SharedArc::default(),
             adopted: false,
             elsewhere: None,
         }
@@ -253,7 +265,8 @@ impl ComputerActor {
     /// Hold a machine just acquired; finish a stop the row said was under way.
     fn hold(&mut self, got: Acquired, ctx: &mut Context<Self>) {
         self.machine = Some(got.machine);
-        self.running_since = Some(since_instant(got.since_ms));
+        self.running_since_ms = Some(got.since_ms.unwrap_or_else(|| self.rt.clock.now_ms()));
+        *lock_watch(&self.agents) = AgentWatch::default();
         if got.resume_stop {
             ctx.notify(SuspendNow(EndReason::Stopped));
         }
@@ -269,17 +282,20 @@ impl ComputerActor {
         if self.machine.is_none() || ctx.waiting() {
             return;
         }
-        let rt = self.rt.clone();
-        let id = self.id.clone();
-        let since = self.running_since;
-        let fut = async move { idle_decision(&rt, &id, since).await };
-        ctx.spawn(fut.into_actor(self).map(|decision, _, ctx| {
-            if let Ok(Some(reason)) = decision {
-                ctx.notify(SuspendNow(reason));
-            }
-        }));
+        let addr = ctx.address();
+        actix::spawn(async move {
+            let _ = addr.send(CheckIdle).await;
+        });
     }
 }
+
+/// Look now whether an idle suspension or the uptime cap is due and, if so, suspend; answers
+/// the reason when the machine stopped (`None`: nothing was due, something held the computer,
+/// or a bot or person got there first). The computer's own timer sends it every
+/// [`IDLE_CHECK_INTERVAL`]; the reconciler and tests send it to decide now.
+#[derive(Message)]
+#[rtype(result = "DomainResult<Option<EndReason>>")]
+pub struct CheckIdle;
 
 /// Internal: suspend after the idle or uptime check decided so.
 #[derive(Message)]
@@ -306,7 +322,7 @@ impl Actor for ComputerActor {
 impl Supervised for ComputerActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
         self.machine = None;
-        self.running_since = None;
+        self.running_since_ms = None;
         self.restarts = self.restarts.saturating_add(1);
     }
 }
@@ -339,7 +355,7 @@ impl Handler<Call> for ComputerActor {
                 };
                 let provider = rt.provider()?;
                 let computers = Computers::new(rt.db.clone());
-                let _ = computers.touch(&id).await;
+                let _ = computers.touch_at(&id, rt.clock.now_ms()).await;
                 // A restore the machine has not taken yet (its import failed) comes first.
                 let row = computers.get(&id).await?;
                 apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
@@ -514,7 +530,7 @@ impl Handler<Suspend> for ComputerActor {
                 }
                 if matches!(res, Ok(true)) {
                     act.machine = None;
-                    act.running_since = None;
+                    act.running_since_ms = None;
                     // No machine here any more: any process may hold the computer next.
                     let owners = Owners::new(act.rt.db.clone());
                     let id = act.id.clone();
@@ -524,11 +540,80 @@ impl Handler<Suspend> for ComputerActor {
                 } else if let Some(got) = reconnected {
                     // Not stopped (a failed checkpoint keeps the machine): hold it.
                     act.machine = Some(got.machine);
-                    act.running_since = Some(since_instant(got.since_ms));
+                    act.running_since_ms =
+                        Some(got.since_ms.unwrap_or_else(|| act.rt.clock.now_ms()));
                 }
                 res.map(|_| ())
             }),
         ))
+    }
+}
+
+impl Handler<TearDown> for ComputerActor {
+    type Result = AtomicResponse<Self, DomainResult<()>>;
+
+    fn handle(&mut self, _: TearDown, _: &mut Context<Self>) -> Self::Result {
+        let held = self.machine.clone();
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        AtomicResponse::new(Box::pin(
+            async move {
+                let provider = rt.provider()?;
+                let computers = Computers::new(rt.db.clone());
+                let row = computers.get(&id).await?;
+                let kind = provider.describe().kind;
+                let stored = row
+                    .provider_ref
+                    .clone()
+                    .filter(|_| row.provider_kind.as_deref() == Some(kind.as_str()))
+                    .map(ProviderRef);
+                if let Some(machine) = held.or(stored) {
+                    match provider.destroy(&machine).await {
+                        Ok(()) | Err(ProviderError::MachineGone) => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                computers.close_runs(&id, EndReason::Replaced).await?;
+                computers.forget_machine(&id).await?;
+                tracing::info!(event = "computer.torn_down", computer.id = %id);
+                Ok(())
+            }
+            .into_actor(self)
+            .map(|res: DomainResult<()>, act, _| {
+                if res.is_ok() {
+                    act.machine = None;
+                    act.running_since_ms = None;
+                    act.adopted = true;
+                }
+                res
+            }),
+        ))
+    }
+}
+
+impl Handler<CheckIdle> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<Option<EndReason>>>;
+
+    fn handle(&mut self, _: CheckIdle, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(machine) = self.machine.clone() else {
+            return Box::pin(actix::fut::ready(Ok(None)));
+        };
+        let rt = self.rt.clone();
+        let id = self.id.clone();
+        let since = self.running_since_ms;
+        let agents = self.agents.clone();
+        let addr = ctx.address();
+        Box::pin(
+            async move {
+                let Some(reason) = idle_decision(&rt, &id, &machine, since, &agents).await? else {
+                    return Ok(None);
+                };
+                addr.send(Suspend(reason)).await??;
+                let stopped = addr.send(CurrentMachine).await?.is_none();
+                Ok(stopped.then_some(reason))
+            }
+            .into_actor(self),
+        )
     }
 }
 
@@ -606,11 +691,14 @@ async fn claim_idle(rt: &Runtime, id: &str) -> DomainResult<Option<i64>> {
         Err(e) if e.code == ErrorCode::ComputerReserved => return Ok(None),
         Err(e) => return Err(e),
     };
-    let others = leases
-        .live_on(id)
-        .await?
-        .into_iter()
-        .any(|g| g.kind != LeaseKind::Maintenance);
+    // As in `held_awake`: a run waiting for a person does not hold the computer up by its
+    // own execution lease.
+    let waiting = Runs::new(rt.db.clone()).waiting_on(id).await?;
+    let others = leases.live_on(id).await?.into_iter().any(|g| {
+        let waiting_run =
+            g.kind == LeaseKind::Execution && waiting.iter().any(|r| r.bot_id == g.subject);
+        g.kind != LeaseKind::Maintenance && !waiting_run
+    });
     if others {
         leases.release(&key, grant.fence).await?;
         tracing::info!(event = "computer.idle_suspend_skipped", computer.id = id);
@@ -672,43 +760,62 @@ async fn stop_machine(
     Ok(())
 }
 
-/// Whether an idle or uptime suspension is due.
+/// Whether an idle or uptime suspension is due (see [`CheckIdle`]).
+///
+/// Nothing is due while something holds the computer ([`held_awake`]: a run executing, a
+/// person in control, a maintenance job, a fresh takeover request on a provider that does
+/// not bill). Then idle suspension after `SANDBOX_IDLE_MS` without use; then, on providers
+/// that bill while running only, the uptime cap after `COMPUTER_MAX_ACTIVE_MS` in one
+/// stretch, unless a coding agent CLI wrote its session files within `SANDBOX_IDLE_MS`.
 async fn idle_decision(
     rt: &Runtime,
     id: &str,
-    since: Option<Instant>,
+    machine: &ProviderRef,
+    since_ms: Option<i64>,
+    agents: &SharedArc<Mutex<AgentWatch>>,
 ) -> DomainResult<Option<EndReason>> {
-    let bills = rt
-        .provider
-        .as_ref()
-        .is_some_and(|p| p.describe().capabilities.bills_while_running);
-    let now = crate::clock::now_ms();
+    let provider = rt.provider()?;
+    let bills = provider.describe().capabilities.bills_while_running;
+    let now = rt.clock.now_ms();
+    let idle_ms = rt.settings.idle.as_millis() as i64;
+    let cap_ms = rt.settings.max_active.as_millis() as i64;
+    let up_for = since_ms.map(|since| now.saturating_sub(since));
+    // Session files are watched through the last idle window before the cap (whatever holds
+    // the computer meanwhile), so a write in that window is known when the cap comes due.
+    let capped = bills && cap_ms > 0;
+    let mut sessions = None;
+    if capped && up_for.is_some_and(|up| up >= cap_ms.saturating_sub(idle_ms)) {
+        let look = agent_sessions::fingerprint(provider.as_ref(), machine).await;
+        let mut watch = lock_watch(agents);
+        let first = watch.observe(look, now);
+        sessions = Some((first, watch.wrote_within(idle_ms, now)));
+    }
     let leases = Leases::new(rt.db.clone()).live_on(id).await?;
     let waiting = Runs::new(rt.db.clone()).waiting_on(id).await?;
     if held_awake(&leases, &waiting, bills, now) {
         return Ok(None);
     }
     let row = Computers::new(rt.db.clone()).get(id).await?;
-    let idle_for = now.saturating_sub(row.last_active_at_ms).max(0) as u128;
-    if !rt.settings.idle.is_zero() && idle_for >= rt.settings.idle.as_millis() {
+    let idle_for = now.saturating_sub(row.last_active_at_ms).max(0);
+    if idle_ms > 0 && idle_for >= idle_ms {
         return Ok(Some(EndReason::Idle));
     }
-    if bills
-        && !rt.settings.max_active.is_zero()
-        && since.is_some_and(|s| s.elapsed() >= rt.settings.max_active)
-    {
-        return Ok(Some(EndReason::ActiveLimit));
+    if !capped || up_for.is_none_or(|up| up < cap_ms) {
+        return Ok(None);
     }
-    Ok(None)
+    match sessions {
+        // No earlier look to compare with: decide at the next check.
+        None | Some((true, _)) => Ok(None),
+        Some((false, true)) => {
+            tracing::info!(event = "computer.active_limit_deferred", computer.id = id);
+            Ok(None)
+        }
+        Some((false, false)) => Ok(Some(EndReason::ActiveLimit)),
+    }
 }
 
-/// When a stretch that started at `since_ms` (now when unknown) began, as an `Instant`.
-fn since_instant(since_ms: Option<i64>) -> Instant {
-    let now = Instant::now();
-    since_ms
-        .map(|ms| crate::clock::now_ms().saturating_sub(ms).max(0) as u64)
-        .and_then(|ago| now.checked_sub(Duration::from_millis(ago)))
-        .unwrap_or(now)
+fn lock_watch(watch: &Mutex<AgentWatch>) -> std::sync::MutexGuard<'_, AgentWatch> {
+    watch.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The provider's spec of a computer's machine.

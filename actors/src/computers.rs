@@ -172,8 +172,13 @@ impl Computers {
 
     /// Record use, for idle suspension.
     pub async fn touch(&self, id: &str) -> DomainResult<()> {
+        self.touch_at(id, now_ms()).await
+    }
+
+    /// Record use at `at_ms` (the runtime clock's now), for idle suspension.
+    pub async fn touch_at(&self, id: &str, at_ms: i64) -> DomainResult<()> {
         computer::Entity::update_many()
-            .col_expr(computer::Column::LastActiveAtMs, Expr::value(now_ms()))
+            .col_expr(computer::Column::LastActiveAtMs, Expr::value(at_ms))
             .filter(computer::Column::Id.eq(id))
             .exec(&self.db)
             .await?;
@@ -196,6 +201,25 @@ impl Computers {
         active.state = Set(ComputerState::Running.as_str().into());
         active.updated_at_ms = Set(now_ms());
         Ok(active.update(&self.db).await?)
+    }
+
+    /// Forget the machine of a computer torn down for a replacement: no reference is kept,
+    /// so the next use provisions a new machine that imports the latest checkpoint.
+    pub async fn forget_machine(&self, id: &str) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(
+                computer::Column::ProviderRef,
+                Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                computer::Column::State,
+                Expr::value(ComputerState::Stopped.as_str()),
+            )
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
     }
 
     /// Record a new checkpoint revision.

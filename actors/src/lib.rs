@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod agent_sessions;
 pub mod awake;
 pub mod checkpoint;
 pub mod clock;
@@ -31,10 +32,13 @@ pub mod keys;
 pub mod lease_actor;
 pub mod leases;
 pub mod owners;
+pub mod maintenance;
+pub mod maintenance_job;
 pub mod processes;
 pub mod provider;
 pub mod reconciler;
 pub mod registry;
+pub mod run_reports;
 pub mod runs;
 pub mod runtime;
 pub mod screen;

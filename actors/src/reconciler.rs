@@ -9,6 +9,9 @@
 //!   from then on its idle and uptime timers run;
 //! - closes, as `reconciled`, the open `computer_runs` stretches of computers that no longer
 //!   read as running (the end was never seen);
+//! - marks `interrupted` the maintenance operations whose worker stopped beating for
+//!   `COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS` (they stay reserved), and hands queued operations whose
+//!   publication was missed to the workers again (a claimed one is never run again);
 //! - releases leases and control grants past their expiry that nobody released, publishing
 //!   the `lease.changed` event the `LeaseActor` would, so sockets of an expired control grant
 //!   close. Grants not yet expired are never touched.
@@ -30,6 +33,7 @@ use crate::computers::Computers;
 use crate::error::DomainResult;
 use crate::lease_actor::publish_control_ended;
 use crate::leases::{LeaseKind, Leases};
+use crate::maintenance::{Maintenance, REPUBLISH_AFTER_MS};
 use crate::registry::Registry;
 
 /// How often a pass runs after the one at start-up.
@@ -51,6 +55,10 @@ pub struct Reconciled {
     pub runs_closed: u32,
     /// Stale grants released.
     pub leases_expired: u32,
+    /// Maintenance operations marked interrupted.
+    pub interrupted: u32,
+    /// Queued maintenance operations handed to the workers again.
+    pub republished: u32,
 }
 
 /// Run one pass now and answer what it did (start-up, tests).
@@ -158,6 +166,24 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
         tracing::info!(event = "reconciler.run_closed", computer.id = %run.computer_id, run.id = %run.id);
     }
 
+    let ops = Maintenance::new(rt.db.clone(), rt.clock.clone());
+    let timeout_ms = rt.settings.maintenance_heartbeat_timeout.as_millis() as i64;
+    for op in ops.mark_interrupted(timeout_ms).await? {
+        done.interrupted += 1;
+        rt.events.publish(
+            op.space_id.as_deref().unwrap_or_default(),
+            "maintenance.changed",
+            serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
+        );
+    }
+    if rt.provider.is_some() {
+        for op in ops.republish_due(REPUBLISH_AFTER_MS).await? {
+            done.republished += 1;
+            tracing::info!(event = "maintenance.republished", operation.id = %op.id);
+            crate::maintenance_job::publish(registry.clone(), op.id);
+        }
+    }
+
     for grant in Leases::new(rt.db.clone()).expire_stale().await? {
         done.leases_expired += 1;
         tracing::info!(event = "reconciler.lease_expired", computer.id = %grant.computer_id,
@@ -176,7 +202,9 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
             not_running = done.not_running,
             failed = done.failed,
             runs_closed = done.runs_closed,
-            leases_expired = done.leases_expired
+            leases_expired = done.leases_expired,
+            interrupted = done.interrupted,
+            republished = done.republished
         );
     }
     Ok(done)

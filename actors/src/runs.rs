@@ -6,7 +6,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-use crate::clock::{new_id, now_ms};
+use crate::clock::{Clock, new_id, now_ms};
 use crate::entity::run;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{Grant, LeaseKey, Leases};
@@ -100,6 +100,7 @@ pub struct Runs {
     db: DatabaseConnection,
     leases: Leases,
     lease_ttl_ms: i64,
+    clock: Clock,
 }
 
 impl Runs {
@@ -109,12 +110,20 @@ impl Runs {
             leases: Leases::new(db.clone()),
             db,
             lease_ttl_ms: EXECUTION_LEASE_TTL_MS,
+            clock: Clock::system(),
         }
     }
 
     /// The same rules, granting execution leases for `ttl_ms` (the configured lifetime).
     pub fn with_lease_ttl(mut self, ttl_ms: i64) -> Self {
         self.lease_ttl_ms = ttl_ms;
+        self
+    }
+
+    /// The same rules, stamping takeover requests by `clock` (the runtime's, which the idle
+    /// rules read).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -208,7 +217,7 @@ impl Runs {
         }
         let mut active = run.into_active_model();
         active.state = Set(RunState::WaitingTakeover.as_str().into());
-        active.takeover_requested_at_ms = Set(Some(now_ms()));
+        active.takeover_requested_at_ms = Set(Some(self.clock.now_ms()));
         active.updated_at_ms = Set(now_ms());
         Ok(active.update(&self.db).await?)
     }

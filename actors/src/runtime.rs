@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 
+use crate::clock::Clock;
 use crate::entity::computer;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::events::EventBus;
@@ -20,6 +21,8 @@ pub struct Settings {
     pub idle: Duration,
     /// Suspend after this long up in one stretch on billed providers (0 = never).
     pub max_active: Duration,
+    /// A maintenance operation whose worker has not beaten this long is interrupted.
+    pub maintenance_heartbeat_timeout: Duration,
     /// Default and maximum command timeout.
     pub command_timeout: Duration,
     /// Cap on active desktops per computer (0 = none).
@@ -34,6 +37,9 @@ impl Default for Settings {
         Self {
             idle: Duration::from_millis(600_000),
             max_active: Duration::from_millis(7_200_000),
+            maintenance_heartbeat_timeout: Duration::from_millis(
+                crate::maintenance::HEARTBEAT_TIMEOUT_MS as u64,
+            ),
             command_timeout: Duration::from_millis(300_000),
             team_screen_limit: 0,
             provider_setup_error: None,
@@ -57,6 +63,8 @@ pub struct Runtime {
     pub master_key: KeyBytes,
     /// How machine calls reach a computer another process owns (`None`: one process).
     pub forward: Option<Arc<dyn Forward>>,
+    /// The time idle, uptime and heartbeat rules decide by.
+    pub clock: Clock,
 }
 
 impl Runtime {

@@ -12,6 +12,7 @@ mod m20261201_000001_pending_restore;
 mod m20261201_000002_processes;
 mod m20261201_000003_bucket_safety;
 mod m20261202_000001_computer_owners;
+mod m20261202_000010_maintenance_jobs;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000002_processes::Migration),
             Box::new(m20261201_000003_bucket_safety::Migration),
             Box::new(m20261202_000001_computer_owners::Migration),
+            Box::new(m20261202_000010_maintenance_jobs::Migration),
         ]
     }
 }

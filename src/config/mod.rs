@@ -199,6 +199,9 @@ pub struct Config {
     pub idle: Duration,
     /// `COMPUTER_MAX_ACTIVE_MS`.
     pub max_active: Duration,
+    /// `COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS`: a maintenance operation without a worker
+    /// heartbeat this long is interrupted.
+    pub maintenance_heartbeat_timeout: Duration,
     /// `RUN_LEASE_TTL_MS`: lifetime of an execution lease unless renewed.
     pub run_lease_ttl: Duration,
     /// `MCP_SESSION_IDLE_MS`: an MCP session without a call for this long ends.
@@ -531,6 +534,9 @@ impl Config {
             provider: s.one_of("SANDBOX_PROVIDER", PROVIDERS)?,
             idle: Duration::from_millis(s.number("SANDBOX_IDLE_MS", 30 * DAY_MS)?),
             max_active: Duration::from_millis(s.number("COMPUTER_MAX_ACTIVE_MS", 30 * DAY_MS)?),
+            maintenance_heartbeat_timeout: Duration::from_millis(
+                s.number("COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS", 30 * DAY_MS)?,
+            ),
             run_lease_ttl,
             mcp_session_idle,
             process_gone_after,

@@ -79,7 +79,13 @@ pub const VARS: &[Var] = &[
         name: "COMPUTER_MAX_ACTIVE_MS",
         default: "7200000",
         secret: false,
-        doc: "On providers that bill while running, suspend after this long up in one stretch unless a run or a user holds it (0 = never).",
+        doc: "On providers that bill while running, suspend after this long up in one stretch unless a run executes, a user controls a screen or a coding agent CLI wrote its session within SANDBOX_IDLE_MS (0 = never).",
+    },
+    Var {
+        name: "COMPUTER_MAINTENANCE_HEARTBEAT_TIMEOUT_MS",
+        default: "600000",
+        secret: false,
+        doc: "A maintenance operation whose worker has not beaten for this long is marked interrupted (it stays reserved until released).",
     },
     Var {
         name: "RUN_LEASE_TTL_MS",

@@ -600,11 +600,13 @@ struct TakeoverArgs {
 
 async fn request_takeover(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let TakeoverArgs { reason } = args(a)?;
+    let clock = ctx.app.runtime().clock.clone();
     let run = Runs::new(ctx.app.db.clone())
+        .with_clock(clock.clone())
         .request_takeover(&ctx.run.id, ctx.run.lease_fence)
         .await?;
     rakazo_actors::computers::Computers::new(ctx.app.db.clone())
-        .touch(&run.computer_id)
+        .touch_at(&run.computer_id, clock.now_ms())
         .await?;
     ctx.app.runtime().events.publish(
         &run.space_id,

@@ -11,9 +11,11 @@ pub struct Model {
     pub id: String,
     /// The computer.
     pub computer_id: String,
-    /// `update` or `recovery`.
+    /// The computer's space (releaseInterrupted accepts only the caller's).
+    pub space_id: Option<String>,
+    /// `update`, `recovery` or `reset`.
     pub kind: String,
-    /// `queued`, `running`, `interrupted`, `completed` or `failed`.
+    /// `queued`, `running`, `interrupted`, `released`, `completed` or `failed`.
     pub state: String,
     /// Actual lifecycle stage.
     pub stage: Option<String>,
@@ -23,6 +25,18 @@ pub struct Model {
     pub heartbeat_at_ms: Option<i64>,
     /// Failure reason.
     pub error: Option<String>,
+    /// The user who asked.
+    pub requested_by: Option<String>,
+    /// Fence of the computer-wide maintenance reservation the job holds.
+    pub lease_fence: Option<i64>,
+    /// When a worker claimed it.
+    pub claimed_at_ms: Option<i64>,
+    /// When it completed, failed or was released.
+    pub finished_at_ms: Option<i64>,
+    /// When it was last handed to the workers (the reconciler republishes a missed one).
+    pub published_at_ms: Option<i64>,
+    /// What the person should know (a recovery that fell back to the last saved workspace).
+    pub note: Option<String>,
     /// Creation time.
     pub created_at_ms: i64,
     /// Last change.

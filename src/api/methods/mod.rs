@@ -4,6 +4,7 @@ mod access;
 mod activity;
 mod computers;
 mod homes;
+mod maintenance;
 mod runs;
 mod tool_calls;
 
@@ -11,6 +12,7 @@ pub use runs::{EndedBy, end_run, lease_ttl_ms, run_json, runs};
 mod spaces;
 
 use rakazo_actors::entity::run;
+use rakazo_actors::maintenance::OpKind;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{DatabaseConnection, EntityTrait};
 use serde::de::DeserializeOwned;
@@ -111,6 +113,11 @@ pub const METHODS: &[Method] = &[
     m("computer.releaseControl", PEOPLE),
     m("computer.renewControl", PEOPLE),
     m("computer.terminalUrl", PEOPLE),
+    m("computer.update", PEOPLE),
+    m("computer.recover", PEOPLE),
+    m("computer.reset", PEOPLE),
+    m("computer.operations", PEOPLE),
+    m("computer.releaseInterrupted", OPERATOR),
     m("run.start", ANY),
     m("run.get", ANY),
     m("run.renew", ANY),
@@ -183,6 +190,11 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "computer.renewControl" => runs::renew_control(ctx, params).await,
         "bot.status" => runs::bot_status(ctx, params).await,
         "computer.releaseControl" => runs::release_control(ctx, params).await,
+        "computer.update" => maintenance::enqueue(ctx, params, OpKind::Update).await,
+        "computer.recover" => maintenance::enqueue(ctx, params, OpKind::Recovery).await,
+        "computer.reset" => maintenance::enqueue(ctx, params, OpKind::Reset).await,
+        "computer.operations" => maintenance::list(ctx, params).await,
+        "computer.releaseInterrupted" => maintenance::release_interrupted(ctx, params).await,
         "run.start" => runs::start(ctx, params).await,
         "run.get" => runs::get(ctx, params).await,
         "run.renew" => runs::renew(ctx, params).await,

@@ -214,12 +214,14 @@ async fn reachable_run(ctx: &Ctx<'_>, run_id: &str) -> DomainResult<run::Model> 
 pub async fn request_takeover(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Fenced = super::params(params)?;
     reachable_run(ctx, &p.run_id).await?;
+    let clock = ctx.app.runtime().clock.clone();
     let r = Runs::new(ctx.db().clone())
+        .with_clock(clock.clone())
         .request_takeover(&p.run_id, p.fence)
         .await?;
     // Asking for takeover restarts the idle timer.
     Computers::new(ctx.db().clone())
-        .touch(&r.computer_id)
+        .touch_at(&r.computer_id, clock.now_ms())
         .await?;
     publish_run(ctx, &r);
     Ok(run_json(&r))
@@ -289,7 +291,9 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         Some(g) => g,
         None => h.leases.send(acquire).await??,
     };
-    Computers::new(ctx.db().clone()).touch(&c.id).await?;
+    Computers::new(ctx.db().clone())
+        .touch_at(&c.id, ctx.app.runtime().clock.now_ms())
+        .await?;
     let issued = ctx
         .app
         .screens

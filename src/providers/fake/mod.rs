@@ -7,7 +7,9 @@
 //!
 //! Test hooks: [`FakeProvider::lose_machine`] makes a machine vanish (calls in flight and later
 //! ones see "machine gone"); the shell command `rakazo-fake-lose-machine` does the same from
-//! inside a command, for end-to-end tests through the API.
+//! inside a command, for end-to-end tests through the API. [`FakeProvider::set_bills`] makes
+//! it declare that it bills while running (the uptime cap's tests), and
+//! [`FakeProvider::hold_exports`] keeps checkpoints waiting mid-export.
 
 mod frame;
 mod shell;
@@ -15,7 +17,7 @@ mod terminal;
 mod tree;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,6 +83,12 @@ pub struct FakeProvider {
     machines: Arc<Mutex<HashMap<String, Machine>>>,
     next_id: Arc<AtomicU64>,
     terminals: Arc<FakeTerminals>,
+    /// Whether it declares that it bills while running (test hook, see [`Self::set_bills`]).
+    bills: Arc<AtomicBool>,
+    /// Held by a test to keep workspace exports waiting (see [`Self::hold_exports`]).
+    export_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Exports that reached the gate so far.
+    exports_started: Arc<AtomicU64>,
 }
 
 impl FakeProvider {
@@ -91,6 +99,9 @@ impl FakeProvider {
             machines: Arc::new(Mutex::new(HashMap::new())),
             next_id: Arc::new(AtomicU64::new(1)),
             terminals: Arc::default(),
+            bills: Arc::default(),
+            export_gate: Arc::default(),
+            exports_started: Arc::default(),
         }
     }
 
@@ -99,6 +110,23 @@ impl FakeProvider {
         if let Some(m) = self.lock().get_mut(&machine.0) {
             m.lost = true;
         }
+    }
+
+    /// Test hook: declare that this provider bills while running, like a remote vendor (the
+    /// uptime cap applies to billed providers only).
+    pub fn set_bills(&self, bills: bool) {
+        self.bills.store(bills, Ordering::Relaxed);
+    }
+
+    /// Test hook: workspace exports wait until the returned guard is dropped, so a test can
+    /// act while a checkpoint is under way.
+    pub async fn hold_exports(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.export_gate.clone().lock_owned().await
+    }
+
+    /// Test hook: how many workspace exports have started (waiting at the gate or done).
+    pub fn exports_started(&self) -> u64 {
+        self.exports_started.load(Ordering::Relaxed)
     }
 
     /// Test hook: whether a machine exists, is not lost and runs.
@@ -153,7 +181,7 @@ impl SandboxProvider for FakeProvider {
                 multi_screen: self.mode != ScreenMode::Single,
                 terminal: true,
                 page_browser: false,
-                bills_while_running: false,
+                bills_while_running: self.bills.load(Ordering::Relaxed),
                 mounted_home: false,
                 desktop_freezing: false,
                 desktop_limits: false,
@@ -426,6 +454,8 @@ impl SandboxProvider for FakeProvider {
         since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
         use sha2::Digest as _;
+        self.exports_started.fetch_add(1, Ordering::Relaxed);
+        drop(self.export_gate.lock().await);
         // The emulated tree has no file times: its fingerprint is the archive's digest.
         let (archive, skipped) = self.with(machine, |m| m.files.export())?;
         let fingerprint = hex::encode(sha2::Sha256::digest(&archive));

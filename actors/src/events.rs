@@ -29,6 +29,9 @@ pub enum Topic {
     /// A command in the activity feed.
     #[serde(rename = "computer.command")]
     ComputerCommand,
+    /// A maintenance operation queued, progressing, finished or interrupted.
+    #[serde(rename = "maintenance.changed")]
+    MaintenanceChanged,
 }
 
 impl Topic {
@@ -40,6 +43,7 @@ impl Topic {
             Self::LeaseChanged => "lease.changed",
             Self::ScreenState => "screen.state",
             Self::ComputerCommand => "computer.command",
+            Self::MaintenanceChanged => "maintenance.changed",
         }
     }
 }

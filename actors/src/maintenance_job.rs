@@ -57,7 +57,7 @@ pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult
     let row = Computers::new(rt.db.clone()).get(&op.computer_id).await?;
     rt.events.publish(
         &row.space_id,
-        "maintenance.changed",
+        crate::events::Topic::MaintenanceChanged,
         serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
     );
     Ok(true)
@@ -84,7 +84,7 @@ async fn work(
         }
         rt.events.publish(
             &row.space_id,
-            "maintenance.changed",
+            crate::events::Topic::MaintenanceChanged,
             serde_json::json!({ "id": op.id, "computerId": op.computer_id, "stage": stage.as_str() }),
         );
         Ok(())

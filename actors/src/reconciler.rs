@@ -172,7 +172,7 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
         done.interrupted += 1;
         rt.events.publish(
             op.space_id.as_deref().unwrap_or_default(),
-            "maintenance.changed",
+            crate::events::Topic::MaintenanceChanged,
             serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
         );
     }

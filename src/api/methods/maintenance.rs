@@ -89,7 +89,7 @@ pub async fn release_interrupted(ctx: &Ctx<'_>, params: Value) -> DomainResult<V
         .await?;
     ctx.app.runtime().events.publish(
         &space_id,
-        "maintenance.changed",
+        rakazo_actors::events::Topic::MaintenanceChanged,
         json!({ "id": released.id, "computerId": released.computer_id }),
     );
     Ok(operation_json(&released))

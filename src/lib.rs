@@ -27,6 +27,7 @@ pub mod auth;
 pub mod config;
 pub mod crash_point;
 pub mod dashboard;
+pub mod emulators;
 pub mod db;
 pub mod desktop;
 pub mod image;

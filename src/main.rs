@@ -57,6 +57,11 @@ enum Command {
         #[arg(long, hide = true)]
         parent: Option<u32>,
     },
+    /// Local stand-ins for vendor services (tests and trials).
+    Emulator {
+        #[command(subcommand)]
+        command: EmulatorCommand,
+    },
     /// Computer image helpers.
     Image {
         #[command(subcommand)]
@@ -66,6 +71,20 @@ enum Command {
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum EmulatorCommand {
+    /// The Kubernetes API subset the kubernetes provider and kubectl use, with pods backed
+    /// by Docker containers of this host.
+    Kubernetes {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+        /// A file holding the bearer token every request must carry (none: no authentication).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
 }
 
@@ -98,6 +117,33 @@ fn main() -> ExitCode {
         } => {
             print!("{}", rakazo::config::render_example());
             ExitCode::SUCCESS
+        }
+        Command::Emulator {
+            command: EmulatorCommand::Kubernetes { listen, token_file },
+        } => {
+            rakazo::telemetry::init("info");
+            let token = match token_file.map(std::fs::read_to_string).transpose() {
+                Ok(token) => token.map(|t| t.trim().to_owned()),
+                Err(err) => {
+                    eprintln!("rakazo: token file: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let config = rakazo::emulators::kubernetes::EmulatorConfig { listen, token };
+            actix_rt::System::new().block_on(async move {
+                match rakazo::emulators::kubernetes::Emulator::start(config).await {
+                    Ok(emulator) => {
+                        println!("listening on {}", emulator.addr);
+                        let _ = tokio::signal::ctrl_c().await;
+                        emulator.stop().await;
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => {
+                        eprintln!("rakazo: kubernetes emulator: {err}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
         }
         Command::Image {
             command: ImageCommand::Tag,

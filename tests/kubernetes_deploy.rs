@@ -3,8 +3,11 @@
 //! the Deployments run the kubernetes provider on Postgres.
 
 fn read(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/config/kubernetes/{name}", env!("CARGO_MANIFEST_DIR")))
-        .unwrap()
+    std::fs::read_to_string(format!(
+        "{}/config/kubernetes/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
 }
 
 #[test]
@@ -26,7 +29,12 @@ fn the_network_policy_admits_our_pods_and_denies_private_ranges() {
     assert!(np.contains("app.kubernetes.io/name: rakazo-computer"));
     assert!(np.contains("values: [\"rakazo-api\", \"rakazo-worker\", \"rakazo-web\"]"));
     assert!(np.contains("port: 6080") && np.contains("port: 6100"));
-    for range in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"] {
+    for range in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+    ] {
         assert!(np.contains(&format!("- {range}")), "{range}");
     }
     assert!(np.contains("policyTypes: [\"Ingress\", \"Egress\"]"));
@@ -38,7 +46,10 @@ fn the_deployments_run_the_kubernetes_provider() {
     assert!(d.contains("SANDBOX_PROVIDER: kubernetes"));
     assert!(d.contains("args: [\"serve\"]") && d.contains("args: [\"worker\"]"));
     assert!(d.contains("secretRef") && d.contains("serviceAccountName: rakazo"));
-    assert!(!d.contains("KUBERNETES_SANDBOX_HOME_CLAIM:"), "not built yet");
+    assert!(
+        !d.contains("KUBERNETES_SANDBOX_HOME_CLAIM:"),
+        "not built yet"
+    );
     // Every variable the files set is one the configuration knows.
     for line in d.lines().map(str::trim) {
         if let Some((key, _)) = line.split_once(": ")

@@ -67,7 +67,10 @@ fn kubectl_applies_waits_execs_copies_and_deletes() {
         return;
     }
     let c = cluster();
-    let name = format!("kubectl-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let name = format!(
+        "kubectl-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     let manifest = c.dir.join(format!("{name}.yaml"));
     std::fs::write(
         &manifest,
@@ -79,7 +82,12 @@ fn kubectl_applies_waits_execs_copies_and_deletes() {
     .unwrap();
     let applied = ok(&["apply", "-f", manifest.to_str().unwrap()]);
     assert_eq!(applied.trim(), format!("pod/{name} created"));
-    ok(&["wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=120s"]);
+    ok(&[
+        "wait",
+        "--for=condition=Ready",
+        &format!("pod/{name}"),
+        "--timeout=120s",
+    ]);
     assert_eq!(
         ok(&["get", "pod", &name, "-o", "jsonpath={.status.phase}"]),
         "Running"
@@ -92,11 +100,24 @@ fn kubectl_applies_waits_execs_copies_and_deletes() {
     );
 
     // exec: output, exit code, standard input.
-    let out = kubectl(&["exec", &name, "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"], None);
+    let out = kubectl(
+        &[
+            "exec",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo hi; echo oops >&2; exit 3",
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("oops"));
-    let out = kubectl(&["exec", "-i", &name, "--", "tr", "a-z", "A-Z"], Some(b"piped in\n"));
+    let out = kubectl(
+        &["exec", "-i", &name, "--", "tr", "a-z", "A-Z"],
+        Some(b"piped in\n"),
+    );
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "PIPED IN\n");
     assert_eq!(ok(&["exec", &name, "--", "id", "-u"]).trim(), "1000");
@@ -105,7 +126,11 @@ fn kubectl_applies_waits_execs_copies_and_deletes() {
     let local = c.dir.join(format!("{name}-in.bin"));
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&local, &data).unwrap();
-    ok(&["cp", local.to_str().unwrap(), &format!("{name}:/tmp/in.bin")]);
+    ok(&[
+        "cp",
+        local.to_str().unwrap(),
+        &format!("{name}:/tmp/in.bin"),
+    ]);
     assert_eq!(
         ok(&["exec", &name, "--", "sh", "-c", "wc -c < /tmp/in.bin"]).trim(),
         "300000"
@@ -145,7 +170,11 @@ fn requests_without_the_token_are_refused() {
         return;
     }
     let c = cluster();
-    for path in ["/version", "/api/v1", &format!("/api/v1/namespaces/{NAMESPACE}/pods")] {
+    for path in [
+        "/version",
+        "/api/v1",
+        &format!("/api/v1/namespaces/{NAMESPACE}/pods"),
+    ] {
         let status = reqwest::blocking_status(&format!("{}{path}", c.url), Some("wrong-token"));
         assert_eq!(status, 401, "{path}");
         let status = reqwest::blocking_status(&format!("{}{path}", c.url), None);

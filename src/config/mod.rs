@@ -146,7 +146,9 @@ pub fn is_quantity(v: &str) -> bool {
     let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let suffix = &v[digits.len()..];
     !digits.is_empty()
-        && digits.parse::<f64>().is_ok_and(|n| n.is_finite() && n >= 0.0)
+        && digits
+            .parse::<f64>()
+            .is_ok_and(|n| n.is_finite() && n >= 0.0)
         && ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"].contains(&suffix)
 }
 

@@ -258,7 +258,8 @@ mod tests {
 
     #[test]
     fn queries_decode_and_keep_repeated_keys() {
-        let pairs = query_pairs("command=sh&command=-c&command=echo+hi%21&container=main&stdin=true");
+        let pairs =
+            query_pairs("command=sh&command=-c&command=echo+hi%21&container=main&stdin=true");
         assert_eq!(pairs[2], ("command".into(), "echo hi!".into()));
         assert_eq!(pairs.len(), 5);
         assert_eq!(query_pairs("a=%zz%4")[0].1, "%zz%4");

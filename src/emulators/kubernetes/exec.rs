@@ -86,9 +86,12 @@ pub async fn exec(
         .flat_map(|v| v.split(',').map(str::trim))
         .any(|p| PROTOCOLS.contains(&p));
     if !offered {
-        return bad("exec needs a WebSocket upgrade offering v5.channel.k8s.io or v4.channel.k8s.io (SPDY is not served)");
+        return bad(
+            "exec needs a WebSocket upgrade offering v5.channel.k8s.io or v4.channel.k8s.io (SPDY is not served)",
+        );
     }
-    let (response, session, stream) = match actix_ws::handle_with_protocols(&req, body, &PROTOCOLS) {
+    let (response, session, stream) = match actix_ws::handle_with_protocols(&req, body, &PROTOCOLS)
+    {
         Ok(parts) => parts,
         Err(e) => return bad(&format!("upgrade: {e}")),
     };
@@ -146,7 +149,11 @@ async fn bridge(
         )
         .await
         .map_err(|e| e.to_string())?;
-    let StartExecResults::Attached { mut output, mut input } = started else {
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = started
+    else {
         return Err("exec did not attach".into());
     };
     // Client to process: stdin until `[255, 0]` (v5) or the socket closes.
@@ -213,7 +220,11 @@ async fn bridge(
     }
 }
 
-async fn send(session: &mut actix_ws::Session, channel: u8, data: &[u8]) -> Result<(), actix_ws::Closed> {
+async fn send(
+    session: &mut actix_ws::Session,
+    channel: u8,
+    data: &[u8],
+) -> Result<(), actix_ws::Closed> {
     let mut frame = Vec::with_capacity(data.len() + 1);
     frame.push(channel);
     frame.extend_from_slice(data);

@@ -65,25 +65,53 @@ impl Emulator {
                 .wrap(actix_web::middleware::from_fn(move |req, next| {
                     authenticate(token.clone(), req, next)
                 }))
-                .route("/version", web::get().to(|| async { HttpResponse::Ok().json(documents::version()) }))
+                .route(
+                    "/version",
+                    web::get().to(|| async { HttpResponse::Ok().json(documents::version()) }),
+                )
                 .route("/api", web::get().to(api))
-                .route("/apis", web::get().to(|| async { HttpResponse::Ok().json(documents::api_groups()) }))
-                .route("/api/v1", web::get().to(|| async { HttpResponse::Ok().json(documents::core_resources()) }))
-                .route("/openapi/v3", web::get().to(|| async { HttpResponse::Ok().json(documents::openapi_index()) }))
-                .route("/openapi/v3/api/v1", web::get().to(|| async { HttpResponse::Ok().json(documents::openapi_core()) }))
+                .route(
+                    "/apis",
+                    web::get().to(|| async { HttpResponse::Ok().json(documents::api_groups()) }),
+                )
+                .route(
+                    "/api/v1",
+                    web::get()
+                        .to(|| async { HttpResponse::Ok().json(documents::core_resources()) }),
+                )
+                .route(
+                    "/openapi/v3",
+                    web::get().to(|| async { HttpResponse::Ok().json(documents::openapi_index()) }),
+                )
+                .route(
+                    "/openapi/v3/api/v1",
+                    web::get().to(|| async { HttpResponse::Ok().json(documents::openapi_core()) }),
+                )
                 .route("/api/v1/namespaces/{ns}", web::get().to(namespace))
                 .route("/api/v1/pods", web::get().to(list_all))
                 .route("/api/v1/namespaces/{ns}/pods", web::get().to(list))
                 .route("/api/v1/namespaces/{ns}/pods", web::post().to(create))
                 .route("/api/v1/namespaces/{ns}/pods/{name}", web::get().to(get))
-                .route("/api/v1/namespaces/{ns}/pods/{name}", web::delete().to(delete))
-                .route("/api/v1/namespaces/{ns}/pods/{name}/exec", web::get().to(exec::exec))
-                .route("/api/v1/namespaces/{ns}/pods/{name}/exec", web::post().to(exec::exec))
+                .route(
+                    "/api/v1/namespaces/{ns}/pods/{name}",
+                    web::delete().to(delete),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/pods/{name}/exec",
+                    web::get().to(exec::exec),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/pods/{name}/exec",
+                    web::post().to(exec::exec),
+                )
                 .default_service(web::to(|req: HttpRequest| async move {
                     HttpResponse::NotFound().json(status(
                         404,
                         "NotFound",
-                        &format!("the server could not find the requested resource ({})", req.path()),
+                        &format!(
+                            "the server could not find the requested resource ({})",
+                            req.path()
+                        ),
                     ))
                 }))
         })
@@ -96,7 +124,11 @@ impl Emulator {
         let handle = server.handle();
         actix_web::rt::spawn(server);
         tracing::info!(listen = %addr, "kubernetes_emulator.started");
-        Ok(Self { addr, pods, server: handle })
+        Ok(Self {
+            addr,
+            pods,
+            server: handle,
+        })
     }
 
     /// Starts the emulator on a thread of its own (for tests, whose runtimes come and go).
@@ -140,11 +172,14 @@ async fn authenticate(
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            let resp = HttpResponse::Unauthorized().json(status(401, "Unauthorized", "Unauthorized"));
+            let resp =
+                HttpResponse::Unauthorized().json(status(401, "Unauthorized", "Unauthorized"));
             return Ok(req.into_response(resp).map_into_right_body());
         }
     }
-    next.call(req).await.map(ServiceResponse::map_into_left_body)
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
 }
 
 fn respond(result: Result<Value, ApiError>, ok: u16) -> HttpResponse {
@@ -170,22 +205,24 @@ async fn namespace(path: web::Path<String>) -> HttpResponse {
     }))
 }
 
-async fn create(
-    pods: web::Data<Arc<Pods>>,
-    path: web::Path<String>,
-    body: Bytes,
-) -> HttpResponse {
+async fn create(pods: web::Data<Arc<Pods>>, path: web::Path<String>, body: Bytes) -> HttpResponse {
     let pod: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
             return respond(
-                Err((400, status(400, "BadRequest", "the body is not a JSON object"))),
+                Err((
+                    400,
+                    status(400, "BadRequest", "the body is not a JSON object"),
+                )),
                 400,
             );
         }
     };
     if pod["kind"].as_str().is_some_and(|k| k != "Pod") {
-        return respond(Err((400, status(400, "BadRequest", "only pods are served here"))), 400);
+        return respond(
+            Err((400, status(400, "BadRequest", "only pods are served here"))),
+            400,
+        );
     }
     respond(pods.create(&path.into_inner(), pod), 201)
 }
@@ -200,7 +237,11 @@ async fn delete(pods: web::Data<Arc<Pods>>, path: web::Path<(String, String)>) -
     respond(pods.delete(&ns, &name), 200)
 }
 
-async fn list(req: HttpRequest, pods: web::Data<Arc<Pods>>, path: web::Path<String>) -> HttpResponse {
+async fn list(
+    req: HttpRequest,
+    pods: web::Data<Arc<Pods>>,
+    path: web::Path<String>,
+) -> HttpResponse {
     let ns = path.into_inner();
     list_in(req, pods, Some(ns)).await
 }
@@ -216,10 +257,15 @@ async fn list_in(req: HttpRequest, pods: web::Data<Arc<Pods>>, ns: Option<String
         Selector::parse(&param("labelSelector").unwrap_or_default()),
         Selector::parse(&param("fieldSelector").unwrap_or_default()),
     ) else {
-        return respond(Err((400, status(400, "BadRequest", "unsupported selector"))), 400);
+        return respond(
+            Err((400, status(400, "BadRequest", "unsupported selector"))),
+            400,
+        );
     };
     if param("watch").is_some_and(|w| w == "true" || w == "1") {
-        let since: u64 = param("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let since: u64 = param("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let timeout = param("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
             .unwrap_or(1800)

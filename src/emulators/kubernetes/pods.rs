@@ -10,8 +10,7 @@ use std::time::{Duration, SystemTime};
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, PortBinding};
 use bollard::query_parameters::{
-    CreateContainerOptions, InspectContainerOptions, ListContainersOptions,
-    RemoveContainerOptions,
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -145,7 +144,12 @@ impl Pods {
     }
 
     /// Stamps `pod` with the next resource version and tells the watchers.
-    fn publish(state: &mut State, events: &broadcast::Sender<Event>, kind: &'static str, pod: &mut Value) {
+    fn publish(
+        state: &mut State,
+        events: &broadcast::Sender<Event>,
+        kind: &'static str,
+        pod: &mut Value,
+    ) {
         state.rv += 1;
         pod["metadata"]["resourceVersion"] = json!(state.rv.to_string());
         let _ = events.send(Event {
@@ -190,9 +194,16 @@ impl Pods {
     }
 
     /// Creates a pod from the client's object and starts its container in the background.
-    pub fn create(self: &std::sync::Arc<Self>, ns: &str, mut pod: Value) -> Result<Value, ApiError> {
+    pub fn create(
+        self: &std::sync::Arc<Self>,
+        ns: &str,
+        mut pod: Value,
+    ) -> Result<Value, ApiError> {
         let invalid = |why: &str| (422, status(422, "Invalid", why));
-        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if !is_dns_label(&name) {
             return Err(invalid(&format!(
                 "Pod \"{name}\" is invalid: metadata.name: Invalid value: a lowercase RFC 1123 subdomain is required"
@@ -203,7 +214,11 @@ impl Pods {
         {
             return Err((
                 400,
-                status(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request"),
+                status(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ),
             ));
         }
         let image_given = pod["spec"]["containers"]
@@ -240,7 +255,11 @@ impl Pods {
             if state.pods.contains_key(&key) {
                 return Err((
                     409,
-                    status(409, "AlreadyExists", &format!("pods \"{name}\" already exists")),
+                    status(
+                        409,
+                        "AlreadyExists",
+                        &format!("pods \"{name}\" already exists"),
+                    ),
                 ));
             }
             Self::publish(&mut state, &self.events, "ADDED", &mut pod);
@@ -289,7 +308,9 @@ impl Pods {
         let now = timestamp(SystemTime::now());
         let mut state = self.state.lock().unwrap();
         let State { pods, .. } = &mut *state;
-        let Some(entry) = pods.get_mut(&key).filter(|e| e.pod["metadata"]["uid"] == json!(uid))
+        let Some(entry) = pods
+            .get_mut(&key)
+            .filter(|e| e.pod["metadata"]["uid"] == json!(uid))
         else {
             // Deleted while starting.
             drop(state);
@@ -298,7 +319,14 @@ impl Pods {
                 let docker = self.docker.clone();
                 tokio::spawn(async move {
                     let _ = docker
-                        .remove_container(&id, Some(RemoveContainerOptions { force: true, v: true, ..Default::default() }))
+                        .remove_container(
+                            &id,
+                            Some(RemoveContainerOptions {
+                                force: true,
+                                v: true,
+                                ..Default::default()
+                            }),
+                        )
                         .await;
                 });
             }
@@ -370,15 +398,22 @@ impl Pods {
             ));
         }
         let strings = |v: &Value| -> Option<Vec<String>> {
-            v.as_array()
-                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+            v.as_array().map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
         };
         let env: Vec<String> = c["env"]
             .as_array()
             .map(|a| {
                 a.iter()
                     .filter_map(|e| {
-                        Some(format!("{}={}", e["name"].as_str()?, e["value"].as_str().unwrap_or("")))
+                        Some(format!(
+                            "{}={}",
+                            e["name"].as_str()?,
+                            e["value"].as_str().unwrap_or("")
+                        ))
                     })
                     .collect()
             })
@@ -395,7 +430,11 @@ impl Pods {
             .map(|a| {
                 a.iter()
                     .filter(|p| p["protocol"].as_str().is_none_or(|p| p == "TCP"))
-                    .filter_map(|p| p["containerPort"].as_u64().and_then(|p| u16::try_from(p).ok()))
+                    .filter_map(|p| {
+                        p["containerPort"]
+                            .as_u64()
+                            .and_then(|p| u16::try_from(p).ok())
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -512,7 +551,12 @@ impl Pods {
     }
 
     /// The container of a running pod and the name of its first container, for exec.
-    pub fn container(&self, ns: &str, name: &str, wanted: Option<&str>) -> Result<String, ApiError> {
+    pub fn container(
+        &self,
+        ns: &str,
+        name: &str,
+        wanted: Option<&str>,
+    ) -> Result<String, ApiError> {
         let state = self.state.lock().unwrap();
         let entry = state
             .pods
@@ -525,7 +569,11 @@ impl Pods {
             if !known {
                 return Err((
                     400,
-                    status(400, "BadRequest", &format!("container {wanted} is not valid for pod {name}")),
+                    status(
+                        400,
+                        "BadRequest",
+                        &format!("container {wanted} is not valid for pod {name}"),
+                    ),
                 ));
             }
         }
@@ -533,7 +581,11 @@ impl Pods {
             (Some(id), Some("Running")) => Ok(id.clone()),
             _ => Err((
                 400,
-                status(400, "BadRequest", &format!("unable to upgrade connection: container not found (\"{name}\")")),
+                status(
+                    400,
+                    "BadRequest",
+                    &format!("unable to upgrade connection: container not found (\"{name}\")"),
+                ),
             )),
         }
     }
@@ -555,7 +607,11 @@ impl Pods {
                     .iter()
                     .filter(|(_, e)| e.pod["status"]["phase"] == json!("Running"))
                     .filter_map(|(k, e)| {
-                        Some((k.clone(), e.container.clone()?, e.pod["metadata"]["uid"].clone()))
+                        Some((
+                            k.clone(),
+                            e.container.clone()?,
+                            e.pod["metadata"]["uid"].clone(),
+                        ))
                     })
                     .collect()
             };
@@ -565,7 +621,10 @@ impl Pods {
                     .inspect_container(&id, None::<InspectContainerOptions>)
                     .await
                 {
-                    Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 404,
+                        ..
+                    }) => {
                         self.forget(&key, &uid);
                     }
                     Ok(info) => {
@@ -577,14 +636,20 @@ impl Pods {
                         let now = timestamp(SystemTime::now());
                         let mut state = self.state.lock().unwrap();
                         let State { pods, .. } = &mut *state;
-                        let Some(entry) = pods.get_mut(&key).filter(|e| e.pod["metadata"]["uid"] == uid) else {
+                        let Some(entry) = pods
+                            .get_mut(&key)
+                            .filter(|e| e.pod["metadata"]["uid"] == uid)
+                        else {
                             continue;
                         };
                         let mut pod = entry.pod.clone();
-                        pod["status"]["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+                        pod["status"]["phase"] =
+                            json!(if code == 0 { "Succeeded" } else { "Failed" });
                         if let Some(conds) = pod["status"]["conditions"].as_array_mut() {
                             for c in conds.iter_mut() {
-                                if c["type"] == json!("Ready") || c["type"] == json!("ContainersReady") {
+                                if c["type"] == json!("Ready")
+                                    || c["type"] == json!("ContainersReady")
+                                {
                                     c["status"] = json!("False");
                                     c["lastTransitionTime"] = json!(now);
                                 }
@@ -607,9 +672,8 @@ impl Pods {
 
 /// Whether `pod` is selected by both selectors.
 pub fn selects(pod: &Value, labels: &Selector, fields: &Selector) -> bool {
-    labels.matches(|k| {
-        pod["metadata"]["labels"][k].as_str().map(str::to_owned)
-    }) && fields.matches(|k| pod_field(pod, k))
+    labels.matches(|k| pod["metadata"]["labels"][k].as_str().map(str::to_owned))
+        && fields.matches(|k| pod_field(pod, k))
 }
 
 /// RFC 1123 label rules for a pod name (the subdomain form, without dots here).

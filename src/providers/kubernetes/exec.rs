@@ -41,10 +41,9 @@ pub struct Ended {
 pub fn provider_error(e: kube::Error) -> ProviderError {
     match e {
         kube::Error::Api(s) if s.code == 404 => ProviderError::MachineGone,
-        kube::Error::Api(s) => ProviderError::Failed(format!(
-            "Kubernetes API: {} ({})",
-            s.reason, s.code
-        )),
+        kube::Error::Api(s) => {
+            ProviderError::Failed(format!("Kubernetes API: {} ({})", s.reason, s.code))
+        }
         other => ProviderError::Failed(format!(
             "Kubernetes API unreachable ({})",
             match other {
@@ -179,8 +178,8 @@ impl PodExec {
         };
         let started = Instant::now();
         let mut stdout = CappedWriter::default();
-        let ran = tokio::time::timeout(timeout + EXEC_GRACE, self.stream(argv, None, &mut stdout))
-            .await;
+        let ran =
+            tokio::time::timeout(timeout + EXEC_GRACE, self.stream(argv, None, &mut stdout)).await;
         let Ok(ended) = ran else {
             return Ok(ExecOutput {
                 exit_code: -1,

@@ -337,7 +337,14 @@ impl KubernetesProvider {
             4 => Err(ProviderError::NotFound(path.chars().take(200).collect())),
             code => Err(ProviderError::Failed(format!(
                 "file {op} ended with {code}: {}",
-                ended.stderr.lines().last().unwrap_or("").chars().take(200).collect::<String>()
+                ended
+                    .stderr
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
             ))),
         }
     }
@@ -380,7 +387,11 @@ impl KubernetesProvider {
             "rakazo-restore".into(),
             POD_FILES.into(),
         ];
-        let ended = match m.exec.stream(argv, Some(input), &mut tokio::io::sink()).await {
+        let ended = match m
+            .exec
+            .stream(argv, Some(input), &mut tokio::io::sink())
+            .await
+        {
             Ok(ended) => ended,
             Err(e) => return Err(self.classify(machine, e).await),
         };
@@ -388,7 +399,14 @@ impl KubernetesProvider {
             return Err(ProviderError::Failed(format!(
                 "restore ended with {}: {}",
                 ended.exit_code,
-                ended.stderr.lines().last().unwrap_or("").chars().take(200).collect::<String>()
+                ended
+                    .stderr
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
             )));
         }
         Ok(())
@@ -628,7 +646,11 @@ impl SandboxProvider for KubernetesProvider {
             cwd: WORKSPACE.into(),
             env: Self::shell_env("xterm-256color"),
         };
-        match m.runtime.terminal_route(&control.token, &shell, GATEWAY_PORT).await {
+        match m
+            .runtime
+            .terminal_route(&control.token, &shell, GATEWAY_PORT)
+            .await
+        {
             Ok(route) => Ok(Self::upstream(&m.ip, route)),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }

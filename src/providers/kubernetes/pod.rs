@@ -198,7 +198,10 @@ mod tests {
         assert_eq!(ps.automount_service_account_token, Some(false));
         assert_eq!(ps.enable_service_links, Some(false));
         let psc = ps.security_context.as_ref().unwrap();
-        assert_eq!((psc.run_as_user, psc.run_as_group), (Some(1000), Some(1000)));
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_group),
+            (Some(1000), Some(1000))
+        );
         assert_eq!(psc.run_as_non_root, Some(true));
         assert_eq!(ps.containers.len(), 1);
         let c = &ps.containers[0];
@@ -222,7 +225,13 @@ mod tests {
         assert_eq!(limits["memory"].0, "4Gi");
         assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 6080);
         // No environment of this process reaches the pod.
-        let env: Vec<_> = c.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+        let env: Vec<_> = c
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
         assert_eq!(env, ["HOME", "LANG"]);
         // The JSON the API server receives says the same.
         let json = serde_json::to_value(&pod).unwrap();

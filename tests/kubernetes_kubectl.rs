@@ -1,6 +1,7 @@
 //! The kubernetes emulator is faithful to kubectl: a pod manifest is applied, waited for,
 //! exec'd into, copied in and out of with `kubectl cp`, listed by label, reached on its pod IP
-//! from this host, and deleted; a request without the token is refused.
+//! from this host, and deleted; a request without the token is refused. (kubectl, like all of
+//! client-go, sends credentials over TLS only: it talks to an emulator without a token.)
 
 mod docker_support;
 mod kubernetes_support;
@@ -13,7 +14,7 @@ use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
 use docker_support::docker_ready;
-use kubernetes_support::{NAMESPACE, cluster};
+use kubernetes_support::{NAMESPACE, cluster, open_cluster};
 
 fn kubectl_ready() -> bool {
     let ok = Command::new("kubectl")
@@ -30,7 +31,7 @@ fn kubectl_ready() -> bool {
 }
 
 fn kubectl(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let c = cluster();
+    let c = open_cluster();
     let mut cmd = Command::new("kubectl");
     cmd.env("KUBECONFIG", &c.kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")

@@ -18,7 +18,7 @@ pub const NAMESPACE: &str = "rakazo-test";
 pub struct TestCluster {
     /// `http://127.0.0.1:<port>`.
     pub url: String,
-    /// The bearer token it requires.
+    /// The bearer token it requires (empty: none).
     pub token: String,
     /// A kubeconfig for it (token auth, namespace [`NAMESPACE`]).
     pub kubeconfig: PathBuf,
@@ -27,34 +27,46 @@ pub struct TestCluster {
     _dir: tempfile::TempDir,
 }
 
-/// The emulator of this test binary, started on first use.
+/// The emulator of this test binary, started on first use; it requires a bearer token.
 pub fn cluster() -> &'static TestCluster {
     static SHARED: OnceLock<TestCluster> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let addr = Emulator::spawn(EmulatorConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            token: Some(token.clone()),
-        })
-        .expect("the kubernetes emulator starts");
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("http://{addr}");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: {url}\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: tester\n    namespace: {NAMESPACE}\ncurrent-context: emulator\nusers:\n- name: tester\n  user:\n    token: {token}\n"
-            ),
-        )
-        .unwrap();
-        TestCluster {
-            url,
-            token,
-            kubeconfig,
-            dir: dir.path().to_path_buf(),
-            _dir: dir,
-        }
+    SHARED.get_or_init(|| start(Some(uuid::Uuid::new_v4().simple().to_string())))
+}
+
+/// An emulator without authentication, for kubectl: client-go sends credentials over TLS
+/// only, and the emulator serves plain HTTP on loopback.
+pub fn open_cluster() -> &'static TestCluster {
+    static SHARED: OnceLock<TestCluster> = OnceLock::new();
+    SHARED.get_or_init(|| start(None))
+}
+
+fn start(token: Option<String>) -> TestCluster {
+    let addr = Emulator::spawn(EmulatorConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: token.clone(),
     })
+    .expect("the kubernetes emulator starts");
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://{addr}");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let user = match &token {
+        Some(token) => format!("  user:\n    token: {token}\n"),
+        None => "  user: {}\n".to_owned(),
+    };
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: {url}\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: tester\n    namespace: {NAMESPACE}\ncurrent-context: emulator\nusers:\n- name: tester\n{user}"
+        ),
+    )
+    .unwrap();
+    TestCluster {
+        url,
+        token: token.unwrap_or_default(),
+        kubeconfig,
+        dir: dir.path().to_path_buf(),
+        _dir: dir,
+    }
 }
 
 /// The settings of test computers: the built-in computer image, small requests.

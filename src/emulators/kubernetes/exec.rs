@@ -135,7 +135,7 @@ async fn bridge(
         Err(e) => {
             let msg = status(500, "InternalError", &format!("exec: {e}"));
             let _ = send(&mut session, 3, msg.to_string().as_bytes()).await;
-            let _ = session.close(None).await;
+            let _ = session.close(Some(normal())).await;
             return Err(e.to_string());
         }
     };
@@ -207,7 +207,7 @@ async fn bridge(
         send(&mut session, 3, body.as_bytes())
             .await
             .map_err(|_| "client gone".to_owned())?;
-        let _ = session.clone().close(None).await;
+        let _ = session.clone().close(Some(normal())).await;
         Ok(())
     };
     tokio::pin!(pump_in);
@@ -229,4 +229,13 @@ async fn send(
     frame.push(channel);
     frame.extend_from_slice(data);
     session.binary(Bytes::from(frame)).await
+}
+
+/// A normal closure: clients read it as the end of every stream (a close without a code is
+/// an error to kubectl).
+fn normal() -> actix_ws::CloseReason {
+    actix_ws::CloseReason {
+        code: actix_ws::CloseCode::Normal,
+        description: None,
+    }
 }

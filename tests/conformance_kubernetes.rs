@@ -77,7 +77,14 @@ async fn a_pod_deleted_behind_our_back_is_machine_gone() {
         .delete(&m.0, &Default::default())
         .await
         .unwrap();
-    // Gone at once (being deleted) or soon (its container removed).
+    // Once the pod is gone (its container removed), the computer is gone.
+    let api = pods().await;
+    for _ in 0..100 {
+        if api.get_opt(&m.0).await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert_eq!(
         p.exec(&m, &cmd("true")).await.unwrap_err(),
         ProviderError::MachineGone

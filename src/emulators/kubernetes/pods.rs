@@ -22,6 +22,8 @@ pub const LABEL_INSTANCE: &str = "rakazo.kubernetes-emulator";
 /// Label on every container of an emulator: the emulator's process id (for cleaning up after
 /// one that was killed).
 pub const LABEL_PID: &str = "rakazo.kubernetes-emulator.pid";
+/// The one seccomp profile this node has installed (under the kubelet's seccomp root).
+pub const SECCOMP_PROFILE_NAME: &str = "profiles/rakazo-computer.json";
 /// The node every pod is scheduled on.
 pub const NODE: &str = "rakazo-emulator-node";
 
@@ -455,6 +457,29 @@ impl Pods {
         let mut security_opt = Vec::new();
         if sc["allowPrivilegeEscalation"] == json!(false) {
             security_opt.push("no-new-privileges:true".to_owned());
+        }
+        // This node has one seccomp profile installed: the computers' own.
+        let seccomp = if sc["seccompProfile"].is_object() {
+            &sc["seccompProfile"]
+        } else {
+            &pod_sc["seccompProfile"]
+        };
+        match (
+            seccomp["type"].as_str(),
+            seccomp["localhostProfile"].as_str(),
+        ) {
+            (Some("Unconfined"), _) => security_opt.push("seccomp=unconfined".to_owned()),
+            (Some("Localhost"), Some(SECCOMP_PROFILE_NAME)) => security_opt.push(format!(
+                "seccomp={}",
+                crate::supervisor::engine::SECCOMP_PROFILE
+            )),
+            (Some("Localhost"), other) => {
+                return Err((
+                    "CreateContainerError",
+                    format!("seccomp profile {other:?} is not installed on this node"),
+                ));
+            }
+            _ => {}
         }
         let mut labels = HashMap::new();
         labels.insert(LABEL_INSTANCE.to_owned(), self.instance.clone());

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SecurityContext,
+    ResourceRequirements, SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -26,6 +26,10 @@ pub const LABEL_WORKSPACE: &str = "rakazo-workspace-id";
 pub const LABEL_COMPUTER: &str = "rakazo-computer-id";
 /// The container's name.
 pub const CONTAINER: &str = "computer";
+/// The seccomp profile of computer pods, installed on every node under the kubelet's seccomp
+/// root (`config/computer-seccomp.json`: the runtime's default rules plus the user
+/// namespaces Chromium's own sandbox needs).
+pub const SECCOMP_PROFILE: &str = "profiles/rakazo-computer.json";
 
 /// The pod's first process: a shell that reaps the orphans of detached desktop processes
 /// (there is no init in the pod) and exits at SIGTERM.
@@ -154,6 +158,10 @@ pub fn computer_pod(name: &str, spec: &MachineSpec, settings: &KubernetesSetting
                         drop: Some(vec!["ALL".into()]),
                         ..Default::default()
                     }),
+                    seccomp_profile: Some(SeccompProfile {
+                        type_: "Localhost".into(),
+                        localhost_profile: Some(SECCOMP_PROFILE.into()),
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -216,6 +224,9 @@ mod tests {
             sc.capabilities.as_ref().unwrap().drop.as_deref(),
             Some(&["ALL".to_string()][..])
         );
+        let seccomp = sc.seccomp_profile.as_ref().unwrap();
+        assert_eq!(seccomp.type_, "Localhost");
+        assert_eq!(seccomp.localhost_profile.as_deref(), Some(SECCOMP_PROFILE));
         let res = c.resources.as_ref().unwrap();
         let requests = res.requests.as_ref().unwrap();
         let limits = res.limits.as_ref().unwrap();

@@ -602,8 +602,10 @@ impl Pods {
                 ));
             }
         }
+        // Pods are deleted with no grace period here: a terminating pod runs nothing more.
+        let terminating = entry.pod["metadata"]["deletionTimestamp"].is_string();
         match (&entry.container, entry.pod["status"]["phase"].as_str()) {
-            (Some(id), Some("Running")) => Ok(id.clone()),
+            (Some(id), Some("Running")) if !terminating => Ok(id.clone()),
             _ => Err((
                 400,
                 status(

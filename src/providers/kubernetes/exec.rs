@@ -129,10 +129,18 @@ impl PodExec {
             }
         };
         let (fed, drained, stderr) = tokio::join!(feed, drain, errors);
-        let exit_code = match status {
-            Some(status) => exit_code(status.await),
-            None => -1,
+        let status = match status {
+            Some(status) => status.await,
+            None => None,
         };
+        // No status: the connection ended before the command did (its pod went away).
+        let Some(status) = status else {
+            let _ = proc.join().await;
+            return Err(ProviderError::Failed(
+                "the exec ended without a status".into(),
+            ));
+        };
+        let exit_code = exit_code(Some(status));
         let _ = proc.join().await;
         output
             .flush()

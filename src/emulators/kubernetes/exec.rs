@@ -164,11 +164,7 @@ async fn bridge(
             let Ok(msg) = msg else { break };
             match msg {
                 actix_ws::Message::Binary(data) if !data.is_empty() => match data[0] {
-                    0 if open => {
-                        if input.write_all(&data[1..]).await.is_err() {
-                            open = false;
-                        }
-                    }
+                    0 if open => open = input.write_all(&data[1..]).await.is_ok(),
                     255 if v5 && data.get(1) == Some(&0) && open => {
                         let _ = input.shutdown().await;
                         open = false;

@@ -72,8 +72,9 @@ enum Command {
         #[arg(long, hide = true)]
         parent: Option<u32>,
     },
-    /// Run an offline vendor emulator (`e2b`) whose sandboxes are Docker computers through
-    /// the supervisor (SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN).
+    /// Run an offline vendor emulator: `e2b`, `daytona` and `box`, whose sandboxes are Docker
+    /// computers through the supervisor (SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN),
+    /// or `kubernetes`, whose pods are Docker containers of this host.
     Emulator {
         /// The vendor to emulate.
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(rakazo::emulators::VENDORS))]
@@ -84,6 +85,10 @@ enum Command {
         /// A TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// `kubernetes`: a file holding the bearer token every request must carry (none: no
+        /// authentication).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
     /// Computer image helpers.
     Image {
@@ -164,6 +169,36 @@ fn main() -> ExitCode {
             print!("{}", rakazo::config::render_example());
             ExitCode::SUCCESS
         }
+        Command::Emulator {
+            vendor,
+            listen,
+            token_file,
+            ..
+        } if vendor == "kubernetes" => {
+            rakazo::telemetry::init("info");
+            let token = match token_file.map(std::fs::read_to_string).transpose() {
+                Ok(token) => token.map(|t| t.trim().to_owned()),
+                Err(err) => {
+                    eprintln!("rakazo: token file: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let config = rakazo::emulators::kubernetes::EmulatorConfig { listen, token };
+            actix_rt::System::new().block_on(async move {
+                match rakazo::emulators::kubernetes::Emulator::start(config).await {
+                    Ok(emulator) => {
+                        println!("listening on {}", emulator.addr);
+                        let _ = tokio::signal::ctrl_c().await;
+                        emulator.stop().await;
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => {
+                        eprintln!("rakazo: kubernetes emulator: {err}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
+        }
         Command::Image {
             command: ImageCommand::Tag,
         } => {
@@ -211,6 +246,7 @@ fn main() -> ExitCode {
             vendor,
             listen,
             config,
+            ..
         } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,

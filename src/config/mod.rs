@@ -180,6 +180,35 @@ impl Role {
     }
 }
 
+/// How kubernetes computers are shaped (`KUBERNETES_*`, `RAKAZO_COMPUTER_IMAGE*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KubernetesSettings {
+    /// `KUBERNETES_NAMESPACE`: the namespace of computer pods.
+    pub namespace: String,
+    /// `RAKAZO_COMPUTER_IMAGE` with `RAKAZO_COMPUTER_IMAGE_TAG`; `None` = the built-in
+    /// recipe's tag.
+    pub image: Option<String>,
+    /// `KUBERNETES_SANDBOX_CPU_REQUEST` (a Kubernetes quantity; empty = none).
+    pub cpu_request: String,
+    /// `KUBERNETES_SANDBOX_CPU_LIMIT`.
+    pub cpu_limit: String,
+    /// `KUBERNETES_SANDBOX_MEMORY_REQUEST`.
+    pub memory_request: String,
+    /// `KUBERNETES_SANDBOX_MEMORY_LIMIT`.
+    pub memory_limit: String,
+}
+
+/// Whether `v` reads as a Kubernetes quantity (`500m`, `2`, `1.5`, `4Gi`, `512M`).
+pub fn is_quantity(v: &str) -> bool {
+    let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &v[digits.len()..];
+    !digits.is_empty()
+        && digits
+            .parse::<f64>()
+            .is_ok_and(|n| n.is_finite() && n >= 0.0)
+        && ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"].contains(&suffix)
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -234,6 +263,14 @@ pub struct Config {
     pub supervisor_managed: bool,
     /// `SANDBOX_DOCKER_*`: how the supervisor shapes computer containers.
     pub docker: DockerSettings,
+    /// `KUBERNETES_*`: how kubernetes computers are shaped.
+    pub kubernetes: KubernetesSettings,
+    /// `KUBECONFIG`: the kubeconfig file of the kubernetes provider (`None`: kube-rs's
+    /// defaults, the in-cluster service account among them).
+    pub kubeconfig: Option<PathBuf>,
+    /// `KUBERNETES_SANDBOX_HOME_CLAIM` (mounted homes are not built yet: a set value is a
+    /// setup failure of the kubernetes provider).
+    pub kubernetes_home_claim: Option<String>,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
     /// `RAKAZO_INTERNAL_TOKEN`, 32 bytes.
@@ -525,6 +562,29 @@ impl Config {
                 },
             },
         };
+        let quantity = |var: &'static str| -> Result<String, ConfigError> {
+            let v = s.get(var).unwrap_or_default();
+            if v.is_empty() || is_quantity(&v) {
+                Ok(v)
+            } else {
+                Err(s.invalid(var, &v, "a Kubernetes quantity such as 500m, 2 or 4Gi"))
+            }
+        };
+        let kubernetes = KubernetesSettings {
+            namespace: s
+                .get("KUBERNETES_NAMESPACE")
+                .unwrap_or_else(|| "rakazo-sandboxes".into()),
+            image: s.get("RAKAZO_COMPUTER_IMAGE").map(|image| {
+                match s.get("RAKAZO_COMPUTER_IMAGE_TAG") {
+                    Some(tag) => format!("{image}:{tag}"),
+                    None => image,
+                }
+            }),
+            cpu_request: quantity("KUBERNETES_SANDBOX_CPU_REQUEST")?,
+            cpu_limit: quantity("KUBERNETES_SANDBOX_CPU_LIMIT")?,
+            memory_request: quantity("KUBERNETES_SANDBOX_MEMORY_REQUEST")?,
+            memory_limit: quantity("KUBERNETES_SANDBOX_MEMORY_LIMIT")?,
+        };
         Ok(Config {
             environment,
             log_filter: s.get("RAKAZO_LOG").unwrap_or_else(|| "info".into()),
@@ -560,6 +620,9 @@ impl Config {
             supervisor_token,
             supervisor_listen,
             docker,
+            kubernetes,
+            kubeconfig: s.get("KUBECONFIG").map(PathBuf::from),
+            kubernetes_home_claim: s.get("KUBERNETES_SANDBOX_HOME_CLAIM"),
             screen_secret,
             internal_token,
             novnc_dir: PathBuf::from(

@@ -13,13 +13,16 @@
 //! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`);
 //! - [`daytona`]: Daytona's API (`/api/sandbox`...) and toolbox (`/toolbox/{id}/...`), with
 //!   a preview listener per sandbox port;
-//! - [`boat`]: Box's API (`/api/v1/sandboxes`...), the vendor the spec calls Box or Boat.
+//! - [`boat`]: Box's API (`/api/v1/sandboxes`...), the vendor the spec calls Box or Boat;
+//! - [`kubernetes`]: the Kubernetes API subset kubectl and kube-rs use, pods backed by
+//!   Docker containers of this host.
 
 pub mod boat;
 pub mod daytona;
 pub mod e2b;
 pub mod files;
 pub mod front;
+pub mod kubernetes;
 pub mod machines;
 
 pub use files::{Entry, list, read, running};
@@ -36,4 +39,4 @@ pub fn random_id(len: usize) -> String {
 }
 
 /// The emulators this build has.
-pub const VENDORS: &[&str] = &["e2b", "daytona", "box"];
+pub const VENDORS: &[&str] = &["e2b", "daytona", "box", "kubernetes"];

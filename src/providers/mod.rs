@@ -8,6 +8,7 @@ pub mod docker;
 pub mod e2b;
 pub mod fake;
 pub mod remote;
+pub mod kubernetes;
 pub mod workspace_path;
 
 use std::sync::Arc;
@@ -200,6 +201,23 @@ pub async fn build(config: &Config) -> Result<Built, String> {
         "box-emulator" => {
             let (url, key) = start_emulator(config, "box")?;
             remote_built(config, "box-emulator", boat_adapter("box-emulator", format!("{url}/api/v1"), key)?)
+        }
+        "kubernetes" if config.kubernetes_home_claim.is_some() => Ok(unavailable(
+            "KUBERNETES_SANDBOX_HOME_CLAIM is not built yet: unset it (kubernetes computers copy their home through pods/exec)".into(),
+        )),
+        "kubernetes" => {
+            let provider = kubernetes::KubernetesProvider::new(kubernetes::KubernetesProviderConfig {
+                settings: config.kubernetes.clone(),
+                kubeconfig: config.kubeconfig.clone(),
+                stash_dir: config.data_dir.join("run").join("kubernetes"),
+                screen_limit: config.team_screen_limit as usize,
+            });
+            Ok(Built {
+                provider: Some(Arc::new(provider)),
+                status: ProviderStatus { sandbox: "kubernetes".into(), setup_error: None },
+                fake: None,
+                e2b_emulator: None,
+            })
         }
         other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),
     }

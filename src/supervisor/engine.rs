@@ -609,7 +609,7 @@ impl Engine {
 /// in its own session under `timeout -s KILL`, which kills its whole process group at the
 /// deadline; its output goes to files so that background processes it leaves behind cannot
 /// hold the exec open. The group's pid is kept where a kill can find it.
-const EXEC_WRAPPER: &str = r#"d=/tmp/.rakazo-exec/$1
+pub const EXEC_WRAPPER: &str = r#"d=/tmp/.rakazo-exec/$1
 mkdir -p "$d" || exit 125
 setsid timeout -s KILL "$2" bash -c "$3" >"$d/out" 2>"$d/err" </dev/null &
 echo $! >"$d/pid"

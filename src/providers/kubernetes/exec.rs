@@ -1,0 +1,307 @@
+//! Running programs in a computer pod through `pods/exec` (kube-rs over WebSockets): scripts
+//! with a deadline and captured output, and streamed transfers whose bytes pass through this
+//! process in bounded buffers, never whole.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::AttachParams;
+use rakazo_actors::provider::{ExecOutput, ProviderError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::desktop::DesktopError;
+use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env};
+use crate::supervisor::engine::EXEC_WRAPPER;
+
+/// Extra time an exec gets past the script's own deadline before it is abandoned.
+const EXEC_GRACE: Duration = Duration::from_secs(10);
+
+/// How `pods/exec` reaches one pod.
+#[derive(Clone)]
+pub struct PodExec {
+    /// The pods of the computer namespace.
+    pub api: Api<Pod>,
+    /// The pod's name.
+    pub pod: String,
+}
+
+/// What an exec ended with.
+#[derive(Debug)]
+pub struct Ended {
+    /// The exit code (`-1` when the status said nothing usable).
+    pub exit_code: i32,
+    /// Standard error, capped.
+    pub stderr: String,
+}
+
+/// A kube error as a provider error: a missing pod is `MachineGone`; nothing of the API
+/// server's address is kept.
+pub fn provider_error(e: kube::Error) -> ProviderError {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => ProviderError::MachineGone,
+        kube::Error::Api(s) => {
+            ProviderError::Failed(format!("Kubernetes API: {} ({})", s.reason, s.code))
+        }
+        other => ProviderError::Failed(format!(
+            "Kubernetes API unreachable ({})",
+            match other {
+                kube::Error::HyperError(_) | kube::Error::Service(_) => "connection",
+                _ => "protocol",
+            }
+        )),
+    }
+}
+
+fn exit_code(status: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>) -> i32 {
+    let Some(status) = status else { return -1 };
+    if status.status.as_deref() == Some("Success") {
+        return 0;
+    }
+    status
+        .details
+        .and_then(|d| d.causes)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.reason.as_deref() == Some("ExitCode"))
+        .and_then(|c| c.message?.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Reads all of `r` keeping the first [`OUTPUT_CAP`] bytes.
+async fn capped(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                let room = OUTPUT_CAP.saturating_sub(out.len());
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+impl PodExec {
+    /// Runs `argv` in the pod: `input` (if any) streamed to its stdin then closed, its stdout
+    /// streamed to `output`; standard error is captured (capped).
+    pub async fn stream(
+        &self,
+        argv: Vec<String>,
+        input: Option<&mut (dyn AsyncRead + Unpin + Send)>,
+        output: &mut (dyn AsyncWrite + Unpin + Send),
+    ) -> Result<Ended, ProviderError> {
+        let params = AttachParams::default()
+            .stdin(input.is_some())
+            .stdout(true)
+            .stderr(true);
+        let mut proc = self
+            .api
+            .exec(&self.pod, argv, &params)
+            .await
+            .map_err(provider_error)?;
+        let status = proc.take_status();
+        let stdout = proc.stdout();
+        let stderr = proc.stderr();
+        let stdin = proc.stdin();
+        let feed = async {
+            if let (Some(input), Some(mut stdin)) = (input, stdin) {
+                let copied = tokio::io::copy(input, &mut stdin).await;
+                // The command sees its end of input only after the writer is shut down.
+                let _ = stdin.shutdown().await;
+                copied.map(drop)
+            } else {
+                Ok(())
+            }
+        };
+        let drain = async {
+            match stdout {
+                Some(mut out) => tokio::io::copy(&mut out, output).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let errors = async {
+            match stderr {
+                Some(err) => capped(err).await,
+                None => Vec::new(),
+            }
+        };
+        let (fed, drained, stderr) = tokio::join!(feed, drain, errors);
+        let status = match status {
+            Some(status) => status.await,
+            None => None,
+        };
+        // No status: the connection ended before the command did (its pod went away).
+        let Some(status) = status else {
+            let _ = proc.join().await;
+            return Err(ProviderError::Failed(
+                "the exec ended without a status".into(),
+            ));
+        };
+        let exit_code = exit_code(Some(status));
+        let _ = proc.join().await;
+        output
+            .flush()
+            .await
+            .map_err(|e| ProviderError::Failed(format!("transfer: {e}")))?;
+        if let Err(e) = fed.and(drained) {
+            return Err(ProviderError::Failed(format!("transfer: {}", e.kind())));
+        }
+        Ok(Ended {
+            exit_code,
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        })
+    }
+
+    /// Runs `script` with `bash` in `cwd` with exactly `env`, stopping it (its whole process
+    /// group) at `timeout`, as the docker supervisor's exec does. Dropping the future kills
+    /// what it started.
+    pub async fn script(
+        &self,
+        script: &str,
+        cwd: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, ProviderError> {
+        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let mut argv = vec!["env".to_string(), "-i".into()];
+        argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        argv.extend([
+            "bash".into(),
+            "-c".into(),
+            EXEC_WRAPPER.into(),
+            "rakazo-exec".into(),
+            run_id.clone(),
+            format!("{:.3}", timeout.as_secs_f64()),
+            format!(
+                "cd {} || exit 125\n{script}",
+                crate::desktop::shell_quote(cwd)
+            ),
+        ]);
+        let mut guard = KillOnDrop {
+            exec: Some(self.clone()),
+            run_id,
+        };
+        let started = Instant::now();
+        let mut stdout = CappedWriter::default();
+        let ran =
+            tokio::time::timeout(timeout + EXEC_GRACE, self.stream(argv, None, &mut stdout)).await;
+        let Ok(ended) = ran else {
+            return Ok(ExecOutput {
+                exit_code: -1,
+                stdout: String::from_utf8_lossy(&stdout.0).into_owned(),
+                stderr: String::new(),
+                timed_out: true,
+            });
+        };
+        let ended = ended?;
+        guard.exec = None;
+        // `timeout -s KILL` ends a script past its deadline with 128 + 9.
+        let timed_out = ended.exit_code == 137 && started.elapsed() >= timeout;
+        Ok(ExecOutput {
+            exit_code: if timed_out { -1 } else { ended.exit_code },
+            stdout: String::from_utf8_lossy(&stdout.0).into_owned(),
+            stderr: ended.stderr,
+            timed_out,
+        })
+    }
+}
+
+/// Keeps the first [`OUTPUT_CAP`] bytes written to it and drops the rest.
+#[derive(Default)]
+pub struct CappedWriter(pub Vec<u8>);
+
+impl AsyncWrite for CappedWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let room = OUTPUT_CAP.saturating_sub(self.0.len());
+        self.0.extend_from_slice(&buf[..buf.len().min(room)]);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Kills an exec's process group in the pod unless disarmed.
+struct KillOnDrop {
+    exec: Option<PodExec>,
+    run_id: String,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(exec) = self.exec.take() {
+            let script = format!(
+                "p=$(cat /tmp/.rakazo-exec/{id}/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; rm -rf /tmp/.rakazo-exec/{id}",
+                id = self.run_id
+            );
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let argv = vec!["bash".to_string(), "-c".into(), script];
+                    let _ = exec.stream(argv, None, &mut tokio::io::sink()).await;
+                });
+            }
+        }
+    }
+}
+
+/// The desktop runtime's [`CommandRunner`] for one pod: scripts run as the pod's user
+/// (uid 1000) with the runtime's minimal environment, from `/`.
+pub struct PodRunner(pub PodExec);
+
+#[async_trait]
+impl CommandRunner for PodRunner {
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.0
+            .script(script, "/", &minimal_env(), timeout)
+            .await
+            .map_err(|e| DesktopError::Command(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+
+    #[test]
+    fn exit_codes_come_from_the_status() {
+        assert_eq!(exit_code(None), -1);
+        let ok = Status {
+            status: Some("Success".into()),
+            ..Default::default()
+        };
+        assert_eq!(exit_code(Some(ok)), 0);
+        let failed = Status {
+            status: Some("Failure".into()),
+            reason: Some("NonZeroExitCode".into()),
+            details: Some(StatusDetails {
+                causes: Some(vec![StatusCause {
+                    reason: Some("ExitCode".into()),
+                    message: Some("3".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(exit_code(Some(failed)), 3);
+    }
+}

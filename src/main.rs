@@ -383,6 +383,8 @@ async fn emulate_vendor(config: Config, vendor: String, listen: SocketAddr) -> E
             ExitCode::FAILURE
         }
     }
+}
+
 /// `serve`, `serve --no-worker` or `worker`.
 fn run_app(listen: Option<SocketAddr>, config: Option<PathBuf>, role: Role) -> ExitCode {
     let file = config.clone();

@@ -353,6 +353,8 @@ async fn every_other_end_reason_is_recorded() {
     let pass: Reconciled = s
         .app
         .computer_reconciler
+        .as_ref()
+        .expect("this process runs the reconciler")
         .send(ReconcileNow)
         .await
         .unwrap()
@@ -570,6 +572,8 @@ async fn an_interrupted_operation_stays_reserved_until_released_then_recovery_re
     let reconcile = async || -> Reconciled {
         s.app
             .computer_reconciler
+            .as_ref()
+            .expect("this process runs the reconciler")
             .send(ReconcileNow)
             .await
             .unwrap()
@@ -673,6 +677,8 @@ async fn the_reconciler_republishes_a_queued_operation_after_a_missed_enqueue() 
     let reconcile = async || -> Reconciled {
         s.app
             .computer_reconciler
+            .as_ref()
+            .expect("this process runs the reconciler")
             .send(ReconcileNow)
             .await
             .unwrap()

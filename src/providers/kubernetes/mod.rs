@@ -460,6 +460,8 @@ impl SandboxProvider for KubernetesProvider {
                 page_browser: false,
                 bills_while_running: false,
                 mounted_home: false,
+                desktop_freezing: false,
+                desktop_limits: false,
             },
         }
     }

@@ -7,8 +7,8 @@ pub mod daytona;
 pub mod docker;
 pub mod e2b;
 pub mod fake;
-pub mod remote;
 pub mod kubernetes;
+pub mod remote;
 pub mod workspace_path;
 
 use std::sync::Arc;

@@ -27,16 +27,13 @@ use crate::stores::local::{LatestCopies, safe_name};
 #[derive(Clone)]
 pub struct ProcessLock(Arc<HeldLock>);
 
-/// An open, locked lock file; removed when dropped.
+/// An open, locked lock file. Dropping it releases the lock and leaves the file: the next
+/// start finds it free and settles the process as gone (its reservations and computer
+/// claims), then removes it. A file removed at exit would make a cleanly stopped process look
+/// like one on another host, whose claims wait for its heartbeat to fall silent.
 struct HeldLock {
     _file: File,
     path: PathBuf,
-}
-
-impl Drop for HeldLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 impl ProcessLock {

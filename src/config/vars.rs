@@ -67,7 +67,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_PROVIDER",
         default: "docker",
         secret: false,
-        doc: "Where computers run: docker, e2b, e2b-emulator, desktop, fake or none. daytona, box, daytona-emulator, box-emulator and kubernetes are not built yet (a setup error); Novita is not built.",
+        doc: "Where computers run: docker, e2b, daytona, box, kubernetes, their offline emulators (e2b-emulator, daytona-emulator, box-emulator), desktop, fake or none. novita is not built yet (a setup error).",
     },
     Var {
         name: "SANDBOX_IDLE_MS",

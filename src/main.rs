@@ -89,6 +89,10 @@ enum Command {
         /// authentication).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// `kubernetes`: a PersistentVolumeClaim this node serves, as `NAME=DIR` (the host
+        /// directory that holds its volume); repeatable.
+        #[arg(long, value_parser = parse_claim)]
+        claim: Vec<(String, PathBuf)>,
     },
     /// Computer image helpers.
     Image {
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
             vendor,
             listen,
             token_file,
+            claim,
             ..
         } if vendor == "kubernetes" => {
             rakazo::telemetry::init("info");
@@ -183,7 +188,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let config = rakazo::emulators::kubernetes::EmulatorConfig { listen, token };
+            let config = rakazo::emulators::kubernetes::EmulatorConfig {
+                listen,
+                token,
+                claims: claim.into_iter().collect(),
+            };
             actix_rt::System::new().block_on(async move {
                 match rakazo::emulators::kubernetes::Emulator::start(config).await {
                     Ok(emulator) => {
@@ -536,5 +545,15 @@ async fn supervise(config: Config, build_image: bool) -> ExitCode {
             eprintln!("rakazo: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `NAME=DIR` of `rakazo emulator kubernetes --claim`.
+fn parse_claim(v: &str) -> Result<(String, PathBuf), String> {
+    match v.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && dir.starts_with('/') => {
+            Ok((name.to_owned(), PathBuf::from(dir)))
+        }
+        _ => Err("expected NAME=/absolute/dir".into()),
     }
 }

@@ -44,12 +44,17 @@ fn the_network_policy_admits_our_pods_and_denies_private_ranges() {
 fn the_deployments_run_the_kubernetes_provider() {
     let d = read("deployments.yaml");
     assert!(d.contains("SANDBOX_PROVIDER: kubernetes"));
-    assert!(d.contains("args: [\"serve\"]") && d.contains("args: [\"worker\"]"));
+    assert!(d.contains("args: [\"serve\", \"--no-worker\"]") && d.contains("args: [\"worker\"]"));
+    assert!(!d.contains("replicas: 0"), "every process is built");
     assert!(d.contains("secretRef") && d.contains("serviceAccountName: rakazo"));
-    assert!(
-        !d.contains("KUBERNETES_SANDBOX_HOME_CLAIM:"),
-        "not built yet"
-    );
+    // Mounted homes are offered, commented out, with both colocation variables.
+    for var in [
+        "# KUBERNETES_SANDBOX_HOME_CLAIM: rakazo-data",
+        "# KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE: rakazo",
+        "# KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS:",
+    ] {
+        assert!(d.contains(var), "{var}");
+    }
     // Every variable the files set is one the configuration knows.
     for line in d.lines().map(str::trim) {
         if let Some((key, _)) = line.split_once(": ")

@@ -196,6 +196,58 @@ pub struct KubernetesSettings {
     pub memory_request: String,
     /// `KUBERNETES_SANDBOX_MEMORY_LIMIT`.
     pub memory_limit: String,
+    /// `KUBERNETES_SANDBOX_HOME_CLAIM` and its colocation: homes mounted from the claim that
+    /// holds `DATA_DIR` (`None`: homes are copied through `pods/exec`).
+    pub home_claim: Option<HomeClaim>,
+}
+
+/// A PersistentVolumeClaim holding `DATA_DIR`, from which computer pods mount
+/// `homes/<home key>` at their workspace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HomeClaim {
+    /// `KUBERNETES_SANDBOX_HOME_CLAIM`: the claim's name, in the computers' namespace.
+    pub claim: String,
+    /// `KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE`: the namespace of the pods that hold the
+    /// volume (the API's).
+    pub colocate_namespace: String,
+    /// `KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS`: their labels; a required pod affinity.
+    pub colocate_labels: std::collections::BTreeMap<String, String>,
+}
+
+/// Whether `v` is a DNS-1123 label or subdomain (a claim or namespace name).
+fn is_dns_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 253
+        && v.split('.').all(|part| {
+            !part.is_empty()
+                && part.len() <= 63
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
+
+/// `KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS`: a JSON object of label names to values.
+fn parse_labels(raw: &str) -> Result<std::collections::BTreeMap<String, String>, &'static str> {
+    const ACCEPTED: &str =
+        "a JSON object of label names to string values, such as {\"app\":\"rakazo-api\"}";
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(raw).map_err(|_| ACCEPTED)?;
+    let ok = |v: &str, max: usize| {
+        v.len() <= max
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+    };
+    if map.is_empty()
+        || !map
+            .iter()
+            .all(|(k, v)| !k.is_empty() && ok(k, 253) && ok(v, 63))
+    {
+        return Err(ACCEPTED);
+    }
+    Ok(map)
 }
 
 /// Whether `v` reads as a Kubernetes quantity (`500m`, `2`, `1.5`, `4Gi`, `512M`).
@@ -268,9 +320,6 @@ pub struct Config {
     /// `KUBECONFIG`: the kubeconfig file of the kubernetes provider (`None`: kube-rs's
     /// defaults, the in-cluster service account among them).
     pub kubeconfig: Option<PathBuf>,
-    /// `KUBERNETES_SANDBOX_HOME_CLAIM` (mounted homes are not built yet: a set value is a
-    /// setup failure of the kubernetes provider).
-    pub kubernetes_home_claim: Option<String>,
     /// `SCREEN_CAPABILITY_SECRET`, 32 bytes.
     pub screen_secret: Option<Secret>,
     /// `RAKAZO_INTERNAL_TOKEN`, 32 bytes.
@@ -584,6 +633,38 @@ impl Config {
             cpu_limit: quantity("KUBERNETES_SANDBOX_CPU_LIMIT")?,
             memory_request: quantity("KUBERNETES_SANDBOX_MEMORY_REQUEST")?,
             memory_limit: quantity("KUBERNETES_SANDBOX_MEMORY_LIMIT")?,
+            home_claim: match s.get("KUBERNETES_SANDBOX_HOME_CLAIM") {
+                None => None,
+                Some(claim) => {
+                    const CLAIM: &str = "KUBERNETES_SANDBOX_HOME_CLAIM";
+                    const NS: &str = "KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE";
+                    const LABELS: &str = "KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS";
+                    if !is_dns_name(&claim) {
+                        return Err(s.invalid(CLAIM, &claim, "a PersistentVolumeClaim name"));
+                    }
+                    let ns = s.get(NS).unwrap_or_default();
+                    if !is_dns_name(&ns) {
+                        return Err(s.invalid(
+                            NS,
+                            &ns,
+                            "the namespace of the pods that hold the claim (required with KUBERNETES_SANDBOX_HOME_CLAIM)",
+                        ));
+                    }
+                    let raw = s.get(LABELS).unwrap_or_default();
+                    let labels = parse_labels(&raw).map_err(|why| {
+                        s.invalid(
+                            LABELS,
+                            &raw,
+                            format!("{why} (required with KUBERNETES_SANDBOX_HOME_CLAIM)"),
+                        )
+                    })?;
+                    Some(HomeClaim {
+                        claim,
+                        colocate_namespace: ns,
+                        colocate_labels: labels,
+                    })
+                }
+            },
         };
         Ok(Config {
             environment,
@@ -622,7 +703,6 @@ impl Config {
             docker,
             kubernetes,
             kubeconfig: s.get("KUBECONFIG").map(PathBuf::from),
-            kubernetes_home_claim: s.get("KUBERNETES_SANDBOX_HOME_CLAIM"),
             screen_secret,
             internal_token,
             novnc_dir: PathBuf::from(
@@ -734,6 +814,46 @@ mod tests {
         for name in PROVIDERS {
             assert!(err.contains(name), "{err} lacks {name}");
         }
+    }
+
+    #[test]
+    fn a_home_claim_needs_its_colocation() {
+        let claim = ("KUBERNETES_SANDBOX_HOME_CLAIM", "rakazo-data");
+        let ns = ("KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE", "rakazo");
+        let labels = (
+            "KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS",
+            r#"{"app":"rakazo-api"}"#,
+        );
+        let err = Config::load(&env(&[claim]), None).unwrap_err().to_string();
+        assert!(
+            err.contains("KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE"),
+            "{err}"
+        );
+        let err = Config::load(&env(&[claim, ns]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS"),
+            "{err}"
+        );
+        for bad in ["[]", "{}", r#"{"app":1}"#, r#"{"a b":"c"}"#] {
+            let bad = ("KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS", bad);
+            assert!(
+                Config::load(&env(&[claim, ns, bad]), None).is_err(),
+                "{bad:?}"
+            );
+        }
+        let bad_claim = ("KUBERNETES_SANDBOX_HOME_CLAIM", "../data");
+        assert!(Config::load(&env(&[bad_claim, ns, labels]), None).is_err());
+        let c = Config::load(&env(&[claim, ns, labels]), None).unwrap();
+        let home = c.kubernetes.home_claim.unwrap();
+        assert_eq!(home.claim, "rakazo-data");
+        assert_eq!(home.colocate_namespace, "rakazo");
+        assert_eq!(home.colocate_labels["app"], "rakazo-api");
+        assert_eq!(
+            Config::load(&env(&[]), None).unwrap().kubernetes.home_claim,
+            None
+        );
     }
 
     #[test]

@@ -313,7 +313,19 @@ pub const VARS: &[Var] = &[
         name: "KUBERNETES_SANDBOX_HOME_CLAIM",
         default: "",
         secret: false,
-        doc: "Not built yet: mounting homes from a PersistentVolumeClaim. Setting it is refused; kubernetes computers copy their home in and out through pods/exec.",
+        doc: "The PersistentVolumeClaim that holds DATA_DIR, in the computers' namespace: kubernetes computers mount homes/<home key> from it at their workspace instead of copying their home in and out through pods/exec. Needs both KUBERNETES_SANDBOX_HOME_COLOCATE_* variables. Ignored (homes are copied) when OBJECT_STORAGE_BUCKET is set.",
+    },
+    Var {
+        name: "KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE",
+        default: "",
+        secret: false,
+        doc: "With KUBERNETES_SANDBOX_HOME_CLAIM: the namespace of the pods that hold the claim's volume (the API's).",
+    },
+    Var {
+        name: "KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS",
+        default: "",
+        secret: false,
+        doc: "With KUBERNETES_SANDBOX_HOME_CLAIM: the labels of those pods as a JSON object, for example {\"app\":\"rakazo-api\"}; computer pods get a required pod affinity to them (a ReadWriteOnce volume is attached to one node).",
     },
     Var {
         name: "SCREEN_CAPABILITY_SECRET",

@@ -202,15 +202,19 @@ pub async fn build(config: &Config) -> Result<Built, String> {
             let (url, key) = start_emulator(config, "box")?;
             remote_built(config, "box-emulator", boat_adapter("box-emulator", format!("{url}/api/v1"), key)?)
         }
-        "kubernetes" if config.kubernetes_home_claim.is_some() => Ok(unavailable(
-            "KUBERNETES_SANDBOX_HOME_CLAIM is not built yet: unset it (kubernetes computers copy their home through pods/exec)".into(),
-        )),
         "kubernetes" => {
+            let mut settings = config.kubernetes.clone();
+            if settings.home_claim.is_some() && config.object_storage.is_some() {
+                // Homes then live in the bucket, not on the claim: they are copied as usual.
+                tracing::info!("kubernetes.home_claim.ignored");
+                settings.home_claim = None;
+            }
             let provider = kubernetes::KubernetesProvider::new(kubernetes::KubernetesProviderConfig {
-                settings: config.kubernetes.clone(),
+                settings,
                 kubeconfig: config.kubeconfig.clone(),
                 stash_dir: config.data_dir.join("run").join("kubernetes"),
                 screen_limit: config.team_screen_limit as usize,
+                homes_root: config.data_dir.join("homes"),
             });
             Ok(Built {
                 provider: Some(Arc::new(provider)),

@@ -24,6 +24,8 @@ pub struct TestCluster {
     pub kubeconfig: PathBuf,
     /// Scratch space of the tests (stashes, copies).
     pub dir: PathBuf,
+    /// The volume of the claim [`CLAIM`]: a `DATA_DIR` its pods' homes are mounted from.
+    pub claim_dir: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -40,13 +42,19 @@ pub fn open_cluster() -> &'static TestCluster {
     SHARED.get_or_init(|| start(None))
 }
 
+/// The claim the emulator's node serves: its volume is [`TestCluster::claim_dir`].
+pub const CLAIM: &str = "rakazo-data";
+
 fn start(token: Option<String>) -> TestCluster {
+    let dir = tempfile::tempdir().unwrap();
+    let claim_dir = dir.path().join("claim");
+    std::fs::create_dir_all(&claim_dir).unwrap();
     let addr = Emulator::spawn(EmulatorConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         token: token.clone(),
+        claims: [(CLAIM.to_owned(), claim_dir)].into(),
     })
     .expect("the kubernetes emulator starts");
-    let dir = tempfile::tempdir().unwrap();
     let url = format!("http://{addr}");
     let kubeconfig = dir.path().join("kubeconfig");
     let user = match &token {
@@ -64,6 +72,7 @@ fn start(token: Option<String>) -> TestCluster {
         url,
         token: token.unwrap_or_default(),
         kubeconfig,
+        claim_dir: dir.path().join("claim"),
         dir: dir.path().to_path_buf(),
         _dir: dir,
     }
@@ -78,6 +87,7 @@ pub fn settings() -> KubernetesSettings {
         cpu_limit: "2".into(),
         memory_request: "256Mi".into(),
         memory_limit: "2Gi".into(),
+        home_claim: None,
     }
 }
 
@@ -90,5 +100,6 @@ pub fn provider() -> Arc<KubernetesProvider> {
         kubeconfig: Some(c.kubeconfig.clone()),
         stash_dir: stash,
         screen_limit: 0,
+        homes_root: c.dir.join("homes"),
     }))
 }

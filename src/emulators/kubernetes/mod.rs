@@ -40,6 +40,9 @@ pub struct EmulatorConfig {
     /// The bearer token every request must carry (`None`: no authentication, loopback trials
     /// only).
     pub token: Option<String>,
+    /// The node's persistent volumes: a PersistentVolumeClaim's name (in any namespace) and
+    /// the directory of this host that holds its volume.
+    pub claims: std::collections::HashMap<String, std::path::PathBuf>,
 }
 
 /// A running emulator.
@@ -53,7 +56,11 @@ pub struct Emulator {
 impl Emulator {
     /// Starts the emulator on the current actix system.
     pub async fn start(config: EmulatorConfig) -> std::io::Result<Self> {
-        let pods = Arc::new(Pods::connect().await.map_err(std::io::Error::other)?);
+        let pods = Arc::new(
+            Pods::connect(config.claims.clone())
+                .await
+                .map_err(std::io::Error::other)?,
+        );
         actix_web::rt::spawn(pods.clone().follow());
         let token = config.token.clone();
         let data = web::Data::new(pods.clone());

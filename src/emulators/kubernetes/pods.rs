@@ -61,6 +61,8 @@ fn not_found(name: &str) -> ApiError {
 pub struct Pods {
     docker: Docker,
     instance: String,
+    /// Claim name to the host directory of its volume.
+    claims: HashMap<String, std::path::PathBuf>,
     state: Mutex<State>,
     events: broadcast::Sender<Event>,
 }
@@ -68,13 +70,16 @@ pub struct Pods {
 impl Pods {
     /// Pods backed by the local Docker engine; containers that an emulator which is no longer
     /// running left behind are removed first.
-    pub async fn connect() -> Result<Self, bollard::errors::Error> {
+    pub async fn connect(
+        claims: HashMap<String, std::path::PathBuf>,
+    ) -> Result<Self, bollard::errors::Error> {
         let docker = Docker::connect_with_unix_defaults()?
             .negotiate_version()
             .await?;
         let pods = Self {
             docker,
             instance: uuid::Uuid::new_v4().simple().to_string(),
+            claims,
             state: Mutex::new(State::default()),
             events: broadcast::channel(1024).0,
         };
@@ -245,15 +250,31 @@ impl Pods {
         if let Some(m) = meta.as_object_mut() {
             m.remove("deletionTimestamp");
         }
-        pod["spec"]["nodeName"] = json!(NODE);
-        pod["status"] = json!({
-            "phase": "Pending",
-            "qosClass": "Burstable",
-            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]
-        });
         let key = (ns.to_owned(), name.clone());
         {
             let mut state = self.state.lock().unwrap();
+            let unschedulable = self.unschedulable(&state, ns, &pod);
+            match &unschedulable {
+                None => {
+                    pod["spec"]["nodeName"] = json!(NODE);
+                    pod["status"] = json!({
+                        "phase": "Pending",
+                        "qosClass": "Burstable",
+                        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]
+                    });
+                }
+                Some(message) => {
+                    // As the scheduler leaves it: pending, never started (not retried here).
+                    pod["status"] = json!({
+                        "phase": "Pending",
+                        "qosClass": "Burstable",
+                        "conditions": [{
+                            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": message, "lastTransitionTime": now
+                        }]
+                    });
+                }
+            }
             if state.pods.contains_key(&key) {
                 return Err((
                     409,
@@ -273,10 +294,95 @@ impl Pods {
                 },
             );
         }
-        let me = self.clone();
-        let spec = pod.clone();
-        tokio::spawn(async move { me.start(key, uid, spec).await });
+        if pod["spec"]["nodeName"] == json!(NODE) {
+            let me = self.clone();
+            let spec = pod.clone();
+            tokio::spawn(async move { me.start(key, uid, spec).await });
+        }
         Ok(pod)
+    }
+
+    /// Why the scheduler would leave `pod` pending on this one node: a claim it mounts that
+    /// this node does not have, or a required pod affinity no pod of the node matches.
+    fn unschedulable(&self, state: &State, ns: &str, pod: &Value) -> Option<String> {
+        for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+            if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str()
+                && !self.claims.contains_key(claim)
+            {
+                return Some(format!(
+                    "0/1 nodes are available: persistentvolumeclaim \"{claim}\" not found."
+                ));
+            }
+        }
+        let terms = &pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+        for term in terms.as_array().into_iter().flatten() {
+            let namespaces: Vec<&str> = match term["namespaces"].as_array() {
+                Some(list) if !list.is_empty() => list.iter().filter_map(Value::as_str).collect(),
+                _ => vec![ns],
+            };
+            let wanted = term["labelSelector"]["matchLabels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let matched = state.pods.iter().any(|((pod_ns, _), e)| {
+                namespaces.contains(&pod_ns.as_str())
+                    && e.pod["metadata"]["deletionTimestamp"].is_null()
+                    && e.pod["spec"]["nodeName"] == json!(NODE)
+                    && wanted
+                        .iter()
+                        .all(|(k, v)| &e.pod["metadata"]["labels"][k] == v)
+            });
+            if !matched {
+                return Some(
+                    "0/1 nodes are available: 1 node(s) didn't match pod affinity rules.".into(),
+                );
+            }
+        }
+        None
+    }
+
+    /// The binds of the pod's claim mounts (`host dir[/subPath]:mountPath`), each sub-path
+    /// created as the kubelet does, and never through a link.
+    fn claim_binds(&self, pod: &Value, c: &Value) -> Result<Vec<String>, String> {
+        let mut binds = Vec::new();
+        for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let name = m["name"].as_str().unwrap_or_default();
+            let volume = pod["spec"]["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["name"].as_str() == Some(name));
+            let Some(claim) = volume.and_then(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+            else {
+                return Err(format!("volume {name:?} is not a claim this node serves"));
+            };
+            let Some(root) = self.claims.get(claim) else {
+                return Err(format!("persistentvolumeclaim {claim:?} not found"));
+            };
+            let target = m["mountPath"].as_str().unwrap_or_default();
+            if !target.starts_with('/') || target.contains(':') {
+                return Err(format!("mountPath {target:?} is not an absolute path"));
+            }
+            let mut source = root.clone();
+            if let Some(sub) = m["subPath"].as_str().filter(|s| !s.is_empty()) {
+                if sub.starts_with('/') || sub.split('/').any(|p| p == "..") || sub.contains(':') {
+                    return Err(format!(
+                        "subPath {sub:?} must be a relative path without '..'"
+                    ));
+                }
+                for part in sub.split('/').filter(|p| !p.is_empty() && *p != ".") {
+                    source.push(part);
+                    match std::fs::symlink_metadata(&source) {
+                        Ok(meta) if meta.is_dir() => {}
+                        Ok(_) => return Err(format!("subPath {sub:?} is not a directory")),
+                        Err(_) => std::fs::create_dir(&source)
+                            .map_err(|e| format!("subPath {sub:?}: {}", e.kind()))?,
+                    }
+                }
+            }
+            binds.push(format!("{}:{target}", source.display()));
+        }
+        Ok(binds)
     }
 
     fn pod_ip(&self) -> String {
@@ -454,6 +560,11 @@ impl Pods {
         let memory = limits["memory"].as_str().and_then(memory_bytes);
         let nano_cpus = limits["cpu"].as_str().and_then(cpu_nanos);
         let cap_drop = strings(&sc["capabilities"]["drop"]);
+        let binds = self
+            .claim_binds(pod, c)
+            .map_err(|e| ("CreateContainerConfigError", e))?;
+        // The kubelet adds the pod's fsGroup to the container's groups.
+        let group_add = pod_sc["fsGroup"].as_i64().map(|g| vec![g.to_string()]);
         let mut security_opt = Vec::new();
         if sc["allowPrivilegeEscalation"] == json!(false) {
             security_opt.push("no-new-privileges:true".to_owned());
@@ -506,6 +617,8 @@ impl Pods {
                 memory,
                 nano_cpus,
                 cap_drop,
+                binds: Some(binds),
+                group_add,
                 security_opt: Some(security_opt),
                 ..Default::default()
             }),

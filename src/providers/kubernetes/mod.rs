@@ -21,6 +21,13 @@
 //!
 //! Pods are ephemeral: a pod that is gone (deleted, evicted) is `MachineGone`, and the
 //! computer actor replaces it with a fresh pod and the last checkpoint.
+//!
+//! Mounted homes (`KUBERNETES_SANDBOX_HOME_CLAIM`): new pods mount `homes/<home key>` of the
+//! claim that holds `DATA_DIR` at the workspace, so the home is never copied: this process
+//! reads and writes it as `DATA_DIR/homes/<home key>` (beneath a held handle, never following
+//! a link), as the docker provider does, and a stopped computer's next pod finds it there. A
+//! pod created before the claim was configured keeps copying until it is stopped; its stashed
+//! home is then streamed into the mounted one by its next pod.
 
 pub mod exec;
 pub mod pod;
@@ -44,12 +51,13 @@ use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::KubernetesSettings;
 use crate::desktop::command::minimal_env;
+use crate::desktop::files::{self as host_files, blocking};
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::shell_quote;
 use crate::desktop::terminal::ShellSpec;
 use crate::providers::workspace_path::{is_web_url, segments};
 use crate::stores::archive::{self, TRANSIENT};
-use crate::supervisor::engine::{GATEWAY_PORT, WORKSPACE};
+use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
 use exec::{PodExec, PodRunner, provider_error};
 
 /// Inside every computer: logs, the window manager's home and the gateway's sockets.
@@ -79,12 +87,24 @@ pub struct KubernetesProviderConfig {
     pub stash_dir: PathBuf,
     /// `SANDBOX_TEAM_SCREEN_LIMIT` (0 = none).
     pub screen_limit: usize,
+    /// `DATA_DIR/homes`: where this process finds the homes pods mount from the claim
+    /// (`settings.home_claim`).
+    pub homes_root: PathBuf,
 }
 
 struct Machine {
     exec: PodExec,
     ip: String,
     runtime: Arc<DesktopRuntime>,
+    /// The home on this host when the pod mounts it from the claim (`None`: copied).
+    home: Option<PathBuf>,
+}
+
+/// What this process needs of a running pod.
+struct RunningPod {
+    ip: String,
+    home_key: String,
+    mounted: bool,
 }
 
 /// The `kubernetes` provider.
@@ -144,7 +164,14 @@ impl KubernetesProvider {
         self.config.stash_dir.join(format!("{name}.tar"))
     }
 
-    fn attach(&self, exec: PodExec, ip: String) -> Arc<Machine> {
+    /// The home of `home_key` on this host, for a pod that mounts it.
+    fn host_home(&self, home_key: &str) -> ProviderResult<PathBuf> {
+        pod::home_sub_path(home_key)
+            .map(|_| self.config.homes_root.join(home_key))
+            .ok_or_else(|| ProviderError::Failed("the home key is not a plain name".into()))
+    }
+
+    fn attach(&self, exec: PodExec, ip: String, home: Option<PathBuf>) -> Arc<Machine> {
         let config = RuntimeConfig {
             workspace: PathBuf::from(WORKSPACE),
             run_dir: PathBuf::from(RUN_DIR),
@@ -160,13 +187,39 @@ impl KubernetesProvider {
             Arc::new(PodRunner(exec.clone())),
             config,
         ));
-        Arc::new(Machine { exec, ip, runtime })
+        Arc::new(Machine {
+            exec,
+            ip,
+            runtime,
+            home,
+        })
     }
 
-    /// Creates the pod `name` for `spec` and waits until it runs; its IP.
-    async fn create_pod(&self, name: &str, spec: &MachineSpec) -> ProviderResult<String> {
+    /// Creates the pod `name` for `spec` and waits until it runs; the machine attached to it.
+    /// With a home claim, the pod mounts the home, made ready first on this host.
+    async fn create_pod(&self, name: &str, spec: &MachineSpec) -> ProviderResult<Arc<Machine>> {
         let api = self.api().await?;
-        let mut pod = pod::computer_pod(name, spec, &self.config.settings);
+        let mounted = match &self.config.settings.home_claim {
+            Some(claim) => {
+                let home = self.host_home(&spec.home_key)?;
+                let dir = home.clone();
+                blocking(move || {
+                    std::fs::create_dir_all(&dir)
+                        .and_then(|()| chown_tree(&dir))
+                        .map_err(|e| ProviderError::Failed(format!("home: {}", e.kind())))
+                })
+                .await?;
+                let sub_path = pod::home_sub_path(&spec.home_key).unwrap_or_default();
+                Some((claim, sub_path, home))
+            }
+            None => None,
+        };
+        let mut pod = pod::computer_pod(
+            name,
+            spec,
+            &self.config.settings,
+            mounted.as_ref().map(|(c, sub, _)| (*c, sub.clone())),
+        );
         pod.metadata
             .annotations
             .get_or_insert_with(Default::default)
@@ -175,7 +228,11 @@ impl KubernetesProvider {
             .await
             .map_err(provider_error)?;
         match self.wait_running(&api, name).await {
-            Ok(ip) => Ok(ip),
+            Ok(ip) => Ok(self.attach(
+                self.pod_exec(name).await?,
+                ip,
+                mounted.map(|(_, _, home)| home),
+            )),
             Err(e) => {
                 let _ = api.delete(name, &DeleteParams::default()).await;
                 Err(e)
@@ -235,8 +292,8 @@ impl KubernetesProvider {
         }
     }
 
-    /// The running pod behind `machine`: `(ip, home key)`, or `MachineGone`.
-    async fn running_pod(&self, name: &str) -> ProviderResult<(String, String)> {
+    /// The running pod behind `machine`, or `MachineGone`.
+    async fn running_pod(&self, name: &str) -> ProviderResult<RunningPod> {
         let pod = self
             .api()
             .await?
@@ -254,9 +311,14 @@ impl KubernetesProvider {
         if pod.metadata.deletion_timestamp.is_some() {
             return Err(ProviderError::MachineGone);
         }
+        let mounted = pod::mounts_home(&pod);
         let status = pod.status.unwrap_or_default();
         match (status.phase.as_deref(), status.pod_ip) {
-            (Some("Running"), Some(ip)) if !ip.is_empty() => Ok((ip, home)),
+            (Some("Running"), Some(ip)) if !ip.is_empty() => Ok(RunningPod {
+                ip,
+                home_key: home,
+                mounted,
+            }),
             _ => Err(ProviderError::MachineGone),
         }
     }
@@ -266,13 +328,23 @@ impl KubernetesProvider {
         if let Some(m) = self.machines.lock().await.get(&machine.0) {
             return Ok(m.clone());
         }
-        let (ip, _) = self.running_pod(&machine.0).await?;
+        let running = self.running_pod(&machine.0).await?;
         let exec = self.pod_exec(&machine.0).await?;
+        let home = self.attached_home(&running)?;
         let mut machines = self.machines.lock().await;
         Ok(machines
             .entry(machine.0.clone())
-            .or_insert_with(|| self.attach(exec, ip))
+            .or_insert_with(|| self.attach(exec, running.ip, home))
             .clone())
+    }
+
+    /// The home on this host of a pod that mounts it.
+    fn attached_home(&self, running: &RunningPod) -> ProviderResult<Option<PathBuf>> {
+        if running.mounted {
+            self.host_home(&running.home_key).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     /// A failed call on a pod that is gone (or no longer running) is `MachineGone`; the stale
@@ -459,7 +531,7 @@ impl SandboxProvider for KubernetesProvider {
                 terminal: true,
                 page_browser: false,
                 bills_while_running: false,
-                mounted_home: false,
+                mounted_home: self.config.settings.home_claim.is_some(),
                 desktop_freezing: false,
                 desktop_limits: false,
             },
@@ -468,22 +540,27 @@ impl SandboxProvider for KubernetesProvider {
 
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {
         let name = pod::pod_name(&spec.computer_id);
-        let ip = self.create_pod(&name, spec).await?;
-        tracing::info!(computer.id = %spec.computer_id, "kubernetes.computer.provisioned");
-        let m = self.attach(self.pod_exec(&name).await?, ip);
+        let m = self.create_pod(&name, spec).await?;
+        tracing::info!(
+            computer.id = %spec.computer_id,
+            mounted = m.home.is_some(),
+            "kubernetes.computer.provisioned"
+        );
         self.machines.lock().await.insert(name.clone(), m);
         Ok(ProviderRef(name))
     }
 
     async fn reconnect(&self, machine: &ProviderRef, spec: &MachineSpec) -> ProviderResult<()> {
         match self.running_pod(&machine.0).await {
-            Ok((ip, home)) => {
-                if home != spec.home_key {
+            Ok(running) => {
+                if running.home_key != spec.home_key {
                     return Err(ProviderError::MachineGone);
                 }
+                let home = self.attached_home(&running)?;
+                let exec = self.pod_exec(&machine.0).await?;
                 let mut machines = self.machines.lock().await;
                 if !machines.contains_key(&machine.0) {
-                    let m = self.attach(self.pod_exec(&machine.0).await?, ip);
+                    let m = self.attach(exec, running.ip, home);
                     machines.insert(machine.0.clone(), m);
                 }
                 return Ok(());
@@ -492,11 +569,14 @@ impl SandboxProvider for KubernetesProvider {
             Err(e) => return Err(e),
         }
         self.machines.lock().await.remove(&machine.0);
-        // A stopped computer: a new pod of the same name, and the home it had.
+        // A stopped computer: a new pod of the same name, and the home it had: the mounted
+        // one, and over it what a copying pod stashed when it stopped.
         let stash = self.stash(&machine.0);
-        let Ok(mut file) = tokio::fs::File::open(&stash).await else {
+        let file = tokio::fs::File::open(&stash).await.ok();
+        let mounted = self.config.settings.home_claim.is_some();
+        if file.is_none() && !mounted {
             return Err(ProviderError::MachineGone);
-        };
+        }
         // The old pod may still be going away.
         let api = self.api().await?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
@@ -511,17 +591,27 @@ impl SandboxProvider for KubernetesProvider {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let ip = self.create_pod(&machine.0, spec).await?;
-        let m = self.attach(self.pod_exec(&machine.0).await?, ip);
+        let m = self.create_pod(&machine.0, spec).await?;
         self.machines.lock().await.insert(machine.0.clone(), m);
-        self.restore_home(machine, &mut file).await?;
-        let _ = tokio::fs::remove_file(&stash).await;
-        tracing::info!(computer.id = %spec.computer_id, "kubernetes.computer.resumed");
+        if let Some(mut file) = file {
+            self.restore_home(machine, &mut file).await?;
+            let _ = tokio::fs::remove_file(&stash).await;
+        }
+        tracing::info!(
+            computer.id = %spec.computer_id,
+            mounted,
+            "kubernetes.computer.resumed"
+        );
         Ok(())
     }
 
     async fn stop(&self, machine: &ProviderRef) -> ProviderResult<()> {
-        if self.running_pod(&machine.0).await.is_ok() {
+        // A pod that mounts its home leaves it where it is; a copying pod stashes it.
+        if self
+            .running_pod(&machine.0)
+            .await
+            .is_ok_and(|running| !running.mounted)
+        {
             // The home waits on this host for the next pod; streamed to a file, then renamed.
             tokio::fs::create_dir_all(&self.config.stash_dir)
                 .await
@@ -705,6 +795,9 @@ impl SandboxProvider for KubernetesProvider {
     ) -> ProviderResult<Vec<FileEntry>> {
         let rel = segments(path, true)?.join("/");
         let m = self.machine(machine).await?;
+        if let Some(home) = m.home.clone() {
+            return blocking(move || host_files::list(&home, &rel)).await;
+        }
         let mut out = exec::CappedWriter::default();
         if let Err(e) = self.files(&m, "list", &rel, None, &mut out).await {
             return Err(self.classify(machine, e).await);
@@ -743,6 +836,9 @@ impl SandboxProvider for KubernetesProvider {
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
         let rel = segments(path, false)?.join("/");
         let m = self.machine(machine).await?;
+        if let Some(home) = m.home.clone() {
+            return blocking(move || host_files::read(&home, &rel)).await;
+        }
         let mut out = Vec::new();
         match self.files(&m, "read", &rel, None, &mut out).await {
             Ok(()) => Ok(out),
@@ -758,6 +854,10 @@ impl SandboxProvider for KubernetesProvider {
     ) -> ProviderResult<()> {
         let rel = segments(path, false)?.join("/");
         let m = self.machine(machine).await?;
+        if let Some(home) = m.home.clone() {
+            let data = data.to_vec();
+            return blocking(move || host_files::write(&home, &rel, &data, Some(UID))).await;
+        }
         let mut input = data;
         match self
             .files(&m, "write", &rel, Some(&mut input), &mut tokio::io::sink())
@@ -771,8 +871,12 @@ impl SandboxProvider for KubernetesProvider {
     async fn export_workspace_since(
         &self,
         machine: &ProviderRef,
-        _since: Option<&str>,
+        since: Option<&str>,
     ) -> ProviderResult<WorkspaceExport> {
+        let m = self.machine(machine).await?;
+        if let Some(home) = &m.home {
+            return host_files::export_consistent(&m.runtime, home.clone(), since).await;
+        }
         let mut archive = Vec::new();
         self.save_home(machine, &mut archive).await?;
         // What the computer sent is checked against every restore rule before it is kept.
@@ -786,6 +890,20 @@ impl SandboxProvider for KubernetesProvider {
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        if let Some(home) = m.home.clone() {
+            // Browsers hold files of the old workspace open: a replaced workspace starts fresh.
+            m.runtime.shutdown().await?;
+            let archive = archive.to_vec();
+            return blocking(move || {
+                host_files::import(&home, &archive)?;
+                if let Err(e) = chown_tree(&home) {
+                    tracing::debug!(error = %e.kind(), "kubernetes.files.chown_skipped");
+                }
+                Ok(())
+            })
+            .await;
+        }
         let mut input = archive;
         self.restore_home(machine, &mut input).await
     }

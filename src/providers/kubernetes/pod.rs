@@ -3,15 +3,17 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, PersistentVolumeClaimVolumeSource,
+    Pod, PodAffinity, PodAffinityTerm, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rakazo_actors::provider::MachineSpec;
 use sha2::Digest as _;
 
-use crate::config::KubernetesSettings;
+use crate::config::{HomeClaim, KubernetesSettings};
 use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE};
 
 /// The name label every computer pod carries.
@@ -30,6 +32,9 @@ pub const CONTAINER: &str = "computer";
 /// root (`config/computer-seccomp.json`: the runtime's default rules plus the user
 /// namespaces Chromium's own sandbox needs).
 pub const SECCOMP_PROFILE: &str = "profiles/rakazo-computer.json";
+
+/// The volume of a mounted home.
+pub const HOME_VOLUME: &str = "rakazo-home";
 
 /// The pod's first process: a shell that reaps the orphans of detached desktop processes
 /// (there is no init in the pod) and exits at SIGTERM.
@@ -76,8 +81,72 @@ pub fn image(settings: &KubernetesSettings) -> String {
         .unwrap_or_else(crate::image::default_image)
 }
 
-/// The pod of the computer `spec`, named `name`.
-pub fn computer_pod(name: &str, spec: &MachineSpec, settings: &KubernetesSettings) -> Pod {
+/// Whether a pod mounts its home from the claim (rather than copying it).
+pub fn mounts_home(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.name == HOME_VOLUME))
+}
+
+/// The claim's sub-path of a home: `homes/<home key>`, for a home key that is one plain name.
+pub fn home_sub_path(home_key: &str) -> Option<String> {
+    let plain = !home_key.is_empty()
+        && home_key.len() <= 128
+        && home_key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !home_key.starts_with('.');
+    plain.then(|| format!("homes/{home_key}"))
+}
+
+/// What a mounted home adds to a pod: the claim's volume at the workspace, `fsGroup: 1000`,
+/// and a required affinity to the pods that hold the (ReadWriteOnce) volume.
+fn mount_home(spec: &mut PodSpec, claim: &HomeClaim, sub_path: String) {
+    spec.volumes = Some(vec![Volume {
+        name: HOME_VOLUME.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.claim.clone(),
+            read_only: Some(false),
+        }),
+        ..Default::default()
+    }]);
+    for c in &mut spec.containers {
+        c.volume_mounts = Some(vec![VolumeMount {
+            name: HOME_VOLUME.into(),
+            mount_path: WORKSPACE.into(),
+            sub_path: Some(sub_path.clone()),
+            ..Default::default()
+        }]);
+    }
+    spec.security_context
+        .get_or_insert_with(Default::default)
+        .fs_group = Some(i64::from(UID));
+    spec.affinity = Some(Affinity {
+        pod_affinity: Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(claim.colocate_labels.clone()),
+                    ..Default::default()
+                }),
+                namespaces: Some(vec![claim.colocate_namespace.clone()]),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+}
+
+/// The pod of the computer `spec`, named `name`; with `home` (the claim, and the home key
+/// checked by [`home_sub_path`]), the home is mounted from the claim.
+pub fn computer_pod(
+    name: &str,
+    spec: &MachineSpec,
+    settings: &KubernetesSettings,
+    home: Option<(&HomeClaim, String)>,
+) -> Pod {
     let mut labels = BTreeMap::new();
     labels.insert(LABEL_NAME.to_owned(), APP.to_owned());
     labels.insert(
@@ -95,7 +164,7 @@ pub fn computer_pod(name: &str, spec: &MachineSpec, settings: &KubernetesSetting
         (!map.is_empty()).then_some(map)
     };
     let uid = i64::from(UID);
-    Pod {
+    let mut pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(settings.namespace.clone()),
@@ -169,7 +238,11 @@ pub fn computer_pod(name: &str, spec: &MachineSpec, settings: &KubernetesSetting
             ..Default::default()
         }),
         ..Default::default()
+    };
+    if let (Some((claim, sub_path)), Some(spec)) = (home, pod.spec.as_mut()) {
+        mount_home(spec, claim, sub_path);
     }
+    pod
 }
 
 #[cfg(test)]
@@ -184,6 +257,7 @@ mod tests {
             cpu_limit: "2".into(),
             memory_request: "1Gi".into(),
             memory_limit: "4Gi".into(),
+            home_claim: None,
         }
     }
 
@@ -195,7 +269,7 @@ mod tests {
             bot_id: Some("bot-7".into()),
             home_key: "home-1".into(),
         };
-        let pod = computer_pod("rakazo-x", &spec, &settings());
+        let pod = computer_pod("rakazo-x", &spec, &settings(), None);
         let meta = &pod.metadata;
         assert_eq!(meta.namespace.as_deref(), Some("rakazo-sandboxes"));
         let labels = meta.labels.as_ref().unwrap();
@@ -262,7 +336,7 @@ mod tests {
         let mut s = settings();
         s.cpu_limit.clear();
         s.memory_request.clear();
-        let pod = computer_pod("rakazo-y", &spec, &s);
+        let pod = computer_pod("rakazo-y", &spec, &s, None);
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels[LABEL_BOT], "");
         assert!(labels[LABEL_WORKSPACE].starts_with("h-"));
@@ -273,5 +347,54 @@ mod tests {
         let name = pod_name("computer-1");
         assert!(name.starts_with("rakazo-") && name.len() == 26, "{name}");
         assert_ne!(pod_name("computer-1"), name);
+    }
+
+    #[test]
+    fn a_mounted_home_is_the_claims_sub_path_with_fs_group_and_affinity() {
+        let spec = MachineSpec {
+            computer_id: "c".into(),
+            space_id: "s".into(),
+            bot_id: None,
+            home_key: "team-s".into(),
+        };
+        let claim = HomeClaim {
+            claim: "rakazo-data".into(),
+            colocate_namespace: "rakazo".into(),
+            colocate_labels: [("app".to_string(), "rakazo-api".to_string())].into(),
+        };
+        let sub = home_sub_path(&spec.home_key).unwrap();
+        let pod = computer_pod("rakazo-z", &spec, &settings(), Some((&claim, sub)));
+        assert!(mounts_home(&pod));
+        let json = serde_json::to_value(&pod).unwrap();
+        let ps = &json["spec"];
+        assert_eq!(ps["volumes"][0]["name"], HOME_VOLUME);
+        assert_eq!(
+            ps["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "rakazo-data"
+        );
+        let mount = &ps["containers"][0]["volumeMounts"][0];
+        assert_eq!(mount["mountPath"], WORKSPACE);
+        assert_eq!(mount["subPath"], "homes/team-s");
+        assert_eq!(ps["securityContext"]["fsGroup"], 1000);
+        assert_eq!(ps["securityContext"]["runAsUser"], 1000);
+        let term =
+            &ps["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(term["labelSelector"]["matchLabels"]["app"], "rakazo-api");
+        assert_eq!(term["namespaces"][0], "rakazo");
+        assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+        // Without a claim, nothing of it.
+        let plain = computer_pod("rakazo-z", &spec, &settings(), None);
+        assert!(!mounts_home(&plain));
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json["spec"]["affinity"].is_null());
+        assert!(json["spec"]["securityContext"]["fsGroup"].is_null());
+    }
+
+    #[test]
+    fn only_a_plain_home_key_becomes_a_sub_path() {
+        assert_eq!(home_sub_path("team-s1").as_deref(), Some("homes/team-s1"));
+        for bad in ["", "..", ".hidden", "a/b", "a b", "../x", &"x".repeat(129)] {
+            assert_eq!(home_sub_path(bad), None, "{bad:?}");
+        }
     }
 }

@@ -22,36 +22,43 @@ async fn provider_ref(s: &TestServer, computer: &serde_json::Value) -> Option<St
     m["providerRef"].as_str().map(str::to_owned)
 }
 
+/// Ends a run as completed; the answer (with its checkpoint).
+async fn finish(s: &TestServer, run: &str, fence: i64) -> serde_json::Value {
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await
+}
+
+/// The app on SQLite with the `kubernetes` provider against the emulator, and `extra`.
+async fn kube_server(extra: &[(&str, &str)]) -> TestServer {
+    let kubeconfig = cluster().kubeconfig.display().to_string();
+    let mut env = vec![
+        ("SANDBOX_PROVIDER", "kubernetes"),
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("KUBERNETES_NAMESPACE", NAMESPACE),
+        ("KUBERNETES_SANDBOX_CPU_REQUEST", "100m"),
+        ("KUBERNETES_SANDBOX_MEMORY_REQUEST", "256Mi"),
+    ];
+    env.extend_from_slice(extra);
+    TestServer::start(Backend::Sqlite, &env)
+        .await
+        .expect("the app starts")
+}
+
 #[actix_rt::test]
 async fn a_pod_deleted_behind_our_back_is_replaced_with_the_last_checkpoint() {
     if !docker_ready() {
         return;
     }
-    let c = cluster();
-    let kubeconfig = c.kubeconfig.display().to_string();
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "kubernetes"),
-            ("KUBECONFIG", &kubeconfig),
-            ("KUBERNETES_NAMESPACE", NAMESPACE),
-            ("KUBERNETES_SANDBOX_CPU_REQUEST", "100m"),
-            ("KUBERNETES_SANDBOX_MEMORY_REQUEST", "256Mi"),
-        ],
-    )
-    .await
-    .expect("the app starts");
+    let s = kube_server(&[]).await;
     let health = s.health().await;
     assert_eq!(health["sandbox"], "kubernetes", "{health}");
     let (_, bots) = s.space_with_bots(1, "private").await;
     let (run, fence) = s.start_run(&bots[0]).await;
     s.exec(&run, fence, "echo saved > notes.txt").await.unwrap();
-    let finished = s
-        .ok(
-            "run.finish",
-            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-        )
-        .await;
+    let finished = finish(&s, &run, fence).await;
     assert_eq!(finished["checkpoint"]["saved"], 1);
 
     let (run, fence) = s.start_run(&bots[0]).await;
@@ -61,39 +68,10 @@ async fn a_pod_deleted_behind_our_back_is_replaced_with_the_last_checkpoint() {
     let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
     let before = provider_ref(&s, &computer).await.expect("a pod runs");
 
-    // Deleted behind the API's back (as `kubectl delete pod` or an eviction would).
-    let deleted = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .delete(format!(
-            "{}/api/v1/namespaces/{NAMESPACE}/pods/{before}",
-            c.url
-        ))
-        .bearer_auth(&c.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status().as_u16(), 200);
-
-    // The next use finds it gone (MACHINE_GONE) or already on its replacement.
-    let mut restored = None;
-    for _ in 0..60 {
-        match s.exec(&run, fence, "cat notes.txt").await {
-            Ok(out) => {
-                restored = Some(out);
-                break;
-            }
-            Err(err) => {
-                assert!(
-                    err.1 == "MACHINE_GONE" || err.1 == "COMPUTER_UNAVAILABLE",
-                    "{err:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-    let restored = restored.expect("the computer came back");
+    // Deleted behind the API's back (as `kubectl delete pod` or an eviction would); the next
+    // use finds it gone (MACHINE_GONE) or already on its replacement.
+    delete_pod(&before).await;
+    let restored = exec_when_back(&s, &run, fence, "cat notes.txt").await;
     assert_eq!(restored["stdout"], "saved\n", "{restored}");
     let after = provider_ref(&s, &computer).await.unwrap();
     assert_ne!(after, before, "a new pod");
@@ -102,11 +80,7 @@ async fn a_pod_deleted_behind_our_back_is_replaced_with_the_last_checkpoint() {
         s.exec(&run, fence, "cat later.txt").await.unwrap()["exitCode"],
         1
     );
-    s.ok(
-        "run.finish",
-        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-    )
-    .await;
+    finish(&s, &run, fence).await;
     s.ok("computer.stop", json!({ "computerId": computer["id"] }))
         .await;
 }
@@ -193,7 +167,6 @@ async fn a_mounted_home_is_never_copied_and_outlives_its_pods() {
         return;
     }
     let c = cluster();
-    let kubeconfig = c.kubeconfig.display().to_string();
     // The claim holds DATA_DIR, as the API's own volume does in a cluster.
     let data_dir = c.claim_dir.display().to_string();
     let app = format!(
@@ -202,22 +175,13 @@ async fn a_mounted_home_is_never_copied_and_outlives_its_pods() {
     );
     let labels = json!({ "app": app }).to_string();
     let api_pod = start_api_pod(json!({ "app": app })).await;
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "kubernetes"),
-            ("KUBECONFIG", &kubeconfig),
-            ("KUBERNETES_NAMESPACE", NAMESPACE),
-            ("KUBERNETES_SANDBOX_CPU_REQUEST", "100m"),
-            ("KUBERNETES_SANDBOX_MEMORY_REQUEST", "256Mi"),
-            ("DATA_DIR", &data_dir),
-            ("KUBERNETES_SANDBOX_HOME_CLAIM", CLAIM),
-            ("KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE", NAMESPACE),
-            ("KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS", &labels),
-        ],
-    )
-    .await
-    .expect("the app starts");
+    let s = kube_server(&[
+        ("DATA_DIR", &data_dir),
+        ("KUBERNETES_SANDBOX_HOME_CLAIM", CLAIM),
+        ("KUBERNETES_SANDBOX_HOME_COLOCATE_NAMESPACE", NAMESPACE),
+        ("KUBERNETES_SANDBOX_HOME_COLOCATE_LABELS", &labels),
+    ])
+    .await;
     let (_, bots) = s.space_with_bots(1, "private").await;
     let (run, fence) = s.start_run(&bots[0]).await;
     s.exec(&run, fence, "echo mounted > notes.txt")
@@ -255,20 +219,10 @@ async fn a_mounted_home_is_never_copied_and_outlives_its_pods() {
     // A checkpoint reads the mounted home on this host; with nothing changed, the next one
     // stores nothing (once the last write is older than the clock's racy window).
     tokio::time::sleep(Duration::from_millis(2_100)).await;
-    let finished = s
-        .ok(
-            "run.finish",
-            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-        )
-        .await;
+    let finished = finish(&s, &run, fence).await;
     assert_eq!(finished["checkpoint"]["saved"], 1, "{finished}");
     let (run, fence) = s.start_run(&bots[0]).await;
-    let finished = s
-        .ok(
-            "run.finish",
-            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-        )
-        .await;
+    let finished = finish(&s, &run, fence).await;
     assert_eq!(finished["checkpoint"]["unchanged"], true, "{finished}");
 
     // The bot's links never lead this process out of the home.
@@ -294,11 +248,7 @@ async fn a_mounted_home_is_never_copied_and_outlives_its_pods() {
 
     // Stopped: the pod goes, the home stays on the claim, nothing is stashed; the next pod
     // mounts it again.
-    s.ok(
-        "run.finish",
-        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-    )
-    .await;
+    finish(&s, &run, fence).await;
     s.ok("computer.stop", json!({ "computerId": computer["id"] }))
         .await;
     let stash = c.claim_dir.join("run").join("kubernetes");
@@ -323,11 +273,7 @@ async fn a_mounted_home_is_never_copied_and_outlives_its_pods() {
     delete_pod(&second).await;
     let out = exec_when_back(&s, &run, fence, "cat later.txt").await;
     assert_eq!(out["stdout"], "unsaved\n", "{out}");
-    s.ok(
-        "run.finish",
-        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
-    )
-    .await;
+    finish(&s, &run, fence).await;
     s.ok("computer.stop", json!({ "computerId": computer["id"] }))
         .await;
     delete_pod(&api_pod).await;

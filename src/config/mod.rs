@@ -246,6 +246,8 @@ pub struct Config {
     pub role: Role,
     /// `SANDBOX_TEAM_SCREEN_LIMIT`.
     pub team_screen_limit: u32,
+    /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` when the CPU weight is 0.
+    pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
     pub command_timeout: Duration,
     /// `SANDBOX_FAKE_SINGLE_SCREEN`.
@@ -606,6 +608,16 @@ impl Config {
                 .map(|u| u.trim_end_matches('/').to_owned()),
             role: Role::Both,
             team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
+            desktop_limits: {
+                let weight = s.number("SANDBOX_DESKTOP_CPU_WEIGHT", 10_000)? as u32;
+                let memory_mb = s.number("SANDBOX_DESKTOP_MEMORY_MB", 1 << 30)?;
+                let freeze_ms = s.number("SANDBOX_DESKTOP_FREEZE_MS", DAY_MS)?;
+                (weight > 0).then_some(crate::desktop::groups::DesktopLimits {
+                    cpu_weight: weight,
+                    memory_mb,
+                    freeze_after: (freeze_ms > 0).then(|| Duration::from_millis(freeze_ms)),
+                })
+            },
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
             ),

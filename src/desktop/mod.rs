@@ -24,10 +24,12 @@
 pub mod action_rules;
 pub mod browser;
 pub mod capture;
+pub mod cgroup;
 pub mod cdp;
 pub mod command;
 pub mod files;
 pub mod gateway;
+pub mod groups;
 pub mod input;
 pub mod keys;
 pub mod page;

@@ -81,8 +81,9 @@ async fn a_memory_hog_loses_its_tab_while_the_other_desktop_keeps_its_browser() 
 
     // A page that keeps taking memory (typed arrays live outside the JavaScript heap, so only
     // the desktop's ceiling stops it).
-    let page = "data:text/html,<title>hog</title><script>const k=[];setInterval(()=>{for(let i=0;i<4;i++)k.push(new Uint8Array(16<<20).fill(7))},20)</script>";
-    p.open(&m, "hog", page).await.unwrap();
+    let page = "<title>hog</title><script>const k=[];setInterval(()=>{for(let i=0;i<4;i++)k.push(new Uint8Array(16<<20).fill(7))},20)</script>";
+    p.write_file(&m, "hog.html", page.as_bytes()).await.unwrap();
+    p.open(&m, "hog", "hog.html").await.unwrap();
     let started = Instant::now();
     let notice = loop {
         let frame = p.observe(&m, "hog").await.unwrap();
@@ -126,13 +127,9 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
     let runtime = p.runtime(&m).await.unwrap();
     p.open_screen(&m, "sleeper").await.unwrap();
     // A page that would keep a core busy if it could run.
-    p.open(
-        &m,
-        "sleeper",
-        "data:text/html,<script>setInterval(()=>{const t=Date.now();while(Date.now()-t<40){}},50)</script>",
-    )
-    .await
-    .unwrap();
+    let page = "<script>setInterval(()=>{const t=Date.now();while(Date.now()-t<40){}},50)</script>";
+    p.write_file(&m, "busy.html", page.as_bytes()).await.unwrap();
+    p.open(&m, "sleeper", "busy.html").await.unwrap();
     let started = Instant::now();
     while !runtime.is_frozen("sleeper").await {
         assert!(started.elapsed() < Duration::from_secs(60), "never frozen");

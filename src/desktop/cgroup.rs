@@ -8,6 +8,7 @@
 //! screen's tag, and its children inherit both the tag and the group). Only the owner of the
 //! group files (root) can move a process or change a limit; a process inside never can.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -97,41 +98,52 @@ pub fn detect(root: &Path) -> GroupResult<Version> {
     }
 }
 
-/// One group: the same relative path under each v1 controller's mount, or one v2 directory.
+/// One group: a directory in each v1 controller's hierarchy (in [`V1_CONTROLLERS`] order), or
+/// one v2 directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     version: Version,
-    root: PathBuf,
-    /// Relative to each hierarchy's root, without a leading `/`.
-    rel: PathBuf,
+    dirs: Vec<PathBuf>,
 }
 
 impl Node {
-    /// The group at `rel` (relative to each hierarchy's root).
+    /// The group at `rel` (the same path relative to each hierarchy's root).
     pub fn at(root: &Path, version: Version, rel: &str) -> Self {
-        Self {
-            version,
-            root: root.to_path_buf(),
-            rel: PathBuf::from(rel.trim_start_matches('/')),
-        }
+        let rel = rel.trim_start_matches('/');
+        let dirs = match version {
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|c| root.join(c).join(rel))
+                .collect(),
+            Version::V2 => vec![root.join(rel)],
+        };
+        Self { version, dirs }
     }
 
-    /// The group this process runs in. With v1 the memory controller's path is used for every
-    /// controller (the others usually sit at the root, and a nested group lands under it).
+    /// The group this process runs in (with v1, its group in each controller's hierarchy).
     pub fn own(root: &Path, version: Version) -> GroupResult<Self> {
         let text = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| io_err("read", Path::new("/proc/self/cgroup"), e))?;
-        let rel = text.lines().find_map(|line| {
-            let mut parts = line.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            let wanted = match version {
-                Version::V2 => controllers.is_empty(),
-                Version::V1 => controllers.split(',').any(|c| c == "memory"),
-            };
-            wanted.then(|| path.to_string())
-        });
-        let rel = rel.ok_or_else(|| GroupError("this process's group is not listed".into()))?;
-        Ok(Self::at(root, version, &rel))
+        let path_of = |wanted: &dyn Fn(&str) -> bool| {
+            text.lines().find_map(|line| {
+                let mut parts = line.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                wanted(controllers).then(|| path.trim_start_matches('/').to_string())
+            })
+        };
+        let missing = || GroupError("this process's group is not listed".into());
+        let dirs = match version {
+            Version::V2 => vec![root.join(path_of(&|c: &str| c.is_empty()).ok_or_else(missing)?)],
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|name| {
+                    let rel = path_of(&|c: &str| c.split(',').any(|c| c == *name))
+                        .ok_or_else(missing)?;
+                    Ok(root.join(name).join(rel))
+                })
+                .collect::<GroupResult<Vec<_>>>()?,
+        };
+        Ok(Self { version, dirs })
     }
 
     /// The interface of this group.
@@ -143,24 +155,25 @@ impl Node {
     pub fn child(&self, name: &str) -> Self {
         Self {
             version: self.version,
-            root: self.root.clone(),
-            rel: self.rel.join(name),
+            dirs: self.dirs.iter().map(|d| d.join(name)).collect(),
         }
     }
 
+    /// The directory holding `controller`'s files (v2: the one directory).
     fn dir(&self, controller: &str) -> PathBuf {
-        match self.version {
-            Version::V1 => self.root.join(controller).join(&self.rel),
-            Version::V2 => self.root.join(&self.rel),
-        }
+        let i = match self.version {
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .position(|c| *c == controller)
+                .unwrap_or(0),
+            Version::V2 => 0,
+        };
+        self.dirs[i].clone()
     }
 
     /// Every directory of the group (one per v1 controller, one for v2).
     fn dirs(&self) -> Vec<PathBuf> {
-        match self.version {
-            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.dir(c)).collect(),
-            Version::V2 => vec![self.dir("")],
-        }
+        self.dirs.clone()
     }
 
     fn write(&self, controller: &str, file: &str, value: &str) -> GroupResult<()> {
@@ -254,9 +267,11 @@ impl Node {
         Ok(())
     }
 
-    /// Moves every process carrying `tag` in [`TAG_VAR`] into the group, among `candidates`
-    /// (`None`: every process of this pid namespace). Scans until a pass finds none left out,
-    /// so a child forked during a pass follows. Returns how many were moved.
+    /// Moves every process carrying `tag` in [`TAG_VAR`], and every descendant of one (Chromium
+    /// rewrites its helpers' environment area with their titles, so a zygote or renderer forked
+    /// before the move shows no tag), into the group, among `candidates` (`None`: every process
+    /// of this pid namespace). Scans until a pass finds none left out, so a child forked during
+    /// a pass follows. Returns how many were moved.
     pub fn place_tagged(
         &self,
         tag: &str,
@@ -265,16 +280,34 @@ impl Node {
         let want = format!("{TAG_VAR}={tag}");
         let mut moved = 0;
         for _ in 0..PLACE_PASSES {
-            let inside: std::collections::HashSet<u32> = self.procs()?.into_iter().collect();
+            let inside: HashSet<u32> = self.procs()?.into_iter().collect();
             let pids = match candidates {
                 Some(list) => list(),
                 None => all_pids(),
             };
-            let mut this_pass = 0;
-            for pid in pids {
-                if inside.contains(&pid) || !carries(pid, &want) {
-                    continue;
+            let parents: HashMap<u32, u32> =
+                pids.iter().filter_map(|p| Some((*p, parent_of(*p)?))).collect();
+            let mut members: HashSet<u32> = pids
+                .iter()
+                .copied()
+                .filter(|p| inside.contains(p) || carries(*p, &want))
+                .collect();
+            loop {
+                let born: Vec<u32> = pids
+                    .iter()
+                    .copied()
+                    .filter(|p| {
+                        !members.contains(p)
+                            && parents.get(p).is_some_and(|pp| members.contains(pp))
+                    })
+                    .collect();
+                if born.is_empty() {
+                    break;
                 }
+                members.extend(born);
+            }
+            let mut this_pass = 0;
+            for pid in members.into_iter().filter(|p| !inside.contains(p)) {
                 self.place(pid)?;
                 this_pass += 1;
             }
@@ -345,7 +378,7 @@ impl Node {
     /// Thaws and removes the group once its processes are gone (they were stopped before);
     /// a group already gone is fine.
     pub fn remove(&self) -> GroupResult<()> {
-        if !self.dir(if self.version == Version::V1 { "freezer" } else { "" }).exists() {
+        if !self.dir("freezer").exists() {
             return Ok(());
         }
         let _ = self.set_frozen(false);
@@ -370,11 +403,7 @@ impl Node {
     /// Removes the empty child groups of this one whose names start with `prefix` and whose
     /// owner (the process id after the prefix) is gone, deepest first. Busy ones stay.
     pub fn remove_stale_children(&self, prefix: &str) {
-        let Ok(entries) = std::fs::read_dir(self.dir(if self.version == Version::V1 {
-            "freezer"
-        } else {
-            ""
-        })) else {
+        let Ok(entries) = std::fs::read_dir(self.dir("freezer")) else {
             return;
         };
         for entry in entries.flatten() {
@@ -391,11 +420,7 @@ impl Node {
     }
 
     fn remove_tree(&self) {
-        if let Ok(entries) = std::fs::read_dir(self.dir(if self.version == Version::V1 {
-            "freezer"
-        } else {
-            ""
-        })) {
+        if let Ok(entries) = std::fs::read_dir(self.dir("freezer")) {
             for entry in entries.flatten() {
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     self.child(&entry.file_name().to_string_lossy())
@@ -429,6 +454,13 @@ pub fn all_pids() -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect()
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether process `pid`'s environment holds exactly `entry` (`NAME=value`).

@@ -32,7 +32,10 @@ struct Pass {
     burn_p95: Duration,
 }
 
-async fn observe_samples(p: &DesktopProvider, m: &rakazo_actors::provider::ProviderRef) -> Vec<Duration> {
+async fn observe_samples(
+    p: &DesktopProvider,
+    m: &rakazo_actors::provider::ProviderRef,
+) -> Vec<Duration> {
     let mut out = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let started = Instant::now();
@@ -152,7 +155,12 @@ async fn main() {
     println!("victim observe p50/p95 ms, idle and with {BURNERS} busy loops in another desktop");
     for round in 0..2 {
         let without = pass(&dir.path().join(format!("plain-{round}")), 111, None).await;
-        let with = pass(&dir.path().join(format!("groups-{round}")), 121, Some(limits)).await;
+        let with = pass(
+            &dir.path().join(format!("groups-{round}")),
+            121,
+            Some(limits),
+        )
+        .await;
         for (name, r) in [("no groups", without), ("desktop groups", with)] {
             println!(
                 "  round {round} {name:15} idle {:6.1}/{:6.1}  burning {:6.1}/{:6.1}  p95 ratio {:4.2}x",

@@ -128,7 +128,9 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
     p.open_screen(&m, "sleeper").await.unwrap();
     // A page that would keep a core busy if it could run.
     let page = "<script>setInterval(()=>{const t=Date.now();while(Date.now()-t<40){}},50)</script>";
-    p.write_file(&m, "busy.html", page.as_bytes()).await.unwrap();
+    p.write_file(&m, "busy.html", page.as_bytes())
+        .await
+        .unwrap();
     p.open(&m, "sleeper", "busy.html").await.unwrap();
     let started = Instant::now();
     while !runtime.is_frozen("sleeper").await {
@@ -159,7 +161,10 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
     p.close_route(&m, &route.token).await.unwrap();
     let started = Instant::now();
     while !runtime.is_frozen("sleeper").await {
-        assert!(started.elapsed() < Duration::from_secs(60), "never frozen again");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "never frozen again"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Teardown of a frozen desktop still stops everything and removes its group.
@@ -191,7 +196,10 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     )
     .unwrap();
     let child: u32 = line.trim().parse().unwrap();
-    assert!(node.procs().unwrap().contains(&child), "the child left the group");
+    assert!(
+        node.procs().unwrap().contains(&child),
+        "the child left the group"
+    );
 
     // The workspace user (uid 1000) tries to move itself out, lift the ceiling and thaw.
     let dirs = ["memory", "freezer", "cpu"]

@@ -137,8 +137,8 @@ impl Node {
             Version::V1 => V1_CONTROLLERS
                 .iter()
                 .map(|name| {
-                    let rel = path_of(&|c: &str| c.split(',').any(|c| c == *name))
-                        .ok_or_else(missing)?;
+                    let rel =
+                        path_of(&|c: &str| c.split(',').any(|c| c == *name)).ok_or_else(missing)?;
                     Ok(root.join(name).join(rel))
                 })
                 .collect::<GroupResult<Vec<_>>>()?,
@@ -285,8 +285,10 @@ impl Node {
                 Some(list) => list(),
                 None => all_pids(),
             };
-            let parents: HashMap<u32, u32> =
-                pids.iter().filter_map(|p| Some((*p, parent_of(*p)?))).collect();
+            let parents: HashMap<u32, u32> = pids
+                .iter()
+                .filter_map(|p| Some((*p, parent_of(*p)?)))
+                .collect();
             let mut members: HashSet<u32> = pids
                 .iter()
                 .copied()
@@ -408,7 +410,10 @@ impl Node {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix(prefix).and_then(|p| p.parse::<u32>().ok()) else {
+            let Some(pid) = name
+                .strip_prefix(prefix)
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
                 continue;
             };
             if Path::new(&format!("/proc/{pid}")).exists() {
@@ -460,7 +465,12 @@ pub fn all_pids() -> Vec<u32> {
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Whether process `pid`'s environment holds exactly `entry` (`NAME=value`).
@@ -473,7 +483,10 @@ fn carries(pid: u32, entry: &str) -> bool {
 /// path characters.
 pub fn group_name(tag: &str) -> String {
     use sha2::{Digest, Sha256};
-    format!("desktop-{}", hex::encode(&Sha256::digest(tag.as_bytes())[..6]))
+    format!(
+        "desktop-{}",
+        hex::encode(&Sha256::digest(tag.as_bytes())[..6])
+    )
 }
 
 #[cfg(test)]

@@ -77,7 +77,11 @@ pub fn host_parent() -> Result<Node, GroupError> {
                     base
                 }
             };
-            let prefix = if version == Version::V1 { "rakazo-" } else { "server-" };
+            let prefix = if version == Version::V1 {
+                "rakazo-"
+            } else {
+                "server-"
+            };
             base.remove_stale_children(prefix);
             let parent = base.child(&format!("{prefix}{}", std::process::id()));
             parent.create().map_err(|e| e.to_string())?;

@@ -24,8 +24,8 @@
 pub mod action_rules;
 pub mod browser;
 pub mod capture;
-pub mod cgroup;
 pub mod cdp;
+pub mod cgroup;
 pub mod command;
 pub mod files;
 pub mod gateway;

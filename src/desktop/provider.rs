@@ -13,17 +13,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
-    ExecRequest,
-    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ExecRequest, FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
+use super::cgroup::Version;
 use super::command::{
     CommandRunner as _, HostRunner, SCRIPT_TIMEOUT, minimal_env, reap_script, sweep_script,
 };
 use super::files::blocking;
-use super::cgroup::Version;
 use super::gateway::free_local_port;
 use super::groups::{DesktopGroups, DesktopLimits, HostGroups, host_parent};
 use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
@@ -92,7 +91,9 @@ impl DesktopProvider {
             .clone();
         let groups = match config.limits {
             None => Err("per-desktop limits are not configured".to_string()),
-            Some(_) => host_parent().map(|p| p.version()).map_err(|e| e.to_string()),
+            Some(_) => host_parent()
+                .map(|p| p.version())
+                .map_err(|e| e.to_string()),
         };
         match &groups {
             Ok(version) => tracing::info!(cgroup = version.as_str(), "desktop.limits.active"),

@@ -356,30 +356,33 @@ impl DesktopRuntime {
     }
 
     /// CPU time, OOM kills and frozen state of the bot's desktop group, read from the group.
-    pub async fn group_usage(
-        &self,
-        bot_id: &str,
-    ) -> Result<super::cgroup::Usage, DesktopError> {
+    pub async fn group_usage(&self, bot_id: &str) -> Result<super::cgroup::Usage, DesktopError> {
         let tag = {
             let table = self.table.lock().await;
             let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
             match &table.slots[i].state {
                 SlotState::Active(sc) if sc.grouped => sc.tag.clone(),
-                _ => return Err(DesktopError::Stack("the desktop has no control group".into())),
+                _ => {
+                    return Err(DesktopError::Stack(
+                        "the desktop has no control group".into(),
+                    ));
+                }
             }
         };
-        let groups = self.config.groups.as_ref().ok_or_else(|| {
-            DesktopError::Stack("the desktop has no control group".into())
-        })?;
+        let groups = self
+            .config
+            .groups
+            .as_ref()
+            .ok_or_else(|| DesktopError::Stack("the desktop has no control group".into()))?;
         groups.usage(&tag).await
     }
 
     /// Whether the bot's desktop is frozen now.
     pub async fn is_frozen(&self, bot_id: &str) -> bool {
         let table = self.table.lock().await;
-        table.slot_of(bot_id).is_some_and(
-            |i| matches!(&table.slots[i].state, SlotState::Active(sc) if sc.frozen),
-        )
+        table
+            .slot_of(bot_id)
+            .is_some_and(|i| matches!(&table.slots[i].state, SlotState::Active(sc) if sc.frozen))
     }
 
     /// Freezes every desktop idle past `freeze_after`: no tool call for that long, no live
@@ -431,7 +434,11 @@ impl DesktopRuntime {
     /// Runs [`Self::freeze_idle`] in the background while the runtime lives, when freezing is
     /// configured.
     pub fn start_freezer(self: &Arc<Self>) {
-        let Some(after) = self.config.freeze_after.filter(|_| self.config.groups.is_some()) else {
+        let Some(after) = self
+            .config
+            .freeze_after
+            .filter(|_| self.config.groups.is_some())
+        else {
             return;
         };
         let tick = (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));

@@ -5,6 +5,8 @@
 //! own groups, under this test process's), and the packages of
 //! `scripts/install-desktop-deps.sh`. Tests run one at a time.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -234,4 +236,65 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     let _ = shell.kill();
     let _ = shell.wait();
     node.remove().unwrap();
+}
+
+async fn screen_state(s: &common::TestServer, bot: &str) -> Option<String> {
+    use rakazo_actors::entity::screen;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    screen::Entity::find()
+        .filter(screen::Column::BotId.eq(bot))
+        .one(&s.app.db)
+        .await
+        .unwrap()
+        .map(|r| r.state)
+}
+
+/// Through the whole app: health says the groups are active, the bot's screen row turns
+/// `frozen` when its desktop is frozen, and the bot's next `computer_observe` thaws it and
+/// returns a frame.
+#[actix_rt::test]
+async fn the_screen_row_says_frozen_and_the_next_observe_thaws_it() {
+    let _serial = SERIAL.lock().await;
+    let s = common::TestServer::start(
+        common::Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("SANDBOX_DESKTOP_FREEZE_MS", "1000"),
+        ],
+    )
+    .await
+    .unwrap();
+    let health = s.health().await;
+    assert!(
+        health["desktopGroups"]
+            .as_str()
+            .unwrap()
+            .starts_with("active (cgroup v"),
+        "{health}"
+    );
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let observe = serde_json::json!({ "runId": run, "fence": fence, "name": "computer_observe", "arguments": {} });
+    let first = s.ok("tools/call", observe.clone()).await;
+    assert_eq!(first["isError"], false, "{first}");
+    let started = Instant::now();
+    while screen_state(&s, &bots[0]).await.as_deref() != Some("frozen") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the row never said frozen"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let next = s.ok("tools/call", observe).await;
+    assert_eq!(next["isError"], false, "{next}");
+    assert_eq!(next["structuredContent"]["width"], 1280);
+    let started = Instant::now();
+    while screen_state(&s, &bots[0]).await.as_deref() != Some("active") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the row never said active again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -725,6 +725,17 @@ mod tests {
         assert_eq!(c.max_active, Duration::from_millis(7_200_000));
         assert_eq!(c.command_timeout, Duration::from_millis(300_000));
         assert_eq!(c.team_screen_limit, 0);
+        assert_eq!(
+            c.desktop_limits,
+            Some(crate::desktop::groups::DesktopLimits {
+                cpu_weight: 100,
+                memory_mb: 2048,
+                freeze_after: Some(Duration::from_millis(300_000)),
+            })
+        );
+        let off = Config::load(&env(&[("SANDBOX_DESKTOP_CPU_WEIGHT", "0")]), None).unwrap();
+        assert_eq!(off.desktop_limits, None);
+        assert!(Config::load(&env(&[("SANDBOX_DESKTOP_CPU_WEIGHT", "10001")]), None).is_err());
         assert_eq!(c.listen.to_string(), "127.0.0.1:3100");
         assert_eq!(c.database_kind(), "sqlite");
         assert_eq!(c.keep_revisions, 3);

@@ -91,6 +91,8 @@ fn main() {
         x11_socket_dir: None,
         commands_only: false,
         gateway_host: "127.0.0.1".into(),
+        groups: None,
+        freeze_after: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -205,6 +205,9 @@ impl App {
             routes.clone(),
             runtime.events.clone(),
         ));
+        if let Some(freezes) = runtime.provider.as_ref().and_then(|p| p.desktop_freezes()) {
+            crate::screens::follow_desktop_freezes(db.clone(), runtime.events.clone(), freezes);
+        }
         let registry = Arc::new(Registry::new(runtime, arbiter.handle(), revoker));
         let reconciled = registry.clone();
         let every = config.reconcile_interval;

@@ -16,6 +16,7 @@ fn provider() -> Arc<dyn SandboxProvider> {
             screen_limit: 0,
             first_display: 140,
             environment: "test".into(),
+            limits: None,
         })
         .unwrap();
         (dir, Arc::new(p))
@@ -34,6 +35,7 @@ fn production_refuses_the_desktop_provider() {
         screen_limit: 0,
         first_display: 150,
         environment: "production".into(),
+        limits: None,
     });
     assert!(refused.is_err());
 }

@@ -208,6 +208,8 @@ fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig
         x11_socket_dir: None,
         commands_only: false,
         gateway_host: "127.0.0.1".into(),
+        groups: None,
+        freeze_after: None,
     }
 }
 
@@ -377,6 +379,7 @@ async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
         screen_limit: 1,
         first_display: 51,
         environment: "test".into(),
+        limits: None,
     })
     .unwrap();
     let spec = MachineSpec {

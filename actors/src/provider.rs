@@ -32,12 +32,12 @@ pub struct Capabilities {
     /// mounted or on this host): checkpoints seal a revision but never replace that copy.
     pub mounted_home: bool,
     /// Freezes an idle desktop (its processes stop using CPU, memory stays) and thaws it on
-    /// the next tool call or viewer. Needs control groups delegated into the machine; `false`
-    /// where the machine cannot delegate them (a Docker computer's control groups are
-    /// mounted read-only for its unprivileged user), and not built for any provider yet.
+    /// the next tool call or viewer. Needs a root process outside the machine that owns its
+    /// control groups (the host `desktop` provider running as root); `false` where the
+    /// machine cannot delegate them, and for every other provider so far.
     pub desktop_freezing: bool,
     /// Per-desktop CPU weight and memory ceiling (one control group per bot's display stack);
-    /// same requirement as `desktop_freezing`, and not built for any provider yet.
+    /// same requirement as `desktop_freezing`.
     pub desktop_limits: bool,
 }
 
@@ -106,6 +106,17 @@ pub struct FileEntry {
     pub size: u64,
 }
 
+/// A desktop of a machine was frozen (its processes stopped, memory kept) or thawed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesktopFreeze {
+    /// The machine.
+    pub machine: ProviderRef,
+    /// The bot whose desktop it is.
+    pub bot_id: String,
+    /// Whether it is frozen now.
+    pub frozen: bool,
+}
+
 /// One captured frame of a screen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
@@ -115,6 +126,10 @@ pub struct Frame {
     pub width: u32,
     /// Height in pixels.
     pub height: u32,
+    /// What happened to the screen that its bot should be told (a tab its desktop lost to
+    /// the memory ceiling), once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 /// A mouse button.
@@ -361,6 +376,19 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// `/internal/health`): `Ok(words)` when it holds (`active`, or why none is needed),
     /// `Err(why)` when it does not; `None` when the provider has no such guard.
     async fn egress_guard(&self) -> Option<Result<String, String>> {
+        None
+    }
+
+    /// Freezes and thaws of this provider's desktops, for the screens' rows; `None` when it
+    /// never freezes one.
+    fn desktop_freezes(&self) -> Option<tokio::sync::broadcast::Receiver<DesktopFreeze>> {
+        None
+    }
+
+    /// Whether desktops get their own control groups (limits and freezing, for
+    /// `/internal/health`): `Ok(words)` when they do, `Err(why)` when the machine cannot
+    /// delegate control groups; `None` when the provider has none or they are not configured.
+    async fn desktop_groups(&self) -> Option<Result<String, String>> {
         None
     }
 

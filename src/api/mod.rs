@@ -50,9 +50,13 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
 async fn health(app: web::Data<App>) -> HttpResponse {
     let db_ok = app.db.ping().await.is_ok();
     let status = &app.provider_status;
-    let (backend, egress) = match &app.runtime().provider {
-        Some(p) => (p.health().await, p.egress_guard().await),
-        None => (Ok(()), None),
+    let (backend, egress, groups) = match &app.runtime().provider {
+        Some(p) => (
+            p.health().await,
+            p.egress_guard().await,
+            p.desktop_groups().await,
+        ),
+        None => (Ok(()), None, None),
     };
     let viewer = app.proxy.viewer_error();
     let ok = db_ok
@@ -84,6 +88,16 @@ async fn health(app: web::Data<App>) -> HttpResponse {
         Some(Err(why)) => {
             body["egressGuard"] = json!("inactive");
             body["egressGuardError"] = json!(why);
+        }
+        None => {}
+    }
+    // Optional: a host that cannot delegate control groups runs desktops without limits or
+    // freezing, and says so here without being degraded.
+    match groups {
+        Some(Ok(state)) => body["desktopGroups"] = json!(state),
+        Some(Err(why)) => {
+            body["desktopGroups"] = json!("off");
+            body["desktopGroupsError"] = json!(why);
         }
         None => {}
     }

@@ -298,6 +298,8 @@ pub struct Config {
     pub role: Role,
     /// `SANDBOX_TEAM_SCREEN_LIMIT`.
     pub team_screen_limit: u32,
+    /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` when the CPU weight is 0.
+    pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
     pub command_timeout: Duration,
     /// `SANDBOX_FAKE_SINGLE_SCREEN`.
@@ -687,6 +689,16 @@ impl Config {
                 .map(|u| u.trim_end_matches('/').to_owned()),
             role: Role::Both,
             team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
+            desktop_limits: {
+                let weight = s.number("SANDBOX_DESKTOP_CPU_WEIGHT", 10_000)? as u32;
+                let memory_mb = s.number("SANDBOX_DESKTOP_MEMORY_MB", 1 << 30)?;
+                let freeze_ms = s.number("SANDBOX_DESKTOP_FREEZE_MS", DAY_MS)?;
+                (weight > 0).then_some(crate::desktop::groups::DesktopLimits {
+                    cpu_weight: weight,
+                    memory_mb,
+                    freeze_after: (freeze_ms > 0).then(|| Duration::from_millis(freeze_ms)),
+                })
+            },
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
             ),
@@ -793,6 +805,17 @@ mod tests {
         assert_eq!(c.max_active, Duration::from_millis(7_200_000));
         assert_eq!(c.command_timeout, Duration::from_millis(300_000));
         assert_eq!(c.team_screen_limit, 0);
+        assert_eq!(
+            c.desktop_limits,
+            Some(crate::desktop::groups::DesktopLimits {
+                cpu_weight: 100,
+                memory_mb: 2048,
+                freeze_after: Some(Duration::from_millis(300_000)),
+            })
+        );
+        let off = Config::load(&env(&[("SANDBOX_DESKTOP_CPU_WEIGHT", "0")]), None).unwrap();
+        assert_eq!(off.desktop_limits, None);
+        assert!(Config::load(&env(&[("SANDBOX_DESKTOP_CPU_WEIGHT", "10001")]), None).is_err());
         assert_eq!(c.listen.to_string(), "127.0.0.1:3100");
         assert_eq!(c.database_kind(), "sqlite");
         assert_eq!(c.keep_revisions, 3);

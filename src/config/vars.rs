@@ -124,6 +124,24 @@ pub const VARS: &[Var] = &[
         doc: "Cap on simultaneous desktops per computer (0 = no cap); beyond it graphical tools answer MULTI_SCREEN_UNAVAILABLE.",
     },
     Var {
+        name: "SANDBOX_DESKTOP_CPU_WEIGHT",
+        default: "100",
+        secret: false,
+        doc: "CPU weight of each bot's desktop (Xvfb, window manager, browser) in its own control group, 1 to 10000 (100 = an equal share); 0 turns per-desktop control groups off (and with them the memory ceiling and freezing). Needs a process that owns control groups: the host desktop provider running as root.",
+    },
+    Var {
+        name: "SANDBOX_DESKTOP_MEMORY_MB",
+        default: "2048",
+        secret: false,
+        doc: "Memory ceiling of each bot's desktop in MiB (0 = none); a desktop over it loses a browser tab (the OOM killer takes the renderer), not the computer, and the bot's next screenshot says so.",
+    },
+    Var {
+        name: "SANDBOX_DESKTOP_FREEZE_MS",
+        default: "300000",
+        secret: false,
+        doc: "Freeze a desktop with no tool call, viewer or control for this many milliseconds (its processes stop using CPU, memory stays); the next tool call or viewer thaws it (0 = never).",
+    },
+    Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",
         default: "300000",
         secret: false,

@@ -12,17 +12,19 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
+    ExecRequest, FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
+use super::cgroup::Version;
 use super::command::{
     CommandRunner as _, HostRunner, SCRIPT_TIMEOUT, minimal_env, reap_script, sweep_script,
 };
 use super::files::blocking;
 use super::gateway::free_local_port;
+use super::groups::{DesktopGroups, DesktopLimits, HostGroups, host_parent};
 use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
@@ -43,12 +45,15 @@ pub struct DesktopProviderConfig {
     pub first_display: u32,
     /// `RAKAZO_ENV`.
     pub environment: String,
+    /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` = none.
+    pub limits: Option<DesktopLimits>,
 }
 
 /// One host computer.
 struct Machine {
     home: PathBuf,
     runtime: Arc<DesktopRuntime>,
+    groups: Option<Arc<HostGroups>>,
 }
 
 /// The `desktop` provider.
@@ -61,6 +66,10 @@ pub struct DesktopProvider {
     destroyed: Mutex<std::collections::HashSet<String>>,
     /// DevTools connections of the page-browser tools, by machine and bot.
     pages: super::page::PageSessions,
+    /// Whether this host gives desktops control groups: the interface, or why not.
+    groups: Result<Version, String>,
+    /// Freezes and thaws of every machine's desktops.
+    freezes: tokio::sync::broadcast::Sender<DesktopFreeze>,
 }
 
 impl DesktopProvider {
@@ -80,7 +89,22 @@ impl DesktopProvider {
         let displays = HOST_DISPLAYS
             .get_or_init(|| DisplayPool::new(config.first_display.max(1)))
             .clone();
+        let groups = match config.limits {
+            None => Err("per-desktop limits are not configured".to_string()),
+            Some(_) => host_parent()
+                .map(|p| p.version())
+                .map_err(|e| e.to_string()),
+        };
+        match &groups {
+            Ok(version) => tracing::info!(cgroup = version.as_str(), "desktop.limits.active"),
+            Err(why) if config.limits.is_some() => {
+                tracing::warn!(error = %why, "desktop.limits.unavailable")
+            }
+            Err(_) => {}
+        }
         Ok(Self {
+            groups,
+            freezes: tokio::sync::broadcast::channel(256).0,
             config,
             displays,
             machines: Mutex::new(HashMap::new()),
@@ -112,6 +136,16 @@ impl DesktopProvider {
         if !home.is_dir() {
             return Err(ProviderError::MachineGone);
         }
+        let groups = match (&self.groups, self.config.limits) {
+            (Ok(_), Some(limits)) => match HostGroups::new(&short_name(&machine.0), limits) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!(error = %e, "desktop.limits.unavailable");
+                    None
+                }
+            },
+            _ => None,
+        };
         let config = RuntimeConfig {
             workspace: home.clone(),
             // Short: the gateway's unix sockets live below it (108-byte path limit).
@@ -123,21 +157,52 @@ impl DesktopProvider {
             x11_socket_dir: None,
             commands_only: false,
             gateway_host: "127.0.0.1".into(),
+            groups: groups.clone().map(|g| g as Arc<dyn DesktopGroups>),
+            freeze_after: self.config.limits.and_then(|l| l.freeze_after),
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
-        let m = Arc::new(Machine { home, runtime });
+        runtime.start_freezer();
+        let (mut changes, freezes, key) = (
+            runtime.subscribe_freezes(),
+            self.freezes.clone(),
+            machine.clone(),
+        );
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match changes.recv().await {
+                    Ok(c) => {
+                        let _ = freezes.send(DesktopFreeze {
+                            machine: key.clone(),
+                            bot_id: c.bot_id,
+                            frozen: c.frozen,
+                        });
+                    }
+                    Err(RecvError::Lagged(_)) => continue,
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        });
+        let m = Arc::new(Machine {
+            home,
+            runtime,
+            groups,
+        });
         machines.insert(machine.0.clone(), m.clone());
         Ok(m)
     }
 
     async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
-        let m = self.machines.lock().await.remove(&machine.0);
-        if let Some(m) = m
-            && let Err(e) = m.runtime.shutdown().await
-        {
+        let Some(m) = self.machines.lock().await.remove(&machine.0) else {
+            return Ok(());
+        };
+        if let Err(e) = m.runtime.shutdown().await {
             // Keep it attached so a retry finds the reserved slots.
             self.machines.lock().await.insert(machine.0.clone(), m);
             return Err(e.into());
+        }
+        if let Some(groups) = &m.groups {
+            groups.remove_machine();
         }
         Ok(())
     }
@@ -169,8 +234,9 @@ impl SandboxProvider for DesktopProvider {
                 page_browser: false,
                 bills_while_running: false,
                 mounted_home: true,
-                desktop_freezing: false,
-                desktop_limits: false,
+                desktop_freezing: self.groups.is_ok()
+                    && self.config.limits.is_some_and(|l| l.freeze_after.is_some()),
+                desktop_limits: self.groups.is_ok(),
             },
         }
     }
@@ -237,6 +303,20 @@ impl SandboxProvider for DesktopProvider {
         Ok(())
     }
 
+    fn desktop_freezes(&self) -> Option<tokio::sync::broadcast::Receiver<DesktopFreeze>> {
+        Some(self.freezes.subscribe())
+    }
+
+    async fn desktop_groups(&self) -> Option<Result<String, String>> {
+        self.config.limits?;
+        Some(
+            self.groups
+                .as_ref()
+                .map(|v| format!("active (cgroup {})", v.as_str()))
+                .map_err(Clone::clone),
+        )
+    }
+
     async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
         let m = self.machine(machine).await?;
         let screen = m.runtime.open_screen(bot_id).await?;
@@ -283,6 +363,11 @@ impl SandboxProvider for DesktopProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
+        // DevTools reaches the browser directly: a frozen one would never answer.
+        match m.runtime.wake(bot_id).await {
+            Ok(()) | Err(super::DesktopError::NoScreen) => {}
+            Err(e) => return Err(e.into()),
+        }
         let key = format!("{}/{bot_id}", machine.0);
         self.pages
             .run(key, || super::cdp::Cdp::connect(&m.home, bot_id), command)
@@ -411,6 +496,7 @@ mod tests {
             screen_limit: 0,
             first_display: 1,
             environment: env.into(),
+            limits: None,
         }
     }
 

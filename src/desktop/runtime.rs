@@ -23,6 +23,7 @@ use super::command::{
     minimal_env, reap_script, sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
+use super::groups::DesktopGroups;
 use super::screen_commands::CommandScreen;
 use super::{DesktopError, check_id, shell_quote};
 
@@ -131,6 +132,21 @@ pub struct RuntimeConfig {
     /// The address the screen gateway listens on inside the machine: loopback on a host,
     /// every interface inside a container (whose port is published on the host's loopback).
     pub gateway_host: String,
+    /// The owner of the machine's desktop control groups (CPU weight, memory ceiling,
+    /// freezer); `None` where the machine has none to give.
+    pub groups: Option<Arc<dyn DesktopGroups>>,
+    /// Freeze a desktop after this long without a tool call, viewer or control (needs
+    /// `groups`); `None` = never.
+    pub freeze_after: Option<Duration>,
+}
+
+/// A desktop was frozen or thawed (for the screen's row).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreezeChange {
+    /// The bot whose desktop it is.
+    pub bot_id: String,
+    /// Whether it is frozen now.
+    pub frozen: bool,
 }
 
 /// Announced when a slot generation ends, before the slot can be reused: every capability and
@@ -193,6 +209,12 @@ struct Screen {
     last_used: Instant,
     /// Operations in progress; a screen with any is not idle.
     busy: Arc<AtomicUsize>,
+    /// Its processes are in its control group.
+    grouped: bool,
+    /// Its control group is frozen.
+    frozen: bool,
+    /// OOM kills in its group already told to the bot.
+    oom_seen: u64,
 }
 
 /// How capture and input reach one display.
@@ -250,6 +272,7 @@ pub struct DesktopRuntime {
     gateway: Gateway,
     table: Mutex<Table>,
     events: broadcast::Sender<Teardown>,
+    freezes: broadcast::Sender<FreezeChange>,
     /// Whether the browser must run without its sandbox (we are root); probed once.
     as_root: tokio::sync::OnceCell<bool>,
     /// Set once what an earlier process left in this run directory was stopped.
@@ -262,6 +285,7 @@ impl DesktopRuntime {
         let gateway = Gateway::new(runner.clone(), config.run_dir.clone(), config.gateway_port)
             .listening_on(&config.gateway_host);
         let (events, _) = broadcast::channel(64);
+        let (freezes, _) = broadcast::channel(64);
         Self {
             runner,
             config,
@@ -271,6 +295,7 @@ impl DesktopRuntime {
                 controlled: HashSet::new(),
             }),
             events,
+            freezes,
             as_root: tokio::sync::OnceCell::new(),
             reaped: tokio::sync::OnceCell::new(),
         }
@@ -281,19 +306,198 @@ impl DesktopRuntime {
         self.events.subscribe()
     }
 
+    /// Freezes and thaws of desktops.
+    pub fn subscribe_freezes(&self) -> broadcast::Receiver<FreezeChange> {
+        self.freezes.subscribe()
+    }
+
     /// The machine's screen gateway.
     pub fn gateway(&self) -> &Gateway {
         &self.gateway
     }
 
-    /// Marks whether a user controls `bot_id`'s screen; controlled screens are never evicted.
+    /// Marks whether a user controls `bot_id`'s screen; controlled screens are never evicted
+    /// nor frozen.
     pub async fn set_controlled(&self, bot_id: &str, controlled: bool) {
         let mut table = self.table.lock().await;
         if controlled {
             table.controlled.insert(bot_id.to_string());
+            if let Some(i) = table.slot_of(bot_id)
+                && let SlotState::Active(screen) = &mut table.slots[i].state
+                && let Err(e) = self.thaw(screen).await
+            {
+                tracing::warn!(bot.id = bot_id, error = %e, "desktop.freeze.thaw_failed");
+            }
         } else {
             table.controlled.remove(bot_id);
         }
+    }
+
+    /// Thaws the bot's desktop if it is frozen and counts it as used (a call that reaches its
+    /// browser another way, such as DevTools).
+    pub async fn wake(&self, bot_id: &str) -> Result<(), DesktopError> {
+        let mut table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        screen.last_used = Instant::now();
+        self.thaw(screen).await
+    }
+
+    /// The bot's browser process on the machine, while its screen is open.
+    pub async fn browser_pid(&self, bot_id: &str) -> Option<u32> {
+        let table = self.table.lock().await;
+        let i = table.slot_of(bot_id)?;
+        match &table.slots[i].state {
+            SlotState::Active(sc) => sc.browser,
+            _ => None,
+        }
+    }
+
+    /// CPU time, OOM kills and frozen state of the bot's desktop group, read from the group.
+    pub async fn group_usage(&self, bot_id: &str) -> Result<super::cgroup::Usage, DesktopError> {
+        let tag = {
+            let table = self.table.lock().await;
+            let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+            match &table.slots[i].state {
+                SlotState::Active(sc) if sc.grouped => sc.tag.clone(),
+                _ => {
+                    return Err(DesktopError::Stack(
+                        "the desktop has no control group".into(),
+                    ));
+                }
+            }
+        };
+        let groups = self
+            .config
+            .groups
+            .as_ref()
+            .ok_or_else(|| DesktopError::Stack("the desktop has no control group".into()))?;
+        groups.usage(&tag).await
+    }
+
+    /// Whether the bot's desktop is frozen now.
+    pub async fn is_frozen(&self, bot_id: &str) -> bool {
+        let table = self.table.lock().await;
+        table
+            .slot_of(bot_id)
+            .is_some_and(|i| matches!(&table.slots[i].state, SlotState::Active(sc) if sc.frozen))
+    }
+
+    /// Freezes every desktop idle past `freeze_after`: no tool call for that long, no live
+    /// viewer capability, no user in control and no operation in progress. Returns how many
+    /// it froze.
+    pub async fn freeze_idle(&self) -> usize {
+        let (Some(groups), Some(after)) = (&self.config.groups, self.config.freeze_after) else {
+            return 0;
+        };
+        let mut table = self.table.lock().await;
+        let mut frozen = 0;
+        for i in 0..table.slots.len() {
+            let controlled = match &table.slots[i].state {
+                SlotState::Active(sc) => table.controlled.contains(&sc.bot_id),
+                _ => continue,
+            };
+            let SlotState::Active(screen) = &mut table.slots[i].state else {
+                continue;
+            };
+            if controlled
+                || screen.frozen
+                || !screen.grouped
+                || screen.busy.load(Ordering::SeqCst) > 0
+                || screen.last_used.elapsed() < after
+                || self.gateway.live_count(i as u32).await > 0
+            {
+                continue;
+            }
+            match groups.set_frozen(&screen.tag, true).await {
+                Ok(()) => {
+                    screen.frozen = true;
+                    frozen += 1;
+                    tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.screen.frozen");
+                    let _ = self.freezes.send(FreezeChange {
+                        bot_id: screen.bot_id.clone(),
+                        frozen: true,
+                    });
+                }
+                Err(e) => {
+                    // Half frozen is worse than not at all.
+                    let _ = groups.set_frozen(&screen.tag, false).await;
+                    tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.freeze.failed");
+                }
+            }
+        }
+        frozen
+    }
+
+    /// Runs [`Self::freeze_idle`] in the background while the runtime lives, when freezing is
+    /// configured.
+    pub fn start_freezer(self: &Arc<Self>) {
+        let Some(after) = self
+            .config
+            .freeze_after
+            .filter(|_| self.config.groups.is_some())
+        else {
+            return;
+        };
+        let tick = (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(runtime) = weak.upgrade() else { break };
+                runtime.freeze_idle().await;
+            }
+        });
+    }
+
+    /// Thaws a frozen screen.
+    async fn thaw(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        let Some(groups) = self.config.groups.as_ref().filter(|_| screen.frozen) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        groups.set_frozen(&screen.tag, false).await?;
+        screen.frozen = false;
+        tracing::info!(bot.id = %screen.bot_id, elapsed_us = started.elapsed().as_micros() as u64, "desktop.screen.thawed");
+        let _ = self.freezes.send(FreezeChange {
+            bot_id: screen.bot_id.clone(),
+            frozen: false,
+        });
+        Ok(())
+    }
+
+    /// Moves the screen's processes into its control group (creating it); a failure is logged
+    /// and the desktop runs without its limits.
+    async fn enter_group(&self, screen: &mut Screen) {
+        let Some(groups) = &self.config.groups else {
+            return;
+        };
+        match groups.enter(&screen.tag).await {
+            Ok(()) => screen.grouped = true,
+            Err(e) => {
+                tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.enter_failed")
+            }
+        }
+    }
+
+    /// What the bot must hear about its desktop's group since it last heard: processes the
+    /// OOM killer took at the memory ceiling (Chromium gives its renderers the first turn).
+    async fn group_notice(&self, screen: &mut Screen) -> Option<String> {
+        let groups = self.config.groups.as_ref().filter(|_| screen.grouped)?;
+        let usage = groups.usage(&screen.tag).await.ok()?;
+        if usage.oom_kills <= screen.oom_seen {
+            return None;
+        }
+        let lost = usage.oom_kills - screen.oom_seen;
+        screen.oom_seen = usage.oom_kills;
+        tracing::warn!(bot.id = %screen.bot_id, desktop.oom_kills = lost, "desktop.memory.ceiling_reached");
+        Some(format!(
+            "This desktop reached its memory ceiling ({} MiB) and lost {lost} browser process{} (a tab shows \"Aw, Snap!\" or closed): reload it or open a lighter page.",
+            groups.memory_mb(),
+            if lost == 1 { "" } else { "es" }
+        ))
     }
 
     /// The bot's screen, if one is open.
@@ -321,6 +525,9 @@ impl DesktopRuntime {
         check_id(bot_id)?;
         let mut table = self.table.lock().await;
         if let Some(i) = table.slot_of(bot_id) {
+            if let SlotState::Active(screen) = &mut table.slots[i].state {
+                self.thaw(screen).await?;
+            }
             self.ensure_browser(&mut table, i).await?;
             return Ok(handle(&table.slots[i], i));
         }
@@ -455,13 +662,15 @@ impl DesktopRuntime {
 
     /// Grants a view or control capability on the bot's screen through the gateway.
     pub async fn grant(&self, bot_id: &str, policy: Policy) -> Result<Capability, DesktopError> {
-        let table = self.table.lock().await;
+        let mut table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &table.slots[i].state else {
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
             unreachable!("slot_of finds active slots")
         };
+        self.thaw(screen).await?;
+        let display = screen.display;
         self.gateway
-            .grant(i as u32, table.slots[i].generation, screen.display, policy)
+            .grant(i as u32, table.slots[i].generation, display, policy)
             .await
     }
 
@@ -469,11 +678,13 @@ impl DesktopRuntime {
     /// browser), as the workspace user with the screen's environment; it is swept with the
     /// screen.
     pub async fn launch(&self, bot_id: &str, argv: Vec<String>) -> Result<(), DesktopError> {
-        let table = self.table.lock().await;
+        let mut table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &table.slots[i].state else {
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
             unreachable!("slot_of finds active slots")
         };
+        self.thaw(screen).await?;
+        screen.last_used = Instant::now();
         let workspace = self.config.workspace.to_string_lossy().into_owned();
         let spec = SpawnSpec {
             argv,
@@ -481,7 +692,9 @@ impl DesktopRuntime {
             cwd: workspace,
             log: String::new(),
         };
-        self.runner.spawn(&spec).await.map(|_| ())
+        self.runner.spawn(&spec).await?;
+        self.enter_group(screen).await;
+        Ok(())
     }
 
     /// Opens a URL or file in the bot's own browser: a second Chromium on the same profile
@@ -554,11 +767,12 @@ impl DesktopRuntime {
     /// file name there. The bridge is one of the screen's processes: teardown stops it.
     pub async fn devtools_bridge(&self, bot_id: &str, port: u16) -> Result<String, DesktopError> {
         let (tag, display) = {
-            let table = self.table.lock().await;
+            let mut table = self.table.lock().await;
             let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-            let SlotState::Active(screen) = &table.slots[i].state else {
+            let SlotState::Active(screen) = &mut table.slots[i].state else {
                 unreachable!("slot_of finds active slots")
             };
+            self.thaw(screen).await?;
             (screen.tag.clone(), screen.display)
         };
         let name = format!("cdp-{display}-{port}");
@@ -605,15 +819,24 @@ impl DesktopRuntime {
                 "the DevTools bridge did not start".into(),
             ));
         }
+        if let Some(groups) = &self.config.groups
+            && let Err(e) = groups.enter(&tag).await
+        {
+            tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.enter_failed");
+        }
         Ok(name)
     }
 
     /// A screenshot of the bot's screen.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
-        let (io, _busy) = self.use_screen(bot_id).await?;
+        let (io, _busy, notice) = self.use_screen(bot_id).await?;
         let x = match io {
             Io::X(x) => x,
-            Io::Commands(c) => return c.grab().await,
+            Io::Commands(c) => {
+                let mut observation = c.grab().await?;
+                observation.frame.notice = notice;
+                return Ok(observation);
+            }
         };
         tokio::task::spawn_blocking(move || {
             let x = x.lock().unwrap_or_else(|e| e.into_inner());
@@ -623,6 +846,7 @@ impl DesktopRuntime {
                     png: raw.encode_png()?,
                     width: raw.width,
                     height: raw.height,
+                    notice,
                 },
                 hash: raw.hash,
             })
@@ -634,16 +858,18 @@ impl DesktopRuntime {
     /// Applies `actions` in order, waits for the screen to settle and returns the frame. A
     /// failing action stops the batch; the result says how many completed and why.
     pub async fn act(&self, bot_id: &str, actions: &[Action]) -> Result<ActResult, DesktopError> {
-        let (io, _busy) = self.use_screen(bot_id).await?;
+        let (io, _busy, notice) = self.use_screen(bot_id).await?;
         let settle = self.config.settle;
         let x = match io {
             Io::X(x) => x,
             Io::Commands(c) => {
                 let (completed, error) = c.apply(actions).await;
+                let mut observation = c.settle(settle).await?;
+                observation.frame.notice = notice;
                 return Ok(ActResult {
                     completed,
                     error,
-                    observation: c.settle(settle).await?,
+                    observation,
                 });
             }
         };
@@ -671,6 +897,7 @@ impl DesktopRuntime {
                         png: raw.encode_png()?,
                         width: raw.width,
                         height: raw.height,
+                        notice,
                     },
                     hash: raw.hash,
                 },
@@ -680,20 +907,26 @@ impl DesktopRuntime {
         .map_err(|e| DesktopError::X(format!("input task: {e}")))?
     }
 
-    /// The display connection of the bot's screen, marking it used and busy.
-    async fn use_screen(&self, bot_id: &str) -> Result<(Io, BusyGuard), DesktopError> {
+    /// The display connection of the bot's screen, thawed, marked used and busy, with what
+    /// the bot must hear about its desktop.
+    async fn use_screen(
+        &self,
+        bot_id: &str,
+    ) -> Result<(Io, BusyGuard, Option<String>), DesktopError> {
         let mut table = self.table.lock().await;
         let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
         let SlotState::Active(screen) = &mut table.slots[i].state else {
             unreachable!("slot_of finds active slots")
         };
         screen.last_used = Instant::now();
+        self.thaw(screen).await?;
         let io = screen
             .io
             .clone()
             .ok_or_else(|| DesktopError::X("no display connection".into()))?;
+        let notice = self.group_notice(screen).await;
         screen.busy.fetch_add(1, Ordering::SeqCst);
-        Ok((io, BusyGuard(screen.busy.clone())))
+        Ok((io, BusyGuard(screen.busy.clone()), notice))
     }
 
     /// Ends slot `i`'s generation: announce, revoke capabilities, stop processes. On failure
@@ -758,6 +991,8 @@ impl DesktopRuntime {
     /// Stops a screen's processes, browser first (so it saves its session), clearing each pid
     /// once it is gone. The display number returns to the pool when all are gone.
     async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        // Frozen processes neither save their state nor die.
+        self.thaw(screen).await?;
         screen.io = None;
         self.quit_browser(screen).await?;
         if let Some(pid) = screen.wm {
@@ -786,6 +1021,16 @@ impl DesktopRuntime {
             self.runner.stop(pid, STACK_STOP_GRACE).await?;
             screen.xvfb = None;
             self.config.displays.release(screen.display);
+        }
+        if screen.grouped
+            && let Some(groups) = &self.config.groups
+        {
+            match groups.remove(&screen.tag).await {
+                Ok(()) => screen.grouped = false,
+                Err(e) => {
+                    tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.remove_failed")
+                }
+            }
         }
         Ok(())
     }
@@ -854,13 +1099,17 @@ impl DesktopRuntime {
         export: impl std::future::Future<Output = T>,
     ) -> Result<T, DesktopError> {
         let (written, running) = {
-            let table = self.table.lock().await;
+            let mut table = self.table.lock().await;
             let mut written = 0usize;
             let mut running = 0usize;
-            for slot in &table.slots {
-                if let SlotState::Active(screen) = &slot.state
+            for slot in &mut table.slots {
+                if let SlotState::Active(screen) = &mut slot.state
                     && screen.browser.is_some()
                 {
+                    // A frozen browser answers no DevTools call; the next sweep freezes it again.
+                    if let Err(e) = self.thaw(screen).await {
+                        tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.freeze.thaw_failed");
+                    }
                     running += 1;
                     if self.browser_devtools(screen, DevToolsAction::Save).await {
                         written += 1;
@@ -1017,6 +1266,9 @@ impl DesktopRuntime {
                 io: None,
                 last_used: Instant::now(),
                 busy: Arc::new(AtomicUsize::new(0)),
+                grouped: false,
+                frozen: false,
+                oom_seen: 0,
             };
             let io = if self.config.commands_only {
                 CommandScreen::connect(
@@ -1056,6 +1308,7 @@ impl DesktopRuntime {
                     return Err(e);
                 }
             }
+            self.enter_group(&mut screen).await;
             return Ok(screen);
         }
         Err(DesktopError::Stack("no free X display number".into()))
@@ -1162,6 +1415,8 @@ impl DesktopRuntime {
                 }
             }
         };
+        // Its group before it loads anything: the processes it forks from now on inherit it.
+        self.enter_group(screen).await;
         // The cookies saved at the last checkpoint or quit (the cookie database itself is not
         // in the archive, so a restored profile has only these).
         self.browser_devtools(screen, DevToolsAction::Load).await;

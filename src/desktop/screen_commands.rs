@@ -93,7 +93,12 @@ impl CommandScreen {
             .map_err(|_| DesktopError::X("capture helper printed no image".into()))?;
         Ok(Observation {
             hash: frame_hash(&png),
-            frame: Frame { png, width, height },
+            frame: Frame {
+                png,
+                width,
+                height,
+                notice: None,
+            },
         })
     }
 

@@ -87,6 +87,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 screen_limit: config.team_screen_limit as usize,
                 first_display: 1,
                 environment: environment.into(),
+                limits: config.desktop_limits,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=desktop: {e}"))?;
             Ok(Built {

@@ -62,7 +62,8 @@ impl ScreenAuthority {
             .await
             .map_err(unavailable)?
             .ok_or(rejected(RejectCause::NotFound))?;
-        let current = row.state == "active"
+        // A frozen desktop is the same generation: the viewer's connection thaws it.
+        let current = matches!(row.state.as_str(), "active" | "frozen")
             && row.slot == Some(i64::from(cap.slot))
             && row.generation == cap.generation as i64;
         if !current {

@@ -9,6 +9,10 @@
 mod authority;
 mod revoke;
 
+mod freeze_rows;
+
+pub use freeze_rows::follow_desktop_freezes;
+
 use std::sync::Arc;
 use std::time::Duration;
 

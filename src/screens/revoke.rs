@@ -217,7 +217,7 @@ pub async fn sweep(watch: &Watch) -> usize {
             continue;
         };
         let current = rows.iter().any(|r| {
-            r.state == "active"
+            matches!(r.state.as_str(), "active" | "frozen")
                 && r.slot == Some(i64::from(scope.slot))
                 && r.generation == scope.generation as i64
         });

@@ -128,6 +128,10 @@ impl ToolCtx<'_> {
             m.extend(e);
         }
         let mut content = Vec::new();
+        if let Some(notice) = &frame.notice {
+            meta["desktopNotice"] = json!(notice);
+            content.push(text(notice));
+        }
         if !self.vision {
             content.push(text("This caller reads no images: use browser_snapshot and browser_act for page text, or request_takeover."));
         } else if unchanged {

@@ -130,6 +130,8 @@ impl DockerProvider {
             x11_socket_dir: Some(PathBuf::from(&info.x11_dir)),
             commands_only: self.config.commands_only,
             gateway_host: "0.0.0.0".into(),
+            groups: None,
+            freeze_after: None,
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));
         Arc::new(Machine { info, runtime })

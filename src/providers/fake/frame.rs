@@ -35,5 +35,6 @@ pub fn render(state: &impl Hash) -> Result<Frame, ProviderError> {
         png,
         width: WIDTH,
         height: HEIGHT,
+        notice: None,
     })
 }

@@ -183,6 +183,8 @@ impl KubernetesProvider {
             x11_socket_dir: None,
             commands_only: true,
             gateway_host: "0.0.0.0".into(),
+            groups: None,
+            freeze_after: None,
         };
         let runtime = Arc::new(DesktopRuntime::new(
             Arc::new(PodRunner(exec.clone())),

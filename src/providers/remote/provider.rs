@@ -79,6 +79,8 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             commands_only: true,
             // The vendor's port proxy reaches the machine's interface, not its loopback.
             gateway_host: "0.0.0.0".into(),
+            groups: None,
+            freeze_after: None,
         };
         let runtime = Arc::new(DesktopRuntime::new(runner.clone(), config));
         Arc::new(Machine {

@@ -1,0 +1,150 @@
+//! What a desktop runtime asks of whoever owns its desktops' control groups ([`DesktopGroups`]),
+//! and the owner for desktops on this host ([`HostGroups`]: child groups of a `rakazo-<pid>`
+//! group this process creates under its own).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::DesktopError;
+use super::cgroup::{self, GroupError, Limits, Node, Usage, Version};
+
+/// Per-desktop control group settings (`SANDBOX_DESKTOP_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DesktopLimits {
+    /// CPU weight of each desktop's group (1 to 10000; 100 is an equal share).
+    pub cpu_weight: u32,
+    /// Memory ceiling of each desktop's group in MiB; 0 = none.
+    pub memory_mb: u64,
+    /// Freeze a desktop with no tool call, viewer or control for this long; `None` = never.
+    pub freeze_after: Option<Duration>,
+}
+
+impl DesktopLimits {
+    /// The group limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            cpu_weight: self.cpu_weight,
+            memory_bytes: self.memory_mb * 1024 * 1024,
+        }
+    }
+}
+
+/// The owner of a machine's desktop groups. A desktop is named by its processes' tag.
+#[async_trait]
+pub trait DesktopGroups: Send + Sync + std::fmt::Debug {
+    /// Creates the desktop's group with its limits if missing, and moves every process
+    /// carrying `tag` into it.
+    async fn enter(&self, tag: &str) -> Result<(), DesktopError>;
+    /// Freezes or thaws the desktop's processes.
+    async fn set_frozen(&self, tag: &str, frozen: bool) -> Result<(), DesktopError>;
+    /// CPU time, OOM kills and frozen state of the desktop's group.
+    async fn usage(&self, tag: &str) -> Result<Usage, DesktopError>;
+    /// Removes the desktop's group (its processes were stopped).
+    async fn remove(&self, tag: &str) -> Result<(), DesktopError>;
+    /// The memory ceiling in MiB (0 = none), for what a bot is told.
+    fn memory_mb(&self) -> u64;
+}
+
+fn err(e: GroupError) -> DesktopError {
+    DesktopError::Stack(e.to_string())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, GroupError> + Send + 'static,
+) -> Result<T, DesktopError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DesktopError::Stack(format!("control group task: {e}")))?
+        .map_err(err)
+}
+
+/// The group of this process under which every host desktop group lives, created once:
+/// `<own group>/rakazo-<pid>` with v1; `rakazo/server-<pid>` at the root with v2 (a group with
+/// processes, as this process's own is, cannot have child groups with controllers there).
+pub fn host_parent() -> Result<Node, GroupError> {
+    static PARENT: std::sync::OnceLock<Result<Node, String>> = std::sync::OnceLock::new();
+    PARENT
+        .get_or_init(|| {
+            let root = std::path::Path::new(cgroup::CGROUP_ROOT);
+            let version = cgroup::detect(root).map_err(|e| e.to_string())?;
+            let base = match version {
+                Version::V1 => Node::own(root, version).map_err(|e| e.to_string())?,
+                Version::V2 => {
+                    let base = Node::at(root, version, "rakazo");
+                    base.create().map_err(|e| e.to_string())?;
+                    base
+                }
+            };
+            let prefix = if version == Version::V1 {
+                "rakazo-"
+            } else {
+                "server-"
+            };
+            base.remove_stale_children(prefix);
+            let parent = base.child(&format!("{prefix}{}", std::process::id()));
+            parent.create().map_err(|e| e.to_string())?;
+            Ok(parent)
+        })
+        .clone()
+        .map_err(GroupError)
+}
+
+/// Desktop groups of one host machine: `<host parent>/<machine>/<desktop>`.
+#[derive(Debug)]
+pub struct HostGroups {
+    machine: Node,
+    limits: DesktopLimits,
+}
+
+impl HostGroups {
+    /// The groups of machine `name` (a short plain name), creating its group.
+    pub fn new(name: &str, limits: DesktopLimits) -> Result<Arc<Self>, GroupError> {
+        let machine = host_parent()?.child(name);
+        machine.create()?;
+        Ok(Arc::new(Self { machine, limits }))
+    }
+
+    /// The group of the desktop tagged `tag`.
+    pub fn node(&self, tag: &str) -> Node {
+        self.machine.child(&cgroup::group_name(tag))
+    }
+
+    /// Removes the machine's group (its desktops' groups were removed).
+    pub fn remove_machine(&self) {
+        let _ = self.machine.remove();
+    }
+}
+
+#[async_trait]
+impl DesktopGroups for HostGroups {
+    async fn enter(&self, tag: &str) -> Result<(), DesktopError> {
+        let (node, limits, tag) = (self.node(tag), self.limits.limits(), tag.to_owned());
+        blocking(move || {
+            node.create()?;
+            node.set_limits(limits)?;
+            node.place_tagged(&tag, None).map(|_| ())
+        })
+        .await
+    }
+
+    async fn set_frozen(&self, tag: &str, frozen: bool) -> Result<(), DesktopError> {
+        let node = self.node(tag);
+        blocking(move || node.set_frozen(frozen)).await
+    }
+
+    async fn usage(&self, tag: &str) -> Result<Usage, DesktopError> {
+        let node = self.node(tag);
+        blocking(move || node.usage()).await
+    }
+
+    async fn remove(&self, tag: &str) -> Result<(), DesktopError> {
+        let node = self.node(tag);
+        blocking(move || node.remove()).await
+    }
+
+    fn memory_mb(&self) -> u64 {
+        self.limits.memory_mb
+    }
+}

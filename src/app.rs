@@ -213,6 +213,9 @@ impl App {
                 ComputerReconciler::new(reconciled, every)
             })
         });
+        if config.role.worker() {
+            rakazo_actors::maintenance_job::listen(registry.clone(), &arbiter.handle());
+        }
         let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
         let proxy = ProxyState::new(
             keyring.clone(),

@@ -1,7 +1,8 @@
 //! Running one maintenance operation (see [`crate::maintenance`]) on this process's actors:
 //! claim it (once), beat its heartbeat while it works, report each lifecycle stage, and end
-//! it. [`publish`] is the one entry point: whatever hands a queued operation to a worker
-//! (the enqueueing request, the reconciler republishing a missed one) calls it.
+//! it. [`publish`] is the one entry point: whatever hands a queued operation to a worker calls
+//! it: [`listen`] for every operation announced as queued (by this process or, through the
+//! event relay, by an API process), and the reconciler for one whose announcement was missed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,9 @@ use std::time::Duration;
 use crate::checkpoint::Reason;
 use crate::computer::{Ensure, SaveWorkspace, TearDown};
 use crate::computers::Computers;
+use crate::events::Topic;
+use tokio::sync::broadcast::error::RecvError;
+
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::maintenance::{HEARTBEAT_EVERY_MS, Maintenance, OpKind, Stage};
 use crate::registry::Registry;
@@ -27,6 +31,33 @@ pub fn publish(registry: Arc<Registry>, op_id: String) {
     });
 }
 
+/// In a process that does the worker's part: hand every operation announced as `queued` to
+/// [`publish`], whichever process queued it (the announcement reaches the other processes
+/// through the event relay). Subscribes before it returns. An announcement missed here (a
+/// lagged subscriber, a relay gap) is caught by the reconciler's republish.
+pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle) {
+    if registry.runtime().provider.is_none() {
+        return;
+    }
+    let mut events = registry.runtime().events.subscribe();
+    arbiter.spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(e) if e.topic == Topic::MaintenanceChanged && e.data["state"] == "queued" => {
+                    if let Some(id) = e.data["id"].as_str() {
+                        publish(registry.clone(), id.to_owned());
+                    }
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::warn!(event = "maintenance.listen_lagged", missed);
+                }
+                Err(RecvError::Closed) => break,
+            }
+        }
+    });
+}
+
 /// Claim and run an operation as `worker`; whether this call ran it (false: it was claimed
 /// before, or is no longer queued).
 pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult<bool> {
@@ -36,6 +67,7 @@ pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult
         return Ok(false);
     };
     tracing::info!(event = "maintenance.claimed", operation.id = %op.id, computer.id = %op.computer_id, kind = %op.kind);
+    crate::maintenance::announce(&rt.events, &op);
     let beats = {
         let (ops, id, worker) = (ops.clone(), op.id.clone(), worker.to_owned());
         actix::spawn(async move {
@@ -54,12 +86,7 @@ pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult
     let ended = ops.finish(&op.id, worker, error.as_deref()).await?;
     tracing::info!(event = "maintenance.finished", operation.id = %op.id, computer.id = %op.computer_id,
         ok = outcome.is_ok(), ended);
-    let row = Computers::new(rt.db.clone()).get(&op.computer_id).await?;
-    rt.events.publish(
-        &row.space_id,
-        crate::events::Topic::MaintenanceChanged,
-        serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
-    );
+    crate::maintenance::announce(&rt.events, &ops.get(&op.id).await?);
     Ok(true)
 }
 
@@ -82,11 +109,7 @@ async fn work(
                 "the operation was interrupted",
             ));
         }
-        rt.events.publish(
-            &row.space_id,
-            crate::events::Topic::MaintenanceChanged,
-            serde_json::json!({ "id": op.id, "computerId": op.computer_id, "stage": stage.as_str() }),
-        );
+        crate::maintenance::announce(&rt.events, &ops.get(&op.id).await?);
         Ok(())
     };
     if kind != OpKind::Reset {

@@ -2,7 +2,8 @@
 //! claim it (once), beat its heartbeat while it works, report each lifecycle stage, and end
 //! it. [`publish`] is the one entry point: whatever hands a queued operation to a worker calls
 //! it: [`listen`] for every operation announced as queued (by this process or, through the
-//! event relay, by an API process), and the reconciler for one whose announcement was missed.
+//! event relay, by another one; the reconciler announces a missed one again). The process
+//! that holds the computer runs the operation.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::maintenance::{HEARTBEAT_EVERY_MS, Maintenance, OpKind, Stage};
+use crate::owners::{Owner, Owners};
 use crate::registry::Registry;
 
 /// The note of a recovery whose live work could not be saved.
@@ -31,11 +33,16 @@ pub fn publish(registry: Arc<Registry>, op_id: String) {
     });
 }
 
-/// In a process that does the worker's part: hand every operation announced as `queued` to
-/// [`publish`], whichever process queued it (the announcement reaches the other processes
-/// through the event relay). Subscribes before it returns. An announcement missed here (a
-/// lagged subscriber, a relay gap) is caught by the reconciler's republish.
-pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle) {
+/// Hand every operation announced as `queued` to [`publish`], whichever process queued it
+/// (the announcement reaches the other processes through the event relay); [`run`] leaves it
+/// to the process that holds its computer, or takes the computer over when no live process
+/// does. Every process with a provider listens (an API-only process may hold computers).
+/// Subscribes before it returns. An announcement missed here (a lagged subscriber, a relay
+/// gap) is caught by the reconciler, which announces queued operations again.
+///
+/// `takes_free`: whether this process takes over computers no live process holds (a process
+/// doing the worker's part); one that does not runs only what it already holds.
+pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle, takes_free: bool) {
     if registry.runtime().provider.is_none() {
         return;
     }
@@ -44,9 +51,20 @@ pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle) {
         loop {
             match events.recv().await {
                 Ok(e) if e.topic == Topic::MaintenanceChanged && e.data["state"] == "queued" => {
-                    if let Some(id) = e.data["id"].as_str() {
-                        publish(registry.clone(), id.to_owned());
+                    let (Some(id), Some(computer)) =
+                        (e.data["id"].as_str(), e.data["computerId"].as_str())
+                    else {
+                        continue;
+                    };
+                    if !takes_free {
+                        let held = Owners::new(registry.runtime().db.clone())
+                            .holder(computer)
+                            .await;
+                        if !matches!(held, Ok(Some(Owner::Me))) {
+                            continue;
+                        }
                     }
+                    publish(registry.clone(), id.to_owned());
                 }
                 Ok(_) => {}
                 Err(RecvError::Lagged(missed)) => {
@@ -59,10 +77,23 @@ pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle) {
 }
 
 /// Claim and run an operation as `worker`; whether this call ran it (false: it was claimed
-/// before, or is no longer queued).
+/// before, is no longer queued, or another live process holds its computer).
 pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult<bool> {
     let rt = registry.runtime().clone();
     let ops = Maintenance::new(rt.db.clone(), rt.clock.clone());
+    // The process that holds the computer runs its operations (they tear down and provision
+    // its machine); one no live process holds is taken over here.
+    let queued = ops.get(op_id).await?;
+    if queued.state != crate::maintenance::OpState::Queued.as_str() {
+        return Ok(false);
+    }
+    if let Owner::Elsewhere { process_id, .. } = Owners::new(rt.db.clone())
+        .claim(&queued.computer_id)
+        .await?
+    {
+        tracing::debug!(event = "maintenance.left_to_owner", operation.id = %op_id, process.id = %process_id);
+        return Ok(false);
+    }
     let Some(op) = ops.claim(op_id, worker).await? else {
         return Ok(false);
     };

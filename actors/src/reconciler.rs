@@ -176,7 +176,8 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
         for op in ops.republish_due(REPUBLISH_AFTER_MS).await? {
             done.republished += 1;
             tracing::info!(event = "maintenance.republished", operation.id = %op.id);
-            crate::maintenance_job::publish(registry.clone(), op.id);
+            // To every process: the one holding the computer runs it.
+            crate::maintenance::announce(&rt.events, &op);
         }
     }
 

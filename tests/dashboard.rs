@@ -1390,7 +1390,8 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
 /// the pill opens the maintenance dialog; when the worker stops beating, the operation turns
 /// interrupted; a reload restores it and an earlier failure from the API; the interrupted
 /// dialog releases only after the explicit confirmation, then Recover runs a real recovery;
-/// Update from a computer's row runs a real update.
+/// Update from a computer's row runs a real update, its new machine's preparation stages
+/// (image build, then container start) shown on the computer's row.
 #[actix_rt::test]
 async fn maintenance_pill_and_dialogs_in_headless_chromium() {
     use rakazo_actors::computers::Computers;
@@ -1596,7 +1597,9 @@ async fn maintenance_pill_and_dialogs_in_headless_chromium() {
     cdp.eval("document.getElementById('maint-dialog').open && document.getElementById('maint-dialog').close(); true")
         .await;
 
-    // Update from B's row runs a real update.
+    // Update from B's row runs a real update; its new machine's preparation (an image build
+    // first, held here) shows on the computer's row through the actor's events.
+    let building = s.app.fake.clone().unwrap().hold_image_build().await;
     cdp.click(&format!("[data-computer=\"{b}\"] [data-action=update]"))
         .await;
     cdp.wait_present(
@@ -1607,9 +1610,27 @@ async fn maintenance_pill_and_dialogs_in_headless_chromium() {
     .await;
     cdp.click("#maint-dialog [data-action=confirm-update]")
         .await;
+    let preparing = format!("[data-computer=\"{b}\"] .state[data-stage=image_build]");
+    cdp.wait_text(
+        "image build shown",
+        &preparing,
+        "building the computer image",
+        long,
+    )
+    .await;
+    cdp.wait_data(
+        "update at provisioning",
+        &format!(".pill[data-computer=\"{b}\"][data-state=running]"),
+        "stage",
+        "provisioning",
+        long,
+    )
+    .await;
+    cdp.shot("15-preparing-image-build").await;
+    drop(building);
     let updated = format!(".pill[data-computer=\"{b}\"][data-state=completed]");
     cdp.wait_present("update completed", &updated, long).await;
-    cdp.shot("15-updated").await;
+    cdp.shot("16-updated").await;
 
     let problems: Vec<&String> = cdp
         .logs

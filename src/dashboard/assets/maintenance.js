@@ -55,9 +55,12 @@ export class Maintenance {
     const { operations } = await rpc("computer.operations", { spaceId: space });
     if (space !== state.spaceId) return;
     const listed = new Set(operations.map((o) => o.id));
-    // An active one that is no longer listed ended while we were not told.
+    // An active one that is no longer listed ended while we were not told: a running one
+    // completed (failures stay listed), an interrupted one was released.
     for (const [id, op] of this.ops) {
-      if (!listed.has(id) && ACTIVE.has(op.state)) this.ops.set(id, { ...op, state: "completed" });
+      if (!listed.has(id) && ACTIVE.has(op.state)) {
+        this.ops.set(id, { ...op, state: op.state === "interrupted" ? "released" : "completed" });
+      }
     }
     for (const o of operations) this.ops.set(o.id, o);
     this.render();

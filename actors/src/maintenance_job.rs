@@ -8,13 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::broadcast::error::RecvError;
+
 use crate::checkpoint::Reason;
 use crate::computer::{Ensure, SaveWorkspace, TearDown};
 use crate::computers::Computers;
-use crate::events::Topic;
-use tokio::sync::broadcast::error::RecvError;
-
 use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::events::Topic;
 use crate::maintenance::{HEARTBEAT_EVERY_MS, Maintenance, OpKind, Stage};
 use crate::owners::{Owner, Owners};
 use crate::registry::Registry;

@@ -216,6 +216,11 @@ impl App {
                 ComputerReconciler::new(reconciled, every)
             })
         });
+        rakazo_actors::maintenance_job::listen(
+            registry.clone(),
+            &arbiter.handle(),
+            config.role.worker(),
+        );
         let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
         let proxy = ProxyState::new(
             keyring.clone(),

@@ -5,7 +5,8 @@
 //! `target/dashboard-artifacts/`. The Terminal window runs against a docker computer, whose
 //! shell is real (host computers never expose one). Screen isolation: a bot serving its own page
 //! on its gateway port never has it shown, and a script inside a screen frame reaches neither
-//! the dashboard's token nor the API.
+//! the dashboard's token nor the API. Computer maintenance: the background pill with the live
+//! stage, the maintenance dialog, the interrupted dialog's explicit release, Update and Recover.
 
 mod common;
 mod docker_support;
@@ -1381,5 +1382,261 @@ async fn a_screen_cannot_read_the_dashboards_token_or_call_the_api() {
         !log.iter().any(|l| l.contains(&token)),
         "the bot got the token: {log:#?}"
     );
+    drop(browser);
+}
+
+/// Computer maintenance in the dashboard (fake provider): an update a worker runs stage by
+/// stage shows as a compact pill whose stage follows the real `maintenance.changed` events,
+/// the pill opens the maintenance dialog; when the worker stops beating, the operation turns
+/// interrupted; a reload restores it and an earlier failure from the API; the interrupted
+/// dialog releases only after the explicit confirmation, then Recover runs a real recovery;
+/// Update from a computer's row runs a real update, its new machine's preparation stages
+/// (image build, then container start) shown on the computer's row.
+#[actix_rt::test]
+async fn maintenance_pill_and_dialogs_in_headless_chromium() {
+    use rakazo_actors::computers::Computers;
+    use rakazo_actors::maintenance::{Maintenance, OpKind, Stage, announce};
+    use rakazo_actors::reconciler::ReconcileNow;
+
+    let Some(bin) = chromium() else {
+        common::gate::missing("chromium", common::gate::CHROMIUM);
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_IDLE_MS", "0")])
+        .await
+        .unwrap();
+    let (_, bots) = s.space_with_bots(2, "private").await;
+    let mut computers = Vec::new();
+    for bot in &bots {
+        let (run, fence) = s.start_run(bot).await;
+        s.exec(&run, fence, "echo up").await.unwrap();
+        s.ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+        let id = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        computers.push(id);
+    }
+    let (a, b) = (computers[0].clone(), computers[1].clone());
+    let rt = s.app.runtime().clone();
+    let ops = Maintenance::new(s.app.db.clone(), rt.clock.clone());
+    let rows = Computers::new(s.app.db.clone());
+    // B: an update that failed before the page was opened.
+    let failed = ops
+        .enqueue(&rows.get(&b).await.unwrap(), OpKind::Update, "someone")
+        .await
+        .unwrap();
+    ops.claim(&failed.id, "worker@gone").await.unwrap().unwrap();
+    ops.finish(
+        &failed.id,
+        "worker@gone",
+        Some("the live workspace could not be saved"),
+    )
+    .await
+    .unwrap();
+    // A: an update this test runs as its worker, one stage at a time.
+    let op = ops
+        .enqueue(&rows.get(&a).await.unwrap(), OpKind::Update, "someone")
+        .await
+        .unwrap();
+    ops.claim(&op.id, "worker@test").await.unwrap().unwrap();
+    assert!(
+        ops.stage(&op.id, "worker@test", Stage::Checkpointing)
+            .await
+            .unwrap()
+    );
+    announce(&rt.events, &ops.get(&op.id).await.unwrap());
+
+    let browser = Browser::launch(bin).await;
+    let mut cdp = browser.page().await;
+    let long = Duration::from_secs(60);
+    cdp.sign_in(&s.base, &s.operator_token).await;
+    cdp.wait_for(
+        "live events",
+        "document.getElementById('live').dataset.state === 'live'",
+        long,
+    )
+    .await;
+    let pill = format!(".pill[data-op=\"{}\"]", op.id);
+    let failed_pill = format!(".pill[data-op=\"{}\"]", failed.id);
+    cdp.wait_data("running pill", &pill, "stage", "checkpointing", long)
+        .await;
+    cdp.wait_data("failed pill", &failed_pill, "state", "failed", long)
+        .await;
+    // While it runs, the computer offers no second operation.
+    assert_eq!(
+        cdp.eval(&format!(
+            "document.querySelector('[data-computer=\"{a}\"] [data-action=update]').disabled"
+        ))
+        .await,
+        json!(true)
+    );
+    // The next stage arrives live.
+    assert!(
+        ops.stage(&op.id, "worker@test", Stage::TearingDown)
+            .await
+            .unwrap()
+    );
+    announce(&rt.events, &ops.get(&op.id).await.unwrap());
+    cdp.wait_data("live stage", &pill, "stage", "tearing_down", long)
+        .await;
+    cdp.wait_text("pill text", &pill, "Removing the old machine", long)
+        .await;
+    cdp.shot("11-maintenance-pill").await;
+
+    // The pill opens the dialog with the stages reached.
+    cdp.click(&pill).await;
+    cdp.wait_for(
+        "maintenance dialog",
+        "document.getElementById('maint-dialog').open && document.querySelector('#maint-dialog [data-stage=tearing_down]')?.dataset.status === 'current'",
+        long,
+    )
+    .await;
+    assert_eq!(
+        cdp.eval(
+            "document.querySelector('#maint-dialog [data-stage=checkpointing]').dataset.status"
+        )
+        .await,
+        json!("done")
+    );
+    cdp.shot("12-maintenance-dialog").await;
+    cdp.click("#maint-dialog [data-action=close]").await;
+    cdp.wait_for(
+        "dialog closed",
+        "!document.getElementById('maint-dialog').open",
+        long,
+    )
+    .await;
+
+    // The worker stops beating: after the timeout the reconciler marks it interrupted.
+    rt.clock.advance(Duration::from_secs(11 * 60));
+    let pass = s
+        .app
+        .computer_reconciler
+        .as_ref()
+        .unwrap()
+        .send(ReconcileNow)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(pass.interrupted, 1);
+    cdp.wait_data("interrupted pill", &pill, "state", "interrupted", long)
+        .await;
+
+    // Reopening the page restores the interrupted operation and the failure from the API.
+    cdp.call("Page.reload", json!({})).await;
+    cdp.wait_for(
+        "restored after reload",
+        &format!(
+            "document.querySelector('{pill}')?.dataset.state === 'interrupted' && document.querySelector('{failed_pill}')?.dataset.state === 'failed'"
+        ),
+        long,
+    )
+    .await;
+    cdp.wait_for(
+        "live after reload",
+        "document.getElementById('live').dataset.state === 'live'",
+        long,
+    )
+    .await;
+
+    // The interrupted dialog: Release stays disabled until the explicit confirmation.
+    cdp.click(&pill).await;
+    cdp.wait_present(
+        "interrupted dialog",
+        "#maint-dialog [data-view=interrupted] [data-role=workers-stopped]",
+        long,
+    )
+    .await;
+    let release = "#maint-dialog [data-action=release-interrupted]";
+    assert_eq!(
+        cdp.eval(&format!("document.querySelector('{release}').disabled"))
+            .await,
+        json!(true)
+    );
+    cdp.click(release).await;
+    assert_eq!(
+        ops.get(&op.id).await.unwrap().state,
+        "interrupted",
+        "no release without the confirmation"
+    );
+    cdp.click("#maint-dialog [data-role=workers-stopped]").await;
+    cdp.shot("13-interrupted-dialog").await;
+    cdp.click(release).await;
+    cdp.wait_data("released", &pill, "state", "released", long)
+        .await;
+    assert_eq!(ops.get(&op.id).await.unwrap().state, "released");
+
+    // Recovery is available: confirm it (the warning says unsaved work may be lost).
+    cdp.wait_present(
+        "recover offered",
+        "#maint-dialog [data-action=recover-from-dialog]",
+        long,
+    )
+    .await;
+    cdp.click("#maint-dialog [data-action=recover-from-dialog]")
+        .await;
+    cdp.wait_text(
+        "recover warning",
+        "#maint-dialog [data-view=confirm-recover]",
+        "unsaved work may be lost",
+        long,
+    )
+    .await;
+    cdp.click("#maint-dialog [data-action=confirm-recover]")
+        .await;
+    let recovered = format!(".pill[data-computer=\"{a}\"][data-state=completed]");
+    cdp.wait_present("recovery completed", &recovered, long)
+        .await;
+    cdp.shot("14-recovered").await;
+    cdp.eval("document.getElementById('maint-dialog').open && document.getElementById('maint-dialog').close(); true")
+        .await;
+
+    // Update from B's row runs a real update; its new machine's preparation (an image build
+    // first, held here) shows on the computer's row through the actor's events.
+    let building = s.app.fake.clone().unwrap().hold_image_build().await;
+    cdp.click(&format!("[data-computer=\"{b}\"] [data-action=update]"))
+        .await;
+    cdp.wait_present(
+        "update confirmation",
+        "#maint-dialog [data-view=confirm-update]",
+        long,
+    )
+    .await;
+    cdp.click("#maint-dialog [data-action=confirm-update]")
+        .await;
+    let preparing = format!("[data-computer=\"{b}\"] .state[data-stage=image_build]");
+    cdp.wait_text(
+        "image build shown",
+        &preparing,
+        "building the computer image",
+        long,
+    )
+    .await;
+    cdp.wait_data(
+        "update at provisioning",
+        &format!(".pill[data-computer=\"{b}\"][data-state=running]"),
+        "stage",
+        "provisioning",
+        long,
+    )
+    .await;
+    cdp.shot("15-preparing-image-build").await;
+    drop(building);
+    let updated = format!(".pill[data-computer=\"{b}\"][data-state=completed]");
+    cdp.wait_present("update completed", &updated, long).await;
+    cdp.shot("16-updated").await;
+
+    let problems: Vec<&String> = cdp
+        .logs
+        .iter()
+        .filter(|l| l.starts_with("exception") || l.contains("Content Security Policy"))
+        .collect();
+    assert!(problems.is_empty(), "page problems: {problems:?}");
     drop(browser);
 }

@@ -72,6 +72,36 @@ async fn gateway_greeting(port: u16, token: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// The stages a provider reports while it readies a machine.
+async fn preparation(p: &DockerProvider) -> (Vec<&'static str>, bool) {
+    let seen = std::sync::Mutex::new(Vec::new());
+    let ok = p
+        .prepare(&|stage| seen.lock().unwrap().push(stage.as_str()))
+        .await
+        .is_ok();
+    (seen.into_inner().unwrap(), ok)
+}
+
+/// With the image present a new machine's preparation is the container start only; with it
+/// missing the image build comes first (a supervisor that builds no image refuses it).
+#[actix_rt::test]
+async fn preparation_reports_the_image_build_then_the_container_start() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    assert_eq!(
+        preparation(&sup.provider()).await,
+        (vec!["container_start"], true)
+    );
+    let missing =
+        TestSupervisor::start_with_image(&format!("rakazo-computer:{}", unique("missing")));
+    assert_eq!(
+        preparation(&missing.provider()).await,
+        (vec!["image_build"], false)
+    );
+}
+
 #[actix_rt::test]
 async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     if !docker_ready() {

@@ -911,3 +911,259 @@ async fn a_worker_killed_mid_update_leaves_an_interrupted_reserved_job_that_rele
         .await;
     assert_eq!(listed["operations"], json!([]));
 }
+
+// --- computer-mode changes ------------------------------------------------------------------
+
+#[actix_rt::test]
+async fn a_computer_mode_change_runs_under_the_maintenance_reservation() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let u = up(&s, 2, "team").await;
+    let mode = async |bot: &str, to: &str| {
+        s.call(
+            "bot.setComputerMode",
+            json!({ "botId": bot, "computerMode": to }),
+        )
+        .await
+    };
+    // A bot that drives its computer is refused; an unknown mode is bad input.
+    assert_eq!(code(mode(&u.bots[0], "private").await), "STOP_BOT_FIRST");
+    assert_eq!(code(mode(&u.bots[1], "shared").await), "INVALID_PARAMS");
+    finish(&s, &u).await;
+
+    // During a maintenance job on the Team Computer: refused with the reservation's code.
+    let ops = Maintenance::new(s.app.db.clone(), s.app.runtime().clock.clone());
+    let row = Computers::new(s.app.db.clone()).get(&u.id).await.unwrap();
+    let op = ops.enqueue(&row, OpKind::Update, "someone").await.unwrap();
+    assert_eq!(code(mode(&u.bots[1], "private").await), "COMPUTER_RESERVED");
+    assert!(ops.claim(&op.id, "worker@test").await.unwrap().is_some());
+    assert_eq!(code(mode(&u.bots[1], "private").await), "COMPUTER_RESERVED");
+    assert!(ops.finish(&op.id, "worker@test", None).await.unwrap());
+
+    // The change itself reserves: while it holds the Team Computer, no run starts, no person
+    // takes control, no operation and no other mode change begins.
+    let bot = rakazo_actors::entity::bot::Entity::find_by_id(&u.bots[1])
+        .one(&s.app.db)
+        .await
+        .unwrap()
+        .unwrap();
+    let changed =
+        rakazo_actors::computer_mode::change_with(&s.app.db, &bot, "private", async || {
+            for (method, params) in [
+                ("run.start", json!({ "botId": u.bots[0] })),
+                ("computer.takeControl", json!({ "botId": u.bots[0] })),
+                ("computer.update", json!({ "computerId": u.id })),
+                ("computer.stop", json!({ "computerId": u.id })),
+                (
+                    "bot.setComputerMode",
+                    json!({ "botId": u.bots[0], "computerMode": "private" }),
+                ),
+            ] {
+                assert_eq!(
+                    code(s.call(method, params).await),
+                    "COMPUTER_RESERVED",
+                    "{method}"
+                );
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(changed.computer_mode, "private");
+
+    // Released after: the bot has a computer of its own, the Team Computer takes runs again.
+    let own = s.ok("computer.forBot", json!({ "botId": u.bots[1] })).await;
+    assert_eq!(own["kind"], "private");
+    assert_ne!(own["id"], json!(u.id));
+    let (run, fence) = s.start_run(&u.bots[0]).await;
+    // Moving back reserves both computers: the Team Computer, where bot 0 now runs, is no
+    // obstacle (a lease of another bot), its own computer is free.
+    let back = mode(&u.bots[1], "team").await.unwrap();
+    assert_eq!(back["computerMode"], "team");
+    // A job on its own computer refuses the move (the target is reserved too).
+    let own_row = Computers::new(s.app.db.clone())
+        .get(own["id"].as_str().unwrap())
+        .await
+        .unwrap();
+    let held = ops
+        .enqueue(&own_row, OpKind::Reset, "someone")
+        .await
+        .unwrap();
+    assert_eq!(code(mode(&u.bots[1], "private").await), "COMPUTER_RESERVED");
+    assert!(ops.claim(&held.id, "worker@test").await.unwrap().is_some());
+    assert!(ops.finish(&held.id, "worker@test", None).await.unwrap());
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+}
+
+// --- deleting a space or a user -------------------------------------------------------------
+
+async fn deleting_keeps_computer_runs(backend: Backend) {
+    let Some(s) = TestServer::start(backend, &[]).await else {
+        return;
+    };
+    let user = s.ok("user.create", json!({ "name": "Owner" })).await;
+    let (uid, token) = (
+        user["id"].as_str().unwrap().to_owned(),
+        user["token"].as_str().unwrap().to_owned(),
+    );
+    let as_user = async |method: &str, params: Value| {
+        s.call_as(&token, method, params.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {params}: {e:?}"))
+    };
+    // Two spaces of the user, each with a computer that ran and stopped.
+    let mut spaces = Vec::new();
+    for name in ["First", "Second"] {
+        let space = as_user("space.create", json!({ "name": name })).await["id"].clone();
+        let bot = as_user(
+            "bot.create",
+            json!({ "spaceId": space, "name": "b", "computerMode": "private" }),
+        )
+        .await["id"]
+            .clone();
+        let started = as_user("run.start", json!({ "botId": bot })).await;
+        let (run, fence) = (
+            started["run"]["id"].clone(),
+            started["lease"]["fence"].clone(),
+        );
+        as_user(
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "command": "true" }),
+        )
+        .await;
+        as_user(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+        let computer = as_user("computer.forBot", json!({ "botId": bot })).await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        as_user("computer.stop", json!({ "computerId": computer })).await;
+        spaces.push((space.as_str().unwrap().to_owned(), bot, computer));
+    }
+    let runs_of = async |computer: &str| -> Vec<computer_run::Model> {
+        computer_run::Entity::find()
+            .filter(computer_run::Column::ComputerId.eq(computer))
+            .all(&s.app.db)
+            .await
+            .unwrap()
+    };
+    for (space, _, computer) in &spaces {
+        let rows = runs_of(computer).await;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].space_id.as_deref(), Some(space.as_str()));
+        assert_eq!(rows[0].user_id.as_deref(), Some(uid.as_str()));
+    }
+
+    // Who may: the owner or the operator; a member is refused, a stranger does not see it.
+    let (first, first_bot, first_computer) = spaces[0].clone();
+    let member = s.member_token(&first).await;
+    let stranger = s.ok("user.create", json!({ "name": "Stranger" })).await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let del = json!({ "spaceId": first });
+    assert_eq!(
+        code(s.call_as(&member, "space.delete", del.clone()).await),
+        "FORBIDDEN"
+    );
+    assert_eq!(
+        code(s.call_as(&stranger, "space.delete", del.clone()).await),
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        code(
+            s.call_as(&token, "user.delete", json!({ "userId": uid }))
+                .await
+        ),
+        "FORBIDDEN"
+    );
+    // A bot that drives refuses it, and nothing is deleted.
+    let started = as_user("run.start", json!({ "botId": first_bot })).await;
+    assert_eq!(
+        code(s.call_as(&token, "space.delete", del.clone()).await),
+        "LEASE_HELD"
+    );
+    as_user(
+        "run.finish",
+        json!({ "runId": started["run"]["id"], "fence": started["lease"]["fence"], "outcome": "completed" }),
+    )
+    .await;
+    as_user("computer.stop", json!({ "computerId": first_computer })).await;
+
+    // The owner deletes the first space: its runs stay, with the space cleared.
+    as_user("space.delete", del.clone()).await;
+    assert_eq!(
+        code(
+            s.call_as(&token, "bot.list", json!({ "spaceId": first }))
+                .await
+        ),
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        code(
+            s.call("computer.get", json!({ "computerId": first_computer }))
+                .await
+        ),
+        "NOT_FOUND"
+    );
+    let kept = runs_of(&first_computer).await;
+    assert!(!kept.is_empty());
+    assert!(kept.iter().all(|r| r.space_id.is_none()
+        && r.user_id.as_deref() == Some(uid.as_str())
+        && r.ended_at_ms.is_some()));
+
+    // The operator deletes the user, and with them their other space.
+    assert_eq!(
+        code(
+            s.call("user.delete", json!({ "userId": "no-such-user" }))
+                .await
+        ),
+        "NOT_FOUND"
+    );
+    s.ok("user.delete", json!({ "userId": uid })).await;
+    assert_eq!(
+        code(s.call_as(&token, "space.list", json!({})).await),
+        "UNAUTHORIZED"
+    );
+    let (second, _, second_computer) = &spaces[1];
+    assert_eq!(
+        code(s.call("bot.list", json!({ "spaceId": second })).await),
+        "NOT_FOUND"
+    );
+    for computer in [&first_computer, second_computer] {
+        let rows = runs_of(computer).await;
+        assert!(!rows.is_empty());
+        assert!(
+            rows.iter()
+                .all(|r| r.space_id.is_none() && r.user_id.is_none()),
+            "{rows:?}"
+        );
+    }
+    // The operator is not deleted.
+    let me = s.ok("space.create", json!({ "name": "Mine" })).await;
+    let operator = rakazo_actors::entity::space::Entity::find_by_id(me["id"].as_str().unwrap())
+        .one(&s.app.db)
+        .await
+        .unwrap()
+        .unwrap()
+        .owner_id;
+    assert_eq!(
+        code(s.call("user.delete", json!({ "userId": operator })).await),
+        "INVALID_PARAMS"
+    );
+}
+
+#[actix_rt::test]
+async fn deleting_a_space_or_a_user_keeps_their_computer_runs_on_sqlite() {
+    deleting_keeps_computer_runs(Backend::Sqlite).await;
+}
+
+#[actix_rt::test]
+async fn deleting_a_space_or_a_user_keeps_their_computer_runs_on_postgres() {
+    deleting_keeps_computer_runs(Backend::Postgres).await;
+}

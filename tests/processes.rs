@@ -32,6 +32,16 @@ struct Proc {
 impl Proc {
     /// Starts `rakazo <args>` on `data_dir` and `db`, waiting for its health.
     async fn start(args: &[&str], data_dir: &std::path::Path, db: &str) -> Proc {
+        Self::start_with(args, data_dir, db, &[]).await
+    }
+
+    /// [`Proc::start`] with more environment.
+    async fn start_with(
+        args: &[&str],
+        data_dir: &std::path::Path,
+        db: &str,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -48,6 +58,7 @@ impl Proc {
             .env("SANDBOX_IDLE_MS", "3000")
             .env("RAKAZO_PROCESS_GONE_MS", GONE_MS)
             .env("RAKAZO_RECONCILE_INTERVAL_MS", "1000")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -425,6 +436,157 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     )
     .await;
     drop(worker);
+}
+
+/// Operations are handed over by announcement, whichever process queued them: one on a
+/// computer the API process holds runs there (it tears down and provisions that machine);
+/// one on a computer no process holds is run by the worker process at once, the queued
+/// announcement reaching it through the event relay (its reconciler, which would announce a
+/// missed one again, passes only at start-up here).
+#[actix_rt::test]
+async fn a_queued_operation_runs_where_its_computer_is_held_or_on_the_worker() {
+    use rakazo_actors::entity::maintenance_operation;
+    let Some(admin) = common::postgres_admin_url() else {
+        return;
+    };
+    let url = common::fresh_postgres_db(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .arg("migrate")
+        .env("DATA_DIR", dir.path())
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut api = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let worker = Proc::start_with(
+        &["worker"],
+        dir.path(),
+        &url,
+        &[("RAKAZO_RECONCILE_INTERVAL_MS", "3600000")],
+    )
+    .await;
+    let token = std::fs::read_to_string(dir.path().join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let api_a = Api::new(&api, &token);
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    let space = api_a.ok("space.create", json!({ "name": "Ops" })).await["id"].clone();
+    let bot = api_a
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "b", "computerMode": "private" }),
+        )
+        .await["id"]
+        .clone();
+    let started = api_a.ok("run.start", json!({ "botId": bot })).await;
+    let (run, fence) = (
+        started["run"]["id"].clone(),
+        started["lease"]["fence"].clone(),
+    );
+    api_a
+        .ok(
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "command": "echo kept > kept.txt" }),
+        )
+        .await;
+    api_a
+        .ok(
+            "run.finish",
+            json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+        )
+        .await;
+    let computer = api_a.ok("computer.forBot", json!({ "botId": bot })).await["id"].clone();
+    let api_address = address(&db, &owner(&db, computer.as_str().unwrap()).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(api_address, api.base, "the API process holds the computer");
+    let ran_by = async |method: &str| -> String {
+        let op = api_a.ok(method, json!({ "computerId": computer })).await;
+        let id = op["id"].as_str().unwrap().to_owned();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let done = loop {
+            let row = maintenance_operation::Entity::find_by_id(&id)
+                .one(&db)
+                .await
+                .unwrap()
+                .unwrap();
+            if matches!(row.state.as_str(), "completed" | "failed") {
+                break row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the queued operation runs: {row:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(done.state, "completed", "{done:?}");
+        let process = done
+            .worker_id
+            .unwrap()
+            .rsplit_once('@')
+            .unwrap()
+            .1
+            .to_owned();
+        address(&db, &process).await.unwrap()
+    };
+    assert_eq!(ran_by("computer.update").await, api.base);
+    // The API process dies: once it is gone nothing holds the computer, and an operation
+    // queued through another API process is run by the worker.
+    api_a
+        .ok("computer.stop", json!({ "computerId": computer }))
+        .await;
+    api.kill();
+    wait_for(
+        "the dead process's claim is dropped",
+        Duration::from_secs(60),
+        || {
+            let (db, id) = (db.clone(), computer.as_str().unwrap().to_owned());
+            async move { owner(&db, &id).await.is_none() }
+        },
+    )
+    .await;
+    let api2 = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let api_a = Api::new(&api2, &token);
+    let op = api_a
+        .ok("computer.reset", json!({ "computerId": computer }))
+        .await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = loop {
+        let row = maintenance_operation::Entity::find_by_id(&id)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        if matches!(row.state.as_str(), "completed" | "failed") {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "the worker runs it: {row:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done.state, "completed", "{done:?}");
+    let process = done
+        .worker_id
+        .unwrap()
+        .rsplit_once('@')
+        .unwrap()
+        .1
+        .to_owned();
+    assert_eq!(address(&db, &process).await.unwrap(), worker.base);
+    // The reset restored the last saved workspace.
+    let started = api_a.ok("run.start", json!({ "botId": bot })).await;
+    let read = api_a
+        .ok(
+            "computer.exec",
+            json!({ "runId": started["run"]["id"], "fence": started["lease"]["fence"], "command": "cat kept.txt" }),
+        )
+        .await;
+    assert_eq!(read["stdout"], "kept\n");
+    drop(worker);
+    drop(api2);
 }
 
 /// Claims decided at the database: a live owner elsewhere keeps the computer, a silent one

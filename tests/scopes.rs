@@ -49,7 +49,10 @@ const ROWS: &[(&str, &[Who])] = &[
     ("space.list", &[Operator, Member, Stranger]),
     ("space.addMember", PEOPLE),
     ("user.create", &[Operator]),
+    ("user.delete", &[Operator]),
+    ("space.delete", PEOPLE),
     ("bot.create", PEOPLE),
+    ("bot.setComputerMode", PEOPLE),
     ("bot.list", PEOPLE),
     ("bot.stop", OWN),
     ("bot.status", OWN),
@@ -272,6 +275,21 @@ impl Fixture {
                 json!({ "spaceId": self.space, "userId": user["id"] })
             }
             "user.create" => json!({ "name": "Dee" }),
+            "user.delete" => {
+                let user = self.op("user.create", json!({ "name": "Eve" })).await;
+                json!({ "userId": user["id"] })
+            }
+            "space.delete" => {
+                // A space of the member's own (the target space stays for the other rows).
+                let made = self
+                    .s
+                    .call_as(&self.member, "space.create", json!({ "name": "Gone" }))
+                    .await
+                    .unwrap();
+                json!({ "spaceId": made["id"] })
+            }
+            // Its own mode: gets past authorization without moving the bot.
+            "bot.setComputerMode" => json!({ "botId": self.bot, "computerMode": "private" }),
             "bot.create" => json!({ "spaceId": self.space, "name": "new" }),
             "bot.list" | "computer.list" => json!({ "spaceId": self.space }),
             "bot.stop"

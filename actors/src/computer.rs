@@ -976,6 +976,18 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
         crate::events::Topic::ComputerState,
         serde_json::json!({ "computerId": id, "state": "provisioning", "stage": "preparing" }),
     );
+    let preparing = {
+        let (events, space, computer) = (rt.events.clone(), row.space_id.clone(), id.to_owned());
+        move |stage: crate::provider::Preparation| {
+            tracing::info!(event = "computer.preparing", computer.id = %computer, stage = stage.as_str());
+            events.publish(
+                &space,
+                crate::events::Topic::ComputerState,
+                serde_json::json!({ "computerId": computer, "state": "provisioning", "stage": stage.as_str() }),
+            );
+        }
+    };
+    provider.prepare(&preparing).await?;
     let machine = provider.provision(&spec).await?;
     if row.revision > 0 {
         let home = rt.home_id(&row).await?;

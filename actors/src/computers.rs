@@ -367,6 +367,32 @@ impl Computers {
         Ok(mine)
     }
 
+    /// A space is deleted: its `computer_runs` rows stay, with the space id cleared.
+    pub async fn forget_space_in_runs(&self, space_id: &str) -> DomainResult<u64> {
+        let res = computer_run::Entity::update_many()
+            .col_expr(
+                computer_run::Column::SpaceId,
+                Expr::value(Option::<String>::None),
+            )
+            .filter(computer_run::Column::SpaceId.eq(space_id))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected)
+    }
+
+    /// A user is deleted: their `computer_runs` rows stay, with the user id cleared.
+    pub async fn forget_user_in_runs(&self, user_id: &str) -> DomainResult<u64> {
+        let res = computer_run::Entity::update_many()
+            .col_expr(
+                computer_run::Column::UserId,
+                Expr::value(Option::<String>::None),
+            )
+            .filter(computer_run::Column::UserId.eq(user_id))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected)
+    }
+
     /// Close every open `computer_runs` stretch of a computer; how many it closed.
     pub async fn close_runs(&self, id: &str, reason: EndReason) -> DomainResult<u64> {
         let res = computer_run::Entity::update_many()

@@ -21,6 +21,7 @@ pub mod awake;
 pub mod checkpoint;
 pub mod clock;
 pub mod computer;
+pub mod computer_mode;
 pub mod computers;
 pub mod conformance;
 pub mod crash_point;

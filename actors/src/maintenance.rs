@@ -129,6 +129,26 @@ impl Stage {
     }
 }
 
+/// JSON form of an operation (the API's answers and the `maintenance.changed` events).
+pub fn operation_json(o: &op::Model) -> serde_json::Value {
+    serde_json::json!({
+        "id": o.id, "computerId": o.computer_id, "spaceId": o.space_id, "kind": o.kind,
+        "state": o.state, "stage": o.stage, "error": o.error, "note": o.note,
+        "heartbeatAtMs": o.heartbeat_at_ms, "createdAtMs": o.created_at_ms,
+        "updatedAtMs": o.updated_at_ms, "finishedAtMs": o.finished_at_ms,
+    })
+}
+
+/// Tell the space's subscribers (and, through the relay, the other processes) how an
+/// operation stands now.
+pub fn announce(events: &crate::events::EventBus, o: &op::Model) {
+    events.publish(
+        o.space_id.as_deref().unwrap_or_default(),
+        crate::events::Topic::MaintenanceChanged,
+        operation_json(o),
+    );
+}
+
 /// The reservation holder of an operation.
 pub fn holder(op_id: &str) -> String {
     format!("maintenance-operation:{op_id}")

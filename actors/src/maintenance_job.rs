@@ -1,16 +1,22 @@
 //! Running one maintenance operation (see [`crate::maintenance`]) on this process's actors:
 //! claim it (once), beat its heartbeat while it works, report each lifecycle stage, and end
-//! it. [`publish`] is the one entry point: whatever hands a queued operation to a worker
-//! (the enqueueing request, the reconciler republishing a missed one) calls it.
+//! it. [`publish`] is the one entry point: whatever hands a queued operation to a worker calls
+//! it: [`listen`] for every operation announced as queued (by this process or, through the
+//! event relay, by another one; the reconciler announces a missed one again). The process
+//! that holds the computer runs the operation.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::checkpoint::Reason;
 use crate::computer::{Ensure, SaveWorkspace, TearDown};
 use crate::computers::Computers;
 use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::events::Topic;
 use crate::maintenance::{HEARTBEAT_EVERY_MS, Maintenance, OpKind, Stage};
+use crate::owners::{Owner, Owners};
 use crate::registry::Registry;
 
 /// The note of a recovery whose live work could not be saved.
@@ -27,15 +33,72 @@ pub fn publish(registry: Arc<Registry>, op_id: String) {
     });
 }
 
+/// Hand every operation announced as `queued` to [`publish`], whichever process queued it
+/// (the announcement reaches the other processes through the event relay); [`run`] leaves it
+/// to the process that holds its computer, or takes the computer over when no live process
+/// does. Every process with a provider listens (an API-only process may hold computers).
+/// Subscribes before it returns. An announcement missed here (a lagged subscriber, a relay
+/// gap) is caught by the reconciler, which announces queued operations again.
+///
+/// `takes_free`: whether this process takes over computers no live process holds (a process
+/// doing the worker's part); one that does not runs only what it already holds.
+pub fn listen(registry: Arc<Registry>, arbiter: &actix::ArbiterHandle, takes_free: bool) {
+    if registry.runtime().provider.is_none() {
+        return;
+    }
+    let mut events = registry.runtime().events.subscribe();
+    arbiter.spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(e) if e.topic == Topic::MaintenanceChanged && e.data["state"] == "queued" => {
+                    let (Some(id), Some(computer)) =
+                        (e.data["id"].as_str(), e.data["computerId"].as_str())
+                    else {
+                        continue;
+                    };
+                    if !takes_free {
+                        let held = Owners::new(registry.runtime().db.clone())
+                            .holder(computer)
+                            .await;
+                        if !matches!(held, Ok(Some(Owner::Me))) {
+                            continue;
+                        }
+                    }
+                    publish(registry.clone(), id.to_owned());
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::warn!(event = "maintenance.listen_lagged", missed);
+                }
+                Err(RecvError::Closed) => break,
+            }
+        }
+    });
+}
+
 /// Claim and run an operation as `worker`; whether this call ran it (false: it was claimed
-/// before, or is no longer queued).
+/// before, is no longer queued, or another live process holds its computer).
 pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult<bool> {
     let rt = registry.runtime().clone();
     let ops = Maintenance::new(rt.db.clone(), rt.clock.clone());
+    // The process that holds the computer runs its operations (they tear down and provision
+    // its machine); one no live process holds is taken over here.
+    let queued = ops.get(op_id).await?;
+    if queued.state != crate::maintenance::OpState::Queued.as_str() {
+        return Ok(false);
+    }
+    if let Owner::Elsewhere { process_id, .. } = Owners::new(rt.db.clone())
+        .claim(&queued.computer_id)
+        .await?
+    {
+        tracing::debug!(event = "maintenance.left_to_owner", operation.id = %op_id, process.id = %process_id);
+        return Ok(false);
+    }
     let Some(op) = ops.claim(op_id, worker).await? else {
         return Ok(false);
     };
     tracing::info!(event = "maintenance.claimed", operation.id = %op.id, computer.id = %op.computer_id, kind = %op.kind);
+    crate::maintenance::announce(&rt.events, &op);
     let beats = {
         let (ops, id, worker) = (ops.clone(), op.id.clone(), worker.to_owned());
         actix::spawn(async move {
@@ -54,12 +117,7 @@ pub async fn run(registry: &Registry, op_id: &str, worker: &str) -> DomainResult
     let ended = ops.finish(&op.id, worker, error.as_deref()).await?;
     tracing::info!(event = "maintenance.finished", operation.id = %op.id, computer.id = %op.computer_id,
         ok = outcome.is_ok(), ended);
-    let row = Computers::new(rt.db.clone()).get(&op.computer_id).await?;
-    rt.events.publish(
-        &row.space_id,
-        crate::events::Topic::MaintenanceChanged,
-        serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
-    );
+    crate::maintenance::announce(&rt.events, &ops.get(&op.id).await?);
     Ok(true)
 }
 
@@ -82,11 +140,7 @@ async fn work(
                 "the operation was interrupted",
             ));
         }
-        rt.events.publish(
-            &row.space_id,
-            crate::events::Topic::MaintenanceChanged,
-            serde_json::json!({ "id": op.id, "computerId": op.computer_id, "stage": stage.as_str() }),
-        );
+        crate::maintenance::announce(&rt.events, &ops.get(&op.id).await?);
         Ok(())
     };
     if kind != OpKind::Reset {

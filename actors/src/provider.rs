@@ -361,6 +361,26 @@ impl From<ProviderError> for DomainError {
 /// Result alias for provider calls.
 pub type ProviderResult<T> = Result<T, ProviderError>;
 
+/// A stage a provider passes through while it readies a new machine (shown while the
+/// computer is `provisioning`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preparation {
+    /// Building the computer image.
+    ImageBuild,
+    /// Creating and starting the container.
+    ContainerStart,
+}
+
+impl Preparation {
+    /// The stage's name in `computer.state` events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ImageBuild => "image_build",
+            Self::ContainerStart => "container_start",
+        }
+    }
+}
+
 /// The provider boundary: lifecycle, desktop, execution and files.
 #[async_trait]
 pub trait SandboxProvider: Send + Sync + 'static {
@@ -394,6 +414,13 @@ pub trait SandboxProvider: Send + Sync + 'static {
 
     // --- lifecycle -------------------------------------------------------------------------
 
+    /// Ready what a new machine needs before [`Self::provision`] creates it, telling `stage`
+    /// each preparation stage it passes through (docker: the computer image build when the
+    /// image is missing, then the container start). Default: nothing to ready.
+    async fn prepare(&self, stage: &(dyn Fn(Preparation) + Send + Sync)) -> ProviderResult<()> {
+        let _ = stage;
+        Ok(())
+    }
     /// Create a fresh machine for `spec`, with an empty workspace.
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef>;
     /// Reattach to an existing machine, resuming it if stopped; `MachineGone` when it cannot.

@@ -170,17 +170,14 @@ pub async fn pass(registry: Arc<Registry>) -> DomainResult<Reconciled> {
     let timeout_ms = rt.settings.maintenance_heartbeat_timeout.as_millis() as i64;
     for op in ops.mark_interrupted(timeout_ms).await? {
         done.interrupted += 1;
-        rt.events.publish(
-            op.space_id.as_deref().unwrap_or_default(),
-            crate::events::Topic::MaintenanceChanged,
-            serde_json::json!({ "id": op.id, "computerId": op.computer_id }),
-        );
+        crate::maintenance::announce(&rt.events, &op);
     }
     if rt.provider.is_some() {
         for op in ops.republish_due(REPUBLISH_AFTER_MS).await? {
             done.republished += 1;
             tracing::info!(event = "maintenance.republished", operation.id = %op.id);
-            crate::maintenance_job::publish(registry.clone(), op.id);
+            // To every process: the one holding the computer runs it.
+            crate::maintenance::announce(&rt.events, &op);
         }
     }
 

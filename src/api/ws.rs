@@ -207,12 +207,12 @@ async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
     if env.method == "auth" {
         let outcome = match methods::params::<AuthParams>(env.params) {
             Ok(p) => auth::authenticate(&conn.app.db, &p.token).await.map(|c| {
-                let user = c.user_id.clone();
+                let answer = json!({ "userId": c.user_id, "isOperator": c.is_operator() });
                 // A new identity starts without the old one's subscriptions.
                 conn.subscriptions.clear();
                 conn.reach.clear();
                 conn.caller = Some(c);
-                json!({ "userId": user })
+                answer
             }),
             Err(e) => Err(e),
         };

@@ -40,6 +40,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("assets/terminal.js"),
     ),
     (
+        "maintenance.js",
+        "text/javascript; charset=utf-8",
+        include_str!("assets/maintenance.js"),
+    ),
+    (
         "activity.js",
         "text/javascript; charset=utf-8",
         include_str!("assets/activity.js"),

@@ -39,6 +39,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/v1")
                 .route("/health", web::get().to(health))
+                .route("/image", web::get().to(image))
+                .route("/image", web::post().to(build_image))
                 .route("/computers", web::post().to(create))
                 .route("/computers", web::get().to(find))
                 .route("/computers/{id}", web::get().to(inspect))
@@ -151,6 +153,24 @@ async fn health(_: Authorized, s: web::Data<State>) -> Answer {
             guard,
             super::egress::GuardState::Active | super::egress::GuardState::NoNetwork
         ),
+    }))
+}
+
+/// Whether the computer image is on the engine.
+async fn image(_: Authorized, s: web::Data<State>) -> Answer {
+    Ok(HttpResponse::Ok().json(super::wire::ImageStatus {
+        image: s.engine.settings().image.clone(),
+        present: s.engine.image_present().await?,
+    }))
+}
+
+/// Make the computer image present (a missing image of the built-in recipe is built when this
+/// supervisor builds images); answers once it is.
+async fn build_image(_: Authorized, s: web::Data<State>) -> Answer {
+    s.engine.ensure_image().await?;
+    Ok(HttpResponse::Ok().json(super::wire::ImageStatus {
+        image: s.engine.settings().image.clone(),
+        present: true,
     }))
 }
 

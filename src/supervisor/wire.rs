@@ -106,6 +106,16 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// `GET /v1/image` and `POST /v1/image` (which waits until the image is built).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageStatus {
+    /// The computer image the supervisor creates containers from.
+    pub image: String,
+    /// Whether it is on the engine.
+    pub present: bool,
+}
+
 /// `GET /v1/health`: the engine answered; the egress guard's state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -68,12 +68,21 @@ impl TestSupervisor {
 
     /// Starts a supervisor whose computers use `network` and the egress guard `egress`.
     pub fn start_with(network: DockerNetwork, egress: EgressSettings) -> Self {
+        Self::start_full(network, egress, rakazo::image::default_image())
+    }
+
+    /// Starts a supervisor creating computers from `image` (it builds no image).
+    pub fn start_with_image(image: &str) -> Self {
+        Self::start_full(DockerNetwork::None, EgressSettings::default(), image.into())
+    }
+
+    fn start_full(network: DockerNetwork, egress: EgressSettings, image: String) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().canonicalize().unwrap();
         let token = format!("test-{}", uuid::Uuid::new_v4().simple());
         let settings = EngineSettings {
             data_dir: data_dir.clone(),
-            image: rakazo::image::default_image(),
+            image,
             docker: DockerSettings {
                 image: None,
                 nano_cpus: 2_000_000_000,

@@ -164,8 +164,15 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             "only the space owner deletes computers",
         ));
     }
-    let leases = Leases::new(ctx.db().clone());
-    if leases
+    refuse_if_busy(ctx, &c).await?;
+    destroy(ctx, &c).await?;
+    Ok(json!({ "deleted": c.id }))
+}
+
+/// `LEASE_HELD` while a bot drives the computer or it is reserved (a person's control does
+/// not keep it: deleting ends it).
+pub async fn refuse_if_busy(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
+    if Leases::new(ctx.db().clone())
         .live_on(&c.id)
         .await?
         .iter()
@@ -176,8 +183,15 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             "stop the bots first",
         ));
     }
+    Ok(())
+}
+
+/// Tear down a computer's screens, destroy its machine, close its stretches as `deleted` and
+/// forget the row and the stored workspace (the caller checked who may, and
+/// [`refuse_if_busy`]).
+pub async fn destroy(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
     let rt = ctx.app.runtime();
-    let h = handle(ctx, &c);
+    let h = handle(ctx, c);
     for screen in rakazo_actors::entity::screen::Entity::find()
         .filter(rakazo_actors::entity::screen::Column::ComputerId.eq(&c.id))
         .all(ctx.db())
@@ -205,9 +219,9 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     }
     let computers = Computers::new(ctx.db().clone());
     computers.close_runs(&c.id, EndReason::Deleted).await?;
-    computers.delete(&c).await?;
+    computers.delete(c).await?;
     ctx.app.registry.forget(&c.id);
     rt.homes.delete(&c.home_key, &c.storage_id).await?;
     tracing::info!(event = "computer.deleted", computer.id = %c.id);
-    Ok(json!({ "deleted": c.id }))
+    Ok(())
 }

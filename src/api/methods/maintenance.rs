@@ -3,9 +3,7 @@
 //! active and failed operations; `computer.releaseInterrupted` (the server owner, in a space
 //! they own) releases an interrupted one.
 
-use rakazo_actors::entity::maintenance_operation as op;
 use rakazo_actors::maintenance::{Maintenance, OpKind};
-use rakazo_actors::maintenance_job;
 use rakazo_actors::{DomainError, DomainResult};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -13,15 +11,7 @@ use serde_json::{Value, json};
 use super::computers::visible;
 use super::{Ctx, access};
 
-/// JSON form of an operation.
-pub fn operation_json(o: &op::Model) -> Value {
-    json!({
-        "id": o.id, "computerId": o.computer_id, "spaceId": o.space_id, "kind": o.kind,
-        "state": o.state, "stage": o.stage, "error": o.error, "note": o.note,
-        "heartbeatAtMs": o.heartbeat_at_ms, "createdAtMs": o.created_at_ms,
-        "updatedAtMs": o.updated_at_ms, "finishedAtMs": o.finished_at_ms,
-    })
-}
+pub use rakazo_actors::maintenance::operation_json;
 
 fn ops(ctx: &Ctx<'_>) -> Maintenance {
     Maintenance::new(ctx.db().clone(), ctx.app.runtime().clock.clone())
@@ -40,7 +30,8 @@ pub async fn enqueue(ctx: &Ctx<'_>, params: Value, kind: OpKind) -> DomainResult
     ctx.app.runtime().provider()?;
     let queued = ops(ctx).enqueue(&c, kind, &ctx.caller.user_id).await?;
     tracing::info!(event = "maintenance.queued", operation.id = %queued.id, computer.id = %c.id, kind = kind.as_str());
-    maintenance_job::publish(ctx.app.registry.clone(), queued.id.clone());
+    // Workers (this process too when it does the worker's part) run what is announced queued.
+    rakazo_actors::maintenance::announce(&ctx.app.runtime().events, &queued);
     Ok(operation_json(&queued))
 }
 
@@ -87,10 +78,6 @@ pub async fn release_interrupted(ctx: &Ctx<'_>, params: Value) -> DomainResult<V
     let released = ops
         .release_interrupted(&p.id, &space_id, p.workers_stopped)
         .await?;
-    ctx.app.runtime().events.publish(
-        &space_id,
-        rakazo_actors::events::Topic::MaintenanceChanged,
-        json!({ "id": released.id, "computerId": released.computer_id }),
-    );
+    rakazo_actors::maintenance::announce(&ctx.app.runtime().events, &released);
     Ok(operation_json(&released))
 }

@@ -1,7 +1,10 @@
 //! Spaces, bots and users.
 
 use rakazo_actors::clock::{new_id, now_ms};
-use rakazo_actors::entity::{bot, space, space_member};
+use rakazo_actors::computers::Computers;
+use rakazo_actors::entity::{
+    activity_event, api_token, bot, maintenance_operation, run, space, space_member, user,
+};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, Set, TransactionTrait,
@@ -200,4 +203,154 @@ pub async fn create_bot_token(ctx: &Ctx<'_>, params: Value) -> DomainResult<Valu
     let (b, _) = access::bot(ctx.db(), ctx.caller, &p.bot_id).await?;
     let token = auth::issue(ctx.db(), &ctx.caller.user_id, "bot", Some(b.id.clone())).await?;
     Ok(json!({ "botId": b.id, "token": token }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SetMode {
+    bot_id: String,
+    computer_mode: String,
+}
+
+/// `bot.setComputerMode {botId, computerMode: team|private}`: move a bot between the Team
+/// Computer and a Private Computer, under the maintenance reservation of both
+/// (`COMPUTER_RESERVED` while one is reserved, `STOP_BOT_FIRST` while the bot drives or a
+/// person controls its screen). Its workspace folder is not carried over.
+pub async fn set_bot_mode(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: SetMode = super::params(params)?;
+    let (b, _) = access::bot(ctx.db(), ctx.caller, &p.bot_id).await?;
+    let changed =
+        rakazo_actors::computer_mode::change(ctx.db(), &b, p.computer_mode.as_str()).await?;
+    Ok(bot_json(&changed))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BySpace {
+    space_id: String,
+}
+
+/// `space.delete {spaceId}` (the space owner, or the operator): the space with its computers
+/// (machines destroyed, stored workspaces forgotten, as `computer.delete`), bots and their
+/// tokens, members, runs, activity and maintenance operations. Its `computer_runs` rows stay
+/// with `spaceId` cleared. `LEASE_HELD` while a bot drives one of its computers or one is
+/// reserved; nothing is deleted then.
+pub async fn delete_space(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    access::not_bot_scoped(ctx.caller)?;
+    let p: BySpace = super::params(params)?;
+    let s = access::space(ctx.db(), ctx.caller, &p.space_id).await?;
+    if !ctx.caller.is_operator() && s.owner_id != ctx.caller.user_id {
+        return Err(DomainError::new(
+            ErrorCode::Forbidden,
+            "only the space owner deletes a space",
+        ));
+    }
+    let computers = Computers::new(ctx.db().clone()).in_space(&s.id).await?;
+    for c in &computers {
+        super::homes::refuse_if_busy(ctx, c).await?;
+    }
+    remove_space(ctx, &s, &computers).await?;
+    Ok(json!({ "deleted": s.id }))
+}
+
+async fn remove_space(
+    ctx: &Ctx<'_>,
+    s: &space::Model,
+    computers: &[rakazo_actors::entity::computer::Model],
+) -> DomainResult<()> {
+    for c in computers {
+        super::homes::destroy(ctx, c).await?;
+    }
+    let bots: Vec<String> = bot::Entity::find()
+        .filter(bot::Column::SpaceId.eq(&s.id))
+        .all(ctx.db())
+        .await?
+        .into_iter()
+        .map(|b| b.id)
+        .collect();
+    Computers::new(ctx.db().clone())
+        .forget_space_in_runs(&s.id)
+        .await?;
+    let txn = ctx.db().begin().await?;
+    api_token::Entity::delete_many()
+        .filter(api_token::Column::BotId.is_in(bots))
+        .exec(&txn)
+        .await?;
+    bot::Entity::delete_many()
+        .filter(bot::Column::SpaceId.eq(&s.id))
+        .exec(&txn)
+        .await?;
+    space_member::Entity::delete_many()
+        .filter(space_member::Column::SpaceId.eq(&s.id))
+        .exec(&txn)
+        .await?;
+    run::Entity::delete_many()
+        .filter(run::Column::SpaceId.eq(&s.id))
+        .exec(&txn)
+        .await?;
+    activity_event::Entity::delete_many()
+        .filter(activity_event::Column::SpaceId.eq(&s.id))
+        .exec(&txn)
+        .await?;
+    maintenance_operation::Entity::delete_many()
+        .filter(maintenance_operation::Column::SpaceId.eq(&s.id))
+        .exec(&txn)
+        .await?;
+    space::Entity::delete_by_id(&s.id).exec(&txn).await?;
+    txn.commit().await?;
+    tracing::info!(event = "space.deleted", space.id = %s.id, computers = computers.len());
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ByUser {
+    user_id: String,
+}
+
+/// `user.delete {userId}` (the operator): the user with their tokens and memberships, and the
+/// spaces they own (as `space.delete`). Their `computer_runs` rows stay with `userId` cleared.
+/// The operator cannot delete an operator. `LEASE_HELD` while a bot drives a computer of one
+/// of their spaces or one is reserved; nothing is deleted then.
+pub async fn delete_user(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: ByUser = super::params(params)?;
+    let u = user::Entity::find_by_id(&p.user_id)
+        .one(ctx.db())
+        .await?
+        .ok_or_else(|| DomainError::not_found("user"))?;
+    if u.is_operator {
+        return Err(DomainError::invalid("an operator cannot be deleted"));
+    }
+    let owned = space::Entity::find()
+        .filter(space::Column::OwnerId.eq(&u.id))
+        .all(ctx.db())
+        .await?;
+    let mut spaces = Vec::new();
+    for s in owned {
+        let computers = Computers::new(ctx.db().clone()).in_space(&s.id).await?;
+        for c in &computers {
+            super::homes::refuse_if_busy(ctx, c).await?;
+        }
+        spaces.push((s, computers));
+    }
+    for (s, computers) in &spaces {
+        remove_space(ctx, s, computers).await?;
+    }
+    Computers::new(ctx.db().clone())
+        .forget_user_in_runs(&u.id)
+        .await?;
+    let txn = ctx.db().begin().await?;
+    api_token::Entity::delete_many()
+        .filter(api_token::Column::UserId.eq(&u.id))
+        .exec(&txn)
+        .await?;
+    space_member::Entity::delete_many()
+        .filter(space_member::Column::UserId.eq(&u.id))
+        .exec(&txn)
+        .await?;
+    user::Entity::delete_by_id(&u.id).exec(&txn).await?;
+    txn.commit().await?;
+    tracing::info!(event = "user.deleted", user.id = %u.id, spaces = spaces.len());
+    Ok(json!({ "deleted": u.id }))
 }

@@ -2,12 +2,13 @@
 import { Screen } from "./screen.js";
 import { Dock } from "./dock.js";
 import { Activity } from "./activity.js";
+import { Maintenance } from "./maintenance.js";
 
 const TOKEN_KEY = "rakazo.token";
 const $ = (id) => document.getElementById(id);
 
 /** Shared state: the token, who we are, the open space and the bot views in it. */
-export const state = { token: sessionStorage.getItem(TOKEN_KEY) || "", userId: null, spaceId: null, bots: new Map(), computers: new Map() };
+export const state = { token: sessionStorage.getItem(TOKEN_KEY) || "", userId: null, isOperator: false, spaceId: null, space: null, bots: new Map(), computers: new Map() };
 
 /** An RPC error with its stable code (`error.data.code`) and the server's message. */
 export class RpcError extends Error {
@@ -73,6 +74,7 @@ function connectLive() {
     try {
       const me = await wsCall("auth", { token: state.token });
       state.userId = me.userId;
+      state.isOperator = !!me.isOperator;
       backoff = 500;
       if (state.spaceId) {
         await wsCall("subscribe", { spaceId: state.spaceId });
@@ -111,9 +113,10 @@ function connectLive() {
 /** Route one `{topic, spaceId, data}` event to the views it concerns. */
 function onEvent({ topic, spaceId, data }) {
   if (spaceId !== state.spaceId || !data) return;
+  if (topic === "maintenance.changed") { maintenance.onEvent(data); return; }
   if (topic === "computer.state") {
     const c = state.computers.get(data.computerId);
-    if (c) { c.state = data.state; renderComputers(); }
+    if (c) { c.state = data.state; c.stage = data.stage || null; renderComputers(); }
     for (const v of state.bots.values()) if (v.computerId === data.computerId) v.onComputerState(data.state);
     return;
   }
@@ -292,14 +295,27 @@ class BotView {
   }
 }
 
+/** How a computer getting ready says where it is (the image build, then the container start). */
+const PREPARING = { image_build: "building the computer image", container_start: "starting the container" };
+
 function renderComputers() {
   const list = $("computer-list");
-  list.replaceChildren(...[...state.computers.values()].map((c) =>
-    el("li", { "data-computer": c.id }, `${c.kind} computer `, el("span", { class: "state", "data-state": c.state }, c.state))));
+  list.replaceChildren(...[...state.computers.values()].map((c) => {
+    const preparing = c.state === "provisioning" && PREPARING[c.stage];
+    return el("li", { "data-computer": c.id },
+      `${c.kind} computer `,
+      el("span", { class: "state", "data-state": c.state, "data-stage": preparing ? c.stage : null },
+        preparing ? `preparing: ${preparing}` : c.state),
+      maintenance.actions(c));
+  }));
 }
+
+const maintenance = new Maintenance($("maint-pills"), $("maint-dialog"));
+maintenance.onChange = renderComputers;
 
 async function openSpace(space) {
   state.spaceId = space.id;
+  state.space = space;
   for (const b of document.querySelectorAll("#space-list button")) b.setAttribute("aria-current", String(b.dataset.space === space.id));
   $("space-title").textContent = space.name;
   try { await wsCall("subscribe", { spaceId: space.id }); } catch (e) { /* subscribed on (re)connect */ }
@@ -310,7 +326,9 @@ async function loadSpace() {
   for (const v of state.bots.values()) v.screen.close();
   state.bots.clear();
   state.computers.clear();
+  maintenance.clear();
   $("bot-list").replaceChildren();
+  maintenance.load().catch((e) => $("bot-list").prepend(el("p", { class: "error" }, e.message)));
   try {
     for (const c of await rpc("computer.list", { spaceId: state.spaceId })) state.computers.set(c.id, c);
     renderComputers();
@@ -329,6 +347,7 @@ async function loadSpace() {
 
 /** After a reconnect or missed events: refresh what events would have told us (not a poll). */
 function resync() {
+  maintenance.load().catch(() => {});
   for (const v of state.bots.values()) { v.activity.load(); v.dock.onCommand(); }
   rpc("computer.list", { spaceId: state.spaceId }).then((cs) => {
     for (const c of cs) state.computers.set(c.id, c);
@@ -359,6 +378,7 @@ function signOut(message = "") {
   if (old) old.close();
   for (const v of state.bots.values()) v.screen.close();
   state.bots.clear();
+  maintenance.clear();
   $("main").hidden = true;
   $("sign-out").hidden = true;
   $("sign-in").hidden = false;

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
-    ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult, Health,
+    ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult, Health, ImageStatus,
 };
 
 /// How long a health check waits for the supervisor.
@@ -109,6 +109,33 @@ impl SupervisorClient {
                 "/v1/health",
                 None::<&()>,
                 HEALTH_TIMEOUT,
+            )
+            .await?,
+        )
+    }
+
+    /// Whether the computer image is on the engine.
+    pub async fn image_status(&self) -> ProviderResult<ImageStatus> {
+        Self::some(
+            self.call::<ImageStatus>(
+                reqwest::Method::GET,
+                "/v1/image",
+                None::<&()>,
+                HEALTH_TIMEOUT,
+            )
+            .await?,
+        )
+    }
+
+    /// Makes the computer image present (the supervisor builds a missing one of the built-in
+    /// recipe); returns once it is.
+    pub async fn ensure_image(&self) -> ProviderResult<ImageStatus> {
+        Self::some(
+            self.call::<ImageStatus>(
+                reqwest::Method::POST,
+                "/v1/image",
+                None::<&()>,
+                CREATE_TIMEOUT,
             )
             .await?,
         )

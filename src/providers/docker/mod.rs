@@ -30,8 +30,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    FileEntry, Frame, MachineSpec, Preparation, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -266,6 +266,20 @@ impl SandboxProvider for DockerProvider {
                 desktop_limits: false,
             },
         }
+    }
+
+    /// A missing computer image is built first (the supervisor builds one of the built-in
+    /// recipe), reported as `image_build`; then `container_start`. A supervisor that cannot
+    /// say whether the image is there leaves it to the create call.
+    async fn prepare(&self, stage: &(dyn Fn(Preparation) + Send + Sync)) -> ProviderResult<()> {
+        if let Ok(status) = self.client.image_status().await
+            && !status.present
+        {
+            stage(Preparation::ImageBuild);
+            self.client.ensure_image().await?;
+        }
+        stage(Preparation::ContainerStart);
+        Ok(())
     }
 
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {

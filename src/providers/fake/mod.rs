@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, ActStop, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry,
-    Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenRoute, WorkspaceExport,
+    Frame, MachineSpec, Preparation, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenRoute, WorkspaceExport,
 };
 
 use crate::providers::workspace_path::normalize;
@@ -89,6 +89,10 @@ pub struct FakeProvider {
     export_gate: Arc<tokio::sync::Mutex<()>>,
     /// Exports that reached the gate so far.
     exports_started: Arc<AtomicU64>,
+    /// The next preparation emulates a missing image (see [`Self::hold_image_build`]).
+    image_missing: Arc<AtomicBool>,
+    /// Held by a test to keep that emulated image build going.
+    build_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl FakeProvider {
@@ -102,6 +106,8 @@ impl FakeProvider {
             bills: Arc::default(),
             export_gate: Arc::default(),
             exports_started: Arc::default(),
+            image_missing: Arc::default(),
+            build_gate: Arc::default(),
         }
     }
 
@@ -122,6 +128,15 @@ impl FakeProvider {
     /// act while a checkpoint is under way.
     pub async fn hold_exports(&self) -> tokio::sync::OwnedMutexGuard<()> {
         self.export_gate.clone().lock_owned().await
+    }
+
+    /// Test hook: the next machine's preparation builds an image first (stage
+    /// `image_build`, then `container_start`, like docker with the image missing); the build
+    /// lasts until the returned guard is dropped.
+    pub async fn hold_image_build(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        let held = self.build_gate.clone().lock_owned().await;
+        self.image_missing.store(true, Ordering::Relaxed);
+        held
     }
 
     /// Test hook: how many workspace exports have started (waiting at the gate or done).
@@ -187,6 +202,15 @@ impl SandboxProvider for FakeProvider {
                 desktop_limits: false,
             },
         }
+    }
+
+    async fn prepare(&self, stage: &(dyn Fn(Preparation) + Send + Sync)) -> ProviderResult<()> {
+        if self.image_missing.swap(false, Ordering::Relaxed) {
+            stage(Preparation::ImageBuild);
+            drop(self.build_gate.lock().await);
+            stage(Preparation::ContainerStart);
+        }
+        Ok(())
     }
 
     async fn provision(&self, _spec: &MachineSpec) -> ProviderResult<ProviderRef> {

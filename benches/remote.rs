@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 /// Provision-to-first-screenshot rounds per provider.
 const ROUNDS: usize = 3;
 /// Tool-call rounds (`computer_observe`: a quarter of them).
-const CALLS: usize = 100;
+const CALLS: usize = 40;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -212,6 +212,8 @@ fn main() {
         let started = rpc(&http, &base, t, "run.start", json!({ "botId": bot["id"] })).await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
         let call = |name: &str, arguments: Value| json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments });
+        // The run's lease is renewed between timed calls (a slow round must not outlive it).
+        let renew = json!({ "runId": run, "fence": fence });
         // Warm up: the machine, the screen and the browser exist before timing.
         rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
         // Raw: the same provider, a separate sandbox with its own screen.
@@ -223,6 +225,7 @@ fn main() {
         println!("| --- | --- | --- | --- | --- |");
         let (mut raw, mut api) = (Vec::new(), Vec::new());
         for _ in 0..CALLS {
+            rpc(&http, &base, t, "run.renew", renew.clone()).await;
             let s = Instant::now();
             remote.exec(&machine, &req).await.unwrap();
             raw.push(s.elapsed());
@@ -233,6 +236,7 @@ fn main() {
         report("`shell` running `true`", raw, api);
         let (mut raw, mut api) = (Vec::new(), Vec::new());
         for _ in 0..CALLS / 4 {
+            rpc(&http, &base, t, "run.renew", renew.clone()).await;
             let s = Instant::now();
             remote.observe(&machine, "raw-bot").await.unwrap();
             raw.push(s.elapsed());

@@ -56,6 +56,8 @@ pub struct App {
     pub fake: Option<Arc<providers::fake::FakeProvider>>,
     /// The in-process e2b-emulator (`SANDBOX_PROVIDER=e2b-emulator`), for tests.
     pub e2b_emulator: Option<Arc<crate::emulators::e2b::Emulator>>,
+    /// The in-process emulator's own API (`SANDBOX_PROVIDER=<vendor>-emulator`), for tests.
+    pub emulator_api: Option<providers::EmulatorApi>,
     /// Live screens: capabilities, routes, revocation.
     pub screens: Screens,
     /// Live MCP sessions.
@@ -239,6 +241,7 @@ impl App {
             provider_status: built.status,
             fake: built.fake,
             e2b_emulator: built.e2b_emulator,
+            emulator_api: built.emulator_api,
             screens,
             tools: Default::default(),
             mcp: Default::default(),

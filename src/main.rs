@@ -72,9 +72,10 @@ enum Command {
         #[arg(long, hide = true)]
         parent: Option<u32>,
     },
-    /// Run an offline vendor emulator: `e2b`, `daytona` and `box`, whose sandboxes are Docker
-    /// computers through the supervisor (SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN),
-    /// or `kubernetes`, whose pods are Docker containers of this host.
+    /// Run an offline vendor emulator: `e2b` (`novita`: its Novita mode), `daytona` and
+    /// `box`, whose sandboxes are Docker computers through the supervisor
+    /// (SANDBOX_SUPERVISOR_URL and SANDBOX_SUPERVISOR_TOKEN), or `kubernetes`, whose pods are
+    /// Docker containers of this host.
     Emulator {
         /// The vendor to emulate.
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(rakazo::emulators::VENDORS))]
@@ -150,6 +151,7 @@ async fn emulate(config: Config, vendor: &str, listen: SocketAddr) -> ExitCode {
         supervisor_url: config.supervisor_url.clone(),
         supervisor_token: token.0.clone(),
         domain: rakazo::emulators::e2b::DOMAIN.into(),
+        novita: vendor == "novita",
     };
     let running = match rakazo::emulators::e2b::start(listener, settings).await {
         Ok(r) => r,
@@ -262,7 +264,7 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             rakazo::telemetry::init(&config.log_filter);
-            if vendor == "e2b" {
+            if vendor == "e2b" || vendor == "novita" {
                 actix_rt::System::new().block_on(emulate(config, &vendor, listen))
             } else {
                 actix_rt::System::new().block_on(emulate_vendor(config, vendor, listen))

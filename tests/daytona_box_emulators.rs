@@ -1,11 +1,12 @@
 //! The `daytona` and `box` adapters against their emulators, whose sandboxes are real Docker
-//! computers through an in-process supervisor: the provider conformance suite on each (Box
-//! with one desktop per machine: a second bot gets `MultiScreenUnavailable` while shell and
-//! files keep working), a machine destroyed behind the API's back is gone, the box-emulator's
-//! wire rules (idempotent create, `noEnv`, delete confirmation, file roots, error envelope),
-//! and the plain setup errors of a missing key.
+//! computers through an in-process supervisor: the provider conformance suite on each and the
+//! team-screens regression on Daytona (Box with one desktop per machine: a second bot gets
+//! `MultiScreenUnavailable` while shell and files keep working), a machine destroyed behind
+//! the API's back is gone, the box-emulator's wire rules (idempotent create, `noEnv`, delete
+//! confirmation, file roots, error envelope), and the plain setup errors of a missing key.
 
 mod docker_support;
+mod team_screens;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -32,6 +33,7 @@ fn emulators() -> &'static Emulators {
     static SHARED: OnceLock<Emulators> = OnceLock::new();
     SHARED.get_or_init(|| {
         let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+        supervisor.remove_containers_at_exit();
         let d = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let daytona = format!("http://{}", d.local_addr().unwrap());
@@ -107,6 +109,17 @@ mod daytona {
     }
 
     rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+    /// Two bots on one sandbox at once: separate displays and cookies, routes through the
+    /// sandbox's preview port that name only a loopback forwarder, old tokens refused after
+    /// slot reuse.
+    #[actix_rt::test]
+    async fn the_team_screens_regression() {
+        if !docker_ready() {
+            return;
+        }
+        team_screens::over_routes(&*provider(), "daytona").await;
+    }
 }
 
 mod boat {

@@ -6,6 +6,7 @@
 
 mod common;
 mod docker_support;
+mod team_screens;
 mod windows;
 
 use std::sync::Arc;
@@ -16,39 +17,13 @@ use rakazo::config::DockerNetwork;
 use rakazo::desktop::gateway::Policy;
 use rakazo::providers::docker::DockerProvider;
 use rakazo_actors::provider::{
-    Action, BrowserCommand, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
+    BrowserCommand, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
 };
 use serde_json::Value;
 
 use common::terminal::{Ended, TerminalClient};
 use docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
-
-/// A fresh space's Team Computer.
-fn team_spec() -> MachineSpec {
-    let space = unique("space");
-    MachineSpec {
-        computer_id: unique("computer"),
-        space_id: space.clone(),
-        bot_id: None,
-        home_key: format!("team-{space}"),
-    }
-}
-
-fn cmd(command: &str) -> ExecRequest {
-    ExecRequest {
-        command: command.into(),
-        cwd: String::new(),
-        env: Vec::new(),
-        timeout: Duration::from_secs(30),
-    }
-}
+use team_screens::{cmd, go, start_site, team_spec, unique};
 
 fn docker_inspect(id: &str) -> Option<Value> {
     let out = std::process::Command::new("docker")
@@ -243,97 +218,6 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     );
 }
 
-/// A site served inside the computer: `/set/<v>` sets a persistent cookie (logged as
-/// `set:<v>`), `/check/<tag>` logs `<tag> <cookie header>` to `fixture/seen.log` in the
-/// workspace.
-const SITE: &str = r#"import http.server, os
-LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.log")
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        parts = self.path.strip("/").split("/")
-        headers = []
-        if parts[0] == "set":
-            headers.append(("Set-Cookie", "session=%s; Path=/; Max-Age=86400" % parts[1]))
-        if parts[0] in ("set", "check"):
-            tag = parts[1] if parts[0] == "check" else "set:" + parts[1]
-            with open(LOG, "a") as f:
-                f.write("%s %s\n" % (tag, self.headers.get("Cookie", "-")))
-        body = ("<html><head><title>%s</title></head><body><h1>%s</h1></body></html>" % (self.path, self.path)).encode()
-        self.send_response(200)
-        for k, v in headers:
-            self.send_header(k, v)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", 8765), H).serve_forever()
-"#;
-
-/// Starts the fixture site inside the computer, as uid 1000, on its loopback port 8765.
-async fn start_site(p: &DockerProvider, m: &ProviderRef) {
-    p.write_file(m, "fixture/site.py", SITE.as_bytes())
-        .await
-        .unwrap();
-    let started = p.exec(
-        m,
-        &cmd("setsid python3 fixture/site.py >/dev/null 2>&1 </dev/null & for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
-    )
-    .await
-    .unwrap();
-    assert_eq!(started.exit_code, 0, "fixture site: {started:?}");
-}
-
-fn navigate(url: &str) -> Vec<Action> {
-    vec![
-        Action::Key {
-            keys: "ctrl+l".into(),
-        },
-        Action::Wait { ms: 300 },
-        Action::Type { text: url.into() },
-        Action::Key {
-            keys: "Delete".into(),
-        },
-        Action::Key {
-            keys: "Return".into(),
-        },
-    ]
-}
-
-/// Sends `bot` to `path` of the fixture site and waits until the site saw the request;
-/// returns the cookie header the browser sent.
-/// A browser that has just restored its session can swallow the first address typed while
-/// the restored page still loads: the navigation is retried, at most three times.
-async fn go(p: &DockerProvider, m: &ProviderRef, bot: &str, path: &str) -> Option<String> {
-    let url = format!("http://127.0.0.1:8765{path}");
-    let tag = match path.strip_prefix("/set/") {
-        Some(v) => format!("set:{v}"),
-        None => path.trim_start_matches("/check/").to_string(),
-    };
-    let tag = tag.as_str();
-    for attempt in 0..3 {
-        let outcome = p.act(m, bot, &navigate(&url)).await.unwrap();
-        assert_eq!(outcome.completed, 5);
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(8) {
-            if let Ok(log) = p.read_file(m, "fixture/seen.log").await
-                && let Some(line) = String::from_utf8_lossy(&log)
-                    .lines()
-                    .find(|l| l.split(' ').next() == Some(tag))
-            {
-                return Some(line.split_once(' ').unwrap().1.to_string());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        eprintln!("{bot}: navigation to {path} not seen (attempt {attempt}); retrying");
-    }
-    let frame = p.observe(m, bot).await.unwrap();
-    let shot = std::env::temp_dir().join(format!("docker-computers-{bot}.png"));
-    std::fs::write(&shot, frame.png).unwrap();
-    panic!("{bot} never reached {path}; its screen: {}", shot.display());
-}
-
 /// Whether a gateway token's unix socket answers with an RFB greeting inside the computer.
 async fn token_answers(p: &DockerProvider, m: &ProviderRef, token: &str) -> bool {
     let script = format!(
@@ -381,29 +265,10 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
     assert_eq!(out.stdout.trim(), "lo");
 
     // The fixture site runs inside the computer, as uid 1000.
-    start_site(&p, &m).await;
+    start_site(&*p, &m).await;
 
-    // Two bots, two desktops in parallel, two browsers.
-    let (a, b) = tokio::join!(p.open_screen(&m, "bot-a"), p.open_screen(&m, "bot-b"));
-    let (a, b) = (a.unwrap(), b.unwrap());
-    assert_ne!(a.slot, b.slot);
-
-    // Cookies stay independent per bot.
-    go(&p, &m, "bot-a", "/set/alpha").await;
-    assert_eq!(
-        go(&p, &m, "bot-a", "/check/a1").await.as_deref(),
-        Some("session=alpha")
-    );
-    assert_eq!(
-        go(&p, &m, "bot-b", "/check/b1").await.as_deref(),
-        Some("-"),
-        "bot-b sees bot-a's cookie"
-    );
-    go(&p, &m, "bot-b", "/set/beta").await;
-    assert_eq!(
-        go(&p, &m, "bot-b", "/check/b2").await.as_deref(),
-        Some("session=beta")
-    );
+    // Two bots, two desktops in parallel, two browsers; cookies stay independent per bot.
+    let (a_slot, _) = team_screens::cookies_stay_apart(&*p, &m).await;
 
     // A view token of bot-a's slot answers; after release and reuse of that slot it does not.
     let runtime = p.runtime(&m).await.unwrap();
@@ -411,10 +276,10 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
     assert!(token_answers(&p, &m, cap.token.expose()).await);
     p.close_screen(&m, "bot-a").await.unwrap();
     let c_screen = p.open_screen(&m, "bot-c").await.unwrap();
-    assert_eq!(c_screen.slot, a.slot, "the freed slot is reused");
+    assert_eq!(c_screen.slot, a_slot, "the freed slot is reused");
     let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
     assert!(!token_answers(&p, &m, cap.token.expose()).await);
-    assert_eq!(runtime.gateway().live_count(a.slot).await, 1);
+    assert_eq!(runtime.gateway().live_count(a_slot).await, 1);
 
     // bot-a's profile persisted in the mounted home; reopened in another slot it still has
     // its cookie.
@@ -425,12 +290,15 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
         .join(".browser-profiles/bot-a/Default");
     assert!(profile.is_dir(), "profile kept in the workspace");
     let a2 = p.open_screen(&m, "bot-a").await.unwrap();
-    assert_ne!(a2.slot, a.slot);
+    assert_ne!(a2.slot, a_slot);
     assert_eq!(
-        go(&p, &m, "bot-a", "/check/a2").await.as_deref(),
+        go(&*p, &m, "bot-a", "/check/a2").await.as_deref(),
         Some("session=alpha")
     );
-    assert_eq!(go(&p, &m, "bot-c", "/check/c1").await.as_deref(), Some("-"));
+    assert_eq!(
+        go(&*p, &m, "bot-c", "/check/c1").await.as_deref(),
+        Some("-")
+    );
 
     p.destroy(&m).await.unwrap();
 }
@@ -676,7 +544,7 @@ async fn page_tools_reach_the_bots_browser_inside_the_container() {
     let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
-    start_site(&p, &m).await;
+    start_site(&*p, &m).await;
     p.open_screen(&m, "bot-a").await.unwrap();
     let loaded = p
         .browser(

@@ -1,15 +1,17 @@
 //! The e2b-emulator with real Docker computers through an in-process supervisor: E2B's
 //! official Python SDK drives it (tests/e2b_sdk/sdk_check.py), the provider conformance suite
 //! runs on the real `e2b` adapter pointed at it, and the adapter's lifecycle holds when a
-//! sandbox is killed behind its back.
+//! sandbox is killed behind its back; the team-screens regression runs on it, and Novita's
+//! differences hold against its Novita mode.
 
 mod docker_support;
+mod team_screens;
 
 use std::sync::{Arc, OnceLock};
 
 use rakazo::config::DockerNetwork;
 use rakazo::emulators::e2b::{DOMAIN, Emulator, Settings};
-use rakazo::providers::e2b::{E2b, E2bConfig};
+use rakazo::providers::e2b::{E2b, E2bConfig, Vendor};
 use rakazo::providers::remote::provider::RemoteProvider;
 use rakazo_actors::provider::SandboxProvider;
 
@@ -22,17 +24,19 @@ mod gate;
 struct TestEmulator {
     url: String,
     emulator: Arc<Emulator>,
-    _supervisor: TestSupervisor,
+    supervisor: TestSupervisor,
 }
 
 fn emulator() -> &'static TestEmulator {
     static SHARED: OnceLock<TestEmulator> = OnceLock::new();
     SHARED.get_or_init(|| {
         let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+        supervisor.remove_containers_at_exit();
         let settings = Settings {
             supervisor_url: supervisor.url.clone(),
             supervisor_token: supervisor.token.clone(),
             domain: DOMAIN.into(),
+            novita: false,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -50,7 +54,7 @@ fn emulator() -> &'static TestEmulator {
         TestEmulator {
             url,
             emulator,
-            _supervisor: supervisor,
+            supervisor,
         }
     })
 }
@@ -59,6 +63,7 @@ fn adapter() -> E2b {
     let e = emulator();
     E2b::new(E2bConfig {
         kind: "e2b-emulator",
+        vendor: Vendor::E2b,
         api_key: "e2b_test_key".into(),
         domain: DOMAIN.into(),
         api_url: e.url.clone(),
@@ -272,60 +277,96 @@ async fn a_sandbox_killed_behind_the_adapters_back_is_gone_and_ttl_expiry_kills(
 
 rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
 
-/// Reads the first websocket message of a gateway route, if any comes.
-async fn gateway_greeting(upstream: &str, token: &str) -> Option<Vec<u8>> {
-    use futures_util::StreamExt;
-    let url = format!(
-        "{}/websockify?token={token}",
-        upstream.replacen("http://", "ws://", 1)
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
-    match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next()).await {
-        Ok(Some(Ok(msg))) if msg.is_binary() || msg.is_text() => Some(msg.into_data().to_vec()),
-        _ => None,
-    }
-}
-
-/// Two bots on one sandbox: separate displays and routes through the emulator's port host,
-/// routes that name only a loopback forwarder, and a closed route's token refused.
+/// The team-screens regression: two bots on one sandbox at once, separate displays and
+/// cookies, routes through the emulator's port host that name only a loopback forwarder, and
+/// old tokens refused after slot reuse.
 #[actix_rt::test]
-async fn two_bots_get_separate_screens_reached_through_the_port_host() {
+async fn the_team_screens_regression() {
     if !docker_ready() {
         return;
     }
-    use rakazo_actors::provider::{MachineSpec, ScreenPolicy};
-    let p = provider();
-    let spec = MachineSpec {
-        computer_id: "c-screens".into(),
-        space_id: "s-screens".into(),
-        bot_id: None,
-        home_key: "team-s-screens".into(),
-    };
-    let m = p.provision(&spec).await.unwrap();
-    let a = p.open_screen(&m, "bot-a").await.unwrap();
-    let b = p.open_screen(&m, "bot-b").await.unwrap();
-    assert_ne!(a.slot, b.slot);
-    let ra = p
-        .open_route(&m, "bot-a", ScreenPolicy::Control)
-        .await
-        .unwrap();
-    let rb = p.open_route(&m, "bot-b", ScreenPolicy::View).await.unwrap();
-    for r in [&ra, &rb] {
-        assert!(r.upstream.starts_with("http://127.0.0.1:"), "{r:?}");
-        assert!(!r.upstream.contains(DOMAIN) && !r.upstream.contains(&m.0));
+    team_screens::over_routes(&*provider(), DOMAIN).await;
+}
+
+/// Novita shares the adapter: against the emulator's Novita mode, a template the account
+/// lacks is a plain error with nothing else tried, ids carry a hyphen, stop pauses (confirmed
+/// by the state read back), reconnect resumes with the files kept, and destroy deletes a
+/// paused sandbox without resuming it.
+#[actix_rt::test]
+async fn novita_shares_the_adapter_with_its_differences() {
+    if !docker_ready() {
+        return;
     }
-    assert_ne!(ra.token, rb.token);
-    let greeting = gateway_greeting(&ra.upstream, &ra.token).await;
-    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
-    let greeting = gateway_greeting(&rb.upstream, &rb.token).await;
-    assert!(greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")));
-    p.close_route(&m, &ra.token).await.unwrap();
-    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
-    // The slot of bot-a is reused by another bot: bot-b's old route keeps working, bot-a's
-    // closed one stays refused.
-    p.close_screen(&m, "bot-a").await.unwrap();
-    p.open_screen(&m, "bot-c").await.unwrap();
-    assert_eq!(gateway_greeting(&ra.upstream, &ra.token).await, None);
-    assert!(gateway_greeting(&rb.upstream, &rb.token).await.is_some());
-    p.destroy(&m).await.unwrap();
+    use rakazo::emulators::e2b::State;
+    use rakazo_actors::provider::MachineSpec;
+    use std::sync::atomic::Ordering;
+    let shared = emulator();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let running = rakazo::emulators::e2b::start(
+        listener,
+        Settings {
+            supervisor_url: shared.supervisor.url.clone(),
+            supervisor_token: shared.supervisor.token.clone(),
+            domain: DOMAIN.into(),
+            novita: true,
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}", running.addr);
+    let novita = |template: &str| -> Arc<dyn SandboxProvider> {
+        let adapter = E2b::new(E2bConfig {
+            kind: "novita",
+            vendor: Vendor::Novita,
+            api_key: "sk_novita_test".into(),
+            domain: DOMAIN.into(),
+            api_url: url.clone(),
+            sandbox_url: Some(url.clone()),
+            template: template.into(),
+        })
+        .unwrap();
+        Arc::new(RemoteProvider::new(Arc::new(adapter), 0))
+    };
+    let spec = MachineSpec {
+        computer_id: "c-novita".into(),
+        space_id: "s-novita".into(),
+        bot_id: None,
+        home_key: "h-novita".into(),
+    };
+    let em = running.emulator.clone();
+
+    // No template in the account: a plain error, no sandbox made from another one.
+    let err = novita("stock-desktop").provision(&spec).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Novita has no template `stock-desktop`"),
+        "{err}"
+    );
+    assert!(em.lock().is_empty());
+
+    let p = novita("rakazo-computer");
+    let m = p.provision(&spec).await.unwrap();
+    assert!(m.0.contains('-'), "{}", m.0);
+    p.write_file(&m, "kept.txt", b"kept").await.unwrap();
+    p.stop(&m).await.unwrap();
+    assert_eq!(em.get(&m.0).unwrap().state, State::Paused);
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 0);
+
+    // Reconnect resumes the same sandbox, files kept.
+    let fresh = novita("rakazo-computer");
+    fresh.reconnect(&m, &spec).await.unwrap();
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 1);
+    assert_eq!(fresh.read_file(&m, "kept.txt").await.unwrap(), b"kept");
+
+    // Destroy of a paused sandbox deletes it without resuming it.
+    fresh.stop(&m).await.unwrap();
+    let other = novita("rakazo-computer");
+    other.destroy(&m).await.unwrap();
+    assert!(em.get(&m.0).is_none());
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        other.reconnect(&m, &spec).await,
+        Err(rakazo_actors::provider::ProviderError::MachineGone)
+    );
+    running.stop().await;
 }

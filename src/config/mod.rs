@@ -342,6 +342,12 @@ pub struct Config {
     pub e2b_domain: String,
     /// `E2B_API_URL` (empty: `https://api.<domain>`).
     pub e2b_api_url: String,
+    /// `NOVITA_API_KEY`.
+    pub novita_api_key: Option<Secret>,
+    /// `NOVITA_DOMAIN`.
+    pub novita_domain: String,
+    /// `NOVITA_API_URL` (empty: `https://api.<domain>`).
+    pub novita_api_url: String,
     /// `DAYTONA_API_KEY`.
     pub daytona_api_key: Option<Secret>,
     /// `DAYTONA_API_URL`.
@@ -730,6 +736,9 @@ impl Config {
             e2b_api_key: s.secret("E2B_API_KEY"),
             e2b_domain: s.get("E2B_DOMAIN").unwrap_or_default(),
             e2b_api_url: s.get("E2B_API_URL").unwrap_or_default(),
+            novita_api_key: s.secret("NOVITA_API_KEY"),
+            novita_domain: s.get("NOVITA_DOMAIN").unwrap_or_default(),
+            novita_api_url: s.get("NOVITA_API_URL").unwrap_or_default(),
             daytona_api_key: s.secret("DAYTONA_API_KEY"),
             daytona_api_url: s
                 .get("DAYTONA_API_URL")

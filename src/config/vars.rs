@@ -19,6 +19,7 @@ pub const PROVIDERS: &[&str] = &[
     "e2b",
     "daytona",
     "box",
+    "novita",
     "e2b-emulator",
     "daytona-emulator",
     "box-emulator",
@@ -67,7 +68,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_PROVIDER",
         default: "docker",
         secret: false,
-        doc: "Where computers run: docker, e2b, daytona, box, kubernetes, their offline emulators (e2b-emulator, daytona-emulator, box-emulator), desktop, fake or none. novita is not built yet (a setup error).",
+        doc: "Where computers run: docker, e2b, novita, daytona, box, kubernetes, their offline emulators (e2b-emulator, daytona-emulator, box-emulator), desktop, fake or none.",
     },
     Var {
         name: "SANDBOX_IDLE_MS",
@@ -175,7 +176,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_TEMPLATE",
         default: "rakazo-computer",
         secret: false,
-        doc: "With e2b: the E2B template computers are created from (it needs the desktop packages of the computer image).",
+        doc: "With e2b or novita: the template computers are created from (it needs the desktop packages of the computer image). Novita requires it to exist in the key's account (no stock fallback).",
     },
     Var {
         name: "E2B_API_KEY",
@@ -194,6 +195,24 @@ pub const VARS: &[Var] = &[
         default: "",
         secret: false,
         doc: "With e2b: the control plane's URL. Unset: https://api.<E2B_DOMAIN>.",
+    },
+    Var {
+        name: "NOVITA_API_KEY",
+        default: "",
+        secret: true,
+        doc: "With SANDBOX_PROVIDER=novita: the Novita API key (required; never logged).",
+    },
+    Var {
+        name: "NOVITA_DOMAIN",
+        default: "sandbox.novita.ai",
+        secret: false,
+        doc: "With novita: Novita's sandbox domain (port hosts are <port>-<sandbox id>.<domain>).",
+    },
+    Var {
+        name: "NOVITA_API_URL",
+        default: "",
+        secret: false,
+        doc: "With novita: the control plane's URL. Unset: https://api.<NOVITA_DOMAIN>.",
     },
     Var {
         name: "DAYTONA_API_KEY",

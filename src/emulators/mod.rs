@@ -10,7 +10,8 @@
 //! - [`front`]: the shared listener that routes a vendor's port hosts
 //!   (`<port>-<sandbox id>.<domain>`) by the `Host` header to the machine's published port
 //!   and everything else to the emulator's HTTP app;
-//! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`);
+//! - [`e2b`]: E2B's control plane (`/v2/sandboxes`...) and envd (Connect RPC, `/files`), and
+//!   Novita's E2B-compatible API in its Novita mode;
 //! - [`daytona`]: Daytona's API (`/api/sandbox`...) and toolbox (`/toolbox/{id}/...`), with
 //!   a preview listener per sandbox port;
 //! - [`boat`]: Box's API (`/api/v1/sandboxes`...), the vendor the spec calls Box or Boat;
@@ -39,4 +40,4 @@ pub fn random_id(len: usize) -> String {
 }
 
 /// The emulators this build has.
-pub const VENDORS: &[&str] = &["e2b", "daytona", "box", "kubernetes"];
+pub const VENDORS: &[&str] = &["e2b", "novita", "daytona", "box", "kubernetes"];

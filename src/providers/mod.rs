@@ -41,6 +41,24 @@ pub struct Built {
     /// The in-process e2b-emulator, when it serves the provider (test hooks: kill a sandbox
     /// behind the API's back).
     pub e2b_emulator: Option<Arc<crate::emulators::e2b::Emulator>>,
+    /// The in-process emulator's own API, when an emulator serves the provider (test hooks:
+    /// act on a sandbox behind the API's back, as the vendor's console would).
+    pub emulator_api: Option<EmulatorApi>,
+}
+
+/// Where an in-process emulator answers and the key it takes.
+#[derive(Clone)]
+pub struct EmulatorApi {
+    /// The emulator's base URL (`http://127.0.0.1:<port>`).
+    pub url: String,
+    /// The API key the adapter uses with it.
+    pub key: String,
+}
+
+impl std::fmt::Debug for EmulatorApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EmulatorApi({})", self.url)
+    }
 }
 
 fn unavailable(reason: String) -> Built {
@@ -53,6 +71,7 @@ fn unavailable(reason: String) -> Built {
         },
         fake: None,
         e2b_emulator: None,
+        emulator_api: None,
     }
 }
 
@@ -60,7 +79,7 @@ fn unavailable(reason: String) -> Built {
 /// health and the startup log, never a silent fall back to `none`.
 pub async fn build(config: &Config) -> Result<Built, String> {
     match config.provider.as_str() {
-        "none" => Ok(Built { provider: None, status: ProviderStatus { sandbox: "none".into(), setup_error: None }, fake: None, e2b_emulator: None }),
+        "none" => Ok(Built { provider: None, status: ProviderStatus { sandbox: "none".into(), setup_error: None }, fake: None, e2b_emulator: None, emulator_api: None }),
         "fake" => {
             let mode = if config.fake_single_screen {
                 fake::ScreenMode::Single
@@ -73,6 +92,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "fake".into(), setup_error: None },
                 fake: Some(fake),
                 e2b_emulator: None,
+                emulator_api: None,
             })
         }
         "desktop" => {
@@ -95,6 +115,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "desktop".into(), setup_error: None },
                 fake: None,
                 e2b_emulator: None,
+                emulator_api: None,
             })
         }
         "docker" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
@@ -114,6 +135,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "docker".into(), setup_error: None },
                 fake: None,
                 e2b_emulator: None,
+                emulator_api: None,
             })
         }
         "e2b" => {
@@ -127,6 +149,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
             };
             let adapter = e2b::E2b::new(e2b::E2bConfig {
                 kind: "e2b",
+                vendor: e2b::Vendor::E2b,
                 api_key: key.0.clone(),
                 domain: config.e2b_domain.clone(),
                 api_url,
@@ -140,6 +163,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "e2b".into(), setup_error: None },
                 fake: None,
                 e2b_emulator: None,
+                emulator_api: None,
             })
         }
         "e2b-emulator" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
@@ -154,6 +178,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                     supervisor_url: config.supervisor_url.clone(),
                     supervisor_token: token,
                     domain: crate::emulators::e2b::DOMAIN.into(),
+                    novita: false,
                 },
             )
             .await
@@ -162,9 +187,12 @@ pub async fn build(config: &Config) -> Result<Built, String> {
             let emulator = running.emulator.clone();
             // The emulator serves as long as the process (its tasks are detached).
             drop(running);
+            let api_key = format!("e2b_{}", crate::emulators::random_id(40));
+            let emulator_api = EmulatorApi { url: url.clone(), key: api_key.clone() };
             let adapter = e2b::E2b::new(e2b::E2bConfig {
                 kind: "e2b-emulator",
-                api_key: format!("e2b_{}", crate::emulators::random_id(40)),
+                vendor: e2b::Vendor::E2b,
+                api_key,
                 domain: crate::emulators::e2b::DOMAIN.into(),
                 api_url: url.clone(),
                 sandbox_url: Some(url),
@@ -177,7 +205,34 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "e2b-emulator".into(), setup_error: None },
                 fake: None,
                 e2b_emulator: Some(emulator),
+                emulator_api: Some(emulator_api),
             })
+        }
+        "novita" => {
+            let Some(key) = config.novita_api_key.as_ref().filter(|k| !k.0.trim().is_empty()) else {
+                return Ok(unavailable("SANDBOX_PROVIDER=novita requires NOVITA_API_KEY".into()));
+            };
+            if config.template.trim().is_empty() {
+                return Ok(unavailable(
+                    "SANDBOX_PROVIDER=novita requires SANDBOX_TEMPLATE (Novita has no stock fallback)".into(),
+                ));
+            }
+            let api_url = if config.novita_api_url.is_empty() {
+                format!("https://api.{}", config.novita_domain)
+            } else {
+                config.novita_api_url.clone()
+            };
+            let adapter = e2b::E2b::new(e2b::E2bConfig {
+                kind: "novita",
+                vendor: e2b::Vendor::Novita,
+                api_key: key.0.clone(),
+                domain: config.novita_domain.clone(),
+                api_url,
+                sandbox_url: None,
+                template: config.template.clone(),
+            })
+            .map_err(|e| format!("SANDBOX_PROVIDER=novita: {e}"))?;
+            remote_built(config, "novita", adapter)
         }
         "daytona" => {
             let Some(key) = config.daytona_api_key.as_ref().filter(|k| !k.0.trim().is_empty()) else {
@@ -197,11 +252,17 @@ pub async fn build(config: &Config) -> Result<Built, String> {
         ))),
         "daytona-emulator" => {
             let (url, key) = start_emulator(config, "daytona")?;
-            remote_built(config, "daytona-emulator", daytona_adapter(config, "daytona-emulator", format!("{url}/api"), key)?)
+            let api = EmulatorApi { url: url.clone(), key: key.clone() };
+            let mut built = remote_built(config, "daytona-emulator", daytona_adapter(config, "daytona-emulator", format!("{url}/api"), key)?)?;
+            built.emulator_api = Some(api);
+            Ok(built)
         }
         "box-emulator" => {
             let (url, key) = start_emulator(config, "box")?;
-            remote_built(config, "box-emulator", boat_adapter("box-emulator", format!("{url}/api/v1"), key)?)
+            let api = EmulatorApi { url: url.clone(), key: key.clone() };
+            let mut built = remote_built(config, "box-emulator", boat_adapter("box-emulator", format!("{url}/api/v1"), key)?)?;
+            built.emulator_api = Some(api);
+            Ok(built)
         }
         "kubernetes" => {
             let mut settings = config.kubernetes.clone();
@@ -222,6 +283,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 status: ProviderStatus { sandbox: "kubernetes".into(), setup_error: None },
                 fake: None,
                 e2b_emulator: None,
+                emulator_api: None,
             })
         }
         other => Ok(unavailable(format!("SANDBOX_PROVIDER={other} is not available in this build yet"))),
@@ -273,6 +335,7 @@ fn remote_built<V: remote::RemoteSandboxes>(
         },
         fake: None,
         e2b_emulator: None,
+        emulator_api: None,
     })
 }
 
@@ -373,6 +436,27 @@ mod tests {
         assert_eq!(d.kind, "e2b");
         assert!(d.capabilities.bills_while_running && d.capabilities.multi_screen);
         assert!(!d.capabilities.mounted_home);
+    }
+
+    #[actix_rt::test]
+    async fn novita_without_a_key_is_a_setup_error_and_with_one_it_is_novita() {
+        let built = build(&config(&[("SANDBOX_PROVIDER", "novita")]))
+            .await
+            .unwrap();
+        assert!(built.provider.is_none());
+        assert_eq!(built.status.sandbox, "none");
+        let err = built.status.setup_error.unwrap();
+        assert!(err.contains("NOVITA_API_KEY"), "{err}");
+        let built = build(&config(&[
+            ("SANDBOX_PROVIDER", "novita"),
+            ("NOVITA_API_KEY", "sk_novita_key"),
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(built.status.sandbox, "novita");
+        let d = built.provider.unwrap().describe();
+        assert_eq!(d.kind, "novita");
+        assert!(d.capabilities.bills_while_running && d.capabilities.multi_screen);
     }
 
     #[actix_rt::test]

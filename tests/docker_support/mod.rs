@@ -123,6 +123,34 @@ impl TestSupervisor {
         self.provider_with(true)
     }
 
+    /// Removes every container this supervisor created, whoever asked for it (a provider, an
+    /// emulator's sandboxes, an app under test): they are the ones whose home is mounted from
+    /// its `DATA_DIR`. Containers of other supervisors are never touched.
+    pub fn remove_containers(&self) {
+        remove_containers_of(&self.data_dir);
+    }
+
+    /// Removes this supervisor's containers when the test binary exits, for a supervisor
+    /// shared by the tests of a binary (a static is never dropped).
+    pub fn remove_containers_at_exit(&self) {
+        static DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+        extern "C" fn at_exit() {
+            let dirs = std::mem::take(&mut *DIRS.lock().unwrap_or_else(|e| e.into_inner()));
+            for dir in dirs {
+                remove_containers_of(&dir);
+            }
+        }
+        unsafe extern "C" {
+            fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+        }
+        let mut dirs = DIRS.lock().unwrap();
+        if dirs.is_empty() {
+            // SAFETY: registers a plain function once; it runs on the process's normal exit.
+            unsafe { atexit(at_exit) };
+        }
+        dirs.push(self.data_dir.clone());
+    }
+
     fn provider_with(&self, commands_only: bool) -> Arc<DockerProvider> {
         Arc::new(
             DockerProvider::new(DockerProviderConfig {
@@ -133,6 +161,53 @@ impl TestSupervisor {
             })
             .unwrap(),
         )
+    }
+}
+
+impl Drop for TestSupervisor {
+    /// A test's computers go with its supervisor, passed or failed.
+    fn drop(&mut self) {
+        self.remove_containers();
+    }
+}
+
+/// Removes the managed containers whose mounts come from under `data_dir`.
+fn remove_containers_of(data_dir: &std::path::Path) {
+    let Ok(out) = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            "label=rakazo.managed=true",
+        ])
+        .output()
+    else {
+        return;
+    };
+    let prefix = format!("{}/", data_dir.display());
+    for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        let Ok(mounts) = std::process::Command::new("docker")
+            .args([
+                "inspect",
+                "--format",
+                "{{range .Mounts}}{{.Source}}\n{{end}}",
+                id,
+            ])
+            .output()
+        else {
+            continue;
+        };
+        let ours = String::from_utf8_lossy(&mounts.stdout)
+            .lines()
+            .any(|source| source.starts_with(&prefix));
+        if ours {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", "-v", id])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
     }
 }
 

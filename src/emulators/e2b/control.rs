@@ -152,7 +152,24 @@ async fn create(
     if body.template_id.is_empty() || body.template_id.len() > 128 {
         return error(StatusCode::BAD_REQUEST, "templateID is required");
     }
-    let id = super::super::random_id(20);
+    let id = if em.settings.novita {
+        if !super::NOVITA_TEMPLATES.contains(&body.template_id.as_str()) {
+            return error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "template '{}' not found",
+                    body.template_id.chars().take(128).collect::<String>()
+                ),
+            );
+        }
+        format!(
+            "{}-{}",
+            super::super::random_id(20),
+            super::super::random_id(8)
+        )
+    } else {
+        super::super::random_id(20)
+    };
     let info = match em.machines.create("e2b", &id).await {
         Ok(info) => info,
         Err(e) => {
@@ -237,6 +254,7 @@ async fn connect(
     }
     let answer = sandbox_json(s, &em.settings.domain);
     if resumed {
+        em.resumes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(sandbox.id = %s.id, "emulator.e2b.resumed");
         HttpResponse::Created().json(answer)
     } else {

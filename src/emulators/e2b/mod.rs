@@ -14,6 +14,11 @@
 //! A sandbox is a real machine ([`super::machines`]): ids of 20 `[a-z0-9]` characters,
 //! `running` and `paused` states, TTL expiry kills, pause stops the container (processes end,
 //! files stay: unlike E2B, memory is not kept), resume starts it, a killed sandbox is 404.
+//!
+//! In Novita mode (`rakazo emulator novita`, [`Settings::novita`]) it answers as Novita's
+//! E2B-compatible API does where our adapter tells them apart: sandbox ids carry a hyphen, and
+//! only the templates built in the account exist ([`NOVITA_TEMPLATES`]; another is 404, where
+//! E2B mode takes any name).
 
 pub mod control;
 pub mod envd;
@@ -38,6 +43,8 @@ pub const GATEWAY_PORT: u16 = crate::supervisor::engine::GATEWAY_PORT;
 pub const DOMAIN: &str = "e2b.localhost";
 /// The account of E2B sandboxes.
 pub const ACCOUNT: &str = "user";
+/// The templates a Novita-mode emulator has (the one a deployment builds).
+pub const NOVITA_TEMPLATES: &[&str] = &["rakazo-computer"];
 
 /// Settings of one emulator.
 #[derive(Clone, Debug)]
@@ -48,6 +55,8 @@ pub struct Settings {
     pub supervisor_token: String,
     /// The domain of port hosts, as returned in create/connect (`e2b.localhost`).
     pub domain: String,
+    /// Answer as Novita does (ids with a hyphen, only built templates).
+    pub novita: bool,
 }
 
 /// Lifecycle state of a sandbox.
@@ -105,6 +114,8 @@ pub struct Emulator {
     pub machines: Machines,
     /// The sandboxes the emulator knows (killed ones are removed).
     pub sandboxes: Mutex<HashMap<String, Sandbox>>,
+    /// How many times a paused sandbox was resumed (test hook).
+    pub resumes: std::sync::atomic::AtomicU64,
 }
 
 impl Emulator {
@@ -120,6 +131,7 @@ impl Emulator {
             settings,
             machines,
             sandboxes: Mutex::new(HashMap::new()),
+            resumes: Default::default(),
         }))
     }
 

@@ -14,6 +14,12 @@
 //! - ports: `https://<port>-<id>.<domain>` (or, for the emulator, its address with that
 //!   `Host`), reached only through the remote provider's loopback forwarder.
 //!
+//! Novita ([`Vendor::Novita`], `SANDBOX_PROVIDER=novita`) speaks the same API at its own
+//! domain, with its differences: the template is required (no stock template is tried
+//! instead), a pause is confirmed by reading the sandbox's state back (retried), and sandbox
+//! ids carry a hyphen. Pause on idle and stop, resume on reconnect and destroy without a
+//! resume are what both do.
+//!
 //! Errors never carry the vendor's host, key or tokens.
 
 pub mod connect;
@@ -44,16 +50,40 @@ const START_GRACE: Duration = Duration::from_secs(30);
 /// Cap on each of stdout and stderr of one command.
 const OUTPUT_CAP: usize = 1 << 20;
 
+/// Which vendor speaks E2B's API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    /// E2B.
+    E2b,
+    /// Novita (E2B-compatible, with the differences above).
+    Novita,
+}
+
+impl Vendor {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::E2b => "E2B",
+            Vendor::Novita => "Novita",
+        }
+    }
+}
+
+/// How many times a Novita pause is asked for before it is reported unconfirmed.
+const PAUSE_ATTEMPTS: u32 = 3;
+
 /// How the adapter is set up.
 #[derive(Clone)]
 pub struct E2bConfig {
-    /// `SANDBOX_PROVIDER` name it reports (`e2b`, `e2b-emulator`).
+    /// `SANDBOX_PROVIDER` name it reports (`e2b`, `e2b-emulator`, `novita`).
     pub kind: &'static str,
-    /// `E2B_API_KEY`.
+    /// Whose API it is.
+    pub vendor: Vendor,
+    /// `E2B_API_KEY` (`NOVITA_API_KEY`).
     pub api_key: String,
-    /// `E2B_DOMAIN` (default `e2b.app`).
+    /// `E2B_DOMAIN` (default `e2b.app`; `NOVITA_DOMAIN`).
     pub domain: String,
-    /// `E2B_API_URL` (default `https://api.<domain>`).
+    /// `E2B_API_URL` (default `https://api.<domain>`; `NOVITA_API_URL`).
     pub api_url: String,
     /// envd's base URL for every sandbox (the emulator's address); `None`: E2B's own hosts.
     pub sandbox_url: Option<String>,
@@ -124,8 +154,15 @@ impl E2b {
     /// An adapter; refuses an empty key.
     pub fn new(config: E2bConfig) -> ProviderResult<Self> {
         if config.api_key.trim().is_empty() {
+            return Err(ProviderError::Unsupported(match config.vendor {
+                Vendor::E2b => "SANDBOX_PROVIDER=e2b requires E2B_API_KEY".into(),
+                Vendor::Novita => "SANDBOX_PROVIDER=novita requires NOVITA_API_KEY".into(),
+            }));
+        }
+        if config.vendor == Vendor::Novita && config.template.trim().is_empty() {
             return Err(ProviderError::Unsupported(
-                "SANDBOX_PROVIDER=e2b requires E2B_API_KEY".into(),
+                "SANDBOX_PROVIDER=novita requires SANDBOX_TEMPLATE (Novita has no stock fallback)"
+                    .into(),
             ));
         }
         let http = reqwest::Client::builder()
@@ -133,6 +170,44 @@ impl E2b {
             .build()
             .map_err(|e| ProviderError::Failed(format!("E2B client: {e}")))?;
         Ok(Self { config, http })
+    }
+
+    fn name(&self) -> &'static str {
+        self.config.vendor.name()
+    }
+
+    /// Novita: the sandbox's state as the control plane reports it (`MachineGone` on 404).
+    async fn state(&self, id: &str) -> ProviderResult<String> {
+        match self
+            .control(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
+            .await?
+        {
+            (200, v) => Ok(v["state"].as_str().unwrap_or("").to_string()),
+            (404, _) => Err(ProviderError::MachineGone),
+            (status, _) => Err(ProviderError::Failed(format!(
+                "{} answered {status} to a state read",
+                self.name()
+            ))),
+        }
+    }
+
+    /// One `POST /sandboxes/{id}/pause`.
+    async fn pause_once(&self, id: &str) -> ProviderResult<()> {
+        match self
+            .control(
+                reqwest::Method::POST,
+                &format!("/sandboxes/{id}/pause"),
+                Some(json!({})),
+            )
+            .await?
+        {
+            (200..=299 | 409, _) => Ok(()),
+            (404, _) => Err(ProviderError::MachineGone),
+            (status, _) => Err(ProviderError::Failed(format!(
+                "{} answered {status} to pause",
+                self.name()
+            ))),
+        }
     }
 
     async fn control(
@@ -164,9 +239,13 @@ impl E2b {
         let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         match status {
             200..=299 | 404 | 409 => Ok((status, value)),
-            401 | 403 => Err(ProviderError::Failed("E2B refused the API key".into())),
+            401 | 403 => Err(ProviderError::Failed(format!(
+                "{} refused the API key",
+                self.name()
+            ))),
             _ => Err(ProviderError::Failed(format!(
-                "E2B answered {status}: {}",
+                "{} answered {status}: {}",
+                self.name(),
                 value["message"]
                     .as_str()
                     .unwrap_or("")
@@ -404,7 +483,7 @@ impl RemoteSandboxes for E2b {
             .await
         {
             Ok((200, _)) => Ok(()),
-            Ok((status, _)) => Err(format!("E2B answered {status}")),
+            Ok((status, _)) => Err(format!("{} answered {status}", self.name())),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -429,8 +508,15 @@ impl RemoteSandboxes for E2b {
                 tracing::info!(sandbox.id = %s.id, "e2b.sandbox.created");
                 Ok(s)
             }
+            // The template is not in the key's account: said plainly, nothing else is tried.
+            (404, _) => Err(ProviderError::Failed(format!(
+                "{} has no template `{}` in this account: build it, or set SANDBOX_TEMPLATE",
+                self.name(),
+                self.config.template
+            ))),
             (status, _) => Err(ProviderError::Failed(format!(
-                "E2B answered {status} to create"
+                "{} answered {status} to create",
+                self.name()
             ))),
         }
     }
@@ -448,7 +534,8 @@ impl RemoteSandboxes for E2b {
             (200 | 201, v) => self.session(&v),
             (404, _) => Err(ProviderError::MachineGone),
             (status, _) => Err(ProviderError::Failed(format!(
-                "E2B answered {status} to connect"
+                "{} answered {status} to connect",
+                self.name()
             ))),
         }
     }
@@ -465,27 +552,32 @@ impl RemoteSandboxes for E2b {
             (200..=299, _) => Ok(()),
             (404, _) => Err(ProviderError::MachineGone),
             (status, _) => Err(ProviderError::Failed(format!(
-                "E2B answered {status} to a timeout"
+                "{} answered {status} to a timeout",
+                self.name()
             ))),
         }
     }
 
     async fn pause(&self, id: &str) -> ProviderResult<()> {
         check_id(id)?;
-        match self
-            .control(
-                reqwest::Method::POST,
-                &format!("/sandboxes/{id}/pause"),
-                Some(json!({})),
-            )
-            .await?
-        {
-            (200..=299 | 409, _) => Ok(()),
-            (404, _) => Err(ProviderError::MachineGone),
-            (status, _) => Err(ProviderError::Failed(format!(
-                "E2B answered {status} to pause"
-            ))),
+        if self.config.vendor == Vendor::Novita {
+            // Asked again until the state reads back as paused.
+            for _ in 0..PAUSE_ATTEMPTS {
+                match self.pause_once(id).await {
+                    Ok(()) | Err(ProviderError::Failed(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                if self.state(id).await? == "paused" {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            tracing::warn!(sandbox.id = %id, "novita.sandbox.pause_unconfirmed");
+            return Err(ProviderError::Failed(
+                "Novita did not confirm the pause".into(),
+            ));
         }
+        self.pause_once(id).await
     }
 
     async fn kill(&self, id: &str) -> ProviderResult<()> {
@@ -498,7 +590,8 @@ impl RemoteSandboxes for E2b {
         {
             (200..=299 | 404, _) => Ok(()),
             (status, _) => Err(ProviderError::Failed(format!(
-                "E2B answered {status} to kill"
+                "{} answered {status} to kill",
+                self.name()
             ))),
         }
     }

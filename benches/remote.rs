@@ -1,0 +1,253 @@
+//! Remote computers benchmark on the e2b-emulator, whose sandboxes are real containers of the
+//! computer image through a supervisor on 127.0.0.1:0: the time from a provision request to
+//! the first screenshot of a bot's desktop through the `e2b` adapter and the remote provider
+//! (envd commands, the shared desktop runtime over them), beside Docker direct on the same
+//! supervisor, rounds alternating; and tool-call overhead on an e2b-emulator computer: `shell`
+//! running `true` and `computer_observe` through the JSON-RPC API against the same calls made
+//! straight on the provider. Needs a Docker engine and the computer image. Results are
+//! recorded in `BENCHMARKS.md`.
+//!
+//! Run: `cargo bench --bench remote`.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rakazo::app::App;
+use rakazo::config::{Config, DockerNetwork, DockerSettings};
+use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
+use rakazo::supervisor::engine::{Engine, EngineSettings};
+use rakazo::supervisor::routes::State;
+use rakazo_actors::provider::{ExecRequest, MachineSpec, SandboxProvider};
+use serde_json::{Value, json};
+
+/// Provision-to-first-screenshot rounds per provider.
+const ROUNDS: usize = 3;
+/// Tool-call rounds (`computer_observe`: a quarter of them).
+const CALLS: usize = 40;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
+    v.sort();
+    ms(v[((v.len() as f64 - 1.0) * p) as usize])
+}
+
+fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
+    let settings = EngineSettings {
+        data_dir,
+        image: rakazo::image::default_image(),
+        docker: DockerSettings {
+            image: None,
+            nano_cpus: 0,
+            memory_bytes: 0,
+            pids_limit: 4096,
+            network: DockerNetwork::Bridge,
+            egress: Default::default(),
+        },
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let engine = Engine::connect(settings).await.expect("docker engine");
+            let state = actix_web::web::Data::new(State::new(engine, &token));
+            rakazo::supervisor::serve(listener, state)
+                .unwrap()
+                .await
+                .unwrap();
+        })
+    });
+    url
+}
+
+fn spec(tag: &str) -> MachineSpec {
+    let id = format!(
+        "bench-{tag}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    MachineSpec {
+        computer_id: id.clone(),
+        space_id: "bench".into(),
+        bot_id: Some(id.clone()),
+        home_key: id,
+    }
+}
+
+/// Provision → open desktop → first screenshot; the three stretches.
+async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
+    let s = spec("first");
+    let bot = s.bot_id.clone().unwrap();
+    let t0 = Instant::now();
+    let m = p.provision(&s).await.expect("provision");
+    let t1 = Instant::now();
+    p.open_screen(&m, &bot).await.expect("open screen");
+    let t2 = Instant::now();
+    let frame = p.observe(&m, &bot).await.expect("observe");
+    let t3 = Instant::now();
+    assert!(frame.png.starts_with(b"\x89PNG"));
+    p.destroy(&m).await.unwrap();
+    [t1 - t0, t2 - t1, t3 - t2]
+}
+
+async fn rpc(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    params: Value,
+) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+    let v: Value = http
+        .post(format!("{base}/rpc"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v.get("error").is_none(), "{method}: {v}");
+    v["result"].clone()
+}
+
+fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
+    let (r50, r95, a50, a95) = (
+        percentile(raw.clone(), 0.5),
+        percentile(raw, 0.95),
+        percentile(rpc.clone(), 0.5),
+        percentile(rpc, 0.95),
+    );
+    println!(
+        "| {label} | {r50:.2} / {r95:.2} ms | {a50:.2} / {a95:.2} ms | +{:.2} ms | {:.2} |",
+        a50 - r50,
+        a50 / r50.max(1e-9)
+    );
+}
+
+fn main() {
+    let image = rakazo::image::default_image();
+    if !rakazo::image::exists(&image) {
+        eprintln!("remote bench: {image} is missing; run scripts/build-computer-image.sh");
+        std::process::exit(if std::env::var_os("CI").is_some() {
+            1
+        } else {
+            0
+        });
+    }
+    let sup_dir = tempfile::tempdir().unwrap();
+    let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let url = start_supervisor(sup_dir.path().canonicalize().unwrap(), token.clone());
+    actix_rt::System::new().block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let env: std::collections::HashMap<String, String> = [
+            ("DATA_DIR", dir.path().display().to_string()),
+            ("SANDBOX_PROVIDER", "e2b-emulator".into()),
+            ("SANDBOX_SUPERVISOR_URL", url.clone()),
+            ("SANDBOX_SUPERVISOR_TOKEN", token.clone()),
+            ("RAKAZO_ENV", "test".into()),
+            ("RAKAZO_LOG", "warn".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let (app, op_token) = App::start(Config::load(&env, None).unwrap()).await.unwrap();
+        let op_token = op_token.unwrap();
+        let remote: Arc<dyn SandboxProvider> = app.runtime().provider().unwrap();
+        let docker: Arc<dyn SandboxProvider> = Arc::new(
+            DockerProvider::new(DockerProviderConfig {
+                supervisor_url: url.clone(),
+                supervisor_token: token.clone(),
+                screen_limit: 0,
+                commands_only: false,
+            })
+            .unwrap(),
+        );
+        println!("remote bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)\n");
+
+        // Provision to first screenshot, rounds alternating between the two providers.
+        println!("| provider | round | provision ms | open desktop ms | first observe ms | total ms |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        let mut totals: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        for round in 1..=ROUNDS {
+            for (i, (name, p)) in [("docker direct", &docker), ("e2b-emulator", &remote)]
+                .into_iter()
+                .enumerate()
+            {
+                let [a, b, c] = first_screenshot(p.as_ref()).await;
+                totals[i].push(a + b + c);
+                println!(
+                    "| {name} | {round} | {:.0} | {:.0} | {:.1} | **{:.0}** |",
+                    ms(a),
+                    ms(b),
+                    ms(c),
+                    ms(a + b + c)
+                );
+            }
+        }
+        let median = |v: &Vec<Duration>| {
+            let mut v = v.clone();
+            v.sort();
+            v[v.len() / 2]
+        };
+        let (d, r) = (median(&totals[0]), median(&totals[1]));
+        println!(
+            "\nprovision → first screenshot: docker direct median {:.0} ms, e2b-emulator median {:.0} ms, ratio {:.2}\n",
+            ms(d),
+            ms(r),
+            ms(r) / ms(d)
+        );
+
+        // Tool-call overhead on an e2b-emulator computer.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        actix_rt::spawn(rakazo::server::build(app.clone(), listener, 1).unwrap());
+        let http = reqwest::Client::new();
+        let t = &op_token;
+        let space = rpc(&http, &base, t, "space.create", json!({ "name": "bench" })).await;
+        let bot = rpc(&http, &base, t, "bot.create", json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" })).await;
+        let started = rpc(&http, &base, t, "run.start", json!({ "botId": bot["id"] })).await;
+        let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
+        let call = |name: &str, arguments: Value| json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments });
+        // The run's lease is renewed between timed calls (a slow round must not outlive it).
+        let renew = json!({ "runId": run, "fence": fence });
+        // Warm up: the machine, the screen and the browser exist before timing.
+        rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
+        // Raw: the same provider, a separate sandbox with its own screen.
+        let raw_spec = spec("raw");
+        let machine = remote.provision(&raw_spec).await.unwrap();
+        remote.open_screen(&machine, "raw-bot").await.unwrap();
+        let req = ExecRequest { command: "true".into(), cwd: String::new(), env: Vec::new(), timeout: Duration::from_secs(30) };
+        println!("| call | raw p50 / p95 | through RPC p50 / p95 | added p50 | ratio |");
+        println!("| --- | --- | --- | --- | --- |");
+        let (mut raw, mut api) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS {
+            rpc(&http, &base, t, "run.renew", renew.clone()).await;
+            let s = Instant::now();
+            remote.exec(&machine, &req).await.unwrap();
+            raw.push(s.elapsed());
+            let s = Instant::now();
+            rpc(&http, &base, t, "tools/call", call("shell", json!({ "command": "true" }))).await;
+            api.push(s.elapsed());
+        }
+        report("`shell` running `true`", raw, api);
+        let (mut raw, mut api) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS / 4 {
+            rpc(&http, &base, t, "run.renew", renew.clone()).await;
+            let s = Instant::now();
+            remote.observe(&machine, "raw-bot").await.unwrap();
+            raw.push(s.elapsed());
+            let s = Instant::now();
+            rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
+            api.push(s.elapsed());
+        }
+        report("`computer_observe`", raw, api);
+        remote.destroy(&machine).await.unwrap();
+        if let Some(emulator) = &app.e2b_emulator {
+            emulator.kill_all().await;
+        }
+    });
+}

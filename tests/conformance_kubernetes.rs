@@ -1,9 +1,11 @@
 //! The provider conformance suite for the `kubernetes` provider, through kube-rs against the
 //! kubernetes emulator (pods are real containers of the computer image); and what only this
-//! provider does: the pod it creates, a pod gone behind its back, stop and resume.
+//! provider does: the pod it creates, a pod gone behind its back, stop and resume; and the
+//! team-screens regression over the pods' gateway.
 
 mod docker_support;
 mod kubernetes_support;
+mod team_screens;
 
 use std::sync::Arc;
 
@@ -109,4 +111,13 @@ async fn stop_saves_the_home_and_reconnect_brings_it_back_in_a_new_pod() {
     assert_ne!(before, after, "a new pod");
     assert_eq!(p.read_file(&m, "docs/kept.txt").await.unwrap(), b"kept");
     p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn the_team_screens_regression() {
+    if !docker_ready() {
+        return;
+    }
+    // Screens are reached on the pod IP (a loopback address of the emulator's one node).
+    team_screens::over_routes(&*provider(), NAMESPACE, "http://127.").await;
 }

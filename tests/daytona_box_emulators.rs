@@ -118,7 +118,7 @@ mod daytona {
         if !docker_ready() {
             return;
         }
-        team_screens::over_routes(&*provider(), "daytona").await;
+        team_screens::over_routes(&*provider(), "daytona", "http://127.0.0.1:").await;
     }
 }
 

@@ -285,7 +285,7 @@ async fn the_team_screens_regression() {
     if !docker_ready() {
         return;
     }
-    team_screens::over_routes(&*provider(), DOMAIN).await;
+    team_screens::over_routes(&*provider(), DOMAIN, "http://127.0.0.1:").await;
 }
 
 /// Novita shares the adapter: against the emulator's Novita mode, a template the account

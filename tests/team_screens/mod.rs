@@ -179,10 +179,11 @@ pub async fn gateway_greeting(upstream: &str, token: &str) -> Option<Vec<u8>> {
 
 /// The regression on a provider whose screens are reached through routes (the remote
 /// providers): two bots at once on one Team Computer with separate displays and cookies,
-/// routes that name only a loopback forwarder (never `hidden`, the vendor's host), a view
+/// routes that name only an upstream starting with `upstream_prefix` (a loopback forwarder for
+/// the remote providers, the pod IP for kubernetes; never `hidden`, the vendor's host), a view
 /// token refused once its slot is released and reused by another bot while the other bot's
 /// route keeps working, and a profile that keeps its cookie across the release.
-pub async fn over_routes(p: &dyn SandboxProvider, hidden: &str) {
+pub async fn over_routes(p: &dyn SandboxProvider, hidden: &str, upstream_prefix: &str) {
     let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     start_site(p, &m).await;
@@ -194,7 +195,7 @@ pub async fn over_routes(p: &dyn SandboxProvider, hidden: &str) {
         .await
         .unwrap();
     for r in [&ra, &rb] {
-        assert!(r.upstream.starts_with("http://127.0.0.1:"), "{r:?}");
+        assert!(r.upstream.starts_with(upstream_prefix), "{r:?}");
         assert!(
             !r.upstream.contains(hidden) && !r.upstream.contains(&m.0),
             "{r:?}"

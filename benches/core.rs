@@ -77,11 +77,8 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
     // The legs take turns in chunks, so a busy neighbour slows them alike.
     let chunks = 5;
     let per = LEASE_ROUNDS / chunks;
-    let (mut t_base, mut t_ours, mut t_general) = (
-        std::time::Duration::ZERO,
-        std::time::Duration::ZERO,
-        std::time::Duration::ZERO,
-    );
+    let zero = std::time::Duration::ZERO;
+    let (mut t_base, mut t_ours, mut t_direct, mut t_general) = (zero, zero, zero, zero);
     for chunk in 0..chunks {
         let started = Instant::now();
         for i in 0..per {
@@ -123,6 +120,14 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
         }
         t_ours += started.elapsed();
 
+        // The same rules without the actor's mailbox hop.
+        let started = Instant::now();
+        for _ in 0..per {
+            let grant = leases.acquire(&key, "bench", 60_000).await.unwrap();
+            leases.release(&key, grant.fence).await.unwrap();
+        }
+        t_direct += started.elapsed();
+
         // The general path every grant took before the one-statement grant (no actor hop).
         let started = Instant::now();
         for _ in 0..per {
@@ -132,10 +137,12 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
         t_general += started.elapsed();
     }
     let rate = |t: std::time::Duration| (per * chunks) as f64 / t.as_secs_f64();
-    let (baseline, ours, general) = (rate(t_base), rate(t_ours), rate(t_general));
+    let (baseline, ours, direct, general) =
+        (rate(t_base), rate(t_ours), rate(t_direct), rate(t_general));
     println!(
-        "leases/{label}: {ours:.0} acquire+release round trips/s (baseline insert+update: {baseline:.0}/s, ratio {:.2}; general transaction path: {general:.0}/s, ratio {:.2})",
+        "leases/{label}: {ours:.0} acquire+release round trips/s through the LeaseActor (baseline insert+update: {baseline:.0}/s, ratio {:.2}); without the actor: {direct:.0}/s, ratio {:.2}; general transaction path, without the actor: {general:.0}/s, ratio {:.2}",
         ours / baseline,
+        direct / baseline,
         general / baseline
     );
     arbiter.stop();

@@ -99,8 +99,11 @@ fn pss_of(pid: u32) -> u64 {
 fn pss_kib(prefix: &str) -> ((u64, usize), (u64, usize)) {
     let want = format!("{TAG_VAR}={prefix}");
     let parents = parents();
-    let roots: std::collections::HashSet<u32> =
-        parents.keys().copied().filter(|&p| tagged(p, &want)).collect();
+    let roots: std::collections::HashSet<u32> = parents
+        .keys()
+        .copied()
+        .filter(|&p| tagged(p, &want))
+        .collect();
     let in_tree = |mut pid: u32| loop {
         if roots.contains(&pid) {
             return true;
@@ -330,9 +333,7 @@ fn main() {
         mib(two),
         mib(extra)
     );
-    println!(
-        "desktops per host: about {fit:.0} in 22 GiB (24 GiB less 2 GiB for the system)"
-    );
+    println!("desktops per host: about {fit:.0} in 22 GiB (24 GiB less 2 GiB for the system)");
 
     rt.block_on(runtime.shutdown()).unwrap();
     let _ = Command::new("bash")

@@ -10,8 +10,7 @@ use rakazo_actors::provider::{Action, Button};
 use x11rb::connection::Connection;
 use x11rb::protocol::Event;
 use x11rb::protocol::xproto::{
-    ConnectionExt as _, CreateGCAux, CreateWindowAux, EventMask,
-    Rectangle, WindowClass,
+    ConnectionExt as _, CreateGCAux, CreateWindowAux, EventMask, Rectangle, WindowClass,
 };
 
 /// A bare Xvfb (no window manager) on a free display; stopped when dropped.
@@ -219,8 +218,16 @@ fn a_batch_that_opens_a_window_settles_after_it_painted() {
             Duration::from_secs(20),
         )
         .unwrap();
-    assert_eq!(x.grabs(), grabs + 1, "one capture, after the screen went quiet");
-    assert_eq!(pixel(&settled.png, 260, 260), [255, 255, 255], "the last step");
+    assert_eq!(
+        x.grabs(),
+        grabs + 1,
+        "one capture, after the screen went quiet"
+    );
+    assert_eq!(
+        pixel(&settled.png, 260, 260),
+        [255, 255, 255],
+        "the last step"
+    );
     assert_eq!(pixel(&settled.png, 110, 105), [0, 255, 0], "a stripe");
     assert_eq!(pixel(&settled.png, 110, 115), [255, 0, 0], "the window");
     app.join().unwrap();

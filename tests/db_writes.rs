@@ -61,7 +61,14 @@ async fn read_only_calls_write_nothing(s: TestServer) {
     let (_, bots) = s.space_with_bots(1, "private").await;
     let (run, fence) = s.start_run(&bots[0]).await;
     // First use provisions the machine and opens the screen: those are writes.
-    tool(&s, &run, fence, "write_file", json!({ "path": "a.txt", "content": "hi" })).await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "a.txt", "content": "hi" }),
+    )
+    .await;
     tool(&s, &run, fence, "computer_observe", json!({})).await;
 
     let db = &s.app.db;
@@ -100,7 +107,14 @@ async fn read_only_calls_write_nothing(s: TestServer) {
     }
 
     // A mutating call still records use and activity.
-    tool(&s, &run, fence, "write_file", json!({ "path": "b.txt", "content": "x" })).await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "write_file",
+        json!({ "path": "b.txt", "content": "x" }),
+    )
+    .await;
     assert_ne!(rows(db).await, after, "a write is recorded");
 }
 

@@ -52,7 +52,10 @@ impl Xvfb {
 
 impl Drop for Xvfb {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SIGTERM, so the server removes its socket and lock file.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
     }
 }

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use rakazo_migrations::{Migrator, MigratorTrait};
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr};
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 /// Connect to `url`, creating the SQLite file's directory when needed.
 pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
@@ -21,17 +22,21 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
     options
         .sqlx_logging(false)
         .connect_timeout(Duration::from_secs(10))
-        .max_connections(16);
-    let db = Database::connect(options).await?;
-    if db.get_database_backend() == DbBackend::Sqlite {
-        // Readers never wait for the writer; the busy timeout covers writer contention.
-        db.execute_unprepared(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;",
-        )
-        .await?;
-    }
-    Ok(db)
+        .max_connections(16)
+        // Set on every pooled connection as it opens (a pragma run through the pool reaches
+        // only the one connection that ran it). Readers never wait for the writer, the WAL is
+        // synced at checkpoints rather than on every commit, and the busy timeout covers
+        // writer contention.
+        .map_sqlx_sqlite_opts(|o| {
+            o.journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        });
+    Database::connect(options).await
 }
+
+/// How long a SQLite connection waits for another writer before `SQLITE_BUSY`.
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Apply every pending migration.
 pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {

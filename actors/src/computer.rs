@@ -355,9 +355,14 @@ impl Handler<Call> for ComputerActor {
                 };
                 let provider = rt.provider()?;
                 let computers = Computers::new(rt.db.clone());
-                let _ = computers.touch_at(&id, rt.clock.now_ms()).await;
                 // A restore the machine has not taken yet (its import failed) comes first.
                 let row = computers.get(&id).await?;
+                // The use stamp is written only once it is older than the idle check's slack,
+                // so a stream of calls (most of them read-only) does not write on every call.
+                let now = rt.clock.now_ms();
+                if now.saturating_sub(row.last_active_at_ms) >= touch_slack_ms(&rt.settings) {
+                    let _ = computers.touch_at(&id, now).await;
+                }
                 apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
                 run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await
             }
@@ -797,7 +802,8 @@ async fn idle_decision(
     }
     let row = Computers::new(rt.db.clone()).get(id).await?;
     let idle_for = now.saturating_sub(row.last_active_at_ms).max(0);
-    if idle_ms > 0 && idle_for >= idle_ms {
+    // The stamp may lag the last use by the touch slack: wait that much longer, never less.
+    if idle_ms > 0 && idle_for >= idle_ms + touch_slack_ms(&rt.settings) {
         return Ok(Some(EndReason::Idle));
     }
     if !capped || up_for.is_none_or(|up| up < cap_ms) {
@@ -811,6 +817,16 @@ async fn idle_decision(
             Ok(None)
         }
         Some((false, false)) => Ok(Some(EndReason::ActiveLimit)),
+    }
+}
+
+/// How stale a computer's use stamp may get before a call writes it again: a twentieth of the
+/// idle time, at most 30 s (30 s when idle suspension is off).
+pub fn touch_slack_ms(settings: &crate::runtime::Settings) -> i64 {
+    const MAX_MS: i64 = 30_000;
+    match settings.idle.as_millis() as i64 {
+        0 => MAX_MS,
+        idle => (idle / 20).min(MAX_MS),
     }
 }
 

@@ -5,12 +5,14 @@
 //! wins, in one process or many. Decisions that read other keys (takeover rules, the maintenance
 //! reservation) first bump `computers.lease_epoch` inside the transaction, which takes the
 //! computer row's write lock on Postgres and the database write lock on SQLite: lease decisions
-//! of one computer are serialized without any in-memory lock.
+//! of one computer are serialized without any in-memory lock. The common grant (nothing live
+//! on the key, no maintenance) is one statement: on SQLite an `INSERT ... SELECT`, which holds
+//! the write lock for its whole run; on Postgres a function that bumps the epoch first.
 
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    QueryOrder, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait,
+    QueryFilter, QueryOrder, Set, Statement, TransactionTrait,
 };
 use serde::Serialize;
 
@@ -192,6 +194,22 @@ impl Leases {
     ///   `waiting_takeover`; `CONTROL_HELD` while another user controls the screen;
     /// - maintenance: `COMPUTER_RESERVED` while another reservation is live.
     pub async fn acquire(&self, key: &LeaseKey, holder: &str, ttl_ms: i64) -> DomainResult<Grant> {
+        if key.kind != LeaseKind::Control
+            && let Some(grant) = self.grant_fresh(key, holder, ttl_ms).await
+        {
+            return Ok(grant);
+        }
+        self.acquire_locked(key, holder, ttl_ms).await
+    }
+
+    /// [`Self::acquire`] through its general path only: one transaction under the computer's
+    /// lock, reading the rows the rules need, then inserting the grant.
+    pub async fn acquire_locked(
+        &self,
+        key: &LeaseKey,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> DomainResult<Grant> {
         let txn = self.db.begin().await?;
         lock_computer(&txn, &key.computer_id).await?;
         let now = now_ms();
@@ -234,6 +252,56 @@ impl Leases {
         txn.commit().await?;
         tracing::debug!(event = "lease.granted", kind = key.kind.as_str(), fence);
         Ok(Grant::from_row(key.kind, &row))
+    }
+
+    /// The common grant in one statement: nothing live on the key and no live maintenance
+    /// reservation, so the grant is the key's next fence. `None` when it did not apply (or
+    /// failed): [`Self::acquire`]'s general path then decides, with the same rules.
+    ///
+    /// On SQLite one `INSERT ... SELECT` holds the database's write lock for its whole run; on
+    /// Postgres `rakazo_lease_grant` (a migration) first takes the computer row's lock, as the
+    /// general path does, so it is serialized with every other lease decision of the computer.
+    async fn grant_fresh(&self, key: &LeaseKey, holder: &str, ttl_ms: i64) -> Option<Grant> {
+        let now = now_ms();
+        let id = new_id();
+        let backend = self.db.get_database_backend();
+        let values: Vec<sea_orm::Value> = vec![
+            id.clone().into(),
+            key.computer_id.clone().into(),
+            key.kind.as_str().into(),
+            key.subject.clone().into(),
+            holder.into(),
+            now.into(),
+            (now + ttl_ms).into(),
+        ];
+        let sql = match backend {
+            DbBackend::Postgres => "SELECT rakazo_lease_grant($1, $2, $3, $4, $5, $6, $7) AS fence",
+            _ => {
+                "INSERT INTO leases (id, computer_id, kind, subject, holder, fence, \
+                 expires_at_ms, released_at_ms, created_at_ms) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, COALESCE((SELECT MAX(fence) FROM leases \
+                 WHERE computer_id = ?2 AND kind = ?3 AND subject = ?4), 0) + 1, ?7, NULL, ?6 \
+                 WHERE EXISTS (SELECT 1 FROM computers WHERE id = ?2) AND NOT EXISTS \
+                 (SELECT 1 FROM leases WHERE computer_id = ?2 AND ((kind = ?3 AND subject = ?4) \
+                 OR (kind = 'maintenance' AND subject = '*')) \
+                 AND released_at_ms IS NULL AND expires_at_ms > ?6) RETURNING fence"
+            }
+        };
+        let row = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await
+            .ok()??;
+        let fence: i64 = row.try_get::<Option<i64>>("", "fence").ok()??;
+        tracing::debug!(event = "lease.granted", kind = key.kind.as_str(), fence);
+        Some(Grant {
+            computer_id: key.computer_id.clone(),
+            kind: key.kind,
+            subject: key.subject.clone(),
+            holder: holder.into(),
+            fence,
+            expires_at_ms: now + ttl_ms,
+        })
     }
 
     /// The current grant if `fence` is it and it is live; `LEASE_FENCED` otherwise.

@@ -63,6 +63,13 @@ pub fn check(action: &Action, width: u32, height: u32) -> Result<(), String> {
     }
 }
 
+/// Whether applications may answer `action` some time after it (a click opens a page, a key
+/// types into a field), so a batch with one gives them time before its screen counts as
+/// settled; a pointer move is answered in the same frame, a wait has waited already.
+pub fn answers_later(action: &Action) -> bool {
+    !matches!(action, Action::Move { .. } | Action::Wait { .. })
+}
+
 /// A short name of the action's kind, for messages.
 pub fn kind(action: &Action) -> &'static str {
     match action {

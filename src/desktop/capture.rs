@@ -1,7 +1,17 @@
 //! Screenshots straight from the X server: one persistent connection, `GetImage` of the root
 //! window, a fast frame hash, and PNG encoding with the fastest filter/deflate settings.
+//!
+//! The connection also listens to the X DAMAGE extension on the root window: the server says
+//! when anything is drawn, so a screen that was not drawn on since the last frame is answered
+//! from that frame (kept with its PNG) without capturing or encoding again, and a batch of
+//! input is settled when the screen has been quiet for a short window (see
+//! [`XDisplay::settle`]) instead of by comparing captured frames.
 
-use x11rb::connection::Connection;
+use std::time::{Duration, Instant};
+
+use x11rb::connection::{Connection, RequestConnection as _};
+use x11rb::protocol::Event;
+use x11rb::protocol::damage::{self, ConnectionExt as _, ReportLevel};
 use x11rb::protocol::xproto::{ConnectionExt as _, ImageFormat, ImageOrder, Window};
 use x11rb::rust_connection::RustConnection;
 
@@ -19,7 +29,46 @@ pub struct XDisplay {
     pub(crate) height: u16,
     /// Keyboard mapping, loaded on first keyboard input.
     pub(crate) keymap: Option<super::input::Keymap>,
+    /// The DAMAGE object on the root window (`None`: the server lacks the extension, and
+    /// every frame is captured).
+    damage: Option<damage::Damage>,
+    /// Whether the screen may have been drawn on since [`Self::frame`] last captured it.
+    dirty: bool,
+    /// The last frame [`Self::frame`] captured, with its PNG.
+    kept: Option<Shot>,
+    /// How many times the screen was captured (`GetImage`) on this connection.
+    grabs: u64,
 }
+
+/// A screen frame as PNG, with the hash of its pixels.
+#[derive(Clone, Debug)]
+pub struct Shot {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// The PNG.
+    pub png: Vec<u8>,
+    /// [`frame_hash`] of the pixels.
+    pub hash: u64,
+}
+
+impl From<Shot> for super::runtime::Observation {
+    fn from(shot: Shot) -> Self {
+        Self {
+            frame: rakazo_actors::provider::Frame {
+                png: shot.png,
+                width: shot.width,
+                height: shot.height,
+                notice: None,
+            },
+            hash: shot.hash,
+        }
+    }
+}
+
+/// Step between looks at the connection while waiting for a quiet screen.
+const QUIET_STEP: Duration = Duration::from_millis(2);
 
 /// A captured screen in the server's native 32-bit BGRX layout, with its hash.
 pub struct RawFrame {
@@ -72,13 +121,117 @@ impl XDisplay {
                 "unsupported visual: depth {depth}, {bpp:?} bits per pixel"
             )));
         }
+        let damage = match watch_damage(&conn, root) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(event = "desktop.damage_unavailable", error = %e);
+                None
+            }
+        };
         Ok(Self {
             conn,
             root,
             width,
             height,
             keymap: None,
+            damage,
+            dirty: true,
+            kept: None,
+            grabs: 0,
         })
+    }
+
+    /// Whether the server reports damage on this connection.
+    pub fn tracks_damage(&self) -> bool {
+        self.damage.is_some()
+    }
+
+    /// How many times the screen was captured on this connection.
+    pub fn grabs(&self) -> u64 {
+        self.grabs
+    }
+
+    /// Reads the damage reports that arrived; whether there were any. Each report re-arms the
+    /// damage object (reports come once per quiet-to-drawn change, so they never pile up).
+    fn take_damage(&mut self) -> Result<bool, DesktopError> {
+        let mut seen = false;
+        while let Some(event) = self.conn.poll_for_event().map_err(x_err)? {
+            if matches!(event, Event::DamageNotify(_)) {
+                seen = true;
+            }
+        }
+        if seen {
+            self.dirty = true;
+            if let Some(d) = self.damage {
+                self.conn
+                    .damage_subtract(d, x11rb::NONE, x11rb::NONE)
+                    .map_err(x_err)?;
+                self.conn.flush().map_err(x_err)?;
+            }
+        }
+        Ok(seen)
+    }
+
+    /// The screen as PNG: the last frame again when nothing was drawn since it was captured
+    /// (no capture, no encoding), a fresh capture otherwise.
+    pub fn frame(&mut self) -> Result<Shot, DesktopError> {
+        if self.damage.is_some() {
+            // After a round trip, every report of drawing done before it has arrived.
+            self.sync()?;
+            self.take_damage()?;
+            if !self.dirty
+                && let Some(kept) = &self.kept
+            {
+                return Ok(kept.clone());
+            }
+            // Reports from here on belong to the frame after this one.
+            self.dirty = false;
+        }
+        let raw = self.grab()?;
+        let shot = Shot {
+            png: raw.encode_png()?,
+            width: raw.width,
+            height: raw.height,
+            hash: raw.hash,
+        };
+        self.kept = Some(shot.clone());
+        Ok(shot)
+    }
+
+    /// Waits until the screen has been quiet (nothing drawn) for `quiet`, but at least
+    /// `react` (time for an application to answer input), at most `timeout`, then returns
+    /// [`Self::frame`]. A screen that was not drawn on at all is answered without capturing.
+    /// Without the DAMAGE extension, polls captured frames until two are equal instead.
+    pub fn settle(
+        &mut self,
+        react: Duration,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> Result<Shot, DesktopError> {
+        if self.damage.is_none() {
+            let raw = self.settle_by_polling(react, quiet, timeout)?;
+            return Ok(Shot {
+                png: raw.encode_png()?,
+                width: raw.width,
+                height: raw.height,
+                hash: raw.hash,
+            });
+        }
+        let start = Instant::now();
+        self.sync()?;
+        let mut last_drawn = start;
+        loop {
+            if self.take_damage()? {
+                last_drawn = Instant::now();
+            }
+            let now = Instant::now();
+            let ready = (start + react).max(last_drawn + quiet);
+            if now >= ready || now >= start + timeout {
+                break;
+            }
+            std::thread::sleep(QUIET_STEP.min(ready - now));
+        }
+        self.frame()
     }
 
     /// Screen size in pixels.
@@ -87,7 +240,8 @@ impl XDisplay {
     }
 
     /// Captures the whole screen.
-    pub fn grab(&self) -> Result<RawFrame, DesktopError> {
+    pub fn grab(&mut self) -> Result<RawFrame, DesktopError> {
+        self.grabs += 1;
         let reply = self
             .conn
             .get_image(
@@ -159,6 +313,31 @@ pub fn frame_hash(bytes: &[u8]) -> u64 {
     h ^= h >> 29;
     h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     h ^ (h >> 32)
+}
+
+/// Starts damage reports for everything drawn on the screen; `None` without the extension.
+fn watch_damage(
+    conn: &RustConnection,
+    root: Window,
+) -> Result<Option<damage::Damage>, DesktopError> {
+    if conn
+        .extension_information(damage::X11_EXTENSION_NAME)
+        .map_err(x_err)?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    // The version handshake must come before any other DAMAGE request.
+    conn.damage_query_version(1, 1)
+        .map_err(x_err)?
+        .reply()
+        .map_err(x_err)?;
+    let id = conn.generate_id().map_err(x_err)?;
+    conn.damage_create(id, root, ReportLevel::NON_EMPTY)
+        .map_err(x_err)?
+        .check()
+        .map_err(x_err)?;
+    Ok(Some(id))
 }
 
 pub(crate) fn x_err(e: impl std::fmt::Display) -> DesktopError {

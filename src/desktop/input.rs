@@ -329,8 +329,9 @@ impl XDisplay {
 
     /// Polls the screen until two consecutive frames are identical or `timeout` passes, and
     /// returns the last frame. `first_delay` lets applications react before the first look.
-    pub fn settle(
-        &self,
+    /// The path for a server without the DAMAGE extension (see [`XDisplay::settle`]).
+    pub fn settle_by_polling(
+        &mut self,
         first_delay: Duration,
         interval: Duration,
         timeout: Duration,

@@ -16,6 +16,7 @@ use rakazo_actors::provider::{ActStop, Action, Frame};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
+use super::action_rules::answers_later;
 use super::browser::{DevToolsAction, LOCK_FILES, chromium_args, devtools_script, profile_dir};
 use super::capture::{XDisplay, x_err};
 use super::command::{
@@ -56,10 +57,15 @@ const DEVTOOLS_BRIDGE_SOURCE: &str = include_str!("devtools_bridge.py");
 /// How a batch waits for the screen to stop changing.
 #[derive(Clone, Copy, Debug)]
 pub struct Settle {
-    /// Pause before the first look, so applications can react.
+    /// Time applications get to answer input before the screen counts as settled (on a
+    /// direct display only after clicks, drags, scrolls and keys; see
+    /// [`super::action_rules::answers_later`]), and the pause before the first look when
+    /// polling.
     pub first_delay: Duration,
-    /// Pause between looks.
+    /// Pause between looks when polling (the command path, or no DAMAGE extension).
     pub interval: Duration,
+    /// On a direct display with DAMAGE: settled once nothing was drawn for this long.
+    pub quiet: Duration,
     /// Give up and return the latest frame after this long.
     pub timeout: Duration,
 }
@@ -69,6 +75,7 @@ impl Default for Settle {
         Self {
             first_delay: Duration::from_millis(50),
             interval: Duration::from_millis(50),
+            quiet: Duration::from_millis(30),
             timeout: Duration::from_secs(2),
         }
     }
@@ -839,17 +846,10 @@ impl DesktopRuntime {
             }
         };
         tokio::task::spawn_blocking(move || {
-            let x = x.lock().unwrap_or_else(|e| e.into_inner());
-            let raw = x.grab()?;
-            Ok(Observation {
-                frame: Frame {
-                    png: raw.encode_png()?,
-                    width: raw.width,
-                    height: raw.height,
-                    notice,
-                },
-                hash: raw.hash,
-            })
+            let shot = x.lock().unwrap_or_else(|e| e.into_inner()).frame()?;
+            let mut observation = Observation::from(shot);
+            observation.frame.notice = notice;
+            Ok(observation)
         })
         .await
         .map_err(|e| DesktopError::X(format!("capture task: {e}")))?
@@ -888,18 +888,19 @@ impl DesktopRuntime {
                 }
                 Err(e) => (0, Some(ActStop::failed(e.to_string()))),
             };
-            let raw = x.settle(settle.first_delay, settle.interval, settle.timeout)?;
+            let react = if actions.iter().any(answers_later) {
+                settle.first_delay
+            } else {
+                Duration::ZERO
+            };
+            let shot = x.settle(react, settle.quiet, settle.timeout)?;
             Ok(ActResult {
                 completed,
                 error,
-                observation: Observation {
-                    frame: Frame {
-                        png: raw.encode_png()?,
-                        width: raw.width,
-                        height: raw.height,
-                        notice,
-                    },
-                    hash: raw.hash,
+                observation: {
+                    let mut observation = Observation::from(shot);
+                    observation.frame.notice = notice;
+                    observation
                 },
             })
         })
@@ -1425,6 +1426,7 @@ impl DesktopRuntime {
         let quiet = Settle {
             first_delay: BROWSER_QUIET_DELAY,
             interval: BROWSER_QUIET_INTERVAL,
+            quiet: BROWSER_QUIET_INTERVAL,
             timeout: BROWSER_QUIET_TIMEOUT,
         };
         match io {
@@ -1432,7 +1434,7 @@ impl DesktopRuntime {
                 tokio::task::spawn_blocking(move || {
                     x.lock().unwrap_or_else(|e| e.into_inner()).settle(
                         quiet.first_delay,
-                        quiet.interval,
+                        quiet.quiet,
                         quiet.timeout,
                     )
                 })

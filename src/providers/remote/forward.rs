@@ -5,13 +5,15 @@
 //! module. Each connection's first request head is rewritten; the rest (a websocket after the
 //! upgrade) is relayed byte for byte.
 //!
-//! Only `http://` port addresses are forwarded (the e2b-emulator's, a vendor's plain port
-//! host); TLS port hosts are not built yet and are refused when the forwarder is made.
+//! Plain `http://` port addresses (the e2b-emulator's) are relayed over TCP; `https://` ones
+//! (E2B's `<port>-<id>.<domain>`) over TLS to the vendor, verified against the system's roots
+//! with the port host's name, so the local side stays plain loopback HTTP either way.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rakazo_actors::provider::{ProviderError, ProviderResult};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::PortEndpoint;
@@ -32,20 +34,44 @@ impl Drop for Forwarder {
 }
 
 impl Forwarder {
-    /// Starts forwarding `127.0.0.1:<ephemeral>` to `endpoint`.
+    /// Starts forwarding `127.0.0.1:<ephemeral>` to `endpoint` (TLS verified against the
+    /// system's roots for `https://`).
     pub async fn start(endpoint: PortEndpoint) -> ProviderResult<Self> {
+        Self::start_with_roots(endpoint, system_roots).await
+    }
+
+    /// [`Forwarder::start`] with the roots TLS port hosts are verified against.
+    pub async fn start_with_roots(
+        endpoint: PortEndpoint,
+        roots: impl FnOnce() -> rustls::RootCertStore,
+    ) -> ProviderResult<Self> {
         let url = reqwest::Url::parse(&endpoint.url).map_err(|_| {
             ProviderError::Failed("the vendor gave an unreadable port address".into())
         })?;
-        if url.scheme() != "http" {
-            return Err(ProviderError::Unsupported(
-                "live screens through a TLS port host are not built yet".into(),
-            ));
-        }
         let host = url
             .host_str()
             .ok_or_else(|| ProviderError::Failed("port address without a host".into()))?
             .to_string();
+        let tls = match url.scheme() {
+            "http" => None,
+            "https" => {
+                let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|_| {
+                    ProviderError::Failed("the port host is not a valid TLS name".into())
+                })?;
+                let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| ProviderError::Failed(format!("forwarder TLS: {e}")))?
+                    .with_root_certificates(roots())
+                    .with_no_client_auth();
+                Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+            }
+            _ => {
+                return Err(ProviderError::Failed(
+                    "the vendor gave a port address that is neither http nor https".into(),
+                ));
+            }
+        };
         let port = url.port_or_known_default().unwrap_or(80);
         let target = format!("{host}:{port}");
         let mut headers = endpoint.headers;
@@ -60,9 +86,9 @@ impl Forwarder {
             .map_err(|e| ProviderError::Failed(format!("forwarder: {}", e.kind())))?;
         let task = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                let (target, headers) = (target.clone(), headers.clone());
+                let (target, headers, tls) = (target.clone(), headers.clone(), tls.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = relay(conn, &target, &headers).await {
+                    if let Err(e) = relay(conn, &target, &headers, tls).await {
                         tracing::debug!(error = %e.kind(), "remote.forward.closed");
                     }
                 });
@@ -77,11 +103,29 @@ impl Forwarder {
     }
 }
 
+/// The system's trusted roots (those it cannot read are left out).
+fn system_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        tracing::warn!("remote.forward.no_roots");
+    }
+    roots
+}
+
+/// How a forwarder reaches a TLS port host.
+type Tls = Option<(
+    tokio_rustls::TlsConnector,
+    rustls::pki_types::ServerName<'static>,
+)>;
+
 /// Reads the local side's request head, rewrites its headers and relays the connection.
 async fn relay(
     mut local: TcpStream,
     target: &str,
     headers: &[(String, String)],
+    tls: Tls,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(4096);
     let end = loop {
@@ -115,10 +159,159 @@ async fn relay(
         out.push_str(&format!("{k}: {v}\r\n"));
     }
     out.push_str("\r\n");
-    let mut upstream = TcpStream::connect(target).await?;
+    let upstream = TcpStream::connect(target).await?;
     upstream.set_nodelay(true)?;
-    upstream.write_all(out.as_bytes()).await?;
-    upstream.write_all(&buf[end..]).await?;
+    match tls {
+        None => splice(local, upstream, out.as_bytes(), &buf[end..]).await,
+        Some((connector, name)) => {
+            let upstream = connector.connect(name, upstream).await?;
+            splice(local, upstream, out.as_bytes(), &buf[end..]).await
+        }
+    }
+}
+
+/// Sends the rewritten head and what followed it, then relays both ways.
+async fn splice(
+    mut local: TcpStream,
+    mut upstream: impl AsyncRead + AsyncWrite + Unpin,
+    head: &[u8],
+    rest: &[u8],
+) -> std::io::Result<()> {
+    upstream.write_all(head).await?;
+    upstream.write_all(rest).await?;
+    upstream.flush().await?;
     tokio::io::copy_bidirectional(&mut local, &mut upstream).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    /// A self-signed certificate for `localhost`, made by openssl: (cert PEM, key PEM).
+    fn self_signed() -> (Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+            .args(["-addext", "subjectAltName=DNS:localhost"])
+            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+            .args(["-addext", "extendedKeyUsage=serverAuth"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl runs");
+        assert!(made.status.success(), "{made:?}");
+        (std::fs::read(cert).unwrap(), std::fs::read(key).unwrap())
+    }
+
+    /// A TLS port host on 127.0.0.1 answering each request with its `Host` and `X-Token`.
+    async fn tls_port_host(cert: &[u8], key: &[u8]) -> u16 {
+        let certs = vec![CertificateDer::from_pem_slice(cert).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(key).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(conn).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if tls.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).to_lowercase();
+                    let header = |name: &str| {
+                        head.lines()
+                            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                            .unwrap_or("-")
+                            .to_owned()
+                    };
+                    let body = format!("{}|{}", header("host"), header("x-token"));
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn get(port: u16) -> Result<String, reqwest::Error> {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await?
+            .text()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_tls_port_host_is_reached_verified_with_its_headers() {
+        let (cert, key) = self_signed();
+        let port = tls_port_host(&cert, &key).await;
+        let endpoint = || PortEndpoint {
+            url: format!("https://localhost:{port}"),
+            headers: vec![("X-Token".into(), "traffic-token".into())],
+        };
+        let trusted = move || {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from_pem_slice(&cert).unwrap())
+                .unwrap();
+            roots
+        };
+        let f = Forwarder::start_with_roots(endpoint(), trusted)
+            .await
+            .unwrap();
+        assert_eq!(
+            get(f.port()).await.unwrap(),
+            format!("localhost:{port}|traffic-token")
+        );
+        // A host whose certificate the roots do not vouch for is never spoken to.
+        let untrusted = Forwarder::start(endpoint()).await.unwrap();
+        assert!(get(untrusted.port()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn only_http_and_https_port_addresses_are_forwarded() {
+        let refused = Forwarder::start(PortEndpoint {
+            url: "ftp://localhost:21".into(),
+            headers: Vec::new(),
+        })
+        .await;
+        assert!(refused.is_err());
+    }
 }

@@ -318,6 +318,10 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         person.key(false, key).await;
     }
     person.ws.close(None).await.unwrap();
+    // The proxy relays all of it before it answers the close.
+    while let Ok(Some(Ok(_))) =
+        tokio::time::timeout(Duration::from_secs(10), person.ws.next()).await
+    {}
     s.ok(
         "computer.releaseControl",
         json!({ "botId": bot, "fence": control["fence"] }),
@@ -362,6 +366,7 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     assert_eq!(session["inputs"]["clicks"], 1, "{session}");
     assert_eq!(session["inputs"]["keys"], 3, "{session}");
     assert_eq!(session["counted"], true);
+    assert_eq!(session["closedBy"], "client");
     assert!(!steps[4].to_string().contains("\"abc\""));
     assert!(steps[4]["actorId"].is_string());
 

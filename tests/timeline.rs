@@ -19,6 +19,7 @@ on_both_databases!(
 /// A space with a private bot, its computer, and a run with a shell command, a file write
 /// and an observation; the bot is then stopped by the person.
 async fn scenario(s: &TestServer) -> (String, String, String) {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("error").try_init();
     let (_, bots) = s.space_with_bots(1, "private").await;
     let bot = bots[0].clone();
     let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]

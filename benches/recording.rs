@@ -4,7 +4,8 @@
 //! recorded). Each batch types into the browser's address bar, so every act brings a new
 //! frame: the worst case, a frame sealed and stored each time. Calls alternate between the
 //! two apps. Also times the recording alone (`recordings::record`: timeline entry, sealing,
-//! frame and step rows) and reports the bytes it stores per act.
+//! frame and step rows, which a tool call leaves to the background after its timeline entry)
+//! and reports the bytes it stores per act.
 //! Uses the host `desktop` provider (real Xvfb and Chromium).
 //!
 //! Run: `cargo bench --bench recording` (or `scripts/bench.sh recording`).
@@ -159,6 +160,7 @@ fn main() {
             mean(&with) / mean(&without)
         );
 
+        on.app.recorder.settled().await;
         let r = run::Entity::find_by_id(on.run.as_str().unwrap())
             .one(&on.app.db)
             .await

@@ -8,7 +8,9 @@ use base64::Engine;
 use common::{Backend, TestServer};
 use rakazo_actors::entity::recording_frame;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, Statement};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, Statement,
+};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -73,7 +75,11 @@ async fn a_run_is_recorded_and_goes_with_its_computer(s: TestServer) {
         assert_eq!(step["actor"], "bot");
         assert_eq!(&step["frame"]["digest"], digest, "{step}");
     }
-    assert!(steps.windows(2).all(|w| w[0]["position"].as_i64() < w[1]["position"].as_i64()));
+    assert!(
+        steps
+            .windows(2)
+            .all(|w| w[0]["position"].as_i64() < w[1]["position"].as_i64())
+    );
     // The click's point is kept, the typed secret is not.
     let act = &steps[1];
     assert_eq!(act["actions"][0]["x"], 10);
@@ -85,7 +91,12 @@ async fn a_run_is_recorded_and_goes_with_its_computer(s: TestServer) {
     )
     .await;
     assert_eq!(stored, 0);
-    assert!(act["actions"][1]["text"].as_str().unwrap().contains("[redacted]"));
+    assert!(
+        act["actions"][1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("[redacted]")
+    );
     // Frames are stored once per run by digest.
     let distinct: std::collections::HashSet<_> = digests.iter().collect();
     assert_eq!(replay["frames"].as_u64().unwrap() as usize, distinct.len());
@@ -93,10 +104,7 @@ async fn a_run_is_recorded_and_goes_with_its_computer(s: TestServer) {
     // Each frame opens to the very PNG the bot saw.
     for digest in &distinct {
         let frame = s
-            .ok(
-                "run.replayFrame",
-                json!({ "runId": run, "digest": digest }),
-            )
+            .ok("run.replayFrame", json!({ "runId": run, "digest": digest }))
             .await;
         let png = base64::engine::general_purpose::STANDARD
             .decode(frame["data"].as_str().unwrap())
@@ -169,7 +177,16 @@ async fn a_run_is_recorded_and_goes_with_its_computer(s: TestServer) {
         s.start_run(&bots[0]).await
     };
     tool(&s, &third, third_fence, "computer_observe", json!({})).await;
-    assert!(count(&s, &format!("SELECT COUNT(*) FROM recording_frames WHERE computer_id = '{computer}'")).await >= 1);
+    let kept = s.ok("run.replay", json!({ "runId": third })).await;
+    assert_eq!(kept["frames"], 1, "{kept}");
+    assert!(
+        count(
+            &s,
+            &format!("SELECT COUNT(*) FROM recording_frames WHERE computer_id = '{computer}'")
+        )
+        .await
+            >= 1
+    );
     s.ok("bot.stop", json!({ "botId": bots[0] })).await;
     s.ok("computer.delete", json!({ "computerId": computer }))
         .await;

@@ -176,12 +176,11 @@ impl Chromium {
     async fn page(&self) -> Cdp {
         let deadline = Instant::now() + Duration::from_secs(20);
         let url = loop {
-            let list: Value = match reqwest::get(format!("http://127.0.0.1:{}/json/list", self.port))
-                .await
-            {
-                Ok(r) => r.json().await.unwrap_or(Value::Null),
-                Err(_) => Value::Null,
-            };
+            let list: Value =
+                match reqwest::get(format!("http://127.0.0.1:{}/json/list", self.port)).await {
+                    Ok(r) => r.json().await.unwrap_or(Value::Null),
+                    Err(_) => Value::Null,
+                };
             if let Some(url) = list
                 .as_array()
                 .and_then(|l| l.iter().find(|t| t["type"] == "page"))
@@ -305,7 +304,14 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     seen.push(last);
 
     // Then a person: the bot asks, they take control, click and press keys through the proxy.
-    tool(&s, &run, fence, "request_takeover", json!({ "reason": "check" })).await;
+    tool(
+        &s,
+        &run,
+        fence,
+        "request_takeover",
+        json!({ "reason": "check" }),
+    )
+    .await;
     let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
     let url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
     let mut person = Rfb::connect(&s, &url).await;
@@ -332,7 +338,12 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     let deadline = Instant::now() + Duration::from_secs(20);
     let replay = loop {
         let r = s.ok("run.replay", json!({ "runId": run })).await;
-        if r["steps"].as_array().unwrap().iter().any(|s| s["actor"] == "user") {
+        if r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["actor"] == "user")
+        {
             break r;
         }
         assert!(Instant::now() < deadline, "no control session in {r}");
@@ -359,7 +370,11 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         ],
         "{replay}"
     );
-    assert!(steps.windows(2).all(|w| w[0]["position"].as_i64() < w[1]["position"].as_i64()));
+    assert!(
+        steps
+            .windows(2)
+            .all(|w| w[0]["position"].as_i64() < w[1]["position"].as_i64())
+    );
     assert_eq!(steps[1]["actions"][0]["x"], 640);
     assert_eq!(steps[1]["actions"][0]["y"], 400);
     let session = &steps[4]["session"];
@@ -375,17 +390,17 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         let digest = result["structuredContent"]["frameDigest"].as_str().unwrap();
         assert_eq!(step["frame"]["digest"], digest);
         let frame = s
-            .ok(
-                "run.replayFrame",
-                json!({ "runId": run, "digest": digest }),
-            )
+            .ok("run.replayFrame", json!({ "runId": run, "digest": digest }))
             .await;
         let png = base64::engine::general_purpose::STANDARD
             .decode(frame["data"].as_str().unwrap())
             .unwrap();
         assert_eq!(hex::encode(Sha256::digest(&png)), digest);
         if let Some(shown) = image_of(result) {
-            assert_eq!(png, shown, "the replayed frame differs from the observation");
+            assert_eq!(
+                png, shown,
+                "the replayed frame differs from the observation"
+            );
         }
         assert_eq!(frame["width"], 1280);
         assert_eq!(frame["height"], 800);
@@ -419,7 +434,10 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         .await;
     assert_eq!(count, 5);
     page.shot("replay-0-observe").await;
-    let mut actors = vec![page.eval("document.querySelector('[data-role=replay]').dataset.actor").await];
+    let mut actors = vec![
+        page.eval("document.querySelector('[data-role=replay]').dataset.actor")
+            .await,
+    ];
     for i in 1..5 {
         page.eval("document.querySelector('[data-action=replay-next]').click(); true")
             .await;
@@ -451,7 +469,13 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     page.shot("replay-4-person").await;
     assert_eq!(
         actors,
-        [json!("bot"), json!("bot"), json!("bot"), json!("bot"), json!("user")]
+        [
+            json!("bot"),
+            json!("bot"),
+            json!("bot"),
+            json!("bot"),
+            json!("user")
+        ]
     );
     let caption = page
         .eval("document.querySelector('[data-role=replay-caption]').textContent")

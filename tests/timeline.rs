@@ -19,7 +19,10 @@ on_both_databases!(
 /// A space with a private bot, its computer, and a run with a shell command, a file write
 /// and an observation; the bot is then stopped by the person.
 async fn scenario(s: &TestServer) -> (String, String, String) {
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("error").try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("error")
+        .try_init();
     let (_, bots) = s.space_with_bots(1, "private").await;
     let bot = bots[0].clone();
     let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
@@ -99,7 +102,9 @@ async fn the_timeline_names_every_actor_in_order(s: TestServer) {
         .expect("the run's end");
     assert_eq!(stopped["actor"], "user");
     let pos = |e: &Value| e["position"].as_i64().unwrap();
-    assert!(pos(started) < pos(shell) && pos(shell) < pos(observed) && pos(observed) < pos(stopped));
+    assert!(
+        pos(started) < pos(shell) && pos(shell) < pos(observed) && pos(observed) < pos(stopped)
+    );
 
     // Chained: each entry names the hash of the one before.
     for pair in entries.windows(2) {
@@ -175,7 +180,10 @@ async fn an_edited_row_is_named_by_verify(s: TestServer) {
     let verified = s
         .ok("activity.verify", json!({ "computerId": computer }))
         .await;
-    assert_eq!(verified["firstMismatch"]["id"], entries[2]["id"], "{verified}");
+    assert_eq!(
+        verified["firstMismatch"]["id"], entries[2]["id"],
+        "{verified}"
+    );
     assert_eq!(verified["firstMismatch"]["reason"], "position");
 }
 
@@ -184,7 +192,9 @@ async fn appends_from_two_pools_form_one_chain(s: TestServer) {
     let before = entries_at_least(&s, &computer, 5).await.len();
     let url = s.app.config.database_url.0.clone();
     let other = rakazo::db::connect(&url).await.unwrap();
-    let space = s.ok("computer.get", json!({ "computerId": computer })).await["spaceId"]
+    let space = s
+        .ok("computer.get", json!({ "computerId": computer }))
+        .await["spaceId"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -217,7 +227,11 @@ async fn appends_from_two_pools_form_one_chain(s: TestServer) {
     }
     positions.sort();
     positions.dedup();
-    assert_eq!(positions.len(), EACH * 2, "every append got its own position");
+    assert_eq!(
+        positions.len(),
+        EACH * 2,
+        "every append got its own position"
+    );
     let verified = timeline::verify(&other, &computer).await.unwrap();
     assert!(verified.intact, "{verified:?}");
     assert!(verified.entries as usize >= before + EACH * 2);

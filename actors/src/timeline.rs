@@ -107,7 +107,9 @@ pub async fn acting_as<F: Future>(actor: Actor, f: F) -> F::Output {
 
 /// Who acts in this task: the system unless [`acting_as`] said otherwise.
 pub fn current() -> Actor {
-    ACTOR.try_with(Clone::clone).unwrap_or_else(|_| Actor::system())
+    ACTOR
+        .try_with(Clone::clone)
+        .unwrap_or_else(|_| Actor::system())
 }
 
 /// An entry to append.
@@ -241,9 +243,15 @@ fn contended(e: &DbErr) -> bool {
         return true;
     }
     let text = e.to_string().to_ascii_lowercase();
-    ["locked", "busy", "could not serialize", "deadlock", "unique"]
-        .iter()
-        .any(|w| text.contains(w))
+    [
+        "locked",
+        "busy",
+        "could not serialize",
+        "deadlock",
+        "unique",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
 }
 
 enum Attempt {
@@ -414,7 +422,9 @@ const VERIFY_PAGE: u64 = 500;
 
 /// Recompute a computer's chain from its first entry and compare it with the head.
 pub async fn verify(db: &impl ConnectionTrait, computer_id: &str) -> DomainResult<Verification> {
-    let head = timeline_head::Entity::find_by_id(computer_id).one(db).await?;
+    let head = timeline_head::Entity::find_by_id(computer_id)
+        .one(db)
+        .await?;
     // Entries appended after the head was read are not looked at: a head and its entry are
     // written in one transaction, so everything up to the head read is there.
     let upto = head.as_ref().map_or(i64::MAX, |h| h.position);

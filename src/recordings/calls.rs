@@ -95,7 +95,8 @@ pub async fn step(
         frame,
         digest: &digest,
     };
-    if let Err(e) = super::record(&app.db, &app.recorder, &app.runtime().master_key, step).await {
+    let master = &app.runtime().master_key;
+    if let Err(e) = super::record_in_background(&app.db, &app.recorder, master, step).await {
         tracing::warn!(event = "recording.step_failed", run.id = %r.id, code = e.code.as_str());
     }
 }

@@ -26,6 +26,9 @@ pub use retention::{RETENTION_EVERY, spawn_retention, sweep};
 
 use crate::stores::seal::{self, Binding};
 
+/// Longest wait of [`Recorder::settled`].
+pub const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The key-derivation context of recording keys (never the workspace's own key).
 const RECORDING_KEY_CONTEXT: &str = "rakazo 2026-12 run recording frame key v1";
 
@@ -38,6 +41,8 @@ pub struct Recorder {
     pub retention_days: u32,
     /// Sealed frame bytes kept per run.
     pub max_run_bytes: u64,
+    /// Recordings handed to the background and not yet stored: `run.replay` waits for them.
+    pending: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Recorder {
@@ -47,7 +52,24 @@ impl Recorder {
             keys: Arc::default(),
             retention_days,
             max_run_bytes,
+            pending: Arc::new(tokio::sync::watch::channel(0).0),
         }
+    }
+
+    /// Count one recording handed to the background; [`Recorder::done`] when it is stored.
+    fn begin(&self) {
+        self.pending.send_modify(|n| *n += 1);
+    }
+
+    fn done(&self) {
+        self.pending.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Waits (at most [`SETTLE_WAIT`]) until every recording handed to the background so far
+    /// is stored.
+    pub async fn settled(&self) {
+        let mut rx = self.pending.subscribe();
+        let _ = tokio::time::timeout(SETTLE_WAIT, rx.wait_for(|n| *n == 0)).await;
     }
 
     /// Whether runs are recorded.
@@ -147,6 +169,94 @@ pub async fn record(
     if !recorder.enabled() {
         return Ok(entry.position);
     }
+    store(
+        db,
+        recorder,
+        master,
+        &step,
+        actions,
+        entry.position,
+        entry.created_at_ms,
+    )
+    .await?;
+    Ok(entry.position)
+}
+
+/// Like [`record`], but only the timeline entry is written before it returns: sealing and
+/// storing the frame and the step go on in the background (counted, so `run.replay` waits for
+/// them), off the tool's answer.
+pub async fn record_in_background(
+    db: &DatabaseConnection,
+    recorder: &Recorder,
+    master: &keys::KeyBytes,
+    step: Step<'_>,
+) -> DomainResult<i64> {
+    let run = step.run;
+    let actions = step.actions.map(stored_actions);
+    let entry = timeline::append(
+        db,
+        NewEntry {
+            computer_id: run.computer_id.clone(),
+            space_id: run.space_id.clone(),
+            actor: Actor::bot(&run.bot_id),
+            bot_id: Some(run.bot_id.clone()),
+            run_id: Some(run.id.clone()),
+            kind: "tool.call".into(),
+            subject: step.tool.into(),
+            detail: json!({ "actions": actions, "result": step.result, "frameDigest": step.digest }),
+        },
+    )
+    .await?;
+    if !recorder.enabled() {
+        return Ok(entry.position);
+    }
+    let (db, recorder, master) = (db.clone(), recorder.clone(), *master);
+    let (r, tool, result, frame, digest) = (
+        run.clone(),
+        step.tool.to_owned(),
+        step.result,
+        step.frame.clone(),
+        step.digest.to_owned(),
+    );
+    recorder.begin();
+    tokio::spawn(async move {
+        let step = Step {
+            run: &r,
+            tool: &tool,
+            actions: None,
+            result,
+            frame: &frame,
+            digest: &digest,
+        };
+        if let Err(e) = store(
+            &db,
+            &recorder,
+            &master,
+            &step,
+            actions,
+            entry.position,
+            entry.created_at_ms,
+        )
+        .await
+        {
+            tracing::warn!(event = "recording.step_failed", run.id = %r.id, code = e.code.as_str());
+        }
+        recorder.done();
+    });
+    Ok(entry.position)
+}
+
+/// Store a step and, once per run, its frame sealed (under the size cap).
+async fn store(
+    db: &DatabaseConnection,
+    recorder: &Recorder,
+    master: &keys::KeyBytes,
+    step: &Step<'_>,
+    actions: Option<Value>,
+    position: i64,
+    at_ms: i64,
+) -> DomainResult<()> {
+    let run = step.run;
     let stored = recording_frame::Entity::find_by_id((run.id.clone(), step.digest.to_owned()))
         .select_only()
         .column(recording_frame::Column::Digest)
@@ -160,7 +270,8 @@ pub async fn record(
         let (key, storage_id) = recorder.key(db, master, &run.computer_id).await?;
         let name = sealed_name(&run.id, step.digest);
         let room = recorder.max_run_bytes as i64 - run_bytes(db, &run.id).await?;
-        let sealed_len = seal::sealed_len(&Binding::chunk(&storage_id, &name), step.frame.png.len());
+        let sealed_len =
+            seal::sealed_len(&Binding::chunk(&storage_id, &name), step.frame.png.len());
         if (sealed_len as i64) <= room {
             let sealed = seal::seal(&key, &Binding::chunk(&storage_id, &name), &step.frame.png);
             bytes = sealed.len() as i64;
@@ -171,7 +282,7 @@ pub async fn record(
                 width: Set(step.frame.width as i32),
                 height: Set(step.frame.height as i32),
                 sealed: Set(sealed),
-                created_at_ms: Set(entry.created_at_ms),
+                created_at_ms: Set(at_ms),
             })
             .on_conflict(
                 sea_orm::sea_query::OnConflict::columns([
@@ -193,17 +304,17 @@ pub async fn record(
         run_id: Set(run.id.clone()),
         computer_id: Set(run.computer_id.clone()),
         bot_id: Set(run.bot_id.clone()),
-        timeline_position: Set(entry.position),
+        timeline_position: Set(position),
         tool: Set(step.tool.into()),
         actions: Set(actions.map(|a| a.to_string())),
         result: Set(step.result.to_string()),
         frame_digest: Set(frame_digest),
         bytes: Set(bytes),
-        created_at_ms: Set(entry.created_at_ms),
+        created_at_ms: Set(at_ms),
     }
     .insert(db)
     .await?;
-    Ok(entry.position)
+    Ok(())
 }
 
 /// Open a sealed frame.

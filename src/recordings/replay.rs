@@ -48,8 +48,14 @@ pub async fn replay(db: &DatabaseConnection, r: &run::Model) -> DomainResult<Val
             )
         })
         .collect();
-    for c in timeline::control_sessions(db, &r.computer_id, &r.bot_id, r.created_at_ms, r.ended_at_ms)
-        .await?
+    for c in timeline::control_sessions(
+        db,
+        &r.computer_id,
+        &r.bot_id,
+        r.created_at_ms,
+        r.ended_at_ms,
+    )
+    .await?
     {
         out.push((
             c.position,

@@ -194,8 +194,15 @@ async fn observe(ctx: &ToolCtx<'_>) -> DomainResult<Value> {
             "unexpected provider reply",
         ));
     };
-    crate::recordings::calls::step(ctx.app, &ctx.run, "computer_observe", None, json!({}), &frame)
-        .await;
+    crate::recordings::calls::step(
+        ctx.app,
+        &ctx.run,
+        "computer_observe",
+        None,
+        json!({}),
+        &frame,
+    )
+    .await;
     Ok(ctx
         .frame_result(
             frame,
@@ -239,7 +246,10 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         ));
     };
     let completed = outcome.completed;
-    let stop = outcome.stopped.as_ref().map(|s| json!({ "code": s.code.as_str(), "reason": s.reason }));
+    let stop = outcome
+        .stopped
+        .as_ref()
+        .map(|s| json!({ "code": s.code.as_str(), "reason": s.reason }));
     crate::recordings::calls::step(
         ctx.app,
         &ctx.run,

@@ -31,8 +31,8 @@ use crate::gateway::{
     SocketKind, SocketScope, Unregister,
 };
 use crate::rfb::ViewFilter;
-use crate::sessions::{Counter, SessionNotes, Tally};
 use crate::service::{ConnectionId, ProxyState, Refusal, RefusalReason, reject};
+use crate::sessions::{Counter, SessionNotes, Tally};
 
 /// Longest time spent closing both sides after the relay ends.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);

@@ -463,10 +463,20 @@ mod tests {
         feed_in_chunks(&mut filter, &stream, &mut rng).unwrap();
         let c = filter.counts();
         assert_eq!(
-            (c.keys, c.clicks, c.scrolls, c.pointer_moves, c.clipboard, c.other),
+            (
+                c.keys,
+                c.clicks,
+                c.scrolls,
+                c.pointer_moves,
+                c.clipboard,
+                c.other
+            ),
             (3, 1, 1, 3, 1, 1)
         );
         let shown = serde_json::to_string(&c).unwrap();
-        assert!(!shown.contains("secret") && !shown.contains("buttons"), "{shown}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("buttons"),
+            "{shown}"
+        );
     }
 }

@@ -219,6 +219,8 @@ pub async fn delete(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     }
     let computers = Computers::new(ctx.db().clone());
     computers.close_runs(&c.id, EndReason::Deleted).await?;
+    // Recordings still being stored land before the rows that hold them go.
+    ctx.app.recorder.settled().await;
     computers.delete(&c).await?;
     ctx.app.registry.forget(&c.id);
     rt.homes.delete(&c.home_key, &c.storage_id).await?;

@@ -65,6 +65,7 @@ async fn run_of(ctx: &Ctx<'_>, run_id: &str) -> DomainResult<rakazo_actors::enti
 pub async fn replay(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Replay = super::params(params)?;
     let r = run_of(ctx, &p.run_id).await?;
+    ctx.app.recorder.settled().await;
     crate::recordings::replay(ctx.db(), &r).await
 }
 
@@ -79,6 +80,7 @@ struct Frame {
 pub async fn replay_frame(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Frame = super::params(params)?;
     let r = run_of(ctx, &p.run_id).await?;
+    ctx.app.recorder.settled().await;
     let (png, width, height) = crate::recordings::frame_png(
         ctx.db(),
         &ctx.app.recorder,

@@ -255,7 +255,7 @@ fn contended(e: &DbErr) -> bool {
 }
 
 enum Attempt {
-    Done(timeline_entry::Model),
+    Done(Box<timeline_entry::Model>),
     Lost,
 }
 
@@ -310,7 +310,7 @@ async fn attempt(db: &DatabaseConnection, e: &NewEntry, detail: &str) -> Result<
         .insert(&txn)
         .await?;
     txn.commit().await?;
-    Ok(Attempt::Done(row))
+    Ok(Attempt::Done(Box::new(row)))
 }
 
 /// Append an entry to its computer's timeline (see the module docs).
@@ -319,7 +319,7 @@ pub async fn append(db: &DatabaseConnection, e: NewEntry) -> DomainResult<EntryJ
     let mut last = None;
     for round in 0..APPEND_ATTEMPTS {
         match attempt(db, &e, &detail).await {
-            Ok(Attempt::Done(row)) => return Ok(EntryJson::from(&row)),
+            Ok(Attempt::Done(row)) => return Ok(EntryJson::from(row.as_ref())),
             Ok(Attempt::Lost) => {}
             Err(err) if contended(&err) => last = Some(err),
             Err(err) => return Err(err.into()),
@@ -592,7 +592,8 @@ mod tests {
     #[test]
     fn every_field_is_in_the_hash() {
         let base = entry_hash(&row());
-        let edits: Vec<Box<dyn Fn(&mut timeline_entry::Model)>> = vec![
+        type Edit = Box<dyn Fn(&mut timeline_entry::Model)>;
+        let edits: Vec<Edit> = vec![
             Box::new(|m: &mut timeline_entry::Model| m.id.push('x')),
             Box::new(|m: &mut timeline_entry::Model| m.computer_id.push('x')),
             Box::new(|m: &mut timeline_entry::Model| m.space_id.push('x')),

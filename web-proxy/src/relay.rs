@@ -228,6 +228,7 @@ pub(crate) async fn start(
     response
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     session: Session,
     mut client: AggregatedMessageStream,

@@ -64,6 +64,8 @@ pub struct App {
     pub mcp: crate::api::mcp::Sessions,
     /// Model-context economy of the agent tools.
     pub tools: crate::tools::Economy,
+    /// Run recordings: their keys and limits.
+    pub recorder: crate::recordings::Recorder,
     /// The screen proxy's state (mounted by the server).
     pub proxy: ProxyState,
     /// The screen authority (in process for the proxy, over `/internal/screen-authority` for
@@ -179,6 +181,13 @@ impl App {
         let relayed = crate::notify::start(&db, &runtime.events)
             .await
             .map_err(StartError::Bootstrap)?;
+        // Before anything publishes: state changes go to the computers' timelines.
+        rakazo_actors::timeline::start_journal(db.clone(), &runtime.events);
+        crate::recordings::spawn_retention(
+            db.clone(),
+            config.recording_retention_days,
+            runtime.clock.clone(),
+        );
         // Before anything uses a home: settle what a crashed process left behind.
         let process = recovery::at_start(&runtime, &config.data_dir)
             .await
@@ -233,7 +242,12 @@ impl App {
                 ..ProxyConfig::default()
             },
         );
+        proxy.set_session_notes(Arc::new(crate::screens::TimelineNotes { db: db.clone() }));
         let screens = Screens::new(keyring, gateway, routes);
+        let recorder = crate::recordings::Recorder::new(
+            config.recording_retention_days,
+            config.recording_max_run_bytes,
+        );
         let app = App {
             config,
             db,
@@ -244,6 +258,7 @@ impl App {
             emulator_api: built.emulator_api,
             screens,
             tools: Default::default(),
+            recorder,
             mcp: Default::default(),
             proxy,
             authority,

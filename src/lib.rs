@@ -36,6 +36,7 @@ pub mod keyfile;
 pub mod managed;
 pub mod notify;
 pub mod providers;
+pub mod recordings;
 pub mod recovery;
 pub mod screens;
 pub mod server;

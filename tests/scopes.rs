@@ -92,6 +92,10 @@ const ROWS: &[(&str, &[Who])] = &[
     ("files.list", OWN),
     ("files.read", OWN),
     ("files.upload", PEOPLE),
+    ("activity.timeline", PEOPLE),
+    ("activity.verify", PEOPLE),
+    ("run.replay", PEOPLE),
+    ("run.replayFrame", PEOPLE),
 ];
 
 /// Error codes that mean "refused by authorization".
@@ -377,7 +381,18 @@ impl Fixture {
                 self.op("run.requestTakeover", p.clone()).await;
                 p
             }
-            "run.get" => json!({ "runId": self.fresh_run().await.0 }),
+            "run.get" | "run.replay" => json!({ "runId": self.fresh_run().await.0 }),
+            "activity.timeline" | "activity.verify" => computer,
+            "run.replayFrame" => {
+                let (run, fence) = self.fresh_run().await;
+                let observed = self
+                    .op(
+                        "tools/call",
+                        json!({ "runId": run, "fence": fence, "name": "computer_observe", "arguments": {} }),
+                    )
+                    .await;
+                json!({ "runId": run, "digest": observed["structuredContent"]["frameDigest"] })
+            }
             "run.start" => {
                 self.op("bot.stop", bot.clone()).await;
                 bot

@@ -195,6 +195,24 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         stored_bytes = saved.stored_bytes,
         reason = msg.reason.as_str()
     );
+    crate::timeline::note(
+        &rt.db,
+        crate::timeline::NewEntry {
+            computer_id: computer_id.to_owned(),
+            space_id: row.space_id.clone(),
+            actor: crate::timeline::current(),
+            bot_id: match &msg.reason {
+                Reason::RunEnded { bot_id } => Some(bot_id.clone()),
+                _ => None,
+            },
+            run_id: None,
+            kind: "checkpoint".into(),
+            subject: msg.reason.as_str().into(),
+            detail: serde_json::json!({ "revision": revision, "bytes": saved.archive_bytes,
+                                        "skipped": skipped.len() }),
+        },
+    )
+    .await;
     if !skipped.is_empty() {
         tracing::warn!(
             event = "checkpoint.skipped",

@@ -424,6 +424,16 @@ impl Computers {
         )
         .exec_without_returning(&txn)
         .await?;
+        // Its recordings go with it: their frames are sealed under its data key, which goes
+        // with the row.
+        crate::entity::recording_frame::Entity::delete_many()
+            .filter(crate::entity::recording_frame::Column::ComputerId.eq(&row.id))
+            .exec(&txn)
+            .await?;
+        crate::entity::recording_step::Entity::delete_many()
+            .filter(crate::entity::recording_step::Column::ComputerId.eq(&row.id))
+            .exec(&txn)
+            .await?;
         row.clone().delete(&txn).await?;
         txn.commit().await?;
         Ok(())

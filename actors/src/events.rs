@@ -3,6 +3,7 @@
 //! carries them to every other process of the deployment, which delivers them to its own
 //! subscribers as if published there.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -106,6 +107,27 @@ pub enum Relayed {
     Revocation(Revocation),
 }
 
+/// An event published in this process, with who published it (for the timeline).
+#[derive(Clone, Debug)]
+pub struct Journaled {
+    /// The event.
+    pub event: Event,
+    /// The actor of the task that published it.
+    pub actor: crate::timeline::Actor,
+}
+
+/// The journal's end of the bus.
+struct JournalLink {
+    tx: mpsc::UnboundedSender<(u64, Journaled)>,
+    /// The number of the last event handed to the journal.
+    next: AtomicU64,
+    /// The number of the last event the journal finished.
+    done: watch::Receiver<u64>,
+}
+
+/// Longest wait for the journal in [`EventBus::journaled`].
+pub const JOURNAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A cloneable publisher; subscribers get a receiver each.
 #[derive(Clone)]
 pub struct EventBus {
@@ -113,6 +135,8 @@ pub struct EventBus {
     revocations: broadcast::Sender<Revocation>,
     /// Where what is published here goes to reach other processes (set once, by the relay).
     relay: Arc<OnceLock<mpsc::UnboundedSender<Relayed>>>,
+    /// Where what is published here goes to be journaled in the timeline (set once).
+    journal: Arc<OnceLock<JournalLink>>,
     /// Counts gaps: times events may have been lost on their way here (the relay's
     /// connection was made again). Watchers that must not miss one sweep after each.
     gaps: Arc<watch::Sender<u64>>,
@@ -131,6 +155,7 @@ impl EventBus {
             tx: broadcast::channel(CAPACITY).0,
             revocations: broadcast::channel(CAPACITY).0,
             relay: Arc::default(),
+            journal: Arc::default(),
             gaps: Arc::new(watch::channel(0).0),
         }
     }
@@ -145,6 +170,16 @@ impl EventBus {
         };
         if let Some(relay) = self.relay.get() {
             let _ = relay.send(Relayed::Event(event.clone()));
+        }
+        if let Some(journal) = self.journal.get() {
+            let n = journal.next.fetch_add(1, Ordering::SeqCst) + 1;
+            let _ = journal.tx.send((
+                n,
+                Journaled {
+                    event: event.clone(),
+                    actor: crate::timeline::current(),
+                },
+            ));
         }
         let _ = self.tx.send(event);
     }
@@ -174,6 +209,34 @@ impl EventBus {
     /// was already set.
     pub fn set_relay(&self, relay: mpsc::UnboundedSender<Relayed>) -> bool {
         self.relay.set(relay).is_ok()
+    }
+
+    /// Hands everything published here from now on to `journal` as well, numbered from 1,
+    /// with its actor; the journal reports the last number it finished through `done`.
+    /// Answers false when a journal was already set.
+    pub fn set_journal(
+        &self,
+        journal: mpsc::UnboundedSender<(u64, Journaled)>,
+        done: watch::Receiver<u64>,
+    ) -> bool {
+        self.journal
+            .set(JournalLink {
+                tx: journal,
+                next: AtomicU64::new(0),
+                done,
+            })
+            .is_ok()
+    }
+
+    /// Waits (at most [`JOURNAL_WAIT`]) until the journal finished everything published so
+    /// far, so what a caller appends next comes after the state changes it caused.
+    pub async fn journaled(&self) {
+        let Some(journal) = self.journal.get() else {
+            return;
+        };
+        let target = journal.next.load(Ordering::SeqCst);
+        let mut done = journal.done.clone();
+        let _ = tokio::time::timeout(JOURNAL_WAIT, done.wait_for(|d| *d >= target)).await;
     }
 
     /// A new subscription to revocations (the screen gateway's watcher).

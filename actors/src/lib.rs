@@ -8,7 +8,8 @@
 //! - [`computer`], [`screen`], [`lease_actor`], [`checkpoint`]: the actors, one mailbox each.
 //! - [`registry`]: the live actors of this process, by computer id; [`reconciler`]: adopts
 //!   what no actor of this process holds and closes what nobody saw end.
-//! - [`events`]: the in-process bus that feeds live subscriptions.
+//! - [`events`]: the in-process bus that feeds live subscriptions; [`timeline`]: each
+//!   computer's attributed, hash-chained record of who did what.
 //! - [`conformance`]: the generic test suite every provider must pass.
 //!
 //! Architecture invariant: nothing here knows Docker, a vendor API or HTTP.
@@ -43,6 +44,7 @@ pub mod run_reports;
 pub mod runs;
 pub mod runtime;
 pub mod screen;
+pub mod timeline;
 pub mod workspace;
 
 pub use error::{DomainError, DomainResult, ErrorCode};

@@ -14,6 +14,7 @@ mod m20261201_000003_bucket_safety;
 mod m20261202_000001_computer_owners;
 mod m20261202_000010_maintenance_jobs;
 mod m20261203_000001_perf_lease_grant;
+mod m20261203_000001_replay_timeline;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000001_computer_owners::Migration),
             Box::new(m20261202_000010_maintenance_jobs::Migration),
             Box::new(m20261203_000001_perf_lease_grant::Migration),
+            Box::new(m20261203_000001_replay_timeline::Migration),
         ]
     }
 }

@@ -334,6 +334,10 @@ pub struct Config {
     pub object_storage: Option<ObjectStorage>,
     /// `HOME_REVISIONS_KEEP`.
     pub keep_revisions: u32,
+    /// `RECORDING_RETENTION_DAYS` (0: runs are not recorded).
+    pub recording_retention_days: u32,
+    /// `RECORDING_MAX_RUN_BYTES`: sealed frame bytes kept per run.
+    pub recording_max_run_bytes: u64,
     /// `SANDBOX_TEMPLATE`.
     pub template: String,
     /// `E2B_API_KEY`.
@@ -542,6 +546,8 @@ impl Config {
         if keep_revisions == 0 {
             return Err(s.invalid("HOME_REVISIONS_KEEP", "0", "a whole number from 1 to 1000"));
         }
+        let recording_retention_days = s.number("RECORDING_RETENTION_DAYS", 3650)? as u32;
+        let recording_max_run_bytes = s.number("RECORDING_MAX_RUN_BYTES", 1 << 40)?;
         let at_least_a_second = |var: &'static str| -> Result<Duration, ConfigError> {
             let ms = s.number(var, DAY_MS)?;
             if ms < 1000 {
@@ -730,6 +736,8 @@ impl Config {
             content_key,
             object_storage,
             keep_revisions,
+            recording_retention_days,
+            recording_max_run_bytes,
             template: s
                 .get("SANDBOX_TEMPLATE")
                 .unwrap_or_else(|| "rakazo-computer".into()),

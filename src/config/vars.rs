@@ -430,6 +430,18 @@ pub const VARS: &[Var] = &[
         secret: false,
         doc: "How many checkpoint revisions of each workspace are kept (at least 1).",
     },
+    Var {
+        name: "RECORDING_RETENTION_DAYS",
+        default: "30",
+        secret: false,
+        doc: "Days a run's recording (the frames its bot saw and its actions) is kept; 0 records no runs.",
+    },
+    Var {
+        name: "RECORDING_MAX_RUN_BYTES",
+        default: "268435456",
+        secret: false,
+        doc: "Sealed frame bytes kept per run; once reached, later steps are recorded without their frames.",
+    },
 ];
 
 /// The annotated example environment file (`config/rakazo.env.example`).

@@ -49,6 +49,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         "text/javascript; charset=utf-8",
         include_str!("assets/activity.js"),
     ),
+    (
+        "replay.js",
+        "text/javascript; charset=utf-8",
+        include_str!("assets/replay.js"),
+    ),
 ];
 
 const INDEX: &str = include_str!("assets/index.html");

@@ -8,6 +8,7 @@
 
 mod authority;
 mod revoke;
+mod sessions;
 
 mod freeze_rows;
 
@@ -29,6 +30,7 @@ use serde::Serialize;
 
 pub use authority::ScreenAuthority;
 pub use revoke::{GatewayRevoker, Watch, spawn_revocation_watch, sweep};
+pub use sessions::TimelineNotes;
 
 /// Lifetime of a view URL.
 pub const VIEW_TTL: Duration = Duration::from_secs(15 * 60);

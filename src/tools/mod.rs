@@ -19,7 +19,7 @@ use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-pub use economy::Economy;
+pub use economy::{Economy, digest as frame_digest};
 pub use schema::definitions;
 
 use crate::app::App;
@@ -150,7 +150,16 @@ impl ToolCtx<'_> {
 /// Call one tool. Precondition failures (unknown tool, bad arguments) and tool failures both
 /// come back as `isError` results.
 pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
-    match dispatch(ctx, name, arguments).await {
+    let actor = rakazo_actors::timeline::Actor::bot(&ctx.run.bot_id);
+    let summary = crate::recordings::calls::summary(&arguments);
+    let outcome = rakazo_actors::timeline::acting_as(actor, dispatch(ctx, name, arguments)).await;
+    ctx.app.runtime().events.journaled().await;
+    // Observations and action batches put themselves in the timeline with their recording.
+    if !(outcome.is_ok() && crate::recordings::calls::records_itself(name)) {
+        crate::recordings::calls::note(ctx.app, &ctx.run, name, summary, outcome.as_ref().err())
+            .await;
+    }
+    match outcome {
         Ok(v) => v,
         Err(e) => failed(&e),
     }
@@ -189,6 +198,15 @@ async fn observe(ctx: &ToolCtx<'_>) -> DomainResult<Value> {
             "unexpected provider reply",
         ));
     };
+    crate::recordings::calls::step(
+        ctx.app,
+        &ctx.run,
+        "computer_observe",
+        None,
+        json!({}),
+        &frame,
+    )
+    .await;
     Ok(ctx
         .frame_result(
             frame,
@@ -224,6 +242,7 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         .iter()
         .map(crate::desktop::action_rules::kind)
         .collect();
+    let recorded = actions.clone();
     let OpOutput::Act(outcome) = ctx.op(Op::Act(ctx.run.bot_id.clone(), actions)).await? else {
         return Err(DomainError::new(
             ErrorCode::Internal,
@@ -231,6 +250,19 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         ));
     };
     let completed = outcome.completed;
+    let stop = outcome
+        .stopped
+        .as_ref()
+        .map(|s| json!({ "code": s.code.as_str(), "reason": s.reason }));
+    crate::recordings::calls::step(
+        ctx.app,
+        &ctx.run,
+        "computer_act",
+        Some(recorded.as_slice()),
+        json!({ "completed": completed, "total": total, "stopped": stop }),
+        &outcome.frame,
+    )
+    .await;
     let result = ctx
         .frame_result(
             outcome.frame,

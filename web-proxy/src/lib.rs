@@ -12,7 +12,8 @@
 //!   allowlist; a computer never serves a page or a script.
 //! - [`page`]: the reporter script named first in noVNC's page, the policy, the refusal page.
 //! - [`relay`]: the websocket relay (actix-ws toward the browser, tokio-tungstenite upstream).
-//! - [`rfb`]: the view-only RFB input filter.
+//! - [`rfb`]: the view-only RFB input filter (and the input counter of control sockets).
+//! - [`sessions`]: control sessions as noted when their socket closes ([`SessionNotes`]).
 //! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
 //!
 //! Wiring it into a server (what the composition root does):
@@ -55,6 +56,7 @@ pub mod page;
 pub mod relay;
 pub mod rfb;
 pub mod service;
+pub mod sessions;
 pub mod viewer;
 
 pub use authority::{
@@ -66,4 +68,5 @@ pub use gateway::{
     ExtendControl, GatewayActor, ListScopes, RevokeControl, RevokeSlot, SocketKind, SocketScope,
 };
 pub use service::{ProxyConfig, ProxyState, configure};
+pub use sessions::{ControlSession, SessionNotes};
 pub use viewer::{Viewer, ViewerError};

@@ -7,6 +7,7 @@
 //! other. For view connections the client-to-upstream bytes pass through the RFB
 //! [`ViewFilter`]; text frames are dropped.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::http::header;
@@ -31,6 +32,7 @@ use crate::gateway::{
 };
 use crate::rfb::ViewFilter;
 use crate::service::{ConnectionId, ProxyState, Refusal, RefusalReason, reject};
+use crate::sessions::{Counter, SessionNotes, Tally};
 
 /// Longest time spent closing both sides after the relay ends.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -117,6 +119,18 @@ pub(crate) async fn start(
     let registration = Registration {
         gateway: shared.gateway.clone(),
         id,
+    };
+    // A control socket is noted as a session when it closes (who, when, input counts).
+    let tally = match (policy, shared.notes.get()) {
+        (Policy::Control, Some(notes)) => Some((
+            notes.clone(),
+            Tally {
+                capability: capability.clone(),
+                socket: kind,
+                started_at_ms: crate::sessions::now_ms(),
+            },
+        )),
+        _ => None,
     };
 
     let started = Instant::now();
@@ -209,10 +223,12 @@ pub(crate) async fn start(
         registration,
         policy,
         conn,
+        tally,
     ));
     response
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     session: Session,
     mut client: AggregatedMessageStream,
@@ -221,18 +237,24 @@ async fn relay(
     registration: Registration,
     policy: Policy,
     conn: ConnectionId,
+    tally: Option<(Arc<dyn SessionNotes>, Tally)>,
 ) {
     let started = Instant::now();
     let (mut up_tx, mut up_rx) = upstream.split();
     let mut filter = (policy == Policy::View).then(ViewFilter::new);
+    let mut counter = tally.as_ref().map(|(_, t)| Counter::new(t.socket));
     let mut to_client = session.clone();
     let mut pong = session;
     let mut end = tokio::select! {
         closed = close_rx.recv() => End::Revoked(closed.map(|m| m.ack)),
-        end = client_to_upstream(&mut client, &mut up_tx, &mut pong, filter.as_mut(), conn, policy) => end,
+        end = client_to_upstream(&mut client, &mut up_tx, &mut pong, filter.as_mut(), counter.as_mut(), conn, policy) => end,
         end = upstream_to_client(&mut up_rx, &mut to_client, conn, policy) => end,
     };
     let closed_by = end.closed_by();
+    if let (Some((notes, tally)), Some(counter)) = (tally, &counter) {
+        let (inputs, counted) = counter.finish();
+        notes.control_session_ended(tally.ended(inputs, counted, closed_by));
+    }
     let ack = match &mut end {
         End::Revoked(ack) => ack.take(),
         _ => None,
@@ -316,6 +338,7 @@ async fn client_to_upstream(
     up_tx: &mut SplitSink<Upstream, UpMessage>,
     pong: &mut Session,
     mut filter: Option<&mut ViewFilter>,
+    mut counter: Option<&mut Counter>,
     conn: ConnectionId,
     policy: Policy,
 ) -> End {
@@ -329,6 +352,13 @@ async fn client_to_upstream(
             }
             Some(Ok(m)) => m,
         };
+        if let Some(c) = counter.as_deref_mut() {
+            match &message {
+                AggregatedMessage::Binary(bytes) => c.binary(bytes),
+                AggregatedMessage::Text(_) => c.text(),
+                _ => {}
+            }
+        }
         let outgoing = match message {
             AggregatedMessage::Binary(bytes) => match filter.as_deref_mut() {
                 None => UpMessage::Binary(bytes),

@@ -50,13 +50,69 @@ enum Step {
     },
 }
 
-/// Streaming filter state for one view connection (client to upstream direction).
+/// How many input messages of each kind a connection sent (never their contents: no key
+/// symbol, no text, no coordinates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InputCounts {
+    /// Key presses (a key going down).
+    pub keys: u64,
+    /// Button presses of the left, middle or right button.
+    pub clicks: u64,
+    /// Wheel notches.
+    pub scrolls: u64,
+    /// Pointer moves (pointer events that press no new button).
+    pub pointer_moves: u64,
+    /// Clipboard texts sent to the computer.
+    pub clipboard: u64,
+    /// Other input (screen size, xvp) and terminal messages.
+    pub other: u64,
+    /// The button mask of the last pointer event (to tell presses from moves).
+    #[serde(skip)]
+    buttons: u8,
+}
+
+impl InputCounts {
+    /// Count one whole input message (its type byte first).
+    fn count(&mut self, message: &[u8]) {
+        match message.first() {
+            Some(4) if message.get(1).is_some_and(|down| *down != 0) => self.keys += 1,
+            Some(4) => {}
+            Some(5) => {
+                let mask = message.get(1).copied().unwrap_or(0);
+                let pressed = mask & !self.buttons;
+                if pressed & 0b0111 != 0 {
+                    self.clicks += 1;
+                } else if pressed & 0b0111_1000 != 0 {
+                    self.scrolls += 1;
+                } else {
+                    self.pointer_moves += 1;
+                }
+                self.buttons = mask;
+            }
+            Some(6) => self.clipboard += 1,
+            Some(255) if message.get(3).is_some_and(|down| *down != 0) => self.keys += 1,
+            Some(255) => {}
+            _ => self.other += 1,
+        }
+    }
+
+    /// Count a message whose contents are not parsed (a terminal's input).
+    pub fn count_other(&mut self) {
+        self.other += 1;
+    }
+}
+
+/// Streaming filter state for one view connection (client to upstream direction). A control
+/// connection runs one as a counter only: its output is discarded and the input it would drop
+/// is counted ([`ViewFilter::counts`]).
 #[derive(Debug)]
 pub struct ViewFilter {
     phase: Phase,
     buf: Vec<u8>,
     skip: u64,
     dropped: u64,
+    counts: InputCounts,
 }
 
 impl Default for ViewFilter {
@@ -73,7 +129,13 @@ impl ViewFilter {
             buf: Vec::with_capacity(32),
             skip: 0,
             dropped: 0,
+            counts: InputCounts::default(),
         }
+    }
+
+    /// The input messages seen so far, by kind.
+    pub fn counts(&self) -> InputCounts {
+        self.counts
     }
 
     /// How many input messages were dropped so far.
@@ -110,6 +172,7 @@ impl ViewFilter {
                         out.extend_from_slice(&self.buf);
                     } else {
                         self.dropped += 1;
+                        self.counts.count(&self.buf);
                     }
                     self.buf.clear();
                     self.skip = skip;
@@ -376,5 +439,44 @@ mod tests {
             let mut filter = ViewFilter::new();
             let _ = feed_in_chunks(&mut filter, &stream, &mut rng);
         }
+    }
+
+    #[test]
+    fn input_is_counted_by_kind_and_nothing_else_is_kept() {
+        let mut stream = HANDSHAKE.to_vec();
+        // Three keys typed (down and up each), a click (move, press, release), a wheel notch,
+        // a clipboard text split across chunks, a screen size request.
+        for k in [b'a', b'b', b'c'] {
+            stream.extend([4, 1, 0, 0, 0, 0, 0, k]);
+            stream.extend([4, 0, 0, 0, 0, 0, 0, k]);
+        }
+        stream.extend([5, 0, 0, 10, 0, 10]);
+        stream.extend([5, 1, 0, 10, 0, 10]);
+        stream.extend([5, 0, 0, 10, 0, 10]);
+        stream.extend([5, 8, 0, 10, 0, 10]);
+        stream.extend([5, 0, 0, 10, 0, 10]);
+        stream.extend([6, 0, 0, 0, 0, 0, 0, 6]);
+        stream.extend(b"secret");
+        stream.extend([251, 0, 5, 0, 3, 32, 0, 0]);
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut filter = ViewFilter::new();
+        feed_in_chunks(&mut filter, &stream, &mut rng).unwrap();
+        let c = filter.counts();
+        assert_eq!(
+            (
+                c.keys,
+                c.clicks,
+                c.scrolls,
+                c.pointer_moves,
+                c.clipboard,
+                c.other
+            ),
+            (3, 1, 1, 3, 1, 1)
+        );
+        let shown = serde_json::to_string(&c).unwrap();
+        assert!(
+            !shown.contains("secret") && !shown.contains("buttons"),
+            "{shown}"
+        );
     }
 }

@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     pub(crate) gateway: Addr<GatewayActor>,
     pub(crate) viewer: Result<Viewer, ViewerError>,
     pub(crate) config: ProxyConfig,
+    /// Where control sessions are noted when they end (set once by the composition root).
+    pub(crate) notes: std::sync::OnceLock<Arc<dyn crate::sessions::SessionNotes>>,
 }
 
 impl fmt::Debug for ProxyState {
@@ -129,8 +131,15 @@ impl ProxyState {
                 gateway,
                 viewer,
                 config,
+                notes: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Note every control session in `notes` when its socket closes; answers false when
+    /// notes were already set.
+    pub fn set_session_notes(&self, notes: Arc<dyn crate::sessions::SessionNotes>) -> bool {
+        self.inner.notes.set(notes).is_ok()
     }
 
     /// Why the viewer's files could not be loaded, if they could not (screens then show the

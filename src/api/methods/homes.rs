@@ -148,6 +148,20 @@ async fn restore_reserved(
     crash_point("restore.applied");
     tracing::info!(event = "home.restored", computer.id = %c.id, from = revision,
         revision = new_revision, pending = !applied);
+    rakazo_actors::timeline::note(
+        ctx.db(),
+        rakazo_actors::timeline::NewEntry {
+            computer_id: c.id.clone(),
+            space_id: c.space_id.clone(),
+            actor: rakazo_actors::timeline::current(),
+            bot_id: None,
+            run_id: None,
+            kind: "restore".into(),
+            subject: "restored".into(),
+            detail: json!({ "from": revision, "revision": new_revision, "pending": !applied }),
+        },
+    )
+    .await;
     Ok(json!({ "revision": new_revision, "restoredFrom": revision, "pending": !applied }))
 }
 
@@ -219,6 +233,8 @@ pub async fn destroy(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
     }
     let computers = Computers::new(ctx.db().clone());
     computers.close_runs(&c.id, EndReason::Deleted).await?;
+    // Recordings still being stored land before the rows that hold them go.
+    ctx.app.recorder.settled().await;
     computers.delete(c).await?;
     ctx.app.registry.forget(&c.id);
     rt.homes.delete(&c.home_key, &c.storage_id).await?;

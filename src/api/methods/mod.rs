@@ -10,6 +10,7 @@ mod tool_calls;
 
 pub use runs::{EndedBy, end_run, lease_ttl_ms, run_json, runs};
 mod spaces;
+mod timeline;
 
 use rakazo_actors::entity::run;
 use rakazo_actors::maintenance::OpKind;
@@ -133,6 +134,10 @@ pub const METHODS: &[Method] = &[
     m("files.list", ANY),
     m("files.read", ANY),
     m("files.upload", PEOPLE),
+    m("activity.timeline", PEOPLE),
+    m("activity.verify", PEOPLE),
+    m("run.replay", PEOPLE),
+    m("run.replayFrame", PEOPLE),
 ];
 
 /// The method of a name.
@@ -164,10 +169,27 @@ fn unknown_method(name: &str) -> DomainError {
     )
 }
 
-/// Dispatch one method call.
+/// Who a caller is on the timeline: a bot token is its bot, any other token a person.
+pub fn actor_of(caller: &Caller) -> rakazo_actors::timeline::Actor {
+    match caller.bot_id() {
+        Some(bot) => rakazo_actors::timeline::Actor::bot(bot),
+        None => rakazo_actors::timeline::Actor::user(&caller.user_id),
+    }
+}
+
+/// Dispatch one method call, acting as its caller on the timeline.
 pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Value> {
     admit(ctx.caller, method)?;
     refuse_positional(&params)?;
+    let answer =
+        rakazo_actors::timeline::acting_as(actor_of(ctx.caller), dispatch(ctx, method, params))
+            .await;
+    // The state changes the call made are in the timeline before its caller goes on.
+    ctx.app.runtime().events.journaled().await;
+    answer
+}
+
+async fn dispatch(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Value> {
     match method {
         "space.create" => spaces::create_space(ctx, params).await,
         "space.list" => spaces::list_spaces(ctx).await,
@@ -213,6 +235,10 @@ pub async fn call(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "files.list" => activity::list_files(ctx, params).await,
         "files.read" => activity::read_file(ctx, params).await,
         "files.upload" => activity::upload(ctx, params).await,
+        "activity.timeline" => timeline::list(ctx, params).await,
+        "activity.verify" => timeline::verify(ctx, params).await,
+        "run.replay" => timeline::replay(ctx, params).await,
+        "run.replayFrame" => timeline::replay_frame(ctx, params).await,
         other => Err(unknown_method(other)),
     }
 }

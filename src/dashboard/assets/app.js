@@ -3,6 +3,7 @@ import { Screen } from "./screen.js";
 import { Dock } from "./dock.js";
 import { Activity } from "./activity.js";
 import { Maintenance } from "./maintenance.js";
+import { openReplay, openFromHash } from "./replay.js";
 
 const TOKEN_KEY = "rakazo.token";
 const $ = (id) => document.getElementById(id);
@@ -147,6 +148,7 @@ class BotView {
     this.takeBtn = el("button", { class: "primary", "data-action": "take", onclick: () => this.take() }, "Take control");
     this.releaseBtn = el("button", { "data-action": "release", hidden: true, onclick: () => this.release() }, "Release");
     this.stopBtn = el("button", { class: "danger", "data-action": "stop", onclick: () => this.stop() }, "Stop bot");
+    this.replayBtn = el("button", { class: "link", "data-action": "replay", hidden: true, onclick: () => openReplay(this.runId) }, "Replay run");
     // On a Private Computer a person may take control while the bot's run goes on.
     this.privateNote = bot.computerMode === "private"
       ? el("p", { class: "muted hint", "data-role": "private-control" },
@@ -159,7 +161,7 @@ class BotView {
     this.root = el("article", { class: "bot", "data-bot": bot.id },
       el("div", { class: "bot-head" },
         el("h3", {}, bot.name), el("span", { class: "muted" }, bot.computerMode), this.runBadge, this.controlBadge,
-        el("div", { class: "actions" }, this.takeBtn, this.releaseBtn, this.stopBtn)),
+        el("div", { class: "actions" }, this.takeBtn, this.releaseBtn, this.stopBtn, this.replayBtn)),
       this.privateNote,
       this.notice,
       el("div", { class: "bot-body" }, el("div", { class: "screen-col" }, stage, this.dock.bar), this.activity.root));
@@ -263,6 +265,8 @@ class BotView {
 
   onRun(run) {
     this.runState = run.state;
+    this.runId = run.id;
+    this.replayBtn.hidden = !run.id;
     this.runBadge.hidden = false;
     this.runBadge.textContent = run.state.replaceAll("_", " ");
     this.runBadge.dataset.state = run.state;
@@ -366,6 +370,7 @@ async function signIn(token) {
   list.replaceChildren(...spaces.map((s) =>
     el("li", {}, el("button", { "data-space": s.id, onclick: () => openSpace(s) }, s.name))));
   connectLive();
+  openFromHash();
   if (spaces.length) await openSpace(spaces[0]);
   else $("bot-list").replaceChildren(el("p", { class: "muted" }, "No spaces yet."));
 }

@@ -42,6 +42,7 @@ pub mod run_reports;
 pub mod runs;
 pub mod runtime;
 pub mod screen;
+pub mod slots;
 pub mod workspace;
 
 pub use error::{DomainError, DomainResult, ErrorCode};

@@ -17,7 +17,7 @@ use rakazo_web_proxy::capability::{Keyring, Policy};
 use rakazo_web_proxy::gateway::{RevokeControl, RevokeSlot};
 use tokio_tungstenite::tungstenite::Message;
 
-const TOKEN: &str = "sock3tT0ken_for-bench";
+const TOKEN: &str = "flood-sock3t_for-bench";
 const ROUNDS: u64 = 50;
 
 fn pct(samples: &mut [Duration], p: f64) -> f64 {
@@ -41,6 +41,7 @@ async fn close_times(ws: &mut Client, from: Instant) -> (Duration, Duration) {
 
 fn main() {
     actix_rt::System::new().block_on(async {
+        assert!(TOKEN.starts_with(FLOOD_PREFIX));
         let (upstream, _) = start_fake_gateway(TOKEN);
         let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
         let keyring = Arc::new(Keyring::random(1));
@@ -67,7 +68,6 @@ fn main() {
                 .unwrap();
             for ws in [&mut control, &mut view] {
                 next_binary(ws).await;
-                send(ws, FLOOD).await;
                 next_binary(ws).await;
             }
             let release = RevokeControl {

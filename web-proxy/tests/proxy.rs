@@ -24,8 +24,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let (upstream, seen) = start_fake_gateway(TOKEN);
-    let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+    fixture_on(TOKEN)
+}
+
+/// A fixture whose upstream socket token is `token`.
+fn fixture_on(token: &str) -> Fixture {
+    let (upstream, seen) = start_fake_gateway(token);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), token);
     let keyring = Arc::new(Keyring::random(1));
     let (proxy, gateway) = start_proxy(keyring.clone(), Arc::new(authority.clone()));
     Fixture {
@@ -541,7 +546,7 @@ async fn closed_and_nothing_after(ws: &mut Client) -> Option<String> {
 /// side, nothing arrives after its close frame, and the next round's sockets work.
 #[actix_rt::test]
 async fn fifty_revocations_close_every_socket_and_nothing_follows_the_close() {
-    let f = fixture();
+    let f = fixture_on(&format!("{FLOOD_PREFIX}-sock3t_for-tests"));
     for round in 0..50u64 {
         let (generation, fence) = (round + 1, round + 1);
         f.authority.update(|l| {
@@ -555,8 +560,7 @@ async fn fifty_revocations_close_every_socket_and_nothing_follows_the_close() {
             .await
             .unwrap();
         for ws in [&mut control, &mut view] {
-            next_binary(ws).await;
-            send(ws, FLOOD).await;
+            assert_eq!(next_binary(ws).await, b"RFB 003.008\n");
             assert_eq!(next_binary(ws).await, b"frame");
         }
         let release = RevokeControl {

@@ -431,10 +431,7 @@ impl CommandRunner for HeldBrowserStart {
         self.inner.run(script, timeout).await
     }
 
-    async fn spawn(
-        &self,
-        spec: &rakazo::desktop::command::SpawnSpec,
-    ) -> Result<u32, DesktopError> {
+    async fn spawn(&self, spec: &rakazo::desktop::command::SpawnSpec) -> Result<u32, DesktopError> {
         let held = spec.argv.first().is_some_and(|p| p == "chromium")
             && spec.argv.iter().any(|a| a.contains(self.bot));
         if held {
@@ -489,13 +486,10 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
         .expect("observe waited behind another bot's desktop start")
         .unwrap();
     assert!(frame.frame.png.starts_with(b"\x89PNG"));
-    let acted = tokio::time::timeout(
-        guard,
-        runtime.act("bot-first", &[Action::Wait { ms: 10 }]),
-    )
-    .await
-    .expect("act waited behind another bot's desktop start")
-    .unwrap();
+    let acted = tokio::time::timeout(guard, runtime.act("bot-first", &[Action::Wait { ms: 10 }]))
+        .await
+        .expect("act waited behind another bot's desktop start")
+        .unwrap();
     assert_eq!(acted.completed, 1);
     let again = tokio::time::timeout(guard, runtime.open_screen("bot-first"))
         .await
@@ -506,7 +500,10 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
         !opening.is_finished(),
         "the other bot's start was held all along"
     );
-    assert!(runtime.screen("bot-late").await.is_none(), "not open before its start ends");
+    assert!(
+        runtime.screen("bot-late").await.is_none(),
+        "not open before its start ends"
+    );
 
     runner.release.notify_one();
     let late = opening.await.unwrap().unwrap();

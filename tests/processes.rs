@@ -541,7 +541,8 @@ async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
     let started = api_a.ok("run.start", json!({ "botId": bot })).await;
     let run = started["run"]["id"].as_str().unwrap().to_owned();
     let fence = started["lease"]["fence"].as_i64().unwrap();
-    let exec = |word: &str| json!({ "runId": run, "fence": fence, "command": format!("echo {word}") });
+    let exec =
+        |word: &str| json!({ "runId": run, "fence": fence, "command": format!("echo {word}") });
     api_a.ok("computer.exec", exec("first")).await;
     let computer_id = computer::Entity::find()
         .one(&db)
@@ -553,7 +554,11 @@ async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
     assert_eq!(address(&db, &first).await.as_deref(), Some(a.base.as_str()));
 
     a.terminate();
-    assert_eq!(owner(&db, &computer_id).await, None, "the stopped process still claims it");
+    assert_eq!(
+        owner(&db, &computer_id).await,
+        None,
+        "the stopped process still claims it"
+    );
     let out = api_b.ok("computer.exec", exec("second")).await;
     assert!(out["stdout"].as_str().unwrap().contains("second"), "{out}");
     let next = owner(&db, &computer_id).await.expect("a claim");

@@ -393,7 +393,9 @@ async fn eviction_at_the_limit_spares_controlled_and_running_screens() {
     };
     driver.handshake().await;
     let (run, fence) = s.start_run(running).await;
-    let view = s.ok("computer.screenUrl", json!({ "botId": running })).await;
+    let view = s
+        .ok("computer.screenUrl", json!({ "botId": running }))
+        .await;
     let view_url = view["url"].as_str().unwrap().to_owned();
 
     // Nothing may give way: the third bot is refused, the two screens stay as they were.
@@ -418,7 +420,9 @@ async fn eviction_at_the_limit_spares_controlled_and_running_screens() {
     watcher.handshake().await;
 
     // The third bot's screen opens in its place.
-    let fresh = s.ok("computer.screenUrl", json!({ "botId": newcomer })).await;
+    let fresh = s
+        .ok("computer.screenUrl", json!({ "botId": newcomer }))
+        .await;
     let mut newest = Rfb {
         ws: connect(&s, fresh["url"].as_str().unwrap()).await.unwrap(),
         buf: Vec::new(),
@@ -458,7 +462,10 @@ async fn eviction_at_the_limit_spares_controlled_and_running_screens() {
     let kept = row(held).await;
     assert_eq!(
         (kept.state.as_str(), kept.generation),
-        ("active", control["controlUrl"]["generation"].as_i64().unwrap()),
+        (
+            "active",
+            control["controlUrl"]["generation"].as_i64().unwrap()
+        ),
     );
     let mut second = Rfb {
         ws: connect(&s, &control_url).await.unwrap(),
@@ -468,7 +475,9 @@ async fn eviction_at_the_limit_spares_controlled_and_running_screens() {
 
     // The evicted bot comes back by evicting the oldest idle screen again (the newcomer's),
     // never the controlled one.
-    let back = s.ok("computer.screenUrl", json!({ "botId": running })).await;
+    let back = s
+        .ok("computer.screenUrl", json!({ "botId": running }))
+        .await;
     assert!(back["generation"].as_i64().unwrap() > evicted.generation);
     assert_eq!(row(newcomer).await.state, "evicted");
     assert_eq!(row(held).await.state, "active");

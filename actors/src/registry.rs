@@ -109,7 +109,10 @@ impl Registry {
     }
 
     /// The screens this process holds on a computer, by bot.
-    pub fn held_screens(&self, handle: &ComputerHandle) -> std::collections::HashMap<String, crate::slots::Held> {
+    pub fn held_screens(
+        &self,
+        handle: &ComputerHandle,
+    ) -> std::collections::HashMap<String, crate::slots::Held> {
         handle.slots.all_held()
     }
 

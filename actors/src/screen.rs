@@ -337,9 +337,8 @@ impl ScreenCtx {
         let grants = Leases::new(self.rt.db.clone())
             .live_on(&self.computer_id)
             .await?;
-        let granted = |kind: LeaseKind, bot: &str| {
-            grants.iter().any(|g| g.kind == kind && g.subject == bot)
-        };
+        let granted =
+            |kind: LeaseKind, bot: &str| grants.iter().any(|g| g.kind == kind && g.subject == bot);
         let candidates: Vec<Candidate> = self
             .slots
             .all_held()
@@ -423,7 +422,12 @@ impl ScreenCtx {
             .await??;
         let mut active = existing.into_active_model();
         active.slot = Set(None);
-        active.state = Set(if state == "evicted" { "evicted" } else { "released" }.into());
+        active.state = Set(if state == "evicted" {
+            "evicted"
+        } else {
+            "released"
+        }
+        .into());
         active.updated_at_ms = Set(now_ms());
         active.update(&self.rt.db).await?;
         if state == "evicted" {

@@ -170,17 +170,33 @@ mod tests {
 
     #[test]
     fn the_oldest_idle_screen_gives_way() {
-        let all = [c("a", 30, false, false), c("b", 10, false, false), c("c", 20, false, false)];
+        let all = [
+            c("a", 30, false, false),
+            c("b", 10, false, false),
+            c("c", 20, false, false),
+        ];
         assert_eq!(admit(3, 3, &all), Admission::Evict("b".into()));
     }
 
     #[test]
     fn a_controlled_screen_or_an_executing_bot_never_gives_way() {
-        let all = [c("old", 1, true, false), c("run", 2, false, true), c("new", 99, false, false)];
+        let all = [
+            c("old", 1, true, false),
+            c("run", 2, false, true),
+            c("new", 99, false, false),
+        ];
         assert_eq!(admit(3, 3, &all), Admission::Evict("new".into()));
-        let none = [c("old", 1, true, false), c("run", 2, false, true), c("both", 3, true, true)];
+        let none = [
+            c("old", 1, true, false),
+            c("run", 2, false, true),
+            c("both", 3, true, true),
+        ];
         assert_eq!(admit(3, 3, &none), Admission::Full);
-        assert_eq!(admit(1, 1, &[]), Admission::Full, "only opening screens: nothing to evict");
+        assert_eq!(
+            admit(1, 1, &[]),
+            Admission::Full,
+            "only opening screens: nothing to evict"
+        );
     }
 
     #[test]
@@ -194,15 +210,33 @@ mod tests {
         let slots = Slots::default();
         slots.reserve("a", None);
         assert_eq!(slots.occupied(), 1);
-        slots.hold("a", Held { slot: 0, generation: 4, last_used_ms: 10 });
+        slots.hold(
+            "a",
+            Held {
+                slot: 0,
+                generation: 4,
+                last_used_ms: 10,
+            },
+        );
         assert_eq!(slots.occupied(), 1);
         slots.reserve("b", Some("a"));
         assert_eq!(slots.occupied(), 1);
         assert_eq!(slots.held("a"), None);
         slots.abandon("b");
         assert_eq!(slots.occupied(), 0);
-        slots.hold("c", Held { slot: 1, generation: 7, last_used_ms: 10 });
-        assert_eq!(slots.touch("c", 5).map(|h| h.last_used_ms), Some(10), "time never goes back");
+        slots.hold(
+            "c",
+            Held {
+                slot: 1,
+                generation: 7,
+                last_used_ms: 10,
+            },
+        );
+        assert_eq!(
+            slots.touch("c", 5).map(|h| h.last_used_ms),
+            Some(10),
+            "time never goes back"
+        );
         assert_eq!(slots.touch("c", 20).map(|h| h.last_used_ms), Some(20));
         assert_eq!(slots.release("c").map(|h| h.generation), Some(7));
         assert_eq!(slots.touch("c", 30), None);

@@ -441,9 +441,10 @@ impl DesktopRuntime {
             }
             return Ok(handle(&table.slots[i], i));
         }
-        let SlotState::Active(mut screen) =
-            std::mem::replace(&mut table.slots[i].state, SlotState::Busy(bot_id.to_owned()))
-        else {
+        let SlotState::Active(mut screen) = std::mem::replace(
+            &mut table.slots[i].state,
+            SlotState::Busy(bot_id.to_owned()),
+        ) else {
             unreachable!("slot_of finds active slots")
         };
         drop(table);

@@ -282,7 +282,9 @@ impl App {
     /// Drains the app once the server stopped taking requests: every computer with a machine
     /// in this process gets a last checkpoint (which stores nothing when the workspace is
     /// unchanged), then the provider stops what must not outlive this process (host
-    /// desktops); machines that can outlive it (containers) keep running for the next start.
+    /// desktops); machines that can outlive it (containers) keep running for the next start
+    /// or another process, which may claim them at once: this process's claims and
+    /// reservations are released last.
     pub async fn shutdown(&self) {
         let started = std::time::Instant::now();
         let saves = self
@@ -314,6 +316,16 @@ impl App {
                 Ok(Err(e)) => tracing::warn!(error = %e, "server.shutdown.provider_failed"),
                 Err(_) => tracing::warn!("server.shutdown.provider_timed_out"),
             }
+        }
+        // Nothing here holds a machine any more: another process may take this one's
+        // computers (and its reservations are void) at once, not after its heartbeat goes
+        // silent.
+        let me = rakazo_actors::processes::id();
+        if let Err(e) = rakazo_actors::processes::Processes::new(self.db.clone())
+            .gone(me)
+            .await
+        {
+            tracing::warn!(error = %e, "server.shutdown.claims_release_failed");
         }
         tracing::info!(
             checkpoints,

@@ -368,7 +368,7 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
 }
 
 #[tokio::test]
-async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
+async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
     let _serial = SERIAL.lock().await;
     require_tools();
     let dir = tempfile::tempdir().unwrap();
@@ -392,9 +392,13 @@ async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
     let runtime = provider.runtime(&machine).await.unwrap();
 
     provider.open_screen(&machine, "bot-1").await.unwrap();
-    runtime.set_controlled("bot-1", true).await;
+    // Which screen gives way is the screen actors' decision: the runtime only refuses.
     let refused = provider.open_screen(&machine, "bot-2").await;
     assert_eq!(refused, Err(ProviderError::MultiScreenUnavailable));
+    assert_eq!(
+        runtime.screens().await.keys().collect::<Vec<_>>(),
+        vec!["bot-1"]
+    );
     let shell = ExecRequest {
         command: "echo shell-ok".into(),
         cwd: String::new(),
@@ -406,19 +410,118 @@ async fn screen_limit_evicts_the_idle_screen_or_refuses_while_shell_works() {
         "shell-ok\n"
     );
 
-    runtime.set_controlled("bot-1", false).await;
+    provider.close_screen(&machine, "bot-1").await.unwrap();
     let screen = provider.open_screen(&machine, "bot-2").await.unwrap();
-    let open = runtime.screens().await;
-    assert_eq!(
-        open.keys().collect::<Vec<_>>(),
-        vec!["bot-2"],
-        "bot-1 was not evicted"
-    );
     assert_eq!(screen.slot, 0);
     let frame = provider.observe(&machine, "bot-2").await.unwrap();
     assert!(frame.png.starts_with(b"\x89PNG"));
 
     provider.stop(&machine).await.unwrap();
+}
+
+/// A host runner that holds one bot's browser start until the test lets it go.
+struct HeldBrowserStart {
+    inner: HostRunner,
+    /// Profile directory name of the bot whose browser start is held.
+    bot: &'static str,
+    arrived: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl CommandRunner for HeldBrowserStart {
+    async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.inner.run(script, timeout).await
+    }
+
+    async fn spawn(&self, spec: &rakazo::desktop::command::SpawnSpec) -> Result<u32, DesktopError> {
+        let held = spec.argv.first().is_some_and(|p| p == "chromium")
+            && spec.argv.iter().any(|a| a.contains(self.bot));
+        if held {
+            self.arrived.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.spawn(spec).await
+    }
+
+    async fn stop(&self, pid: u32, grace: Duration) -> Result<(), DesktopError> {
+        self.inner.stop(pid, grace).await
+    }
+
+    async fn wait_exit(&self, pid: u32, timeout: Duration) -> Result<bool, DesktopError> {
+        self.inner.wait_exit(pid, timeout).await
+    }
+
+    async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
+        self.inner.is_running(pid).await
+    }
+}
+
+/// Opening one bot's desktop never holds up another bot's tools: while bot B's browser start
+/// is held, bot A observes, acts and opens its screen again, and B's start then completes.
+#[tokio::test]
+async fn one_bots_tools_work_while_another_bots_desktop_starts() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let runner = Arc::new(HeldBrowserStart {
+        inner: HostRunner::minimal(),
+        bot: "bot-late",
+        arrived: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 81, 0),
+    ));
+    let first = runtime.open_screen("bot-first").await.unwrap();
+    let opening = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.open_screen("bot-late").await }
+    });
+    runner.arrived.notified().await;
+
+    // A hang guard, not a timing assertion: before the fix these waited for the other start.
+    let guard = Duration::from_secs(120);
+    let frame = tokio::time::timeout(guard, runtime.observe("bot-first"))
+        .await
+        .expect("observe waited behind another bot's desktop start")
+        .unwrap();
+    assert!(frame.frame.png.starts_with(b"\x89PNG"));
+    let acted = tokio::time::timeout(guard, runtime.act("bot-first", &[Action::Wait { ms: 10 }]))
+        .await
+        .expect("act waited behind another bot's desktop start")
+        .unwrap();
+    assert_eq!(acted.completed, 1);
+    let again = tokio::time::timeout(guard, runtime.open_screen("bot-first"))
+        .await
+        .expect("reopening waited behind another bot's desktop start")
+        .unwrap();
+    assert_eq!(again, first);
+    assert!(
+        !opening.is_finished(),
+        "the other bot's start was held all along"
+    );
+    assert!(
+        runtime.screen("bot-late").await.is_none(),
+        "not open before its start ends"
+    );
+
+    runner.release.notify_one();
+    let late = opening.await.unwrap().unwrap();
+    assert_ne!(late.slot, first.slot);
+    assert_ne!(late.display, first.display);
+    assert!(
+        runtime
+            .observe("bot-late")
+            .await
+            .unwrap()
+            .frame
+            .png
+            .starts_with(b"\x89PNG")
+    );
+    runtime.shutdown().await.unwrap();
 }
 
 /// A host runner whose `stop` can be made to fail.

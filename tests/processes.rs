@@ -35,7 +35,17 @@ impl Proc {
         Self::start_with(args, data_dir, db, &[]).await
     }
 
-    /// [`Proc::start`] with more environment.
+    /// [`Proc::start`], with its own `RAKAZO_PROCESS_GONE_MS`.
+    async fn start_gone_after(
+        args: &[&str],
+        data_dir: &std::path::Path,
+        db: &str,
+        gone_ms: &str,
+    ) -> Proc {
+        Self::start_with(args, data_dir, db, &[("RAKAZO_PROCESS_GONE_MS", gone_ms)]).await
+    }
+
+    /// [`Proc::start`] with more environment (it wins over the defaults).
     async fn start_with(
         args: &[&str],
         data_dir: &std::path::Path,
@@ -78,6 +88,16 @@ impl Proc {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Proc { child, base }
+    }
+
+    /// SIGTERM: the process stops cleanly; waits for its exit.
+    fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap();
     }
 
     /// `kill -9`: nothing of this process gets to run.
@@ -638,4 +658,72 @@ async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
         owners.holder("c-live").await.unwrap(),
         Some(Owner::Elsewhere { .. })
     ));
+}
+
+/// A cleanly stopped process lets its computers go at once: every process here would wait ten
+/// minutes for a silent one, yet once the process owning a computer stopped on SIGTERM no
+/// claim names it and the other API process runs the bot's next command (taking it over).
+#[actix_rt::test]
+async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
+    let Some(admin) = common::postgres_admin_url() else {
+        return;
+    };
+    let url = common::fresh_postgres_db(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .arg("migrate")
+        .env("DATA_DIR", dir.path())
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let never = "600000";
+    let mut a = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
+    let b = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
+    let token = std::fs::read_to_string(dir.path().join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bot = api_a
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "driver", "computerMode": "team" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let started = api_a.ok("run.start", json!({ "botId": bot })).await;
+    let run = started["run"]["id"].as_str().unwrap().to_owned();
+    let fence = started["lease"]["fence"].as_i64().unwrap();
+    let exec =
+        |word: &str| json!({ "runId": run, "fence": fence, "command": format!("echo {word}") });
+    api_a.ok("computer.exec", exec("first")).await;
+    let computer_id = computer::Entity::find()
+        .one(&db)
+        .await
+        .unwrap()
+        .expect("the team computer")
+        .id;
+    let first = owner(&db, &computer_id).await.expect("a claim");
+    assert_eq!(address(&db, &first).await.as_deref(), Some(a.base.as_str()));
+
+    a.terminate();
+    assert_eq!(
+        owner(&db, &computer_id).await,
+        None,
+        "the stopped process still claims it"
+    );
+    let out = api_b.ok("computer.exec", exec("second")).await;
+    assert!(out["stdout"].as_str().unwrap().contains("second"), "{out}");
+    let next = owner(&db, &computer_id).await.expect("a claim");
+    assert_ne!(next, first);
+    assert_eq!(address(&db, &next).await.as_deref(), Some(b.base.as_str()));
 }

@@ -350,3 +350,136 @@ async fn without_novnc_screens_say_what_is_missing() {
     };
     rfb.handshake().await;
 }
+
+/// At the Team screen limit a new screen takes the place of the oldest idle one, never a
+/// screen a person controls nor the screen of a bot whose run executes; the evicted bot's row,
+/// its `screen.state` event and its old URLs all say it is gone.
+#[actix_rt::test]
+async fn eviction_at_the_limit_spares_controlled_and_running_screens() {
+    use rakazo_actors::entity::screen;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("SANDBOX_TEAM_SCREEN_LIMIT", "2"),
+        ],
+    )
+    .await
+    .unwrap();
+    let (_, bots) = s.space_with_bots(3, "team").await;
+    let (held, running, newcomer) = (&bots[0], &bots[1], &bots[2]);
+    let mut events = s.app.registry.runtime().events.subscribe();
+    let row = |bot: &str| {
+        let (db, bot) = (s.app.db.clone(), bot.to_owned());
+        async move {
+            screen::Entity::find()
+                .filter(screen::Column::BotId.eq(bot))
+                .one(&db)
+                .await
+                .unwrap()
+                .expect("a screen row")
+        }
+    };
+
+    // A person controls the first bot's screen; the second bot's run executes on its own.
+    let control = s.ok("computer.takeControl", json!({ "botId": held })).await;
+    let control_url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    let mut driver = Rfb {
+        ws: connect(&s, &control_url).await.unwrap(),
+        buf: Vec::new(),
+    };
+    driver.handshake().await;
+    let (run, fence) = s.start_run(running).await;
+    let view = s
+        .ok("computer.screenUrl", json!({ "botId": running }))
+        .await;
+    let view_url = view["url"].as_str().unwrap().to_owned();
+
+    // Nothing may give way: the third bot is refused, the two screens stay as they were.
+    let refused = s
+        .call("computer.screenUrl", json!({ "botId": newcomer }))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.1, "MULTI_SCREEN_UNAVAILABLE", "{refused:?}");
+    assert_eq!(row(running).await.state, "active");
+    assert_eq!(row(held).await.state, "active");
+
+    // The run completes: its screen stays, now idle and uncontrolled, and a person watches it.
+    s.ok(
+        "run.finish",
+        json!({ "runId": run, "fence": fence, "outcome": "completed" }),
+    )
+    .await;
+    let mut watcher = Rfb {
+        ws: connect(&s, &view_url).await.unwrap(),
+        buf: Vec::new(),
+    };
+    watcher.handshake().await;
+
+    // The third bot's screen opens in its place.
+    let fresh = s
+        .ok("computer.screenUrl", json!({ "botId": newcomer }))
+        .await;
+    let mut newest = Rfb {
+        ws: connect(&s, fresh["url"].as_str().unwrap()).await.unwrap(),
+        buf: Vec::new(),
+    };
+    newest.handshake().await;
+    assert!(
+        closed_within(&mut watcher.ws, Duration::from_secs(2)).await,
+        "the evicted screen's socket is still open"
+    );
+    assert!(
+        connect(&s, &view_url).await.is_err(),
+        "an evicted screen's URL still connects"
+    );
+    let evicted = row(running).await;
+    assert_eq!(
+        (evicted.state.as_str(), evicted.slot),
+        ("evicted", None),
+        "{evicted:?}"
+    );
+    assert!(evicted.generation > view["generation"].as_i64().unwrap());
+    let said = loop {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .expect("a screen.state event for the evicted bot")
+            .unwrap();
+        if event.topic == rakazo_actors::events::Topic::ScreenState
+            && event.data["botId"] == json!(running)
+            && event.data["state"] != "active"
+        {
+            break event.data;
+        }
+    };
+    assert_eq!(said["state"], "evicted", "{said}");
+    assert_eq!(said["generation"], json!(evicted.generation));
+
+    // The controlled screen was never touched: same generation, its URL still connects.
+    let kept = row(held).await;
+    assert_eq!(
+        (kept.state.as_str(), kept.generation),
+        (
+            "active",
+            control["controlUrl"]["generation"].as_i64().unwrap()
+        ),
+    );
+    let mut second = Rfb {
+        ws: connect(&s, &control_url).await.unwrap(),
+        buf: Vec::new(),
+    };
+    second.handshake().await;
+
+    // The evicted bot comes back by evicting the oldest idle screen again (the newcomer's),
+    // never the controlled one.
+    let back = s
+        .ok("computer.screenUrl", json!({ "botId": running }))
+        .await;
+    assert!(back["generation"].as_i64().unwrap() > evicted.generation);
+    assert_eq!(row(newcomer).await.state, "evicted");
+    assert_eq!(row(held).await.state, "active");
+    drop(driver);
+}

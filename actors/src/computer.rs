@@ -181,6 +181,8 @@ pub struct ComputerActor {
     /// machine calls are forwarded there. Checked again before every call made without a
     /// machine, so a gone owner is taken over by the next call or reconciler pass.
     elsewhere: Option<Option<String>>,
+    /// The computer's screen slots in this process (emptied when a new machine is held).
+    slots: Option<Arc<crate::slots::Slots>>,
 }
 
 /// What getting a machine found.
@@ -223,7 +225,15 @@ impl ComputerActor {
             agents: SharedArc::default(),
             adopted: false,
             elsewhere: None,
+            slots: None,
         }
+    }
+
+    /// The computer's screen slots, shared with its screen actors: a new machine has no
+    /// screens, so getting one releases every screen of the old one (row, table, event).
+    pub fn with_slots(mut self, slots: Arc<crate::slots::Slots>) -> Self {
+        self.slots = Some(slots);
+        self
     }
 
     /// Get a machine under `ctx.wait`: nothing else runs on this actor until it is settled.
@@ -231,6 +241,7 @@ impl ComputerActor {
         let rt = self.rt.clone();
         let id = self.id.clone();
         let adopting = !self.adopted;
+        let slots = self.slots.clone();
         let fut = async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -238,12 +249,15 @@ impl ComputerActor {
             if let Owner::Elsewhere { address, .. } = Owners::new(rt.db.clone()).claim(&id).await? {
                 return Ok(Got::Elsewhere(address));
             }
-            match want {
-                Want::Any => acquire_machine(&rt, &id, adopting)
-                    .await
-                    .map(|got| Got::Machine(Some(got))),
-                Want::IfRunning => adopt_machine(&rt, &id, adopting).await.map(Got::Machine),
+            let got = match want {
+                Want::Any => acquire_machine(&rt, &id, adopting).await.map(Some)?,
+                Want::IfRunning => adopt_machine(&rt, &id, adopting).await?,
+            };
+            if got.is_some() {
+                // Before any call reaches the new machine: its screens start afresh.
+                crate::screen::machine_screens_gone(&rt, &id, slots.as_deref()).await;
             }
+            Ok(Got::Machine(got))
         };
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
             Ok(Got::Machine(got)) => {

@@ -44,6 +44,7 @@ pub mod run_reports;
 pub mod runs;
 pub mod runtime;
 pub mod screen;
+pub mod slots;
 pub mod timeline;
 pub mod workspace;
 

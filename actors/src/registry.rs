@@ -12,7 +12,8 @@ use dashmap::DashMap;
 use crate::computer::ComputerActor;
 use crate::lease_actor::LeaseActor;
 use crate::runtime::Runtime;
-use crate::screen::{ScreenActor, ScreenRevoker};
+use crate::screen::{ScreenActor, ScreenRevoker, Siblings};
+use crate::slots::Slots;
 
 /// The actors of one computer.
 #[derive(Clone)]
@@ -21,7 +22,8 @@ pub struct ComputerHandle {
     pub computer: Addr<ComputerActor>,
     /// Lease decisions.
     pub leases: Addr<LeaseActor>,
-    screens: Arc<DashMap<String, Addr<ScreenActor>>>,
+    screens: Siblings,
+    slots: Arc<Slots>,
     computer_id: String,
     space_id: String,
 }
@@ -59,8 +61,10 @@ impl Registry {
             .entry(computer_id.to_owned())
             .or_insert_with(|| {
                 let (rt, id) = (self.rt.clone(), computer_id.to_owned());
+                let slots = Arc::new(Slots::default());
+                let held = slots.clone();
                 let computer = Supervisor::start_in_arbiter(&self.arbiter, move |_| {
-                    ComputerActor::new(id, rt)
+                    ComputerActor::new(id, rt).with_slots(held)
                 });
                 let (rt, id, space) =
                     (self.rt.clone(), computer_id.to_owned(), space_id.to_owned());
@@ -71,6 +75,7 @@ impl Registry {
                     computer,
                     leases,
                     screens: Arc::new(DashMap::new()),
+                    slots,
                     computer_id: computer_id.to_owned(),
                     space_id: space_id.to_owned(),
                 }
@@ -84,10 +89,12 @@ impl Registry {
             .screens
             .entry(bot_id.to_owned())
             .or_insert_with(|| {
-                let (rt, computer, revoker) = (
+                let (rt, computer, revoker, slots, siblings) = (
                     self.rt.clone(),
                     handle.computer.clone(),
                     self.revoker.clone(),
+                    handle.slots.clone(),
+                    handle.screens.clone(),
                 );
                 let (cid, sid, bid) = (
                     handle.computer_id.clone(),
@@ -95,10 +102,18 @@ impl Registry {
                     bot_id.to_owned(),
                 );
                 ScreenActor::start_in_arbiter(&self.arbiter, move |_| {
-                    ScreenActor::new(cid, sid, bid, rt, computer, revoker)
+                    ScreenActor::new(cid, sid, bid, rt, computer, revoker, slots, siblings)
                 })
             })
             .clone()
+    }
+
+    /// The screens this process holds on a computer, by bot.
+    pub fn held_screens(
+        &self,
+        handle: &ComputerHandle,
+    ) -> std::collections::HashMap<String, crate::slots::Held> {
+        handle.slots.all_held()
     }
 
     /// The actors of every computer that has them.

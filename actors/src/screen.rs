@@ -1,7 +1,9 @@
-//! The `ScreenActor`: one per bot screen. Allocates the display slot lazily, tracks the slot
-//! generation that capabilities bind, and tears down in the safe order: revoke every
-//! capability of the slot first, then stop its processes. A failed teardown keeps the slot
-//! reserved for retry.
+//! The `ScreenActor`: one per bot screen. Opens the display lazily under the computer's
+//! screen limit (evicting another bot's screen by the policy in [`crate::slots`]), tracks the
+//! slot generation that capabilities bind, and tears down in the safe order: move the
+//! generation, revoke every capability of the slot, announce it, then stop its processes. A
+//! failed teardown keeps the slot reserved for retry. Every change of a screen writes its row,
+//! revokes its routes and publishes its `screen.state` event together.
 
 use std::sync::Arc;
 
@@ -16,8 +18,10 @@ use serde::Serialize;
 use crate::clock::{new_id, now_ms};
 use crate::computer::{Call, ComputerActor, Op, OpOutput};
 use crate::entity::{computer, screen};
-use crate::error::{DomainError, DomainResult};
+use crate::error::{DomainError, DomainResult, ErrorCode};
+use crate::leases::{LeaseKind, Leases};
 use crate::runtime::Runtime;
+use crate::slots::{Admission, Candidate, Held, Slots};
 
 /// Closes live sockets of a slot before it is reused (the screen gateway implements it).
 #[async_trait]
@@ -50,10 +54,18 @@ pub struct ScreenState {
 #[rtype(result = "DomainResult<ScreenState>")]
 pub struct Open;
 
-/// Tear the screen down (failed or canceled run, computer deletion, eviction).
+/// Tear the screen down (failed or canceled run, computer deletion).
 #[derive(Message)]
 #[rtype(result = "DomainResult<()>")]
 pub struct Teardown;
+
+/// Give the screen up for another bot's at the screen limit.
+#[derive(Message)]
+#[rtype(result = "DomainResult<()>")]
+pub struct Evict;
+
+/// The screen actors of one computer in this process, by bot.
+pub type Siblings = Arc<dashmap::DashMap<String, Addr<ScreenActor>>>;
 
 /// One bot's screen on one computer.
 pub struct ScreenActor {
@@ -63,11 +75,14 @@ pub struct ScreenActor {
     rt: Arc<Runtime>,
     computer: Addr<ComputerActor>,
     revoker: Arc<dyn ScreenRevoker>,
-    current: Option<ScreenState>,
+    slots: Arc<Slots>,
+    siblings: Siblings,
 }
 
 impl ScreenActor {
-    /// The screen actor of `bot_id` on a computer.
+    /// The screen actor of `bot_id` on a computer; `slots` and `siblings` are shared by every
+    /// screen actor of the computer.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         computer_id: String,
         space_id: String,
@@ -75,6 +90,8 @@ impl ScreenActor {
         rt: Arc<Runtime>,
         computer: Addr<ComputerActor>,
         revoker: Arc<dyn ScreenRevoker>,
+        slots: Arc<Slots>,
+        siblings: Siblings,
     ) -> Self {
         Self {
             computer_id,
@@ -83,9 +100,36 @@ impl ScreenActor {
             rt,
             computer,
             revoker,
-            current: None,
+            slots,
+            siblings,
         }
     }
+
+    fn ctx(&self) -> ScreenCtx {
+        ScreenCtx {
+            computer_id: self.computer_id.clone(),
+            space_id: self.space_id.clone(),
+            bot_id: self.bot_id.clone(),
+            rt: self.rt.clone(),
+            computer: self.computer.clone(),
+            revoker: self.revoker.clone(),
+            slots: self.slots.clone(),
+            siblings: self.siblings.clone(),
+        }
+    }
+}
+
+/// What one screen operation needs, owned, for its future.
+#[derive(Clone)]
+struct ScreenCtx {
+    computer_id: String,
+    space_id: String,
+    bot_id: String,
+    rt: Arc<Runtime>,
+    computer: Addr<ComputerActor>,
+    revoker: Arc<dyn ScreenRevoker>,
+    slots: Arc<Slots>,
+    siblings: Siblings,
 }
 
 impl Actor for ScreenActor {
@@ -138,56 +182,269 @@ async fn next_generation(rt: &Runtime, computer_id: &str) -> DomainResult<i64> {
     Ok(row.lease_epoch)
 }
 
+/// A computer got a new machine (a start after a stop, a replacement, an adoption): the old
+/// machine's screens are gone. Each row still naming a slot lets it go under a new generation
+/// (so no capability of the old machine is honoured) and says so in a `screen.state` event
+/// (`stopped`); the slot table forgets them. Failures are logged: the authority refuses what
+/// the table no longer holds either way.
+pub async fn machine_screens_gone(rt: &Runtime, computer_id: &str, slots: Option<&Slots>) {
+    if let Some(slots) = slots {
+        slots.clear();
+    }
+    if let Err(e) = release_rows(rt, computer_id).await {
+        tracing::warn!(computer.id = %computer_id, error = %e, "screen.release_failed");
+    }
+}
+
+async fn release_rows(rt: &Runtime, computer_id: &str) -> DomainResult<()> {
+    let rows = screen::Entity::find()
+        .filter(screen::Column::ComputerId.eq(computer_id))
+        .filter(screen::Column::Slot.is_not_null())
+        .all(&rt.db)
+        .await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let generation = next_generation(rt, computer_id).await?;
+    let space_id = computer::Entity::find_by_id(computer_id)
+        .one(&rt.db)
+        .await?
+        .map(|c| c.space_id)
+        .unwrap_or_default();
+    for existing in rows {
+        let (bot_id, slot) = (existing.bot_id.clone(), existing.slot);
+        let mut active = existing.into_active_model();
+        active.slot = Set(None);
+        active.generation = Set(generation);
+        active.state = Set("released".into());
+        active.updated_at_ms = Set(now_ms());
+        active.update(&rt.db).await?;
+        rt.events.publish(
+            &space_id,
+            crate::events::Topic::ScreenState,
+            serde_json::json!({
+                "computerId": computer_id, "botId": bot_id, "slot": slot,
+                "generation": generation, "state": "stopped",
+            }),
+        );
+    }
+    Ok(())
+}
+
+impl ScreenCtx {
+    /// The provider's screen of this bot (started if needed; its browser kept running).
+    async fn provider_open(&self) -> DomainResult<u32> {
+        let OpOutput::Screen(info) = self
+            .computer
+            .send(Call(Op::OpenScreen(self.bot_id.clone())))
+            .await??
+        else {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                "unexpected provider reply",
+            ));
+        };
+        Ok(info.slot)
+    }
+
+    fn publish(&self, slot: Option<i64>, generation: i64, state: &str) {
+        self.rt.events.publish(
+            &self.space_id,
+            crate::events::Topic::ScreenState,
+            serde_json::json!({
+                "computerId": self.computer_id, "botId": self.bot_id, "slot": slot,
+                "generation": generation, "state": state,
+            }),
+        );
+    }
+
+    /// Opens the screen, or returns the held one. A bot holding a screen needs no database
+    /// round trip (observe and act call this each time).
+    async fn open(&self) -> DomainResult<ScreenState> {
+        let now = now_ms();
+        if let Some(held) = self.slots.touch(&self.bot_id, now) {
+            let slot = self.provider_open().await?;
+            // Still held after the call (a new machine would have let every screen go).
+            let still = self.slots.held(&self.bot_id);
+            if slot == held.slot
+                && still.is_some_and(|h| h.slot == held.slot && h.generation == held.generation)
+            {
+                return Ok(ScreenState {
+                    slot,
+                    generation: held.generation,
+                });
+            }
+            // The provider lost it (a replaced machine): a new assignment, a new generation.
+            self.slots.release(&self.bot_id);
+            self.slots.reserve(&self.bot_id, None);
+            return self.assign_after(Some(slot)).await;
+        }
+        let evict = {
+            let _admission = self.slots.admission().await;
+            match self.admission().await? {
+                Admission::Open => {
+                    self.slots.reserve(&self.bot_id, None);
+                    None
+                }
+                Admission::Evict(victim) => {
+                    self.slots.reserve(&self.bot_id, Some(&victim));
+                    Some(victim)
+                }
+                Admission::Full => {
+                    tracing::info!(
+                        computer.id = %self.computer_id,
+                        bot.id = %self.bot_id,
+                        screen.limit = self.rt.settings.team_screen_limit,
+                        "screen.refused"
+                    );
+                    return Err(DomainError::new(
+                        ErrorCode::MultiScreenUnavailable,
+                        "the screen limit is reached and every screen is controlled or in a run",
+                    ));
+                }
+            }
+        };
+        if let Some(victim) = evict {
+            tracing::info!(
+                computer.id = %self.computer_id,
+                bot.id = %self.bot_id,
+                victim.bot.id = %victim,
+                "screen.evicting"
+            );
+            let gone = match self.siblings.get(&victim).map(|a| a.clone()) {
+                Some(addr) => addr
+                    .send(Evict)
+                    .await
+                    .map_err(DomainError::from)
+                    .and_then(|r| r),
+                None => self.sibling(&victim).retire("evicted").await,
+            };
+            if let Err(e) = gone {
+                self.slots.abandon(&self.bot_id);
+                return Err(e);
+            }
+        }
+        self.assign_after(None).await
+    }
+
+    /// What the screen limit allows now (called under the admission lock).
+    async fn admission(&self) -> DomainResult<Admission> {
+        let limit = self.rt.settings.team_screen_limit;
+        let occupied = self.slots.occupied();
+        if limit == 0 || occupied < limit as usize {
+            return Ok(Admission::Open);
+        }
+        let grants = Leases::new(self.rt.db.clone())
+            .live_on(&self.computer_id)
+            .await?;
+        let granted =
+            |kind: LeaseKind, bot: &str| grants.iter().any(|g| g.kind == kind && g.subject == bot);
+        let candidates: Vec<Candidate> = self
+            .slots
+            .all_held()
+            .into_iter()
+            .map(|(bot_id, held)| Candidate {
+                controlled: granted(LeaseKind::Control, &bot_id),
+                executing: granted(LeaseKind::Execution, &bot_id),
+                last_used_ms: held.last_used_ms,
+                bot_id,
+            })
+            .collect();
+        Ok(crate::slots::admit(limit, occupied, &candidates))
+    }
+
+    /// Opens the provider's screen (unless `slot` says it already did) and records the new
+    /// assignment: row, generation, event, then the slot table. The bot was reserved.
+    async fn assign_after(&self, slot: Option<u32>) -> DomainResult<ScreenState> {
+        let result = async {
+            let slot = match slot {
+                Some(s) => s,
+                None => self.provider_open().await?,
+            };
+            // A newly held slot always gets a new generation.
+            let existing = row(&self.rt, &self.computer_id, &self.bot_id).await?;
+            let mut active = existing.into_active_model();
+            let generation = next_generation(&self.rt, &self.computer_id).await?;
+            active.slot = Set(Some(slot as i64));
+            active.generation = Set(generation);
+            active.state = Set("active".into());
+            active.last_used_at_ms = Set(now_ms());
+            active.updated_at_ms = Set(now_ms());
+            active.update(&self.rt.db).await?;
+            self.publish(Some(slot as i64), generation, "active");
+            Ok(ScreenState { slot, generation })
+        }
+        .await;
+        match &result {
+            Ok(state) => self.slots.hold(
+                &self.bot_id,
+                Held {
+                    slot: state.slot,
+                    generation: state.generation,
+                    last_used_ms: now_ms(),
+                },
+            ),
+            Err(_) => self.slots.abandon(&self.bot_id),
+        }
+        result
+    }
+
+    /// The same context for another bot of the computer.
+    fn sibling(&self, bot_id: &str) -> ScreenCtx {
+        ScreenCtx {
+            bot_id: bot_id.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// Ends the screen: the generation moves first (every capability bound to the old one is
+    /// dead), the slot's sockets are revoked, the event says `state` (`torn_down`, `evicted`),
+    /// then the display stops and the row lets the slot go. A failed stop leaves the row in
+    /// `teardown_failed`.
+    async fn retire(&self, state: &str) -> DomainResult<()> {
+        self.slots.release(&self.bot_id);
+        let existing = row(&self.rt, &self.computer_id, &self.bot_id).await?;
+        let Some(slot) = existing.slot else {
+            return Ok(());
+        };
+        let generation = next_generation(&self.rt, &self.computer_id).await?;
+        let mut active = existing.into_active_model();
+        active.generation = Set(generation);
+        active.state = Set("teardown_failed".into());
+        active.updated_at_ms = Set(now_ms());
+        let existing = active.update(&self.rt.db).await?;
+        self.revoker
+            .revoke_slot(&self.computer_id, slot as u32, generation)
+            .await;
+        self.publish(Some(slot), generation, state);
+        self.computer
+            .send(Call(Op::CloseScreen(self.bot_id.clone())))
+            .await??;
+        let mut active = existing.into_active_model();
+        active.slot = Set(None);
+        active.state = Set(if state == "evicted" {
+            "evicted"
+        } else {
+            "released"
+        }
+        .into());
+        active.updated_at_ms = Set(now_ms());
+        active.update(&self.rt.db).await?;
+        if state == "evicted" {
+            tracing::info!(computer.id = %self.computer_id, bot.id = %self.bot_id, screen.slot = slot, screen.generation = generation, "screen.evicted");
+        } else {
+            tracing::info!(computer.id = %self.computer_id, bot.id = %self.bot_id, screen.slot = slot, screen.generation = generation, "screen.torn_down");
+        }
+        Ok(())
+    }
+}
+
 impl Handler<Open> for ScreenActor {
     type Result = AtomicResponse<Self, DomainResult<ScreenState>>;
 
     fn handle(&mut self, _: Open, _: &mut Context<Self>) -> Self::Result {
-        let (rt, computer, computer_id, bot_id) = (
-            self.rt.clone(),
-            self.computer.clone(),
-            self.computer_id.clone(),
-            self.bot_id.clone(),
-        );
-        let current = self.current.clone();
-        AtomicResponse::new(Box::pin(
-            async move {
-                let OpOutput::Screen(info) = computer
-                    .send(Call(Op::OpenScreen(bot_id.clone())))
-                    .await??
-                else {
-                    return Err(DomainError::new(
-                        crate::ErrorCode::Internal,
-                        "unexpected provider reply",
-                    ));
-                };
-                // This actor is the only writer of its row: a screen it already holds on the
-                // same slot needs no database round trip (observe and act call this each time).
-                if let Some(held) = current.as_ref().filter(|c| c.slot == info.slot) {
-                    return Ok(held.clone());
-                }
-                // A newly held slot always gets a new generation.
-                let existing = row(&rt, &computer_id, &bot_id).await?;
-                let mut active = existing.into_active_model();
-                let generation = next_generation(&rt, &computer_id).await?;
-                active.slot = Set(Some(info.slot as i64));
-                active.generation = Set(generation);
-                active.state = Set("active".into());
-                active.last_used_at_ms = Set(now_ms());
-                active.updated_at_ms = Set(now_ms());
-                active.update(&rt.db).await?;
-                Ok(ScreenState {
-                    slot: info.slot,
-                    generation,
-                })
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if let Ok(state) = &res {
-                    act.current = Some(state.clone());
-                }
-                res
-            }),
-        ))
+        let ctx = self.ctx();
+        AtomicResponse::new(Box::pin(async move { ctx.open().await }.into_actor(self)))
     }
 }
 
@@ -195,45 +452,20 @@ impl Handler<Teardown> for ScreenActor {
     type Result = AtomicResponse<Self, DomainResult<()>>;
 
     fn handle(&mut self, _: Teardown, _: &mut Context<Self>) -> Self::Result {
-        let (rt, computer, computer_id, bot_id) = (
-            self.rt.clone(),
-            self.computer.clone(),
-            self.computer_id.clone(),
-            self.bot_id.clone(),
-        );
-        let revoker = self.revoker.clone();
-        let space_id = self.space_id.clone();
+        let ctx = self.ctx();
         AtomicResponse::new(Box::pin(
-            async move {
-                let existing = row(&rt, &computer_id, &bot_id).await?;
-                let Some(slot) = existing.slot else { return Ok(()) };
-                // The generation moves first: every capability bound to the old one is dead.
-                let generation = next_generation(&rt, &computer_id).await?;
-                let mut active = existing.into_active_model();
-                active.generation = Set(generation);
-                active.state = Set("teardown_failed".into());
-                active.updated_at_ms = Set(now_ms());
-                let existing = active.update(&rt.db).await?;
-                revoker.revoke_slot(&computer_id, slot as u32, generation).await;
-                rt.events.publish(&space_id, crate::events::Topic::ScreenState, serde_json::json!({
-                    "computerId": computer_id, "botId": bot_id, "slot": slot, "generation": generation,
-                    "state": "torn_down",
-                }));
-                computer.send(Call(Op::CloseScreen(bot_id.clone()))).await??;
-                let mut active = existing.into_active_model();
-                active.slot = Set(None);
-                active.state = Set("released".into());
-                active.updated_at_ms = Set(now_ms());
-                active.update(&rt.db).await?;
-                Ok(())
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if res.is_ok() {
-                    act.current = None;
-                }
-                res
-            }),
+            async move { ctx.retire("torn_down").await }.into_actor(self),
+        ))
+    }
+}
+
+impl Handler<Evict> for ScreenActor {
+    type Result = AtomicResponse<Self, DomainResult<()>>;
+
+    fn handle(&mut self, _: Evict, _: &mut Context<Self>) -> Self::Result {
+        let ctx = self.ctx();
+        AtomicResponse::new(Box::pin(
+            async move { ctx.retire("evicted").await }.into_actor(self),
         ))
     }
 }

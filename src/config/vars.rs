@@ -122,7 +122,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_TEAM_SCREEN_LIMIT",
         default: "0",
         secret: false,
-        doc: "Cap on simultaneous desktops per computer (0 = no cap); beyond it graphical tools answer MULTI_SCREEN_UNAVAILABLE.",
+        doc: "Cap on simultaneous desktops per computer (0 = no cap); at the cap a new desktop takes the place of the oldest idle one that no person controls and whose bot has no run, else graphical tools answer MULTI_SCREEN_UNAVAILABLE.",
     },
     Var {
         name: "SANDBOX_DESKTOP_CPU_WEIGHT",

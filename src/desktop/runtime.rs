@@ -5,8 +5,13 @@
 //! Teardown announces the ended generation on [`DesktopRuntime::subscribe`] first, then revokes
 //! the slot's gateway capabilities, then stops the processes; only then is the slot free. A
 //! teardown that fails leaves the slot reserved (not reusable) until a retry succeeds.
+//!
+//! The slot table's lock is held only to read or change the table, never while a display
+//! stack or a browser starts or stops: a slot being started or stopped is marked so, and other
+//! bots' screens keep working meanwhile. Which screen gives way at the screen limit is decided
+//! by the screen actors (`rakazo_actors::slots`); at the limit this runtime only refuses.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -40,6 +45,10 @@ const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
 const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
 const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
 const BROWSER_QUIET_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a browser seen running is taken to be running without asking again.
+const BROWSER_CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long a caller waits between looks at a slot another call is starting or stopping.
+const SLOT_BUSY_POLL: Duration = Duration::from_millis(50);
 /// How long a checkpoint waits for the browsers' profiles to stop changing.
 const PROFILE_QUIET_TIMEOUT: Duration = Duration::from_secs(6);
 /// How long Chromium gets to save its session and cookies on SIGTERM.
@@ -222,6 +231,8 @@ struct Screen {
     frozen: bool,
     /// OOM kills in its group already told to the bot.
     oom_seen: u64,
+    /// When its browser was last seen running.
+    browser_seen: Option<Instant>,
 }
 
 /// How capture and input reach one display.
@@ -235,6 +246,8 @@ enum Io {
 
 enum SlotState {
     Free,
+    /// The bot's stack or browser is starting, or its screen stopping, without the table lock.
+    Busy(String),
     Active(Box<Screen>),
     /// Teardown failed; the slot stays out of use until a retry stops what is left.
     Reserved(Box<Screen>),
@@ -247,8 +260,6 @@ struct Slot {
 
 struct Table {
     slots: Vec<Slot>,
-    /// Bots whose screen a user controls (never evicted).
-    controlled: HashSet<String>,
 }
 
 impl Table {
@@ -262,6 +273,18 @@ impl Table {
         self.slots
             .iter()
             .position(|s| matches!(&s.state, SlotState::Reserved(sc) if sc.bot_id == bot_id))
+    }
+
+    fn busy_of(&self, bot_id: &str) -> bool {
+        self.slots
+            .iter()
+            .any(|s| matches!(&s.state, SlotState::Busy(b) if b == bot_id))
+    }
+
+    fn any_busy(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| matches!(&s.state, SlotState::Busy(_)))
     }
 
     fn occupied(&self) -> usize {
@@ -297,10 +320,7 @@ impl DesktopRuntime {
             runner,
             config,
             gateway,
-            table: Mutex::new(Table {
-                slots: Vec::new(),
-                controlled: HashSet::new(),
-            }),
+            table: Mutex::new(Table { slots: Vec::new() }),
             events,
             freezes,
             as_root: tokio::sync::OnceCell::new(),
@@ -321,23 +341,6 @@ impl DesktopRuntime {
     /// The machine's screen gateway.
     pub fn gateway(&self) -> &Gateway {
         &self.gateway
-    }
-
-    /// Marks whether a user controls `bot_id`'s screen; controlled screens are never evicted
-    /// nor frozen.
-    pub async fn set_controlled(&self, bot_id: &str, controlled: bool) {
-        let mut table = self.table.lock().await;
-        if controlled {
-            table.controlled.insert(bot_id.to_string());
-            if let Some(i) = table.slot_of(bot_id)
-                && let SlotState::Active(screen) = &mut table.slots[i].state
-                && let Err(e) = self.thaw(screen).await
-            {
-                tracing::warn!(bot.id = bot_id, error = %e, "desktop.freeze.thaw_failed");
-            }
-        } else {
-            table.controlled.remove(bot_id);
-        }
     }
 
     /// Thaws the bot's desktop if it is frozen and counts it as used (a call that reaches its
@@ -402,15 +405,11 @@ impl DesktopRuntime {
         let mut table = self.table.lock().await;
         let mut frozen = 0;
         for i in 0..table.slots.len() {
-            let controlled = match &table.slots[i].state {
-                SlotState::Active(sc) => table.controlled.contains(&sc.bot_id),
-                _ => continue,
-            };
             let SlotState::Active(screen) = &mut table.slots[i].state else {
                 continue;
             };
-            if controlled
-                || screen.frozen
+            // A person in control holds a live control capability: counted below.
+            if screen.frozen
                 || !screen.grouped
                 || screen.busy.load(Ordering::SeqCst) > 0
                 || screen.last_used.elapsed() < after
@@ -526,100 +525,162 @@ impl DesktopRuntime {
     }
 
     /// Opens `bot_id`'s screen (display, window manager and browser), or returns the open one
-    /// after making sure its browser still runs. At the screen limit the oldest idle screen no
-    /// user controls is torn down first; if there is none, [`DesktopError::MultiScreenUnavailable`].
+    /// after making sure its browser still runs (asked at most every [`BROWSER_CHECK_EVERY`]).
+    /// At the screen limit, [`DesktopError::MultiScreenUnavailable`]: which screen gives way is
+    /// the caller's decision. Nothing starts under the table lock.
     pub async fn open_screen(&self, bot_id: &str) -> Result<ScreenHandle, DesktopError> {
         check_id(bot_id)?;
-        let mut table = self.table.lock().await;
-        if let Some(i) = table.slot_of(bot_id) {
-            if let SlotState::Active(screen) = &mut table.slots[i].state {
-                self.thaw(screen).await?;
+        loop {
+            let mut table = self.table.lock().await;
+            if table.busy_of(bot_id) {
+                drop(table);
+                tokio::time::sleep(SLOT_BUSY_POLL).await;
+                continue;
             }
-            self.ensure_browser(&mut table, i).await?;
-            return Ok(handle(&table.slots[i], i));
-        }
-        self.retry_reserved(&mut table).await;
-        if table.reserved_of(bot_id).is_some() {
-            // Its old browser may still hold the profile: starting another would fight it.
-            return Err(DesktopError::Stack(
-                "the bot's previous screen could not be torn down yet".into(),
-            ));
-        }
-        let limit = self.config.screen_limit;
-        if limit > 0 && table.occupied() >= limit {
-            let victim = table
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| match &s.state {
-                    SlotState::Active(sc)
-                        if !table.controlled.contains(&sc.bot_id)
-                            && sc.busy.load(Ordering::SeqCst) == 0 =>
-                    {
-                        Some((sc.last_used, i))
-                    }
-                    _ => None,
-                })
-                .min()
-                .map(|(_, i)| i);
-            let Some(victim) = victim else {
+            if let Some(i) = table.slot_of(bot_id) {
+                if let SlotState::Active(screen) = &mut table.slots[i].state {
+                    self.thaw(screen).await?;
+                }
+                return self.keep_browser(table, bot_id, i).await;
+            }
+            self.retry_reserved(&mut table).await;
+            if table.reserved_of(bot_id).is_some() {
+                // Its old browser may still hold the profile: starting another would fight it.
+                return Err(DesktopError::Stack(
+                    "the bot's previous screen could not be torn down yet".into(),
+                ));
+            }
+            let limit = self.config.screen_limit;
+            if limit > 0 && table.occupied() >= limit {
                 tracing::info!(
                     bot.id = bot_id,
                     screen.limit = limit,
                     "desktop.screen.refused"
                 );
                 return Err(DesktopError::MultiScreenUnavailable);
+            }
+            let i = match table
+                .slots
+                .iter()
+                .position(|s| matches!(s.state, SlotState::Free))
+            {
+                Some(i) => i,
+                None => {
+                    table.slots.push(Slot {
+                        generation: 0,
+                        state: SlotState::Free,
+                    });
+                    table.slots.len() - 1
+                }
             };
+            table.slots[i].state = SlotState::Busy(bot_id.to_owned());
+            drop(table);
+            let mut guard = BusySlot::new(&self.table, i);
+            let started = async {
+                self.reap_leftovers().await?;
+                let mut screen = self.start_stack(bot_id).await?;
+                if let Err(e) = self.start_browser(&mut screen).await {
+                    let _ = self.stop_screen(&mut screen).await;
+                    return Err(e);
+                }
+                Ok(screen)
+            }
+            .await;
+            let mut table = self.table.lock().await;
+            let screen = match started {
+                Ok(screen) => screen,
+                Err(e) => {
+                    table.slots[i].state = SlotState::Free;
+                    guard.done();
+                    return Err(e);
+                }
+            };
+            guard.done();
+            let slot = &mut table.slots[i];
+            slot.generation += 1;
             tracing::info!(
-                screen.slot = victim,
+                screen.slot = i,
+                screen.generation = slot.generation,
+                screen.display = screen.display,
                 bot.id = bot_id,
-                "desktop.screen.evicting"
+                "desktop.screen.started"
             );
-            self.teardown(&mut table, victim).await?;
-            if table.occupied() >= limit {
-                return Err(DesktopError::MultiScreenUnavailable);
-            }
+            slot.state = SlotState::Active(Box::new(screen));
+            return Ok(handle(slot, i));
         }
-        let i = match table
-            .slots
-            .iter()
-            .position(|s| matches!(s.state, SlotState::Free))
-        {
-            Some(i) => i,
-            None => {
-                table.slots.push(Slot {
-                    generation: 0,
-                    state: SlotState::Free,
-                });
-                table.slots.len() - 1
-            }
+    }
+
+    /// Returns the open screen of slot `i`, restarting its browser if it is gone; the table
+    /// lock is let go while the browser is asked about or restarted.
+    async fn keep_browser(
+        &self,
+        mut table: tokio::sync::MutexGuard<'_, Table>,
+        bot_id: &str,
+        i: usize,
+    ) -> Result<ScreenHandle, DesktopError> {
+        let SlotState::Active(screen) = &table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
         };
-        self.reap_leftovers().await?;
-        let mut screen = self.start_stack(bot_id).await?;
-        if let Err(e) = self.start_browser(&mut screen).await {
-            let _ = self.stop_screen(&mut screen).await;
-            return Err(e);
+        let pid = screen.browser;
+        if pid.is_some()
+            && screen
+                .browser_seen
+                .is_some_and(|t| t.elapsed() < BROWSER_CHECK_EVERY)
+        {
+            return Ok(handle(&table.slots[i], i));
         }
-        let slot = &mut table.slots[i];
-        slot.generation += 1;
-        tracing::info!(
-            screen.slot = i,
-            screen.generation = slot.generation,
-            screen.display = screen.display,
-            bot.id = bot_id,
-            "desktop.screen.started"
-        );
-        slot.state = SlotState::Active(Box::new(screen));
-        Ok(handle(slot, i))
+        drop(table);
+        let alive = match pid {
+            Some(pid) => self.runner.is_running(pid).await?,
+            None => false,
+        };
+        table = self.table.lock().await;
+        if table.slot_of(bot_id) != Some(i) {
+            return Err(DesktopError::NoScreen);
+        }
+        if alive {
+            if let SlotState::Active(screen) = &mut table.slots[i].state {
+                screen.browser_seen = Some(Instant::now());
+            }
+            return Ok(handle(&table.slots[i], i));
+        }
+        let SlotState::Active(mut screen) = std::mem::replace(
+            &mut table.slots[i].state,
+            SlotState::Busy(bot_id.to_owned()),
+        ) else {
+            unreachable!("slot_of finds active slots")
+        };
+        drop(table);
+        let mut guard = BusySlot::new(&self.table, i);
+        tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.browser.restarting");
+        let restarted = self.start_browser(&mut screen).await;
+        let mut table = self.table.lock().await;
+        table.slots[i].state = SlotState::Active(screen);
+        guard.done();
+        restarted?;
+        Ok(handle(&table.slots[i], i))
     }
 
     /// Tears down `bot_id`'s screen; its profile stays in the workspace. Closing a bot with no
     /// screen succeeds.
     pub async fn close_screen(&self, bot_id: &str) -> Result<(), DesktopError> {
-        let mut table = self.table.lock().await;
+        let mut table = loop {
+            let table = self.table.lock().await;
+            if !table.busy_of(bot_id) {
+                break table;
+            }
+            drop(table);
+            tokio::time::sleep(SLOT_BUSY_POLL).await;
+        };
         self.retry_reserved(&mut table).await;
         match table.slot_of(bot_id) {
-            Some(i) => self.teardown(&mut table, i).await,
+            Some(i) => {
+                let Some(screen) = self.begin_teardown(&mut table, i) else {
+                    return Ok(());
+                };
+                drop(table);
+                self.finish_teardown(i, screen).await
+            }
             None if table.reserved_of(bot_id).is_some() => Err(DesktopError::Stack(
                 "the bot's screen teardown is still failing".into(),
             )),
@@ -629,7 +690,14 @@ impl DesktopRuntime {
 
     /// Tears down every screen and stops the gateway (machine stop).
     pub async fn shutdown(&self) -> Result<(), DesktopError> {
-        let mut table = self.table.lock().await;
+        let mut table = loop {
+            let table = self.table.lock().await;
+            if !table.any_busy() {
+                break table;
+            }
+            drop(table);
+            tokio::time::sleep(SLOT_BUSY_POLL).await;
+        };
         let mut failure = None;
         for i in 0..table.slots.len() {
             if matches!(table.slots[i].state, SlotState::Active(_))
@@ -933,10 +1001,29 @@ impl DesktopRuntime {
     /// Ends slot `i`'s generation: announce, revoke capabilities, stop processes. On failure
     /// the slot is reserved for a retry.
     async fn teardown(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
-        let slot = &mut table.slots[i];
-        let SlotState::Active(mut screen) = std::mem::replace(&mut slot.state, SlotState::Free)
-        else {
+        let Some((mut screen, ended)) = self.begin_teardown(table, i) else {
             return Ok(());
+        };
+        let result = self.stop_retired(i, ended, &mut screen).await;
+        table.slots[i].state = match result {
+            Ok(()) => SlotState::Free,
+            Err(_) => SlotState::Reserved(screen),
+        };
+        result
+    }
+
+    /// Under the table lock: moves slot `i`'s generation, announces the end and marks the
+    /// slot busy; returns the screen to stop.
+    fn begin_teardown(&self, table: &mut Table, i: usize) -> Option<(Box<Screen>, u64)> {
+        let slot = &mut table.slots[i];
+        let bot_id = match &slot.state {
+            SlotState::Active(sc) => sc.bot_id.clone(),
+            _ => return None,
+        };
+        let SlotState::Active(screen) =
+            std::mem::replace(&mut slot.state, SlotState::Busy(bot_id.clone()))
+        else {
+            return None;
         };
         let ended = slot.generation;
         slot.generation += 1;
@@ -944,23 +1031,48 @@ impl DesktopRuntime {
             slot: i as u32,
             ended,
             generation: slot.generation,
-            bot_id: screen.bot_id.clone(),
+            bot_id,
         });
+        Some((screen, ended))
+    }
+
+    /// Without the table lock: revokes and stops a screen [`Self::begin_teardown`] took, then
+    /// frees its slot (or reserves it when the stop failed).
+    async fn finish_teardown(
+        &self,
+        i: usize,
+        (mut screen, ended): (Box<Screen>, u64),
+    ) -> Result<(), DesktopError> {
+        let mut guard = BusySlot::new(&self.table, i);
+        let result = self.stop_retired(i, ended, &mut screen).await;
+        let mut table = self.table.lock().await;
+        table.slots[i].state = match result {
+            Ok(()) => SlotState::Free,
+            Err(_) => SlotState::Reserved(screen),
+        };
+        guard.done();
+        result
+    }
+
+    async fn stop_retired(
+        &self,
+        i: usize,
+        ended: u64,
+        screen: &mut Screen,
+    ) -> Result<(), DesktopError> {
         let result = match self.gateway.revoke_slot(i as u32).await {
-            Ok(()) => self.stop_screen(&mut screen).await,
+            Ok(()) => self.stop_screen(screen).await,
             Err(e) => Err(e),
         };
-        match result {
+        match &result {
             Ok(()) => {
-                tracing::info!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, "desktop.screen.torn_down");
-                Ok(())
+                tracing::info!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, "desktop.screen.torn_down")
             }
             Err(e) => {
-                tracing::warn!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, error = %e, "desktop.screen.teardown_failed");
-                table.slots[i].state = SlotState::Reserved(screen);
-                Err(e)
+                tracing::warn!(screen.slot = i, screen.generation = ended, bot.id = %screen.bot_id, error = %e, "desktop.screen.teardown_failed")
             }
         }
+        result
     }
 
     async fn retry_reserved(&self, table: &mut Table) {
@@ -1270,6 +1382,7 @@ impl DesktopRuntime {
                 grouped: false,
                 frozen: false,
                 oom_seen: 0,
+                browser_seen: None,
             };
             let io = if self.config.commands_only {
                 CommandScreen::connect(
@@ -1313,20 +1426,6 @@ impl DesktopRuntime {
             return Ok(screen);
         }
         Err(DesktopError::Stack("no free X display number".into()))
-    }
-
-    /// Restarts the browser of slot `i` if it is gone.
-    async fn ensure_browser(&self, table: &mut Table, i: usize) -> Result<(), DesktopError> {
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            return Ok(());
-        };
-        if let Some(pid) = screen.browser
-            && self.runner.is_running(pid).await?
-        {
-            return Ok(());
-        }
-        tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.browser.restarting");
-        self.start_browser(screen).await
     }
 
     /// Starts the bot's Chromium on its profile and waits for its first window.
@@ -1445,6 +1544,7 @@ impl DesktopRuntime {
                 c.settle(quiet).await?;
             }
         }
+        screen.browser_seen = Some(Instant::now());
         tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
         Ok(())
     }
@@ -1515,12 +1615,48 @@ fn tagged_env(tag: &str) -> Vec<(String, String)> {
 fn handle(slot: &Slot, i: usize) -> ScreenHandle {
     let display = match &slot.state {
         SlotState::Active(sc) | SlotState::Reserved(sc) => sc.display,
-        SlotState::Free => 0,
+        SlotState::Free | SlotState::Busy(_) => 0,
     };
     ScreenHandle {
         slot: i as u32,
         generation: slot.generation,
         display,
+    }
+}
+
+/// Frees a busy slot whose start or stop was dropped before it finished (best effort: the
+/// table is free at once in all but a race with another caller).
+struct BusySlot<'a> {
+    table: &'a Mutex<Table>,
+    slot: usize,
+    finished: bool,
+}
+
+impl<'a> BusySlot<'a> {
+    fn new(table: &'a Mutex<Table>, slot: usize) -> Self {
+        Self {
+            table,
+            slot,
+            finished: false,
+        }
+    }
+
+    fn done(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for BusySlot<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let Ok(mut table) = self.table.try_lock()
+            && let Some(slot) = table.slots.get_mut(self.slot)
+            && matches!(slot.state, SlotState::Busy(_))
+        {
+            slot.state = SlotState::Free;
+        }
     }
 }
 

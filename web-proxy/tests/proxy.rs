@@ -24,8 +24,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let (upstream, seen) = start_fake_gateway(TOKEN);
-    let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+    fixture_on(TOKEN)
+}
+
+/// A fixture whose upstream socket token is `token`.
+fn fixture_on(token: &str) -> Fixture {
+    let (upstream, seen) = start_fake_gateway(token);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), token);
     let keyring = Arc::new(Keyring::random(1));
     let (proxy, gateway) = start_proxy(keyring.clone(), Arc::new(authority.clone()));
     Fixture {
@@ -504,5 +509,110 @@ async fn client_and_upstream_closes_unregister() {
     while f.gateway.send(CountSockets).await.unwrap() != 0 {
         assert!(Instant::now() < deadline, "socket still registered");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads a revoked socket to its end: frames may come before the close frame, none after it,
+/// and the connection ends right after (the browser's side is closed, not left to the
+/// upstream). Returns the close reason.
+async fn closed_and_nothing_after(ws: &mut Client) -> Option<String> {
+    use futures_util::StreamExt as _;
+    use tokio_tungstenite::tungstenite::{Error, Message};
+    let reason = loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("the revoked socket was not closed")
+        {
+            Some(Ok(Message::Close(f))) => break f.map(|f| f.reason.to_string()),
+            Some(Ok(_)) => {}
+            other => panic!("the socket ended without a close frame: {other:?}"),
+        }
+    };
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("the connection stayed open after the close frame")
+        {
+            None | Some(Err(Error::ConnectionClosed | Error::AlreadyClosed)) => return reason,
+            Some(Err(Error::Io(_))) => return reason,
+            Some(Ok(Message::Close(_))) => {}
+            other => panic!("something arrived after the close frame: {other:?}"),
+        }
+    }
+}
+
+/// Fifty revocations of every kind (control released, slot reused, bot stopped: both) while
+/// the upstream sends frames without pause: every old socket is closed from the browser's
+/// side, nothing arrives after its close frame, and the next round's sockets work.
+#[actix_rt::test]
+async fn fifty_revocations_close_every_socket_and_nothing_follows_the_close() {
+    let f = fixture_on(&format!("{FLOOD_PREFIX}-sock3t_for-tests"));
+    for round in 0..50u64 {
+        let (generation, fence) = (round + 1, round + 1);
+        f.authority.update(|l| {
+            l.generation = generation;
+            l.control_fence = Some(fence);
+        });
+        let mut control = connect(f.proxy, &f.seal(Policy::Control, generation, fence))
+            .await
+            .unwrap();
+        let mut view = connect(f.proxy, &f.seal(Policy::View, generation, 0))
+            .await
+            .unwrap();
+        for ws in [&mut control, &mut view] {
+            assert_eq!(next_binary(ws).await, b"RFB 003.008\n");
+            assert_eq!(next_binary(ws).await, b"frame");
+        }
+        let release = RevokeControl {
+            computer_id: COMPUTER.into(),
+            bot_id: BOT.into(),
+            fence,
+        };
+        let reuse = RevokeSlot {
+            computer_id: COMPUTER.into(),
+            slot: SLOT,
+            generation,
+        };
+        let closed = match round % 3 {
+            0 => {
+                f.authority.update(|l| l.control_fence = None);
+                assert_eq!(f.gateway.send(release).await.unwrap().closed, 1);
+                vec![&mut control]
+            }
+            1 => {
+                f.authority.update(|l| l.generation = generation + 1);
+                assert_eq!(f.gateway.send(reuse).await.unwrap().closed, 2);
+                vec![&mut control, &mut view]
+            }
+            _ => {
+                f.authority.update(|l| {
+                    l.control_fence = None;
+                    l.generation = generation + 1;
+                });
+                let stopped = f.gateway.send(release).await.unwrap().closed
+                    + f.gateway.send(reuse).await.unwrap().closed;
+                assert_eq!(stopped, 2);
+                vec![&mut control, &mut view]
+            }
+        };
+        for ws in closed {
+            assert_eq!(
+                closed_and_nothing_after(ws).await.as_deref(),
+                Some("revoked"),
+                "round {round}"
+            );
+        }
+        if round % 3 == 0 {
+            // The view survives a control release and still streams.
+            assert_eq!(next_binary(&mut view).await, b"frame");
+            drop(view);
+        }
+    }
+    // Every socket is gone from the gateway's table (the released rounds' views closed by
+    // their clients unregister shortly after).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.gateway.send(CountSockets).await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "sockets left registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -17,7 +17,8 @@ pub struct Model {
     pub slot: Option<i64>,
     /// Grows whenever the slot is (re)assigned or torn down; capabilities bind it.
     pub generation: i64,
-    /// `active`, `released`, or `teardown_failed` (slot kept reserved for retry).
+    /// `active`, `released`, `evicted` (gave way at the screen limit), or `teardown_failed`
+    /// (slot kept reserved for retry).
     pub state: String,
     /// The bot's persistent browser profile, relative to the workspace.
     pub profile_path: String,

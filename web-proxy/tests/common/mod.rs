@@ -161,9 +161,14 @@ pub const BOT_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
 <script>parent.postMessage(sessionStorage.getItem('rakazo.token'), '*')</script></head>\
 <body>bot-page</body></html>";
 
+/// A socket token starting so has the fake gateway send `frame` messages without pause after
+/// its greeting.
+pub const FLOOD_PREFIX: &str = "flood";
+
 /// A fake websockify run by the bot: any plain HTTP GET answers [`BOT_PAGE`] (recorded), and
 /// `/websockify?token=` greets with `RFB 003.008\n`, records what it receives, and echoes a
 /// frame `ack` after each message.
+/// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead.
 pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let token = token.to_string();
@@ -213,6 +218,15 @@ async fn fake_websockify(
     let seen = seen.get_ref().clone();
     actix_rt::spawn(async move {
         let _ = session.binary(&b"RFB 003.008\n"[..]).await;
+        if presented.starts_with(FLOOD_PREFIX) {
+            // Frames without pause until the socket goes, like a busy screen.
+            let mut flood = session.clone();
+            actix_rt::spawn(async move {
+                while flood.binary(&b"frame"[..]).await.is_ok() {
+                    actix_rt::task::yield_now().await;
+                }
+            });
+        }
         while let Some(Ok(msg)) = stream.recv().await {
             match msg {
                 actix_ws::Message::Binary(b) => {

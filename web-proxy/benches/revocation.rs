@@ -1,0 +1,146 @@
+//! Revocation latency: over 50 revocations (control released, slot reused, bot stopped) while
+//! the upstream sends frames without pause, the time from the revocation to the close frame
+//! and to the end of the browser's connection; baseline: a close the browser starts itself on
+//! the same proxy (close frame out, until the connection ends).
+//!
+//! Run with `cargo bench -p rakazo-web-proxy --bench revocation`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::{SinkExt as _, StreamExt as _};
+use rakazo_web_proxy::capability::{Keyring, Policy};
+use rakazo_web_proxy::gateway::{RevokeControl, RevokeSlot};
+use tokio_tungstenite::tungstenite::Message;
+
+const TOKEN: &str = "flood-sock3t_for-bench";
+const ROUNDS: u64 = 50;
+
+fn pct(samples: &mut [Duration], p: f64) -> f64 {
+    samples.sort();
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[i].as_secs_f64() * 1000.0
+}
+
+/// Reads until the close frame (its time), then until the connection ends (its time).
+async fn close_times(ws: &mut Client, from: Instant) -> (Duration, Duration) {
+    let frame = loop {
+        match ws.next().await {
+            Some(Ok(Message::Close(_))) => break from.elapsed(),
+            Some(Ok(_)) => {}
+            _ => break from.elapsed(),
+        }
+    };
+    while let Some(Ok(_)) = ws.next().await {}
+    (frame, from.elapsed())
+}
+
+fn main() {
+    actix_rt::System::new().block_on(async {
+        assert!(TOKEN.starts_with(FLOOD_PREFIX));
+        let (upstream, _) = start_fake_gateway(TOKEN);
+        let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+        let keyring = Arc::new(Keyring::random(1));
+        let (proxy, gateway) = start_proxy(keyring.clone(), Arc::new(authority.clone()));
+        let seal = |policy, generation, fence| {
+            keyring
+                .seal(&capability(policy, generation, fence))
+                .unwrap()
+        };
+        let mut frames = Vec::new();
+        let mut ends = Vec::new();
+        let mut own = Vec::new();
+        for round in 0..ROUNDS {
+            let (generation, fence) = (round + 1, round + 1);
+            authority.update(|l| {
+                l.generation = generation;
+                l.control_fence = Some(fence);
+            });
+            let mut control = connect(proxy, &seal(Policy::Control, generation, fence))
+                .await
+                .unwrap();
+            let mut view = connect(proxy, &seal(Policy::View, generation, 0))
+                .await
+                .unwrap();
+            for ws in [&mut control, &mut view] {
+                next_binary(ws).await;
+                next_binary(ws).await;
+            }
+            let release = RevokeControl {
+                computer_id: COMPUTER.into(),
+                bot_id: BOT.into(),
+                fence,
+            };
+            let reuse = RevokeSlot {
+                computer_id: COMPUTER.into(),
+                slot: SLOT,
+                generation,
+            };
+            let started = Instant::now();
+            let revoked: Vec<&mut Client> = match round % 3 {
+                0 => {
+                    authority.update(|l| l.control_fence = None);
+                    let g = gateway.clone();
+                    actix_rt::spawn(async move { g.send(release).await });
+                    vec![&mut control]
+                }
+                1 => {
+                    authority.update(|l| l.generation = generation + 1);
+                    let g = gateway.clone();
+                    actix_rt::spawn(async move { g.send(reuse).await });
+                    vec![&mut control, &mut view]
+                }
+                _ => {
+                    authority.update(|l| {
+                        l.control_fence = None;
+                        l.generation = generation + 1;
+                    });
+                    let g = gateway.clone();
+                    actix_rt::spawn(async move {
+                        let _ = g.send(release).await;
+                        g.send(reuse).await
+                    });
+                    vec![&mut control, &mut view]
+                }
+            };
+            for ws in revoked {
+                let (frame, end) = close_times(ws, started).await;
+                frames.push(frame);
+                ends.push(end);
+            }
+            if round % 3 == 0 {
+                // Baseline: the browser closes the surviving view itself.
+                let started = Instant::now();
+                view.send(Message::Close(None)).await.unwrap();
+                while let Some(Ok(_)) = view.next().await {}
+                own.push(started.elapsed());
+            }
+        }
+        println!(
+            "revocation over {} sockets ({ROUNDS} revocations, upstream flooding)",
+            frames.len()
+        );
+        println!(
+            "close frame:     p50 {:.1} ms, p95 {:.1} ms, p100 {:.1} ms",
+            pct(&mut frames, 0.5),
+            pct(&mut frames, 0.95),
+            pct(&mut frames, 1.0)
+        );
+        println!(
+            "connection end:  p50 {:.1} ms, p95 {:.1} ms, p100 {:.1} ms",
+            pct(&mut ends, 0.5),
+            pct(&mut ends, 0.95),
+            pct(&mut ends, 1.0)
+        );
+        println!(
+            "baseline, the browser's own close ({} closes): p50 {:.1} ms, p100 {:.1} ms",
+            own.len(),
+            pct(&mut own, 0.5),
+            pct(&mut own, 1.0)
+        );
+    });
+}

@@ -36,6 +36,8 @@ fn runtime(dir: &std::path::Path, first_display: u32) -> Arc<DesktopRuntime> {
             x11_socket_dir: None,
             commands_only: false,
             gateway_host: "127.0.0.1".into(),
+            groups: None,
+            freeze_after: None,
         },
     ))
 }

@@ -203,6 +203,7 @@ fn main() {
                 png: changed,
                 width: width as u32,
                 height: height as u32,
+                notice: None,
             };
             for (frame, times) in [
                 (&frame, &mut fresh),
@@ -211,6 +212,7 @@ fn main() {
                         png: png.clone(),
                         width: width as u32,
                         height: height as u32,
+                        notice: None,
                     },
                     &mut same,
                 ),

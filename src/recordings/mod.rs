@@ -142,14 +142,11 @@ async fn run_bytes(db: &DatabaseConnection, run_id: &str) -> DomainResult<i64> {
     Ok(sizes.into_iter().sum())
 }
 
-/// Put a step in the computer's timeline (always) and in the run's recording (when runs are
-/// recorded): its frame sealed once per run, under the size cap.
-pub async fn record(
+/// The step's entry in the computer's timeline, and its actions as stored.
+async fn append_call(
     db: &DatabaseConnection,
-    recorder: &Recorder,
-    master: &keys::KeyBytes,
-    step: Step<'_>,
-) -> DomainResult<i64> {
+    step: &Step<'_>,
+) -> DomainResult<(timeline::EntryJson, Option<Value>)> {
     let run = step.run;
     let actions = step.actions.map(stored_actions);
     let entry = timeline::append(
@@ -166,6 +163,18 @@ pub async fn record(
         },
     )
     .await?;
+    Ok((entry, actions))
+}
+
+/// Put a step in the computer's timeline (always) and in the run's recording (when runs are
+/// recorded): its frame sealed once per run, under the size cap.
+pub async fn record(
+    db: &DatabaseConnection,
+    recorder: &Recorder,
+    master: &keys::KeyBytes,
+    step: Step<'_>,
+) -> DomainResult<i64> {
+    let (entry, actions) = append_call(db, &step).await?;
     if !recorder.enabled() {
         return Ok(entry.position);
     }
@@ -192,21 +201,7 @@ pub async fn record_in_background(
     step: Step<'_>,
 ) -> DomainResult<i64> {
     let run = step.run;
-    let actions = step.actions.map(stored_actions);
-    let entry = timeline::append(
-        db,
-        NewEntry {
-            computer_id: run.computer_id.clone(),
-            space_id: run.space_id.clone(),
-            actor: Actor::bot(&run.bot_id),
-            bot_id: Some(run.bot_id.clone()),
-            run_id: Some(run.id.clone()),
-            kind: "tool.call".into(),
-            subject: step.tool.into(),
-            detail: json!({ "actions": actions, "result": step.result, "frameDigest": step.digest }),
-        },
-    )
-    .await?;
+    let (entry, actions) = append_call(db, &step).await?;
     if !recorder.enabled() {
         return Ok(entry.position);
     }

@@ -93,10 +93,9 @@ fn program(spec: &SpawnSpec) -> &str {
     spec.argv.first().map(String::as_str).unwrap_or("<nothing>")
 }
 
-/// `alive PID`: true for a live process, false for a missing or zombie one.
-/// Whether any process of the group led by `$1` is still running (zombies do not count).
 /// Writes an embedded helper program into `dir` on the machine, once per version (its file
-/// name carries a hash of `source`), and returns its path there.
+/// name carries a hash of `source`), and returns its path there. Concurrent installs (two
+/// screens opening at once) each write their own temporary file and rename it into place.
 pub async fn install_program(
     runner: &dyn CommandRunner,
     dir: &std::path::Path,
@@ -109,13 +108,13 @@ pub async fn install_program(
     let path = dir.join(format!("{name}-{hex}.py"));
     let q = shell_quote(&path.to_string_lossy());
     let script = format!(
-        "set -e\nmkdir -p {d}\nchmod 700 {d}\nif [ ! -s {q} ]; then\ncat > {q}.tmp <<'RAKAZO_PROGRAM_EOF'\n{source}RAKAZO_PROGRAM_EOF\nmv {q}.tmp {q}\nfi\ncommand -v python3 >/dev/null",
+        "set -e\nmkdir -p {d}\nchmod 700 {d}\nif [ ! -s {q} ]; then\ncat > {q}.tmp.$$ <<'RAKAZO_PROGRAM_EOF'\n{source}RAKAZO_PROGRAM_EOF\nmv -f {q}.tmp.$$ {q}\nfi\ncommand -v python3 >/dev/null || {{ echo 'python3 is missing' >&2; exit 127; }}",
         d = shell_quote(&dir.to_string_lossy()),
     );
     let out = runner.run(&script, SCRIPT_TIMEOUT).await?;
     if out.exit_code != 0 {
         return Err(DesktopError::Stack(format!(
-            "{name}: the helper needs python3 on the computer ({})",
+            "{name}: the helper could not be installed on the computer ({})",
             out.stderr.trim()
         )));
     }

@@ -19,7 +19,8 @@ use docker_support::{TestSupervisor, docker_ready};
 
 /// A site run inside the computer on a loopback port of its own choosing: `/set/<v>` sets the
 /// cookie `kept=<v>`; every request is logged with the cookie header it carried. Its files
-/// live outside the workspace, so serving changes nothing a checkpoint stores.
+/// live outside the workspace, so serving changes nothing a checkpoint stores. It exits after
+/// five minutes without a request, so a failed test leaves no server behind on the host.
 const SITE: &str = r#"import http.server, os, sys
 DIR = sys.argv[1]
 LOG = os.path.join(DIR, "seen.log")
@@ -38,11 +39,17 @@ class H(http.server.BaseHTTPRequestHandler):
             f.write("%s %s\n" % (self.path, self.headers.get("Cookie", "-")))
     def log_message(self, *a):
         pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+class Server(http.server.ThreadingHTTPServer):
+    timeout = 300
+    idle = False
+    def handle_timeout(self):
+        self.idle = True
+server = Server(("127.0.0.1", 0), H)
 with open(os.path.join(DIR, "port.tmp"), "w") as f:
     f.write(str(server.server_address[1]))
 os.rename(os.path.join(DIR, "port.tmp"), os.path.join(DIR, "port"))
-server.serve_forever()
+while not server.idle:
+    server.handle_request()
 "#;
 
 async fn tool(s: &TestServer, run: &str, fence: i64, name: &str, arguments: Value) -> Value {

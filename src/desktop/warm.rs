@@ -240,6 +240,32 @@ mod tests {
         assert_eq!(pool.take(Duration::from_secs(1)).await, None);
     }
 
+    #[test]
+    fn health_sums_the_computers_pools() {
+        let one = WarmStatus {
+            target: 1,
+            ready: 1,
+            filling: 0,
+            pss_kib: 20_000,
+        };
+        let two = WarmStatus {
+            target: 1,
+            ready: 0,
+            filling: 1,
+            pss_kib: 0,
+        };
+        assert_eq!(
+            summary(1, [one, two]),
+            WarmDesktops {
+                per_computer: 1,
+                computers: 2,
+                ready: 1,
+                starting: 1,
+                pss_kib: 20_000
+            }
+        );
+    }
+
     #[tokio::test]
     async fn size_zero_never_fills() {
         let pool: WarmPool<u8> = WarmPool::new(0);

@@ -135,6 +135,7 @@ fn main() {
         gateway_host: "127.0.0.1".into(),
         groups: None,
         freeze_after: None,
+        warm_stacks: 0,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

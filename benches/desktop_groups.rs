@@ -54,6 +54,7 @@ async fn pass(dir: &std::path::Path, first_display: u32, limits: Option<DesktopL
         first_display,
         environment: "test".into(),
         limits,
+        warm_stacks: 0,
     })
     .unwrap();
     let m = p
@@ -103,6 +104,7 @@ async fn thaw(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>, Vec<Durat
             memory_mb: 2048,
             freeze_after: Some(Duration::from_millis(400)),
         }),
+        warm_stacks: 0,
     })
     .unwrap();
     let m = p

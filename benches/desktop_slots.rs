@@ -38,6 +38,7 @@ fn runtime(dir: &std::path::Path, first_display: u32) -> Arc<DesktopRuntime> {
             gateway_host: "127.0.0.1".into(),
             groups: None,
             freeze_after: None,
+            warm_stacks: 0,
         },
     ))
 }

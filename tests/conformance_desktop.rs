@@ -17,6 +17,7 @@ fn provider() -> Arc<dyn SandboxProvider> {
             first_display: 140,
             environment: "test".into(),
             limits: None,
+            warm_stacks: 0,
         })
         .unwrap();
         (dir, Arc::new(p))
@@ -36,6 +37,7 @@ fn production_refuses_the_desktop_provider() {
         first_display: 150,
         environment: "production".into(),
         limits: None,
+        warm_stacks: 0,
     });
     assert!(refused.is_err());
 }

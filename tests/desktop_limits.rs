@@ -36,6 +36,7 @@ fn provider(dir: &std::path::Path, first_display: u32, limits: DesktopLimits) ->
         first_display,
         environment: "test".into(),
         limits: Some(limits),
+        warm_stacks: 0,
     })
     .unwrap()
 }

@@ -210,6 +210,7 @@ fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig
         gateway_host: "127.0.0.1".into(),
         groups: None,
         freeze_after: None,
+        warm_stacks: 0,
     }
 }
 
@@ -380,6 +381,7 @@ async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
         first_display: 51,
         environment: "test".into(),
         limits: None,
+        warm_stacks: 0,
     })
     .unwrap();
     let spec = MachineSpec {

@@ -106,6 +106,23 @@ pub struct FileEntry {
     pub size: u64,
 }
 
+/// The spare display stacks a provider keeps started on its computers for their next
+/// desktops (for `/internal/health`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmDesktops {
+    /// Spares each computer keeps (`SANDBOX_DESKTOP_WARM_STACKS`).
+    pub per_computer: usize,
+    /// Computers this process holds.
+    pub computers: usize,
+    /// Spares ready now, over all computers.
+    pub ready: usize,
+    /// Spares starting now.
+    pub starting: usize,
+    /// Memory of the ready spares (PSS, KiB, as measured when each was ready).
+    pub pss_kib: u64,
+}
+
 /// A desktop of a machine was frozen (its processes stopped, memory kept) or thawed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesktopFreeze {
@@ -409,6 +426,12 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// `/internal/health`): `Ok(words)` when they do, `Err(why)` when the machine cannot
     /// delegate control groups; `None` when the provider has none or they are not configured.
     async fn desktop_groups(&self) -> Option<Result<String, String>> {
+        None
+    }
+
+    /// The spare display stacks of this process's computers (for `/internal/health`);
+    /// `None` when the provider keeps none.
+    async fn warm_desktops(&self) -> Option<WarmDesktops> {
         None
     }
 

@@ -50,13 +50,14 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
 async fn health(app: web::Data<App>) -> HttpResponse {
     let db_ok = app.db.ping().await.is_ok();
     let status = &app.provider_status;
-    let (backend, egress, groups) = match &app.runtime().provider {
+    let (backend, egress, groups, warm) = match &app.runtime().provider {
         Some(p) => (
             p.health().await,
             p.egress_guard().await,
             p.desktop_groups().await,
+            p.warm_desktops().await,
         ),
-        None => (Ok(()), None, None),
+        None => (Ok(()), None, None, None),
     };
     let viewer = app.proxy.viewer_error();
     let ok = db_ok
@@ -100,6 +101,9 @@ async fn health(app: web::Data<App>) -> HttpResponse {
             body["desktopGroupsError"] = json!(why);
         }
         None => {}
+    }
+    if let Some(warm) = warm {
+        body["warmDesktops"] = json!(warm);
     }
     if let Err(why) = backend {
         body["sandboxError"] = json!(why);

@@ -300,6 +300,8 @@ pub struct Config {
     pub team_screen_limit: u32,
     /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` when the CPU weight is 0.
     pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
+    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
+    pub desktop_warm_stacks: usize,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
     pub command_timeout: Duration,
     /// `SANDBOX_FAKE_SINGLE_SCREEN`.
@@ -711,6 +713,7 @@ impl Config {
                     freeze_after: (freeze_ms > 0).then(|| Duration::from_millis(freeze_ms)),
                 })
             },
+            desktop_warm_stacks: s.number("SANDBOX_DESKTOP_WARM_STACKS", 16)? as usize,
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
             ),

@@ -143,6 +143,12 @@ pub const VARS: &[Var] = &[
         doc: "Freeze a desktop with no tool call, viewer or control for this many milliseconds (its processes stop using CPU, memory stays); the next tool call or viewer thaws it (0 = never).",
     },
     Var {
+        name: "SANDBOX_DESKTOP_WARM_STACKS",
+        default: "1",
+        secret: false,
+        doc: "Spare display stacks (Xvfb and window manager, no browser, no bot's data) each computer keeps started for its next desktops, refilled in the background after one is taken; each holds about 40 MiB (PSS) and is listed under warmDesktops in health (0 = none: every desktop starts its own).",
+    },
+    Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",
         default: "300000",
         secret: false,

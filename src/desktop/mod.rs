@@ -15,6 +15,7 @@
 //! - [`screen_commands`]: capture and input through commands only (an in-computer helper and
 //!   xdotool), for machines whose X server this process cannot reach.
 //! - [`files`]: workspace path checks and tar export/import for host workspaces.
+//! - [`warm`]: the spare display stacks a runtime keeps ready for its next desktops.
 //! - [`provider`]: the `desktop` [`rakazo_actors::provider::SandboxProvider`] on the host.
 //!
 //! Architecture invariant: nothing here knows about HTTP, the database or leases. The caller
@@ -38,6 +39,7 @@ pub mod runtime;
 pub mod screen_commands;
 pub mod terminal;
 pub mod terminal_frames;
+pub mod warm;
 
 use rakazo_actors::provider::ProviderError;
 

@@ -47,6 +47,8 @@ pub struct DesktopProviderConfig {
     pub environment: String,
     /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` = none.
     pub limits: Option<DesktopLimits>,
+    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
+    pub warm_stacks: usize,
 }
 
 /// One host computer.
@@ -159,9 +161,11 @@ impl DesktopProvider {
             gateway_host: "127.0.0.1".into(),
             groups: groups.clone().map(|g| g as Arc<dyn DesktopGroups>),
             freeze_after: self.config.limits.and_then(|l| l.freeze_after),
+            warm_stacks: self.config.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
         runtime.start_freezer();
+        runtime.start_warm_pool();
         let (mut changes, freezes, key) = (
             runtime.subscribe_freezes(),
             self.freezes.clone(),
@@ -315,6 +319,18 @@ impl SandboxProvider for DesktopProvider {
                 .map(|v| format!("active (cgroup {})", v.as_str()))
                 .map_err(Clone::clone),
         )
+    }
+
+    async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
+        let target = self.config.warm_stacks;
+        if target == 0 {
+            return None;
+        }
+        let machines = self.machines.lock().await;
+        Some(crate::desktop::warm::summary(
+            target,
+            machines.values().map(|m| m.runtime.warm_status()),
+        ))
     }
 
     async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
@@ -497,6 +513,7 @@ mod tests {
             first_display: 1,
             environment: env.into(),
             limits: None,
+            warm_stacks: 0,
         }
     }
 

@@ -31,6 +31,7 @@ use super::command::{
 use super::gateway::{Capability, Gateway, Policy};
 use super::groups::DesktopGroups;
 use super::screen_commands::CommandScreen;
+use super::warm::{WarmPool, WarmStatus};
 use super::{DesktopError, check_id, shell_quote};
 
 /// Screen size of every display.
@@ -57,6 +58,10 @@ const BROWSER_STOP_GRACE: Duration = Duration::from_secs(20);
 const STACK_STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long the browsers an earlier process left get to quit before their displays stop.
 pub const REAP_GRACE: Duration = Duration::from_secs(10);
+/// How long the background filler waits after a spare stack failed to start, times the
+/// failures in a row (at most [`WARM_RETRY_MAX`]).
+const WARM_RETRY: Duration = Duration::from_secs(2);
+const WARM_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
 
@@ -154,6 +159,10 @@ pub struct RuntimeConfig {
     /// Freeze a desktop after this long without a tool call, viewer or control (needs
     /// `groups`); `None` = never.
     pub freeze_after: Option<Duration>,
+    /// Spare display stacks (Xvfb and window manager, no browser) kept started for the next
+    /// desktops, refilled in the background once [`DesktopRuntime::start_warm_pool`] runs;
+    /// 0 = none (`SANDBOX_DESKTOP_WARM_STACKS`).
+    pub warm_stacks: usize,
 }
 
 /// A desktop was frozen or thawed (for the screen's row).
@@ -307,15 +316,26 @@ pub struct DesktopRuntime {
     as_root: tokio::sync::OnceCell<bool>,
     /// Set once what an earlier process left in this run directory was stopped.
     reaped: tokio::sync::OnceCell<()>,
+    /// Spare display stacks, owned by no bot until one is taken.
+    warm: Arc<WarmPool<Box<Screen>>>,
+}
+
+impl Drop for DesktopRuntime {
+    fn drop(&mut self) {
+        // Lets the background filler go; spares left here are swept like any screen.
+        self.warm.close();
+    }
 }
 
 impl DesktopRuntime {
-    /// A runtime with no screens yet; nothing starts until the first [`Self::open_screen`].
+    /// A runtime with no screens yet; nothing starts until the first [`Self::open_screen`]
+    /// (or [`Self::start_warm_pool`]).
     pub fn new(runner: Arc<dyn CommandRunner>, config: RuntimeConfig) -> Self {
         let gateway = Gateway::new(runner.clone(), config.run_dir.clone(), config.gateway_port)
             .listening_on(&config.gateway_host);
         let (events, _) = broadcast::channel(64);
         let (freezes, _) = broadcast::channel(64);
+        let warm = Arc::new(WarmPool::new(config.warm_stacks));
         Self {
             runner,
             config,
@@ -325,6 +345,130 @@ impl DesktopRuntime {
             freezes,
             as_root: tokio::sync::OnceCell::new(),
             reaped: tokio::sync::OnceCell::new(),
+            warm,
+        }
+    }
+
+    /// Starts the background filler of the spare display stacks, when any are configured:
+    /// it starts spares until [`RuntimeConfig::warm_stacks`] are ready, then waits until one
+    /// is taken. It never holds the slot table, so tool calls do not wait for it.
+    pub fn start_warm_pool(self: &Arc<Self>) {
+        if self.warm.target() == 0 {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let pool = self.warm.clone();
+        tokio::spawn(async move {
+            let mut failures = 0u32;
+            loop {
+                while pool.begin_fill() {
+                    let Some(runtime) = weak.upgrade() else {
+                        pool.finish_fill(None);
+                        return;
+                    };
+                    match runtime.start_spare().await {
+                        Ok(spare) => {
+                            failures = 0;
+                            if let Some(mut late) = pool.finish_fill(Some(spare)) {
+                                let _ = runtime.stop_screen(&mut late).await;
+                            }
+                        }
+                        Err(e) => {
+                            pool.finish_fill(None);
+                            failures += 1;
+                            tracing::warn!(error = %e, failures, "desktop.warm.start_failed");
+                            drop(runtime);
+                            tokio::time::sleep((WARM_RETRY * failures).min(WARM_RETRY_MAX)).await;
+                        }
+                    }
+                }
+                if pool.is_closed() {
+                    return;
+                }
+                pool.wanted().await;
+            }
+        });
+    }
+
+    /// How the spare display stacks stand (for health).
+    pub fn warm_status(&self) -> WarmStatus {
+        self.warm.status()
+    }
+
+    /// Starts one spare display stack and measures its memory (PSS of Xvfb and the window
+    /// manager, KiB).
+    async fn start_spare(&self) -> Result<(Box<Screen>, u64), DesktopError> {
+        self.reap_leftovers().await?;
+        let started = Instant::now();
+        let screen = self.start_stack("").await?;
+        let pids: Vec<String> = [screen.xvfb, screen.wm]
+            .into_iter()
+            .flatten()
+            .map(|p| format!("/proc/{p}/smaps_rollup"))
+            .collect();
+        let kib = match self
+            .runner
+            .run(
+                &format!(
+                    "awk '/^Pss:/ {{ s += $2 }} END {{ print s + 0 }}' {} 2>/dev/null",
+                    pids.join(" ")
+                ),
+                SCRIPT_TIMEOUT,
+            )
+            .await
+        {
+            Ok(o) => o.stdout.trim().parse().unwrap_or(0),
+            Err(_) => 0,
+        };
+        tracing::info!(
+            screen.display = screen.display,
+            desktop.pss_kib = kib,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "desktop.warm.ready"
+        );
+        Ok((Box::new(screen), kib))
+    }
+
+    /// The display stack for `bot_id`'s new screen: a spare one when the pool has one alive
+    /// (or is starting one), else a new one.
+    async fn stack_for(&self, bot_id: &str) -> Result<Screen, DesktopError> {
+        while let Some(mut spare) = self.warm.take(XVFB_READY_TIMEOUT).await {
+            if self.spare_alive(&spare).await {
+                spare.bot_id = bot_id.to_owned();
+                spare.last_used = Instant::now();
+                tracing::info!(
+                    screen.display = spare.display,
+                    bot.id = bot_id,
+                    "desktop.warm.taken"
+                );
+                return Ok(*spare);
+            }
+            tracing::warn!(screen.display = spare.display, "desktop.warm.spare_lost");
+            let _ = self.stop_screen(&mut spare).await;
+        }
+        self.start_stack(bot_id).await
+    }
+
+    /// Whether a spare's X server still answers.
+    async fn spare_alive(&self, spare: &Screen) -> bool {
+        match &spare.io {
+            Some(Io::X(x)) => {
+                let x = x.clone();
+                tokio::task::spawn_blocking(move || {
+                    let x = x.lock().unwrap_or_else(|e| e.into_inner());
+                    x.conn
+                        .get_input_focus()
+                        .ok()
+                        .is_some_and(|c| c.reply().is_ok())
+                })
+                .await
+                .unwrap_or(false)
+            }
+            Some(Io::Commands(_)) => match spare.xvfb {
+                Some(pid) => self.runner.is_running(pid).await.unwrap_or(false),
+                None => false,
+            },
+            None => false,
         }
     }
 
@@ -578,7 +722,7 @@ impl DesktopRuntime {
             let mut guard = BusySlot::new(&self.table, i);
             let started = async {
                 self.reap_leftovers().await?;
-                let mut screen = self.start_stack(bot_id).await?;
+                let mut screen = self.stack_for(bot_id).await?;
                 if let Err(e) = self.start_browser(&mut screen).await {
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
@@ -586,6 +730,8 @@ impl DesktopRuntime {
                 Ok(screen)
             }
             .await;
+            // Refill once this desktop is up, so the spare's start does not compete with it.
+            self.warm.want();
             let mut table = self.table.lock().await;
             let screen = match started {
                 Ok(screen) => screen,
@@ -699,6 +845,11 @@ impl DesktopRuntime {
             tokio::time::sleep(SLOT_BUSY_POLL).await;
         };
         let mut failure = None;
+        for mut spare in self.warm.drain() {
+            if let Err(e) = self.stop_screen(&mut spare).await {
+                failure = Some(e);
+            }
+        }
         for i in 0..table.slots.len() {
             if matches!(table.slots[i].state, SlotState::Active(_))
                 && let Err(e) = self.teardown(&mut table, i).await

@@ -108,6 +108,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 first_display: 1,
                 environment: environment.into(),
                 limits: config.desktop_limits,
+                warm_stacks: config.desktop_warm_stacks,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=desktop: {e}"))?;
             Ok(Built {
@@ -128,6 +129,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 supervisor_token: token,
                 screen_limit: config.team_screen_limit as usize,
                 commands_only: false,
+                warm_stacks: config.desktop_warm_stacks,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
             Ok(Built {
@@ -157,7 +159,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 template: config.template.clone(),
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=e2b: {e}"))?;
-            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize).with_warm_stacks(config.desktop_warm_stacks);
             Ok(Built {
                 provider: Some(Arc::new(provider)),
                 status: ProviderStatus { sandbox: "e2b".into(), setup_error: None },
@@ -199,7 +201,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 template: config.template.clone(),
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=e2b-emulator: {e}"))?;
-            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+            let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize).with_warm_stacks(config.desktop_warm_stacks);
             Ok(Built {
                 provider: Some(Arc::new(provider)),
                 status: ProviderStatus { sandbox: "e2b-emulator".into(), setup_error: None },
@@ -277,6 +279,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 stash_dir: config.data_dir.join("run").join("kubernetes"),
                 screen_limit: config.team_screen_limit as usize,
                 homes_root: config.data_dir.join("homes"),
+                warm_stacks: config.desktop_warm_stacks,
             });
             Ok(Built {
                 provider: Some(Arc::new(provider)),
@@ -326,7 +329,8 @@ fn remote_built<V: remote::RemoteSandboxes>(
     adapter: V,
 ) -> Result<Built, String> {
     let provider =
-        remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize);
+        remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize)
+            .with_warm_stacks(config.desktop_warm_stacks);
     Ok(Built {
         provider: Some(Arc::new(provider)),
         status: ProviderStatus {

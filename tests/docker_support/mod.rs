@@ -158,6 +158,7 @@ impl TestSupervisor {
                 supervisor_token: self.token.clone(),
                 screen_limit: 0,
                 commands_only,
+                warm_stacks: 0,
             })
             .unwrap(),
         )

@@ -101,5 +101,6 @@ pub fn provider() -> Arc<KubernetesProvider> {
         stash_dir: stash,
         screen_limit: 0,
         homes_root: c.dir.join("homes"),
+        warm_stacks: 0,
     }))
 }

@@ -63,6 +63,8 @@ pub struct DockerProviderConfig {
     /// Reach screens through commands only (the capture helper and xdotool through the
     /// supervisor's exec), the path remote providers take, instead of the shared X sockets.
     pub commands_only: bool,
+    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
+    pub warm_stacks: usize,
 }
 
 /// One running computer container as this process knows it.
@@ -132,8 +134,10 @@ impl DockerProvider {
             gateway_host: "0.0.0.0".into(),
             groups: None,
             freeze_after: None,
+            warm_stacks: self.config.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));
+        runtime.start_warm_pool();
         Arc::new(Machine { info, runtime })
     }
 
@@ -241,6 +245,18 @@ impl SandboxProvider for DockerProvider {
             .await
             .map(|_| ())
             .map_err(|_| "the Docker supervisor or its engine does not answer".to_owned())
+    }
+
+    async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
+        let target = self.config.warm_stacks;
+        if target == 0 {
+            return None;
+        }
+        let machines = self.machines.lock().await;
+        Some(crate::desktop::warm::summary(
+            target,
+            machines.values().map(|m| m.runtime.warm_status()),
+        ))
     }
 
     async fn egress_guard(&self) -> Option<Result<String, String>> {

@@ -91,6 +91,8 @@ pub struct KubernetesProviderConfig {
     /// `DATA_DIR/homes`: where this process finds the homes pods mount from the claim
     /// (`settings.home_claim`).
     pub homes_root: PathBuf,
+    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
+    pub warm_stacks: usize,
 }
 
 struct Machine {
@@ -185,11 +187,13 @@ impl KubernetesProvider {
             gateway_host: "0.0.0.0".into(),
             groups: None,
             freeze_after: None,
+            warm_stacks: self.config.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(
             Arc::new(PodRunner(exec.clone())),
             config,
         ));
+        runtime.start_warm_pool();
         Arc::new(Machine {
             exec,
             ip,
@@ -524,6 +528,18 @@ impl SandboxProvider for KubernetesProvider {
             .await
             .map(drop)
             .map_err(|_| "the Kubernetes API does not answer".to_owned())
+    }
+
+    async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
+        let target = self.config.warm_stacks;
+        if target == 0 {
+            return None;
+        }
+        let machines = self.machines.lock().await;
+        Some(crate::desktop::warm::summary(
+            target,
+            machines.values().map(|m| m.runtime.warm_status()),
+        ))
     }
 
     fn describe(&self) -> Description {

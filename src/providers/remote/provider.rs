@@ -44,6 +44,7 @@ pub struct RemoteProvider<V: RemoteSandboxes> {
     vendor: Arc<V>,
     layout: Layout,
     screen_limit: usize,
+    warm_stacks: usize,
     machines: Mutex<HashMap<String, Arc<Machine<V>>>>,
 }
 
@@ -54,8 +55,15 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             layout: vendor.layout(),
             vendor,
             screen_limit,
+            warm_stacks: 0,
             machines: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps `n` spare display stacks started on each machine (`SANDBOX_DESKTOP_WARM_STACKS`).
+    pub fn with_warm_stacks(mut self, n: usize) -> Self {
+        self.warm_stacks = n;
+        self
     }
 
     /// The vendor adapter.
@@ -81,8 +89,10 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             gateway_host: "0.0.0.0".into(),
             groups: None,
             freeze_after: None,
+            warm_stacks: self.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(runner.clone(), config));
+        runtime.start_warm_pool();
         Arc::new(Machine {
             session,
             runner,
@@ -250,6 +260,18 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
 
     async fn health(&self) -> Result<(), String> {
         self.vendor.health().await
+    }
+
+    async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
+        let target = self.warm_stacks;
+        if target == 0 {
+            return None;
+        }
+        let machines = self.machines.lock().await;
+        Some(crate::desktop::warm::summary(
+            target,
+            machines.values().map(|m| m.runtime.warm_status()),
+        ))
     }
 
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {

@@ -144,9 +144,9 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "SANDBOX_DESKTOP_WARM_STACKS",
-        default: "1",
+        default: "0",
         secret: false,
-        doc: "Spare display stacks (Xvfb and window manager, no browser, no bot's data) each computer keeps started for its next desktops, refilled in the background after one is taken; each holds about 40 MiB (PSS) and is listed under warmDesktops in health (0 = none: every desktop starts its own).",
+        doc: "Spare display stacks (Xvfb and window manager, no browser, no bot's data) each computer keeps started for its next desktops, refilled in the background after one is taken; each holds about 40 MiB (PSS) and is listed under warmDesktops in health (0, the default: none, every desktop starts its own; spares save the Xvfb and window manager start, not the browser's).",
     },
     Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",

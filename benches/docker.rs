@@ -154,6 +154,7 @@ fn main() {
                 supervisor_token: token.clone(),
                 screen_limit: 0,
                 commands_only,
+                limits: None,
             })
             .unwrap()
         };

@@ -163,6 +163,7 @@ fn main() {
                 supervisor_token: token.clone(),
                 screen_limit: 0,
                 commands_only: false,
+                limits: None,
             })
             .unwrap(),
         );

@@ -43,6 +43,7 @@ fn describes_docker_with_a_mounted_home() {
             supervisor_token: "t".into(),
             screen_limit: 0,
             commands_only: false,
+            limits: None,
         },
     )
     .unwrap();

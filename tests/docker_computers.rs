@@ -315,6 +315,7 @@ async fn supervisor_refuses_a_wrong_token() {
             supervisor_token: "wrong".into(),
             screen_limit: 0,
             commands_only: false,
+            limits: None,
         })
         .unwrap(),
     );

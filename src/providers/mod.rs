@@ -128,6 +128,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 supervisor_token: token,
                 screen_limit: config.team_screen_limit as usize,
                 commands_only: false,
+                limits: config.desktop_limits,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
             Ok(Built {

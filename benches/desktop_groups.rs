@@ -24,6 +24,8 @@ use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 /// Busy loops started in the burning desktop (more than the cores of a small machine).
 const BURNERS: usize = 4;
 const SAMPLES: usize = 60;
+/// A page whose text changes every 30 ms.
+const TICK: &str = "<body style='font:80px monospace'><div id=t></div><script>setInterval(()=>{t.textContent=performance.now().toFixed(1)},30)</script>";
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -133,6 +135,13 @@ async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLim
     let m = p.provision(&team("bench")).await.unwrap();
     p.open_screen(&m, "victim").await.unwrap();
     p.open_screen(&m, "burner").await.unwrap();
+    // The victim's page changes every 30 ms, so every observe has a new frame to capture and
+    // encode, drawn by the victim's own browser.
+    p.write_file(&m, "tick.html", TICK.as_bytes())
+        .await
+        .unwrap();
+    p.open(&m, "victim", "tick.html").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     for _ in 0..5 {
         p.observe(&m, "victim").await.unwrap();
     }

@@ -47,7 +47,9 @@ fn container_group(container: &str, controller: &str) -> std::path::PathBuf {
         .find_map(|l| {
             let mut parts = l.splitn(3, ':');
             let (_, cs, path) = (parts.next()?, parts.next()?, parts.next()?);
-            cs.split(',').any(|c| c == controller).then(|| path.to_owned())
+            cs.split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_owned())
         })
         .unwrap();
     std::path::Path::new("/sys/fs/cgroup")
@@ -124,7 +126,8 @@ async fn a_frozen_desktop_uses_no_cpu_and_the_next_observe_thaws_it() {
     let sup = TestSupervisor::start(DockerNetwork::None);
     let p = sup.provider_with_limits(limits(0, Some(Duration::from_secs(1))));
     let mut freezes = p.desktop_freezes().unwrap();
-    let m = p.provision(&team_spec()).await.unwrap();
+    let spec = team_spec();
+    let m = p.provision(&spec).await.unwrap();
     assert!(p.describe().capabilities.desktop_freezing);
     let runtime = p.runtime(&m).await.unwrap();
     p.open_screen(&m, "sleeper").await.unwrap();
@@ -145,7 +148,11 @@ async fn a_frozen_desktop_uses_no_cpu_and_the_next_observe_thaws_it() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        (change.machine.0.as_str(), change.bot_id.as_str(), change.frozen),
+        (
+            change.machine.0.as_str(),
+            change.bot_id.as_str(),
+            change.frozen
+        ),
         (m.0.as_str(), "sleeper", true)
     );
 
@@ -184,13 +191,25 @@ async fn a_frozen_desktop_uses_no_cpu_and_the_next_observe_thaws_it() {
     // Thawed, its page runs again.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(cpu() > after.0);
-    // A computer with a frozen desktop still stops: its groups are thawed first.
     let started = Instant::now();
     while !runtime.is_frozen("sleeper").await {
-        assert!(started.elapsed() < Duration::from_secs(60), "never frozen again");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "never frozen again"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    p.destroy(&m).await.unwrap();
+    // A new API process taking the computer over thaws what the old one left frozen, so it
+    // can stop those leftovers; the computer is then removed.
+    let state = desktops[0]
+        .to_string_lossy()
+        .replace("/cpuacct/", "/freezer/");
+    let state = std::path::Path::new(&state).join("freezer.state");
+    assert_eq!(std::fs::read_to_string(&state).unwrap().trim(), "FROZEN");
+    let next = sup.provider_with_limits(limits(0, None));
+    next.reconnect(&m, &spec).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&state).unwrap().trim(), "THAWED");
+    next.destroy(&m).await.unwrap();
 }
 
 /// The attacker is the bot: a process its desktop starts later, without the desktop's tag, as
@@ -246,7 +265,10 @@ exec sleep 120'"#;
             .to_owned()
     };
     let (before, after) = (line("before "), line("after "));
-    assert!(before.contains("/desktop-"), "not in a desktop group: {said}");
+    assert!(
+        before.contains("/desktop-"),
+        "not in a desktop group: {said}"
+    );
     assert_eq!(before, after, "it left its group");
     let pid: u32 = line("pid ").parse().unwrap();
 
@@ -274,8 +296,7 @@ exec sleep 120'"#;
                 .trim(),
             "THAWED"
         );
-        let limit = std::fs::read_to_string(memory.join(&n).join("memory.limit_in_bytes"))
-            .unwrap();
+        let limit = std::fs::read_to_string(memory.join(&n).join("memory.limit_in_bytes")).unwrap();
         assert_eq!(limit.trim(), (1024u64 << 20).to_string());
         if n != name {
             others += 1;
@@ -287,10 +308,7 @@ exec sleep 120'"#;
     assert_eq!(others, 1);
 
     // Without the supervisor's token nobody reaches the desktop routes.
-    let url = format!(
-        "{}/v1/computers/{}/desktops/{name}/thaw",
-        sup.url, m.0
-    );
+    let url = format!("{}/v1/computers/{}/desktops/{name}/thaw", sup.url, m.0);
     let http = reqwest::Client::new();
     for token in ["", "wrong"] {
         let status = http
@@ -303,7 +321,10 @@ exec sleep 120'"#;
         assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
     }
     let status = http
-        .put(format!("{}/v1/computers/{}/desktops/desktop-..%2F..", sup.url, m.0))
+        .put(format!(
+            "{}/v1/computers/{}/desktops/desktop-..%2F..",
+            sup.url, m.0
+        ))
         .bearer_auth(&sup.token)
         .json(&serde_json::json!({"tag": "x", "cpuWeight": 100, "memoryMb": 0}))
         .send()

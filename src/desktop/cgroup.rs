@@ -510,7 +510,9 @@ pub fn group_name(tag: &str) -> String {
 /// Whether `name` is one [`group_name`] gives.
 pub fn is_group_name(name: &str) -> bool {
     name.strip_prefix("desktop-").is_some_and(|h| {
-        h.len() == 12 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 12
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -534,7 +536,12 @@ mod tests {
         assert!(a.starts_with("desktop-") && a.len() == 20);
         assert!(!a.contains('/'));
         assert!(is_group_name(&a));
-        for bad in ["desktop-", "desktop-../../../x", "desktop-ABCDEF123456", "other-0123456789ab"] {
+        for bad in [
+            "desktop-",
+            "desktop-../../../x",
+            "desktop-ABCDEF123456",
+            "other-0123456789ab",
+        ] {
             assert!(!is_group_name(bad), "{bad}");
         }
     }

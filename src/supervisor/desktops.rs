@@ -68,10 +68,7 @@ impl Desktops {
 
     /// The groups of the container whose first process is `pid`.
     fn container(&self, pid: u32) -> Result<Node, EngineError> {
-        let version = self
-            .state
-            .clone()
-            .map_err(EngineError::DesktopGroups)?;
+        let version = self.state.clone().map_err(EngineError::DesktopGroups)?;
         Node::of_process(Path::new(CGROUP_ROOT), version, &pid.to_string()).map_err(group_err)
     }
 

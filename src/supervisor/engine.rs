@@ -205,7 +205,10 @@ impl Engine {
     ) -> Result<T, EngineError> {
         if !self.desktops.active() {
             return Err(EngineError::DesktopGroups(
-                self.desktops.describe().trim_start_matches("unavailable: ").into(),
+                self.desktops
+                    .describe()
+                    .trim_start_matches("unavailable: ")
+                    .into(),
             ));
         }
         let pid = self.init_pid(id).await?;
@@ -231,7 +234,12 @@ impl Engine {
     }
 
     /// Freezes or thaws desktop `name` of computer `id`.
-    pub async fn desktop_freeze(&self, id: &str, name: &str, frozen: bool) -> Result<(), EngineError> {
+    pub async fn desktop_freeze(
+        &self,
+        id: &str,
+        name: &str,
+        frozen: bool,
+    ) -> Result<(), EngineError> {
         let name = name.to_owned();
         self.on_desktops(id, move |d, pid| d.set_frozen(pid, &name, frozen))
             .await?;
@@ -259,15 +267,14 @@ impl Engine {
             .await
     }
 
-    /// Thaws every desktop of computer `id` before it is stopped (a frozen process ignores
+    /// Thaws every desktop of computer `id` (before it is stopped: a frozen process ignores
     /// the stop signals until thawed).
-    async fn thaw_desktops(&self, id: &str) {
-        let _ = self
-            .on_desktops(id, |d, pid| {
-                d.thaw_all(pid);
-                Ok(())
-            })
-            .await;
+    pub async fn thaw_desktops(&self, id: &str) -> Result<(), EngineError> {
+        self.on_desktops(id, |d, pid| {
+            d.thaw_all(pid);
+            Ok(())
+        })
+        .await
     }
 
     /// The guard (network name, bridge, chains) when it is on.
@@ -540,7 +547,7 @@ impl Engine {
     /// Stops a computer, keeping it (and its container layer) for a later start.
     pub async fn stop(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
-        self.thaw_desktops(&info.id).await;
+        let _ = self.thaw_desktops(&info.id).await;
         self.docker
             .stop_container(
                 &info.id,
@@ -557,7 +564,7 @@ impl Engine {
     /// Removes a computer; its home directory stays (it is the durable workspace).
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
-        self.thaw_desktops(&info.id).await;
+        let _ = self.thaw_desktops(&info.id).await;
         self.docker
             .remove_container(
                 &info.id,

@@ -49,8 +49,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/computers/{id}/stop", web::post().to(stop))
                 .route("/computers/{id}/exec", web::post().to(exec))
                 .route("/computers/{id}/exec/{run}/kill", web::post().to(kill))
-                .route("/computers/{id}/desktops/{desktop}", web::put().to(desktop_enter))
-                .route("/computers/{id}/desktops/{desktop}", web::get().to(desktop_usage))
+                .route(
+                    "/computers/{id}/desktops/{desktop}",
+                    web::put().to(desktop_enter),
+                )
+                .route(
+                    "/computers/{id}/desktops/{desktop}",
+                    web::get().to(desktop_usage),
+                )
                 .route(
                     "/computers/{id}/desktops/{desktop}",
                     web::delete().to(desktop_remove),
@@ -62,6 +68,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route(
                     "/computers/{id}/desktops/{desktop}/thaw",
                     web::post().to(desktop_thaw),
+                )
+                .route(
+                    "/computers/{id}/thaw-desktops",
+                    web::post().to(thaw_desktops),
                 ),
         );
 }
@@ -262,6 +272,13 @@ async fn desktop_freeze(
 ) -> Answer {
     let (id, desktop) = path.into_inner();
     s.engine.desktop_freeze(&id, &desktop, true).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Thaws every desktop of the computer (a new API process takes over a computer whose
+/// desktops an earlier one may have left frozen).
+async fn thaw_desktops(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    s.engine.thaw_desktops(&id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -183,7 +183,11 @@ impl TestSupervisor {
         self.provider_full(false, Some(limits))
     }
 
-    fn provider_full(&self, commands_only: bool, limits: Option<DesktopLimits>) -> Arc<DockerProvider> {
+    fn provider_full(
+        &self,
+        commands_only: bool,
+        limits: Option<DesktopLimits>,
+    ) -> Arc<DockerProvider> {
         Arc::new(
             DockerProvider::new(DockerProviderConfig {
                 supervisor_url: self.url.clone(),

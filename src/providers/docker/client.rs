@@ -246,7 +246,12 @@ impl SupervisorClient {
 
     /// Creates desktop `name`'s control group in computer `id` with the limits in `body` and
     /// moves the processes carrying its tag into it.
-    pub async fn desktop_enter(&self, id: &str, name: &str, body: &DesktopEnter) -> ProviderResult<()> {
+    pub async fn desktop_enter(
+        &self,
+        id: &str,
+        name: &str,
+        body: &DesktopEnter,
+    ) -> ProviderResult<()> {
         self.desktop_call::<()>(reqwest::Method::PUT, id, name, "", Some(body))
             .await
             .map(|_| ())
@@ -273,6 +278,18 @@ impl SupervisorClient {
         self.desktop_call::<()>(reqwest::Method::DELETE, id, name, "", None::<&()>)
             .await
             .map(|_| ())
+    }
+
+    /// Thaws every desktop of computer `id`.
+    pub async fn thaw_desktops(&self, id: &str) -> ProviderResult<()> {
+        self.call::<()>(
+            reqwest::Method::POST,
+            &format!("/v1/computers/{}/thaw-desktops", path_segment(id)?),
+            None::<&()>,
+            CALL_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn desktop_call<T: DeserializeOwned>(

@@ -122,6 +122,16 @@ impl DockerProvider {
         self.ask_groups().await.is_some_and(|r| r.is_ok())
     }
 
+    /// [`Self::groups_on`] for a running container this process did not create: desktops an
+    /// earlier process left frozen are thawed first, so its leftovers can be stopped.
+    async fn groups_taking_over(&self, container: &str) -> bool {
+        let on = self.groups_on().await;
+        if on && let Err(e) = self.client.thaw_desktops(container).await {
+            tracing::warn!(error = %e, "docker.desktops.thaw_failed");
+        }
+        on
+    }
+
     /// Asks the supervisor whether it gives desktops control groups, and remembers it.
     async fn ask_groups(&self) -> Option<Result<String, String>> {
         let health = self.client.health().await.ok()?;
@@ -199,7 +209,7 @@ impl DockerProvider {
         if !info.running {
             return Err(ProviderError::MachineGone);
         }
-        let grouped = self.groups_on().await;
+        let grouped = self.groups_taking_over(&info.id).await;
         let mut machines = self.machines.lock().await;
         let m = machines
             .entry(machine.0.clone())
@@ -223,7 +233,7 @@ impl DockerProvider {
         };
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.adopted");
         let machine = ProviderRef(info.id.clone());
-        let m = self.attach(info, self.groups_on().await);
+        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Some(machine)
     }
@@ -389,7 +399,7 @@ impl SandboxProvider for DockerProvider {
         }
         let info = self.client.start(&machine.0).await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.reconnected");
-        let m = self.attach(info, self.groups_on().await);
+        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Ok(())
     }

@@ -1,20 +1,31 @@
-//! Per-desktop control groups benchmark on the host `desktop` provider: one bot's observe p95
-//! idle and while another bot's desktop burns every core, with and without desktop groups
-//! side by side; and the time to thaw a frozen desktop (and its first observe after).
+//! Per-desktop control groups benchmark: one bot's observe p95 idle and while another bot's
+//! desktop burns every core, with and without desktop groups side by side; and the time to
+//! thaw a frozen desktop (and its first observe after).
 //!
-//! Run as root with `cargo bench --bench desktop_groups` (needs the desktop packages and the
-//! cpu, cpuacct, memory and freezer controllers).
+//! Run as root with `cargo bench --bench desktop_groups` for the host `desktop` provider
+//! (needs the desktop packages and the cpu, cpuacct, memory and freezer controllers), or
+//! `cargo bench --bench desktop_groups -- docker` for a Docker Team computer through an
+//! in-process supervisor (needs the engine on cgroup v1 and the computer image).
 
+use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rakazo::config::{DockerNetwork, DockerSettings};
 use rakazo::desktop::command::sweep_script;
 use rakazo::desktop::groups::DesktopLimits;
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
-use rakazo_actors::provider::{MachineSpec, SandboxProvider};
+use rakazo::desktop::runtime::DesktopRuntime;
+use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
+use rakazo::supervisor::engine::{Engine, EngineSettings};
+use rakazo::supervisor::routes::State;
+use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 
 /// Busy loops started in the burning desktop (more than the cores of a small machine).
 const BURNERS: usize = 4;
 const SAMPLES: usize = 60;
+/// A page whose text changes every 30 ms.
+const TICK: &str = "<body style='font:80px monospace'><div id=t></div><script>setInterval(()=>{t.textContent=performance.now().toFixed(1)},30)</script>";
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -32,10 +43,7 @@ struct Pass {
     burn_p95: Duration,
 }
 
-async fn observe_samples(
-    p: &DesktopProvider,
-    m: &rakazo_actors::provider::ProviderRef,
-) -> Vec<Duration> {
+async fn observe_samples(p: &dyn SandboxProvider, m: &ProviderRef) -> Vec<Duration> {
     let mut out = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let started = Instant::now();
@@ -46,32 +54,100 @@ async fn observe_samples(
     out
 }
 
-async fn pass(dir: &std::path::Path, first_display: u32, limits: Option<DesktopLimits>) -> Pass {
-    let p = DesktopProvider::new(DesktopProviderConfig {
-        homes_root: dir.join("homes"),
-        run_root: dir.join("run"),
-        screen_limit: 0,
-        first_display,
-        environment: "test".into(),
-        limits,
-        warm_stacks: 0,
-    })
-    .unwrap();
-    let m = p
-        .provision(&MachineSpec {
-            computer_id: "bench".into(),
-            space_id: "s".into(),
-            bot_id: None,
-            home_key: "team-bench".into(),
-        })
-        .await
-        .unwrap();
+/// The machines a pass measures: the host provider or Docker computers.
+enum Machines {
+    Host(std::path::PathBuf),
+    Docker { url: String, token: String },
+}
+
+impl Machines {
+    /// A provider with `limits`, its first display `first_display` on the host.
+    fn provider(&self, first_display: u32, limits: Option<DesktopLimits>) -> Arc<dyn Bench> {
+        match self {
+            Machines::Host(dir) => {
+                let dir = dir.join(format!("d{first_display}"));
+                Arc::new(
+                    DesktopProvider::new(DesktopProviderConfig {
+                        homes_root: dir.join("homes"),
+                        run_root: dir.join("run"),
+                        screen_limit: 0,
+                        first_display,
+                        environment: "test".into(),
+                        limits,
+                        warm_stacks: 0,
+                    })
+                    .unwrap(),
+                )
+            }
+            Machines::Docker { url, token } => Arc::new(
+                DockerProvider::new(DockerProviderConfig {
+                    supervisor_url: url.clone(),
+                    supervisor_token: token.clone(),
+                    screen_limit: 0,
+                    commands_only: false,
+                    limits,
+                    warm_stacks: 0,
+                })
+                .unwrap(),
+            ),
+        }
+    }
+}
+
+/// A provider with desktop runtimes.
+#[async_trait::async_trait]
+trait Bench: Send + Sync {
+    fn provider(&self) -> &dyn SandboxProvider;
+    async fn desktops(&self, m: &ProviderRef) -> Arc<DesktopRuntime>;
+}
+
+#[async_trait::async_trait]
+impl Bench for DesktopProvider {
+    fn provider(&self) -> &dyn SandboxProvider {
+        self
+    }
+    async fn desktops(&self, m: &ProviderRef) -> Arc<DesktopRuntime> {
+        self.runtime(m).await.unwrap()
+    }
+}
+
+#[async_trait::async_trait]
+impl Bench for DockerProvider {
+    fn provider(&self) -> &dyn SandboxProvider {
+        self
+    }
+    async fn desktops(&self, m: &ProviderRef) -> Arc<DesktopRuntime> {
+        self.runtime(m).await.unwrap()
+    }
+}
+
+fn team(name: &str) -> MachineSpec {
+    let space = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    MachineSpec {
+        computer_id: space.clone(),
+        space_id: space.clone(),
+        bot_id: None,
+        home_key: format!("team-{space}"),
+    }
+}
+
+async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLimits>) -> Pass {
+    let bench = machines.provider(first_display, limits);
+    let p = bench.provider();
+    let m = p.provision(&team("bench")).await.unwrap();
     p.open_screen(&m, "victim").await.unwrap();
     p.open_screen(&m, "burner").await.unwrap();
+    // The victim's page changes every 30 ms, so every observe has a new frame to capture and
+    // encode, drawn by the victim's own browser.
+    p.write_file(&m, "tick.html", TICK.as_bytes())
+        .await
+        .unwrap();
+    p.open(&m, "victim", "tick.html").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     for _ in 0..5 {
         p.observe(&m, "victim").await.unwrap();
     }
-    let mut idle = observe_samples(&p, &m).await;
+    let mut idle = observe_samples(p, &m).await;
     for _ in 0..BURNERS {
         p.launch(
             &m,
@@ -82,7 +158,7 @@ async fn pass(dir: &std::path::Path, first_display: u32, limits: Option<DesktopL
         .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut burn = observe_samples(&p, &m).await;
+    let mut burn = observe_samples(p, &m).await;
     p.destroy(&m).await.unwrap();
     Pass {
         idle_p50: percentile(&mut idle, 0.5),
@@ -92,31 +168,18 @@ async fn pass(dir: &std::path::Path, first_display: u32, limits: Option<DesktopL
     }
 }
 
-async fn thaw(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
-    let p = DesktopProvider::new(DesktopProviderConfig {
-        homes_root: dir.join("homes"),
-        run_root: dir.join("run"),
-        screen_limit: 0,
-        first_display: 131,
-        environment: "test".into(),
-        limits: Some(DesktopLimits {
+async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
+    let bench = machines.provider(
+        131,
+        Some(DesktopLimits {
             cpu_weight: 100,
             memory_mb: 2048,
             freeze_after: Some(Duration::from_millis(400)),
         }),
-        warm_stacks: 0,
-    })
-    .unwrap();
-    let m = p
-        .provision(&MachineSpec {
-            computer_id: "thaw".into(),
-            space_id: "s".into(),
-            bot_id: None,
-            home_key: "team-thaw".into(),
-        })
-        .await
-        .unwrap();
-    let runtime = p.runtime(&m).await.unwrap();
+    );
+    let p = bench.provider();
+    let m = p.provision(&team("thaw")).await.unwrap();
+    let runtime = bench.desktops(&m).await;
     p.open_screen(&m, "victim").await.unwrap();
     let (mut wake, mut first, mut warm) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..20 {
@@ -139,14 +202,51 @@ async fn thaw(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>, Vec<Durat
     (wake, first, warm)
 }
 
+/// An in-process supervisor on 127.0.0.1:0 for computers without a network, using every core.
+fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
+    let settings = EngineSettings {
+        data_dir,
+        image: rakazo::image::default_image(),
+        docker: DockerSettings {
+            image: None,
+            nano_cpus: 0,
+            memory_bytes: 0,
+            pids_limit: 4096,
+            network: DockerNetwork::None,
+            egress: Default::default(),
+        },
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let engine = Engine::connect(settings).await.expect("docker engine");
+            let state = actix_web::web::Data::new(State::new(engine, &token));
+            rakazo::supervisor::serve(listener, state)
+                .unwrap()
+                .await
+                .unwrap();
+        })
+    });
+    url
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let docker = std::env::args().any(|a| a == "docker");
+    let machines = if docker {
+        let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
+        Machines::Docker { url, token }
+    } else {
+        Machines::Host(dir.path().to_path_buf())
+    };
+    let prefix = format!("{}/", dir.path().display());
     let cleanup = move || {
         let _ = std::process::Command::new("bash")
             .arg("-c")
-            .arg(sweep_script(&format!("{}/", run.display())))
+            .arg(sweep_script(&prefix))
             .status();
     };
     let limits = DesktopLimits {
@@ -154,15 +254,13 @@ async fn main() {
         memory_mb: 2048,
         freeze_after: None,
     };
-    println!("victim observe p50/p95 ms, idle and with {BURNERS} busy loops in another desktop");
+    println!(
+        "{}: victim observe p50/p95 ms, idle and with {BURNERS} busy loops in another desktop",
+        if docker { "docker" } else { "host" }
+    );
     for round in 0..2 {
-        let without = pass(&dir.path().join(format!("plain-{round}")), 111, None).await;
-        let with = pass(
-            &dir.path().join(format!("groups-{round}")),
-            121,
-            Some(limits),
-        )
-        .await;
+        let without = pass(&machines, 111 + round * 20, None).await;
+        let with = pass(&machines, 121 + round * 20, Some(limits)).await;
         for (name, r) in [("no groups", without), ("desktop groups", with)] {
             println!(
                 "  round {round} {name:15} idle {:6.1}/{:6.1}  burning {:6.1}/{:6.1}  p95 ratio {:4.2}x",
@@ -174,7 +272,7 @@ async fn main() {
             );
         }
     }
-    let (mut wake, mut first, mut warm) = thaw(&dir.path().join("thaw")).await;
+    let (mut wake, mut first, mut warm) = thaw(&machines).await;
     println!("thaw of a frozen desktop, ms (p50 / p95 / max)");
     for (name, s) in [
         ("thaw only", &mut wake),

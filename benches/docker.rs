@@ -155,6 +155,7 @@ fn main() {
                 screen_limit: 0,
                 commands_only,
                 warm_stacks: 0,
+                limits: None,
             })
             .unwrap()
         };

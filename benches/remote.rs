@@ -164,6 +164,7 @@ fn main() {
                 screen_limit: 0,
                 commands_only: false,
                 warm_stacks: 0,
+                limits: None,
             })
             .unwrap(),
         );

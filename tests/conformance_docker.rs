@@ -44,6 +44,7 @@ fn describes_docker_with_a_mounted_home() {
             screen_limit: 0,
             commands_only: false,
             warm_stacks: 0,
+            limits: None,
         },
     )
     .unwrap();

@@ -316,6 +316,7 @@ async fn supervisor_refuses_a_wrong_token() {
             screen_limit: 0,
             commands_only: false,
             warm_stacks: 0,
+            limits: None,
         })
         .unwrap(),
     );

@@ -128,7 +128,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_DESKTOP_CPU_WEIGHT",
         default: "100",
         secret: false,
-        doc: "CPU weight of each bot's desktop (Xvfb, window manager, browser) in its own control group, 1 to 10000 (100 = an equal share); 0 turns per-desktop control groups off (and with them the memory ceiling and freezing). Needs a process that owns control groups: the host desktop provider running as root.",
+        doc: "CPU weight of each bot's desktop (Xvfb, window manager, browser) in its own control group, 1 to 10000 (100 = an equal share); 0 turns per-desktop control groups off (and with them the memory ceiling and freezing). Needs a process that owns control groups: the host desktop provider running as root, or for Docker computers a supervisor running as root on a cgroup v1 host (it nests the groups under each container's own).",
     },
     Var {
         name: "SANDBOX_DESKTOP_MEMORY_MB",

@@ -122,8 +122,14 @@ impl Node {
 
     /// The group this process runs in (with v1, its group in each controller's hierarchy).
     pub fn own(root: &Path, version: Version) -> GroupResult<Self> {
-        let text = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| io_err("read", Path::new("/proc/self/cgroup"), e))?;
+        Self::of_process(root, version, "self")
+    }
+
+    /// The group process `pid` (`self` for this one) runs in, as this process's cgroup
+    /// namespace sees it (with v1, its group in each controller's hierarchy).
+    pub fn of_process(root: &Path, version: Version, pid: &str) -> GroupResult<Self> {
+        let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let text = std::fs::read_to_string(&file).map_err(|e| io_err("read", &file, e))?;
         let path_of = |wanted: &dyn Fn(&str) -> bool| {
             text.lines().find_map(|line| {
                 let mut parts = line.splitn(3, ':');
@@ -131,7 +137,7 @@ impl Node {
                 wanted(controllers).then(|| path.trim_start_matches('/').to_string())
             })
         };
-        let missing = || GroupError("this process's group is not listed".into());
+        let missing = || GroupError(format!("the group of process {pid} is not listed"));
         let dirs = match version {
             Version::V2 => vec![root.join(path_of(&|c: &str| c.is_empty()).ok_or_else(missing)?)],
             Version::V1 => V1_CONTROLLERS
@@ -157,6 +163,18 @@ impl Node {
             version: self.version,
             dirs: self.dirs.iter().map(|d| d.join(name)).collect(),
         }
+    }
+
+    /// The names of this group's child groups.
+    pub fn child_names(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir("freezer")) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
     }
 
     /// The directory holding `controller`'s files (v2: the one directory).
@@ -489,6 +507,15 @@ pub fn group_name(tag: &str) -> String {
     )
 }
 
+/// Whether `name` is one [`group_name`] gives.
+pub fn is_group_name(name: &str) -> bool {
+    name.strip_prefix("desktop-").is_some_and(|h| {
+        h.len() == 12
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +535,15 @@ mod tests {
         assert_ne!(a, group_name("/data/run/desktop/abc/screen-2"));
         assert!(a.starts_with("desktop-") && a.len() == 20);
         assert!(!a.contains('/'));
+        assert!(is_group_name(&a));
+        for bad in [
+            "desktop-",
+            "desktop-../../../x",
+            "desktop-ABCDEF123456",
+            "other-0123456789ab",
+        ] {
+            assert!(!is_group_name(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -204,10 +204,20 @@ fn spawn_script(spec: &SpawnSpec) -> String {
         .map(|(k, v)| shell_quote(&format!("{k}={v}")))
         .collect();
     let argv: Vec<String> = spec.argv.iter().map(|a| shell_quote(a)).collect();
+    // A tagged program is waited for until it carries its tag (the fork runs with this shell's
+    // environment until `env` execs), so a control group's scan for the tag right after the
+    // spawn finds it.
+    let wait = if spec.env.iter().any(|(k, _)| k == TAG_VAR) {
+        format!(
+            "n=0; while [ $n -lt 400 ] && [ -e /proc/$pid ] && ! grep -qz '^{TAG_VAR}=' /proc/$pid/environ 2>/dev/null; do sleep 0.005; n=$((n+1)); done\n"
+        )
+    } else {
+        String::new()
+    };
     // `setsid` is not a group leader here (no job control), so it calls setsid() itself and
     // execs: `$!` is the pid of the final program and of its new process group.
     format!(
-        "cd {cwd} || exit 1\nenv -i {env} setsid {argv} >{log} 2>&1 </dev/null &\necho $!",
+        "cd {cwd} || exit 1\nenv -i {env} setsid {argv} >{log} 2>&1 </dev/null &\npid=$!\n{wait}echo $pid",
         cwd = shell_quote(cwd),
         env = env.join(" "),
         argv = argv.join(" "),

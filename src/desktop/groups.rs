@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use rakazo_actors::provider::{DesktopFreeze, ProviderRef};
+
 use super::DesktopError;
 use super::cgroup::{self, GroupError, Limits, Node, Usage, Version};
+use super::runtime::DesktopRuntime;
 
 /// Per-desktop control group settings (`SANDBOX_DESKTOP_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +48,32 @@ pub trait DesktopGroups: Send + Sync + std::fmt::Debug {
     async fn remove(&self, tag: &str) -> Result<(), DesktopError>;
     /// The memory ceiling in MiB (0 = none), for what a bot is told.
     fn memory_mb(&self) -> u64;
+}
+
+/// Passes `runtime`'s freezes and thaws on to a provider's channel as `machine`'s, for as long
+/// as the runtime lives.
+pub fn forward_freezes(
+    runtime: &DesktopRuntime,
+    to: tokio::sync::broadcast::Sender<DesktopFreeze>,
+    machine: ProviderRef,
+) {
+    let mut changes = runtime.subscribe_freezes();
+    tokio::spawn(async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match changes.recv().await {
+                Ok(c) => {
+                    let _ = to.send(DesktopFreeze {
+                        machine: machine.clone(),
+                        bot_id: c.bot_id,
+                        frozen: c.frozen,
+                    });
+                }
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            }
+        }
+    });
 }
 
 fn err(e: GroupError) -> DesktopError {

@@ -24,7 +24,7 @@ use super::command::{
 };
 use super::files::blocking;
 use super::gateway::free_local_port;
-use super::groups::{DesktopGroups, DesktopLimits, HostGroups, host_parent};
+use super::groups::{DesktopGroups, DesktopLimits, HostGroups, forward_freezes, host_parent};
 use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
 
@@ -166,27 +166,7 @@ impl DesktopProvider {
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
         runtime.start_freezer();
         runtime.start_warm_pool();
-        let (mut changes, freezes, key) = (
-            runtime.subscribe_freezes(),
-            self.freezes.clone(),
-            machine.clone(),
-        );
-        tokio::spawn(async move {
-            use tokio::sync::broadcast::error::RecvError;
-            loop {
-                match changes.recv().await {
-                    Ok(c) => {
-                        let _ = freezes.send(DesktopFreeze {
-                            machine: key.clone(),
-                            bot_id: c.bot_id,
-                            frozen: c.frozen,
-                        });
-                    }
-                    Err(RecvError::Lagged(_)) => continue,
-                    Err(RecvError::Closed) => break,
-                }
-            }
-        });
+        forward_freezes(&runtime, self.freezes.clone(), machine.clone());
         let m = Arc::new(Machine {
             home,
             runtime,

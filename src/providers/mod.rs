@@ -130,6 +130,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 screen_limit: config.team_screen_limit as usize,
                 commands_only: false,
                 warm_stacks: config.desktop_warm_stacks,
+                limits: config.desktop_limits,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
             Ok(Built {

@@ -20,8 +20,9 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::desktops::Desktops;
 use super::egress::{Guard, GuardState};
-use super::wire::{ComputerInfo, CreateComputer, ExecBody, ExecResult};
+use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
 
 /// Where the workspace is mounted in every computer (the home of user `rakazo`, uid 1000).
@@ -73,6 +74,12 @@ pub enum EngineError {
     /// The engine failed.
     #[error("docker engine: {0}")]
     Engine(String),
+    /// This host gives desktops no control groups.
+    #[error("per-desktop control groups are unavailable: {0}")]
+    DesktopGroups(String),
+    /// A desktop's control group could not be used.
+    #[error("{0}")]
+    Group(String),
 }
 
 impl From<bollard::errors::Error> for EngineError {
@@ -111,6 +118,8 @@ pub struct Engine {
     builds: Option<Arc<tokio::sync::Mutex<()>>>,
     /// The egress guard of bridged computers (`None`: off or no network); one check at a time.
     guard: Option<Arc<(Guard, tokio::sync::Mutex<()>)>>,
+    /// Whether computers' desktops get their own control groups.
+    desktops: Arc<Desktops>,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -142,6 +151,7 @@ impl Engine {
             settings,
             builds: None,
             guard,
+            desktops: Arc::new(Desktops::detect()),
         };
         // Installed at start; creates and health checks check it again.
         if let GuardState::Failed(why) = engine.egress().await {
@@ -160,6 +170,111 @@ impl Engine {
         };
         let _one = guard.1.lock().await;
         guard.0.ensure(&self.docker).await
+    }
+
+    /// Whether computers' desktops get their own control groups.
+    pub fn desktops(&self) -> &Desktops {
+        &self.desktops
+    }
+
+    /// Gives computers' desktops no control groups, saying `why` (for tests of that path).
+    pub fn without_desktop_groups(mut self, why: &str) -> Self {
+        self.desktops = Arc::new(Desktops::unavailable(why));
+        self
+    }
+
+    /// The host process id of the running managed container `id`'s first process.
+    async fn init_pid(&self, id: &str) -> Result<u32, EngineError> {
+        let raw = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await?;
+        let info = to_info(&raw).ok_or(EngineError::Gone)?;
+        let pid = raw.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
+        if !info.running || pid <= 0 {
+            return Err(EngineError::Gone);
+        }
+        Ok(pid as u32)
+    }
+
+    /// Runs `f` on the desktops of the running container `id` (its first process's pid).
+    async fn on_desktops<T: Send + 'static>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&Desktops, u32) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        if !self.desktops.active() {
+            return Err(EngineError::DesktopGroups(
+                self.desktops
+                    .describe()
+                    .trim_start_matches("unavailable: ")
+                    .into(),
+            ));
+        }
+        let pid = self.init_pid(id).await?;
+        let desktops = self.desktops.clone();
+        tokio::task::spawn_blocking(move || f(desktops.as_ref(), pid))
+            .await
+            .map_err(|e| EngineError::Group(format!("control group task: {e}")))?
+    }
+
+    /// Creates desktop `name`'s group in computer `id` and moves its tagged processes in.
+    pub async fn desktop_enter(
+        &self,
+        id: &str,
+        name: &str,
+        body: &DesktopEnter,
+    ) -> Result<(), EngineError> {
+        let (name, body) = (name.to_owned(), body.clone());
+        let moved = self
+            .on_desktops(id, move |d, pid| d.enter(pid, &name, &body))
+            .await?;
+        tracing::debug!(desktop.moved = moved, "supervisor.desktop.entered");
+        Ok(())
+    }
+
+    /// Freezes or thaws desktop `name` of computer `id`.
+    pub async fn desktop_freeze(
+        &self,
+        id: &str,
+        name: &str,
+        frozen: bool,
+    ) -> Result<(), EngineError> {
+        let name = name.to_owned();
+        self.on_desktops(id, move |d, pid| d.set_frozen(pid, &name, frozen))
+            .await?;
+        tracing::info!(desktop.frozen = frozen, "supervisor.desktop.freeze");
+        Ok(())
+    }
+
+    /// CPU time, OOM kills and the frozen state of desktop `name` of computer `id`.
+    pub async fn desktop_usage(&self, id: &str, name: &str) -> Result<DesktopUsage, EngineError> {
+        let name = name.to_owned();
+        let u = self
+            .on_desktops(id, move |d, pid| d.usage(pid, &name))
+            .await?;
+        Ok(DesktopUsage {
+            cpu_ns: u.cpu_ns,
+            oom_kills: u.oom_kills,
+            frozen: u.frozen,
+        })
+    }
+
+    /// Removes desktop `name`'s group of computer `id` (its processes were stopped).
+    pub async fn desktop_remove(&self, id: &str, name: &str) -> Result<(), EngineError> {
+        let name = name.to_owned();
+        self.on_desktops(id, move |d, pid| d.remove(pid, &name))
+            .await
+    }
+
+    /// Thaws every desktop of computer `id` (before it is stopped: a frozen process ignores
+    /// the stop signals until thawed).
+    pub async fn thaw_desktops(&self, id: &str) -> Result<(), EngineError> {
+        self.on_desktops(id, |d, pid| {
+            d.thaw_all(pid);
+            Ok(())
+        })
+        .await
     }
 
     /// The guard (network name, bridge, chains) when it is on.
@@ -432,6 +547,7 @@ impl Engine {
     /// Stops a computer, keeping it (and its container layer) for a later start.
     pub async fn stop(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
+        let _ = self.thaw_desktops(&info.id).await;
         self.docker
             .stop_container(
                 &info.id,
@@ -448,6 +564,7 @@ impl Engine {
     /// Removes a computer; its home directory stays (it is the durable workspace).
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
+        let _ = self.thaw_desktops(&info.id).await;
         self.docker
             .remove_container(
                 &info.id,

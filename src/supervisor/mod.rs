@@ -10,9 +10,12 @@
 //!   exec with deadline and kill; Docker errors translated at this edge.
 //! - [`egress`]: the egress guard: the computers' own Docker network and the firewall rules
 //!   refusing private destinations, the host and other computers.
+//! - [`desktops`]: per-desktop control groups nested under a container's own (CPU weight,
+//!   memory ceiling, freezer), which uid 1000 inside cannot leave or steer.
 //! - [`routes`]: parsing and constant-time token check only.
 //! - [`listen`]: the address rule.
 
+pub mod desktops;
 pub mod egress;
 pub mod engine;
 pub mod listen;

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::engine::{Engine, EngineError};
-use super::wire::{CreateComputer, ErrorBody, ErrorCode, ExecBody};
+use super::wire::{CreateComputer, DesktopEnter, ErrorBody, ErrorCode, ExecBody};
 
 /// Largest request body (an exec script).
 pub const BODY_LIMIT: usize = 4 << 20;
@@ -48,7 +48,31 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/computers/{id}/start", web::post().to(start))
                 .route("/computers/{id}/stop", web::post().to(stop))
                 .route("/computers/{id}/exec", web::post().to(exec))
-                .route("/computers/{id}/exec/{run}/kill", web::post().to(kill)),
+                .route("/computers/{id}/exec/{run}/kill", web::post().to(kill))
+                .route(
+                    "/computers/{id}/desktops/{desktop}",
+                    web::put().to(desktop_enter),
+                )
+                .route(
+                    "/computers/{id}/desktops/{desktop}",
+                    web::get().to(desktop_usage),
+                )
+                .route(
+                    "/computers/{id}/desktops/{desktop}",
+                    web::delete().to(desktop_remove),
+                )
+                .route(
+                    "/computers/{id}/desktops/{desktop}/freeze",
+                    web::post().to(desktop_freeze),
+                )
+                .route(
+                    "/computers/{id}/desktops/{desktop}/thaw",
+                    web::post().to(desktop_thaw),
+                )
+                .route(
+                    "/computers/{id}/thaw-desktops",
+                    web::post().to(thaw_desktops),
+                ),
         );
 }
 
@@ -99,6 +123,8 @@ impl ResponseError for ApiError {
             ApiError::Engine(EngineError::Invalid(_)) => StatusCode::BAD_REQUEST,
             ApiError::Engine(EngineError::ImageMissing(_)) => StatusCode::FAILED_DEPENDENCY,
             ApiError::Engine(EngineError::Engine(_)) => StatusCode::BAD_GATEWAY,
+            ApiError::Engine(EngineError::DesktopGroups(_)) => StatusCode::NOT_IMPLEMENTED,
+            ApiError::Engine(EngineError::Group(_)) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -109,9 +135,17 @@ impl ResponseError for ApiError {
             ApiError::Engine(EngineError::Invalid(_)) => ErrorCode::InvalidRequest,
             ApiError::Engine(EngineError::ImageMissing(_)) => ErrorCode::ImageMissing,
             ApiError::Engine(EngineError::Engine(_)) => ErrorCode::Engine,
+            ApiError::Engine(EngineError::DesktopGroups(_)) => ErrorCode::DesktopGroupsUnavailable,
+            ApiError::Engine(EngineError::Group(_)) => ErrorCode::DesktopGroupFailed,
         };
-        if let ApiError::Engine(EngineError::Engine(reason)) = self {
-            tracing::warn!(error = %reason, "supervisor.engine.failed");
+        match self {
+            ApiError::Engine(EngineError::Engine(reason)) => {
+                tracing::warn!(error = %reason, "supervisor.engine.failed")
+            }
+            ApiError::Engine(EngineError::Group(reason)) => {
+                tracing::warn!(error = %reason, "supervisor.desktop.failed")
+            }
+            _ => {}
         }
         HttpResponse::build(self.status_code()).json(ErrorBody {
             code,
@@ -153,6 +187,8 @@ async fn health(_: Authorized, s: web::Data<State>) -> Answer {
             guard,
             super::egress::GuardState::Active | super::egress::GuardState::NoNetwork
         ),
+        desktop_groups: s.engine.desktops().describe(),
+        desktop_groups_active: s.engine.desktops().active(),
     }))
 }
 
@@ -196,5 +232,62 @@ async fn exec(
 async fn kill(_: Authorized, s: web::Data<State>, path: web::Path<(String, String)>) -> Answer {
     let (id, run) = path.into_inner();
     s.engine.kill(&id, &run).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn desktop_enter(
+    _: Authorized,
+    s: web::Data<State>,
+    path: web::Path<(String, String)>,
+    body: web::Json<DesktopEnter>,
+) -> Answer {
+    let (id, desktop) = path.into_inner();
+    s.engine.desktop_enter(&id, &desktop, &body).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn desktop_usage(
+    _: Authorized,
+    s: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    let (id, desktop) = path.into_inner();
+    Ok(HttpResponse::Ok().json(s.engine.desktop_usage(&id, &desktop).await?))
+}
+
+async fn desktop_remove(
+    _: Authorized,
+    s: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    let (id, desktop) = path.into_inner();
+    s.engine.desktop_remove(&id, &desktop).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn desktop_freeze(
+    _: Authorized,
+    s: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    let (id, desktop) = path.into_inner();
+    s.engine.desktop_freeze(&id, &desktop, true).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Thaws every desktop of the computer (a new API process takes over a computer whose
+/// desktops an earlier one may have left frozen).
+async fn thaw_desktops(_: Authorized, s: web::Data<State>, id: web::Path<String>) -> Answer {
+    s.engine.thaw_desktops(&id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn desktop_thaw(
+    _: Authorized,
+    s: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    let (id, desktop) = path.into_inner();
+    s.engine.desktop_freeze(&id, &desktop, false).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -95,6 +95,10 @@ pub enum ErrorCode {
     ImageMissing,
     /// The Docker engine refused or failed.
     Engine,
+    /// This host gives desktops no control groups (cgroup v2, or not root).
+    DesktopGroupsUnavailable,
+    /// A desktop's control group could not be used.
+    DesktopGroupFailed,
 }
 
 /// An error answer.
@@ -124,4 +128,38 @@ pub struct Health {
     pub egress_guard: String,
     /// Whether bridged computers are kept off private destinations (or have no network).
     pub egress_active: bool,
+    /// `active (cgroup v1)` or `unavailable: <why>`: whether computers' desktops get their
+    /// own control groups.
+    #[serde(default)]
+    pub desktop_groups: String,
+    /// Whether they do.
+    #[serde(default)]
+    pub desktop_groups_active: bool,
+}
+
+/// `PUT /v1/computers/{id}/desktops/{desktop}`: create the desktop's control group (the
+/// `desktop` name is [`crate::desktop::cgroup::group_name`] of the tag) with these limits,
+/// and move the container's processes carrying the tag into it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DesktopEnter {
+    /// The tag every process of the desktop carries (`RAKAZO_DESKTOP_TAG`).
+    pub tag: String,
+    /// CPU weight, 1 to 10000 (100 is an equal share).
+    pub cpu_weight: u32,
+    /// Memory ceiling in MiB; 0 = none.
+    pub memory_mb: u64,
+}
+
+/// `GET /v1/computers/{id}/desktops/{desktop}`: read from the desktop's group. Also
+/// `POST .../freeze`, `POST .../thaw` and `DELETE` (its processes were stopped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DesktopUsage {
+    /// CPU time its processes used so far, in nanoseconds.
+    pub cpu_ns: u64,
+    /// How many of its processes the OOM killer took.
+    pub oom_kills: u64,
+    /// Whether it is frozen.
+    pub frozen: bool,
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 mod gate;
 
 use rakazo::config::{DockerNetwork, DockerSettings, EgressSettings};
+use rakazo::desktop::groups::DesktopLimits;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
 use rakazo::supervisor::engine::{Engine, EngineSettings};
 use rakazo::supervisor::routes::State;
@@ -76,7 +77,26 @@ impl TestSupervisor {
         Self::start_full(DockerNetwork::None, EgressSettings::default(), image.into())
     }
 
+    /// Starts a supervisor that gives desktops no control groups, saying `why`.
+    pub fn start_without_desktop_groups(why: &'static str) -> Self {
+        Self::start_engine(
+            DockerNetwork::None,
+            EgressSettings::default(),
+            rakazo::image::default_image(),
+            Some(why),
+        )
+    }
+
     fn start_full(network: DockerNetwork, egress: EgressSettings, image: String) -> Self {
+        Self::start_engine(network, egress, image, None)
+    }
+
+    fn start_engine(
+        network: DockerNetwork,
+        egress: EgressSettings,
+        image: String,
+        no_groups: Option<&'static str>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().canonicalize().unwrap();
         let token = format!("test-{}", uuid::Uuid::new_v4().simple());
@@ -97,7 +117,10 @@ impl TestSupervisor {
         let token2 = token.clone();
         std::thread::spawn(move || {
             actix_rt::System::new().block_on(async move {
-                let engine = Engine::connect(settings).await.expect("docker engine");
+                let mut engine = Engine::connect(settings).await.expect("docker engine");
+                if let Some(why) = no_groups {
+                    engine = engine.without_desktop_groups(why);
+                }
                 let state = actix_web::web::Data::new(State::new(engine, &token2));
                 rakazo::supervisor::serve(listener, state)
                     .unwrap()
@@ -152,6 +175,19 @@ impl TestSupervisor {
     }
 
     fn provider_with(&self, commands_only: bool) -> Arc<DockerProvider> {
+        self.provider_full(commands_only, None)
+    }
+
+    /// A fresh provider whose desktops get control groups with `limits`.
+    pub fn provider_with_limits(&self, limits: DesktopLimits) -> Arc<DockerProvider> {
+        self.provider_full(false, Some(limits))
+    }
+
+    fn provider_full(
+        &self,
+        commands_only: bool,
+        limits: Option<DesktopLimits>,
+    ) -> Arc<DockerProvider> {
         Arc::new(
             DockerProvider::new(DockerProviderConfig {
                 supervisor_url: self.url.clone(),
@@ -159,6 +195,7 @@ impl TestSupervisor {
                 screen_limit: 0,
                 commands_only,
                 warm_stacks: 0,
+                limits,
             })
             .unwrap(),
         )

@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
-    ComputerInfo, CreateComputer, ErrorBody, ErrorCode, ExecBody, ExecResult, Health, ImageStatus,
+    ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ErrorBody, ErrorCode, ExecBody,
+    ExecResult, Health, ImageStatus,
 };
 
 /// How long a health check waits for the supervisor.
@@ -241,6 +242,70 @@ impl SupervisorClient {
             .await;
         guard.client = None;
         Self::some(result?)
+    }
+
+    /// Creates desktop `name`'s control group in computer `id` with the limits in `body` and
+    /// moves the processes carrying its tag into it.
+    pub async fn desktop_enter(
+        &self,
+        id: &str,
+        name: &str,
+        body: &DesktopEnter,
+    ) -> ProviderResult<()> {
+        self.desktop_call::<()>(reqwest::Method::PUT, id, name, "", Some(body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Freezes or thaws desktop `name` of computer `id`.
+    pub async fn desktop_freeze(&self, id: &str, name: &str, frozen: bool) -> ProviderResult<()> {
+        let action = if frozen { "/freeze" } else { "/thaw" };
+        self.desktop_call::<()>(reqwest::Method::POST, id, name, action, None::<&()>)
+            .await
+            .map(|_| ())
+    }
+
+    /// CPU time, OOM kills and frozen state of desktop `name` of computer `id`.
+    pub async fn desktop_usage(&self, id: &str, name: &str) -> ProviderResult<DesktopUsage> {
+        Self::some(
+            self.desktop_call(reqwest::Method::GET, id, name, "", None::<&()>)
+                .await?,
+        )
+    }
+
+    /// Removes desktop `name`'s group of computer `id`.
+    pub async fn desktop_remove(&self, id: &str, name: &str) -> ProviderResult<()> {
+        self.desktop_call::<()>(reqwest::Method::DELETE, id, name, "", None::<&()>)
+            .await
+            .map(|_| ())
+    }
+
+    /// Thaws every desktop of computer `id`.
+    pub async fn thaw_desktops(&self, id: &str) -> ProviderResult<()> {
+        self.call::<()>(
+            reqwest::Method::POST,
+            &format!("/v1/computers/{}/thaw-desktops", path_segment(id)?),
+            None::<&()>,
+            CALL_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn desktop_call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        id: &str,
+        name: &str,
+        action: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> ProviderResult<Option<T>> {
+        let path = format!(
+            "/v1/computers/{}/desktops/{}{action}",
+            path_segment(id)?,
+            path_segment(name)?
+        );
+        self.call(method, &path, body, CALL_TIMEOUT).await
     }
 
     async fn kill(&self, id: &str, run_id: &str) {

@@ -3,6 +3,8 @@
 //! computer image, with screens from the shared [`DesktopRuntime`].
 //!
 //! - [`client`]: the supervisor's HTTP client; its errors become [`ProviderError`] there.
+//! - [`groups`]: the desktops' control groups (CPU weight, memory ceiling, freezer), which
+//!   the supervisor creates under the container's own.
 //! - [`runner`]: the runtime's [`crate::desktop::command::CommandRunner`] through the
 //!   supervisor's exec (every script runs in the container as uid 1000).
 //!
@@ -20,6 +22,7 @@
 //!   `SANDBOX_DOCKER_NETWORK=none` there is no published port.
 
 pub mod client;
+pub mod groups;
 pub mod runner;
 
 use std::collections::HashMap;
@@ -29,9 +32,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, MachineSpec, Preparation, ProviderError, ProviderRef, ProviderResult,
-    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
+    ExecRequest, FileEntry, Frame, MachineSpec, Preparation, ProviderError, ProviderRef,
+    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -39,6 +42,7 @@ use crate::desktop::DesktopError;
 use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
 use crate::desktop::files::blocking;
+use crate::desktop::groups::{DesktopGroups, DesktopLimits, forward_freezes};
 use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::terminal::ShellSpec;
@@ -46,6 +50,7 @@ use crate::desktop::{files, shell_quote};
 use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
 use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody};
 use client::SupervisorClient;
+use groups::SupervisorGroups;
 use runner::SupervisorRunner;
 
 /// Inside every computer: logs, the window manager's home and the gateway's sockets.
@@ -65,6 +70,9 @@ pub struct DockerProviderConfig {
     pub commands_only: bool,
     /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
     pub warm_stacks: usize,
+    /// Per-desktop control groups (`SANDBOX_DESKTOP_*`), where the supervisor can give them;
+    /// `None` = none.
+    pub limits: Option<DesktopLimits>,
 }
 
 /// One running computer container as this process knows it.
@@ -79,6 +87,11 @@ pub struct DockerProvider {
     config: DockerProviderConfig,
     machines: Mutex<HashMap<String, Arc<Machine>>>,
     pages: PageSessions,
+    /// Whether the supervisor gives desktops control groups (`Ok(words)`, `Err(why)`), once
+    /// it said; `None` before.
+    groups: std::sync::Mutex<Option<Result<String, String>>>,
+    /// Freezes and thaws of every machine's desktops.
+    freezes: tokio::sync::broadcast::Sender<DesktopFreeze>,
 }
 
 impl DockerProvider {
@@ -94,7 +107,49 @@ impl DockerProvider {
             config,
             machines: Mutex::new(HashMap::new()),
             pages: PageSessions::default(),
+            groups: std::sync::Mutex::new(None),
+            freezes: tokio::sync::broadcast::channel(256).0,
         })
+    }
+
+    /// Whether desktops get control groups: configured, and the supervisor can give them
+    /// (asked once; a supervisor that does not answer is asked again next time).
+    async fn groups_on(&self) -> bool {
+        if self.config.limits.is_none() {
+            return false;
+        }
+        if let Some(known) = &*self.groups.lock().unwrap_or_else(|e| e.into_inner()) {
+            return known.is_ok();
+        }
+        self.ask_groups().await.is_some_and(|r| r.is_ok())
+    }
+
+    /// [`Self::groups_on`] for a running container this process did not create: desktops an
+    /// earlier process left frozen are thawed first, so its leftovers can be stopped.
+    async fn groups_taking_over(&self, container: &str) -> bool {
+        let on = self.groups_on().await;
+        if on && let Err(e) = self.client.thaw_desktops(container).await {
+            tracing::warn!(error = %e, "docker.desktops.thaw_failed");
+        }
+        on
+    }
+
+    /// Asks the supervisor whether it gives desktops control groups, and remembers it.
+    async fn ask_groups(&self) -> Option<Result<String, String>> {
+        let health = self.client.health().await.ok()?;
+        let state = if health.desktop_groups_active {
+            Ok(health.desktop_groups)
+        } else if health.desktop_groups.is_empty() {
+            Err("the supervisor gives desktops no control groups".to_owned())
+        } else {
+            Err(health.desktop_groups)
+        };
+        match &state {
+            Ok(_) => tracing::info!("docker.desktops.groups_active"),
+            Err(why) => tracing::warn!(error = %why, "docker.desktops.groups_unavailable"),
+        }
+        *self.groups.lock().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
+        Some(state)
     }
 
     /// The desktop runtime of a computer (its gateway and teardown events).
@@ -116,7 +171,7 @@ impl DockerProvider {
         self.client.inspect(&machine.0).await
     }
 
-    fn attach(&self, info: ComputerInfo) -> Arc<Machine> {
+    fn attach(&self, info: ComputerInfo, grouped: bool) -> Arc<Machine> {
         let runner = SupervisorRunner {
             client: self.client.clone(),
             container: info.id.clone(),
@@ -132,12 +187,20 @@ impl DockerProvider {
             x11_socket_dir: Some(PathBuf::from(&info.x11_dir)),
             commands_only: self.config.commands_only,
             gateway_host: "0.0.0.0".into(),
-            groups: None,
-            freeze_after: None,
+            groups: self.config.limits.filter(|_| grouped).map(|limits| {
+                Arc::new(SupervisorGroups {
+                    client: self.client.clone(),
+                    container: info.id.clone(),
+                    limits,
+                }) as Arc<dyn DesktopGroups>
+            }),
+            freeze_after: self.config.limits.and_then(|l| l.freeze_after),
             warm_stacks: self.config.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));
+        runtime.start_freezer();
         runtime.start_warm_pool();
+        forward_freezes(&runtime, self.freezes.clone(), ProviderRef(info.id.clone()));
         Arc::new(Machine { info, runtime })
     }
 
@@ -150,10 +213,11 @@ impl DockerProvider {
         if !info.running {
             return Err(ProviderError::MachineGone);
         }
+        let grouped = self.groups_taking_over(&info.id).await;
         let mut machines = self.machines.lock().await;
         let m = machines
             .entry(machine.0.clone())
-            .or_insert_with(|| self.attach(info))
+            .or_insert_with(|| self.attach(info, grouped))
             .clone();
         Ok(m)
     }
@@ -173,7 +237,7 @@ impl DockerProvider {
         };
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.adopted");
         let machine = ProviderRef(info.id.clone());
-        let m = self.attach(info);
+        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Some(machine)
     }
@@ -209,6 +273,15 @@ impl DockerProvider {
         } else {
             err
         }
+    }
+
+    /// Whether the supervisor said it gives desktops control groups (and they are configured).
+    fn groups_known(&self) -> bool {
+        self.config.limits.is_some()
+            && matches!(
+                &*self.groups.lock().unwrap_or_else(|e| e.into_inner()),
+                Some(Ok(_))
+            )
     }
 
     fn home(m: &Machine) -> ProviderResult<PathBuf> {
@@ -268,6 +341,15 @@ impl SandboxProvider for DockerProvider {
         })
     }
 
+    fn desktop_freezes(&self) -> Option<tokio::sync::broadcast::Receiver<DesktopFreeze>> {
+        Some(self.freezes.subscribe())
+    }
+
+    async fn desktop_groups(&self) -> Option<Result<String, String>> {
+        self.config.limits?;
+        self.ask_groups().await
+    }
+
     fn describe(&self) -> Description {
         Description {
             kind: "docker".into(),
@@ -278,8 +360,9 @@ impl SandboxProvider for DockerProvider {
                 page_browser: !self.config.commands_only,
                 bills_while_running: false,
                 mounted_home: true,
-                desktop_freezing: false,
-                desktop_limits: false,
+                desktop_freezing: self.groups_known()
+                    && self.config.limits.is_some_and(|l| l.freeze_after.is_some()),
+                desktop_limits: self.groups_known(),
             },
         }
     }
@@ -314,7 +397,7 @@ impl SandboxProvider for DockerProvider {
             .await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.provisioned");
         let machine = ProviderRef(info.id.clone());
-        let m = self.attach(info);
+        let m = self.attach(info, self.groups_on().await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Ok(machine)
     }
@@ -332,7 +415,7 @@ impl SandboxProvider for DockerProvider {
         }
         let info = self.client.start(&machine.0).await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.reconnected");
-        let m = self.attach(info);
+        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Ok(())
     }

@@ -124,6 +124,7 @@ fn main() {
                 screen_limit: 0,
                 commands_only,
                 warm_stacks,
+                limits: None,
             })
             .unwrap()
         };

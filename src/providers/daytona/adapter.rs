@@ -309,6 +309,7 @@ impl RemoteSandboxes for Daytona {
         PortEndpoint {
             url: s.gateway.url.trim_end_matches('/').to_string(),
             headers: vec![(PREVIEW_TOKEN_HEADER.into(), s.gateway.token.clone())],
+            query: Vec::new(),
         }
     }
 }

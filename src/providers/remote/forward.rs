@@ -464,6 +464,8 @@ mod tests {
                 tokio::spawn(async move {
                     let seen = Arc::new(std::sync::Mutex::new(String::new()));
                     let record = seen.clone();
+                    // The callback's error type is tungstenite's own response.
+                    #[allow(clippy::result_large_err)]
                     let callback =
                         move |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
                               resp| {

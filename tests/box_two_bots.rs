@@ -7,6 +7,7 @@
 //! gets names the sandbox, the host URL or its token. The second bot's screen URL answers
 //! `MULTI_SCREEN_UNAVAILABLE`.
 
+mod box_support;
 mod common;
 mod docker_support;
 
@@ -105,8 +106,13 @@ async fn the_second_team_bot_gets_no_screen_but_keeps_shell_and_files() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (host, token) = host_url(&s, &sandbox).await;
-    let api = s.app.emulator_api.clone().unwrap().url;
+    let api = s
+        .app
+        .emulator_api
+        .clone()
+        .expect("the emulator runs in-process");
+    let (host, token) = box_support::host_url(&api.url, &api.key, &sandbox).await;
+    let api = api.url;
     let secrets = [
         sandbox.as_str(),
         token.as_str(),
@@ -179,35 +185,6 @@ async fn the_second_team_bot_gets_no_screen_but_keeps_shell_and_files() {
         json!({ "runId": run_b, "fence": fence_b, "outcome": "failed" }),
     )
     .await;
-}
-
-/// The protected host URL of a sandbox's screen gateway port, from the in-process emulator's
-/// API: the URL without its query, and the token.
-async fn host_url(s: &TestServer, sandbox: &str) -> (String, String) {
-    let api = s
-        .app
-        .emulator_api
-        .clone()
-        .expect("the emulator runs in-process");
-    let v: Value = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .post(format!("{}/api/v1/sandboxes/{sandbox}/host", api.url))
-        .bearer_auth(&api.key)
-        .json(&json!({ "port": rakazo::supervisor::engine::GATEWAY_PORT, "public": false }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let (host, token) = v["url"]
-        .as_str()
-        .unwrap()
-        .split_once("?_token=")
-        .expect("a protected host URL");
-    (host.to_owned(), token.to_owned())
 }
 
 /// The first 12 bytes of the RFB stream behind a screen URL of the capability proxy.

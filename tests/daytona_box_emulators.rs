@@ -7,6 +7,7 @@
 //! error envelope, host URLs that refuse a missing or foreign token), and the plain setup
 //! errors of a missing key.
 
+mod box_support;
 mod docker_support;
 mod team_screens;
 
@@ -171,31 +172,10 @@ mod boat {
     }
 }
 
-/// The protected host URL of a sandbox's screen gateway port, as the API gives it: the URL
-/// without its query and the token.
+/// The protected host URL of a sandbox's screen gateway port: the URL without its query, and
+/// the token.
 async fn host_url(id: &str) -> (String, String) {
-    let v: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/api/v1/sandboxes/{id}/host", emulators().boat))
-        .bearer_auth(KEY)
-        .json(
-            &serde_json::json!({"port": rakazo::supervisor::engine::GATEWAY_PORT, "public": false}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(
-        (v["access"].as_str(), v["isProtected"].as_bool()),
-        (Some("protected"), Some(true)),
-        "{v}"
-    );
-    let url = v["url"].as_str().unwrap();
-    let (base, token) = url
-        .split_once("?_token=")
-        .expect("the token is a query parameter");
-    (base.to_string(), token.to_string())
+    box_support::host_url(&emulators().boat, KEY, id).await
 }
 
 /// A server for the screen gateway's port that answers each GET with `<name> <target>`.

@@ -38,14 +38,13 @@ use serde::Deserialize;
 use super::daytona::rfc3339;
 use super::front;
 use super::machines::Machines;
-use super::{read, running};
+use super::{bearer_accepted, port_addr, read, running, same_secret};
 use crate::desktop::shell_quote;
 use crate::providers::boat::wire::{
     CONFIRM_DELETE_HEADER, Command, CommandResult, CreateSandbox, Envelope, ErrorEnvelope,
     FileContent, HOST_TOKEN_PARAM, HostPort, HostUrl, IDEMPOTENCY_HEADER, MAX_COMMAND_SECONDS,
     Operation, Patch, Resume, Sandbox, State, codes,
 };
-use crate::supervisor::engine::GATEWAY_PORT;
 
 /// Longest TTL a create, resume or patch may ask for.
 pub const MAX_TTL_SECONDS: u64 = 24 * 60 * 60;
@@ -312,21 +311,7 @@ impl BoatEmulator {
     }
 
     fn auth(&self, req: &HttpRequest) -> Result<(), ApiError> {
-        let presented = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or("");
-        let ok = match &self.settings.key {
-            Some(key) => {
-                use subtle::ConstantTimeEq as _;
-                !presented.is_empty() && bool::from(presented.as_bytes().ct_eq(key.as_bytes()))
-            }
-            None => !presented.is_empty(),
-        };
-        if ok {
+        if bearer_accepted(req, self.settings.key.as_deref()) {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -826,11 +811,7 @@ impl BoatEmulator {
             .hosts
             .get(&port)
             .ok_or_else(ApiError::not_found)?;
-        use subtle::ConstantTimeEq as _;
-        let matches = presented.is_some_and(|p| {
-            !p.is_empty() && bool::from(p.as_bytes().ct_eq(route.token.as_bytes()))
-        });
-        if route.public || matches {
+        if route.public || presented.is_some_and(|p| same_secret(p, &route.token)) {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -848,13 +829,8 @@ impl BoatEmulator {
         port: u16,
     ) -> Result<std::net::SocketAddr, ApiError> {
         let (machine, _) = self.usable(id).await?;
-        let published = if port == GATEWAY_PORT {
-            self.machines.inspect(&machine).await?.gateway_port
-        } else {
-            None
-        };
-        published
-            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+        port_addr(&self.machines, &machine, port)
+            .await?
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::BAD_GATEWAY,

@@ -258,11 +258,7 @@ impl RemoteSandboxes for Boat {
     }
 
     async fn run(&self, s: &Session, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
-        let exports: String = command
-            .env
-            .iter()
-            .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
-            .collect();
+        let exports = command.exports();
         let line = format!(
             "exec bash -c {}",
             shell_quote(&format!(

@@ -34,6 +34,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderResult};
 
+use crate::desktop::shell_quote;
+
 /// Where things live on a vendor's machine.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -56,6 +58,17 @@ pub struct RemoteCommand {
     pub env: Vec<(String, String)>,
     /// Deadline: when it passes the process is killed and `timed_out` is set.
     pub timeout: Duration,
+}
+
+impl RemoteCommand {
+    /// The extra environment as `export` lines for the front of a wrapping script, for
+    /// vendors whose command call runs a line without environment of its own.
+    pub fn exports(&self) -> String {
+        self.env
+            .iter()
+            .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
+            .collect()
+    }
 }
 
 /// How this host reaches a port of a sandbox: a base URL (`http://` or `https://`), the

@@ -1,10 +1,13 @@
 //! The `daytona` and `box` adapters against their emulators, whose sandboxes are real Docker
 //! computers through an in-process supervisor: the provider conformance suite on each and the
 //! team-screens regression on Daytona (Box with one desktop per machine: a second bot gets
-//! `MultiScreenUnavailable` while shell and files keep working), a machine destroyed behind
-//! the API's back is gone, the box-emulator's wire rules (idempotent create, `noEnv`, delete
-//! confirmation, file roots, error envelope), and the plain setup errors of a missing key.
+//! `MultiScreenUnavailable` while shell and files keep working, and the first bot's screen is
+//! live through the protected host URL), a machine destroyed behind the API's back is gone,
+//! the box-emulator's wire rules (idempotent create, `noEnv`, delete confirmation, file roots,
+//! error envelope, host URLs that refuse a missing or foreign token), and the plain setup
+//! errors of a missing key.
 
+mod box_support;
 mod docker_support;
 mod team_screens;
 
@@ -124,12 +127,183 @@ mod daytona {
 
 mod boat {
     use super::*;
+    use rakazo_actors::provider::ScreenPolicy;
 
     fn provider() -> Arc<dyn SandboxProvider> {
         Arc::new(RemoteProvider::new(Arc::new(boat_adapter()), 0))
     }
 
     rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+    /// Box's one desktop is live: the first bot's view and control routes give an RFB
+    /// greeting through the sandbox's protected host URL, reached by a loopback forwarder
+    /// whose address names neither the host URL, its token nor the sandbox; a second bot gets
+    /// `MultiScreenUnavailable`.
+    #[actix_rt::test]
+    async fn the_one_screen_is_live_through_the_protected_host_url() {
+        if !docker_ready() {
+            return;
+        }
+        let p = provider();
+        let m = p.provision(&team_screens::team_spec()).await.unwrap();
+        p.open_screen(&m, "bot-a").await.unwrap();
+        assert_eq!(
+            p.open_screen(&m, "bot-b").await.map(|_| ()),
+            Err(ProviderError::MultiScreenUnavailable)
+        );
+        let (host, token) = host_url(&m.0).await;
+        for policy in [ScreenPolicy::View, ScreenPolicy::Control] {
+            let r = p.open_route(&m, "bot-a", policy).await.unwrap();
+            assert!(r.upstream.starts_with("http://127.0.0.1:"));
+            for vendor in [host.trim_end_matches('/'), &emulators().boat] {
+                assert_ne!(r.upstream.trim_end_matches('/'), vendor, "{policy:?}");
+            }
+            for secret in [&token, &m.0] {
+                assert!(!r.upstream.contains(secret), "{policy:?}");
+                assert!(!r.token.contains(secret), "{policy:?}");
+            }
+            let greeting = team_screens::gateway_greeting(&r.upstream, &r.token).await;
+            assert!(
+                greeting.is_some_and(|g| g.starts_with(b"RFB 003.008")),
+                "{policy:?}"
+            );
+        }
+        p.destroy(&m).await.unwrap();
+    }
+}
+
+/// The protected host URL of a sandbox's screen gateway port: the URL without its query, and
+/// the token.
+async fn host_url(id: &str) -> (String, String) {
+    box_support::host_url(&emulators().boat, KEY, id).await
+}
+
+/// A server for the screen gateway's port that answers each GET with `<name> <target>`.
+fn echo_server(name: &str) -> String {
+    format!(
+        "import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = ('{name} ' + self.path).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(('0.0.0.0', {}), H).serve_forever()
+",
+        rakazo::supervisor::engine::GATEWAY_PORT
+    )
+}
+
+/// Waits until something listens on the gateway port.
+const WAIT_FOR_GATEWAY: &str = "python3 -c 'import socket, time
+for _ in range(100):
+    try:
+        socket.create_connection((\"127.0.0.1\", 6080), 1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    raise SystemExit(1)'";
+
+/// The attacker's side of Box's host URLs: a request without the token, or with another
+/// sandbox's, is refused with the vendor's error envelope before it reaches the machine
+/// (plain HTTP and websocket upgrades alike), and the refusal names no token; the sandbox's
+/// own token gets through to its own machine, which never sees the token.
+#[actix_rt::test]
+async fn a_host_url_refuses_requests_without_its_own_token() {
+    use rakazo::providers::remote::RemoteSandboxes as _;
+    if !docker_ready() {
+        return;
+    }
+    let adapter = boat_adapter();
+    let (spec_a, spec_b) = (spec("host-a"), spec("host-b"));
+    let (a, b) = tokio::join!(adapter.create(&spec_a), adapter.create(&spec_b));
+    let (sa, sb) = (a.unwrap(), b.unwrap());
+    let (a, b) = (Boat::id(&sa).to_string(), Boat::id(&sb).to_string());
+    // Each machine's gateway port answers with the request target it was sent and its name.
+    for (session, name) in [(&sa, "machine-a"), (&sb, "machine-b")] {
+        adapter
+            .upload(session, "/tmp/echo.py", echo_server(name).into_bytes())
+            .await
+            .unwrap();
+        let started = adapter
+            .run(
+                session,
+                &rakazo::providers::remote::RemoteCommand {
+                    script: format!("setsid python3 /tmp/echo.py >/dev/null 2>&1 </dev/null &\n{WAIT_FOR_GATEWAY}"),
+                    cwd: "/tmp".into(),
+                    env: Vec::new(),
+                    timeout: Duration::from_secs(30),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(started.exit_code, 0, "{started:?}");
+    }
+    let ((a_host, a_token), (b_host, b_token)) = (host_url(&a).await, host_url(&b).await);
+    assert_ne!(a_host, b_host, "each sandbox port has its own origin");
+    assert_ne!(a_token, b_token);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (what, url) in [
+        ("no token", format!("{a_host}websockify")),
+        ("an empty token", format!("{a_host}websockify?_token=")),
+        (
+            "another sandbox's token",
+            format!("{a_host}websockify?_token={b_token}"),
+        ),
+        (
+            "the token in the wrong place",
+            format!("{a_host}websockify?token={a_token}"),
+        ),
+    ] {
+        let r = http.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{what}");
+        let body = r.text().await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (v["ok"].as_bool(), v["status"].as_u64(), v["code"].as_str()),
+            (Some(false), Some(401), Some("unauthorized")),
+            "{what}: {v}"
+        );
+        assert!(v["requestId"].as_str().is_some(), "{what}");
+        assert!(
+            !body.contains(&a_token) && !body.contains(&b_token),
+            "{what}: {body}"
+        );
+        // A websocket upgrade is refused the same way.
+        let ws = url.replacen("http://", "ws://", 1);
+        match tokio_tungstenite::connect_async(ws).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), 401, "{what}")
+            }
+            other => panic!(
+                "{what}: the upgrade was not refused: {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    // Its own token reaches its own machine, which sees the request without the token.
+    for (host, token, name) in [
+        (&a_host, &a_token, "machine-a"),
+        (&b_host, &b_token, "machine-b"),
+    ] {
+        let r = http
+            .get(format!("{host}websockify?token=gw&_token={token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.text().await.unwrap(),
+            format!("{name} /websockify?token=gw")
+        );
+    }
+    for id in [a, b] {
+        adapter.kill(&id).await.unwrap();
+    }
 }
 
 /// A sandbox whose machine is removed behind the API's back is gone for both adapters.

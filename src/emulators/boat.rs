@@ -11,7 +11,15 @@
 //! machine lost behind the API's back as `error` that resume cannot fix, delete only with
 //! `X-Ascii-Confirm-Delete: <id>` (202 and an operation), commands with `timeoutSeconds`
 //! 1..600 that are killed at the deadline (`timedOut`), files only under the user's home and
-//! `/tmp`, and protected host URLs whose token is `?_token=`.
+//! `/tmp`, and host URLs of a sandbox port.
+//!
+//! Host URLs: `POST /sandboxes/{id}/host` gives each port of a sandbox its own origin, a
+//! listener on loopback (`http://127.0.0.1:<port>/`); a protected one carries its token as
+//! `?_token=`, one per sandbox port. Every request to it (HTTP or websocket upgrade) must
+//! carry that token, or it is refused with the error envelope (`401 unauthorized`); another
+//! sandbox's token is just as wrong. The token is consumed there: the machine's port sees the
+//! request without it. Like the daytona-emulator's previews, only the screen gateway's port
+//! is published by the machines, so another port answers `502 port_unreachable`.
 //!
 //! The single screen: Box machines ship one desktop, not the secondary-display stack. The
 //! emulator's machines are the computer image, which could run more; the adapter is what
@@ -28,8 +36,9 @@ use rakazo_actors::provider::ProviderError;
 use serde::Deserialize;
 
 use super::daytona::rfc3339;
+use super::front;
 use super::machines::Machines;
-use super::{read, running};
+use super::{bearer_accepted, port_addr, read, running, same_secret};
 use crate::desktop::shell_quote;
 use crate::providers::boat::wire::{
     CONFIRM_DELETE_HEADER, Command, CommandResult, CreateSandbox, Envelope, ErrorEnvelope,
@@ -61,8 +70,19 @@ struct Sb {
     no_env: bool,
     archive_at: Option<Instant>,
     archived_at: Option<Instant>,
-    hosts: HashMap<u16, String>,
+    hosts: HashMap<u16, HostRoute>,
     busy: bool,
+}
+
+/// A sandbox port's host URL.
+#[derive(Clone)]
+struct HostRoute {
+    /// Its `?_token=`.
+    token: String,
+    /// The loopback port of its listener.
+    local: u16,
+    /// Whether it was last asked for as public (no token needed).
+    public: bool,
 }
 
 /// The emulator.
@@ -110,15 +130,20 @@ impl ApiError {
         )
     }
 
-    /// The envelope response.
-    pub fn response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(ErrorEnvelope {
+    /// The envelope.
+    pub fn envelope(&self) -> ErrorEnvelope {
+        ErrorEnvelope {
             ok: false,
             status: self.status.as_u16(),
             code: self.code.into(),
             message: self.message.clone(),
             request_id: format!("req_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
-        })
+        }
+    }
+
+    /// The envelope response.
+    pub fn response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(self.envelope())
     }
 }
 
@@ -202,6 +227,58 @@ pub fn path_allowed(path: &str, home: &str) -> bool {
     under(home) || under("/tmp")
 }
 
+/// A host URL request's head: the token it presents (`?_token=`) and the head the machine's
+/// port gets, without the token, closed after its answer unless it is an upgrade (so each
+/// later request on the connection would need its own token). `None` for a head that is not
+/// an origin-form request.
+pub fn host_request(head: &str) -> Option<(Option<String>, String)> {
+    let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+    let mut request = lines.next()?.splitn(3, ' ');
+    let (method, target, version) = (request.next()?, request.next()?, request.next()?);
+    if !target.starts_with('/') || target.starts_with("//") {
+        return None;
+    }
+    let mut url = reqwest::Url::parse("http://host.invalid")
+        .ok()?
+        .join(target)
+        .ok()?;
+    let mut presented = None;
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .into_owned()
+        .filter(|(k, v)| {
+            let token = k == HOST_TOKEN_PARAM;
+            if token && presented.is_none() {
+                presented = Some(v.clone());
+            }
+            !token
+        })
+        .collect();
+    url.set_query(None);
+    if !kept.is_empty() {
+        url.query_pairs_mut().extend_pairs(&kept);
+    }
+    let headers: Vec<&str> = lines.collect();
+    let name = |l: &str| l.split(':').next().unwrap_or_default().trim().to_string();
+    let upgrade = headers
+        .iter()
+        .any(|l| name(l).eq_ignore_ascii_case("upgrade"));
+    let query = url.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let mut out = format!("{method} {}{query} {version}\r\n", url.path());
+    for line in headers {
+        if !upgrade && name(line).eq_ignore_ascii_case("connection") {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    if !upgrade {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    Some((presented, out))
+}
+
 fn epoch_in(d: Duration) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -234,21 +311,7 @@ impl BoatEmulator {
     }
 
     fn auth(&self, req: &HttpRequest) -> Result<(), ApiError> {
-        let presented = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or("");
-        let ok = match &self.settings.key {
-            Some(key) => {
-                use subtle::ConstantTimeEq as _;
-                !presented.is_empty() && bool::from(presented.as_bytes().ct_eq(key.as_bytes()))
-            }
-            None => !presented.is_empty(),
-        };
-        if ok {
+        if bearer_accepted(req, self.settings.key.as_deref()) {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -634,19 +697,33 @@ impl BoatEmulator {
 
     async fn host(self: &Arc<Self>, id: &str, body: HostPort) -> Answer {
         self.usable(id).await?;
-        let token = {
+        let known = self
+            .lock()
+            .get(id)
+            .ok_or_else(ApiError::not_found)?
+            .hosts
+            .get(&body.port)
+            .map(|h| h.local);
+        let local = match known {
+            Some(local) => local,
+            None => self.listen_host(id, body.port).await?,
+        };
+        let route = {
             let mut map = self.lock();
             let sb = map.get_mut(id).ok_or_else(ApiError::not_found)?;
-            sb.hosts
-                .entry(body.port)
-                .or_insert_with(|| uuid::Uuid::new_v4().simple().to_string())
-                .clone()
+            let route = sb.hosts.entry(body.port).or_insert_with(|| HostRoute {
+                token: uuid::Uuid::new_v4().simple().to_string(),
+                local,
+                public: body.public,
+            });
+            route.public = body.public;
+            route.clone()
         };
-        let base = format!("{}/host/{id}/{}/", self.settings.base_url, body.port);
+        let base = format!("http://127.0.0.1:{}/", route.local);
         let url = if body.public {
             base
         } else {
-            format!("{base}?{HOST_TOKEN_PARAM}={token}")
+            format!("{base}?{HOST_TOKEN_PARAM}={}", route.token)
         };
         let mut v = serde_json::to_value(HostUrl {
             url,
@@ -656,6 +733,111 @@ impl BoatEmulator {
         .unwrap_or_default();
         v["ok"] = serde_json::Value::Bool(true);
         Ok(HttpResponse::Ok().json(v))
+    }
+
+    /// Starts the listener of a sandbox port's host URL; it stops with the sandbox.
+    async fn listen_host(self: &Arc<Self>, id: &str, port: u16) -> Result<u16, ApiError> {
+        let failed = |e: std::io::Error| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.kind().to_string(),
+            )
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(failed)?;
+        let local = listener.local_addr().map_err(failed)?.port();
+        let this = self.clone();
+        let sid = id.to_string();
+        actix_rt::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                if !this.lock().contains_key(&sid) {
+                    break;
+                }
+                let (emu, sid) = (this.clone(), sid.clone());
+                actix_rt::spawn(async move {
+                    if let Err(e) = emu.relay_host(conn, &sid, port).await {
+                        tracing::debug!(error = %e.kind(), "emulator.box.host_closed");
+                    }
+                });
+            }
+        });
+        Ok(local)
+    }
+
+    /// One connection to a host URL: its first request must carry the port's current token
+    /// (unless the port is public); the request reaches the machine's port without it.
+    async fn relay_host(
+        self: &Arc<Self>,
+        mut conn: tokio::net::TcpStream,
+        id: &str,
+        port: u16,
+    ) -> std::io::Result<()> {
+        let Some((buf, end)) = front::read_head(&mut conn).await? else {
+            return Ok(());
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let passed = match host_request(&head) {
+            Some((presented, forwarded)) => self
+                .host_allowed(id, port, presented.as_deref())
+                .map(|()| forwarded),
+            None => Err(ApiError::invalid("malformed request")),
+        };
+        let target = match passed {
+            Ok(forwarded) => self.host_target(id, port).await.map(|t| (t, forwarded)),
+            Err(e) => Err(e),
+        };
+        match target {
+            Ok((target, forwarded)) => {
+                front::splice(&mut conn, target, forwarded.as_bytes(), &buf[end..]).await
+            }
+            Err(e) => {
+                if e.code == codes::UNAUTHORIZED {
+                    tracing::info!("emulator.box.host_refused");
+                }
+                let body = serde_json::to_string(&e.envelope()).unwrap_or_default();
+                front::refuse(&mut conn, e.status.as_u16(), &body).await
+            }
+        }
+    }
+
+    /// Whether `presented` opens the sandbox port's host URL.
+    fn host_allowed(&self, id: &str, port: u16, presented: Option<&str>) -> Result<(), ApiError> {
+        let map = self.lock();
+        let route = map
+            .get(id)
+            .ok_or_else(ApiError::not_found)?
+            .hosts
+            .get(&port)
+            .ok_or_else(ApiError::not_found)?;
+        if route.public || presented.is_some_and(|p| same_secret(p, &route.token)) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                codes::UNAUTHORIZED,
+                "this host URL needs its token",
+            ))
+        }
+    }
+
+    /// The machine address behind a running sandbox's port.
+    async fn host_target(
+        self: &Arc<Self>,
+        id: &str,
+        port: u16,
+    ) -> Result<std::net::SocketAddr, ApiError> {
+        let (machine, _) = self.usable(id).await?;
+        port_addr(&self.machines, &machine, port)
+            .await?
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    codes::PORT_UNREACHABLE,
+                    "nothing listens on that port",
+                )
+            })
     }
 
     /// One sweep of the clocks over every sandbox.
@@ -844,5 +1026,22 @@ mod tests {
         assert_eq!(v["status"], 404);
         assert_eq!(v["code"], codes::NOT_FOUND);
         assert!(v["requestId"].as_str().unwrap().starts_with("req_"));
+    }
+    #[test]
+    fn a_host_request_loses_its_token_before_the_machine_sees_it() {
+        let (presented, out) = host_request(
+            "GET /websockify?token=abc&_token=t0k HTTP/1.1\r\nHost: 127.0.0.1:9\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(presented.as_deref(), Some("t0k"));
+        assert_eq!(
+            out,
+            "GET /websockify?token=abc HTTP/1.1\r\nHost: 127.0.0.1:9\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        );
+        let (presented, out) =
+            host_request("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n").unwrap();
+        assert_eq!(presented, None);
+        assert_eq!(out, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(host_request("GET http://elsewhere/ HTTP/1.1\r\n\r\n").is_none());
     }
 }

@@ -23,14 +23,13 @@ use rakazo_actors::provider::ProviderError;
 use serde::Deserialize;
 
 use super::machines::Machines;
-use super::{Entry, list, read, running};
+use super::{Entry, bearer_accepted, front, list, port_addr, read, running, same_secret};
 use crate::desktop::shell_quote;
 use crate::providers::daytona::multipart::{self, Part};
 use crate::providers::daytona::wire::{
     BulkDownload, CreateSandbox, ErrorBody, ExecuteRequest, ExecuteResponse, FileInfo,
     PREVIEW_TOKEN_HEADER, PreviewUrl, SOURCE_API, SOURCE_DAEMON, Sandbox, SandboxPage, State,
 };
-use crate::supervisor::engine::GATEWAY_PORT;
 
 /// How long `process/execute` lets a command run when the request names no timeout.
 const DEFAULT_EXEC_SECONDS: u64 = 10;
@@ -250,21 +249,7 @@ impl DaytonaEmulator {
     }
 
     fn auth(&self, req: &HttpRequest) -> Result<(), ApiError> {
-        let presented = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or("");
-        let ok = match &self.settings.key {
-            Some(key) => {
-                use subtle::ConstantTimeEq as _;
-                !presented.is_empty() && bool::from(presented.as_bytes().ct_eq(key.as_bytes()))
-            }
-            None => !presented.is_empty(),
-        };
-        if ok {
+        if bearer_accepted(req, self.settings.key.as_deref()) {
             Ok(())
         } else {
             Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"))
@@ -746,73 +731,32 @@ impl DaytonaEmulator {
         port: u16,
         token: &str,
     ) -> std::io::Result<()> {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut buf = Vec::with_capacity(4096);
-        let end = loop {
-            let mut chunk = [0u8; 4096];
-            let n = conn.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            if buf.len() > 64 << 10 {
-                return Ok(());
-            }
+        let Some((buf, end)) = front::read_head(&mut conn).await? else {
+            return Ok(());
         };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        let presented = head
-            .split("\r\n")
-            .skip(1)
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.trim()
-                    .eq_ignore_ascii_case(PREVIEW_TOKEN_HEADER)
-                    .then(|| v.trim().to_string())
-            })
-            .unwrap_or_default();
-        let target = {
-            use subtle::ConstantTimeEq as _;
-            if presented.is_empty() || !bool::from(presented.as_bytes().ct_eq(token.as_bytes())) {
-                Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"))
-            } else {
-                self.preview_target(id, port).await
-            }
+        let head = String::from_utf8_lossy(&buf[..end]);
+        let presented = front::header(&head, PREVIEW_TOKEN_HEADER).unwrap_or_default();
+        let target = if same_secret(&presented, token) {
+            self.preview_target(id, port).await
+        } else {
+            Err(ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized"))
         };
-        let target = match target {
-            Ok(t) => t,
+        match target {
+            Ok(target) => front::splice(&mut conn, target, &buf, &[]).await,
             Err(e) => {
                 let body =
                     serde_json::json!({"statusCode": e.status.as_u16(), "message": e.message})
                         .to_string();
-                let answer = format!(
-                    "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    e.status.as_u16(),
-                    e.status.canonical_reason().unwrap_or(""),
-                    body.len()
-                );
-                conn.write_all(answer.as_bytes()).await?;
-                return conn.shutdown().await;
+                front::refuse(&mut conn, e.status.as_u16(), &body).await
             }
-        };
-        let mut upstream = tokio::net::TcpStream::connect(target).await?;
-        upstream.write_all(&buf).await?;
-        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
-        Ok(())
+        }
     }
 
     /// The machine address behind a sandbox's port.
     async fn preview_target(&self, id: &str, port: u16) -> Result<std::net::SocketAddr, ApiError> {
         let machine = self.started(id).await?;
-        let published = if port == GATEWAY_PORT {
-            self.machines.inspect(&machine).await?.gateway_port
-        } else {
-            None
-        };
-        published
-            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+        port_addr(&self.machines, &machine, port)
+            .await?
             .ok_or_else(|| ApiError::new(StatusCode::BAD_GATEWAY, "nothing listens on that port"))
     }
 }

@@ -1,6 +1,6 @@
 //! What the daytona- and box-emulators need of a machine beyond [`Machines`]: a file read
-//! that says `NotFound`, directory listings (links listed, never followed), and whether a
-//! machine is still there.
+//! that says `NotFound`, directory listings (links listed, never followed), whether a
+//! machine is still there, and where this host reaches one of its ports.
 
 use std::time::Duration;
 
@@ -9,6 +9,24 @@ use serde::Deserialize;
 
 use super::machines::Machines;
 use crate::desktop::shell_quote;
+use crate::supervisor::engine::GATEWAY_PORT;
+
+/// Where this host reaches `port` of a machine: only the screen gateway's port is published
+/// by the machines, so any other port is `None`.
+pub async fn port_addr(
+    machines: &Machines,
+    machine: &str,
+    port: u16,
+) -> ProviderResult<Option<std::net::SocketAddr>> {
+    if port != GATEWAY_PORT {
+        return Ok(None);
+    }
+    Ok(machines
+        .inspect(machine)
+        .await?
+        .gateway_port
+        .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))))
+}
 
 /// Largest file the emulators read.
 pub const MAX_FILE: u64 = 64 << 20;

@@ -26,7 +26,7 @@ pub mod front;
 pub mod kubernetes;
 pub mod machines;
 
-pub use files::{Entry, list, read, running};
+pub use files::{Entry, list, port_addr, read, running};
 
 use rand::Rng as _;
 
@@ -37,6 +37,29 @@ pub fn random_id(len: usize) -> String {
     (0..len)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
+}
+
+/// Whether `presented` is the secret `expected`, compared in constant time; an empty secret
+/// never is.
+pub fn same_secret(presented: &str, expected: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    !presented.is_empty() && bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
+}
+
+/// Whether a request's `Authorization: Bearer <key>` is accepted: `key` itself, or any
+/// non-empty key when the emulator takes every key (`None`).
+pub fn bearer_accepted(req: &actix_web::HttpRequest, key: Option<&str>) -> bool {
+    let presented = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    match key {
+        Some(key) => same_secret(presented, key),
+        None => !presented.is_empty(),
+    }
 }
 
 /// The emulators this build has.

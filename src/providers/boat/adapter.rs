@@ -9,10 +9,11 @@
 //! stack, so `multiScreen` is false and a second bot's graphical tools get
 //! `MULTI_SCREEN_UNAVAILABLE` while its shell and file tools keep working.
 //!
-//! Not built: live screens. Box reaches a port through a protected host URL whose token is a
-//! query parameter (`?_token=`), and the shared forwarder carries headers only; `port`
-//! therefore gives the host URL and the screen proxy's requests are refused by Box until the
-//! forwarder can carry that token.
+//! Live screens: the screen gateway's port is reached through a protected host URL (`POST
+//! /sandboxes/{id}/host` with `public: false`), asked for on every create and connect. Its
+//! token is a query parameter (`?_token=`): the adapter moves it out of the URL into the
+//! [`PortEndpoint`]'s parameters, which the shared loopback forwarder adds to every request,
+//! so the URL and its token stay in this process (never in a route, a browser or a log).
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderError, ProviderResult};
 
 use super::client::{BoatClient, TTL};
-use super::wire::State;
+use super::wire::{HOST_TOKEN_PARAM, HostUrl, State};
 use crate::desktop::shell_quote;
 use crate::providers::remote::{Layout, PortEndpoint, RemoteCommand, RemoteSandboxes};
 use crate::supervisor::engine::GATEWAY_PORT;
@@ -55,6 +56,36 @@ impl std::fmt::Debug for BoatConfig {
 #[derive(Clone, Debug)]
 pub struct Session {
     id: String,
+    /// The protected host URL of the screen gateway (its `Debug` shows nothing of it).
+    gateway: PortEndpoint,
+}
+
+/// The endpoint of a protected host URL: its token (and any other parameter) moved from the
+/// URL into the parameters the forwarder adds to every request. No error names the URL.
+pub fn host_endpoint(host: &HostUrl) -> ProviderResult<PortEndpoint> {
+    let mut url = reqwest::Url::parse(&host.url)
+        .map_err(|_| ProviderError::Failed("box gave an unreadable host URL".into()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(ProviderError::Failed(
+            "box gave a host URL that is not http or https".into(),
+        ));
+    }
+    let query: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+    if !query
+        .iter()
+        .any(|(k, v)| k == HOST_TOKEN_PARAM && !v.is_empty())
+    {
+        return Err(ProviderError::Failed(
+            "box gave a protected host URL without its token".into(),
+        ));
+    }
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok(PortEndpoint {
+        url: url.as_str().trim_end_matches('/').to_string(),
+        headers: Vec::new(),
+        query,
+    })
 }
 
 /// The adapter.
@@ -70,6 +101,12 @@ impl Boat {
             client: BoatClient::new(&config.api_url, &config.api_key)?,
             config,
         })
+    }
+
+    /// The endpoint of the sandbox's screen gateway, through a protected host URL.
+    async fn gateway(&self, id: &str) -> ProviderResult<PortEndpoint> {
+        let host = self.client.host(id, GATEWAY_PORT).await?;
+        host_endpoint(&host)
     }
 
     /// A failed call on a sandbox the API says is gone is `MachineGone`.
@@ -139,8 +176,18 @@ impl RemoteSandboxes for Boat {
                 e => e,
             });
         }
+        let gateway = match self.gateway(&created.id).await {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.client.delete(&created.id).await;
+                return Err(e);
+            }
+        };
         tracing::info!(computer.id = %spec.computer_id, "box.sandbox.created");
-        Ok(Session { id: created.id })
+        Ok(Session {
+            id: created.id,
+            gateway,
+        })
     }
 
     async fn connect(&self, id: &str) -> ProviderResult<Session> {
@@ -177,7 +224,14 @@ impl RemoteSandboxes for Boat {
             }
             tracing::info!("box.sandbox.resumed");
         }
-        Ok(Session { id: id.to_string() })
+        let gateway = match self.gateway(id).await {
+            Ok(g) => g,
+            Err(e) => return Err(self.gone_or(id, e).await),
+        };
+        Ok(Session {
+            id: id.to_string(),
+            gateway,
+        })
     }
 
     async fn refresh(&self, s: &Session) -> ProviderResult<()> {
@@ -204,11 +258,7 @@ impl RemoteSandboxes for Boat {
     }
 
     async fn run(&self, s: &Session, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
-        let exports: String = command
-            .env
-            .iter()
-            .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
-            .collect();
+        let exports = command.exports();
         let line = format!(
             "exec bash -c {}",
             shell_quote(&format!(
@@ -254,15 +304,56 @@ impl RemoteSandboxes for Boat {
     }
 
     fn port(&self, s: &Session, port: u16) -> PortEndpoint {
-        // See the module's "Not built": the protected URL's token cannot travel as a header.
-        tracing::debug!(port, "box.port.unprotected_route");
-        PortEndpoint {
-            url: format!(
-                "{}/sandboxes/{}/host/{port}",
-                self.config.api_url.trim_end_matches('/'),
-                s.id
-            ),
-            headers: Vec::new(),
+        if port != GATEWAY_PORT {
+            tracing::warn!(port, "box.port.unknown");
+        }
+        s.gateway.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(url: &str) -> HostUrl {
+        HostUrl {
+            url: url.into(),
+            access: "protected".into(),
+            is_protected: true,
+        }
+    }
+
+    #[test]
+    fn the_host_token_leaves_the_url_for_the_forwarder() {
+        let e = host_endpoint(&host(
+            "https://6080-bx-1a2b3c4d.boat.dev/some/path/?_token=s3cret&x=1",
+        ))
+        .unwrap();
+        assert_eq!(e.url, "https://6080-bx-1a2b3c4d.boat.dev/some/path");
+        assert!(!e.url.contains("s3cret"));
+        assert_eq!(
+            e.query,
+            [
+                ("_token".to_string(), "s3cret".to_string()),
+                ("x".to_string(), "1".to_string())
+            ]
+        );
+        let root = host_endpoint(&host("http://127.0.0.1:4000/?_token=t")).unwrap();
+        assert_eq!(root.url, "http://127.0.0.1:4000");
+    }
+
+    #[test]
+    fn a_host_url_without_its_token_or_unreadable_is_refused_without_naming_it() {
+        for bad in [
+            "https://6080-bx-1.boat.dev/",
+            "https://6080-bx-1.boat.dev/?_token=",
+            "ftp://6080-bx-1.boat.dev/?_token=t",
+            "not a url ?_token=t",
+        ] {
+            let ProviderError::Failed(m) = host_endpoint(&host(bad)).unwrap_err() else {
+                panic!("{bad}");
+            };
+            assert!(!m.contains("boat.dev") && !m.contains("_token=t"), "{m}");
         }
     }
 }

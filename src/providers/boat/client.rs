@@ -123,7 +123,7 @@ impl BoatClient {
                 .json::<T>()
                 .await
                 .map(Ok)
-                .map_err(|e| ProviderError::Failed(format!("box answer: {e}")));
+                .map_err(|e| ProviderError::Failed(format!("box answer: {}", e.without_url())));
         }
         let text = resp.text().await.unwrap_or_default();
         Ok(Err(match serde_json::from_str::<ErrorEnvelope>(&text) {

@@ -209,6 +209,9 @@ pub mod codes {
     pub const PATH_NOT_ALLOWED: &str = "path_not_allowed";
     /// 404 on a file.
     pub const FILE_NOT_FOUND: &str = "file_not_found";
+    /// 502 from a host URL whose port nothing listens on (the emulator's word; Box's own
+    /// is not documented).
+    pub const PORT_UNREACHABLE: &str = "port_unreachable";
 }
 
 /// The states of a sandbox.

@@ -248,11 +248,7 @@ impl RemoteSandboxes for Daytona {
         let marker = format!("rakazo-stderr-{}", uuid::Uuid::new_v4().simple());
         // Extra environment as assignments before the wrapped script (the toolbox's `envs`
         // is not sent: the script sees exactly what the runtime asks for).
-        let exports: String = command
-            .env
-            .iter()
-            .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
-            .collect();
+        let exports = command.exports();
         let line = format!(
             "bash -c {}",
             shell_quote(&format!(
@@ -309,6 +305,7 @@ impl RemoteSandboxes for Daytona {
         PortEndpoint {
             url: s.gateway.url.trim_end_matches('/').to_string(),
             headers: vec![(PREVIEW_TOKEN_HEADER.into(), s.gateway.token.clone())],
+            query: Vec::new(),
         }
     }
 }

@@ -757,11 +757,13 @@ impl RemoteSandboxes for E2b {
                 PortEndpoint {
                     url: base.trim_end_matches('/').to_string(),
                     headers,
+                    query: Vec::new(),
                 }
             }
             None => PortEndpoint {
                 url: format!("https://{host}"),
                 headers,
+                query: Vec::new(),
             },
         }
     }

@@ -1,9 +1,12 @@
 //! A loopback forwarder to one port of a remote sandbox: the screen proxy and the terminal
 //! connect to `http://127.0.0.1:<local port>` as they do on Docker, and each connection is
-//! carried to the vendor's port address with the headers the vendor needs (its `Host` for
-//! routing by host name, a traffic token). The vendor's host and headers never leave this
-//! module. Each connection's first request head is rewritten; the rest (a websocket after the
-//! upgrade) is relayed byte for byte.
+//! carried to the vendor's port address with what the vendor needs: its headers (a `Host` for
+//! routing by host name, a traffic token), the path of its port address before every request
+//! path, and its query parameters (Box's `?_token=`) on every request. The vendor's host,
+//! headers and parameters never leave this module. Each connection's first request head is
+//! rewritten; the rest (a websocket after the upgrade) is relayed byte for byte, and a request
+//! that is not an upgrade asks the vendor to close the connection after its answer, so no
+//! later request on it goes out unrewritten.
 //!
 //! Plain `http://` port addresses (the e2b-emulator's) are relayed over TCP; `https://` ones
 //! (E2B's `<port>-<id>.<domain>`) over TLS to the vendor, verified against the system's roots
@@ -78,6 +81,13 @@ impl Forwarder {
         if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
             headers.push(("Host".into(), url.authority().to_string()));
         }
+        let mut query: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        query.extend(endpoint.query);
+        let rewrite = Arc::new(Rewrite {
+            headers,
+            prefix: url.path().trim_end_matches('/').to_string(),
+            query,
+        });
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| ProviderError::Failed(format!("forwarder: {}", e.kind())))?;
@@ -86,9 +96,9 @@ impl Forwarder {
             .map_err(|e| ProviderError::Failed(format!("forwarder: {}", e.kind())))?;
         let task = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                let (target, headers, tls) = (target.clone(), headers.clone(), tls.clone());
+                let (target, rewrite, tls) = (target.clone(), rewrite.clone(), tls.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = relay(conn, &target, &headers, tls).await {
+                    if let Err(e) = relay(conn, &target, &rewrite, tls).await {
                         tracing::debug!(error = %e.kind(), "remote.forward.closed");
                     }
                 });
@@ -120,11 +130,87 @@ type Tls = Option<(
     rustls::pki_types::ServerName<'static>,
 )>;
 
-/// Reads the local side's request head, rewrites its headers and relays the connection.
+/// What the forwarder changes in the first request head of each connection.
+struct Rewrite {
+    /// Headers set (any of the same name the local request carries are dropped).
+    headers: Vec<(String, String)>,
+    /// The port address's path, put before every request path (`""` for `/`).
+    prefix: String,
+    /// Query parameters added (any of the same name the local request carries are dropped).
+    query: Vec<(String, String)>,
+}
+
+impl Rewrite {
+    /// The request target sent for the local origin-form `target`; `None` for any other form.
+    fn target(&self, target: &str) -> Option<String> {
+        if !target.starts_with('/') || target.starts_with("//") {
+            return None;
+        }
+        let mut url = reqwest::Url::parse("http://local.invalid")
+            .ok()?
+            .join(target)
+            .ok()?;
+        let kept: Vec<(String, String)> = url
+            .query_pairs()
+            .into_owned()
+            .filter(|(k, _)| !self.query.iter().any(|(q, _)| q == k))
+            .collect();
+        url.set_query(None);
+        if !kept.is_empty() || !self.query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(&kept)
+                .extend_pairs(&self.query);
+        }
+        let query = url.query().map(|q| format!("?{q}")).unwrap_or_default();
+        Some(format!("{}{}{query}", self.prefix, url.path()))
+    }
+
+    /// The head sent upstream for the local request `head` (its lines, the blank one left out).
+    fn head(&self, head: &str) -> Option<String> {
+        let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+        let mut request = lines.next()?.splitn(3, ' ');
+        let (method, target, version) = (request.next()?, request.next()?, request.next()?);
+        let lines: Vec<&str> = lines.collect();
+        let name = |line: &str| {
+            line.split(':')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let upgrade = lines
+            .iter()
+            .any(|l| name(l).eq_ignore_ascii_case("upgrade"));
+        let mut out = format!("{method} {} {version}\r\n", self.target(target)?);
+        for line in lines {
+            let name = name(line);
+            if self
+                .headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case(&name))
+                || (!upgrade && name.eq_ignore_ascii_case("connection"))
+            {
+                continue;
+            }
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+        for (k, v) in &self.headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !upgrade {
+            out.push_str("Connection: close\r\n");
+        }
+        out.push_str("\r\n");
+        Some(out)
+    }
+}
+
+/// Reads the local side's request head, rewrites it and relays the connection.
 async fn relay(
     mut local: TcpStream,
     target: &str,
-    headers: &[(String, String)],
+    rewrite: &Rewrite,
     tls: Tls,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(4096);
@@ -142,23 +228,15 @@ async fn relay(
             return Err(std::io::Error::other("request head too large"));
         }
     };
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let mut out = String::new();
-    out.push_str(lines.next().unwrap_or_default());
-    out.push_str("\r\n");
-    for line in lines.filter(|l| !l.is_empty()) {
-        let name = line.split(':').next().unwrap_or_default().trim();
-        if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
-            continue;
-        }
-        out.push_str(line);
-        out.push_str("\r\n");
-    }
-    for (k, v) in headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let Some(out) = rewrite.head(&head) else {
+        local
+            .write_all(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            )
+            .await?;
+        return local.shutdown().await;
+    };
     let upstream = TcpStream::connect(target).await?;
     upstream.set_nodelay(true)?;
     match tls {
@@ -285,6 +363,7 @@ mod tests {
         let endpoint = || PortEndpoint {
             url: format!("https://localhost:{port}"),
             headers: vec![("X-Token".into(), "traffic-token".into())],
+            query: Vec::new(),
         };
         let trusted = move || {
             let mut roots = rustls::RootCertStore::empty();
@@ -309,9 +388,123 @@ mod tests {
     async fn only_http_and_https_port_addresses_are_forwarded() {
         let refused = Forwarder::start(PortEndpoint {
             url: "ftp://localhost:21".into(),
-            headers: Vec::new(),
+            ..PortEndpoint::default()
         })
         .await;
         assert!(refused.is_err());
+    }
+    fn rewrite() -> Rewrite {
+        Rewrite {
+            headers: vec![("Host".into(), "vendor.example:443".into())],
+            prefix: "/host/bx_1/6080".into(),
+            query: vec![("_token".into(), "vendor-secret".into())],
+        }
+    }
+
+    #[test]
+    fn every_request_gets_the_port_path_and_the_vendor_parameters() {
+        let r = rewrite();
+        assert_eq!(
+            r.target("/websockify?token=abc").as_deref(),
+            Some("/host/bx_1/6080/websockify?token=abc&_token=vendor-secret")
+        );
+        assert_eq!(
+            r.target("/").as_deref(),
+            Some("/host/bx_1/6080/?_token=vendor-secret")
+        );
+        // A local request cannot choose the vendor's parameter, nor leave the port's path.
+        assert_eq!(
+            r.target("/x?_token=forged&a=1").as_deref(),
+            Some("/host/bx_1/6080/x?a=1&_token=vendor-secret")
+        );
+        assert_eq!(
+            r.target("/../../sandboxes/bx_2/6080/").as_deref(),
+            Some("/host/bx_1/6080/sandboxes/bx_2/6080/?_token=vendor-secret")
+        );
+        for other_form in ["http://elsewhere/", "//elsewhere/x", "*"] {
+            assert_eq!(r.target(other_form), None, "{other_form}");
+        }
+        // Without parameters or a path the target is the local one.
+        let plain = Rewrite {
+            headers: Vec::new(),
+            prefix: String::new(),
+            query: Vec::new(),
+        };
+        assert_eq!(
+            plain.target("/websockify?token=abc").as_deref(),
+            Some("/websockify?token=abc")
+        );
+    }
+
+    #[test]
+    fn plain_requests_close_after_their_answer_and_upgrades_stay_open() {
+        let r = rewrite();
+        let get = r
+            .head("GET /a HTTP/1.1\r\nHost: 127.0.0.1:9\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap();
+        assert_eq!(
+            get,
+            "GET /host/bx_1/6080/a?_token=vendor-secret HTTP/1.1\r\nHost: vendor.example:443\r\nConnection: close\r\n\r\n"
+        );
+        let upgrade = r
+            .head("GET /websockify?token=t HTTP/1.1\r\nHost: 127.0.0.1:9\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            .unwrap();
+        assert!(upgrade.contains("Connection: Upgrade\r\n"), "{upgrade}");
+        assert!(!upgrade.contains("close"), "{upgrade}");
+        assert!(r.head("garbage\r\n\r\n").is_none());
+    }
+
+    /// A websocket port host on 127.0.0.1 that sends the request target it was asked for.
+    async fn websocket_port_host() -> u16 {
+        use futures_util::SinkExt as _;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+                    let record = seen.clone();
+                    // The callback's error type is tungstenite's own response.
+                    #[allow(clippy::result_large_err)]
+                    let callback =
+                        move |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
+                              resp| {
+                            *record.lock().unwrap() = req.uri().to_string();
+                            Ok(resp)
+                        };
+                    let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(conn, callback).await
+                    else {
+                        return;
+                    };
+                    let target = seen.lock().unwrap().clone();
+                    let _ = ws.send(target.into()).await;
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_websocket_upgrade_carries_the_vendor_parameters() {
+        use futures_util::StreamExt as _;
+        let port = websocket_port_host().await;
+        let f = Forwarder::start(PortEndpoint {
+            url: format!("http://127.0.0.1:{port}/host/bx_1/6080/"),
+            headers: Vec::new(),
+            query: vec![("_token".into(), "vendor-secret".into())],
+        })
+        .await
+        .unwrap();
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!(
+            "ws://127.0.0.1:{}/websockify?token=abc",
+            f.port()
+        ))
+        .await
+        .unwrap();
+        let first = ws.next().await.unwrap().unwrap();
+        assert_eq!(
+            first.into_text().unwrap().as_str(),
+            "/host/bx_1/6080/websockify?token=abc&_token=vendor-secret"
+        );
     }
 }

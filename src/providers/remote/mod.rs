@@ -4,8 +4,8 @@
 //! A vendor adapter (`e2b`, and others beside it) implements only [`RemoteSandboxes`]: create,
 //! connect-or-resume, pause, kill and TTL refresh of a sandbox; run a script with a deadline
 //! (the process is killed when it passes, and a kill that is not confirmed is an error);
-//! upload and download one file; and the address of a sandbox port with the headers that
-//! reach it. Everything else is shared and lives here:
+//! upload and download one file; and the address of a sandbox port with the headers and query
+//! parameters that reach it. Everything else is shared and lives here:
 //!
 //! - [`runner`]: the desktop runtime's [`crate::desktop::command::CommandRunner`] over the
 //!   vendor's run call, so every bot display (its own Xvfb, browser profile, x11vnc per
@@ -17,7 +17,8 @@
 //!   on this host before it is used;
 //! - [`forward`]: a loopback forwarder per sandbox port, so the screen proxy reaches the
 //!   gateway at `http://127.0.0.1:<port>` and the vendor host, its headers and any traffic
-//!   token stay in the provider (never in a route, a browser or a log line);
+//!   token (a header or a query parameter) stay in the provider (never in a route, a
+//!   browser or a log line);
 //! - [`provider`]: lifecycle (a sandbox the vendor no longer knows is `MachineGone`, which
 //!   makes the computer actor provision a replacement and restore the last checkpoint), TTL
 //!   refresh while the computer is used, pause on stop, kill on destroy, and `describe()`
@@ -32,6 +33,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderResult};
+
+use crate::desktop::shell_quote;
 
 /// Where things live on a vendor's machine.
 #[derive(Clone, Debug)]
@@ -57,15 +60,30 @@ pub struct RemoteCommand {
     pub timeout: Duration,
 }
 
-/// How this host reaches a port of a sandbox: a base URL (`http://` or `https://`) and the
+impl RemoteCommand {
+    /// The extra environment as `export` lines for the front of a wrapping script, for
+    /// vendors whose command call runs a line without environment of its own.
+    pub fn exports(&self) -> String {
+        self.env
+            .iter()
+            .map(|(k, v)| format!("export {}\n", shell_quote(&format!("{k}={v}"))))
+            .collect()
+    }
+}
+
+/// How this host reaches a port of a sandbox: a base URL (`http://` or `https://`), the
 /// headers every request needs (a `Host` for vendors that route by host name, a traffic
-/// token). Both are secret from browsers and logs.
-#[derive(Clone)]
+/// token) and the query parameters every request needs (a token vendors such as Box take as
+/// `?_token=`). All of it is secret from browsers, routes and logs.
+#[derive(Clone, Default)]
 pub struct PortEndpoint {
-    /// Base URL without a trailing slash.
+    /// Base URL without a trailing slash; a path in it is put before every request's path.
     pub url: String,
     /// Headers to send; a `host` entry replaces the URL's host name in the `Host` header.
     pub headers: Vec<(String, String)>,
+    /// Query parameters added to every request (HTTP and websocket upgrade alike), replacing
+    /// any of the same name the local request carries.
+    pub query: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for PortEndpoint {

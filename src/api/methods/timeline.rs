@@ -1,5 +1,6 @@
-//! The computer's attributed timeline and the run replays: `activity.timeline`,
-//! `activity.verify`, `run.replay`, `run.replayFrame`.
+//! The computer's attributed timeline and the replays: `activity.timeline`,
+//! `activity.verify`, `run.replay`, `run.replayFrame`, and the screen recordings of control
+//! sessions, `control.replay` and `control.replayFrame`.
 
 use base64::Engine;
 use rakazo_actors::DomainResult;
@@ -86,6 +87,57 @@ pub async fn replay_frame(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         &ctx.app.recorder,
         &ctx.app.runtime().master_key,
         &r,
+        &p.digest,
+    )
+    .await?;
+    Ok(json!({
+        "digest": p.digest, "width": width, "height": height, "mimeType": "image/png",
+        "data": base64::engine::general_purpose::STANDARD.encode(png),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Recording {
+    recording_id: String,
+}
+
+/// The computer of a control session's recording, if the caller may see it (else the
+/// recording is `NOT_FOUND`, whether or not it exists).
+async fn recording_of(ctx: &Ctx<'_>, recording_id: &str) -> DomainResult<String> {
+    let computer_id = crate::recordings::control::computer_of(ctx.db(), recording_id).await?;
+    visible(ctx, &computer_id)
+        .await
+        .map_err(|_| rakazo_actors::DomainError::not_found("recording"))?;
+    Ok(computer_id)
+}
+
+/// `control.replay {recordingId}`: the frames of a control session's screen recording, in
+/// order (the id is in the session's `control.session` timeline entry).
+pub async fn control_replay(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: Recording = super::params(params)?;
+    recording_of(ctx, &p.recording_id).await?;
+    crate::recordings::control::replay(ctx.db(), &p.recording_id).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RecordingFrame {
+    recording_id: String,
+    digest: String,
+}
+
+/// `control.replayFrame {recordingId, digest}`: one frame of a control session's recording
+/// as a base64 PNG.
+pub async fn control_replay_frame(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
+    let p: RecordingFrame = super::params(params)?;
+    let computer_id = recording_of(ctx, &p.recording_id).await?;
+    let (png, width, height) = crate::recordings::open_stored(
+        ctx.db(),
+        &ctx.app.recorder,
+        &ctx.app.runtime().master_key,
+        &p.recording_id,
+        &computer_id,
         &p.digest,
     )
     .await?;

@@ -688,3 +688,113 @@ async fn with_record_control_sessions_off_a_session_is_counted_only() {
     assert!(!rows.contains("ctl_"), "{rows}");
     assert!(!rows.contains(TYPED), "typed text stored: {rows}");
 }
+
+/// `rakazo screen-proxy` in its own process beside the test's API; killed when dropped.
+struct ProxyProcess {
+    child: Child,
+    base: String,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ProxyProcess {
+    fn start(s: &TestServer) -> ProxyProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rakazo"))
+            .args(["screen-proxy", "--listen", "127.0.0.1:0", "--api", &s.base])
+            .env("DATA_DIR", &s.app.config.data_dir)
+            .env("SCREEN_NOVNC_DIR", &s.app.config.novnc_dir)
+            .env("RAKAZO_ENV", "test")
+            .env_remove("RAKAZO_INTERNAL_TOKEN")
+            .env_remove("SCREEN_CAPABILITY_SECRET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the screen proxy");
+        // Logs go to stdout too: the address is the line that says it.
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let base = loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the proxy ended");
+            if let Some(base) = line.trim().strip_prefix("screen proxy listening on ") {
+                break base.to_owned();
+            }
+        };
+        // Keep draining its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        ProxyProcess { child, base }
+    }
+}
+
+#[actix_rt::test]
+async fn a_screen_proxy_in_its_own_process_reports_sessions_to_the_same_record() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("RECORD_CONTROL_SESSIONS", "true"),
+        ],
+    )
+    .await
+    .unwrap();
+    let proxy = ProxyProcess::start(&s);
+    assert_ne!(proxy.base, s.base);
+    let (_, _, entry) = typed_session(&s, &proxy.base, Duration::from_millis(2000)).await;
+    let session = &entry["detail"];
+    assert_eq!(entry["actor"], "user", "{entry}");
+    assert_eq!(session["inputs"]["keys"], TYPED.len(), "{entry}");
+    assert_eq!(session["inputs"]["clicks"], 1, "{entry}");
+    assert_eq!(session["closedBy"], "client", "{entry}");
+    let id = session["recording"]["id"].as_str().expect("recorded");
+    let replay = s.ok("control.replay", json!({ "recordingId": id })).await;
+    assert!(!replay["frames"].as_array().unwrap().is_empty(), "{replay}");
+    assert!(!stored_rows(&s).await.contains(TYPED));
+
+    // Only the internal credential may report: an operator token or none is refused, and a
+    // forged session is noted nowhere.
+    let forged = json!({ "event": "ended", "session": {
+        "id": "forged", "computerId": replay["computerId"], "botId": replay["botId"], "fence": 1,
+        "socket": "screen", "startedAtMs": 0, "endedAtMs": 1, "inputs": {}, "counted": true,
+        "closedBy": "client",
+    }});
+    for bearer in [Some(s.operator_token.as_str()), None] {
+        let mut req = s
+            .http
+            .post(format!("{}/internal/control-session", s.base))
+            .json(&forged);
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401);
+    }
+    let accepted = s
+        .http
+        .post(format!("{}/internal/control-session", s.base))
+        .bearer_auth(&s.app.internal_token.0)
+        .json(&json!({ "event": "ended", "session": { "id": "x" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 400, "a malformed report");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = s
+        .ok(
+            "activity.timeline",
+            json!({ "computerId": replay["computerId"] }),
+        )
+        .await;
+    let sessions = t["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "control.session")
+        .count();
+    assert_eq!(sessions, 1, "{t}");
+}

@@ -6,6 +6,7 @@ use base64::Engine;
 use rakazo_actors::DomainResult;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::timeline;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -21,11 +22,42 @@ struct Timeline {
     limit: Option<u64>,
 }
 
+/// The computer whose timeline the caller may read: a visible computer, or a deleted one's
+/// (its timeline stays, recording its deletion) for the operator and the people of the space
+/// that held it. Anything else is `NOT_FOUND`, as if it never existed.
+async fn timeline_of(ctx: &Ctx<'_>, computer_id: &str) -> DomainResult<String> {
+    let err = match visible(ctx, computer_id).await {
+        Ok(c) => return Ok(c.id),
+        Err(e) => e,
+    };
+    let gone = rakazo_actors::entity::computer::Entity::find_by_id(computer_id)
+        .one(ctx.db())
+        .await?
+        .is_none();
+    if !gone {
+        return Err(err);
+    }
+    use rakazo_actors::entity::timeline_entry;
+    let Some(first) = timeline_entry::Entity::find()
+        .filter(timeline_entry::Column::ComputerId.eq(computer_id))
+        .one(ctx.db())
+        .await?
+    else {
+        return Err(err);
+    };
+    if !ctx.caller.is_operator() {
+        access::space(ctx.db(), ctx.caller, &first.space_id)
+            .await
+            .map_err(|_| err)?;
+    }
+    Ok(computer_id.to_owned())
+}
+
 /// `activity.timeline {computerId, after?, limit?}`: entries oldest first, after a position.
 pub async fn list(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Timeline = super::params(params)?;
-    let c = visible(ctx, &p.computer_id).await?;
-    let entries = timeline::entries(ctx.db(), &c.id, p.after, p.limit.unwrap_or(200)).await?;
+    let id = timeline_of(ctx, &p.computer_id).await?;
+    let entries = timeline::entries(ctx.db(), &id, p.after, p.limit.unwrap_or(200)).await?;
     Ok(json!({ "entries": entries }))
 }
 
@@ -39,10 +71,10 @@ struct ById {
 /// not match.
 pub async fn verify(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ById = super::params(params)?;
-    let c = visible(ctx, &p.computer_id).await?;
-    let found = timeline::verify(ctx.db(), &c.id).await?;
+    let id = timeline_of(ctx, &p.computer_id).await?;
+    let found = timeline::verify(ctx.db(), &id).await?;
     if !found.intact {
-        tracing::warn!(event = "timeline.mismatch", computer.id = %c.id,
+        tracing::warn!(event = "timeline.mismatch", computer.id = %id,
             position = found.first_mismatch.as_ref().map(|m| m.position));
     }
     Ok(serde_json::to_value(found).unwrap_or_default())

@@ -68,6 +68,9 @@ pub struct App {
     pub recorder: crate::recordings::Recorder,
     /// The screen proxy's state (mounted by the server).
     pub proxy: ProxyState,
+    /// Where control sessions go: the in-process proxy's, and those a proxy in its own
+    /// process reports over `/internal/control-session`.
+    pub session_notes: Arc<crate::screens::TimelineNotes>,
     /// The screen authority (in process for the proxy, over `/internal/screen-authority` for
     /// a proxy elsewhere).
     pub authority: Arc<ScreenAuthority>,
@@ -242,12 +245,24 @@ impl App {
                 ..ProxyConfig::default()
             },
         );
-        proxy.set_session_notes(Arc::new(crate::screens::TimelineNotes { db: db.clone() }));
         let screens = Screens::new(keyring, gateway, routes);
         let recorder = crate::recordings::Recorder::new(
             config.recording_retention_days,
             config.recording_max_run_bytes,
         );
+        let recording = config.record_control_sessions.then(|| {
+            crate::recordings::control::ControlRecorder::new(
+                db.clone(),
+                registry.clone(),
+                recorder.clone(),
+                crate::recordings::control::SAMPLE_EVERY,
+            )
+        });
+        let session_notes = Arc::new(crate::screens::TimelineNotes {
+            db: db.clone(),
+            recording,
+        });
+        proxy.set_session_notes(session_notes.clone());
         let app = App {
             config,
             db,
@@ -261,6 +276,7 @@ impl App {
             recorder,
             mcp: Default::default(),
             proxy,
+            session_notes,
             authority,
             internal_token,
             reconciler,

@@ -38,6 +38,7 @@ pub mod notify;
 pub mod providers;
 pub mod recordings;
 pub mod recovery;
+pub mod screen_proxy;
 pub mod screens;
 pub mod server;
 pub mod stores;

@@ -1,5 +1,5 @@
-//! The `rakazo` binary: `serve`, `worker`, `supervisor`, `migrate`, `doctor`, `image build`,
-//! `config example`.
+//! The `rakazo` binary: `serve`, `worker`, `screen-proxy`, `supervisor`, `migrate`, `doctor`,
+//! `image build`, `config example`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -39,6 +39,20 @@ enum Command {
         /// Address of the internal endpoints (overrides RAKAZO_LISTEN).
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// A TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run the screen proxy alone: it asks the API at `--api` for every screen over internal
+    /// RPC and reports control sessions to it (with the deployment's internal credential and
+    /// screen key: `RAKAZO_INTERNAL_TOKEN`, `SCREEN_CAPABILITY_SECRET`, or those in DATA_DIR).
+    ScreenProxy {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The API's base URL (`http://host:port`).
+        #[arg(long)]
+        api: String,
         /// A TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -270,6 +284,18 @@ fn main() -> ExitCode {
                 actix_rt::System::new().block_on(emulate_vendor(config, vendor, listen))
             }
         }
+        Command::ScreenProxy {
+            listen,
+            api,
+            config,
+        } => {
+            let config = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            rakazo::telemetry::init(&config.log_filter);
+            actix_rt::System::new().block_on(screen_proxy(config, listen, api))
+        }
         Command::Doctor { config } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,
@@ -422,6 +448,35 @@ fn run_app(listen: Option<SocketAddr>, config: Option<PathBuf>, role: Role) -> E
     let code = actix_rt::System::new().block_on(serve(config));
     drop(managed);
     code
+}
+
+/// `rakazo screen-proxy`: serves until interrupted.
+async fn screen_proxy(config: Config, listen: SocketAddr, api: String) -> ExitCode {
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("rakazo: cannot listen on {listen}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let server = match rakazo::screen_proxy::build(&config, &api, listener) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rakazo: screen proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    tracing::info!(event = "screen.proxy.started");
+    println!("screen proxy listening on http://{addr}");
+    let _ = tokio::signal::ctrl_c().await;
+    handle.stop(true).await;
+    ExitCode::SUCCESS
 }
 
 async fn doctor(config: Config) -> ExitCode {

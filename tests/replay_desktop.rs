@@ -3,7 +3,9 @@
 //! the proxy yield a replay whose frames are the very frames the bot saw and whose steps list
 //! both actors in order (the session with input counts, never what was typed); the dashboard
 //! plays it in headless Chromium, a click drawn over its frame, and keeps screenshots in
-//! `target/dashboard-artifacts/`.
+//! `target/dashboard-artifacts/`. With `RECORD_CONTROL_SESSIONS` on, the screen of the
+//! person's session is recorded (sealed frames, deduplicated, replayed by `control.replay`);
+//! off, the session is noted with its counts only; either way the typed text is stored nowhere.
 
 mod common;
 
@@ -52,12 +54,16 @@ struct Rfb {
 
 impl Rfb {
     async fn connect(s: &TestServer, url: &str) -> Rfb {
+        Rfb::connect_to(&s.base, url).await
+    }
+
+    async fn connect_to(base: &str, url: &str) -> Rfb {
         let path = url
             .split('?')
             .next()
             .unwrap()
             .replace("/vnc.html", "/websockify");
-        let mut request = format!("{}{path}", s.base.replace("http://", "ws://"))
+        let mut request = format!("{}{path}", base.replace("http://", "ws://"))
             .into_client_request()
             .unwrap();
         request
@@ -484,4 +490,311 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         caption.as_str().unwrap().contains("1 clicks, 3 keys"),
         "{caption}"
     );
+}
+
+/// The keys a person types in [`typed_session`]: the text never to be found stored.
+const TYPED: &str = "zqxsecretzqx";
+
+/// A run that looked at its screen, then a person's control session through the proxy at
+/// `proxy` (the API's own when it is `s.base`): a click and [`TYPED`] typed, held for
+/// `hold`. Answers the run, the computer and the session's timeline entry.
+async fn typed_session(s: &TestServer, proxy: &str, hold: Duration) -> (String, String, Value) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    tool(s, &run, fence, "computer_observe", json!({})).await;
+    tool(
+        s,
+        &run,
+        fence,
+        "request_takeover",
+        json!({ "reason": "check" }),
+    )
+    .await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    let mut person = Rfb::connect_to(proxy, &url).await;
+    person.handshake().await;
+    person.pointer(1, 200, 200).await;
+    person.pointer(0, 200, 200).await;
+    for c in TYPED.bytes() {
+        person.key(true, u32::from(c)).await;
+        person.key(false, u32::from(c)).await;
+    }
+    tokio::time::sleep(hold).await;
+    person.ws.close(None).await.unwrap();
+    while let Ok(Some(Ok(_))) =
+        tokio::time::timeout(Duration::from_secs(10), person.ws.next()).await
+    {}
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let entry = loop {
+        let t = s
+            .ok("activity.timeline", json!({ "computerId": computer }))
+            .await;
+        if let Some(e) = t["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "control.session")
+        {
+            break e.clone();
+        }
+        assert!(Instant::now() < deadline, "no control session in {t}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": control["fence"] }),
+    )
+    .await;
+    (run, computer, entry)
+}
+
+/// Every stored row of the timeline and the recordings, as text (sealed frames as bytes).
+async fn stored_rows(s: &TestServer) -> String {
+    use rakazo_actors::entity::{recording_frame, recording_step, timeline_entry};
+    use sea_orm::EntityTrait;
+    let db = &s.app.db;
+    let entries = timeline_entry::Entity::find().all(db).await.unwrap();
+    let steps = recording_step::Entity::find().all(db).await.unwrap();
+    let frames: Vec<_> = recording_frame::Entity::find()
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| {
+            (
+                f.run_id,
+                f.digest,
+                f.computer_id,
+                f.width,
+                f.height,
+                f.created_at_ms,
+            )
+        })
+        .collect();
+    format!("{entries:?}\n{steps:?}\n{frames:?}")
+}
+
+#[actix_rt::test]
+async fn with_record_control_sessions_on_a_person_s_screen_is_recorded_and_replays() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("RECORD_CONTROL_SESSIONS", "true"),
+        ],
+    )
+    .await
+    .unwrap();
+    let (_, computer, entry) = typed_session(&s, &s.base, Duration::from_millis(2500)).await;
+    let session = &entry["detail"];
+    assert_eq!(session["inputs"]["keys"], TYPED.len(), "{entry}");
+    let recording = &session["recording"];
+    let id = recording["id"]
+        .as_str()
+        .expect("the entry names its recording");
+    assert!(recording["frames"].as_u64().unwrap() >= 1, "{recording}");
+    assert!(recording["bytes"].as_i64().unwrap() > 0, "{recording}");
+
+    let replay = s.ok("control.replay", json!({ "recordingId": id })).await;
+    assert_eq!(replay["computerId"], computer.as_str());
+    let frames = replay["frames"].as_array().unwrap();
+    assert_eq!(frames.len() as u64, recording["frames"].as_u64().unwrap());
+    // A sample equal to the one before is no new step.
+    assert!(frames.windows(2).all(|w| w[0]["digest"] != w[1]["digest"]));
+    for f in frames {
+        let digest = f["digest"].as_str().unwrap();
+        let frame = s
+            .ok(
+                "control.replayFrame",
+                json!({ "recordingId": id, "digest": digest }),
+            )
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(frame["data"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(hex::encode(Sha256::digest(&png)), digest);
+        assert_eq!(
+            (frame["width"].clone(), frame["height"].clone()),
+            (json!(1280), json!(800))
+        );
+    }
+    // Stored sealed, never as text; what was typed is in no row.
+    let rows = stored_rows(&s).await;
+    assert!(rows.contains(id), "the recording is stored");
+    assert!(!rows.contains(TYPED), "typed text stored: {rows}");
+
+    // Only people of the space read it: never a bot token (which may view the screen), nor
+    // another user; a view URL reaches nothing but the screen.
+    let bot = replay["botId"].as_str().unwrap();
+    let bot_token = s.ok("token.createForBot", json!({ "botId": bot })).await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for method in ["control.replay", "control.replayFrame"] {
+        let p = json!({ "recordingId": id, "digest": frames[0]["digest"] });
+        let p = if method == "control.replay" {
+            json!({ "recordingId": id })
+        } else {
+            p
+        };
+        let got = s.call_as(&bot_token, method, p.clone()).await;
+        assert_eq!(got.unwrap_err().1, "FORBIDDEN", "{method} as the bot");
+        let stranger = s.ok("user.create", json!({ "name": "stranger" })).await["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let got = s.call_as(&stranger, method, p).await;
+        assert_eq!(got.unwrap_err().1, "NOT_FOUND", "{method} as a stranger");
+    }
+    let view = s
+        .call_as(&bot_token, "computer.screenUrl", json!({ "botId": bot }))
+        .await
+        .unwrap();
+    let view_url = view["url"].as_str().unwrap();
+    let base = view_url.split("/vnc.html").next().unwrap();
+    for tail in ["recording", &format!("recording/{id}"), "control.replay"] {
+        let resp = s
+            .http
+            .get(format!("{}{base}/{tail}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_client_error(), "{tail}: {}", resp.status());
+    }
+}
+
+#[actix_rt::test]
+async fn with_record_control_sessions_off_a_session_is_counted_only() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
+    )
+    .await
+    .unwrap();
+    let (_, _, entry) = typed_session(&s, &s.base, Duration::from_millis(1500)).await;
+    let session = &entry["detail"];
+    assert_eq!(session["inputs"]["keys"], TYPED.len(), "{entry}");
+    assert_eq!(session["inputs"]["clicks"], 1, "{entry}");
+    assert!(session.get("recording").is_none(), "{entry}");
+    let rows = stored_rows(&s).await;
+    assert!(!rows.contains("control.frame"), "{rows}");
+    assert!(!rows.contains("ctl_"), "{rows}");
+    assert!(!rows.contains(TYPED), "typed text stored: {rows}");
+}
+
+/// `rakazo screen-proxy` in its own process beside the test's API; killed when dropped.
+struct ProxyProcess {
+    child: Child,
+    base: String,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ProxyProcess {
+    fn start(s: &TestServer) -> ProxyProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rakazo"))
+            .args(["screen-proxy", "--listen", "127.0.0.1:0", "--api", &s.base])
+            .env("DATA_DIR", &s.app.config.data_dir)
+            .env("SCREEN_NOVNC_DIR", &s.app.config.novnc_dir)
+            .env("RAKAZO_ENV", "test")
+            .env_remove("RAKAZO_INTERNAL_TOKEN")
+            .env_remove("SCREEN_CAPABILITY_SECRET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the screen proxy");
+        // Logs go to stdout too: the address is the line that says it.
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let base = loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the proxy ended");
+            if let Some(base) = line.trim().strip_prefix("screen proxy listening on ") {
+                break base.to_owned();
+            }
+        };
+        // Keep draining its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        ProxyProcess { child, base }
+    }
+}
+
+#[actix_rt::test]
+async fn a_screen_proxy_in_its_own_process_reports_sessions_to_the_same_record() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "desktop"),
+            ("RAKAZO_ENV", "test"),
+            ("RECORD_CONTROL_SESSIONS", "true"),
+        ],
+    )
+    .await
+    .unwrap();
+    let proxy = ProxyProcess::start(&s);
+    assert_ne!(proxy.base, s.base);
+    let (_, _, entry) = typed_session(&s, &proxy.base, Duration::from_millis(2000)).await;
+    let session = &entry["detail"];
+    assert_eq!(entry["actor"], "user", "{entry}");
+    assert_eq!(session["inputs"]["keys"], TYPED.len(), "{entry}");
+    assert_eq!(session["inputs"]["clicks"], 1, "{entry}");
+    assert_eq!(session["closedBy"], "client", "{entry}");
+    let id = session["recording"]["id"].as_str().expect("recorded");
+    let replay = s.ok("control.replay", json!({ "recordingId": id })).await;
+    assert!(!replay["frames"].as_array().unwrap().is_empty(), "{replay}");
+    assert!(!stored_rows(&s).await.contains(TYPED));
+
+    // Only the internal credential may report: an operator token or none is refused, and a
+    // forged session is noted nowhere.
+    let forged = json!({ "event": "ended", "session": {
+        "id": "forged", "computerId": replay["computerId"], "botId": replay["botId"], "fence": 1,
+        "socket": "screen", "startedAtMs": 0, "endedAtMs": 1, "inputs": {}, "counted": true,
+        "closedBy": "client",
+    }});
+    for bearer in [Some(s.operator_token.as_str()), None] {
+        let mut req = s
+            .http
+            .post(format!("{}/internal/control-session", s.base))
+            .json(&forged);
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401);
+    }
+    let accepted = s
+        .http
+        .post(format!("{}/internal/control-session", s.base))
+        .bearer_auth(&s.app.internal_token.0)
+        .json(&json!({ "event": "ended", "session": { "id": "x" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 400, "a malformed report");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = s
+        .ok(
+            "activity.timeline",
+            json!({ "computerId": replay["computerId"] }),
+        )
+        .await;
+    let sessions = t["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "control.session")
+        .count();
+    assert_eq!(sessions, 1, "{t}");
 }

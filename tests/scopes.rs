@@ -96,6 +96,8 @@ const ROWS: &[(&str, &[Who])] = &[
     ("activity.verify", PEOPLE),
     ("run.replay", PEOPLE),
     ("run.replayFrame", PEOPLE),
+    ("control.replay", PEOPLE),
+    ("control.replayFrame", PEOPLE),
 ];
 
 /// Error codes that mean "refused by authorization".
@@ -240,6 +242,53 @@ impl Fixture {
     }
 
     /// A fresh run of the target bot, started by the operator: (run id, fence).
+    /// A control session's screen recording of the target bot: its id and first frame.
+    async fn control_recording(&self) -> (String, String) {
+        use rakazo::recordings::control::{self, ControlRecorder};
+        use rakazo_web_proxy::{ControlSession, SessionStart, SocketKind};
+        let (run, fence) = self.fresh_run().await;
+        self.op(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "computer_observe", "arguments": {} }),
+        )
+        .await;
+        let app = &self.s.app;
+        let recorder = ControlRecorder::new(
+            app.db.clone(),
+            app.registry.clone(),
+            app.recorder.clone(),
+            Duration::from_millis(20),
+        );
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        recorder.started(SessionStart {
+            id: id.clone(),
+            computer_id: self.computer.clone(),
+            bot_id: self.bot.clone(),
+            fence: 1,
+            socket: SocketKind::Screen,
+            started_at_ms: 0,
+        });
+        let recorded = recorder
+            .ended(&ControlSession {
+                id,
+                computer_id: self.computer.clone(),
+                bot_id: self.bot.clone(),
+                fence: 1,
+                socket: SocketKind::Screen,
+                started_at_ms: 0,
+                ended_at_ms: 1,
+                inputs: Default::default(),
+                counted: true,
+                closed_by: "client".into(),
+            })
+            .await
+            .expect("recorded");
+        let id = recorded["id"].as_str().unwrap().to_owned();
+        let replay = control::replay(&app.db, &id).await.unwrap();
+        let digest = replay["frames"][0]["digest"].as_str().unwrap().to_owned();
+        (id, digest)
+    }
+
     async fn fresh_run(&self) -> (String, i64) {
         self.op("bot.stop", json!({ "botId": self.bot })).await;
         self.s.start_run(&self.bot).await
@@ -383,6 +432,11 @@ impl Fixture {
             }
             "run.get" | "run.replay" => json!({ "runId": self.fresh_run().await.0 }),
             "activity.timeline" | "activity.verify" => computer,
+            "control.replay" => json!({ "recordingId": self.control_recording().await.0 }),
+            "control.replayFrame" => {
+                let (id, digest) = self.control_recording().await;
+                json!({ "recordingId": id, "digest": digest })
+            }
             "run.replayFrame" => {
                 let (run, fence) = self.fresh_run().await;
                 let observed = self

@@ -14,6 +14,7 @@ on_both_databases!(
     the_timeline_names_every_actor_in_order,
     an_edited_row_is_named_by_verify,
     appends_from_two_pools_form_one_chain,
+    a_deleted_computer_s_timeline_stays_for_its_people_and_the_operator,
 );
 
 /// A space with a private bot, its computer, and a run with a shell command, a file write
@@ -235,4 +236,71 @@ async fn appends_from_two_pools_form_one_chain(s: TestServer) {
     let verified = timeline::verify(&other, &computer).await.unwrap();
     assert!(verified.intact, "{verified:?}");
     assert!(verified.entries as usize >= before + EACH * 2);
+}
+
+/// `computer.delete` removes the computer and its recordings, not its timeline: the operator
+/// and the people of its space still read and verify it (it ends with the deletion); a user
+/// of another space finds nothing, as before.
+async fn a_deleted_computer_s_timeline_stays_for_its_people_and_the_operator(s: TestServer) {
+    let (_, computer, run) = scenario(&s).await;
+    let before = entries_at_least(&s, &computer, 4).await;
+    let space = s
+        .ok("computer.get", json!({ "computerId": computer }))
+        .await["spaceId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let member = s.member_token(&space).await;
+    let stranger = s.ok("user.create", json!({ "name": "far" })).await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let digest = s.ok("run.replay", json!({ "runId": run })).await["steps"][0]["frame"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.ok("computer.delete", json!({ "computerId": computer }))
+        .await;
+    let gone = s
+        .call("computer.get", json!({ "computerId": computer }))
+        .await;
+    assert_eq!(gone.unwrap_err().1, "NOT_FOUND");
+
+    let after = entries_at_least(&s, &computer, before.len()).await;
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "the kept entries are unchanged"
+    );
+    for token in [&s.operator_token, &member] {
+        let page = s
+            .call_as(
+                token,
+                "activity.timeline",
+                json!({ "computerId": computer }),
+            )
+            .await
+            .unwrap();
+        assert!(page["entries"].as_array().unwrap().len() >= before.len());
+        let verdict = s
+            .call_as(token, "activity.verify", json!({ "computerId": computer }))
+            .await
+            .unwrap();
+        assert_eq!(verdict["intact"], true, "{verdict}");
+    }
+    for method in ["activity.timeline", "activity.verify"] {
+        let got = s
+            .call_as(&stranger, method, json!({ "computerId": computer }))
+            .await;
+        assert_eq!(got.unwrap_err().1, "NOT_FOUND", "{method} as a stranger");
+    }
+    let never = s
+        .call("activity.timeline", json!({ "computerId": "cmp_never" }))
+        .await;
+    assert_eq!(never.unwrap_err().1, "NOT_FOUND");
+    // Its recordings went with it.
+    let frame = s
+        .call("run.replayFrame", json!({ "runId": run, "digest": digest }))
+        .await;
+    assert_eq!(frame.unwrap_err().1, "NOT_FOUND");
 }

@@ -1,5 +1,6 @@
 //! Internal RPC for Rakazo's own processes: `POST /internal/screen-authority`, the screen
-//! authority answered over HTTP for a screen proxy that runs outside the API process.
+//! authority answered over HTTP for a screen proxy that runs outside the API process, and
+//! `POST /internal/control-session`, where such a proxy reports the control sessions it relays.
 //!
 //! The proxy opens the sealed capability itself and sends its fields (an
 //! [`AuthorityRequest`]); the answer is the same as the in-process authority's: 200 with an
@@ -13,7 +14,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use rakazo_web_proxy::authority::AuthorityRejection;
 use rakazo_web_proxy::capability::now_ms;
-use rakazo_web_proxy::{AuthorityError, AuthorityRequest, AuthorityResponse, RejectCause};
+use rakazo_web_proxy::{
+    AuthorityError, AuthorityRequest, AuthorityResponse, RejectCause, SessionNotes, SessionReport,
+};
 
 use crate::app::App;
 
@@ -76,4 +79,29 @@ pub async fn screen_authority(
             rejection(StatusCode::SERVICE_UNAVAILABLE, RejectCause::ApiError)
         }
     }
+}
+
+/// `POST /internal/control-session`: a control session's start or end, as a proxy in its own
+/// process saw it ([`SessionReport`]); it goes to the timeline (and the recorder) like the
+/// sessions of the API's own proxy. 204 when taken.
+pub async fn control_session(
+    app: web::Data<App>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    if !internal_caller(&app, &req) {
+        tracing::warn!(event = "screen.sessions.unauthorized");
+        return rejection(StatusCode::UNAUTHORIZED, RejectCause::ApiError);
+    }
+    let Ok(body) = super::read_body(payload, MAX_BODY).await else {
+        return rejection(StatusCode::PAYLOAD_TOO_LARGE, RejectCause::ApiError);
+    };
+    let Ok(report) = serde_json::from_slice::<SessionReport>(&body) else {
+        return rejection(StatusCode::BAD_REQUEST, RejectCause::ApiError);
+    };
+    match report {
+        SessionReport::Started { session } => app.session_notes.control_session_started(session),
+        SessionReport::Ended { session } => app.session_notes.control_session_ended(session),
+    }
+    HttpResponse::NoContent().finish()
 }

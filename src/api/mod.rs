@@ -30,6 +30,10 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
                 "/internal/screen-authority",
                 web::post().to(internal::screen_authority),
             )
+            .route(
+                "/internal/control-session",
+                web::post().to(internal::control_session),
+            )
             .route("/internal/computer", web::post().to(crate::forward::serve));
         if !api {
             // `rakazo worker`: health and the internal endpoints only.

@@ -340,6 +340,8 @@ pub struct Config {
     pub recording_retention_days: u32,
     /// `RECORDING_MAX_RUN_BYTES`: sealed frame bytes kept per run.
     pub recording_max_run_bytes: u64,
+    /// `RECORD_CONTROL_SESSIONS`: the screen of control sessions is recorded.
+    pub record_control_sessions: bool,
     /// `SANDBOX_TEMPLATE`.
     pub template: String,
     /// `E2B_API_KEY`.
@@ -741,6 +743,7 @@ impl Config {
             keep_revisions,
             recording_retention_days,
             recording_max_run_bytes,
+            record_control_sessions: s.boolean("RECORD_CONTROL_SESSIONS")?,
             template: s
                 .get("SANDBOX_TEMPLATE")
                 .unwrap_or_else(|| "rakazo-computer".into()),

@@ -448,6 +448,12 @@ pub const VARS: &[Var] = &[
         secret: false,
         doc: "Sealed frame bytes kept per run; once reached, later steps are recorded without their frames.",
     },
+    Var {
+        name: "RECORD_CONTROL_SESSIONS",
+        default: "false",
+        secret: false,
+        doc: "Record the screen of people's control sessions (a frame a second while it changes, sealed, kept and capped like run recordings; typed text is never stored as text). Off: a session is noted with its input counts only.",
+    },
 ];
 
 /// The annotated example environment file (`config/rakazo.env.example`).

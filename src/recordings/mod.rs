@@ -3,9 +3,11 @@
 //! its entry in the computer's timeline. A frame is sealed under a key derived from the
 //! computer's data key (wrapped by its space's content key) and stored once per run by its
 //! digest. Recordings are kept `RECORDING_RETENTION_DAYS`, frames up to
-//! `RECORDING_MAX_RUN_BYTES` per run, and are deleted with their computer.
+//! `RECORDING_MAX_RUN_BYTES` per run, and are deleted with their computer. People's control
+//! sessions are recorded on the same store when the operator turns it on ([`control`]).
 
 pub mod calls;
+pub mod control;
 mod replay;
 mod retention;
 
@@ -21,7 +23,7 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
-pub use replay::{frame_png, replay};
+pub use replay::{frame_png, open_stored, replay};
 pub use retention::{RETENTION_EVERY, spawn_retention, sweep};
 
 use crate::stores::seal::{self, Binding};
@@ -241,6 +243,62 @@ pub async fn record_in_background(
     Ok(entry.position)
 }
 
+/// Store a frame of a recording (a run, or a control session) sealed, once per recording by
+/// its digest and under the size cap. Answers the digest the step may name (none when the cap
+/// left no room) and the bytes it added.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn store_frame(
+    db: &DatabaseConnection,
+    recorder: &Recorder,
+    master: &keys::KeyBytes,
+    recording_id: &str,
+    computer_id: &str,
+    frame: &Frame,
+    digest: &str,
+    at_ms: i64,
+) -> DomainResult<(Option<String>, i64)> {
+    let stored = recording_frame::Entity::find_by_id((recording_id.to_owned(), digest.to_owned()))
+        .select_only()
+        .column(recording_frame::Column::Digest)
+        .into_tuple::<String>()
+        .one(db)
+        .await?
+        .is_some();
+    if stored {
+        return Ok((Some(digest.to_owned()), 0));
+    }
+    let (key, storage_id) = recorder.key(db, master, computer_id).await?;
+    let name = sealed_name(recording_id, digest);
+    let room = recorder.max_run_bytes as i64 - run_bytes(db, recording_id).await?;
+    let sealed_len = seal::sealed_len(&Binding::chunk(&storage_id, &name), frame.png.len());
+    if (sealed_len as i64) > room {
+        tracing::info!(event = "recording.cap_reached", recording.id = %recording_id);
+        return Ok((None, 0));
+    }
+    let sealed = seal::seal(&key, &Binding::chunk(&storage_id, &name), &frame.png);
+    let bytes = sealed.len() as i64;
+    recording_frame::Entity::insert(recording_frame::ActiveModel {
+        run_id: Set(recording_id.to_owned()),
+        digest: Set(digest.to_owned()),
+        computer_id: Set(computer_id.to_owned()),
+        width: Set(frame.width as i32),
+        height: Set(frame.height as i32),
+        sealed: Set(sealed),
+        created_at_ms: Set(at_ms),
+    })
+    .on_conflict(
+        sea_orm::sea_query::OnConflict::columns([
+            recording_frame::Column::RunId,
+            recording_frame::Column::Digest,
+        ])
+        .do_nothing()
+        .to_owned(),
+    )
+    .exec_without_returning(db)
+    .await?;
+    Ok((Some(digest.to_owned()), bytes))
+}
+
 /// Store a step and, once per run, its frame sealed (under the size cap).
 async fn store(
     db: &DatabaseConnection,
@@ -252,48 +310,17 @@ async fn store(
     at_ms: i64,
 ) -> DomainResult<()> {
     let run = step.run;
-    let stored = recording_frame::Entity::find_by_id((run.id.clone(), step.digest.to_owned()))
-        .select_only()
-        .column(recording_frame::Column::Digest)
-        .into_tuple::<String>()
-        .one(db)
-        .await?
-        .is_some();
-    let mut bytes = 0i64;
-    let mut frame_digest = stored.then(|| step.digest.to_owned());
-    if !stored {
-        let (key, storage_id) = recorder.key(db, master, &run.computer_id).await?;
-        let name = sealed_name(&run.id, step.digest);
-        let room = recorder.max_run_bytes as i64 - run_bytes(db, &run.id).await?;
-        let sealed_len =
-            seal::sealed_len(&Binding::chunk(&storage_id, &name), step.frame.png.len());
-        if (sealed_len as i64) <= room {
-            let sealed = seal::seal(&key, &Binding::chunk(&storage_id, &name), &step.frame.png);
-            bytes = sealed.len() as i64;
-            recording_frame::Entity::insert(recording_frame::ActiveModel {
-                run_id: Set(run.id.clone()),
-                digest: Set(step.digest.to_owned()),
-                computer_id: Set(run.computer_id.clone()),
-                width: Set(step.frame.width as i32),
-                height: Set(step.frame.height as i32),
-                sealed: Set(sealed),
-                created_at_ms: Set(at_ms),
-            })
-            .on_conflict(
-                sea_orm::sea_query::OnConflict::columns([
-                    recording_frame::Column::RunId,
-                    recording_frame::Column::Digest,
-                ])
-                .do_nothing()
-                .to_owned(),
-            )
-            .exec_without_returning(db)
-            .await?;
-            frame_digest = Some(step.digest.to_owned());
-        } else {
-            tracing::info!(event = "recording.cap_reached", run.id = %run.id);
-        }
-    }
+    let (frame_digest, bytes) = store_frame(
+        db,
+        recorder,
+        master,
+        &run.id,
+        &run.computer_id,
+        step.frame,
+        step.digest,
+        at_ms,
+    )
+    .await?;
     recording_step::ActiveModel {
         id: Set(rakazo_actors::clock::new_id()),
         run_id: Set(run.id.clone()),

@@ -83,11 +83,25 @@ pub async fn frame_png(
     r: &run::Model,
     digest: &str,
 ) -> DomainResult<(Vec<u8>, i32, i32)> {
-    let row = recording_frame::Entity::find_by_id((r.id.clone(), digest.to_owned()))
+    open_stored(db, recorder, master, &r.id, &r.computer_id, digest).await
+}
+
+/// A stored frame of a recording (a run or a control session) of a computer, opened: its
+/// PNG, width and height.
+pub async fn open_stored(
+    db: &DatabaseConnection,
+    recorder: &Recorder,
+    master: &keys::KeyBytes,
+    recording_id: &str,
+    computer_id: &str,
+    digest: &str,
+) -> DomainResult<(Vec<u8>, i32, i32)> {
+    let row = recording_frame::Entity::find_by_id((recording_id.to_owned(), digest.to_owned()))
         .one(db)
         .await?
+        .filter(|f| f.computer_id == computer_id)
         .ok_or_else(|| DomainError::not_found("frame"))?;
-    let (key, storage_id) = recorder.key(db, master, &r.computer_id).await?;
-    let png = open_frame(&key, &storage_id, &r.id, digest, &row.sealed)?;
+    let (key, storage_id) = recorder.key(db, master, computer_id).await?;
+    let png = open_frame(&key, &storage_id, recording_id, digest, &row.sealed)?;
     Ok((png, row.width, row.height))
 }

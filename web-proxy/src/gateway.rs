@@ -29,7 +29,8 @@ pub const REVOKE_ACK_TIMEOUT: Duration = Duration::from_secs(1);
 pub const REVOKED_CLOSE_REASON: &str = "revoked";
 
 /// What kind of socket is registered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SocketKind {
     /// A relayed VNC websocket.
     Screen,

@@ -68,5 +68,5 @@ pub use gateway::{
     ExtendControl, GatewayActor, ListScopes, RevokeControl, RevokeSlot, SocketKind, SocketScope,
 };
 pub use service::{ProxyConfig, ProxyState, configure};
-pub use sessions::{ControlSession, SessionNotes};
+pub use sessions::{ControlSession, HttpSessionNotes, SessionNotes, SessionReport, SessionStart};
 pub use viewer::{Viewer, ViewerError};

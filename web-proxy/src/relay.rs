@@ -122,14 +122,9 @@ pub(crate) async fn start(
     };
     // A control socket is noted as a session when it closes (who, when, input counts).
     let tally = match (policy, shared.notes.get()) {
-        (Policy::Control, Some(notes)) => Some((
-            notes.clone(),
-            Tally {
-                capability: capability.clone(),
-                socket: kind,
-                started_at_ms: crate::sessions::now_ms(),
-            },
-        )),
+        (Policy::Control, Some(notes)) => {
+            Some((notes.clone(), Tally::new(capability.clone(), kind)))
+        }
         _ => None,
     };
 
@@ -215,6 +210,9 @@ pub(crate) async fn start(
         .max_frame_size(shared.config.max_client_message_bytes)
         .aggregate_continuations()
         .max_continuation_size(shared.config.max_client_message_bytes);
+    if let Some((notes, tally)) = &tally {
+        notes.control_session_started(tally.start());
+    }
     actix_rt::spawn(relay(
         session,
         stream,

@@ -52,7 +52,7 @@ enum Step {
 
 /// How many input messages of each kind a connection sent (never their contents: no key
 /// symbol, no text, no coordinates).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InputCounts {
     /// Key presses (a key going down).

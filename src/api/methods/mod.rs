@@ -138,6 +138,8 @@ pub const METHODS: &[Method] = &[
     m("activity.verify", PEOPLE),
     m("run.replay", PEOPLE),
     m("run.replayFrame", PEOPLE),
+    m("control.replay", PEOPLE),
+    m("control.replayFrame", PEOPLE),
 ];
 
 /// The method of a name.
@@ -239,6 +241,8 @@ async fn dispatch(ctx: &Ctx<'_>, method: &str, params: Value) -> DomainResult<Va
         "activity.verify" => timeline::verify(ctx, params).await,
         "run.replay" => timeline::replay(ctx, params).await,
         "run.replayFrame" => timeline::replay_frame(ctx, params).await,
+        "control.replay" => timeline::control_replay(ctx, params).await,
+        "control.replayFrame" => timeline::control_replay_frame(ctx, params).await,
         other => Err(unknown_method(other)),
     }
 }

@@ -44,7 +44,7 @@ use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
 };
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -895,6 +895,44 @@ impl SandboxProvider for KubernetesProvider {
             fingerprint: Some(fingerprint),
             skipped: Vec::new(),
         })
+    }
+
+    async fn streams_workspace(&self, machine: &ProviderRef) -> bool {
+        // A copied home comes out of the pod as one tar stream; a mounted one is read here.
+        self.machine(machine).await.is_ok_and(|m| m.home.is_none())
+    }
+
+    async fn export_workspace_to(
+        &self,
+        machine: &ProviderRef,
+        out: &mut (dyn AsyncWrite + Unpin + Send),
+    ) -> ProviderResult<Vec<Skipped>> {
+        let m = self.machine(machine).await?;
+        if m.home.is_some() {
+            let archive = self.export_workspace(machine).await?;
+            tokio::io::AsyncWriteExt::write_all(out, &archive)
+                .await
+                .map_err(|e| ProviderError::Failed(format!("transfer: {}", e.kind())))?;
+            return Ok(Vec::new());
+        }
+        self.save_home(machine, out).await?;
+        Ok(Vec::new())
+    }
+
+    async fn import_workspace_from(
+        &self,
+        machine: &ProviderRef,
+        input: &mut (dyn AsyncRead + Unpin + Send),
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        if m.home.is_some() {
+            let mut archive = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(input, &mut archive)
+                .await
+                .map_err(|e| ProviderError::Failed(format!("transfer: {e}")))?;
+            return self.import_workspace(machine, &archive).await;
+        }
+        self.restore_home(machine, input).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

@@ -147,8 +147,13 @@ fn digests_under(dir: &std::path::Path) -> Vec<(String, String)> {
 
 /// Chunk files a local store holds for a storage id.
 fn chunk_files(data_dir: &std::path::Path, storage_id: &str) -> usize {
-    std::fs::read_dir(data_dir.join("home-revisions").join(storage_id).join("chunks"))
-        .map_or(0, |d| d.count())
+    std::fs::read_dir(
+        data_dir
+            .join("home-revisions")
+            .join(storage_id)
+            .join("chunks"),
+    )
+    .map_or(0, |d| d.count())
 }
 
 #[actix_rt::test]
@@ -167,9 +172,11 @@ async fn a_copied_home_streams_to_the_store_and_back_byte_for_byte() {
     let made = p
         .exec(
             &m,
-            &cmd("mkdir -p data/small && head -c 96M /dev/urandom > data/big.bin && \
+            &cmd(
+                "mkdir -p data/small && head -c 96M /dev/urandom > data/big.bin && \
                   for i in $(seq 1 40); do head -c 30000 /dev/urandom > data/small/f$i; done && \
-                  cd data && sha256sum big.bin small/* | sha256sum"),
+                  cd data && sha256sum big.bin small/* | sha256sum",
+            ),
         )
         .await
         .unwrap();
@@ -229,7 +236,10 @@ async fn a_copied_home_streams_to_the_store_and_back_byte_for_byte() {
         .await
         .unwrap();
     let restored = p
-        .exec(&back, &cmd("cd data && sha256sum big.bin small/* | sha256sum"))
+        .exec(
+            &back,
+            &cmd("cd data && sha256sum big.bin small/* | sha256sum"),
+        )
         .await
         .unwrap();
     assert_eq!(restored.stdout, made.stdout);

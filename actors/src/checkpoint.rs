@@ -157,8 +157,17 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
             StreamSaved::Unchanged => None,
         }
     } else {
-        save_pieces(rt, provider.as_ref(), computer_id, msg, &home, revision, since.as_deref(), mounted)
-            .await?
+        save_pieces(
+            rt,
+            provider.as_ref(),
+            computer_id,
+            msg,
+            &home,
+            revision,
+            since.as_deref(),
+            mounted,
+        )
+        .await?
     };
     let Some((saved, fingerprint, skipped)) = streamed else {
         tracing::info!(

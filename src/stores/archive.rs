@@ -796,7 +796,8 @@ fn walk(
                 let copied = match &target {
                     // The same bytes in the reused copy: linked, not written.
                     Some(target) => {
-                        let same = reuse.map(|r| rel.iter().fold(r.to_path_buf(), |p, s| p.join(s)));
+                        let same =
+                            reuse.map(|r| rel.iter().fold(r.to_path_buf(), |p, s| p.join(s)));
                         place(&mut entry, size, target, same.as_deref())?
                     }
                     None => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,

@@ -868,23 +868,27 @@ impl HomeStore for ObjectHomeStore {
                 return out.flush().await.map_err(write);
             }
         };
-        let mut chunks = std::pin::pin!(futures_util::stream::iter(manifest.chunks.iter().cloned())
-            .map(|chunk| async move {
-                let sealed = self
-                    .get(&self.chunk_key(&home.storage_id, &chunk.name)?)
-                    .await
-                    .map_err(|e| match e {
-                        StoreError::NotFound => StoreError::Rejected("a chunk is missing".into()),
-                        other => other,
-                    })?;
-                let home = home.clone();
-                let plain = blocking(move || open_chunk(&home, &chunk.name, &sealed)).await?;
-                if plain.len() as u64 != chunk.len {
-                    return Err(StoreError::Rejected("a chunk has the wrong length".into()));
-                }
-                Ok(plain)
-            })
-            .buffered(CHUNKS_READ_AHEAD));
+        let mut chunks = std::pin::pin!(
+            futures_util::stream::iter(manifest.chunks.iter().cloned())
+                .map(|chunk| async move {
+                    let sealed = self
+                        .get(&self.chunk_key(&home.storage_id, &chunk.name)?)
+                        .await
+                        .map_err(|e| match e {
+                            StoreError::NotFound => {
+                                StoreError::Rejected("a chunk is missing".into())
+                            }
+                            other => other,
+                        })?;
+                    let home = home.clone();
+                    let plain = blocking(move || open_chunk(&home, &chunk.name, &sealed)).await?;
+                    if plain.len() as u64 != chunk.len {
+                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+                    }
+                    Ok(plain)
+                })
+                .buffered(CHUNKS_READ_AHEAD)
+        );
         while let Some(plain) = chunks.next().await {
             out.write_all(&plain?).await.map_err(write)?;
         }

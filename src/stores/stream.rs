@@ -85,7 +85,8 @@ impl StreamCutter {
                 if self.data_left == 0 && self.data_to_lead {
                     if let Some((start, len)) = self.lead_name.take() {
                         let name = &self.lead[start..start + len];
-                        self.long_name = Some(name.split(|b| *b == 0).next().unwrap_or(name).into());
+                        self.long_name =
+                            Some(name.split(|b| *b == 0).next().unwrap_or(name).into());
                     }
                     if self.lead.len() > LEAD_MAX {
                         self.break_off(emit)?;
@@ -134,19 +135,14 @@ impl StreamCutter {
                 .take()
                 .unwrap_or_else(|| header.path_bytes().into_owned());
             let len = (self.lead.len() + 512) as u64 + padded;
-            if self
-                .rule
-                .starts_piece(&String::from_utf8_lossy(&name), len)
+            if self.rule.starts_piece(&String::from_utf8_lossy(&name), len)
                 && !self.chunk.is_empty()
             {
                 self.emit(emit)?;
             }
             let lead = std::mem::take(&mut self.lead);
             self.counts.entries += 1;
-            if matches!(
-                kind,
-                tar::EntryType::Regular | tar::EntryType::Continuous
-            ) {
+            if matches!(kind, tar::EntryType::Regular | tar::EntryType::Continuous) {
                 self.counts.file_bytes += size;
             }
             self.append(&lead, emit)?;
@@ -202,7 +198,10 @@ impl StreamCutter {
         Ok(())
     }
 
-    fn emit(&mut self, emit: &mut dyn FnMut(Cut) -> Result<(), StoreError>) -> Result<(), StoreError> {
+    fn emit(
+        &mut self,
+        emit: &mut dyn FnMut(Cut) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let bytes = std::mem::take(&mut self.chunk);
         let counts = std::mem::take(&mut self.counts);
         emit(Cut { bytes, counts })

@@ -75,6 +75,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Deadline of a file call.
 const FILE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a whole home's export may stream (it is as large as the home).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// How the provider is set up.
 #[derive(Clone, Debug)]
@@ -401,7 +403,12 @@ impl KubernetesProvider {
             path.into(),
             TRANSIENT.join("\n"),
         ];
-        let ended = tokio::time::timeout(FILE_TIMEOUT, m.exec.stream(argv, input, output))
+        let timeout = if op == "export" {
+            EXPORT_TIMEOUT
+        } else {
+            FILE_TIMEOUT
+        };
+        let ended = tokio::time::timeout(timeout, m.exec.stream(argv, input, output))
             .await
             .map_err(|_| ProviderError::Failed(format!("file {op}: timed out")))??;
         match ended.exit_code {

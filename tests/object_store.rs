@@ -931,10 +931,19 @@ async fn a_streamed_archive_goes_up_in_chunks_and_streams_back() {
         .store
         .save_stream(&h, 2, &mut hostile.as_slice(), None, true)
         .await;
-    assert!(matches!(refused, Err(StoreError::Rejected(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(StoreError::Rejected(_))),
+        "{refused:?}"
+    );
     let mut changed = tar.clone();
     changed.truncate(tar.len() - 1024);
-    raw_entry(&mut changed, "more.txt", tar::EntryType::Regular, "", b"more");
+    raw_entry(
+        &mut changed,
+        "more.txt",
+        tar::EntryType::Regular,
+        "",
+        b"more",
+    );
     let broken = fx
         .store
         .save_stream(&h, 2, &mut BreaksOff(changed), None, true)

@@ -121,3 +121,128 @@ async fn the_team_screens_regression() {
     // Screens are reached on the pod IP (a loopback address of the emulator's one node).
     team_screens::over_routes(&*provider(), NAMESPACE, "http://127.").await;
 }
+
+/// Files (names and SHA-256) under `dir` of a checkout, in name order.
+fn digests_under(dir: &std::path::Path) -> Vec<(String, String)> {
+    use sha2::Digest as _;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let mut file = std::fs::File::open(&path).unwrap();
+                let mut sha = sha2::Sha256::new();
+                std::io::copy(&mut file, &mut sha).unwrap();
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                out.push((rel, hex::encode(sha.finalize())));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Chunk files a local store holds for a storage id.
+fn chunk_files(data_dir: &std::path::Path, storage_id: &str) -> usize {
+    std::fs::read_dir(
+        data_dir
+            .join("home-revisions")
+            .join(storage_id)
+            .join("chunks"),
+    )
+    .map_or(0, |d| d.count())
+}
+
+#[actix_rt::test]
+async fn a_copied_home_streams_to_the_store_and_back_byte_for_byte() {
+    use rakazo::stores::archive::Limits;
+    use rakazo::stores::local::LocalHomeStore;
+    use rakazo_actors::home_store::{HomeId, HomeStore, StreamSaved};
+    use rakazo_actors::workspace_stream;
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&spec("stream")).await.unwrap();
+    assert!(p.streams_workspace(&m).await, "a copied home streams");
+    // 96 MiB of incompressible bytes in one file (cut inside its data) and small files.
+    let made = p
+        .exec(
+            &m,
+            &cmd(
+                "mkdir -p data/small && head -c 96M /dev/urandom > data/big.bin && \
+                  for i in $(seq 1 40); do head -c 30000 /dev/urandom > data/small/f$i; done && \
+                  cd data && sha256sum big.bin small/* | sha256sum",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.exit_code, 0, "{made:?}");
+    let data = tempfile::tempdir().unwrap();
+    let store = LocalHomeStore::new(data.path(), 3, Limits::default());
+    let home = HomeId {
+        home_key: "stream-home".into(),
+        storage_id: "stream-storage".into(),
+        data_key: [7; 32],
+    };
+    let (saved, skipped) = workspace_stream::save(p.as_ref(), &m, &store, &home, 1, None, true)
+        .await
+        .unwrap();
+    assert!(skipped.is_empty());
+    let StreamSaved::Saved { saved, fingerprint } = saved else {
+        panic!("a first save stores");
+    };
+    assert!(saved.archive_bytes > 96 << 20, "{saved:?}");
+    assert!(saved.stored_bytes > 96 << 20, "{saved:?}");
+    // The big file is cut inside its data: no chunk is larger than a piece.
+    let chunks = chunk_files(data.path(), &home.storage_id);
+    assert!(chunks >= 12, "{chunks} chunks");
+    // The store's latest copy is the home, file for file.
+    let copy = digests_under(&data.path().join("homes/stream-home/data"));
+    assert_eq!(copy.len(), 41);
+
+    // Unchanged: the same fingerprint, nothing stored, no revision.
+    let (again, _) =
+        workspace_stream::save(p.as_ref(), &m, &store, &home, 2, Some(&fingerprint), true)
+            .await
+            .unwrap();
+    assert_eq!(again, StreamSaved::Unchanged);
+    assert_eq!(store.revisions(&home).await.unwrap(), vec![1]);
+    assert_eq!(chunk_files(data.path(), &home.storage_id), chunks);
+    assert_eq!(
+        digests_under(&data.path().join("homes/stream-home/data")),
+        copy
+    );
+
+    // One small file changed: a new revision that stores only the chunk holding it.
+    p.exec(&m, &cmd("echo changed > data/small/f1"))
+        .await
+        .unwrap();
+    let (changed, _) =
+        workspace_stream::save(p.as_ref(), &m, &store, &home, 2, Some(&fingerprint), true)
+            .await
+            .unwrap();
+    let StreamSaved::Saved { saved: second, .. } = changed else {
+        panic!("a changed home is saved");
+    };
+    assert!(second.stored_bytes < 8 << 20, "{second:?}");
+
+    // Restored into a fresh pod, streamed: byte for byte.
+    let back = p.provision(&spec("stream-back")).await.unwrap();
+    workspace_stream::restore(p.as_ref(), &back, &store, &home, 1)
+        .await
+        .unwrap();
+    let restored = p
+        .exec(
+            &back,
+            &cmd("cd data && sha256sum big.bin small/* | sha256sum"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(restored.stdout, made.stdout);
+    p.destroy(&back).await.unwrap();
+    p.destroy(&m).await.unwrap();
+}

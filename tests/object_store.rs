@@ -859,3 +859,101 @@ async fn homes_stored_before_deployment_roots_move_under_the_root_and_still_load
     assert_eq!(store.revisions(&h).await.unwrap(), vec![1, 2, 3]);
     assert_eq!(notes(&fx, &h), "old-owned 3");
 }
+
+/// Gives its bytes, then fails (a machine that went away mid-export).
+struct BreaksOff(Vec<u8>);
+
+impl tokio::io::AsyncRead for BreaksOff {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.0.is_empty() {
+            return std::task::Poll::Ready(Err(std::io::Error::other("the machine went away")));
+        }
+        let n = buf.remaining().min(self.0.len());
+        buf.put_slice(&self.0[..n]);
+        self.0.drain(..n);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_archive_goes_up_in_chunks_and_streams_back() {
+    use rakazo_actors::home_store::StreamSaved;
+    use sha2::Digest as _;
+    let Some(fx) = fixture(3, Limits::default()).await else {
+        return;
+    };
+    let h = home("streamed");
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("notes.txt"), "streamed").unwrap();
+    // Larger than an upload part, and cut inside its data into chunks of 8 MiB.
+    let big: Vec<u8> = (0..(rakazo::stores::object::PART + 4_000_000))
+        .map(|i: usize| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(src.path().join("big.bin"), &big).unwrap();
+    let tar = archive::pack(src.path()).unwrap();
+    let saved = fx
+        .store
+        .save_stream(&h, 1, &mut tar.as_slice(), None, true)
+        .await
+        .unwrap();
+    let StreamSaved::Saved { saved, fingerprint } = saved else {
+        panic!("a first save stores");
+    };
+    assert_eq!(fingerprint, hex::encode(sha2::Sha256::digest(&tar)));
+    assert_eq!(saved.archive_bytes, tar.len() as u64);
+    assert_eq!(notes(&fx, &h), "streamed");
+    assert!(chunk_keys(&fx.bucket, "streamed").await.len() >= 3);
+    let mut back = Vec::new();
+    fx.store.load_to(&h, 1, &mut back).await.unwrap();
+    assert_eq!(back, tar);
+    assert_eq!(fx.store.load(&h, 1).await.unwrap(), tar);
+
+    // The same archive again: nothing new in the bucket, no revision.
+    let before = object_keys(&fx.bucket).await;
+    let again = fx
+        .store
+        .save_stream(&h, 2, &mut tar.as_slice(), Some(&fingerprint), true)
+        .await
+        .unwrap();
+    assert_eq!(again, StreamSaved::Unchanged);
+    assert_eq!(object_keys(&fx.bucket).await, before);
+
+    // Refused at its last entry, or broken off by its machine: nothing stays.
+    let mut hostile = tar.clone();
+    hostile.truncate(hostile.len() - 1024);
+    raw_entry(&mut hostile, "escape", tar::EntryType::Symlink, "/etc", b"");
+    hostile.extend_from_slice(&[0u8; 1024]);
+    let refused = fx
+        .store
+        .save_stream(&h, 2, &mut hostile.as_slice(), None, true)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Rejected(_))),
+        "{refused:?}"
+    );
+    let mut changed = tar.clone();
+    changed.truncate(tar.len() - 1024);
+    raw_entry(
+        &mut changed,
+        "more.txt",
+        tar::EntryType::Regular,
+        "",
+        b"more",
+    );
+    let broken = fx
+        .store
+        .save_stream(&h, 2, &mut BreaksOff(changed), None, true)
+        .await;
+    assert!(
+        matches!(&broken, Err(StoreError::Failed(why)) if why.contains("went away")),
+        "{broken:?}"
+    );
+    assert_eq!(object_keys(&fx.bucket).await, before);
+    assert_eq!(fx.store.revisions(&h).await.unwrap(), vec![1]);
+    assert_eq!(notes(&fx, &h), "streamed");
+    assert_clean(&fx);
+}

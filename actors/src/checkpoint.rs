@@ -14,7 +14,7 @@ use crate::clock::{new_id, now_ms};
 use crate::computers::Computers;
 use crate::entity::home_revision;
 use crate::error::DomainResult;
-use crate::home_store::StoreError;
+use crate::home_store::{Saved, StoreError, StreamSaved};
 use crate::leases::{LeaseKind, Leases};
 use crate::provider::{ProviderRef, Skipped, WorkspaceExport};
 use crate::runtime::Runtime;
@@ -140,39 +140,43 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
     let revision = row.revision + 1;
     let home = rt.home_id(&row).await?;
     let mounted = provider.describe().capabilities.mounted_home;
-    let mut since = since.as_deref();
-    let (saved, fingerprint, skipped) = loop {
-        let (workspace, fingerprint, skipped) =
-            match provider.export_workspace_since(&msg.machine, since).await? {
-                WorkspaceExport::Unchanged => {
-                    tracing::info!(
-                        event = "checkpoint.unchanged",
-                        computer.id = computer_id,
-                        revision = row.revision,
-                        reason = msg.reason.as_str()
-                    );
-                    return Ok(Outcome::Unchanged(row.revision));
-                }
-                WorkspaceExport::Archive {
-                    workspace,
-                    fingerprint,
-                    skipped,
-                } => (workspace, fingerprint, skipped),
-            };
-        match rt.homes.save(&home, revision, workspace, !mounted).await {
-            Ok(saved) => break (saved, fingerprint, skipped),
-            // The previous revision no longer holds what the export referred to: export
-            // every byte once more.
-            Err(StoreError::Stale(why)) if since.is_some() => {
-                tracing::warn!(
-                    event = "checkpoint.stale_pieces",
-                    computer.id = computer_id,
-                    why
-                );
-                since = None;
-            }
-            Err(e) => return Err(e.into()),
+    let streamed = if !mounted && provider.streams_workspace(&msg.machine).await {
+        // A whole archive from the machine: streamed to the store, never held whole.
+        let (saved, skipped) = crate::workspace_stream::save(
+            provider.as_ref(),
+            &msg.machine,
+            rt.homes.as_ref(),
+            &home,
+            revision,
+            since.as_deref(),
+            true,
+        )
+        .await?;
+        match saved {
+            StreamSaved::Saved { saved, fingerprint } => Some((saved, Some(fingerprint), skipped)),
+            StreamSaved::Unchanged => None,
         }
+    } else {
+        save_pieces(
+            rt,
+            provider.as_ref(),
+            computer_id,
+            msg,
+            &home,
+            revision,
+            since.as_deref(),
+            mounted,
+        )
+        .await?
+    };
+    let Some((saved, fingerprint, skipped)) = streamed else {
+        tracing::info!(
+            event = "checkpoint.unchanged",
+            computer.id = computer_id,
+            revision = row.revision,
+            reason = msg.reason.as_str()
+        );
+        return Ok(Outcome::Unchanged(row.revision));
     };
     crate::crash_point::crash_point("checkpoint.stored");
     NewRevision {
@@ -223,6 +227,46 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         record_skipped(rt, &row, msg, revision, &skipped).await;
     }
     Ok(Outcome::Saved(revision, skipped))
+}
+
+/// Exports the workspace in pieces (those `since` vouches for named only) and saves them as
+/// `revision`; `None` when the workspace still matches `since`.
+#[allow(clippy::too_many_arguments)]
+async fn save_pieces(
+    rt: &Runtime,
+    provider: &dyn crate::provider::SandboxProvider,
+    computer_id: &str,
+    msg: &Checkpoint,
+    home: &crate::home_store::HomeId,
+    revision: i64,
+    mut since: Option<&str>,
+    mounted: bool,
+) -> DomainResult<Option<(Saved, Option<String>, Vec<Skipped>)>> {
+    loop {
+        let (workspace, fingerprint, skipped) =
+            match provider.export_workspace_since(&msg.machine, since).await? {
+                WorkspaceExport::Unchanged => return Ok(None),
+                WorkspaceExport::Archive {
+                    workspace,
+                    fingerprint,
+                    skipped,
+                } => (workspace, fingerprint, skipped),
+            };
+        match rt.homes.save(home, revision, workspace, !mounted).await {
+            Ok(saved) => return Ok(Some((saved, fingerprint, skipped))),
+            // The previous revision no longer holds what the export referred to: export
+            // every byte once more.
+            Err(StoreError::Stale(why)) if since.is_some() => {
+                tracing::warn!(
+                    event = "checkpoint.stale_pieces",
+                    computer.id = computer_id,
+                    why
+                );
+                since = None;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// How many skipped entries the activity feed names (the count is always whole).

@@ -1021,11 +1021,13 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
     let machine = provider.provision(&spec).await?;
     if row.revision > 0 {
         let home = rt.home_id(&row).await?;
-        let restored = async {
-            let archive = rt.homes.load(&home, row.revision).await?;
-            provider.import_workspace(&machine, &archive).await?;
-            DomainResult::Ok(())
-        };
+        let restored = crate::workspace_stream::restore(
+            provider.as_ref(),
+            &machine,
+            rt.homes.as_ref(),
+            &home,
+            row.revision,
+        );
         if let Err(err) = restored.await {
             let _ = provider.destroy(&machine).await;
             computers.set_state(id, ComputerState::Stopped).await?;
@@ -1069,8 +1071,7 @@ pub(crate) async fn apply_pending_restore(
         return Ok(());
     };
     let home = rt.home_id(row).await?;
-    let archive = rt.homes.load(&home, pending).await?;
-    provider.import_workspace(machine, &archive).await?;
+    crate::workspace_stream::restore(provider, machine, rt.homes.as_ref(), &home, pending).await?;
     Computers::new(rt.db.clone())
         .restore_applied(&row.id, pending)
         .await?;

@@ -55,6 +55,25 @@ pub struct Saved {
     pub stored_bytes: u64,
 }
 
+/// What a streamed save did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamSaved {
+    /// Stored as the revision.
+    Saved {
+        /// What it stored.
+        saved: Saved,
+        /// The SHA-256 of the archive as received (hex).
+        fingerprint: String,
+    },
+    /// The archive's fingerprint is the one it was to be compared with: nothing was kept.
+    Unchanged,
+}
+
+/// A workspace archive arriving as one stream (a tar).
+pub type ArchiveReader<'a> = &'a mut (dyn tokio::io::AsyncRead + Unpin + Send);
+/// Where a stored archive is streamed to.
+pub type ArchiveWriter<'a> = &'a mut (dyn tokio::io::AsyncWrite + Unpin + Send);
+
 impl From<StoreError> for crate::DomainError {
     fn from(err: StoreError) -> Self {
         let code = match err {
@@ -84,6 +103,27 @@ pub trait HomeStore: Send + Sync + 'static {
         workspace: Workspace,
         replace_latest: bool,
     ) -> Result<Saved, StoreError>;
+    /// Like [`Self::save`] for a whole archive read from `archive` as it arrives, in bounded
+    /// buffers: hashed (SHA-256), checked and sealed as it streams. When its fingerprint is
+    /// `unless`, nothing is kept ([`StreamSaved::Unchanged`]). A read error fails the save
+    /// (nothing is kept), so a reader that fails when its producer did never stores a cut
+    /// archive.
+    async fn save_stream(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: ArchiveReader<'_>,
+        unless: Option<&str>,
+        replace_latest: bool,
+    ) -> Result<StreamSaved, StoreError>;
+    /// Writes a stored revision (the plaintext tar, verified piece by piece before any of its
+    /// bytes are written) to `out`, in bounded buffers where the store can.
+    async fn load_to(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        out: ArchiveWriter<'_>,
+    ) -> Result<(), StoreError>;
     /// Load and verify a stored revision (the plaintext tar).
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError>;
     /// Make `archive` (stored as `revision`) the latest unpacked copy of a home whose machine

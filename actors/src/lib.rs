@@ -47,5 +47,6 @@ pub mod screen;
 pub mod slots;
 pub mod timeline;
 pub mod workspace;
+pub mod workspace_stream;
 
 pub use error::{DomainError, DomainResult, ErrorCode};

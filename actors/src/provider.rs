@@ -593,4 +593,40 @@ pub trait SandboxProvider: Send + Sync + 'static {
     }
     /// Replace the whole workspace with a tar archive (as produced by `export_workspace`).
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()>;
+    /// Whether this machine's workspace comes as one whole archive streamed from the machine
+    /// ([`Self::export_workspace_to`]), so a checkpoint streams it to the store instead of
+    /// exporting pieces.
+    async fn streams_workspace(&self, _machine: &ProviderRef) -> bool {
+        false
+    }
+    /// Streams the whole workspace, as one tar archive of directories and regular files, into
+    /// `out`; answers the entries left out. Where the provider cannot stream, the archive is
+    /// exported whole first.
+    async fn export_workspace_to(
+        &self,
+        machine: &ProviderRef,
+        out: &mut (dyn tokio::io::AsyncWrite + Unpin + Send),
+    ) -> ProviderResult<Vec<Skipped>> {
+        use tokio::io::AsyncWriteExt as _;
+        let archive = self.export_workspace(machine).await?;
+        out.write_all(&archive)
+            .await
+            .map_err(|e| ProviderError::Failed(format!("transfer: {}", e.kind())))?;
+        Ok(Vec::new())
+    }
+    /// Replaces the whole workspace with the tar archive read from `input`; a read error
+    /// fails it. Where the provider cannot stream, the archive is read whole first.
+    async fn import_workspace_from(
+        &self,
+        machine: &ProviderRef,
+        input: &mut (dyn tokio::io::AsyncRead + Unpin + Send),
+    ) -> ProviderResult<()> {
+        use tokio::io::AsyncReadExt as _;
+        let mut archive = Vec::new();
+        input
+            .read_to_end(&mut archive)
+            .await
+            .map_err(|e| ProviderError::Failed(format!("transfer: {e}")))?;
+        self.import_workspace(machine, &archive).await
+    }
 }

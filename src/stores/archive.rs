@@ -621,27 +621,79 @@ pub fn unpack_reusing(
     outcome
 }
 
-/// Whether the regular file at `path` holds exactly `data`.
-fn holds(path: &Path, data: &[u8]) -> bool {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return false;
-    };
-    if !meta.is_file() || meta.len() != data.len() as u64 {
-        return false;
-    }
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut buf = vec![0u8; (1 << 20).min(data.len().max(1))];
-    let mut rest = data;
-    while !rest.is_empty() {
-        let n = rest.len().min(buf.len());
-        if file.read_exact(&mut buf[..n]).is_err() || buf[..n] != rest[..n] {
-            return false;
+/// Reads into `buf` until it is full or `r` ends; how many bytes were read.
+fn fill(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut at = 0;
+    while at < buf.len() {
+        match r.read(&mut buf[at..]) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        rest = &rest[n..];
     }
-    true
+    Ok(at)
+}
+
+/// Bytes compared or copied at once while placing a file.
+const PLACE_BUFFER: usize = 256 << 10;
+
+/// Writes the `size` bytes `data` yields as a new file at `target`; when the regular file
+/// `same` holds exactly those bytes, it is hard-linked instead. The bytes are compared as they
+/// arrive (never held whole): at the first difference, what matched is copied from `same` and
+/// the rest written. Answers how many bytes `data` gave.
+fn place(
+    data: &mut impl Read,
+    size: u64,
+    target: &Path,
+    same: Option<&Path>,
+) -> std::io::Result<u64> {
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(target)
+    };
+    let existing = same
+        .filter(|same| {
+            std::fs::symlink_metadata(same).is_ok_and(|m| m.is_file() && m.len() == size)
+        })
+        .and_then(|same| std::fs::File::open(same).ok().map(|f| (same, f)));
+    let Some((same, mut existing)) = existing else {
+        let mut file = create()?;
+        let copied = std::io::copy(&mut data.take(size), &mut file)?;
+        file.flush()?;
+        return Ok(copied);
+    };
+    let mut data = data.take(size);
+    let (mut incoming, mut held) = (vec![0u8; PLACE_BUFFER], vec![0u8; PLACE_BUFFER]);
+    let mut matched = 0u64;
+    loop {
+        let n = fill(&mut data, &mut incoming)?;
+        if n == 0 {
+            if matched != size {
+                return Ok(matched);
+            }
+            std::fs::hard_link(same, target)?;
+            return Ok(size);
+        }
+        let m = fill(&mut existing, &mut held[..n])?;
+        if m == n && incoming[..n] == held[..n] {
+            matched += n as u64;
+            continue;
+        }
+        // Different from here on: what matched comes from the copy, the rest from `data`.
+        let mut file = create()?;
+        let mut prefix = std::fs::File::open(same)?.take(matched);
+        let copied = std::io::copy(&mut prefix, &mut file)?;
+        if copied != matched {
+            return Err(std::io::Error::other("the reused copy changed"));
+        }
+        file.write_all(&incoming[..n])?;
+        let rest = std::io::copy(&mut data, &mut file)?;
+        file.flush()?;
+        return Ok(matched + n as u64 + rest);
+    }
 }
 
 /// What an archive (or a piece of one) holds.
@@ -661,10 +713,36 @@ pub fn check(archive: &[u8], limits: Limits) -> Result<Counts, ArchiveError> {
     walk(archive, None, limits, None)
 }
 
+/// Like [`check`], for an archive read as it arrives; reads `archive` to its end.
+pub fn check_stream(mut archive: impl Read, limits: Limits) -> Result<Counts, ArchiveError> {
+    let counts = walk(&mut archive, None, limits, None)?;
+    std::io::copy(&mut archive, &mut std::io::sink())?;
+    Ok(counts)
+}
+
+/// Like [`unpack_reusing`] (or [`unpack`] without `reuse`), for an archive read as it
+/// arrives; reads `archive` to its end. On any refusal `dest` is removed.
+pub fn unpack_stream(
+    mut archive: impl Read,
+    dest: &Path,
+    limits: Limits,
+    reuse: Option<&Path>,
+) -> Result<Counts, ArchiveError> {
+    std::fs::create_dir(dest)?;
+    let outcome = walk(&mut archive, Some(dest), limits, reuse).and_then(|counts| {
+        std::io::copy(&mut archive, &mut std::io::sink())?;
+        Ok(counts)
+    });
+    if outcome.is_err() {
+        let _ = std::fs::remove_dir_all(dest);
+    }
+    outcome
+}
+
 /// Reads every entry under the restore rules, writing it below `dest` when given (linking
 /// identical files from `reuse` when given).
 fn walk(
-    archive: &[u8],
+    archive: impl Read,
     dest: Option<&Path>,
     limits: Limits,
     reuse: Option<&Path>,
@@ -712,34 +790,17 @@ fn walk(
                 if !seen.insert(rel.join("/")) {
                     return Err(refuse(format!("{raw:?} appears twice")));
                 }
-                // The same bytes in the reused copy: linked, not written.
-                let start = entry.raw_file_position() as usize;
-                let reusable = reuse
-                    .map(|r| rel.iter().fold(r.to_path_buf(), |p, s| p.join(s)))
-                    .filter(|same| {
-                        target.is_some()
-                            && archive
-                                .get(start..start.saturating_add(size as usize))
-                                .is_some_and(|data| holds(same, data))
-                    });
                 if let Some(parent) = target.as_deref().and_then(Path::parent) {
                     std::fs::create_dir_all(parent)?;
                 }
-                let copied = match (&target, reusable) {
-                    (Some(target), Some(same)) => {
-                        std::fs::hard_link(same, target)?;
-                        size
+                let copied = match &target {
+                    // The same bytes in the reused copy: linked, not written.
+                    Some(target) => {
+                        let same =
+                            reuse.map(|r| rel.iter().fold(r.to_path_buf(), |p, s| p.join(s)));
+                        place(&mut entry, size, target, same.as_deref())?
                     }
-                    (Some(target), None) => {
-                        let mut file = std::fs::OpenOptions::new()
-                            .write(true)
-                            .create_new(true)
-                            .open(target)?;
-                        let copied = std::io::copy(&mut (&mut entry).take(size), &mut file)?;
-                        file.flush()?;
-                        copied
-                    }
-                    (None, _) => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,
+                    None => std::io::copy(&mut (&mut entry).take(size), &mut std::io::sink())?,
                 };
                 if copied != size {
                     return Err(refuse(format!("{raw:?} is truncated")));

@@ -19,7 +19,7 @@ use super::local::refused;
 use super::seal::{self, Binding};
 
 /// The manifest format written.
-const FORMAT: &str = "rakazo-revision-1";
+pub(crate) const FORMAT: &str = "rakazo-revision-1";
 /// The key derivation context of chunk names.
 const NAME_KEY_CONTEXT: &str = "rakazo 2026-11-29 chunk names v1";
 

@@ -16,7 +16,9 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::home_store::{
+    ArchiveReader, ArchiveWriter, HomeId, HomeStore, Saved, StoreError, StreamSaved,
+};
 use rakazo_actors::provider::{FileEntry, ProviderError};
 use rakazo_actors::workspace::Workspace;
 
@@ -24,6 +26,7 @@ use super::archive::{self, ArchiveError, Limits};
 use super::chunks::{self, Kept, Manifest, Plan, Revision, open_chunk};
 use super::durable::{sync_dir, sync_filesystem, write_atomic, write_unsynced_with};
 use super::seal::{self, Binding};
+use super::stream;
 use crate::providers::beneath::Beneath;
 use crate::providers::workspace_path::normalize;
 
@@ -334,7 +337,31 @@ pub struct Staged {
     digest: String,
 }
 
+impl LatestCopies {
+    /// A fresh staging directory's path (not created) for a streamed unpack, and the current
+    /// copy to link unchanged files from, if there is one.
+    pub fn staging(&self, home_key: &str) -> Result<(PathBuf, Option<PathBuf>), StoreError> {
+        std::fs::create_dir_all(&self.homes).map_err(fail)?;
+        self.recover(home_key)?;
+        let staged = self.homes.join(format!(
+            ".staging-{}.{}",
+            safe_name(home_key)?,
+            uuid::Uuid::new_v4().simple()
+        ));
+        let current = self.path(home_key)?;
+        Ok((staged, current.is_dir().then_some(current)))
+    }
+}
+
 impl Staged {
+    /// A staged directory unpacked from the archive with this digest.
+    pub fn unpacked(dir: PathBuf, digest: String) -> Self {
+        Self {
+            dir: Some(dir),
+            digest,
+        }
+    }
+
     /// Removes the staged directory (after a failure).
     fn discard(&self) {
         if let Some(dir) = &self.dir {
@@ -649,6 +676,177 @@ impl LocalHomeStore {
     }
 }
 
+/// New chunks of a streamed save, sealed into their files as they are cut.
+struct LocalChunks<'a> {
+    home: &'a HomeId,
+    dir: &'a Path,
+    written: Vec<String>,
+}
+
+impl stream::ChunkSink for LocalChunks<'_> {
+    fn put(&mut self, name: &str, plain: Vec<u8>) -> Result<(), StoreError> {
+        if self.written.is_empty() {
+            std::fs::create_dir_all(self.dir.join(CHUNKS)).map_err(fail)?;
+        }
+        self.written.push(name.to_owned());
+        let binding = Binding::chunk(&self.home.storage_id, name);
+        write_unsynced_with(&LocalHomeStore::chunk_path(self.dir, name), |file| {
+            seal::seal_to(&self.home.data_key, &binding, &plain, file)
+        })
+    }
+
+    fn finish(&mut self) -> Result<(), StoreError> {
+        if self.written.is_empty() {
+            return Ok(());
+        }
+        sync_filesystem(&self.dir.join(CHUNKS))
+    }
+}
+
+impl LocalHomeStore {
+    /// See [`HomeStore::save_stream`]: the archive arrives on `blocks`.
+    fn save_stream_blocking(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        blocks: tokio::sync::mpsc::Receiver<stream::Block>,
+        unless: Option<&str>,
+        replace_latest: bool,
+    ) -> Result<StreamSaved, StoreError> {
+        let dir = self.dir(&home.storage_id)?;
+        let kept = self.kept(home, &dir)?;
+        // A chunk this save writes is its own to take back only when no kept revision could
+        // have named it.
+        let owns_new_chunks = kept.complete();
+        let staging = if replace_latest {
+            Some(self.latest.staging(&home.home_key)?)
+        } else {
+            None
+        };
+        let unpack = match &staging {
+            Some((into, reuse)) => stream::Unpack::Into {
+                into,
+                reuse: reuse.as_deref(),
+            },
+            None => stream::Unpack::Check,
+        };
+        let mut sink = LocalChunks {
+            home,
+            dir: &dir,
+            written: Vec::new(),
+        };
+        let streamed = stream::save(
+            &home.data_key,
+            &kept,
+            self.latest.limits(),
+            blocks,
+            unpack,
+            &mut sink,
+        );
+        let written = std::mem::take(&mut sink.written);
+        let take_back = |written: &[String]| {
+            for name in written.iter().filter(|_| owns_new_chunks) {
+                let _ = std::fs::remove_file(Self::chunk_path(&dir, name));
+            }
+        };
+        let discard = || {
+            if let Some((staged, _)) = &staging {
+                let _ = std::fs::remove_dir_all(staged);
+            }
+        };
+        let streamed = match streamed {
+            Ok(streamed) if unless != Some(streamed.fingerprint.as_str()) => streamed,
+            unchanged_or_failed => {
+                take_back(&written);
+                discard();
+                return unchanged_or_failed.map(|_| StreamSaved::Unchanged);
+            }
+        };
+        let manifest_path = dir.join(format!("{revision}.sealed"));
+        let manifest = streamed.manifest.encode();
+        let outcome = (|| {
+            let binding = Binding::revision(&home.storage_id, revision);
+            write_atomic(
+                &manifest_path,
+                &seal::seal(&home.data_key, &binding, &manifest),
+            )?;
+            if let Some((staged, _)) = &staging {
+                // Stamped before the swap, as a save of pieces does.
+                self.latest
+                    .stamp(&home.home_key, &home.storage_id, revision)?;
+                let staged = Staged::unpacked(staged.clone(), streamed.fingerprint.clone());
+                self.latest.commit(&home.home_key, &staged)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = outcome {
+            let _ = std::fs::remove_file(&manifest_path);
+            take_back(&written);
+            discard();
+            return Err(e);
+        }
+        self.apply_retention(home, &dir, &kept, revision, &streamed.manifest)?;
+        Ok(StreamSaved::Saved {
+            saved: Saved {
+                archive_bytes: streamed.manifest.archive_bytes(),
+                stored_bytes: streamed.stored_bytes(&home.storage_id, revision, manifest.len()),
+            },
+            fingerprint: streamed.fingerprint,
+        })
+    }
+
+    /// Opens a stored revision's pieces in order, handing each plaintext to `send` (which
+    /// answers whether to go on); the end blocks last.
+    fn read_pieces(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        send: &mut dyn FnMut(Vec<u8>) -> bool,
+    ) -> Result<(), StoreError> {
+        self.latest.recover(&home.home_key)?;
+        match self.open_revision(home, revision)? {
+            Revision::Whole(archive) => {
+                send(archive);
+            }
+            Revision::Chunked(manifest) => {
+                for chunk in &manifest.chunks {
+                    let plain = self.open_chunk(home, &chunk.name)?;
+                    if plain.len() as u64 != chunk.len {
+                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+                    }
+                    if !send(plain) {
+                        return Ok(());
+                    }
+                }
+                send(rakazo_actors::workspace::ARCHIVE_END.to_vec());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes what `pieces` sends to `out` as it comes; `pieces`' own failure first.
+pub(crate) async fn write_pieces(
+    mut pieces: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    reading: tokio::task::JoinHandle<Result<(), StoreError>>,
+    out: ArchiveWriter<'_>,
+) -> Result<(), StoreError> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut written = Ok(());
+    while let Some(piece) = pieces.recv().await {
+        if let Err(e) = out.write_all(&piece).await {
+            written = Err(fail(format!("writing the archive: {e}")));
+            break;
+        }
+    }
+    drop(pieces);
+    reading.await.map_err(fail)??;
+    written?;
+    out.flush()
+        .await
+        .map_err(|e| fail(format!("writing the archive: {e}")))
+}
+
 /// Run blocking file work of a latest copy off the async executor.
 async fn files_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
@@ -676,6 +874,42 @@ impl HomeStore for LocalHomeStore {
     ) -> Result<Saved, StoreError> {
         let (me, home) = (self.clone(), home.clone());
         blocking(move || me.save_blocking(&home, revision, workspace, replace_latest)).await
+    }
+
+    async fn save_stream(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: ArchiveReader<'_>,
+        unless: Option<&str>,
+        replace_latest: bool,
+    ) -> Result<StreamSaved, StoreError> {
+        let (to_save, blocks) = stream::channel();
+        let (me, home, unless) = (self.clone(), home.clone(), unless.map(str::to_owned));
+        let saving = blocking(move || {
+            me.save_stream_blocking(&home, revision, blocks, unless.as_deref(), replace_latest)
+        });
+        let (fed, saved) = tokio::join!(stream::feed(archive, to_save), saving);
+        // A failed read failed the save too; the save's error says more.
+        let saved = saved?;
+        fed?;
+        Ok(saved)
+    }
+
+    async fn load_to(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        out: ArchiveWriter<'_>,
+    ) -> Result<(), StoreError> {
+        let (to_write, pieces) = tokio::sync::mpsc::channel(2);
+        let (me, home) = (self.clone(), home.clone());
+        let reading = tokio::task::spawn_blocking(move || {
+            me.read_pieces(&home, revision, &mut |piece| {
+                to_write.blocking_send(piece).is_ok()
+            })
+        });
+        write_pieces(pieces, reading, out).await
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {

@@ -12,3 +12,4 @@ pub mod local;
 pub mod object;
 pub mod reconciler;
 pub mod seal;
+pub mod stream;

@@ -24,7 +24,9 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
-use rakazo_actors::home_store::{HomeId, HomeStore, Saved, StoreError};
+use rakazo_actors::home_store::{
+    ArchiveReader, ArchiveWriter, HomeId, HomeStore, Saved, StoreError, StreamSaved,
+};
 use rakazo_actors::provider::{FileEntry, ProviderError};
 use rakazo_actors::workspace::Workspace;
 
@@ -44,6 +46,8 @@ const HOMES: &str = "homes";
 const CHUNKS: &str = "chunks";
 /// Chunks moving to or from the bucket at once.
 const CHUNKS_IN_FLIGHT: usize = 8;
+/// Chunks a streamed load fetches ahead of the one it writes.
+const CHUNKS_READ_AHEAD: usize = 3;
 
 /// A sealed object on its way to the bucket, not yet visible there.
 enum Upload {
@@ -122,6 +126,65 @@ impl std::io::Write for Parts {
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Chunk uploads of a streamed save in flight at once (each holds one chunk, plain and
+/// sealed).
+const UPLOADS_IN_FLIGHT: usize = 4;
+
+/// New chunks of a streamed save, uploaded a few at a time as they are cut (from the blocking
+/// thread that cuts them).
+struct UploadChunks {
+    store: ObjectHomeStore,
+    home: HomeId,
+    runtime: tokio::runtime::Handle,
+    in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<(), StoreError>>>,
+    written: Vec<String>,
+}
+
+impl UploadChunks {
+    /// Waits for the oldest upload.
+    fn wait_one(&mut self) -> Result<(), StoreError> {
+        match self.in_flight.pop_front() {
+            Some(upload) => self.runtime.block_on(upload).map_err(fail)?,
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every upload, whatever it ends with (after a failure, so nothing lands
+    /// after the cleanup).
+    fn settle(&mut self) {
+        while !self.in_flight.is_empty() {
+            let _ = self.wait_one();
+        }
+    }
+}
+
+impl super::stream::ChunkSink for UploadChunks {
+    fn put(&mut self, name: &str, plain: Vec<u8>) -> Result<(), StoreError> {
+        while self.in_flight.len() >= UPLOADS_IN_FLIGHT {
+            self.wait_one()?;
+        }
+        self.written.push(name.to_owned());
+        let path = self.store.chunk_key(&self.home.storage_id, name)?;
+        let (store, home, name) = (self.store.clone(), self.home.clone(), name.to_owned());
+        self.in_flight.push_back(self.runtime.spawn(async move {
+            store
+                .put_sealed(&path, move |out| {
+                    let binding = Binding::chunk(&home.storage_id, &name);
+                    seal::seal_to(&home.data_key, &binding, &plain, out)
+                })
+                .await
+        }));
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), StoreError> {
+        while !self.in_flight.is_empty() {
+            self.wait_one()?;
+        }
         Ok(())
     }
 }
@@ -528,6 +591,29 @@ impl ObjectHomeStore {
         })
     }
 
+    /// Takes back what a streamed save that is not kept left: its staged copy, and the
+    /// chunks it put when no kept revision can name them.
+    async fn take_back(
+        &self,
+        home: &HomeId,
+        staging: &Option<(std::path::PathBuf, Option<std::path::PathBuf>)>,
+        written: &[String],
+        owns_new_chunks: bool,
+    ) {
+        if let Some((staged, _)) = staging {
+            let _ = std::fs::remove_dir_all(staged);
+        }
+        let keys = written
+            .iter()
+            .map(|name| self.chunk_key(&home.storage_id, name))
+            .collect::<Result<Vec<_>, _>>();
+        if let (true, Ok(keys)) = (owns_new_chunks, keys)
+            && !keys.is_empty()
+        {
+            let _ = self.delete_keys(keys).await;
+        }
+    }
+
     /// After `revision` was saved: deletes revisions past the newest `keep`, then chunks no
     /// remaining revision names.
     async fn apply_retention(
@@ -665,6 +751,151 @@ impl HomeStore for ObjectHomeStore {
             archive_bytes: plan.manifest.archive_bytes(),
             stored_bytes: plan.sealed_bytes(&home.storage_id, revision, manifest_len),
         })
+    }
+
+    async fn save_stream(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        archive: ArchiveReader<'_>,
+        unless: Option<&str>,
+        replace_latest: bool,
+    ) -> Result<StreamSaved, StoreError> {
+        let kept = Arc::new(self.kept(home).await?);
+        // A chunk this save puts is its own to take back only when no kept revision could
+        // have named it.
+        let owns_new_chunks = kept.complete();
+        let staging = if replace_latest {
+            let (latest, key) = (self.latest.clone(), home.home_key.clone());
+            Some(blocking(move || latest.staging(&key)).await?)
+        } else {
+            None
+        };
+        let (to_save, blocks) = super::stream::channel();
+        let mut sink = UploadChunks {
+            store: self.clone(),
+            home: home.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            in_flight: Default::default(),
+            written: Vec::new(),
+        };
+        let (limits, held, into) = (self.latest.limits(), kept.clone(), staging.clone());
+        let data_key = home.data_key;
+        let saving = tokio::task::spawn_blocking(move || {
+            let unpack = match &into {
+                Some((into, reuse)) => super::stream::Unpack::Into {
+                    into,
+                    reuse: reuse.as_deref(),
+                },
+                None => super::stream::Unpack::Check,
+            };
+            let streamed = super::stream::save(&data_key, &held, limits, blocks, unpack, &mut sink);
+            if streamed.is_err() {
+                sink.settle();
+            }
+            (streamed, sink.written)
+        });
+        let (fed, saving) = tokio::join!(super::stream::feed(archive, to_save), saving);
+        let (streamed, written) = saving.map_err(fail)?;
+        let streamed = streamed.and_then(|s| fed.map(|()| s));
+        let manifest_put = match &streamed {
+            Ok(streamed) if unless == Some(streamed.fingerprint.as_str()) => None,
+            Ok(streamed) => {
+                let manifest = streamed.manifest.encode();
+                let (data_key, storage_id) = (home.data_key, home.storage_id.clone());
+                let len = manifest.len();
+                let put = self
+                    .put_sealed(&self.key(&home.storage_id, revision)?, move |out| {
+                        let binding = Binding::revision(&storage_id, revision);
+                        seal::seal_to(&data_key, &binding, &manifest, out)
+                    })
+                    .await;
+                Some(put.map(|()| len))
+            }
+            Err(_) => None,
+        };
+        let kept_revision = match (streamed, manifest_put) {
+            (Ok(streamed), Some(Ok(len))) => Some((streamed, len)),
+            (Ok(_), None) => None,
+            (Ok(_), Some(Err(e))) | (Err(e), _) => {
+                self.take_back(home, &staging, &written, owns_new_chunks)
+                    .await;
+                return Err(e);
+            }
+        };
+        let Some((streamed, manifest_len)) = kept_revision else {
+            // Unchanged: nothing of it is kept.
+            self.take_back(home, &staging, &written, owns_new_chunks)
+                .await;
+            return Ok(StreamSaved::Unchanged);
+        };
+        if let Some((staged, _)) = staging {
+            let (me, stamped) = (self.clone(), home.clone());
+            blocking(move || me.make_current(&stamped, revision, &staged)).await?;
+        }
+        if let Err(e) = self
+            .apply_retention(home, &kept, revision, &streamed.manifest)
+            .await
+        {
+            tracing::warn!(event = "home.retention_deferred", home.storage_id = %home.storage_id, error = %e);
+        }
+        Ok(StreamSaved::Saved {
+            saved: Saved {
+                archive_bytes: streamed.manifest.archive_bytes(),
+                stored_bytes: streamed.stored_bytes(&home.storage_id, revision, manifest_len),
+            },
+            fingerprint: streamed.fingerprint,
+        })
+    }
+
+    async fn load_to(
+        &self,
+        home: &HomeId,
+        revision: i64,
+        out: ArchiveWriter<'_>,
+    ) -> Result<(), StoreError> {
+        use tokio::io::AsyncWriteExt as _;
+        let write = |e: std::io::Error| fail(format!("writing the archive: {e}"));
+        let opened = self.open_revision(home, revision).await?;
+        let newest = self.revisions(home).await?.last().copied() == Some(revision);
+        let manifest = match opened {
+            Revision::Chunked(manifest) if !newest || self.cached_is(home, revision)? => manifest,
+            // A whole archive, or the newest revision the cache does not hold yet (loading
+            // it refreshes the cache).
+            _ => {
+                let archive = self.load(home, revision).await?;
+                out.write_all(&archive).await.map_err(write)?;
+                return out.flush().await.map_err(write);
+            }
+        };
+        let mut chunks = std::pin::pin!(
+            futures_util::stream::iter(manifest.chunks.iter().cloned())
+                .map(|chunk| async move {
+                    let sealed = self
+                        .get(&self.chunk_key(&home.storage_id, &chunk.name)?)
+                        .await
+                        .map_err(|e| match e {
+                            StoreError::NotFound => {
+                                StoreError::Rejected("a chunk is missing".into())
+                            }
+                            other => other,
+                        })?;
+                    let home = home.clone();
+                    let plain = blocking(move || open_chunk(&home, &chunk.name, &sealed)).await?;
+                    if plain.len() as u64 != chunk.len {
+                        return Err(StoreError::Rejected("a chunk has the wrong length".into()));
+                    }
+                    Ok(plain)
+                })
+                .buffered(CHUNKS_READ_AHEAD)
+        );
+        while let Some(plain) = chunks.next().await {
+            out.write_all(&plain?).await.map_err(write)?;
+        }
+        out.write_all(&rakazo_actors::workspace::ARCHIVE_END)
+            .await
+            .map_err(write)?;
+        out.flush().await.map_err(write)
     }
 
     async fn load(&self, home: &HomeId, revision: i64) -> Result<Vec<u8>, StoreError> {

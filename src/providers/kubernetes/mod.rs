@@ -44,7 +44,7 @@ use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
     MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
 };
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -75,6 +75,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Deadline of a file call.
 const FILE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a whole home's export may stream (it is as large as the home).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// How the provider is set up.
 #[derive(Clone, Debug)]
@@ -405,7 +407,12 @@ impl KubernetesProvider {
             path.into(),
             TRANSIENT.join("\n"),
         ];
-        let ended = tokio::time::timeout(FILE_TIMEOUT, m.exec.stream(argv, input, output))
+        let timeout = if op == "export" {
+            EXPORT_TIMEOUT
+        } else {
+            FILE_TIMEOUT
+        };
+        let ended = tokio::time::timeout(timeout, m.exec.stream(argv, input, output))
             .await
             .map_err(|_| ProviderError::Failed(format!("file {op}: timed out")))??;
         match ended.exit_code {
@@ -911,6 +918,44 @@ impl SandboxProvider for KubernetesProvider {
             fingerprint: Some(fingerprint),
             skipped: Vec::new(),
         })
+    }
+
+    async fn streams_workspace(&self, machine: &ProviderRef) -> bool {
+        // A copied home comes out of the pod as one tar stream; a mounted one is read here.
+        self.machine(machine).await.is_ok_and(|m| m.home.is_none())
+    }
+
+    async fn export_workspace_to(
+        &self,
+        machine: &ProviderRef,
+        out: &mut (dyn AsyncWrite + Unpin + Send),
+    ) -> ProviderResult<Vec<Skipped>> {
+        let m = self.machine(machine).await?;
+        if m.home.is_some() {
+            let archive = self.export_workspace(machine).await?;
+            tokio::io::AsyncWriteExt::write_all(out, &archive)
+                .await
+                .map_err(|e| ProviderError::Failed(format!("transfer: {}", e.kind())))?;
+            return Ok(Vec::new());
+        }
+        self.save_home(machine, out).await?;
+        Ok(Vec::new())
+    }
+
+    async fn import_workspace_from(
+        &self,
+        machine: &ProviderRef,
+        input: &mut (dyn AsyncRead + Unpin + Send),
+    ) -> ProviderResult<()> {
+        let m = self.machine(machine).await?;
+        if m.home.is_some() {
+            let mut archive = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(input, &mut archive)
+                .await
+                .map_err(|e| ProviderError::Failed(format!("transfer: {e}")))?;
+            return self.import_workspace(machine, &archive).await;
+        }
+        self.restore_home(machine, input).await
     }
 
     async fn import_workspace(&self, machine: &ProviderRef, archive: &[u8]) -> ProviderResult<()> {

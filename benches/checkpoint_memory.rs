@@ -69,6 +69,7 @@ fn leg(mib: u64, whole: bool, kubeconfig: PathBuf) {
             stash_dir: scratch.path().join("stash"),
             screen_limit: 0,
             homes_root: scratch.path().join("mounted"),
+            warm_stacks: 0,
         });
         let m = p.provision(&spec("save")).await.unwrap();
         let sum = "sha256sum big.bin | cut -d' ' -f1";

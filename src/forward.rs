@@ -1,6 +1,6 @@
-//! Machine calls for a computer another process owns: the [`Forward`] adapter posts them to
-//! that process's `POST /internal/computer` with the internal credential, and
-//! [`serve`] answers them there through this process's own actor.
+//! Machine calls and screen operations for a computer another process owns: the [`Forward`]
+//! adapter posts them to that process's `POST /internal/computer` with the internal credential,
+//! and [`serve`] answers them there through this process's own actors.
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use rakazo_actors::computer::{Call, SaveWorkspace, Suspend};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::owners::{Forward, Owner, Owners, Remote, RemoteOutput};
+use rakazo_actors::screen::{Evict, Open, ScreenOp, Teardown};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +129,20 @@ async fn run(app: &App, request: Request) -> DomainResult<RemoteOutput> {
         Remote::Stop => {
             handle.computer.send(Suspend(EndReason::Stopped)).await??;
             Ok(RemoteOutput::Stopped)
+        }
+        Remote::Screen { bot_id, op } => {
+            let screen = app.registry.screen(&handle, &bot_id);
+            Ok(RemoteOutput::Screen(match op {
+                ScreenOp::Open => Some(screen.send(Open).await??),
+                ScreenOp::Teardown => {
+                    screen.send(Teardown).await??;
+                    None
+                }
+                ScreenOp::Evict => {
+                    screen.send(Evict).await??;
+                    None
+                }
+            }))
         }
     }
 }

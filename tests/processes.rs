@@ -5,7 +5,8 @@
 //! to the one that does; a takeover through one is refused while the bot runs through the
 //! other; releasing control through one closes the terminal socket held through the other;
 //! after `kill -9` of the process that owns the computer's actor, another adopts it, the run
-//! keeps its one lease, and the idle timer suspends the computer.
+//! keeps its one lease, and the idle timer suspends the computer. Two API processes opening
+//! the screens of one computer at once share its one slot table, in the process holding it.
 
 mod common;
 
@@ -726,4 +727,194 @@ async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
     let next = owner(&db, &computer_id).await.expect("a claim");
     assert_ne!(next, first);
     assert_eq!(address(&db, &next).await.as_deref(), Some(b.base.as_str()));
+}
+
+/// `computer.openScreen` of a run through one API process.
+async fn open_screen(api: &Api, run: &(String, String, i64)) -> Result<Value, String> {
+    let (_, run, fence) = run;
+    api.call(
+        "computer.openScreen",
+        json!({ "runId": run, "fence": fence }),
+    )
+    .await
+}
+
+/// The active screens of a computer as their rows say: (bot, slot, generation).
+async fn active_screens(db: &DatabaseConnection, computer_id: &str) -> Vec<(String, i64, i64)> {
+    use rakazo_actors::entity::screen;
+    let mut rows: Vec<_> = screen::Entity::find()
+        .filter(screen::Column::ComputerId.eq(computer_id))
+        .filter(screen::Column::State.eq("active"))
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.bot_id,
+                r.slot.expect("an active screen names its slot"),
+                r.generation,
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The screens of one computer are decided in one process, whichever process is asked: two
+/// API processes race to open the screens of three bots of one team computer (screen limit
+/// two), each bot through both processes at once, before either holds the computer. Each bot
+/// gets one answer from both (one slot, one generation: one driver per display), no two bots
+/// share a slot, the limit holds across the processes, and the rows say the same. An eviction
+/// asked through both at once takes the idle screen, once, and never a running bot's.
+#[actix_rt::test]
+async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
+    let Some(admin) = common::postgres_admin_url() else {
+        return;
+    };
+    let url = common::fresh_postgres_db(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .arg("migrate")
+        .env("DATA_DIR", dir.path())
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let limit = [
+        ("SANDBOX_TEAM_SCREEN_LIMIT", "2"),
+        ("SANDBOX_IDLE_MS", "600000"),
+    ];
+    let a = Proc::start_with(&["serve", "--no-worker"], dir.path(), &url, &limit).await;
+    let b = Proc::start_with(&["serve", "--no-worker"], dir.path(), &url, &limit).await;
+    let token = std::fs::read_to_string(dir.path().join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Three bots of the team computer, each running (a running bot's screen never gives way).
+    let mut runs = Vec::new();
+    for (i, name) in ["one", "two", "three"].into_iter().enumerate() {
+        let api = if i % 2 == 0 { &api_a } else { &api_b };
+        let bot = api
+            .ok(
+                "bot.create",
+                json!({ "spaceId": space, "name": name, "computerMode": "team" }),
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let started = api.ok("run.start", json!({ "botId": bot })).await;
+        runs.push((
+            bot,
+            started["run"]["id"].as_str().unwrap().to_owned(),
+            started["lease"]["fence"].as_i64().unwrap(),
+        ));
+    }
+    let team = api_a
+        .ok("computer.forBot", json!({ "botId": runs[0].0 }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(owner(&db, &team).await, None, "no process holds it yet");
+
+    // Six opens at once: every bot through both processes.
+    let answers = futures_util::future::join_all(
+        runs.iter()
+            .flat_map(|r| [open_screen(&api_a, r), open_screen(&api_b, r)]),
+    )
+    .await;
+    let mut opened = Vec::new();
+    let mut refused = Vec::new();
+    for (r, pair) in runs.iter().zip(answers.chunks(2)) {
+        match (&pair[0], &pair[1]) {
+            (Ok(x), Ok(y)) => {
+                assert_eq!(x, y, "{}: one screen whichever process is asked", r.0);
+                opened.push((
+                    r.0.clone(),
+                    x["slot"].as_i64().unwrap(),
+                    x["generation"].as_i64().unwrap(),
+                ));
+            }
+            (Err(x), Err(y)) => {
+                assert_eq!(
+                    (x.as_str(), y.as_str()),
+                    ("MULTI_SCREEN_UNAVAILABLE", "MULTI_SCREEN_UNAVAILABLE")
+                );
+                refused.push(r.clone());
+            }
+            other => panic!("{}: two answers for one screen: {other:?}", r.0),
+        }
+    }
+    assert_eq!(
+        opened.len(),
+        2,
+        "the limit holds across processes: {opened:?}"
+    );
+    assert_ne!(opened[0].1, opened[1].1, "two bots on one slot: {opened:?}");
+    opened.sort();
+    assert_eq!(active_screens(&db, &team).await, opened);
+    let holder = owner(&db, &team)
+        .await
+        .expect("one process holds the computer");
+
+    // The first opened bot's run completes: its screen stays, idle. The refused bot asks
+    // again through both processes: the idle screen gives way, once; the running one stays.
+    let idle = runs.iter().find(|r| r.0 == opened[0].0).unwrap().clone();
+    let running = opened[1].clone();
+    api_b
+        .ok(
+            "run.finish",
+            json!({ "runId": idle.1, "fence": idle.2, "outcome": "completed" }),
+        )
+        .await;
+    assert_eq!(
+        active_screens(&db, &team).await,
+        opened,
+        "a completed run keeps its screen"
+    );
+    let newcomer = refused.pop().expect("a refused bot");
+    let (x, y) = futures_util::future::join(
+        open_screen(&api_a, &newcomer),
+        open_screen(&api_b, &newcomer),
+    )
+    .await;
+    let (x, y) = (x.unwrap(), y.unwrap());
+    assert_eq!(x, y, "one screen whichever process is asked");
+    let mut now = vec![
+        running.clone(),
+        (
+            newcomer.0.clone(),
+            x["slot"].as_i64().unwrap(),
+            x["generation"].as_i64().unwrap(),
+        ),
+    ];
+    now.sort();
+    assert_ne!(now[0].1, now[1].1, "two bots on one slot: {now:?}");
+    assert_eq!(active_screens(&db, &team).await, now);
+    let evicted = {
+        use rakazo_actors::entity::screen;
+        screen::Entity::find()
+            .filter(screen::Column::ComputerId.eq(team.as_str()))
+            .filter(screen::Column::BotId.eq(idle.0.as_str()))
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(evicted.state, "evicted");
+    assert_eq!(evicted.slot, None);
+    assert_eq!(
+        owner(&db, &team).await,
+        Some(holder),
+        "the computer stayed where it was"
+    );
 }

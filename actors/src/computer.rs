@@ -648,7 +648,7 @@ impl Handler<SuspendNow> for ComputerActor {
 }
 
 /// Sends a machine call or a stop to the process that owns the computer.
-async fn forward(
+pub(crate) async fn forward(
     rt: &Runtime,
     address: Option<String>,
     id: &str,

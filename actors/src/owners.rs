@@ -2,7 +2,8 @@
 //! belong to one process at a time: the one named by its `computer_owners` row. A process
 //! claims a computer before its actor gets a machine; a claim held by a process that is gone
 //! (no row, or a silent heartbeat) is taken over by one conditional update, so exactly one
-//! claimant wins. A process that is not the owner forwards machine calls to it.
+//! claimant wins. A process that is not the owner forwards machine calls and screen
+//! operations to it.
 
 use async_trait::async_trait;
 use sea_orm::sea_query::{Expr, OnConflict};
@@ -15,6 +16,7 @@ use crate::computer::{Op, OpOutput};
 use crate::entity::computer_owner;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::processes::{self, Processes};
+use crate::screen::{ScreenOp, ScreenState};
 
 /// Who holds a computer's actor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +141,15 @@ pub enum Remote {
     Stop,
     /// A checkpoint (after a run ended, or asked for).
     Save(Reason),
+    /// An operation on a bot's screen: the screen slots of a computer are decided only by the
+    /// process that holds its actor.
+    #[serde(rename_all = "camelCase")]
+    Screen {
+        /// Whose screen.
+        bot_id: String,
+        /// What to do.
+        op: ScreenOp,
+    },
 }
 
 /// What the owner answered.
@@ -151,6 +162,8 @@ pub enum RemoteOutput {
     Stopped,
     /// What the checkpoint did (`None`: no machine runs).
     Saved(Option<Outcome>),
+    /// The screen after a [`Remote::Screen`] (`None` after a teardown or an eviction).
+    Screen(Option<ScreenState>),
 }
 
 /// The port through which a process reaches the owner of a computer (an adapter speaks the

@@ -4,6 +4,11 @@
 //! generation, revoke every capability of the slot, announce it, then stop its processes. A
 //! failed teardown keeps the slot reserved for retry. Every change of a screen writes its row,
 //! revokes its routes and publishes its `screen.state` event together.
+//!
+//! A computer's screens are decided in one process: the one holding its actor (its
+//! `computer_owners` claim). A screen actor of another process forwards its operation there
+//! ([`crate::owners::Remote::Screen`]), so one slot table admits, evicts and numbers the
+//! generations of every screen of the computer, whichever process the request came to.
 
 use std::sync::Arc;
 
@@ -13,13 +18,14 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, Set, TransactionTrait,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::clock::{new_id, now_ms};
-use crate::computer::{Call, ComputerActor, Op, OpOutput};
+use crate::computer::{Call, ComputerActor, CurrentMachine, Op, OpOutput};
 use crate::entity::{computer, screen};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKind, Leases};
+use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::runtime::Runtime;
 use crate::slots::{Admission, Candidate, Held, Slots};
 
@@ -40,7 +46,7 @@ impl ScreenRevoker for NoRevoker {
 }
 
 /// A screen's current assignment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScreenState {
     /// Display slot.
@@ -63,6 +69,19 @@ pub struct Teardown;
 #[derive(Message)]
 #[rtype(result = "DomainResult<()>")]
 pub struct Evict;
+
+/// An operation on a bot's screen ([`Open`], [`Teardown`], [`Evict`]), as forwarded to the
+/// process that holds the computer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ScreenOp {
+    /// [`Open`].
+    Open,
+    /// [`Teardown`].
+    Teardown,
+    /// [`Evict`].
+    Evict,
+}
 
 /// The screen actors of one computer in this process, by bot.
 pub type Siblings = Arc<dashmap::DashMap<String, Addr<ScreenActor>>>;
@@ -232,6 +251,54 @@ async fn release_rows(rt: &Runtime, computer_id: &str) -> DomainResult<()> {
 }
 
 impl ScreenCtx {
+    /// Where the computer's screens are decided: `None` in this process, else the internal
+    /// address of the live process that holds the computer. This process decides when its
+    /// actor holds the machine, or (an open, which needs the machine) it claims the computer
+    /// now, or (a teardown) no live process holds it. A process that finds the computer held
+    /// elsewhere forgets whatever it held of its screens.
+    async fn held_elsewhere(&self, op: ScreenOp) -> DomainResult<Option<Option<String>>> {
+        if self.computer.send(CurrentMachine).await?.is_some() {
+            return Ok(None);
+        }
+        let owners = Owners::new(self.rt.db.clone());
+        let owner = match op {
+            ScreenOp::Open => Some(owners.claim(&self.computer_id).await?),
+            ScreenOp::Teardown | ScreenOp::Evict => owners.holder(&self.computer_id).await?,
+        };
+        match owner {
+            Some(Owner::Elsewhere { address, .. }) => {
+                self.slots.clear();
+                Ok(Some(address))
+            }
+            Some(Owner::Me) | None => Ok(None),
+        }
+    }
+
+    /// Runs `op` here, or forwards it to the process that holds the computer.
+    async fn run(&self, op: ScreenOp) -> DomainResult<Option<ScreenState>> {
+        if let Some(address) = self.held_elsewhere(op).await? {
+            let remote = Remote::Screen {
+                bot_id: self.bot_id.clone(),
+                op,
+            };
+            tracing::debug!(computer.id = %self.computer_id, bot.id = %self.bot_id, ?op, "screen.forwarded");
+            return match crate::computer::forward(&self.rt, address, &self.computer_id, remote)
+                .await?
+            {
+                RemoteOutput::Screen(state) => Ok(state),
+                _ => Err(DomainError::new(
+                    ErrorCode::Internal,
+                    "unexpected answer of the computer's process",
+                )),
+            };
+        }
+        match op {
+            ScreenOp::Open => self.open().await.map(Some),
+            ScreenOp::Teardown => self.retire("torn_down").await.map(|()| None),
+            ScreenOp::Evict => self.retire("evicted").await.map(|()| None),
+        }
+    }
+
     /// The provider's screen of this bot (started if needed; its browser kept running).
     async fn provider_open(&self) -> DomainResult<u32> {
         let OpOutput::Screen(info) = self
@@ -444,7 +511,14 @@ impl Handler<Open> for ScreenActor {
 
     fn handle(&mut self, _: Open, _: &mut Context<Self>) -> Self::Result {
         let ctx = self.ctx();
-        AtomicResponse::new(Box::pin(async move { ctx.open().await }.into_actor(self)))
+        AtomicResponse::new(Box::pin(
+            async move {
+                ctx.run(ScreenOp::Open).await?.ok_or_else(|| {
+                    DomainError::new(ErrorCode::Internal, "the screen was not opened")
+                })
+            }
+            .into_actor(self),
+        ))
     }
 }
 
@@ -454,7 +528,7 @@ impl Handler<Teardown> for ScreenActor {
     fn handle(&mut self, _: Teardown, _: &mut Context<Self>) -> Self::Result {
         let ctx = self.ctx();
         AtomicResponse::new(Box::pin(
-            async move { ctx.retire("torn_down").await }.into_actor(self),
+            async move { ctx.run(ScreenOp::Teardown).await.map(|_| ()) }.into_actor(self),
         ))
     }
 }
@@ -465,7 +539,7 @@ impl Handler<Evict> for ScreenActor {
     fn handle(&mut self, _: Evict, _: &mut Context<Self>) -> Self::Result {
         let ctx = self.ctx();
         AtomicResponse::new(Box::pin(
-            async move { ctx.retire("evicted").await }.into_actor(self),
+            async move { ctx.run(ScreenOp::Evict).await.map(|_| ()) }.into_actor(self),
         ))
     }
 }

@@ -101,7 +101,7 @@ pub fn spawn_revocation_watch(events: &EventBus, watch: Watch) {
         loop {
             tokio::select! {
                 got = rx.recv() => match got {
-                    Ok(revocation) => apply(&watch, revocation).await,
+                    Ok(revocation) => apply(&watch, revocation),
                     Err(RecvError::Lagged(missed)) => {
                         tracing::warn!(event = "screen.revocations_lagged", missed);
                         sweep(&watch).await;
@@ -122,28 +122,31 @@ pub fn spawn_revocation_watch(events: &EventBus, watch: Watch) {
     });
 }
 
-/// Closes what one revocation names: the sockets at once, routes after.
-async fn apply(watch: &Watch, revocation: Revocation) {
+/// Closes what one revocation names: the sockets are told at once, routes after. The
+/// gateway's answer (it waits for the sockets to acknowledge) is awaited off the watcher, so
+/// the revocations of one bot (its control grant, its slot) close their sockets together,
+/// never one after the other.
+fn apply(watch: &Watch, revocation: Revocation) {
     match revocation {
         Revocation::ControlEnded {
             computer_id,
             bot_id,
             fence,
         } => {
-            let revoke = RevokeControl {
+            let revoked = watch.gateway.send(RevokeControl {
                 computer_id: computer_id.clone(),
                 bot_id: bot_id.clone(),
                 fence: fence.max(0) as u64,
-            };
-            if let Ok(done) = watch.gateway.send(revoke).await {
-                tracing::info!(
-                    event = "screen.revoked",
-                    cause = "control",
-                    closed = done.closed
-                );
-            }
+            });
             let watch = watch.clone();
             actix::spawn(async move {
+                if let Ok(done) = revoked.await {
+                    tracing::info!(
+                        event = "screen.revoked",
+                        cause = "control",
+                        closed = done.closed
+                    );
+                }
                 close_control_routes(&watch, &computer_id, &bot_id, fence).await;
             });
         }
@@ -158,20 +161,22 @@ async fn apply(watch: &Watch, revocation: Revocation) {
             let Ok(slot) = u16::try_from(slot) else {
                 return;
             };
-            let revoke = RevokeSlot {
+            let revoked = watch.gateway.send(RevokeSlot {
                 computer_id,
                 slot,
                 generation: generation.max(0) as u64,
-            };
-            if let Ok(done) = watch.gateway.send(revoke).await
-                && done.closed > 0
-            {
-                tracing::info!(
-                    event = "screen.revoked",
-                    cause = "slot",
-                    closed = done.closed
-                );
-            }
+            });
+            actix::spawn(async move {
+                if let Ok(done) = revoked.await
+                    && done.closed > 0
+                {
+                    tracing::info!(
+                        event = "screen.revoked",
+                        cause = "slot",
+                        closed = done.closed
+                    );
+                }
+            });
         }
     }
 }
@@ -230,8 +235,7 @@ pub async fn sweep(watch: &Watch) -> usize {
                     slot: u32::from(scope.slot),
                     generation: scope.generation as i64,
                 },
-            )
-            .await;
+            );
             continue;
         }
         if scope.policy == Policy::Control {
@@ -249,8 +253,7 @@ pub async fn sweep(watch: &Watch) -> usize {
                         bot_id: scope.bot_id.clone(),
                         fence: scope.fence as i64,
                     },
-                )
-                .await;
+                );
             }
         }
     }

@@ -3,7 +3,8 @@
 //! and to the end of the browser's connection; baseline: a close the browser starts itself on
 //! the same proxy (close frame out, until the connection ends).
 //!
-//! Run with `cargo bench -p rakazo-web-proxy --bench revocation`.
+//! Run with `cargo bench -p rakazo-web-proxy --bench revocation` (`--profile dev` for the
+//! unoptimized build).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -100,15 +101,19 @@ fn main() {
                         l.generation = generation + 1;
                     });
                     let g = gateway.clone();
+                    // Both at once, as the revocation watcher sends a bot stop's.
                     actix_rt::spawn(async move {
-                        let _ = g.send(release).await;
-                        g.send(reuse).await
+                        let _ = futures_util::future::join(g.send(release), g.send(reuse)).await;
                     });
                     vec![&mut control, &mut view]
                 }
             };
-            for ws in revoked {
-                let (frame, end) = close_times(ws, started).await;
+            // Every revoked socket read at once, as each browser reads its own.
+            let times = futures_util::future::join_all(
+                revoked.into_iter().map(|ws| close_times(ws, started)),
+            )
+            .await;
+            for (frame, end) in times {
                 frames.push(frame);
                 ends.push(end);
             }

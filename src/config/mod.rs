@@ -821,6 +821,20 @@ mod tests {
     }
 
     #[test]
+    fn every_documented_default_is_built_in() {
+        let built_in = parse_table(DEFAULT_TOML, "config/default.toml").unwrap();
+        for var in VARS.iter().filter(|v| !v.default.is_empty()) {
+            let key = var.name.to_ascii_lowercase();
+            assert_eq!(
+                built_in.get(&key).map(toml_string).as_deref(),
+                Some(var.default),
+                "{} in config/default.toml",
+                var.name
+            );
+        }
+    }
+
+    #[test]
     fn defaults_follow_the_spec() {
         let c = Config::load(&env(&[]), None).unwrap();
         assert_eq!(c.provider, "docker");

@@ -7,18 +7,17 @@
 //! `cargo bench --bench desktop_groups -- docker` for a Docker Team computer through an
 //! in-process supervisor (needs the engine on cgroup v1 and the computer image).
 
-use std::net::TcpListener;
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::config::DockerNetwork;
 use rakazo::desktop::command::sweep_script;
 use rakazo::desktop::groups::DesktopLimits;
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 use rakazo::desktop::runtime::DesktopRuntime;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo::supervisor::engine::{Engine, EngineSettings};
-use rakazo::supervisor::routes::State;
 use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 
 /// Busy loops started in the burning desktop (more than the cores of a small machine).
@@ -202,42 +201,17 @@ async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duratio
     (wake, first, warm)
 }
 
-/// An in-process supervisor on 127.0.0.1:0 for computers without a network, using every core.
-fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
-    let settings = EngineSettings {
-        data_dir,
-        image: rakazo::image::default_image(),
-        docker: DockerSettings {
-            image: None,
-            nano_cpus: 0,
-            memory_bytes: 0,
-            pids_limit: 4096,
-            network: DockerNetwork::None,
-            egress: Default::default(),
-        },
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let engine = Engine::connect(settings).await.expect("docker engine");
-            let state = actix_web::web::Data::new(State::new(engine, &token));
-            rakazo::supervisor::serve(listener, state)
-                .unwrap()
-                .await
-                .unwrap();
-        })
-    });
-    url
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let docker = std::env::args().any(|a| a == "docker");
     let machines = if docker {
         let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
+        let url = support::start_supervisor(
+            dir.path().canonicalize().unwrap(),
+            token.clone(),
+            DockerNetwork::None,
+        );
         Machines::Docker { url, token }
     } else {
         Machines::Host(dir.path().to_path_buf())

@@ -5,13 +5,12 @@
 //! command path the remote providers take (capture helper and xdotool through exec). Results
 //! are recorded in `BENCHMARKS.md`.
 
-use std::net::TcpListener;
+mod support;
+
 use std::time::{Duration, Instant};
 
-use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo::supervisor::engine::{Engine, EngineSettings};
-use rakazo::supervisor::routes::State;
 use rakazo_actors::provider::{ExecRequest, MachineSpec, ProviderRef, SandboxProvider};
 
 /// Provision-to-first-screenshot rounds.
@@ -23,34 +22,6 @@ const DESKTOPS: usize = 4;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
-    let settings = EngineSettings {
-        data_dir,
-        image: rakazo::image::default_image(),
-        docker: DockerSettings {
-            image: None,
-            nano_cpus: 0,
-            memory_bytes: 0,
-            pids_limit: 4096,
-            network: DockerNetwork::Bridge,
-            egress: Default::default(),
-        },
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let engine = Engine::connect(settings).await.expect("docker engine");
-            let state = actix_web::web::Data::new(State::new(engine, &token));
-            rakazo::supervisor::serve(listener, state)
-                .unwrap()
-                .await
-                .unwrap();
-        })
-    });
-    url
 }
 
 /// Provision → open desktop → first screenshot, `ROUNDS` times, then observe latency on one
@@ -145,7 +116,11 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
+    let url = support::start_supervisor(
+        dir.path().canonicalize().unwrap(),
+        token.clone(),
+        DockerNetwork::Bridge,
+    );
     let rt = actix_rt::System::new();
     rt.block_on(async move {
         let provider = |commands_only| {

@@ -9,15 +9,14 @@
 //!
 //! Run: `cargo bench --bench remote`.
 
-use std::net::TcpListener;
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::app::App;
-use rakazo::config::{Config, DockerNetwork, DockerSettings};
+use rakazo::config::{Config, DockerNetwork};
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo::supervisor::engine::{Engine, EngineSettings};
-use rakazo::supervisor::routes::State;
 use rakazo_actors::provider::{ExecRequest, MachineSpec, SandboxProvider};
 use serde_json::{Value, json};
 
@@ -33,34 +32,6 @@ fn ms(d: Duration) -> f64 {
 fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
     v.sort();
     ms(v[((v.len() as f64 - 1.0) * p) as usize])
-}
-
-fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
-    let settings = EngineSettings {
-        data_dir,
-        image: rakazo::image::default_image(),
-        docker: DockerSettings {
-            image: None,
-            nano_cpus: 0,
-            memory_bytes: 0,
-            pids_limit: 4096,
-            network: DockerNetwork::Bridge,
-            egress: Default::default(),
-        },
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let engine = Engine::connect(settings).await.expect("docker engine");
-            let state = actix_web::web::Data::new(State::new(engine, &token));
-            rakazo::supervisor::serve(listener, state)
-                .unwrap()
-                .await
-                .unwrap();
-        })
-    });
-    url
 }
 
 fn spec(tag: &str) -> MachineSpec {
@@ -140,7 +111,11 @@ fn main() {
     }
     let sup_dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let url = start_supervisor(sup_dir.path().canonicalize().unwrap(), token.clone());
+    let url = support::start_supervisor(
+        sup_dir.path().canonicalize().unwrap(),
+        token.clone(),
+        DockerNetwork::Bridge,
+    );
     actix_rt::System::new().block_on(async move {
         let dir = tempfile::tempdir().unwrap();
         let env: std::collections::HashMap<String, String> = [

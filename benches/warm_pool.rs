@@ -5,13 +5,12 @@
 //! remote providers take). Needs a Docker engine and the computer image; runs its own
 //! supervisor on 127.0.0.1:0. Results are recorded in `BENCHMARKS.md`.
 
-use std::net::TcpListener;
+mod support;
+
 use std::time::{Duration, Instant};
 
-use rakazo::config::{DockerNetwork, DockerSettings};
+use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo::supervisor::engine::{Engine, EngineSettings};
-use rakazo::supervisor::routes::State;
 use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 
 /// Rounds per setting.
@@ -19,34 +18,6 @@ const ROUNDS: usize = 3;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn start_supervisor(data_dir: std::path::PathBuf, token: String) -> String {
-    let settings = EngineSettings {
-        data_dir,
-        image: rakazo::image::default_image(),
-        docker: DockerSettings {
-            image: None,
-            nano_cpus: 0,
-            memory_bytes: 0,
-            pids_limit: 4096,
-            network: DockerNetwork::Bridge,
-            egress: Default::default(),
-        },
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let engine = Engine::connect(settings).await.expect("docker engine");
-            let state = actix_web::web::Data::new(State::new(engine, &token));
-            rakazo::supervisor::serve(listener, state)
-                .unwrap()
-                .await
-                .unwrap();
-        })
-    });
-    url
 }
 
 fn spec() -> MachineSpec {
@@ -114,7 +85,11 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let url = start_supervisor(dir.path().canonicalize().unwrap(), token.clone());
+    let url = support::start_supervisor(
+        dir.path().canonicalize().unwrap(),
+        token.clone(),
+        DockerNetwork::Bridge,
+    );
     let rt = actix_rt::System::new();
     rt.block_on(async move {
         let provider = |commands_only, warm_stacks| {

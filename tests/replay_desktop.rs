@@ -592,7 +592,7 @@ async fn with_record_control_sessions_on_a_person_s_screen_is_recorded_and_repla
     )
     .await
     .unwrap();
-    let (_, computer, entry) = typed_session(&s, &s.base, Duration::from_millis(2500)).await;
+    let (run, computer, entry) = typed_session(&s, &s.base, Duration::from_millis(2500)).await;
     let session = &entry["detail"];
     assert_eq!(session["inputs"]["keys"], TYPED.len(), "{entry}");
     let recording = &session["recording"];
@@ -668,6 +668,52 @@ async fn with_record_control_sessions_on_a_person_s_screen_is_recorded_and_repla
             .unwrap();
         assert!(resp.status().is_client_error(), "{tail}: {}", resp.status());
     }
+
+    // The dashboard plays the recorded screen at the person's step of the run's replay.
+    let chromium = Chromium::launch().await;
+    let mut page = chromium.page().await;
+    page.call("Page.enable", json!({})).await;
+    page.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    page.wait_for("the dashboard", "document.readyState === 'complete'")
+        .await;
+    page.eval(&format!(
+        "sessionStorage.setItem('rakazo.token', {}); true",
+        json!(s.operator_token)
+    ))
+    .await;
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("{}/?replay#replay={run}", s.base) }),
+    )
+    .await;
+    page.wait_for(
+        "the replay",
+        "document.querySelector('[data-role=replay]')?.dataset.ready === 'true'",
+    )
+    .await;
+    page.eval("document.querySelector('li[data-actor=user]').click(); true")
+        .await;
+    let count = frames.len();
+    page.wait_for(
+        "the session's recorded screen",
+        &format!(
+            "document.querySelector('[data-role=replay]').dataset.sessionFrames === '{count}'"
+        ),
+    )
+    .await;
+    page.eval("document.querySelector('[data-action=replay-session]').click(); true")
+        .await;
+    page.wait_for(
+        "the recording played to its end",
+        &format!(
+            "document.querySelector('[data-role=replay]').dataset.sessionFrame === '{}'",
+            count - 1
+        ),
+    )
+    .await;
+    let shot = page.shot("replay-session-recording").await;
+    assert!(std::fs::metadata(shot).unwrap().len() > 1000);
 }
 
 #[actix_rt::test]

@@ -1,8 +1,10 @@
-// Run replay: a run's steps (run.replay) played back over the frames the bot saw, each click, drag, scroll and key drawn where it happened, and people's control sessions in the same order; step by step or as a timeline.
+// Run replay: a run's steps (run.replay) played back over the frames the bot saw, each click, drag, scroll and key drawn where it happened, and people's control sessions in the same order (with their screen recordings, where the server records them); step by step or as a timeline.
 import { el, rpc } from "./app.js";
 
 /** How long each step shows when playing. */
 const STEP_MS = 1200;
+/** The longest a control session's recorded frame shows when its recording plays. */
+const SESSION_FRAME_MS = 1000;
 /** Colours of the marks: the bot's actions, a person's session. */
 const BOT = "#e4572e", USER = "#2e86de";
 
@@ -92,8 +94,9 @@ export class Replay {
     this.prevBtn = el("button", { "data-action": "replay-prev", onclick: () => this.show(this.index - 1) }, "◀ Step");
     this.nextBtn = el("button", { "data-action": "replay-next", onclick: () => this.show(this.index + 1) }, "Step ▶");
     this.playBtn = el("button", { class: "primary", "data-action": "replay-play", onclick: () => this.toggle() }, "Play");
+    this.sessionBtn = el("button", { "data-action": "replay-session", hidden: true, onclick: () => this.playSession() }, "Play recorded screen");
     this.root = el("section", { class: "replay", "data-role": "replay", "data-run": runId },
-      el("div", { class: "replay-bar" }, this.prevBtn, this.playBtn, this.nextBtn),
+      el("div", { class: "replay-bar" }, this.prevBtn, this.playBtn, this.nextBtn, this.sessionBtn),
       el("div", { class: "replay-body" }, el("div", { class: "replay-stage" }, this.canvas, this.caption), this.list));
   }
 
@@ -117,9 +120,14 @@ export class Replay {
     return own.frame || null;
   }
 
-  async image(frame) {
-    if (!this.images.has(frame.digest)) {
-      this.images.set(frame.digest, rpc("run.replayFrame", { runId: this.runId, digest: frame.digest }).then((f) =>
+  /** A frame's image, fetched once: a run's frame, or one of a control session's recording. */
+  async image(frame, recordingId) {
+    const key = `${recordingId || this.runId}:${frame.digest}`;
+    if (!this.images.has(key)) {
+      const got = recordingId
+        ? rpc("control.replayFrame", { recordingId, digest: frame.digest })
+        : rpc("run.replayFrame", { runId: this.runId, digest: frame.digest });
+      this.images.set(key, got.then((f) =>
         new Promise((resolve, reject) => {
           const img = new Image();
           img.onload = () => resolve(img);
@@ -127,7 +135,36 @@ export class Replay {
           img.src = `data:${f.mimeType};base64,${f.data}`;
         })));
     }
-    return this.images.get(frame.digest);
+    return this.images.get(key);
+  }
+
+  /** The frames of a control session's screen recording (control.replay), fetched once. */
+  async sessionFrames(recordingId) {
+    this.sessions = this.sessions || new Map();
+    if (!this.sessions.has(recordingId)) this.sessions.set(recordingId, rpc("control.replay", { recordingId }).then((r) => r.frames));
+    return this.sessions.get(recordingId);
+  }
+
+  /** Draws a frame image over the whole canvas. */
+  paint(img) {
+    this.canvas.width = img.naturalWidth;
+    this.canvas.height = img.naturalHeight;
+    this.canvas.getContext("2d").drawImage(img, 0, 0);
+  }
+
+  /** Plays the recording of the control session shown, frame by frame at its own pace. */
+  async playSession() {
+    const i = this.index, step = this.steps[i], id = step.session?.recording?.id;
+    if (!id) return;
+    const frames = await this.sessionFrames(id);
+    for (let k = 0; k < frames.length; k++) {
+      if (this.index !== i) return;
+      this.paint(await this.image(frames[k], id));
+      this.root.dataset.sessionFrame = String(k);
+      this.caption.textContent = `Step ${i + 1} of ${this.steps.length} · ${step.actor} · recorded screen ${k + 1} of ${frames.length}`;
+      const next = frames[k + 1];
+      if (next) await new Promise((r) => setTimeout(r, Math.min(SESSION_FRAME_MS, Math.max(0, next.atMs - frames[k].atMs))));
+    }
   }
 
   async show(i) {
@@ -135,14 +172,18 @@ export class Replay {
     this.index = i;
     const step = this.steps[i];
     for (const li of this.list.children) li.setAttribute("aria-current", String(li.dataset.replayStep === String(i)));
-    const frame = this.frameFor(i);
+    const recording = step.kind === "control.session" ? step.session?.recording : null;
+    const recorded = recording?.id && recording.frames ? await this.sessionFrames(recording.id) : [];
+    if (this.index !== i) return;
+    this.sessionBtn.hidden = !recorded.length;
+    this.root.dataset.sessionFrames = String(recorded.length);
+    delete this.root.dataset.sessionFrame;
+    const frame = recorded.length ? recorded[0] : this.frameFor(i);
     const ctx = this.canvas.getContext("2d");
     if (frame) {
-      const img = await this.image(frame);
+      const img = await this.image(frame, recorded.length ? recording.id : undefined);
       if (this.index !== i) return;
-      this.canvas.width = img.naturalWidth;
-      this.canvas.height = img.naturalHeight;
-      ctx.drawImage(img, 0, 0);
+      this.paint(img);
     } else {
       ctx.fillStyle = "#222";
       ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);

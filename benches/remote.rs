@@ -11,6 +11,7 @@
 
 mod support;
 
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

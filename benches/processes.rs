@@ -6,11 +6,13 @@
 //! tasks on the same server. Needs `RAKAZO_TEST_POSTGRES_URL`; computers are the in-process
 //! `fake` provider. Results are recorded in `BENCHMARKS.md`.
 
+mod support;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sea_orm::{ConnectionTrait, Database};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rakazo");
 /// Concurrent clients (one bot each).
@@ -68,28 +70,6 @@ async fn start(dir: &std::path::Path, db: &str) -> Proc {
     Proc(child, base)
 }
 
-async fn call(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    method: &str,
-    params: Value,
-) -> Value {
-    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let v: Value = http
-        .post(format!("{base}/rpc"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(v.get("error").is_none(), "{method}: {v}");
-    v["result"].clone()
-}
-
 /// Control round trips per second through `processes` API processes.
 async fn through_processes(admin: &str, processes: usize) -> f64 {
     let db = fresh_db(admin).await;
@@ -112,7 +92,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
         .to_owned();
     let http = reqwest::Client::new();
     let first = &procs[0].1;
-    let space = call(
+    let space = support::rpc(
         &http,
         first,
         &token,
@@ -125,7 +105,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
         .to_owned();
     let mut clients = Vec::new();
     for i in 0..CLIENTS {
-        let bot = call(
+        let bot = support::rpc(
             &http,
             first,
             &token,
@@ -138,7 +118,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
             .to_owned();
         let base = procs[i % processes].1.clone();
         // A first grant opens the bot's computer and screen; the rounds then time the lease.
-        let grant = call(
+        let grant = support::rpc(
             &http,
             &base,
             &token,
@@ -146,7 +126,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
             json!({ "botId": bot }),
         )
         .await;
-        call(
+        support::rpc(
             &http,
             &base,
             &token,
@@ -159,7 +139,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
             let started = Instant::now();
             let mut rounds = 0u64;
             while started.elapsed() < WINDOW {
-                let grant = call(
+                let grant = support::rpc(
                     &http,
                     &base,
                     &token,
@@ -167,7 +147,7 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
                     json!({ "botId": bot }),
                 )
                 .await;
-                call(
+                support::rpc(
                     &http,
                     &base,
                     &token,

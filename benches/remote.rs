@@ -64,28 +64,6 @@ async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
     [t1 - t0, t2 - t1, t3 - t2]
 }
 
-async fn rpc(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    method: &str,
-    params: Value,
-) -> Value {
-    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let v: Value = http
-        .post(format!("{base}/rpc"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(v.get("error").is_none(), "{method}: {v}");
-    v["result"].clone()
-}
-
 fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
     let (r50, r95, a50, a95) = (
         percentile(raw.clone(), 0.5),
@@ -185,15 +163,15 @@ fn main() {
         actix_rt::spawn(rakazo::server::build(app.clone(), listener, 1).unwrap());
         let http = reqwest::Client::new();
         let t = &op_token;
-        let space = rpc(&http, &base, t, "space.create", json!({ "name": "bench" })).await;
-        let bot = rpc(&http, &base, t, "bot.create", json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" })).await;
-        let started = rpc(&http, &base, t, "run.start", json!({ "botId": bot["id"] })).await;
+        let space = support::rpc(&http, &base, t, "space.create", json!({ "name": "bench" })).await;
+        let bot = support::rpc(&http, &base, t, "bot.create", json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" })).await;
+        let started = support::rpc(&http, &base, t, "run.start", json!({ "botId": bot["id"] })).await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
         let call = |name: &str, arguments: Value| json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments });
         // The run's lease is renewed between timed calls (a slow round must not outlive it).
         let renew = json!({ "runId": run, "fence": fence });
         // Warm up: the machine, the screen and the browser exist before timing.
-        rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
+        support::rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
         // Raw: the same provider, a separate sandbox with its own screen.
         let raw_spec = spec("raw");
         let machine = remote.provision(&raw_spec).await.unwrap();
@@ -203,23 +181,23 @@ fn main() {
         println!("| --- | --- | --- | --- | --- |");
         let (mut raw, mut api) = (Vec::new(), Vec::new());
         for _ in 0..CALLS {
-            rpc(&http, &base, t, "run.renew", renew.clone()).await;
+            support::rpc(&http, &base, t, "run.renew", renew.clone()).await;
             let s = Instant::now();
             remote.exec(&machine, &req).await.unwrap();
             raw.push(s.elapsed());
             let s = Instant::now();
-            rpc(&http, &base, t, "tools/call", call("shell", json!({ "command": "true" }))).await;
+            support::rpc(&http, &base, t, "tools/call", call("shell", json!({ "command": "true" }))).await;
             api.push(s.elapsed());
         }
         report("`shell` running `true`", raw, api);
         let (mut raw, mut api) = (Vec::new(), Vec::new());
         for _ in 0..CALLS / 4 {
-            rpc(&http, &base, t, "run.renew", renew.clone()).await;
+            support::rpc(&http, &base, t, "run.renew", renew.clone()).await;
             let s = Instant::now();
             remote.observe(&machine, "raw-bot").await.unwrap();
             raw.push(s.elapsed());
             let s = Instant::now();
-            rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
+            support::rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
             api.push(s.elapsed());
         }
         report("`computer_observe`", raw, api);

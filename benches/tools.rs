@@ -5,6 +5,8 @@
 //!
 //! Run: `scripts/bench.sh tools`.
 
+mod support;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -34,28 +36,6 @@ fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
     );
 }
 
-async fn rpc(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    method: &str,
-    params: Value,
-) -> Value {
-    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let v: Value = http
-        .post(format!("{base}/rpc"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(v.get("error").is_none(), "{method}: {v}");
-    v["result"].clone()
-}
-
 fn main() {
     actix_rt::System::new().block_on(async {
         let dir = tempfile::tempdir().unwrap();
@@ -75,13 +55,13 @@ fn main() {
         actix_rt::spawn(rakazo::server::build(app.clone(), listener, 1).unwrap());
         let http = reqwest::Client::new();
 
-        let space = rpc(&http, &base, &token, "space.create", json!({ "name": "bench" })).await;
-        let bot = rpc(&http, &base, &token, "bot.create", json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" })).await;
-        let started = rpc(&http, &base, &token, "run.start", json!({ "botId": bot["id"] })).await;
+        let space = support::rpc(&http, &base, &token, "space.create", json!({ "name": "bench" })).await;
+        let bot = support::rpc(&http, &base, &token, "bot.create", json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" })).await;
+        let started = support::rpc(&http, &base, &token, "run.start", json!({ "botId": bot["id"] })).await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
         let call = |name: &str, arguments: Value| json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments });
         // Warm up: the machine, the screen and the browser exist before timing.
-        rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
+        support::rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
 
         // Raw: the same provider, a separate machine with its own screen.
         let provider = app.runtime().provider().unwrap();
@@ -96,7 +76,7 @@ fn main() {
             provider.exec(&machine, &req).await.unwrap();
             raw.push(t.elapsed());
             let t = Instant::now();
-            rpc(&http, &base, &token, "tools/call", call("shell", json!({ "command": "true" }))).await;
+            support::rpc(&http, &base, &token, "tools/call", call("shell", json!({ "command": "true" }))).await;
             api.push(t.elapsed());
         }
         report("shell `true`", raw, api);
@@ -107,7 +87,7 @@ fn main() {
             provider.observe(&machine, "raw-bot").await.unwrap();
             raw.push(t.elapsed());
             let t = Instant::now();
-            rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
+            support::rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
             api.push(t.elapsed());
         }
         report("computer_observe", raw, api);

@@ -272,6 +272,28 @@ impl Cdp {
     }
 }
 
+/// Headless Chromium on the dashboard, signed in as the operator, opening `run`'s replay.
+async fn open_replay(s: &TestServer, run: &str) -> (Chromium, Cdp) {
+    let chromium = Chromium::launch().await;
+    let mut page = chromium.page().await;
+    page.call("Page.enable", json!({})).await;
+    page.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
+        .await;
+    page.wait_for("the dashboard", "document.readyState === 'complete'")
+        .await;
+    page.eval(&format!(
+        "sessionStorage.setItem('rakazo.token', {}); true",
+        json!(s.operator_token)
+    ))
+    .await;
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("{}/?replay#replay={run}", s.base) }),
+    )
+    .await;
+    (chromium, page)
+}
+
 #[actix_rt::test]
 async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop() {
     let s = TestServer::start(
@@ -413,23 +435,7 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     }
 
     // The dashboard plays it: step by step, the click drawn over the frame the bot clicked on.
-    let chromium = Chromium::launch().await;
-    let mut page = chromium.page().await;
-    page.call("Page.enable", json!({})).await;
-    page.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
-        .await;
-    page.wait_for("the dashboard", "document.readyState === 'complete'")
-        .await;
-    page.eval(&format!(
-        "sessionStorage.setItem('rakazo.token', {}); true",
-        json!(s.operator_token)
-    ))
-    .await;
-    page.call(
-        "Page.navigate",
-        json!({ "url": format!("{}/?replay#replay={run}", s.base) }),
-    )
-    .await;
+    let (_chromium, mut page) = open_replay(&s, &run).await;
     page.wait_for(
         "the replay",
         "document.querySelector('[data-role=replay]')?.dataset.ready === 'true' && document.querySelector('[data-role=replay]').dataset.step === '0'",
@@ -670,23 +676,7 @@ async fn with_record_control_sessions_on_a_person_s_screen_is_recorded_and_repla
     }
 
     // The dashboard plays the recorded screen at the person's step of the run's replay.
-    let chromium = Chromium::launch().await;
-    let mut page = chromium.page().await;
-    page.call("Page.enable", json!({})).await;
-    page.call("Page.navigate", json!({ "url": format!("{}/", s.base) }))
-        .await;
-    page.wait_for("the dashboard", "document.readyState === 'complete'")
-        .await;
-    page.eval(&format!(
-        "sessionStorage.setItem('rakazo.token', {}); true",
-        json!(s.operator_token)
-    ))
-    .await;
-    page.call(
-        "Page.navigate",
-        json!({ "url": format!("{}/?replay#replay={run}", s.base) }),
-    )
-    .await;
+    let (_chromium, mut page) = open_replay(&s, &run).await;
     page.wait_for(
         "the replay",
         "document.querySelector('[data-role=replay]')?.dataset.ready === 'true'",

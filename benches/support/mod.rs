@@ -1,10 +1,13 @@
-//! What the Docker benches share: an in-process supervisor on 127.0.0.1:0.
+//! What the benches share: an in-process supervisor on 127.0.0.1:0, and one JSON-RPC call.
+
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 
 use rakazo::config::{DockerNetwork, DockerSettings};
 use rakazo::supervisor::engine::{Engine, EngineSettings};
 use rakazo::supervisor::routes::State;
+use serde_json::{Value, json};
 
 /// Starts a supervisor on its own thread, keeping its state in `data_dir` and giving its
 /// computers `network` and every core; returns its URL.
@@ -38,4 +41,27 @@ pub fn start_supervisor(
         })
     });
     url
+}
+
+/// One JSON-RPC call to the API at `base` as `token`; its result (an error panics).
+pub async fn rpc(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    params: Value,
+) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+    let v: Value = http
+        .post(format!("{base}/rpc"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v.get("error").is_none(), "{method}: {v}");
+    v["result"].clone()
 }

@@ -298,6 +298,31 @@ pub enum HttpAuthorityError {
     Client(#[from] reqwest::Error),
 }
 
+/// The endpoint `path` under the API's `api_base` (an http(s) URL), and a client for it that
+/// bounds each call by `timeout` and follows no proxy and no redirect.
+pub(crate) fn internal_endpoint(
+    api_base: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(Url, reqwest::Client), HttpAuthorityError> {
+    let mut base = Url::parse(api_base).map_err(|_| HttpAuthorityError::BadBase)?;
+    if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+        return Err(HttpAuthorityError::BadBase);
+    }
+    if !base.path().ends_with('/') {
+        let path = format!("{}/", base.path());
+        base.set_path(&path);
+    }
+    let endpoint = base.join(path).map_err(|_| HttpAuthorityError::BadBase)?;
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    Ok((endpoint, client))
+}
+
 impl HttpAuthority {
     /// An authority calling `{api_base}/internal/screen-authority` with `Authorization: Bearer
     /// {bearer}` and a total timeout per call.
@@ -306,23 +331,7 @@ impl HttpAuthority {
         bearer: impl Into<String>,
         timeout: Duration,
     ) -> Result<HttpAuthority, HttpAuthorityError> {
-        let mut base = Url::parse(api_base).map_err(|_| HttpAuthorityError::BadBase)?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(HttpAuthorityError::BadBase);
-        }
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
-        let endpoint = base
-            .join(AUTHORITY_RPC_PATH)
-            .map_err(|_| HttpAuthorityError::BadBase)?;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        let (endpoint, client) = internal_endpoint(api_base, AUTHORITY_RPC_PATH, timeout)?;
         Ok(HttpAuthority {
             client,
             endpoint,

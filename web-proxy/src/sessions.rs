@@ -103,24 +103,8 @@ impl HttpSessionNotes {
         bearer: impl Into<String>,
         timeout: Duration,
     ) -> Result<HttpSessionNotes, crate::authority::HttpAuthorityError> {
-        use crate::authority::HttpAuthorityError;
-        let mut base = Url::parse(api_base).map_err(|_| HttpAuthorityError::BadBase)?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(HttpAuthorityError::BadBase);
-        }
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
-        let endpoint = base
-            .join(SESSIONS_RPC_PATH)
-            .map_err(|_| HttpAuthorityError::BadBase)?;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        let (endpoint, client) =
+            crate::authority::internal_endpoint(api_base, SESSIONS_RPC_PATH, timeout)?;
         Ok(HttpSessionNotes {
             client,
             endpoint,

@@ -70,6 +70,26 @@ async fn start(dir: &std::path::Path, db: &str) -> Proc {
     Proc(child, base)
 }
 
+/// A person takes control of `bot` through the API at `base`, then releases it.
+async fn control_round_trip(http: &reqwest::Client, base: &str, token: &str, bot: &str) {
+    let grant = support::rpc(
+        http,
+        base,
+        token,
+        "computer.takeControl",
+        json!({ "botId": bot }),
+    )
+    .await;
+    support::rpc(
+        http,
+        base,
+        token,
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": grant["fence"] }),
+    )
+    .await;
+}
+
 /// Control round trips per second through `processes` API processes.
 async fn through_processes(admin: &str, processes: usize) -> f64 {
     let db = fresh_db(admin).await;
@@ -118,43 +138,13 @@ async fn through_processes(admin: &str, processes: usize) -> f64 {
             .to_owned();
         let base = procs[i % processes].1.clone();
         // A first grant opens the bot's computer and screen; the rounds then time the lease.
-        let grant = support::rpc(
-            &http,
-            &base,
-            &token,
-            "computer.takeControl",
-            json!({ "botId": bot }),
-        )
-        .await;
-        support::rpc(
-            &http,
-            &base,
-            &token,
-            "computer.releaseControl",
-            json!({ "botId": bot, "fence": grant["fence"] }),
-        )
-        .await;
+        control_round_trip(&http, &base, &token, &bot).await;
         let (http, token) = (http.clone(), token.clone());
         clients.push(async move {
             let started = Instant::now();
             let mut rounds = 0u64;
             while started.elapsed() < WINDOW {
-                let grant = support::rpc(
-                    &http,
-                    &base,
-                    &token,
-                    "computer.takeControl",
-                    json!({ "botId": bot }),
-                )
-                .await;
-                support::rpc(
-                    &http,
-                    &base,
-                    &token,
-                    "computer.releaseControl",
-                    json!({ "botId": bot, "fence": grant["fence"] }),
-                )
-                .await;
+                control_round_trip(&http, &base, &token, &bot).await;
                 rounds += 1;
             }
             rounds as f64 / started.elapsed().as_secs_f64()

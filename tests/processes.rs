@@ -115,6 +115,23 @@ impl Drop for Proc {
     }
 }
 
+/// A fresh, migrated database on the test Postgres server and a data directory for the
+/// processes sharing it; `None` without a server.
+async fn migrated_postgres() -> Option<(String, tempfile::TempDir)> {
+    let admin = common::postgres_admin_url()?;
+    let url = common::fresh_postgres_db(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .arg("migrate")
+        .env("DATA_DIR", dir.path())
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    Some((url, dir))
+}
+
 /// A JSON-RPC client of one API process.
 struct Api {
     base: String,
@@ -253,19 +270,9 @@ where
 
 #[actix_rt::test]
 async fn two_api_processes_and_a_worker_share_one_postgres() {
-    let Some(admin) = common::postgres_admin_url() else {
+    let Some((url, dir)) = migrated_postgres().await else {
         return;
     };
-    let url = common::fresh_postgres_db(&admin).await;
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new(BIN)
-        .arg("migrate")
-        .env("DATA_DIR", dir.path())
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
     let mut a = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let mut b = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let mut worker = Proc::start(&["worker"], dir.path(), &url).await;
@@ -467,19 +474,9 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
 #[actix_rt::test]
 async fn a_queued_operation_runs_where_its_computer_is_held_or_on_the_worker() {
     use rakazo_actors::entity::maintenance_operation;
-    let Some(admin) = common::postgres_admin_url() else {
+    let Some((url, dir)) = migrated_postgres().await else {
         return;
     };
-    let url = common::fresh_postgres_db(&admin).await;
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new(BIN)
-        .arg("migrate")
-        .env("DATA_DIR", dir.path())
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
     let mut api = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let worker = Proc::start_with(
         &["worker"],
@@ -666,19 +663,9 @@ async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
 /// claim names it and the other API process runs the bot's next command (taking it over).
 #[actix_rt::test]
 async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
-    let Some(admin) = common::postgres_admin_url() else {
+    let Some((url, dir)) = migrated_postgres().await else {
         return;
     };
-    let url = common::fresh_postgres_db(&admin).await;
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new(BIN)
-        .arg("migrate")
-        .env("DATA_DIR", dir.path())
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
     let never = "600000";
     let mut a = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
     let b = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
@@ -769,19 +756,9 @@ async fn active_screens(db: &DatabaseConnection, computer_id: &str) -> Vec<(Stri
 /// asked through both at once takes the idle screen, once, and never a running bot's.
 #[actix_rt::test]
 async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
-    let Some(admin) = common::postgres_admin_url() else {
+    let Some((url, dir)) = migrated_postgres().await else {
         return;
     };
-    let url = common::fresh_postgres_db(&admin).await;
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new(BIN)
-        .arg("migrate")
-        .env("DATA_DIR", dir.path())
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
     let limit = [
         ("SANDBOX_TEAM_SCREEN_LIMIT", "2"),
         ("SANDBOX_IDLE_MS", "600000"),

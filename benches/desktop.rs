@@ -143,7 +143,7 @@ fn main() {
         .unwrap();
     let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
     let screen = rt
-        .block_on(runtime.open_screen("bench"))
+        .block_on(runtime.open_screen("bench", 0))
         .expect("open screen");
     let d = screen.display;
     // A busy page: gradient background and a screenful of text, like real sites.
@@ -317,7 +317,7 @@ fn main() {
     let prefix = format!("{}/screen-", run_dir.display());
     std::thread::sleep(Duration::from_secs(3));
     let ((one_tagged, n_tagged), (one, n_tree)) = pss_kib(&prefix);
-    rt.block_on(runtime.open_screen("bench-2"))
+    rt.block_on(runtime.open_screen("bench-2", 1))
         .expect("open a second screen");
     std::thread::sleep(Duration::from_secs(3));
     let ((two_tagged, _), (two, n_tree_two)) = pss_kib(&prefix);

@@ -134,8 +134,8 @@ async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLim
     let bench = machines.provider(first_display, limits);
     let p = bench.provider();
     let m = p.provision(&team("bench")).await.unwrap();
-    p.open_screen(&m, "victim").await.unwrap();
-    p.open_screen(&m, "burner").await.unwrap();
+    p.open_screen(&m, "victim", 0).await.unwrap();
+    p.open_screen(&m, "burner", 1).await.unwrap();
     // The victim's page changes every 30 ms, so every observe has a new frame to capture and
     // encode, drawn by the victim's own browser.
     p.write_file(&m, "tick.html", TICK.as_bytes())
@@ -179,7 +179,7 @@ async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duratio
     let p = bench.provider();
     let m = p.provision(&team("thaw")).await.unwrap();
     let runtime = bench.desktops(&m).await;
-    p.open_screen(&m, "victim").await.unwrap();
+    p.open_screen(&m, "victim", 0).await.unwrap();
     let (mut wake, mut first, mut warm) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..20 {
         while !runtime.is_frozen("victim").await {

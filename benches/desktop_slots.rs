@@ -55,14 +55,14 @@ async fn open_many(bots: usize, together: bool, first_display: u32) -> Duration 
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime(dir.path(), first_display);
     // A first screen outside the measurement: the runtime's one-time start (leftover reaping).
-    rt.open_screen("warm").await.unwrap();
+    rt.open_screen("warm", 0).await.unwrap();
     rt.close_screen("warm").await.unwrap();
     let started = Instant::now();
     if together {
         let tasks: Vec<_> = (0..bots)
             .map(|i| {
                 let rt = rt.clone();
-                tokio::spawn(async move { rt.open_screen(&format!("bot-{i}")).await })
+                tokio::spawn(async move { rt.open_screen(&format!("bot-{i}"), i as u32).await })
             })
             .collect();
         for t in tasks {
@@ -70,7 +70,7 @@ async fn open_many(bots: usize, together: bool, first_display: u32) -> Duration 
         }
     } else {
         for i in 0..bots {
-            rt.open_screen(&format!("bot-{i}")).await.unwrap();
+            rt.open_screen(&format!("bot-{i}"), i as u32).await.unwrap();
         }
     }
     let took = started.elapsed();
@@ -118,7 +118,7 @@ fn main() {
         // Observe of one bot, idle and while another bot's browser starts.
         let dir = tempfile::tempdir().unwrap();
         let desk = runtime(dir.path(), 171);
-        desk.open_screen("watched").await.unwrap();
+        desk.open_screen("watched", 0).await.unwrap();
         for _ in 0..5 {
             desk.observe("watched").await.unwrap();
         }
@@ -133,7 +133,7 @@ fn main() {
             let other = format!("other-{round}");
             let opening = tokio::spawn({
                 let desk = desk.clone();
-                async move { desk.open_screen(&other).await.map(|_| other) }
+                async move { desk.open_screen(&other, 1).await.map(|_| other) }
             });
             while !opening.is_finished() {
                 let t = Instant::now();

@@ -37,7 +37,7 @@ async fn first_screenshots(p: &DockerProvider, path: &str) {
         let t0 = Instant::now();
         let m = p.provision(&s).await.expect("provision");
         let t1 = Instant::now();
-        p.open_screen(&m, &bot).await.expect("open screen");
+        p.open_screen(&m, &bot, 0).await.expect("open screen");
         let t2 = Instant::now();
         let frame = p.observe(&m, &bot).await.expect("observe");
         let t3 = Instant::now();
@@ -151,7 +151,7 @@ fn main() {
         let mut readings = Vec::new();
         for n in 1..=DESKTOPS {
             let bot = format!("bot-{n}");
-            p.open_screen(&m, &bot).await.unwrap();
+            p.open_screen(&m, &bot, n as u32 - 1).await.unwrap();
             p.observe(&m, &bot).await.unwrap();
             // Let the browser finish its start-up work before reading.
             tokio::time::sleep(Duration::from_secs(3)).await;

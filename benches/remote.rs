@@ -55,7 +55,7 @@ async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
     let t0 = Instant::now();
     let m = p.provision(&s).await.expect("provision");
     let t1 = Instant::now();
-    p.open_screen(&m, &bot).await.expect("open screen");
+    p.open_screen(&m, &bot, 0).await.expect("open screen");
     let t2 = Instant::now();
     let frame = p.observe(&m, &bot).await.expect("observe");
     let t3 = Instant::now();
@@ -175,7 +175,7 @@ fn main() {
         // Raw: the same provider, a separate sandbox with its own screen.
         let raw_spec = spec("raw");
         let machine = remote.provision(&raw_spec).await.unwrap();
-        remote.open_screen(&machine, "raw-bot").await.unwrap();
+        remote.open_screen(&machine, "raw-bot", 0).await.unwrap();
         let req = ExecRequest { command: "true".into(), cwd: String::new(), env: Vec::new(), timeout: Duration::from_secs(30) };
         println!("| call | raw p50 / p95 | through RPC p50 / p95 | added p50 | ratio |");
         println!("| --- | --- | --- | --- | --- |");

@@ -67,7 +67,7 @@ fn main() {
         let provider = app.runtime().provider().unwrap();
         let spec = MachineSpec { computer_id: "raw".into(), space_id: "raw".into(), bot_id: None, home_key: "raw-bench".into() };
         let machine = provider.provision(&spec).await.unwrap();
-        provider.open_screen(&machine, "raw-bot").await.unwrap();
+        provider.open_screen(&machine, "raw-bot", 0).await.unwrap();
         let req = ExecRequest { command: "true".into(), cwd: String::new(), env: Vec::new(), timeout: Duration::from_secs(30) };
 
         let (mut raw, mut api) = (Vec::new(), Vec::new());

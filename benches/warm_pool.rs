@@ -53,7 +53,7 @@ async fn round(p: &DockerProvider) -> (Duration, Duration, u64) {
     let bot = s.bot_id.clone().unwrap();
     let t0 = Instant::now();
     let m = p.provision(&s).await.expect("provision");
-    p.open_screen(&m, &bot).await.expect("open screen");
+    p.open_screen(&m, &bot, 0).await.expect("open screen");
     let frame = p.observe(&m, &bot).await.expect("observe");
     let first = t0.elapsed();
     assert!(frame.png.starts_with(b"\x89PNG"));
@@ -61,7 +61,9 @@ async fn round(p: &DockerProvider) -> (Duration, Duration, u64) {
     pool_ready(p, &m).await;
     let pss = p.runtime(&m).await.unwrap().warm_status().pss_kib;
     let t1 = Instant::now();
-    p.open_screen(&m, "bench-next").await.expect("open screen");
+    p.open_screen(&m, "bench-next", 1)
+        .await
+        .expect("open screen");
     p.observe(&m, "bench-next").await.expect("observe");
     let next = t1.elapsed();
     p.destroy(&m).await.unwrap();

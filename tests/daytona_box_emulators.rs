@@ -146,9 +146,9 @@ mod boat {
         }
         let p = provider();
         let m = p.provision(&team_screens::team_spec()).await.unwrap();
-        p.open_screen(&m, "bot-a").await.unwrap();
+        p.open_screen(&m, "bot-a", 0).await.unwrap();
         assert_eq!(
-            p.open_screen(&m, "bot-b").await.map(|_| ()),
+            p.open_screen(&m, "bot-b", 1).await.map(|_| ()),
             Err(ProviderError::MultiScreenUnavailable)
         );
         let (host, token) = host_url(&m.0).await;

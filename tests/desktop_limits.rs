@@ -75,8 +75,8 @@ async fn a_memory_hog_loses_its_tab_while_the_other_desktop_keeps_its_browser() 
     );
     let m = machine(&p, "team-limits").await;
     let runtime = p.runtime(&m).await.unwrap();
-    p.open_screen(&m, "hog").await.unwrap();
-    p.open_screen(&m, "calm").await.unwrap();
+    p.open_screen(&m, "hog", 0).await.unwrap();
+    p.open_screen(&m, "calm", 1).await.unwrap();
     let hog_browser = runtime.browser_pid("hog").await.unwrap();
     let calm_browser = runtime.browser_pid("calm").await.unwrap();
     assert_eq!(runtime.group_usage("hog").await.unwrap().oom_kills, 0);
@@ -128,7 +128,7 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
     assert!(p.describe().capabilities.desktop_freezing);
     let m = machine(&p, "team-freeze").await;
     let runtime = p.runtime(&m).await.unwrap();
-    p.open_screen(&m, "sleeper").await.unwrap();
+    p.open_screen(&m, "sleeper", 0).await.unwrap();
     // A page that would keep a core busy if it could run.
     let page = "<script>setInterval(()=>{const t=Date.now();while(Date.now()-t<40){}},50)</script>";
     p.write_file(&m, "busy.html", page.as_bytes())

@@ -238,9 +238,9 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     let mut events = runtime.subscribe();
 
     // Two bots, two displays, two browsers.
-    let a = runtime.open_screen("bot-a").await.unwrap();
-    let b = runtime.open_screen("bot-b").await.unwrap();
-    assert_ne!(a.slot, b.slot);
+    let a = runtime.open_screen("bot-a", 0).await.unwrap();
+    let b = runtime.open_screen("bot-b", 1).await.unwrap();
+    assert_eq!((a.slot, b.slot), (0, 1), "each on the slot asked for");
     assert_ne!(a.display, b.display);
     assert!(
         dir.path()
@@ -328,7 +328,7 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     );
     assert!(event.generation > a.generation);
     assert!(!socket.exists());
-    let c = runtime.open_screen("bot-c").await.unwrap();
+    let c = runtime.open_screen("bot-c", a.slot).await.unwrap();
     assert_eq!(c.slot, a.slot, "the freed slot is reused");
     assert!(c.generation > event.generation - 1);
     let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
@@ -339,7 +339,7 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
     );
 
     // Reopened in another slot, bot-a still has its cookie and its restored session.
-    let a2 = runtime.open_screen("bot-a").await.unwrap();
+    let a2 = runtime.open_screen("bot-a", 2).await.unwrap();
     assert_ne!(a2.slot, a.slot);
     let restored = site
         .seen
@@ -393,9 +393,9 @@ async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
     let machine = provider.provision(&spec).await.unwrap();
     let runtime = provider.runtime(&machine).await.unwrap();
 
-    provider.open_screen(&machine, "bot-1").await.unwrap();
+    provider.open_screen(&machine, "bot-1", 0).await.unwrap();
     // Which screen gives way is the screen actors' decision: the runtime only refuses.
-    let refused = provider.open_screen(&machine, "bot-2").await;
+    let refused = provider.open_screen(&machine, "bot-2", 1).await;
     assert_eq!(refused, Err(ProviderError::MultiScreenUnavailable));
     assert_eq!(
         runtime.screens().await.keys().collect::<Vec<_>>(),
@@ -413,7 +413,7 @@ async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
     );
 
     provider.close_screen(&machine, "bot-1").await.unwrap();
-    let screen = provider.open_screen(&machine, "bot-2").await.unwrap();
+    let screen = provider.open_screen(&machine, "bot-2", 0).await.unwrap();
     assert_eq!(screen.slot, 0);
     let frame = provider.observe(&machine, "bot-2").await.unwrap();
     assert!(frame.png.starts_with(b"\x89PNG"));
@@ -477,10 +477,10 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
         runner.clone(),
         runtime_config(dir.path(), 81, 0),
     ));
-    let first = runtime.open_screen("bot-first").await.unwrap();
+    let first = runtime.open_screen("bot-first", 0).await.unwrap();
     let opening = tokio::spawn({
         let runtime = runtime.clone();
-        async move { runtime.open_screen("bot-late").await }
+        async move { runtime.open_screen("bot-late", 1).await }
     });
     runner.arrived.notified().await;
 
@@ -496,7 +496,7 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
         .expect("act waited behind another bot's desktop start")
         .unwrap();
     assert_eq!(acted.completed, 1);
-    let again = tokio::time::timeout(guard, runtime.open_screen("bot-first"))
+    let again = tokio::time::timeout(guard, runtime.open_screen("bot-first", 0))
         .await
         .expect("reopening waited behind another bot's desktop start")
         .unwrap();
@@ -566,21 +566,25 @@ async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
     });
     let runtime = DesktopRuntime::new(runner.clone(), runtime_config(dir.path(), 61, 0));
 
-    let x = runtime.open_screen("bot-x").await.unwrap();
+    let x = runtime.open_screen("bot-x", 0).await.unwrap();
     runner.fail.store(true, Ordering::SeqCst);
     assert!(runtime.close_screen("bot-x").await.is_err());
     assert!(runtime.screen("bot-x").await.is_none());
-    let y = runtime.open_screen("bot-y").await.unwrap();
-    assert_ne!(y.slot, x.slot, "a reserved slot was reused");
+    match runtime.open_screen("bot-y", x.slot).await {
+        Err(DesktopError::SlotBusy { slot, .. }) => assert_eq!(slot, x.slot),
+        other => panic!("a reserved slot was reused: {other:?}"),
+    }
+    let y = runtime.open_screen("bot-y", 1).await.unwrap();
+    assert_eq!(y.slot, 1, "the slot asked for, never another");
     assert!(
-        runtime.open_screen("bot-x").await.is_err(),
+        runtime.open_screen("bot-x", 2).await.is_err(),
         "bot-x reopened while its old browser may run"
     );
     assert_eq!(runtime.retry_teardowns().await, 1);
 
     runner.fail.store(false, Ordering::SeqCst);
     assert_eq!(runtime.retry_teardowns().await, 0);
-    let x2 = runtime.open_screen("bot-x").await.unwrap();
+    let x2 = runtime.open_screen("bot-x", x.slot).await.unwrap();
     assert_eq!(x2.slot, x.slot);
     assert!(x2.generation > x.generation + 1);
     let all: HashMap<_, _> = runtime.screens().await;
@@ -598,7 +602,7 @@ async fn a_fresh_screen_shows_its_browser_and_nothing_else() {
         Arc::new(HostRunner::minimal()),
         runtime_config(dir.path(), 71, 0),
     );
-    let screen = runtime.open_screen("bot-a").await.unwrap();
+    let screen = runtime.open_screen("bot-a", 0).await.unwrap();
     // The first frame a bot gets: taken before anything else looks at the screen.
     let first = runtime.observe("bot-a").await.unwrap();
     let conn = windows::connect_local(screen.display);

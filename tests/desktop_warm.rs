@@ -120,7 +120,7 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
     let (spare_pid, spare_display) = spare[0];
 
     // Bot A's desktop is the spare: the same X server, started before A asked.
-    let a = runtime.open_screen("bot-a").await.unwrap();
+    let a = runtime.open_screen("bot-a", 0).await.unwrap();
     assert_eq!(a.display, spare_display);
     assert!(alive(spare_pid));
     assert!(our_xservers(&run).await.contains(&(spare_pid, a.display)));
@@ -170,7 +170,7 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
     );
 
     // Bot B gets the refilled spare: its own display, its own profile, only its browser.
-    let b = runtime.open_screen("bot-b").await.unwrap();
+    let b = runtime.open_screen("bot-b", 0).await.unwrap();
     assert_eq!(b.display, refill_display);
     assert!(alive(refill_pid));
     windows::assert_only_the_browser(&windows::connect_local(b.display));
@@ -187,7 +187,7 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
 
     // A comes back later: a fresh desktop again (a refill), its own profile kept.
     until_ready(&runtime, 1).await;
-    let a2 = runtime.open_screen("bot-a").await.unwrap();
+    let a2 = runtime.open_screen("bot-a", 1).await.unwrap();
     assert_ne!(a2.display, b.display);
     windows::assert_only_the_browser(&windows::connect_local(a2.display));
 
@@ -213,7 +213,7 @@ async fn pool_size_zero_starts_nothing_ahead_and_desktops_open_as_before() {
     assert!(our_xservers(&run).await.is_empty(), "no spare started");
     assert_eq!(runtime.warm_status().target, 0);
 
-    let a = runtime.open_screen("bot-a").await.unwrap();
+    let a = runtime.open_screen("bot-a", 0).await.unwrap();
     windows::assert_only_the_browser(&windows::connect_local(a.display));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -244,7 +244,7 @@ async fn a_spare_that_died_is_replaced_by_a_new_stack() {
     while alive(pid) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let a = runtime.open_screen("bot-a").await.unwrap();
+    let a = runtime.open_screen("bot-a", 0).await.unwrap();
     assert!(
         !our_xservers(&run).await.iter().any(|(p, _)| *p == pid),
         "the dead spare was not handed out"

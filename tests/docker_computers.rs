@@ -131,7 +131,7 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     );
 
     // Every process, the desktop included, runs as uid 1000; Chromium keeps its sandbox.
-    p.open_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-a", 0).await.unwrap();
     let out = p
         .exec(&m, &cmd("ps -eo uid= | sort -u | tr -d ' '"))
         .await
@@ -176,7 +176,7 @@ async fn inspect_shows_labels_mount_uid_1000_and_a_loopback_only_port() {
     p.close_route(&m, &route.token).await.unwrap();
     assert_eq!(gateway_greeting(addr.port(), &route.token).await, None);
     p.close_screen(&m, "bot-a").await.unwrap();
-    p.open_screen(&m, "bot-b").await.unwrap();
+    p.open_screen(&m, "bot-b", 0).await.unwrap();
     let _b = runtime.grant("bot-b", Policy::View).await.unwrap();
     assert_eq!(
         gateway_greeting(addr.port(), cap.token.expose()).await,
@@ -275,7 +275,7 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
     let cap = runtime.grant("bot-a", Policy::View).await.unwrap();
     assert!(token_answers(&p, &m, cap.token.expose()).await);
     p.close_screen(&m, "bot-a").await.unwrap();
-    let c_screen = p.open_screen(&m, "bot-c").await.unwrap();
+    let c_screen = p.open_screen(&m, "bot-c", a_slot).await.unwrap();
     assert_eq!(c_screen.slot, a_slot, "the freed slot is reused");
     let _c_view = runtime.grant("bot-c", Policy::View).await.unwrap();
     assert!(!token_answers(&p, &m, cap.token.expose()).await);
@@ -289,7 +289,7 @@ async fn team_screens_regression(sup: &TestSupervisor, p: Arc<DockerProvider>) {
         .join(&spec.home_key)
         .join(".browser-profiles/bot-a/Default");
     assert!(profile.is_dir(), "profile kept in the workspace");
-    let a2 = p.open_screen(&m, "bot-a").await.unwrap();
+    let a2 = p.open_screen(&m, "bot-a", 2).await.unwrap();
     assert_ne!(a2.slot, a_slot);
     assert_eq!(
         go(&*p, &m, "bot-a", "/check/a2").await.as_deref(),
@@ -380,7 +380,7 @@ async fn a_container_removed_behind_our_back_is_machine_gone() {
     let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
-    p.open_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-a", 0).await.unwrap();
     let gone = std::process::Command::new("docker")
         .args(["rm", "-f", &m.0])
         .output()
@@ -395,7 +395,7 @@ async fn a_container_removed_behind_our_back_is_machine_gone() {
         ProviderError::MachineGone
     );
     assert_eq!(
-        p.open_screen(&m, "bot-b").await.unwrap_err(),
+        p.open_screen(&m, "bot-b", 1).await.unwrap_err(),
         ProviderError::MachineGone
     );
     assert_eq!(
@@ -547,7 +547,7 @@ async fn page_tools_reach_the_bots_browser_inside_the_container() {
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
     start_site(&*p, &m).await;
-    p.open_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-a", 0).await.unwrap();
     let loaded = p
         .browser(
             &m,
@@ -676,7 +676,7 @@ async fn a_fresh_desktop_shows_its_browser_and_nothing_else() {
     let spec = team_spec();
     let m = p.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
-    let screen = p.open_screen(&m, "bot-a").await.unwrap();
+    let screen = p.open_screen(&m, "bot-a", 0).await.unwrap();
     // The first frame a bot gets.
     let first = p.observe(&m, "bot-a").await.unwrap();
     let runtime = p.runtime(&m).await.unwrap();
@@ -711,7 +711,7 @@ async fn a_new_process_stops_the_desktops_an_old_one_left_in_its_container() {
     let old = sup.provider();
     let m = old.provision(&spec).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
-    old.open_screen(&m, "bot-a").await.unwrap();
+    old.open_screen(&m, "bot-a", 0).await.unwrap();
     let count = "ps -eo comm= | grep -cE '^(Xvfb|fluxbox|chromium)$' || true";
     let before = old.exec(&m, &cmd(count)).await.unwrap();
     assert!(before.stdout.trim().parse::<u32>().unwrap() >= 3);
@@ -720,7 +720,7 @@ async fn a_new_process_stops_the_desktops_an_old_one_left_in_its_container() {
     let new = sup.provider();
     let again = new.provision(&spec).await.unwrap();
     assert_eq!(again, m, "the container is adopted");
-    let screen = new.open_screen(&again, "bot-a").await.unwrap();
+    let screen = new.open_screen(&again, "bot-a", 0).await.unwrap();
     // The old stack was stopped first: one Xvfb and one window manager, on the first display.
     let xvfb = new
         .exec(

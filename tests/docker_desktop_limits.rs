@@ -83,8 +83,8 @@ async fn a_memory_hog_loses_its_tab_while_the_other_bots_browser_survives() {
     assert!(p.describe().capabilities.desktop_limits);
     let m = p.provision(&team_spec()).await.unwrap();
     let runtime = p.runtime(&m).await.unwrap();
-    p.open_screen(&m, "hog").await.unwrap();
-    p.open_screen(&m, "calm").await.unwrap();
+    p.open_screen(&m, "hog", 0).await.unwrap();
+    p.open_screen(&m, "calm", 1).await.unwrap();
     let hog_browser = runtime.browser_pid("hog").await.unwrap();
     let calm_browser = runtime.browser_pid("calm").await.unwrap();
     assert_eq!(runtime.group_usage("hog").await.unwrap().oom_kills, 0);
@@ -130,7 +130,7 @@ async fn a_frozen_desktop_uses_no_cpu_and_the_next_observe_thaws_it() {
     let m = p.provision(&spec).await.unwrap();
     assert!(p.describe().capabilities.desktop_freezing);
     let runtime = p.runtime(&m).await.unwrap();
-    p.open_screen(&m, "sleeper").await.unwrap();
+    p.open_screen(&m, "sleeper", 0).await.unwrap();
     // A page that would keep a core busy if it could run.
     let page = "<script>setInterval(()=>{const t=Date.now();while(Date.now()-t<40){}},50)</script>";
     p.write_file(&m, "busy.html", page.as_bytes())
@@ -223,8 +223,8 @@ async fn a_later_process_stays_in_its_group_and_cannot_leave_or_steer_any() {
     let sup = TestSupervisor::start(DockerNetwork::None);
     let p = sup.provider_with_limits(limits(1024, None));
     let m = p.provision(&team_spec()).await.unwrap();
-    p.open_screen(&m, "a").await.unwrap();
-    p.open_screen(&m, "b").await.unwrap();
+    p.open_screen(&m, "a", 0).await.unwrap();
+    p.open_screen(&m, "b", 1).await.unwrap();
     let attack = r#"sleep 2; exec env -u RAKAZO_DESKTOP_TAG sh -c '
 {
   echo "pid $$"; echo "before $(grep freezer /proc/self/cgroup)"
@@ -351,7 +351,7 @@ async fn without_delegated_groups_health_says_so_and_desktops_still_run() {
     let caps = p.describe().capabilities;
     assert!(!caps.desktop_limits && !caps.desktop_freezing);
     let m = p.provision(&team_spec()).await.unwrap();
-    p.open_screen(&m, "bot").await.unwrap();
+    p.open_screen(&m, "bot", 0).await.unwrap();
     let runtime = p.runtime(&m).await.unwrap();
     assert!(runtime.group_usage("bot").await.is_err());
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -837,6 +837,13 @@ async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
         "the limit holds across processes: {opened:?}"
     );
     assert_ne!(opened[0].1, opened[1].1, "two bots on one slot: {opened:?}");
+    let mut numbers: Vec<i64> = opened.iter().map(|o| o.1).collect();
+    numbers.sort();
+    assert_eq!(
+        numbers,
+        [0, 1],
+        "the holder's one table numbers the slots, lowest free first: {opened:?}"
+    );
     opened.sort();
     assert_eq!(active_screens(&db, &team).await, opened);
     let holder = owner(&db, &team)
@@ -866,6 +873,12 @@ async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
     .await;
     let (x, y) = (x.unwrap(), y.unwrap());
     assert_eq!(x, y, "one screen whichever process is asked");
+    let idle_slot = opened.iter().find(|o| o.0 == idle.0).unwrap().1;
+    assert_eq!(
+        x["slot"].as_i64(),
+        Some(idle_slot),
+        "the evicted screen's slot is the lowest free one again"
+    );
     let mut now = vec![
         running.clone(),
         (

@@ -62,8 +62,8 @@ pub enum Op {
     ReadFile(String),
     /// Write a workspace file.
     WriteFile(String, Vec<u8>),
-    /// Open (or get) a bot's screen.
-    OpenScreen(String),
+    /// Open (or get) a bot's screen on a display slot (numbered by the computer's slot table).
+    OpenScreen(String, u32),
     /// Tear down a bot's screen.
     CloseScreen(String),
     /// Capture a bot's screen.
@@ -1100,7 +1100,9 @@ async fn run_op(
             provider.write_file(machine, &path, &data).await?;
             OpOutput::Done
         }
-        Op::OpenScreen(bot) => OpOutput::Screen(provider.open_screen(machine, &bot).await?),
+        Op::OpenScreen(bot, slot) => {
+            OpOutput::Screen(provider.open_screen(machine, &bot, slot).await?)
+        }
         Op::CloseScreen(bot) => {
             provider.close_screen(machine, &bot).await?;
             OpOutput::Done

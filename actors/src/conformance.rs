@@ -455,23 +455,46 @@ pub async fn lifecycle(p: Arc<dyn SandboxProvider>) {
     p.destroy(&m).await.unwrap();
 }
 
-/// Screens: one per bot, stable while open; a second bot gets a distinct slot when the
+/// Screens: one per bot, on the slot the caller asks for, stable while open. A slot holding
+/// another bot's screen, or a bot asked on a slot other than its screen's, is refused with
+/// `SlotBusy` and nothing is started elsewhere. A second bot gets its own slot when the
 /// provider reports `multiScreen`, otherwise `MultiScreenUnavailable` while shell and files
 /// keep working.
 pub async fn screens(p: Arc<dyn SandboxProvider>) {
     let m = machine(p.as_ref(), "screens").await;
-    let a = p.open_screen(&m, "bot-a").await.unwrap();
+    let a = p.open_screen(&m, "bot-a", 0).await.unwrap();
+    assert_eq!(a.slot, 0, "the screen opens on the slot asked for");
     assert_eq!(
-        p.open_screen(&m, "bot-a").await.unwrap(),
+        p.open_screen(&m, "bot-a", 0).await.unwrap(),
         a,
         "reopening keeps the slot"
     );
+    assert!(
+        matches!(
+            p.open_screen(&m, "bot-a", 1).await,
+            Err(ProviderError::SlotBusy { slot: 1, .. })
+        ),
+        "a bot's screen never moves to another slot"
+    );
     if p.describe().capabilities.multi_screen {
-        let b = p.open_screen(&m, "bot-b").await.unwrap();
-        assert_ne!(a.slot, b.slot);
+        assert!(
+            matches!(
+                p.open_screen(&m, "bot-b", 0).await,
+                Err(ProviderError::SlotBusy { slot: 0, .. })
+            ),
+            "another bot's slot is refused, never swapped"
+        );
+        let b = p.open_screen(&m, "bot-b", 2).await.unwrap();
+        assert_eq!(b.slot, 2, "any free slot the caller numbers");
+        p.close_screen(&m, "bot-b").await.unwrap();
+        assert_eq!(
+            p.open_screen(&m, "bot-c", 2).await.unwrap().slot,
+            2,
+            "a freed slot is reused"
+        );
     } else {
         assert_eq!(
-            p.open_screen(&m, "bot-b").await,
+            p.open_screen(&m, "bot-b", 1).await,
             Err(ProviderError::MultiScreenUnavailable)
         );
         assert_eq!(
@@ -480,9 +503,13 @@ pub async fn screens(p: Arc<dyn SandboxProvider>) {
         );
         p.write_file(&m, "still.txt", b"ok").await.unwrap();
         p.close_screen(&m, "bot-a").await.unwrap();
-        p.open_screen(&m, "bot-b")
-            .await
-            .expect("the slot is free again");
+        assert_eq!(
+            p.open_screen(&m, "bot-b", 0)
+                .await
+                .expect("the slot is free again")
+                .slot,
+            0
+        );
     }
     p.destroy(&m).await.unwrap();
 }
@@ -491,7 +518,7 @@ pub async fn screens(p: Arc<dyn SandboxProvider>) {
 /// the screen cannot do stops the batch with its reason.
 pub async fn observe_and_act(p: Arc<dyn SandboxProvider>) {
     let m = machine(p.as_ref(), "observe").await;
-    p.open_screen(&m, "bot-a").await.unwrap();
+    p.open_screen(&m, "bot-a", 0).await.unwrap();
     let frame = p.observe(&m, "bot-a").await.unwrap();
     assert!(frame.png.starts_with(PNG_SIGNATURE));
     assert!(frame.width > 0 && frame.height > 0);

@@ -178,3 +178,33 @@ pub trait Forward: Send + Sync {
         what: Remote,
     ) -> DomainResult<RemoteOutput>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A process that does not hold the computer forwards the screen operation without a
+    /// slot number: only the holder's slot table numbers slots, and its answer names the slot.
+    #[test]
+    fn a_forwarded_screen_open_names_no_slot_and_the_holders_answer_does() {
+        let sent = serde_json::to_value(Remote::Screen {
+            bot_id: "bot-a".into(),
+            op: ScreenOp::Open,
+        })
+        .unwrap();
+        assert_eq!(
+            sent,
+            json!({ "screen": { "botId": "bot-a", "op": "open" } })
+        );
+        let answer: RemoteOutput =
+            serde_json::from_value(json!({ "screen": { "slot": 3, "generation": 9 } })).unwrap();
+        assert!(matches!(
+            answer,
+            RemoteOutput::Screen(Some(ScreenState {
+                slot: 3,
+                generation: 9
+            }))
+        ));
+    }
+}

@@ -264,11 +264,12 @@ impl ActStop {
     }
 }
 
-/// An allocated screen: the display slot a bot's desktop runs on.
+/// An open screen: the display slot a bot's desktop runs on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScreenInfo {
-    /// Display slot (X display `:slot+1`).
+    /// Display slot: always the one [`SandboxProvider::open_screen`] was asked for (the
+    /// computer's slot table numbers slots; the X display number is the provider's own).
     pub slot: u32,
 }
 
@@ -331,6 +332,16 @@ pub enum ProviderError {
     /// No further display can be allocated on this machine.
     #[error("no further screen can be allocated")]
     MultiScreenUnavailable,
+    /// The display slot asked for is busy on this machine (another bot's screen, a screen
+    /// starting or stopping, one whose teardown failed and waits for a retry), or the bot's
+    /// screen runs on another slot. Nothing was started; no other slot is ever picked instead.
+    #[error("display slot {slot} is busy: {why}")]
+    SlotBusy {
+        /// The slot asked for.
+        slot: u32,
+        /// What holds it.
+        why: String,
+    },
     /// A path is outside the workspace or not allowed.
     #[error("path rejected: {0}")]
     PathRejected(String),
@@ -362,6 +373,7 @@ impl From<ProviderError> for DomainError {
         let code = match &err {
             ProviderError::MachineGone => ErrorCode::MachineGone,
             ProviderError::MultiScreenUnavailable => ErrorCode::MultiScreenUnavailable,
+            ProviderError::SlotBusy { .. } => ErrorCode::ProviderFailed,
             ProviderError::PathRejected(_) => ErrorCode::PathRejected,
             ProviderError::NotFound(_) => ErrorCode::NotFound,
             ProviderError::TooLarge(_) => ErrorCode::TooLarge,
@@ -466,9 +478,18 @@ pub trait SandboxProvider: Send + Sync + 'static {
 
     // --- desktop ---------------------------------------------------------------------------
 
-    /// Allocate (or return the existing) screen of `bot_id`; `MultiScreenUnavailable` when
-    /// the machine cannot host another display.
-    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo>;
+    /// Start `bot_id`'s display stack on display slot `slot`, or return its open screen
+    /// there. The slot is chosen above this trait (the computer's slot table, lowest free
+    /// number); the provider only starts and stops stacks. `SlotBusy` when `slot` is busy on
+    /// the machine or the bot's screen runs on another slot (never another slot instead);
+    /// `MultiScreenUnavailable` when the machine cannot host another display (a single-screen
+    /// machine asked for any slot but its one, slot 0).
+    async fn open_screen(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        slot: u32,
+    ) -> ProviderResult<ScreenInfo>;
     /// Tear down a bot's screen; its profile stays in the workspace.
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()>;
     /// Capture the bot's screen.

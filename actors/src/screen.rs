@@ -1,8 +1,10 @@
 //! The `ScreenActor`: one per bot screen. Opens the display lazily under the computer's
-//! screen limit (evicting another bot's screen by the policy in [`crate::slots`]), tracks the
-//! slot generation that capabilities bind, and tears down in the safe order: move the
-//! generation, revoke every capability of the slot, announce it, then stop its processes. A
-//! failed teardown keeps the slot reserved for retry. Every change of a screen writes its row,
+//! screen limit (evicting another bot's screen by the policy in [`crate::slots`]) on the slot
+//! number the computer's slot table picks (the lowest free one; the provider only starts the
+//! display stack there), tracks the slot generation that capabilities bind, and tears down in
+//! the safe order: move the generation, revoke every capability of the slot, announce it,
+//! then stop its processes. A failed teardown keeps the slot reserved (out of use) until a
+//! retry succeeds; the bot's next open retries it first. Every change of a screen writes its row,
 //! revokes its routes and publishes its `screen.state` event together.
 //!
 //! A computer's screens are decided in one process: the one holding its actor (its
@@ -299,11 +301,13 @@ impl ScreenCtx {
         }
     }
 
-    /// The provider's screen of this bot (started if needed; its browser kept running).
-    async fn provider_open(&self) -> DomainResult<u32> {
+    /// The provider's screen of this bot on `slot` (started there if needed; its browser
+    /// kept running). A provider never answers another slot: one whose side holds `slot`
+    /// otherwise refuses.
+    async fn provider_open(&self, slot: u32) -> DomainResult<()> {
         let OpOutput::Screen(info) = self
             .computer
-            .send(Call(Op::OpenScreen(self.bot_id.clone())))
+            .send(Call(Op::OpenScreen(self.bot_id.clone(), slot)))
             .await??
         else {
             return Err(DomainError::new(
@@ -311,7 +315,16 @@ impl ScreenCtx {
                 "unexpected provider reply",
             ));
         };
-        Ok(info.slot)
+        if info.slot != slot {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the provider opened slot {} when asked for {slot}",
+                    info.slot
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn publish(&self, slot: Option<i64>, generation: i64, state: &str) {
@@ -330,21 +343,32 @@ impl ScreenCtx {
     async fn open(&self) -> DomainResult<ScreenState> {
         let now = now_ms();
         if let Some(held) = self.slots.touch(&self.bot_id, now) {
-            let slot = self.provider_open().await?;
+            self.provider_open(held.slot).await?;
             // Still held after the call (a new machine would have let every screen go).
             let still = self.slots.held(&self.bot_id);
-            if slot == held.slot
-                && still.is_some_and(|h| h.slot == held.slot && h.generation == held.generation)
-            {
+            if still.is_some_and(|h| h.slot == held.slot && h.generation == held.generation) {
                 return Ok(ScreenState {
-                    slot,
+                    slot: held.slot,
                     generation: held.generation,
                 });
             }
-            // The provider lost it (a replaced machine): a new assignment, a new generation.
+            // The provider's screen on this slot is a new assignment (a replaced machine):
+            // a new generation, on the slot the provider now holds for it.
             self.slots.release(&self.bot_id);
             self.slots.reserve(&self.bot_id, None);
-            return self.assign_after(Some(slot)).await;
+            if !self.slots.claim(&self.bot_id, held.slot) {
+                self.slots.abandon(&self.bot_id);
+                return Err(DomainError::new(
+                    ErrorCode::ComputerUnavailable,
+                    "the screen's slot changed hands meanwhile; try again",
+                ));
+            }
+            return self.assign_after(Some(held.slot)).await;
+        }
+        if self.slots.failed_teardown(&self.bot_id) {
+            // The old display may still hold the bot's profile: its teardown is retried
+            // first, and its failure is the answer.
+            self.retire("torn_down").await?;
         }
         let evict = {
             let _admission = self.slots.admission().await;
@@ -420,13 +444,20 @@ impl ScreenCtx {
         Ok(crate::slots::admit(limit, occupied, &candidates))
     }
 
-    /// Opens the provider's screen (unless `slot` says it already did) and records the new
-    /// assignment: row, generation, event, then the slot table. The bot was reserved.
+    /// Opens the provider's screen on the lowest free slot number (unless `slot` says it
+    /// already did) and records the new assignment: row, generation, event, then the slot
+    /// table. The bot was reserved.
     async fn assign_after(&self, slot: Option<u32>) -> DomainResult<ScreenState> {
+        let mut started = slot.is_some();
         let result = async {
             let slot = match slot {
                 Some(s) => s,
-                None => self.provider_open().await?,
+                None => {
+                    let n = self.slots.number(&self.bot_id);
+                    self.provider_open(n).await?;
+                    started = true;
+                    n
+                }
             };
             // A newly held slot always gets a new generation.
             let existing = row(&self.rt, &self.computer_id, &self.bot_id).await?;
@@ -451,6 +482,9 @@ impl ScreenCtx {
                     last_used_ms: now_ms(),
                 },
             ),
+            // The display runs but is not recorded: its slot stays out of use, like a failed
+            // teardown, until the bot's next open stops it.
+            Err(_) if started => self.slots.left_running(&self.bot_id),
             Err(_) => self.slots.abandon(&self.bot_id),
         }
         result
@@ -466,14 +500,25 @@ impl ScreenCtx {
 
     /// Ends the screen: the generation moves first (every capability bound to the old one is
     /// dead), the slot's sockets are revoked, the event says `state` (`torn_down`, `evicted`),
-    /// then the display stops and the row lets the slot go. A failed stop leaves the row in
-    /// `teardown_failed`.
+    /// then the display stops and the row lets the slot go. Until the display stopped, the
+    /// slot number stays out of use in the slot table; a failed stop leaves the row in
+    /// `teardown_failed` and the number out of use until a retry succeeds.
     async fn retire(&self, state: &str) -> DomainResult<()> {
-        self.slots.release(&self.bot_id);
+        let known = self.slots.stopping(&self.bot_id, None);
+        let result = self.stop_display(state, known).await;
+        match &result {
+            Ok(()) => self.slots.stopped(&self.bot_id),
+            Err(_) => self.slots.stop_failed(&self.bot_id),
+        }
+        result
+    }
+
+    async fn stop_display(&self, state: &str, known: Option<u32>) -> DomainResult<()> {
         let existing = row(&self.rt, &self.computer_id, &self.bot_id).await?;
-        let Some(slot) = existing.slot else {
+        let Some(slot) = existing.slot.or(known.map(i64::from)) else {
             return Ok(());
         };
+        self.slots.stopping(&self.bot_id, Some(slot as u32));
         let generation = next_generation(&self.rt, &self.computer_id).await?;
         let mut active = existing.into_active_model();
         active.generation = Set(generation);
@@ -487,6 +532,7 @@ impl ScreenCtx {
         self.computer
             .send(Call(Op::CloseScreen(self.bot_id.clone())))
             .await??;
+        self.slots.stopped(&self.bot_id);
         let mut active = existing.into_active_model();
         active.slot = Set(None);
         active.state = Set(if state == "evicted" {

@@ -1,16 +1,18 @@
 //! The screen slots of one computer as this process holds them, and the eviction policy at the
 //! Team screen limit: which bot holds which slot at which generation, which bots are opening a
-//! screen, and which screen gives way to a new one (the oldest idle screen that no person
-//! controls and whose bot has no run executing). Plain data and rules; the `ScreenActor`s of
-//! the computer apply them and providers only start and stop display stacks.
+//! screen, which slot numbers are out of use (a screen stopping, or one whose teardown failed,
+//! until a retry succeeds), which number a new screen gets (the lowest free one), and which
+//! screen gives way to a new one (the oldest idle screen that no person controls and whose bot
+//! has no run executing). Plain data and rules; the `ScreenActor`s of the computer apply them
+//! and providers only start and stop display stacks on the slots they are given.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex as StdMutex;
 
 /// A screen a bot holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
-    /// Display slot the provider gave it.
+    /// Display slot (numbered by this table; the provider starts the stack there).
     pub slot: u32,
     /// Generation that capabilities bind (the computer's counter).
     pub generation: i64,
@@ -67,13 +69,35 @@ pub fn admit(limit: u32, occupied: usize, candidates: &[Candidate]) -> Admission
     }
 }
 
+/// A slot number out of use: its screen is stopping, or its teardown failed and waits for a
+/// retry (the display may still run on the machine).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stopping {
+    bot_id: String,
+    failed: bool,
+}
+
 #[derive(Default)]
 struct Table {
     held: HashMap<String, Held>,
-    opening: HashSet<String>,
+    /// Bots opening a screen, with the slot number once one is chosen.
+    opening: HashMap<String, Option<u32>>,
+    /// Slot numbers whose screen is stopping or failed to stop, by number.
+    stopping: BTreeMap<u32, Stopping>,
 }
 
-/// The slot table of one computer in this process, shared by its `ScreenActor`s.
+impl Table {
+    fn in_use(&self, slot: u32) -> bool {
+        self.held.values().any(|h| h.slot == slot)
+            || self.opening.values().any(|n| *n == Some(slot))
+            || self.stopping.contains_key(&slot)
+    }
+}
+
+/// The slot table of one computer in this process, shared by its `ScreenActor`s. It numbers
+/// the slots: a new screen gets the lowest number no screen holds, opens or is stopping on
+/// (a slot whose teardown failed stays out of use until a retry succeeds), and the provider
+/// starts the display stack on exactly that number.
 #[derive(Default)]
 pub struct Slots {
     table: StdMutex<Table>,
@@ -99,10 +123,13 @@ impl Slots {
         Some(held.clone())
     }
 
-    /// Screens held or opening (what counts against the limit).
+    /// Screens held, opening, or left on the machine by a failed teardown (what counts
+    /// against the limit).
     pub fn occupied(&self) -> usize {
         let table = self.table();
-        table.held.len() + table.opening.len()
+        table.held.len()
+            + table.opening.len()
+            + table.stopping.values().filter(|s| s.failed).count()
     }
 
     /// Every held screen by bot.
@@ -117,13 +144,62 @@ impl Slots {
     }
 
     /// Counts the bot as opening (it occupies a place until [`Slots::hold`] or
-    /// [`Slots::abandon`]); an evicted bot (`gives_way`) stops counting at once.
+    /// [`Slots::abandon`]); an evicted bot (`gives_way`) stops counting at once, and its slot
+    /// number stays out of use until its teardown is done.
     pub fn reserve(&self, bot_id: &str, gives_way: Option<&str>) {
         let mut table = self.table();
-        if let Some(v) = gives_way {
-            table.held.remove(v);
+        if let Some(v) = gives_way
+            && let Some(held) = table.held.remove(v)
+        {
+            table.stopping.insert(
+                held.slot,
+                Stopping {
+                    bot_id: v.to_owned(),
+                    failed: false,
+                },
+            );
         }
-        table.opening.insert(bot_id.to_owned());
+        table.opening.insert(bot_id.to_owned(), None);
+    }
+
+    /// The slot number of the opening bot's new screen: the lowest number no screen holds,
+    /// opens or is stopping on. The provider starts the display stack there.
+    pub fn number(&self, bot_id: &str) -> u32 {
+        let mut table = self.table();
+        if let Some(Some(n)) = table.opening.get(bot_id) {
+            return *n;
+        }
+        let n = (0u32..)
+            .find(|n| !table.in_use(*n))
+            .expect("fewer screens than slot numbers");
+        table.opening.insert(bot_id.to_owned(), Some(n));
+        n
+    }
+
+    /// The opening bot takes exactly `slot` (the provider already holds its screen there);
+    /// `false` when another bot's screen holds, opens or stops on it.
+    pub fn claim(&self, bot_id: &str, slot: u32) -> bool {
+        let mut table = self.table();
+        if table
+            .stopping
+            .get(&slot)
+            .is_some_and(|s| s.bot_id == bot_id)
+        {
+            table.stopping.remove(&slot);
+        }
+        let others = table
+            .held
+            .iter()
+            .any(|(b, h)| h.slot == slot && b != bot_id)
+            || table
+                .opening
+                .iter()
+                .any(|(b, n)| *n == Some(slot) && b != bot_id)
+            || table.stopping.contains_key(&slot);
+        if !others {
+            table.opening.insert(bot_id.to_owned(), Some(slot));
+        }
+        !others
     }
 
     /// The bot's screen opened on `slot` at `generation`.
@@ -133,19 +209,83 @@ impl Slots {
         table.held.insert(bot_id.to_owned(), held);
     }
 
-    /// The bot's screen did not open.
+    /// The bot's screen did not open: its slot number is free again.
     pub fn abandon(&self, bot_id: &str) {
         self.table().opening.remove(bot_id);
     }
 
-    /// Every screen is gone (a new machine): forgets what was held.
-    pub fn clear(&self) {
-        self.table().held.clear();
+    /// The bot's display started on its number but its screen was not recorded: the number
+    /// stays out of use like a failed teardown, which the bot's next open retries.
+    pub fn left_running(&self, bot_id: &str) {
+        let mut table = self.table();
+        if let Some(Some(n)) = table.opening.remove(bot_id) {
+            table.stopping.insert(
+                n,
+                Stopping {
+                    bot_id: bot_id.to_owned(),
+                    failed: true,
+                },
+            );
+        }
     }
 
-    /// The bot's screen is gone (teardown, eviction); returns what it held.
+    /// Every screen is gone (a new machine): forgets what was held and what was stopping.
+    pub fn clear(&self) {
+        let mut table = self.table();
+        table.held.clear();
+        table.stopping.clear();
+    }
+
+    /// The bot's screen is gone from the table (teardown, eviction) without its slot being
+    /// stopped; returns what it held.
     pub fn release(&self, bot_id: &str) -> Option<Held> {
         self.table().held.remove(bot_id)
+    }
+
+    /// The bot's screen on `slot` (as its row says, or the slot it held here) starts
+    /// stopping: it no longer counts as held and the number stays out of use until
+    /// [`Slots::stopped`] or [`Slots::stop_failed`]. Returns the number the table had for it.
+    pub fn stopping(&self, bot_id: &str, slot: Option<u32>) -> Option<u32> {
+        let mut table = self.table();
+        let known = table.held.remove(bot_id).map(|h| h.slot).or_else(|| {
+            table
+                .stopping
+                .iter()
+                .find(|(_, s)| s.bot_id == bot_id)
+                .map(|(n, _)| *n)
+        });
+        if let Some(n) = slot.or(known) {
+            table.stopping.insert(
+                n,
+                Stopping {
+                    bot_id: bot_id.to_owned(),
+                    failed: false,
+                },
+            );
+        }
+        known
+    }
+
+    /// The bot's display stack stopped: every number it was stopping on is free.
+    pub fn stopped(&self, bot_id: &str) {
+        self.table().stopping.retain(|_, s| s.bot_id != bot_id);
+    }
+
+    /// The bot's teardown failed: its numbers stay out of use until a retry succeeds.
+    pub fn stop_failed(&self, bot_id: &str) {
+        for s in self.table().stopping.values_mut() {
+            if s.bot_id == bot_id {
+                s.failed = true;
+            }
+        }
+    }
+
+    /// Whether the bot has a slot whose teardown failed (retry it before opening another).
+    pub fn failed_teardown(&self, bot_id: &str) -> bool {
+        self.table()
+            .stopping
+            .values()
+            .any(|s| s.bot_id == bot_id && s.failed)
     }
 }
 
@@ -240,5 +380,137 @@ mod tests {
         assert_eq!(slots.touch("c", 20).map(|h| h.last_used_ms), Some(20));
         assert_eq!(slots.release("c").map(|h| h.generation), Some(7));
         assert_eq!(slots.touch("c", 30), None);
+    }
+
+    fn held(slot: u32) -> Held {
+        Held {
+            slot,
+            generation: 1,
+            last_used_ms: 0,
+        }
+    }
+
+    /// Opens `bot` the way a screen actor does: reserve, number, hold.
+    fn open(slots: &Slots, bot: &str) -> u32 {
+        slots.reserve(bot, None);
+        let n = slots.number(bot);
+        slots.hold(bot, held(n));
+        n
+    }
+
+    /// Tears `bot` down the way a screen actor does, its display stopping or not.
+    fn teardown(slots: &Slots, bot: &str, stops: bool) {
+        slots.stopping(bot, None);
+        if stops {
+            slots.stopped(bot);
+        } else {
+            slots.stop_failed(bot);
+        }
+    }
+
+    #[test]
+    fn a_new_screen_gets_the_lowest_free_slot_and_a_released_slot_is_reused() {
+        let slots = Slots::default();
+        assert_eq!(open(&slots, "a"), 0);
+        assert_eq!(open(&slots, "b"), 1);
+        assert_eq!(open(&slots, "c"), 2);
+        teardown(&slots, "b", true);
+        assert_eq!(slots.held("b"), None);
+        assert_eq!(open(&slots, "d"), 1, "the freed slot is reused");
+        assert_eq!(open(&slots, "e"), 3);
+        // Numbered while opening: two opening bots never share a number, and asking again
+        // keeps the bot's number.
+        slots.reserve("f", None);
+        slots.reserve("g", None);
+        assert_eq!(slots.number("f"), 4);
+        assert_eq!(slots.number("g"), 5);
+        assert_eq!(slots.number("f"), 4);
+        slots.abandon("f");
+        assert_eq!(
+            open(&slots, "h"),
+            4,
+            "a screen that did not open frees its number"
+        );
+    }
+
+    #[test]
+    fn a_slot_stays_out_of_use_while_its_screen_stops_and_after_a_failed_teardown() {
+        let slots = Slots::default();
+        assert_eq!(open(&slots, "a"), 0);
+        assert_eq!(open(&slots, "b"), 1);
+        // Stopping: not held, but its number is not handed out.
+        assert_eq!(slots.stopping("a", None), Some(0));
+        assert_eq!(slots.held("a"), None);
+        assert_eq!(open(&slots, "c"), 2);
+        // Failed: still out of use, counted against the limit, retried before the bot opens.
+        slots.stop_failed("a");
+        assert!(slots.failed_teardown("a"));
+        assert_eq!(slots.occupied(), 3);
+        assert_eq!(
+            open(&slots, "d"),
+            3,
+            "a slot whose teardown failed is skipped"
+        );
+        // The retry finds the number it was stopping on and frees it once the stop succeeds.
+        assert_eq!(slots.stopping("a", None), Some(0));
+        slots.stopped("a");
+        assert!(!slots.failed_teardown("a"));
+        assert_eq!(slots.occupied(), 3);
+        assert_eq!(open(&slots, "a"), 0, "free again after the retry");
+    }
+
+    #[test]
+    fn an_evicted_screen_keeps_its_slot_until_its_teardown_is_done() {
+        let slots = Slots::default();
+        assert_eq!(open(&slots, "old"), 0);
+        assert_eq!(open(&slots, "busy"), 1);
+        slots.reserve("new", Some("old"));
+        assert_eq!(slots.occupied(), 2);
+        // Another bot numbered before the eviction ends does not get the victim's slot.
+        slots.reserve("other", None);
+        assert_eq!(slots.number("other"), 2);
+        // The victim's own teardown frees it; the new screen takes it.
+        assert_eq!(slots.stopping("old", Some(0)), Some(0));
+        slots.stopped("old");
+        assert_eq!(slots.number("new"), 0);
+    }
+
+    #[test]
+    fn a_new_machine_forgets_every_slot_and_a_running_display_keeps_its_number() {
+        let slots = Slots::default();
+        open(&slots, "a");
+        open(&slots, "b");
+        teardown(&slots, "a", false);
+        slots.clear();
+        assert_eq!(slots.occupied(), 0);
+        assert!(!slots.failed_teardown("a"));
+        assert_eq!(open(&slots, "c"), 0);
+        // The display started but was not recorded: its number stays out of use, as a failed
+        // teardown of that bot, until its retry.
+        slots.reserve("d", None);
+        assert_eq!(slots.number("d"), 1);
+        slots.left_running("d");
+        assert!(slots.failed_teardown("d"));
+        assert_eq!(open(&slots, "e"), 2);
+        assert_eq!(slots.stopping("d", None), Some(1));
+        slots.stopped("d");
+        assert_eq!(open(&slots, "f"), 1);
+    }
+
+    #[test]
+    fn a_bot_takes_back_the_slot_its_screen_runs_on_unless_another_holds_it() {
+        let slots = Slots::default();
+        open(&slots, "a");
+        // A new machine let every screen go while the provider reopened a's on slot 3.
+        slots.clear();
+        slots.reserve("a", None);
+        assert!(slots.claim("a", 3));
+        slots.hold("a", held(3));
+        assert_eq!(open(&slots, "b"), 0);
+        slots.reserve("c", None);
+        assert!(!slots.claim("c", 0), "b holds slot 0");
+        assert!(!slots.claim("c", 3), "a holds slot 3");
+        slots.abandon("c");
+        assert_eq!(slots.occupied(), 2);
     }
 }

@@ -49,6 +49,15 @@ pub enum DesktopError {
     /// The screen limit is reached and no idle, uncontrolled screen can be evicted.
     #[error("no further screen can be allocated")]
     MultiScreenUnavailable,
+    /// The display slot asked for is busy (another bot's screen, one starting or stopping, or
+    /// one whose teardown failed), or the bot's screen runs on another slot.
+    #[error("display slot {slot} is busy: {why}")]
+    SlotBusy {
+        /// The slot asked for.
+        slot: u32,
+        /// What holds it.
+        why: String,
+    },
     /// The bot has no open screen.
     #[error("no screen is open for this bot")]
     NoScreen,
@@ -87,6 +96,7 @@ impl From<DesktopError> for ProviderError {
     fn from(err: DesktopError) -> Self {
         match err {
             DesktopError::MultiScreenUnavailable => ProviderError::MultiScreenUnavailable,
+            DesktopError::SlotBusy { slot, why } => ProviderError::SlotBusy { slot, why },
             DesktopError::NoScreen => ProviderError::NotFound(err.to_string()),
             DesktopError::InvalidId(_) => ProviderError::PathRejected(err.to_string()),
             DesktopError::Browser(msg) if msg.starts_with("stale ref") => {

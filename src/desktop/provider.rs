@@ -313,9 +313,14 @@ impl SandboxProvider for DesktopProvider {
         ))
     }
 
-    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+    async fn open_screen(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        slot: u32,
+    ) -> ProviderResult<ScreenInfo> {
         let m = self.machine(machine).await?;
-        let screen = m.runtime.open_screen(bot_id).await?;
+        let screen = m.runtime.open_screen(bot_id, slot).await?;
         Ok(ScreenInfo { slot: screen.slot })
     }
 

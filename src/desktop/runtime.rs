@@ -1,4 +1,8 @@
 //! [`DesktopRuntime`]: the screens of one machine, one per active bot, each on a display slot.
+//! The slot a screen opens on is chosen by the caller (the computer's slot table,
+//! `rakazo_actors::slots`); this runtime starts the stack there or refuses a busy slot with
+//! [`DesktopError::SlotBusy`], never picking another. The X display number is the host's
+//! ([`DisplayPool`]), independent of the slot.
 //!
 //! A slot runs Xvfb (`:display`, 1280x800x24), a window manager and the bot's Chromium on its
 //! persistent profile. Every (re)assignment and every teardown bumps the slot's generation.
@@ -64,6 +68,8 @@ const WARM_RETRY: Duration = Duration::from_secs(2);
 const WARM_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
+/// Display slots one machine hosts at most (no more than the display numbers tried).
+const MAX_SLOTS: u32 = DISPLAY_SEARCH;
 
 /// The in-computer DevTools bridge (Python 3 standard library only).
 const DEVTOOLS_BRIDGE_SOURCE: &str = include_str!("devtools_bridge.py");
@@ -668,12 +674,25 @@ impl DesktopRuntime {
         out
     }
 
-    /// Opens `bot_id`'s screen (display, window manager and browser), or returns the open one
-    /// after making sure its browser still runs (asked at most every [`BROWSER_CHECK_EVERY`]).
-    /// At the screen limit, [`DesktopError::MultiScreenUnavailable`]: which screen gives way is
-    /// the caller's decision. Nothing starts under the table lock.
-    pub async fn open_screen(&self, bot_id: &str) -> Result<ScreenHandle, DesktopError> {
+    /// Opens `bot_id`'s screen (display, window manager and browser) on display slot `slot`,
+    /// or returns the open one there after making sure its browser still runs (asked at most
+    /// every [`BROWSER_CHECK_EVERY`]). A slot held by another bot's screen (active, starting,
+    /// stopping, or reserved after a failed teardown that a retry could not clear yet), or a
+    /// bot whose screen runs on another slot, gets [`DesktopError::SlotBusy`]; no other slot
+    /// is picked. At the screen limit, or past the slots a machine can host,
+    /// [`DesktopError::MultiScreenUnavailable`]: which screen gives way is the caller's
+    /// decision. Nothing starts under the table lock.
+    pub async fn open_screen(&self, bot_id: &str, slot: u32) -> Result<ScreenHandle, DesktopError> {
         check_id(bot_id)?;
+        if slot >= MAX_SLOTS {
+            tracing::info!(
+                bot.id = bot_id,
+                screen.slot = slot,
+                "desktop.screen.refused"
+            );
+            return Err(DesktopError::MultiScreenUnavailable);
+        }
+        let i = slot as usize;
         loop {
             let mut table = self.table.lock().await;
             if table.busy_of(bot_id) {
@@ -681,7 +700,13 @@ impl DesktopRuntime {
                 tokio::time::sleep(SLOT_BUSY_POLL).await;
                 continue;
             }
-            if let Some(i) = table.slot_of(bot_id) {
+            if let Some(at) = table.slot_of(bot_id) {
+                if at != i {
+                    return Err(slot_busy(
+                        slot,
+                        format!("this bot's screen runs on slot {at}"),
+                    ));
+                }
                 if let SlotState::Active(screen) = &mut table.slots[i].state {
                     self.thaw(screen).await?;
                 }
@@ -703,20 +728,23 @@ impl DesktopRuntime {
                 );
                 return Err(DesktopError::MultiScreenUnavailable);
             }
-            let i = match table
-                .slots
-                .iter()
-                .position(|s| matches!(s.state, SlotState::Free))
-            {
-                Some(i) => i,
-                None => {
-                    table.slots.push(Slot {
-                        generation: 0,
-                        state: SlotState::Free,
-                    });
-                    table.slots.len() - 1
+            while table.slots.len() <= i {
+                table.slots.push(Slot {
+                    generation: 0,
+                    state: SlotState::Free,
+                });
+            }
+            let why = match &table.slots[i].state {
+                SlotState::Free => None,
+                SlotState::Busy(_) => Some("another screen is starting or stopping there"),
+                SlotState::Active(_) => Some("another bot's screen runs there"),
+                SlotState::Reserved(_) => {
+                    Some("its last screen's teardown failed and waits for a retry")
                 }
             };
+            if let Some(why) = why {
+                return Err(slot_busy(slot, why.to_owned()));
+            }
             table.slots[i].state = SlotState::Busy(bot_id.to_owned());
             drop(table);
             let mut guard = BusySlot::new(&self.table, i);
@@ -1761,6 +1789,12 @@ fn tagged_env(tag: &str) -> Vec<(String, String)> {
     let mut env = minimal_env();
     env.push((TAG_VAR.into(), tag.to_string()));
     env
+}
+
+/// A refused slot, logged.
+fn slot_busy(slot: u32, why: String) -> DesktopError {
+    tracing::info!(screen.slot = slot, reason = %why, "desktop.screen.slot_busy");
+    DesktopError::SlotBusy { slot, why }
 }
 
 fn handle(slot: &Slot, i: usize) -> ScreenHandle {

@@ -142,7 +142,7 @@ pub async fn go<P: SandboxProvider + ?Sized>(
 /// bot-a and bot-b open their screens in parallel (separate slots) and keep their cookies
 /// apart on the fixture site; returns their slots.
 pub async fn cookies_stay_apart<P: SandboxProvider + ?Sized>(p: &P, m: &ProviderRef) -> (u32, u32) {
-    let (a, b) = tokio::join!(p.open_screen(m, "bot-a"), p.open_screen(m, "bot-b"));
+    let (a, b) = tokio::join!(p.open_screen(m, "bot-a", 0), p.open_screen(m, "bot-b", 1));
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_ne!(a.slot, b.slot);
     go(p, m, "bot-a", "/set/alpha").await;
@@ -210,7 +210,7 @@ pub async fn over_routes(p: &dyn SandboxProvider, hidden: &str, upstream_prefix:
     // bot-a's slot is released and reused by bot-c: bot-a's old token is refused, bot-b's
     // route keeps working.
     p.close_screen(&m, "bot-a").await.unwrap();
-    let c = p.open_screen(&m, "bot-c").await.unwrap();
+    let c = p.open_screen(&m, "bot-c", a_slot).await.unwrap();
     assert_eq!(c.slot, a_slot, "the freed slot is reused");
     let rc = p.open_route(&m, "bot-c", ScreenPolicy::View).await.unwrap();
     assert_ne!(rc.token, ra.token);
@@ -220,7 +220,7 @@ pub async fn over_routes(p: &dyn SandboxProvider, hidden: &str, upstream_prefix:
 
     // bot-a's profile persisted in the workspace: reopened in another slot it still has its
     // cookie, and bot-c has none.
-    let a2 = p.open_screen(&m, "bot-a").await.unwrap();
+    let a2 = p.open_screen(&m, "bot-a", 2).await.unwrap();
     assert_ne!(a2.slot, a_slot);
     assert_eq!(
         go(p, &m, "bot-a", "/check/a2").await.as_deref(),

@@ -1,7 +1,8 @@
 //! The `fake` provider: an in-process, stateful emulator of a computer backend.
 //!
 //! Each machine has a real in-memory file tree, an emulated shell ([`shell`]), desktops that
-//! render frames and record actions, and screen allocation. In single-screen mode it behaves
+//! render frames and record actions, and screens on the slots the caller numbers (a slot
+//! holding another bot's screen is refused, never swapped for another). In single-screen mode it behaves
 //! like Box: one desktop per machine, so a second bot's graphical tools get
 //! `MultiScreenUnavailable` while shell and files keep working.
 //!
@@ -269,18 +270,35 @@ impl SandboxProvider for FakeProvider {
         Ok(())
     }
 
-    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+    async fn open_screen(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        slot: u32,
+    ) -> ProviderResult<ScreenInfo> {
         let mode = self.mode;
         self.with(machine, |m| {
             if let Some(s) = m.screens.get(bot_id) {
-                return Ok(ScreenInfo { slot: s.slot });
+                if s.slot != slot {
+                    return Err(ProviderError::SlotBusy {
+                        slot,
+                        why: format!("this bot's screen runs on slot {}", s.slot),
+                    });
+                }
+                return Ok(ScreenInfo { slot });
+            }
+            if matches!(mode, ScreenMode::Single) && slot != 0 {
+                return Err(ProviderError::MultiScreenUnavailable);
             }
             if max_screens(mode).is_some_and(|max| m.screens.len() >= max) {
                 return Err(ProviderError::MultiScreenUnavailable);
             }
-            let slot = (0u32..)
-                .find(|i| m.screens.values().all(|s| s.slot != *i))
-                .unwrap_or(0);
+            if m.screens.values().any(|s| s.slot == slot) {
+                return Err(ProviderError::SlotBusy {
+                    slot,
+                    why: "another bot's screen runs there".into(),
+                });
+            }
             m.screens.insert(
                 bot_id.into(),
                 Screen {

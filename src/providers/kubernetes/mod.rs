@@ -693,9 +693,14 @@ impl SandboxProvider for KubernetesProvider {
         }
     }
 
-    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+    async fn open_screen(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        slot: u32,
+    ) -> ProviderResult<ScreenInfo> {
         let m = self.machine(machine).await?;
-        match m.runtime.open_screen(bot_id).await {
+        match m.runtime.open_screen(bot_id, slot).await {
             Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }

@@ -318,14 +318,35 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         }
     }
 
-    async fn open_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<ScreenInfo> {
+    async fn open_screen(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        slot: u32,
+    ) -> ProviderResult<ScreenInfo> {
         let single = !self.vendor.multi_screen();
         self.on(machine, |m| async move {
-            if single && m.runtime.screens().await.keys().any(|b| b != bot_id) {
-                tracing::info!(bot.id = bot_id, "remote.screen.single_taken");
-                return Err(ProviderError::MultiScreenUnavailable);
+            // A single-screen vendor hosts one display, slot 0, for one bot at a time.
+            if single {
+                let screens = m.runtime.screens().await;
+                if screens.keys().any(|b| b != bot_id) {
+                    tracing::info!(bot.id = bot_id, "remote.screen.single_taken");
+                    return Err(ProviderError::MultiScreenUnavailable);
+                }
+                if slot != 0 && screens.is_empty() {
+                    tracing::info!(
+                        bot.id = bot_id,
+                        screen.slot = slot,
+                        "remote.screen.single_slot"
+                    );
+                    return Err(ProviderError::MultiScreenUnavailable);
+                }
             }
-            let screen = m.runtime.open_screen(bot_id).await.map_err(to_provider)?;
+            let screen = m
+                .runtime
+                .open_screen(bot_id, slot)
+                .await
+                .map_err(to_provider)?;
             Ok(ScreenInfo { slot: screen.slot })
         })
         .await

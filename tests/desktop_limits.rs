@@ -174,6 +174,10 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
     p.destroy(&m).await.unwrap();
 }
 
+/// Shell lines that wait (up to 20 s) until the shell itself sits in an `attack-` group, so a
+/// slow placement on a busy machine is not mistaken for an escape.
+const WAIT_PLACED: &str = "for i in $(seq 200); do grep -q attack- /proc/self/cgroup && break; sleep 0.1; done;";
+
 /// A process the desktop starts later stays in its group (without the tag, too), and a process
 /// of the workspace user can neither leave it nor change its limits or freezer.
 #[tokio::test]
@@ -186,7 +190,7 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     // Forks an untagged child a moment after it is placed, and prints that child's pid.
     let mut shell = Command::new("sh")
         .arg("-c")
-        .arg("sleep 1; env -u RAKAZO_DESKTOP_TAG sleep 60 & echo $!; wait")
+        .arg(format!("{WAIT_PLACED} env -u RAKAZO_DESKTOP_TAG sleep 60 & echo $!; wait"))
         .env(TAG_VAR, &tag)
         .stdout(Stdio::piped())
         .spawn()
@@ -209,7 +213,7 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
         .map(|c| format!("/sys/fs/cgroup/{c}"))
         .to_vec();
     let script = format!(
-        "sleep 1; grep -q attack- /proc/self/cgroup || echo not-inside
+        "{WAIT_PLACED} grep -q attack- /proc/self/cgroup || echo not-inside
          for d in {dirs}; do echo $$ > $d/cgroup.procs && echo escaped $d; done
          for f in $(find {dirs} -path '*attack-{pid}*' -name 'memory.limit_in_bytes' -o -path '*attack-{pid}*' -name freezer.state -o -path '*attack-{pid}*' -name cpu.shares 2>/dev/null); do
            echo 1 > $f 2>/dev/null && echo wrote $f

@@ -1,10 +1,14 @@
 //! Relay benchmark: throughput and per-message latency through the proxy against a direct
 //! connection to the same upstream, side by side, and memory of 1,000 idle view sockets.
 //!
-//! Upstreams: a Rust websocket echo server, and (when installed) websockify in front of a TCP
-//! echo server, which is the real screen gateway's relay. Run with
-//! `cargo bench -p rakazo-web-proxy --bench relay`. Memory is measured in child processes
-//! (`relay memory-direct|memory-proxy`) so that each starts from a clean heap.
+//! Upstreams: a Rust websocket echo server (once on the client's thread, once on a thread of its
+//! own, as an upstream is a process of its own: every message then crosses threads, direct or
+//! through the proxy), and (when
+//! installed) websockify in front of a TCP echo server, which is the real screen gateway's
+//! relay. Run with `cargo bench -p rakazo-web-proxy --bench relay`
+//! (`RAKAZO_BENCH_READ_BUFFER=<bytes>` sets the proxy's upstream read buffer). Memory is
+//! measured in child processes (`relay memory-direct|memory-proxy`) so that each starts from a
+//! clean heap.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -67,6 +71,18 @@ fn start_ws_echo() -> SocketAddr {
     addr
 }
 
+/// [`start_ws_echo`] on a thread of its own.
+fn start_ws_echo_thread() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            tx.send(start_ws_echo()).unwrap();
+            std::future::pending::<()>().await
+        })
+    });
+    rx.recv().unwrap()
+}
+
 /// A TCP echo server (what websockify relays to in the websockify comparison).
 fn start_tcp_echo() -> SocketAddr {
     let l = listener();
@@ -96,7 +112,7 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
         keyring.clone(),
         authority,
         GatewayActor::start_default(),
-        ProxyConfig::default(),
+        proxy_config(),
     );
     let l = listener();
     let addr = l.local_addr().unwrap();
@@ -104,6 +120,7 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
         let state = state.clone();
         App::new().configure(move |cfg| configure(cfg, state))
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(1)
     .backlog(4096)
     .max_connections(100_000)
@@ -113,6 +130,17 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
     .run();
     actix_rt::spawn(server);
     (addr, keyring)
+}
+
+fn proxy_config() -> ProxyConfig {
+    let mut config = ProxyConfig::default();
+    if let Some(bytes) = std::env::var("RAKAZO_BENCH_READ_BUFFER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.upstream_read_buffer_bytes = bytes;
+    }
+    config
 }
 
 fn seal(keyring: &Keyring, policy: Policy) -> String {
@@ -345,8 +373,16 @@ fn main() {
     }
     system.block_on(async {
         println!("# rakazo-web-proxy relay benchmark");
+        println!(
+            "proxy upstream read buffer: {} bytes",
+            proxy_config().upstream_read_buffer_bytes
+        );
+        // The echo on the client's thread (no thread crossing on the direct path: the figure
+        // earlier runs reported), then on a thread of its own (as a real upstream).
         let echo = start_ws_echo();
-        compare("Rust websocket echo", echo, 4000).await;
+        compare("Rust websocket echo (on the client's thread)", echo, 4000).await;
+        let echo = start_ws_echo_thread();
+        compare("Rust websocket echo (on a thread of its own)", echo, 4000).await;
         let tcp = start_tcp_echo();
         match start_websockify(tcp) {
             Some((ws, _guard)) => compare("websockify -> TCP echo", ws, 1000).await,

@@ -408,6 +408,7 @@ async fn novnc_in_headless_chromium_reports_connected() {
                 ),
             )
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(1)
     .disable_signals()
     .listen(listener)

@@ -122,6 +122,25 @@ pub fn start_proxy_serving(
     authority: Arc<dyn Authority>,
     novnc_dir: &std::path::Path,
 ) -> (SocketAddr, Addr<GatewayActor>) {
+    start_proxy_server(keyring, authority, novnc_dir, true)
+}
+
+/// Starts the proxy on a server that does not keep its connections' sockets (no
+/// `on_connect`): closed websockets' connections end after actix-http's linger.
+pub fn start_proxy_lingering(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+) -> (SocketAddr, Addr<GatewayActor>) {
+    let novnc = fake_novnc();
+    start_proxy_server(keyring, authority, novnc.path(), false)
+}
+
+fn start_proxy_server(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+    novnc_dir: &std::path::Path,
+    keep_connections: bool,
+) -> (SocketAddr, Addr<GatewayActor>) {
     let gateway = GatewayActor::start_default();
     let config = ProxyConfig {
         authority_timeout: Duration::from_secs(2),
@@ -135,12 +154,18 @@ pub fn start_proxy_serving(
     let server = HttpServer::new(move || {
         let state = state.clone();
         App::new().configure(move |cfg| configure(cfg, state))
-    })
-    .workers(1)
-    .disable_signals()
-    .listen(listener)
-    .unwrap()
-    .run();
+    });
+    let server = if keep_connections {
+        server.on_connect(rakazo_web_proxy::on_connect)
+    } else {
+        server
+    };
+    let server = server
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .unwrap()
+        .run();
     actix_rt::spawn(server);
     (addr, gateway)
 }

@@ -1,4 +1,5 @@
-//! The browser's TCP connection, ended by the relay once its close frame is out.
+//! The browser's TCP connection of a relayed websocket: Nagle's algorithm off, and ended by the
+//! relay once its close frame is out.
 //!
 //! When a relayed websocket's response ends (after its close frame), actix-http does not close
 //! the connection: it lingers, waiting for the client to close first, up to the server's
@@ -7,12 +8,13 @@
 //!
 //! [`on_connect`], registered with `HttpServer::on_connect`, keeps a duplicate of each accepted
 //! TCP socket (a file descriptor of its own, never the server's) in the connection's data. The
-//! relay takes it ([`Closing::prepare`]) and, once the response has ended, shuts the socket's
-//! *reading* side down ([`Closing::end`]): actix-http then reads end of file, writes out
-//! whatever it still holds (the close frame included) and closes the connection itself, as it
-//! does when a client goes away. Nothing is ever written or closed behind actix-http's back, so
-//! the close frame always leaves before the connection's end. Without `on_connect` (or over
-//! TLS) there is no duplicate and connections end after the linger, as before.
+//! relay takes it ([`BrowserConnection::prepare`]) and, once the response has ended, shuts the
+//! socket's *reading* side down ([`BrowserConnection::end`]): actix-http then reads end of file,
+//! writes out whatever it still holds (the close frame included) and closes the connection
+//! itself, as it does when a client goes away. Nothing is ever written or closed behind
+//! actix-http's back, so the close frame always leaves before the connection's end. Without
+//! `on_connect` (or over TLS) there is no duplicate: Nagle's algorithm stays on and
+//! connections end after the linger.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -55,30 +57,37 @@ pub fn on_connect(io: &dyn Any, extensions: &mut Extensions) {
     }
 }
 
-/// How a relayed websocket's connection ends: its response is held open after the close frame
-/// until [`Closing::end`], which then ends the connection through the duplicate socket.
-pub(crate) struct Closing {
+/// A relayed websocket's browser connection, through its duplicate socket: Nagle's algorithm
+/// off, and its end: the response is held open after the close frame until
+/// [`BrowserConnection::end`], which then ends the connection.
+pub(crate) struct BrowserConnection {
     socket: std::net::TcpStream,
     release: oneshot::Sender<()>,
     ended: oneshot::Receiver<()>,
 }
 
-impl Closing {
-    /// Prepares the end of `req`'s connection for the websocket `response`, if the server keeps
-    /// connection sockets ([`on_connect`]) and no earlier request on the connection took it.
-    /// The response is held open after its last frame (the close frame) until [`Closing::end`]:
+impl BrowserConnection {
+    /// Takes `req`'s connection socket for the websocket `response`, if the server keeps
+    /// connection sockets ([`on_connect`]) and no earlier request on the connection took it,
+    /// and turns Nagle's algorithm off on it.
+    /// The response is held open after its last frame (the close frame) until [`BrowserConnection::end`]:
     /// while it is open, actix-http still reads the browser's side into the message stream, so
     /// the relay can see the browser's close reply.
     pub(crate) fn prepare(
         req: &HttpRequest,
         response: HttpResponse,
-    ) -> (HttpResponse, Option<Closing>) {
+    ) -> (HttpResponse, Option<BrowserConnection>) {
         let Some(fd) = req
             .conn_data::<ConnectionSocket>()
             .and_then(|kept| kept.0.take())
         else {
             return (response, None);
         };
+        let socket = std::net::TcpStream::from(fd);
+        // A screen's messages come in bursts (an update's rectangles, then small ones): with
+        // Nagle's algorithm the burst's last small segment waits for the browser's (delayed)
+        // acknowledgement of the previous one, up to 40 ms.
+        let _ = socket.set_nodelay(true);
         let (release, released) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         let response = response
@@ -89,12 +98,12 @@ impl Closing {
                 _ended: ended_tx,
             })
             .map_into_boxed_body();
-        let closing = Closing {
-            socket: std::net::TcpStream::from(fd),
+        let connection = BrowserConnection {
+            socket,
             release,
             ended,
         };
-        (response, Some(closing))
+        (response, Some(connection))
     }
 
     /// Once the close frame is queued: lets the response end and, when actix-http has taken its

@@ -26,7 +26,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::authority::Target;
 use crate::capability::{Capability, Policy};
-use crate::connection::Closing;
+use crate::connection::BrowserConnection;
 use crate::gateway::{
     CloseAck, CloseSocket, GatewayActor, REVOKED_CLOSE_REASON, Register, RegisterError, SocketId,
     SocketKind, SocketScope, Unregister,
@@ -194,7 +194,7 @@ pub(crate) async fn start(
             return reject(conn, Some(policy), refusal, json);
         }
     };
-    let (mut response, closing) = Closing::prepare(req, response);
+    let (mut response, connection) = BrowserConnection::prepare(req, response);
     let headers = response.headers_mut();
     headers.insert(
         header::CACHE_CONTROL,
@@ -223,7 +223,7 @@ pub(crate) async fn start(
         upstream,
         close_rx,
         registration,
-        closing,
+        connection,
         policy,
         conn,
         tally,
@@ -238,7 +238,7 @@ async fn relay(
     upstream: Upstream,
     mut close_rx: mpsc::UnboundedReceiver<CloseSocket>,
     registration: Registration,
-    closing: Option<Closing>,
+    connection: Option<BrowserConnection>,
     policy: Policy,
     conn: ConnectionId,
     tally: Option<(Arc<dyn SessionNotes>, Tally)>,
@@ -317,11 +317,11 @@ async fn relay(
     // Without a kept connection socket (no `on_connect`), actix-http ends the connection after
     // its linger.
     let mut connection_ended = false;
-    if let Some(closing) = closing {
+    if let Some(connection) = connection {
         if await_reply && matches!(closed, Ok(Ok(()))) {
             let _ = tokio::time::timeout(CLOSE_REPLY_TIMEOUT, close_reply(&mut client)).await;
         }
-        connection_ended = closing.end(CLOSE_TIMEOUT).await;
+        connection_ended = connection.end(CLOSE_TIMEOUT).await;
     }
     drop(client);
     tracing::event!(

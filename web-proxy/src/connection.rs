@@ -39,7 +39,8 @@ struct ConnectionSocket(Cell<Option<OwnedFd>>);
 /// For `HttpServer::on_connect` of every server that mounts the proxy
 /// (`HttpServer::new(..).on_connect(rakazo_web_proxy::on_connect)`): keeps a duplicate of each
 /// plain TCP connection's socket so the relay can end the connection as soon as a websocket's
-/// close frame is out. Other transports (TLS, Unix sockets) are left alone.
+/// close frame is out (one more file descriptor per open connection, closed with it or when
+/// the relay is done). Other transports (TLS, Unix sockets) are left alone.
 pub fn on_connect(io: &dyn Any, extensions: &mut Extensions) {
     let Some(tcp) = io.downcast_ref::<actix_web::rt::net::TcpStream>() else {
         return;
@@ -69,10 +70,10 @@ pub(crate) struct BrowserConnection {
 impl BrowserConnection {
     /// Takes `req`'s connection socket for the websocket `response`, if the server keeps
     /// connection sockets ([`on_connect`]) and no earlier request on the connection took it,
-    /// and turns Nagle's algorithm off on it.
-    /// The response is held open after its last frame (the close frame) until [`BrowserConnection::end`]:
-    /// while it is open, actix-http still reads the browser's side into the message stream, so
-    /// the relay can see the browser's close reply.
+    /// and turns Nagle's algorithm off on it. The response is then held open after its last
+    /// frame (the close frame) until [`BrowserConnection::end`]: while it is open, actix-http
+    /// still reads the browser's side into the message stream, so the relay can see the
+    /// browser's close reply.
     pub(crate) fn prepare(
         req: &HttpRequest,
         response: HttpResponse,

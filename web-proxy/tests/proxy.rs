@@ -635,6 +635,24 @@ async fn fifty_revocations_close_every_socket_and_nothing_follows_the_close() {
     }
 }
 
+/// When the computer's side closes, the browser gets its close frame and then the end of its
+/// connection.
+#[actix_rt::test]
+async fn an_upstream_close_reaches_the_browser_and_ends_its_connection() {
+    let f = fixture_on(&format!("{CLOSING_PREFIX}-sock3t_for-tests"));
+    let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    assert_eq!(
+        closed_and_nothing_after(&mut ws).await.as_deref(),
+        Some("bye")
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while f.gateway.send(CountSockets).await.unwrap() != 0 {
+        assert!(Instant::now() < deadline, "socket still registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A server without `on_connect` keeps no connection sockets: a revoked socket still gets its
 /// close frame, and its connection still ends with end of file (after actix-http's linger).
 #[actix_rt::test]

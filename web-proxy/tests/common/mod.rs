@@ -190,10 +190,15 @@ pub const BOT_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
 /// its greeting.
 pub const FLOOD_PREFIX: &str = "flood";
 
+/// A socket token starting so has the fake gateway close the socket itself ("bye") right after
+/// its greeting, as a screen that goes away.
+pub const CLOSING_PREFIX: &str = "closing";
+
 /// A fake websockify run by the bot: any plain HTTP GET answers [`BOT_PAGE`] (recorded), and
 /// `/websockify?token=` greets with `RFB 003.008\n`, records what it receives, and echoes a
 /// frame `ack` after each message.
-/// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead.
+/// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead, one
+/// starting with [`CLOSING_PREFIX`] a close after the greeting.
 pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let token = token.to_string();
@@ -243,6 +248,14 @@ async fn fake_websockify(
     let seen = seen.get_ref().clone();
     actix_rt::spawn(async move {
         let _ = session.binary(&b"RFB 003.008\n"[..]).await;
+        if presented.starts_with(CLOSING_PREFIX) {
+            let reason = actix_ws::CloseReason {
+                code: actix_ws::CloseCode::Normal,
+                description: Some("bye".into()),
+            };
+            let _ = session.close(Some(reason)).await;
+            return;
+        }
         if presented.starts_with(FLOOD_PREFIX) {
             // Frames without pause until the socket goes, like a busy screen.
             let mut flood = session.clone();

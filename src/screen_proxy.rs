@@ -46,6 +46,7 @@ pub fn build(config: &Config, api: &str, listener: TcpListener) -> Result<Server
         let state = state.clone();
         actix_web::App::new().configure(move |cfg| rakazo_web_proxy::configure(cfg, state))
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(1)
     .disable_signals()
     .shutdown_timeout(5)

@@ -21,6 +21,7 @@ pub fn build(app: Arc<App>, listener: TcpListener, workers: usize) -> std::io::R
                 }
             })
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(workers.max(1))
     .disable_signals()
     .shutdown_timeout(5)

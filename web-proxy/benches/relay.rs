@@ -1,10 +1,14 @@
 //! Relay benchmark: throughput and per-message latency through the proxy against a direct
 //! connection to the same upstream, side by side, and memory of 1,000 idle view sockets.
 //!
-//! Upstreams: a Rust websocket echo server, and (when installed) websockify in front of a TCP
-//! echo server, which is the real screen gateway's relay. Run with
-//! `cargo bench -p rakazo-web-proxy --bench relay`. Memory is measured in child processes
-//! (`relay memory-direct|memory-proxy`) so that each starts from a clean heap.
+//! Upstreams: a Rust websocket echo server (once on the client's thread, once on a thread of its
+//! own, as an upstream is a process of its own: every message then crosses threads, direct or
+//! through the proxy), and (when
+//! installed) websockify in front of a TCP echo server, which is the real screen gateway's
+//! relay. Run with `cargo bench -p rakazo-web-proxy --bench relay`
+//! (`RAKAZO_BENCH_READ_BUFFER=<bytes>` sets the proxy's upstream read buffer). Memory is
+//! measured in child processes (`relay memory-direct|memory-proxy`) so that each starts from a
+//! clean heap.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +30,10 @@ const THROUGHPUT_MESSAGE: usize = 64 * 1024;
 const IDLE_SOCKETS: usize = 1000;
 const HANDSHAKE: &[u8] = b"RFB 003.008\n\x01\x01";
 const FB_REQUEST: [u8; 10] = [3, 1, 0, 0, 0, 0, 0, 10, 0, 10];
+/// What asks the Rust echo for a burst: [`BURST_LARGE`] bytes, then a 10-byte message.
+const BURST_REQUEST: [u8; 11] = [0x42; 11];
+const BURST_LARGE: usize = 16 * 1024;
+const BURST_ROUNDS: usize = 300;
 
 type Client =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -57,7 +65,22 @@ fn start_ws_echo() -> SocketAddr {
                     return;
                 };
                 while let Some(Ok(m)) = ws.next().await {
-                    if m.is_binary() && ws.send(m).await.is_err() {
+                    if !m.is_binary() {
+                        continue;
+                    }
+                    // A burst request is answered by a screen-update-like burst: a large
+                    // message, then a small one.
+                    let sent = if m.len() == BURST_REQUEST.len() {
+                        let large = Message::Binary(vec![0x42u8; BURST_LARGE].into());
+                        let small = Message::Binary(FB_REQUEST.to_vec().into());
+                        match ws.send(large).await {
+                            Ok(()) => ws.send(small).await,
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        ws.send(m).await
+                    };
+                    if sent.is_err() {
                         break;
                     }
                 }
@@ -65,6 +88,18 @@ fn start_ws_echo() -> SocketAddr {
         }
     });
     addr
+}
+
+/// [`start_ws_echo`] on a thread of its own.
+fn start_ws_echo_thread() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            tx.send(start_ws_echo()).unwrap();
+            std::future::pending::<()>().await
+        })
+    });
+    rx.recv().unwrap()
 }
 
 /// A TCP echo server (what websockify relays to in the websockify comparison).
@@ -96,7 +131,7 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
         keyring.clone(),
         authority,
         GatewayActor::start_default(),
-        ProxyConfig::default(),
+        proxy_config(),
     );
     let l = listener();
     let addr = l.local_addr().unwrap();
@@ -104,6 +139,7 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
         let state = state.clone();
         App::new().configure(move |cfg| configure(cfg, state))
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(1)
     .backlog(4096)
     .max_connections(100_000)
@@ -113,6 +149,17 @@ fn start_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Keyring>) {
     .run();
     actix_rt::spawn(server);
     (addr, keyring)
+}
+
+fn proxy_config() -> ProxyConfig {
+    let mut config = ProxyConfig::default();
+    if let Some(bytes) = std::env::var("RAKAZO_BENCH_READ_BUFFER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.upstream_read_buffer_bytes = bytes;
+    }
+    config
 }
 
 fn seal(keyring: &Keyring, policy: Policy) -> String {
@@ -165,6 +212,35 @@ async fn latency(url: &str) -> (f64, f64, f64) {
             got += next_binary(&mut ws).await;
         }
         if i >= 100 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let _ = ws.close(None).await;
+    samples.sort_by(f64::total_cmp);
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    (
+        samples[samples.len() / 2],
+        samples[samples.len() * 99 / 100],
+        mean,
+    )
+}
+
+/// Sequential bursts: one request, answered by a 16 KiB message then a 10-byte one (the shape
+/// of a screen update followed by a small one). Returns the time to the burst's last byte,
+/// per burst in microseconds (p50, p99, mean).
+async fn burst_latency(url: &str) -> (f64, f64, f64) {
+    let mut ws = connect(url).await;
+    let mut samples = Vec::with_capacity(BURST_ROUNDS);
+    for i in 0..BURST_ROUNDS + 20 {
+        let t = Instant::now();
+        ws.send(Message::Binary(BURST_REQUEST.to_vec().into()))
+            .await
+            .unwrap();
+        let mut got = 0;
+        while got < BURST_LARGE + FB_REQUEST.len() {
+            got += next_binary(&mut ws).await;
+        }
+        if i >= 20 {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -296,7 +372,9 @@ fn start_websockify(target: SocketAddr) -> Option<(SocketAddr, Websockify)> {
     Some((addr, guard))
 }
 
-async fn compare(name: &str, upstream: SocketAddr, messages: usize) {
+/// Latency and throughput direct and through the proxy; `bursts` when the upstream is the Rust
+/// echo (which answers burst requests).
+async fn compare(name: &str, upstream: SocketAddr, messages: usize, bursts: bool) {
     let (proxy, keyring) = start_proxy(upstream);
     let direct = format!("ws://{upstream}/websockify");
     let view = format!(
@@ -323,6 +401,25 @@ async fn compare(name: &str, upstream: SocketAddr, messages: usize) {
         pmean - dmean,
         pmean / dmean
     );
+    if bursts {
+        let (d50, d99, dmean) = burst_latency(&direct).await;
+        let (p50, p99, pmean) = burst_latency(&control).await;
+        println!(
+            "burst latency, {BURST_ROUNDS} sequential requests answered by {} KiB + 10 bytes (us):",
+            BURST_LARGE / 1024
+        );
+        println!("  {:<22} {:>9} {:>9} {:>9}", "", "p50", "p99", "mean");
+        println!("  {:<22} {d50:>9.1} {d99:>9.1} {dmean:>9.1}", "direct");
+        println!(
+            "  {:<22} {p50:>9.1} {p99:>9.1} {pmean:>9.1}",
+            "proxy (control)"
+        );
+        println!(
+            "  added by proxy: p50 +{:.1} us, mean +{:.1} us",
+            p50 - d50,
+            pmean - dmean
+        );
+    }
     let td = throughput(&direct, messages).await;
     let tp = throughput(&control, messages).await;
     println!(
@@ -345,11 +442,31 @@ fn main() {
     }
     system.block_on(async {
         println!("# rakazo-web-proxy relay benchmark");
+        println!(
+            "proxy upstream read buffer: {} bytes",
+            proxy_config().upstream_read_buffer_bytes
+        );
+        // The echo on the client's thread (no thread crossing on the direct path: the figure
+        // earlier runs reported), then on a thread of its own (as a real upstream).
         let echo = start_ws_echo();
-        compare("Rust websocket echo", echo, 4000).await;
+        compare(
+            "Rust websocket echo (on the client's thread)",
+            echo,
+            4000,
+            true,
+        )
+        .await;
+        let echo = start_ws_echo_thread();
+        compare(
+            "Rust websocket echo (on a thread of its own)",
+            echo,
+            4000,
+            true,
+        )
+        .await;
         let tcp = start_tcp_echo();
         match start_websockify(tcp) {
-            Some((ws, _guard)) => compare("websockify -> TCP echo", ws, 1000).await,
+            Some((ws, _guard)) => compare("websockify -> TCP echo", ws, 1000, false).await,
             None => println!("\n(websockify not installed: skipped the websockify comparison)"),
         }
     });

@@ -12,6 +12,7 @@
 //!   allowlist; a computer never serves a page or a script.
 //! - [`page`]: the reporter script named first in noVNC's page, the policy, the refusal page.
 //! - [`relay`]: the websocket relay (actix-ws toward the browser, tokio-tungstenite upstream).
+//! - [`connection`]: [`on_connect`] and how the relay ends a browser's TCP connection.
 //! - [`rfb`]: the view-only RFB input filter (and the input counter of control sockets).
 //! - [`sessions`]: control sessions as noted when their socket closes ([`SessionNotes`]).
 //! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
@@ -28,7 +29,10 @@
 //!    `POST {api}/internal/screen-authority` with [`HttpAuthority`].
 //! 4. `App::new().configure(|cfg| configure(cfg, state))` with a [`ProxyState`] (its
 //!    [`ProxyConfig::novnc_dir`] names noVNC's files; [`ProxyState::viewer_error`] says when
-//!    they are missing), and add [`SAFE_LOG_DIRECTIVES`] to the log filter.
+//!    they are missing), and add [`SAFE_LOG_DIRECTIVES`] to the log filter. Register
+//!    [`on_connect`] with `HttpServer::on_connect` so a closed websocket's connection ends as
+//!    soon as its close frame is out (without it, actix-http lingers up to its
+//!    `client_disconnect_timeout`).
 //! 5. Screen URLs handed to browsers: `/screen/<capability>/vnc.html?autoconnect=1&resize=scale`
 //!    (the reporter points noVNC's websocket at `screen/<capability>/websockify`; the page runs
 //!    sandboxed in an opaque origin, so frame it with `sandbox="allow-scripts"`); terminal
@@ -51,6 +55,7 @@ pub const SAFE_LOG_DIRECTIVES: &str =
 
 pub mod authority;
 pub mod capability;
+pub mod connection;
 pub mod gateway;
 pub mod page;
 pub mod relay;
@@ -64,6 +69,7 @@ pub use authority::{
     RejectCause, Target,
 };
 pub use capability::{Capability, Keyring, OpenError, Policy, SealError};
+pub use connection::on_connect;
 pub use gateway::{
     ExtendControl, GatewayActor, ListScopes, RevokeControl, RevokeSlot, SocketKind, SocketScope,
 };

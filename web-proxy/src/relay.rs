@@ -26,6 +26,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::authority::Target;
 use crate::capability::{Capability, Policy};
+use crate::connection::BrowserConnection;
 use crate::gateway::{
     CloseAck, CloseSocket, GatewayActor, REVOKED_CLOSE_REASON, Register, RegisterError, SocketId,
     SocketKind, SocketScope, Unregister,
@@ -36,6 +37,9 @@ use crate::sessions::{Counter, SessionNotes, Tally};
 
 /// Longest time spent closing both sides after the relay ends.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest wait for the browser's reply to a close frame the relay sent, before its connection
+/// is ended anyway (the close frame still leaves first).
+pub const CLOSE_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 /// The only websocket subprotocol relayed (websockify's binary mode).
 const BINARY_PROTOCOL: &str = "binary";
 
@@ -183,14 +187,14 @@ pub(crate) async fn start(
     } else {
         &[]
     };
-    let (mut response, session, stream) =
-        match actix_ws::handle_with_protocols(req, body, protocols) {
-            Ok(parts) => parts,
-            Err(_) => {
-                let refusal = Refusal::new(RefusalReason::InvalidPath, "bad_upgrade");
-                return reject(conn, Some(policy), refusal, json);
-            }
-        };
+    let (response, session, stream) = match actix_ws::handle_with_protocols(req, body, protocols) {
+        Ok(parts) => parts,
+        Err(_) => {
+            let refusal = Refusal::new(RefusalReason::InvalidPath, "bad_upgrade");
+            return reject(conn, Some(policy), refusal, json);
+        }
+    };
+    let (mut response, connection) = BrowserConnection::prepare(req, response);
     let headers = response.headers_mut();
     headers.insert(
         header::CACHE_CONTROL,
@@ -219,6 +223,7 @@ pub(crate) async fn start(
         upstream,
         close_rx,
         registration,
+        connection,
         policy,
         conn,
         tally,
@@ -233,6 +238,7 @@ async fn relay(
     upstream: Upstream,
     mut close_rx: mpsc::UnboundedReceiver<CloseSocket>,
     registration: Registration,
+    connection: Option<BrowserConnection>,
     policy: Policy,
     conn: ConnectionId,
     tally: Option<(Arc<dyn SessionNotes>, Tally)>,
@@ -288,12 +294,14 @@ async fn relay(
         }),
     };
     let upstream_open = !matches!(end, End::Upstream(_) | End::UpstreamError);
-    // The browser's side first: its close frame, then every handle of its connection goes,
-    // so the connection itself ends now. A revocation is acknowledged here; the upstream is
-    // cleaned up after, off the revocation path (nothing it sends reaches the browser).
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, to_client.close(client_reason)).await;
+    // The relay closes first unless the browser did (or broke the protocol): then it waits
+    // briefly for the browser's close reply before ending the connection.
+    let await_reply = !matches!(end, End::Client(_) | End::ClientError);
+    // The browser's side first: its close frame. A revocation is acknowledged once it is
+    // queued (nothing can follow it); the upstream is cleaned up off the revocation path
+    // (nothing it sends reaches the browser). Then the browser's connection ends.
+    let closed = tokio::time::timeout(CLOSE_TIMEOUT, to_client.close(client_reason)).await;
     drop(pong);
-    drop(client);
     drop(registration);
     drop(ack);
     actix_rt::spawn(async move {
@@ -306,6 +314,16 @@ async fn relay(
         .await;
         drop(up_rx);
     });
+    // Without a kept connection socket (no `on_connect`), actix-http ends the connection after
+    // its linger.
+    let mut connection_ended = false;
+    if let Some(connection) = connection {
+        if await_reply && matches!(closed, Ok(Ok(()))) {
+            let _ = tokio::time::timeout(CLOSE_REPLY_TIMEOUT, close_reply(&mut client)).await;
+        }
+        connection_ended = connection.end(CLOSE_TIMEOUT).await;
+    }
+    drop(client);
     tracing::event!(
         name: "screen.proxy.websocket_closed",
         tracing::Level::INFO,
@@ -313,10 +331,22 @@ async fn relay(
         policy = policy.as_str(),
         upstream_handshake_completed = true,
         closed_by,
+        connection_ended,
         duration_ms = started.elapsed().as_millis() as u64,
         dropped_input = filter.as_ref().map_or(0, ViewFilter::dropped),
         "screen.proxy.websocket_closed"
     );
+}
+
+/// Reads the browser's side until its close reply (or its end): the reply proves the close
+/// frame reached the browser, so ending the connection next leaves nothing unread.
+async fn close_reply(client: &mut AggregatedMessageStream) {
+    loop {
+        match client.recv().await {
+            Some(Ok(AggregatedMessage::Close(_))) | Some(Err(_)) | None => return,
+            Some(Ok(_)) => {}
+        }
+    }
 }
 
 fn socket_error(conn: ConnectionId, policy: Policy, side: &'static str, error: &'static str) {

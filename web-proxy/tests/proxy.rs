@@ -369,7 +369,7 @@ async fn view_never_forwards_input() {
     .unwrap();
     // Something the filter cannot parse closes the connection.
     send(&mut ws, &[0x7f]).await;
-    let reason = wait_close(&mut ws, Duration::from_secs(2)).await;
+    let reason = closed_and_nothing_after(&mut ws).await;
     assert_eq!(reason.as_deref(), Some("view only"));
     assert_eq!(f.seen.lock().unwrap().bytes, expected);
 }
@@ -505,6 +505,8 @@ async fn client_and_upstream_closes_unregister() {
     let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
     next_binary(&mut ws).await;
     ws.close(None).await.unwrap();
+    // The relay answers the browser's close and ends the connection.
+    assert_eq!(closed_and_nothing_after(&mut ws).await, None);
     let deadline = Instant::now() + Duration::from_secs(2);
     while f.gateway.send(CountSockets).await.unwrap() != 0 {
         assert!(Instant::now() < deadline, "socket still registered");
@@ -631,4 +633,47 @@ async fn fifty_revocations_close_every_socket_and_nothing_follows_the_close() {
         assert!(Instant::now() < deadline, "sockets left registered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// When the computer's side closes, the browser gets its close frame and then the end of its
+/// connection.
+#[actix_rt::test]
+async fn an_upstream_close_reaches_the_browser_and_ends_its_connection() {
+    let f = fixture_on(&format!("{CLOSING_PREFIX}-sock3t_for-tests"));
+    let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    assert_eq!(
+        closed_and_nothing_after(&mut ws).await.as_deref(),
+        Some("bye")
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while f.gateway.send(CountSockets).await.unwrap() != 0 {
+        assert!(Instant::now() < deadline, "socket still registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A server without `on_connect` keeps no connection sockets: a revoked socket still gets its
+/// close frame, and its connection still ends with end of file (after actix-http's linger).
+#[actix_rt::test]
+async fn without_on_connect_a_revoked_socket_still_closes_cleanly() {
+    let (upstream, _) = start_fake_gateway(TOKEN);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), TOKEN);
+    let keyring = Arc::new(Keyring::random(1));
+    let (proxy, gateway) = start_proxy_lingering(keyring.clone(), Arc::new(authority.clone()));
+    authority.update(|l| l.control_fence = Some(1));
+    let sealed = keyring.seal(&capability(Policy::Control, 1, 1)).unwrap();
+    let mut ws = connect(proxy, &sealed).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    authority.update(|l| l.control_fence = None);
+    let release = RevokeControl {
+        computer_id: COMPUTER.into(),
+        bot_id: BOT.into(),
+        fence: 1,
+    };
+    assert_eq!(gateway.send(release).await.unwrap().closed, 1);
+    assert_eq!(
+        closed_and_nothing_after(&mut ws).await.as_deref(),
+        Some("revoked")
+    );
 }

@@ -408,6 +408,7 @@ async fn novnc_in_headless_chromium_reports_connected() {
                 ),
             )
     })
+    .on_connect(rakazo_web_proxy::on_connect)
     .workers(1)
     .disable_signals()
     .listen(listener)
@@ -459,4 +460,123 @@ async fn novnc_in_headless_chromium_reports_connected() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Headless Chromium sees a revoked screen socket close cleanly: the close frame (1008,
+/// "revoked"), then the server ends the TCP connection (`wasClean`), on a server registering
+/// `on_connect` as the servers do.
+#[actix_rt::test]
+async fn chromium_sees_a_revoked_socket_close_cleanly() {
+    let Some(browser) = chromium() else {
+        gate::missing(
+            "chromium",
+            "scripts/test.sh installs it (scripts/install-screen-deps.sh)",
+        );
+        return;
+    };
+    let (upstream, _) = start_fake_gateway(CONTROL_TOKEN);
+    let authority = TestAuthority::new(&format!("http://{upstream}"), CONTROL_TOKEN);
+    authority.update(|l| l.control_fence = Some(1));
+    let keyring = Arc::new(Keyring::random(1));
+    let control = keyring.seal(&capability(Policy::Control, 1, 1)).unwrap();
+    let gateway = GatewayActor::start_default();
+    let novnc = fake_novnc();
+    let state = ProxyState::new(
+        keyring,
+        Arc::new(authority.clone()),
+        gateway.clone(),
+        ProxyConfig {
+            novnc_dir: novnc.path().to_path_buf(),
+            ..ProxyConfig::default()
+        },
+    );
+    // A page on the proxy's origin opening the screen socket and reporting its events.
+    let page = format!(
+        "<!doctype html><html><body><script>\
+         var ws = new WebSocket('ws://' + location.host + '/screen/{control}/websockify', 'binary');\
+         ws.onopen = function () {{ fetch('/report?state=open'); }};\
+         ws.onclose = function (e) {{ fetch('/report?state=' + encodeURIComponent('closed ' + e.code + ' ' + e.wasClean + ' ' + e.reason)); }};\
+         </script></body></html>"
+    );
+    let reports = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = reports.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    let server = HttpServer::new(move || {
+        let state = state.clone();
+        let page = page.clone();
+        let seen = seen.clone();
+        App::new()
+            .configure(move |cfg| configure(cfg, state))
+            .route(
+                "/page",
+                web::get().to(move || {
+                    let page = page.clone();
+                    async move { HttpResponse::Ok().content_type("text/html").body(page) }
+                }),
+            )
+            .route(
+                "/report",
+                web::get().to(
+                    move |q: web::Query<std::collections::HashMap<String, String>>| {
+                        let seen = seen.clone();
+                        async move {
+                            let state = q.get("state").cloned().unwrap_or_default();
+                            seen.lock().unwrap().push(state);
+                            HttpResponse::NoContent().finish()
+                        }
+                    },
+                ),
+            )
+    })
+    .on_connect(rakazo_web_proxy::on_connect)
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_rt::spawn(server);
+
+    let profile = tempfile::tempdir().unwrap();
+    let _browser = Procs(vec![
+        command(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("http://{app_addr}/page"))
+            .spawn()
+            .unwrap(),
+    ]);
+    let wait_for = |what: &'static str| {
+        let reports = reports.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(45);
+            loop {
+                let all = reports.lock().unwrap().clone();
+                if let Some(found) = all.iter().find(|s| s.starts_with(what)) {
+                    return found.clone();
+                }
+                assert!(Instant::now() < deadline, "no {what:?} report: {all:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_for("open").await;
+    authority.update(|l| l.control_fence = None);
+    let revoked = gateway
+        .send(RevokeControl {
+            computer_id: COMPUTER.into(),
+            bot_id: BOT.into(),
+            fence: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(revoked.closed, 1);
+    assert_eq!(wait_for("closed").await, "closed 1008 true revoked");
 }

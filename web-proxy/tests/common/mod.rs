@@ -122,6 +122,25 @@ pub fn start_proxy_serving(
     authority: Arc<dyn Authority>,
     novnc_dir: &std::path::Path,
 ) -> (SocketAddr, Addr<GatewayActor>) {
+    start_proxy_server(keyring, authority, novnc_dir, true)
+}
+
+/// Starts the proxy on a server that does not keep its connections' sockets (no
+/// `on_connect`): closed websockets' connections end after actix-http's linger.
+pub fn start_proxy_lingering(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+) -> (SocketAddr, Addr<GatewayActor>) {
+    let novnc = fake_novnc();
+    start_proxy_server(keyring, authority, novnc.path(), false)
+}
+
+fn start_proxy_server(
+    keyring: Arc<Keyring>,
+    authority: Arc<dyn Authority>,
+    novnc_dir: &std::path::Path,
+    keep_connections: bool,
+) -> (SocketAddr, Addr<GatewayActor>) {
     let gateway = GatewayActor::start_default();
     let config = ProxyConfig {
         authority_timeout: Duration::from_secs(2),
@@ -135,12 +154,18 @@ pub fn start_proxy_serving(
     let server = HttpServer::new(move || {
         let state = state.clone();
         App::new().configure(move |cfg| configure(cfg, state))
-    })
-    .workers(1)
-    .disable_signals()
-    .listen(listener)
-    .unwrap()
-    .run();
+    });
+    let server = if keep_connections {
+        server.on_connect(rakazo_web_proxy::on_connect)
+    } else {
+        server
+    };
+    let server = server
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .unwrap()
+        .run();
     actix_rt::spawn(server);
     (addr, gateway)
 }
@@ -165,10 +190,15 @@ pub const BOT_PAGE: &str = "<!DOCTYPE html><html><head><title>noVNC</title>\
 /// its greeting.
 pub const FLOOD_PREFIX: &str = "flood";
 
+/// A socket token starting so has the fake gateway close the socket itself ("bye") right after
+/// its greeting, as a screen that goes away.
+pub const CLOSING_PREFIX: &str = "closing";
+
 /// A fake websockify run by the bot: any plain HTTP GET answers [`BOT_PAGE`] (recorded), and
 /// `/websockify?token=` greets with `RFB 003.008\n`, records what it receives, and echoes a
 /// frame `ack` after each message.
-/// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead.
+/// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead, one
+/// starting with [`CLOSING_PREFIX`] a close after the greeting.
 pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let token = token.to_string();
@@ -218,6 +248,14 @@ async fn fake_websockify(
     let seen = seen.get_ref().clone();
     actix_rt::spawn(async move {
         let _ = session.binary(&b"RFB 003.008\n"[..]).await;
+        if presented.starts_with(CLOSING_PREFIX) {
+            let reason = actix_ws::CloseReason {
+                code: actix_ws::CloseCode::Normal,
+                description: Some("bye".into()),
+            };
+            let _ = session.close(Some(reason)).await;
+            return;
+        }
         if presented.starts_with(FLOOD_PREFIX) {
             // Frames without pause until the socket goes, like a busy screen.
             let mut flood = session.clone();

@@ -1,5 +1,7 @@
 //! Desktop runtime benchmark: our observe and action batches against ImageMagick `import`,
 //! `scrot` and `xdotool` on the same Xvfb display with a running Chromium, plus PSS memory.
+//! Capture is measured through shared memory and through the X socket side by side, with the
+//! CPU time it costs this process and the X server, and full against scaled frames.
 //!
 //! Run with `cargo bench --bench desktop` (needs `scripts/install-desktop-deps.sh`).
 
@@ -7,11 +9,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rakazo::desktop::capture::XDisplay;
+use rakazo::desktop::capture::{CapturePath, XDisplay};
 use rakazo::desktop::command::{HostRunner, TAG_VAR, sweep_script};
 use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
-use rakazo_actors::provider::Action;
+use rakazo_actors::provider::{Action, FrameSize};
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -48,6 +50,66 @@ fn time_command(n: usize, display: u32, program: &str, args: &[&str]) -> Stats {
         samples.push(started.elapsed());
     }
     stats(samples)
+}
+
+/// CPU time all threads of process `pid` have run, in nanoseconds (`/proc/<pid>/task/*/schedstat`).
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The Xvfb process serving display `:display`.
+fn xvfb_pid(display: u32) -> Option<u32> {
+    let want = format!(":{display}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let mut args = cmdline.split(|&b| b == 0).map(String::from_utf8_lossy);
+        let program = args.next()?;
+        (program.ends_with("Xvfb") && args.any(|a| a == want)).then_some(pid)
+    })
+}
+
+/// Wall time percentiles of `n` calls of `f`, with the mean CPU time per call of this process
+/// and of the X server, in milliseconds.
+struct Cost {
+    wall: Stats,
+    cpu_ms: f64,
+    x_cpu_ms: f64,
+}
+
+fn cost(n: usize, xvfb: u32, mut f: impl FnMut()) -> Cost {
+    f();
+    let mut samples = Vec::with_capacity(n);
+    let (cpu, x_cpu) = (cpu_ns(std::process::id()), cpu_ns(xvfb));
+    for _ in 0..n {
+        let started = Instant::now();
+        f();
+        samples.push(started.elapsed());
+    }
+    let per = |ns: u64| ns as f64 / 1e6 / n as f64;
+    Cost {
+        wall: stats(samples),
+        cpu_ms: per(cpu_ns(std::process::id()) - cpu),
+        x_cpu_ms: per(cpu_ns(xvfb) - x_cpu),
+    }
+}
+
+fn print_cost(label: &str, c: &Cost) {
+    println!(
+        "  {label:<34} {:8.2} {:8.2} {:9.2} {:9.2}",
+        ms(c.wall.p50),
+        ms(c.wall.p95),
+        c.cpu_ms,
+        c.x_cpu_ms
+    );
 }
 
 /// Parent of every process on the host.
@@ -176,22 +238,46 @@ fn main() {
         png_len = o.frame.png.len();
     }
     let ours = stats(samples);
+    let xvfb = xvfb_pid(d).expect("the display's Xvfb");
     let mut x = XDisplay::connect(d).unwrap();
-    let mut grab = Vec::new();
-    for _ in 0..50 {
-        let started = Instant::now();
+    assert_eq!(x.capture_path(), CapturePath::SharedMemory);
+    let full = FrameSize::FULL;
+    let half = FrameSize {
+        max_width: Some(640),
+        max_height: None,
+    };
+    // What an observe of a changed screen costs: capture, hash, PNG; through shared memory,
+    // then through the socket, then scaled; and the capture alone both ways.
+    let shm_observe = cost(50, xvfb, || {
+        x.grab().unwrap().shot(full).unwrap();
+    });
+    let shm_grab = cost(50, xvfb, || {
         x.grab().unwrap();
-        grab.push(started.elapsed());
-    }
-    let grab = stats(grab);
-    // What every observe did before frames were kept: capture, hash and encode each time.
-    let mut encode = Vec::new();
-    for _ in 0..50 {
-        let started = Instant::now();
-        x.grab().unwrap().encode_png().unwrap();
-        encode.push(started.elapsed());
-    }
-    let encode = stats(encode);
+    });
+    let shm_half = cost(50, xvfb, || {
+        x.grab().unwrap().shot(half).unwrap();
+    });
+    x.set_shared_memory(false);
+    assert_eq!(x.capture_path(), CapturePath::Socket);
+    let socket_observe = cost(50, xvfb, || {
+        x.grab().unwrap().shot(full).unwrap();
+    });
+    let socket_grab = cost(50, xvfb, || {
+        x.grab().unwrap();
+    });
+    x.set_shared_memory(true);
+    // Encoding alone, from one captured frame.
+    let raw = x.grab().unwrap();
+    let (full_len, half_len) = (
+        raw.shot(full).unwrap().png.len(),
+        raw.shot(half).unwrap().png.len(),
+    );
+    let encode_full = cost(30, xvfb, || {
+        raw.shot(full).unwrap();
+    });
+    let encode_half = cost(30, xvfb, || {
+        raw.shot(half).unwrap();
+    });
     let out = dir.path().join("shot.png");
     let out_s = out.to_string_lossy().into_owned();
     let import = time_command(8, d, "import", &["-window", "root", &out_s]);
@@ -199,20 +285,10 @@ fn main() {
     println!();
     println!("observe (1280x800 PNG)         p50 ms   p95 ms");
     println!(
-        "  rakazo observe             {:8.1} {:8.1}   ({} KiB PNG)",
+        "  rakazo observe             {:8.1} {:8.1}   ({} KiB PNG; kept frame when nothing was drawn)",
         ms(ours.p50),
         ms(ours.p95),
         png_len / 1024
-    );
-    println!(
-        "  rakazo grab + hash + PNG   {:8.1} {:8.1}   (every observe before frames were kept)",
-        ms(encode.p50),
-        ms(encode.p95)
-    );
-    println!(
-        "  rakazo raw grab + hash     {:8.1} {:8.1}",
-        ms(grab.p50),
-        ms(grab.p95)
     );
     println!(
         "  import -window root        {:8.1} {:8.1}",
@@ -225,18 +301,37 @@ fn main() {
         ms(scrot.p95)
     );
     println!(
-        "  speedup vs import (p50)    {:8.1}x",
-        ms(import.p50) / ms(ours.p50)
+        "  speedup vs import (p50)    {:8.1}x   (fresh capture, shared memory)",
+        ms(import.p50) / ms(shm_observe.wall.p50)
     );
     println!(
-        "  speedup vs scrot (p50)     {:8.1}x",
-        ms(scrot.p50) / ms(ours.p50)
+        "  speedup vs scrot (p50)     {:8.1}x   (fresh capture, shared memory)",
+        ms(scrot.p50) / ms(shm_observe.wall.p50)
+    );
+    println!();
+    println!("fresh capture (screen changed)       p50 ms   p95 ms  cpu ms/op  Xvfb cpu ms/op");
+    print_cost("shared memory + hash + PNG", &shm_observe);
+    print_cost("GetImage + hash + PNG", &socket_observe);
+    print_cost("shared memory capture + hash", &shm_grab);
+    print_cost("GetImage capture + hash", &socket_grab);
+    print_cost("shared memory + hash + PNG 640 wide", &shm_half);
+    print_cost("PNG encode, full 1280x800", &encode_full);
+    print_cost("PNG encode, scaled to 640x400", &encode_half);
+    println!(
+        "  cpu ratio, GetImage / shared memory (observe): {:.2}x; capture alone: {:.2}x",
+        socket_observe.cpu_ms / shm_observe.cpu_ms,
+        socket_grab.cpu_ms / shm_grab.cpu_ms
+    );
+    println!(
+        "  cpu ratio, full / scaled encode: {:.2}x   (PNG {} KiB / {} KiB)",
+        encode_full.cpu_ms / encode_half.cpu_ms,
+        full_len / 1024,
+        half_len / 1024
     );
 
     // Ten pointer moves: one XTEST batch against ten xdotool processes.
     let points: Vec<(i32, i32)> = (0..10).map(|i| (600 + i * 7, 400 + i * 5)).collect();
     let batch: Vec<Action> = points.iter().map(|&(x, y)| Action::Move { x, y }).collect();
-    let mut x = x;
     let mut ours = Vec::new();
     for _ in 0..30 {
         let started = Instant::now();
@@ -245,19 +340,30 @@ fn main() {
     }
     let ours = stats(ours);
     let mut with_settle = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..20 {
         let started = Instant::now();
         rt.block_on(runtime.act("bench", &batch)).unwrap();
         with_settle.push(started.elapsed());
     }
     let with_settle = stats(with_settle);
+    // The same batch settled with the quiet window every batch had before pointer-only
+    // batches got their own.
+    let settle = Settle::default();
+    let mut common_quiet = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        x.apply_batch(&batch).unwrap();
+        x.settle(Duration::ZERO, settle.quiet, settle.timeout)
+            .unwrap();
+        common_quiet.push(started.elapsed());
+    }
+    let common_quiet = stats(common_quiet);
     // The same batch settled as before DAMAGE: 50 ms, then a capture every 50 ms until two
     // are equal, then PNG.
     let mut polled = Vec::new();
     for _ in 0..10 {
         let started = Instant::now();
         x.apply_batch(&batch).unwrap();
-        let settle = Settle::default();
         x.settle_by_polling(settle.first_delay, settle.interval, settle.timeout)
             .unwrap()
             .encode_png()
@@ -266,7 +372,7 @@ fn main() {
     }
     let polled = stats(polled);
     let mut xdo = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..20 {
         let started = Instant::now();
         for &(px, py) in &points {
             let status = Command::new("xdotool")
@@ -287,9 +393,16 @@ fn main() {
         ms(ours.p95)
     );
     println!(
-        "  rakazo act (damage settle) {:8.1} {:8.1}",
+        "  rakazo act (damage settle) {:8.1} {:8.1}   (pointer-only quiet window {} ms)",
         ms(with_settle.p50),
-        ms(with_settle.p95)
+        ms(with_settle.p95),
+        settle.pointer_quiet.as_millis()
+    );
+    println!(
+        "  act, {} ms quiet window    {:8.1} {:8.1}   (every batch before)",
+        settle.quiet.as_millis(),
+        ms(common_quiet.p50),
+        ms(common_quiet.p95)
     );
     println!(
         "  act, polling settle (old)  {:8.1} {:8.1}",
@@ -306,8 +419,10 @@ fn main() {
         ms(xdo.p50) / ms(ours.p50)
     );
     println!(
-        "  speedup, act vs xdotool    {:8.1}x   (polling settle: {:.1}x)",
+        "  speedup, act vs xdotool    {:8.2}x   ({} ms quiet: {:.2}x; polling settle: {:.2}x)",
         ms(xdo.p50) / ms(with_settle.p50),
+        settle.quiet.as_millis(),
+        ms(xdo.p50) / ms(common_quiet.p50),
         ms(xdo.p50) / ms(polled.p50)
     );
 

@@ -204,6 +204,7 @@ fn main() {
                 width: width as u32,
                 height: height as u32,
                 notice: None,
+                screen: None,
             };
             for (frame, times) in [
                 (&frame, &mut fresh),
@@ -213,6 +214,7 @@ fn main() {
                         width: width as u32,
                         height: height as u32,
                         notice: None,
+                        screen: None,
                     },
                     &mut same,
                 ),

@@ -2,8 +2,10 @@
 //! settles without capturing the screen, one that opens a window settles after the window
 //! finished painting, with one capture.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+#[path = "xvfb/mod.rs"]
+mod xvfb;
+
+use std::time::Duration;
 
 use rakazo::desktop::capture::XDisplay;
 use rakazo_actors::provider::{Action, Button};
@@ -12,64 +14,7 @@ use x11rb::protocol::Event;
 use x11rb::protocol::xproto::{
     ConnectionExt as _, CreateGCAux, CreateWindowAux, EventMask, Rectangle, WindowClass,
 };
-
-/// A bare Xvfb (no window manager) on a free display; stopped when dropped.
-struct Xvfb {
-    child: Child,
-    display: u32,
-}
-
-impl Xvfb {
-    /// Starts on the first free display from `first` (tests running at once use apart ranges).
-    fn start(first: u32) -> Self {
-        let display = (first..first + 30)
-            .find(|n| {
-                !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
-                    && !std::path::Path::new(&format!("/tmp/.X{n}-lock")).exists()
-            })
-            .expect("a free display number");
-        let child = Command::new("Xvfb")
-            .args([
-                &format!(":{display}"),
-                "-screen",
-                "0",
-                "640x480x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("Xvfb is installed");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while XDisplay::connect(display).is_err() {
-            assert!(Instant::now() < deadline, "Xvfb :{display} did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self { child, display }
-    }
-}
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        // SIGTERM, so the server removes its socket and lock file.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-/// The RGB pixel at (`x`, `y`) of a PNG.
-fn pixel(png: &[u8], x: usize, y: usize) -> [u8; 3] {
-    let mut reader = png::Decoder::new(std::io::Cursor::new(png))
-        .read_info()
-        .unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    let i = y * info.line_size + x * 3;
-    [buf[i], buf[i + 1], buf[i + 2]]
-}
+use xvfb::{Xvfb, pixel};
 
 #[test]
 fn a_batch_that_draws_nothing_settles_without_capturing() {

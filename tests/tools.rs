@@ -857,3 +857,58 @@ async fn team_paths_mean_the_bots_folder_in_every_tool() {
         );
     }
 }
+
+#[actix_rt::test]
+async fn screenshots_scale_down_on_request_and_say_their_scale() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let full = tool(&s, &run, fence, "computer_observe", json!({})).await;
+    let (width, height) = (
+        full["structuredContent"]["width"].as_u64().unwrap(),
+        full["structuredContent"]["height"].as_u64().unwrap(),
+    );
+    assert!(full["structuredContent"].get("scale").is_none());
+
+    let half = tool(
+        &s,
+        &run,
+        fence,
+        "computer_observe",
+        json!({ "max_width": width / 2 }),
+    )
+    .await;
+    assert_eq!(half["isError"], false, "{half}");
+    let meta = &half["structuredContent"];
+    assert_eq!(meta["width"], width / 2);
+    assert_eq!(meta["height"], height / 2);
+    assert_eq!(meta["scale"], 0.5);
+    assert_eq!(
+        (meta["screenWidth"].as_u64(), meta["screenHeight"].as_u64()),
+        (Some(width), Some(height))
+    );
+    assert!(has_image(&half));
+
+    // An action batch's screenshot scales the same way; its coordinates are screen pixels.
+    let acted = tool(
+        &s,
+        &run,
+        fence,
+        "computer_act",
+        json!({ "actions": [{ "type": "move", "x": width - 1, "y": height - 1 }], "max_width": width / 2 }),
+    )
+    .await;
+    assert_eq!(acted["isError"], false, "{acted}");
+    assert_eq!(acted["structuredContent"]["height"], height / 2);
+    assert_eq!(acted["structuredContent"]["scale"], 0.5);
+
+    let tiny = tool(
+        &s,
+        &run,
+        fence,
+        "computer_observe",
+        json!({ "max_width": 8 }),
+    )
+    .await;
+    assert_eq!(tiny["isError"], true);
+}

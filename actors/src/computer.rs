@@ -32,8 +32,8 @@ use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKey, LeaseKind, Leases};
 use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::provider::{
-    ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, MachineSpec,
-    ProviderError, ProviderRef, ScreenInfo,
+    ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, FrameSize,
+    MachineSpec, ProviderError, ProviderRef, ScreenInfo,
 };
 use crate::runs::Runs;
 use crate::runtime::Runtime;
@@ -66,10 +66,11 @@ pub enum Op {
     OpenScreen(String, u32),
     /// Tear down a bot's screen.
     CloseScreen(String),
-    /// Capture a bot's screen.
-    Observe(String),
-    /// Perform an action batch on a bot's screen.
-    Act(String, Vec<Action>),
+    /// Capture a bot's screen, no larger than the size given.
+    Observe(String, FrameSize),
+    /// Perform an action batch on a bot's screen; its screenshot no larger than the size
+    /// given.
+    Act(String, Vec<Action>, FrameSize),
     /// Replace the whole workspace with an archive (restore of a revision).
     ImportWorkspace(Vec<u8>),
     /// Start a graphical program on a bot's screen.
@@ -1107,8 +1108,12 @@ async fn run_op(
             provider.close_screen(machine, &bot).await?;
             OpOutput::Done
         }
-        Op::Observe(bot) => OpOutput::Frame(provider.observe(machine, &bot).await?),
-        Op::Act(bot, actions) => OpOutput::Act(provider.act(machine, &bot, &actions).await?),
+        Op::Observe(bot, size) => {
+            OpOutput::Frame(provider.observe_sized(machine, &bot, size).await?)
+        }
+        Op::Act(bot, actions, size) => {
+            OpOutput::Act(provider.act_sized(machine, &bot, &actions, size).await?)
+        }
         Op::Browser(bot, command) => {
             OpOutput::Json(provider.browser(machine, &bot, &command).await?)
         }

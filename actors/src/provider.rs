@@ -139,14 +139,54 @@ pub struct DesktopFreeze {
 pub struct Frame {
     /// PNG bytes.
     pub png: Vec<u8>,
-    /// Width in pixels.
+    /// Width of the image in pixels.
     pub width: u32,
-    /// Height in pixels.
+    /// Height of the image in pixels.
     pub height: u32,
     /// What happened to the screen that its bot should be told (a tab its desktop lost to
     /// the memory ceiling), once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// The screen's width and height when the image was scaled down to fit a [`FrameSize`];
+    /// `None` when the image is the screen at full size. Actions use screen pixels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<(u32, u32)>,
+}
+
+/// The largest screenshot a caller wants: a screen that fits is returned as it is, a larger
+/// one scaled down (aspect ratio kept) to fit. Action coordinates stay in screen pixels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameSize {
+    /// Largest image width in pixels (`None`: any).
+    pub max_width: Option<u32>,
+    /// Largest image height in pixels (`None`: any).
+    pub max_height: Option<u32>,
+}
+
+impl FrameSize {
+    /// The screen at full size.
+    pub const FULL: Self = Self {
+        max_width: None,
+        max_height: None,
+    };
+
+    /// The image size of a `width`x`height` screen: scaled down by one factor until both
+    /// limits hold (each side at least one pixel), never scaled up.
+    pub fn fit(&self, width: u32, height: u32) -> (u32, u32) {
+        let (w, h) = (u64::from(width), u64::from(height));
+        let (mut ow, mut oh) = (w, h);
+        if let Some(mw) = self.max_width.map(u64::from)
+            && ow > mw
+        {
+            (ow, oh) = (mw, (h * mw + w / 2) / w.max(1));
+        }
+        if let Some(mh) = self.max_height.map(u64::from)
+            && oh > mh
+        {
+            (ow, oh) = ((w * mh + h / 2) / h.max(1), mh);
+        }
+        (ow.max(1) as u32, oh.max(1) as u32)
+    }
 }
 
 /// A mouse button.
@@ -494,6 +534,17 @@ pub trait SandboxProvider: Send + Sync + 'static {
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()>;
     /// Capture the bot's screen.
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame>;
+    /// Capture the bot's screen no larger than `size`. Default: the full frame (the caller
+    /// scales it; [`Frame::screen`] stays `None`).
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> ProviderResult<Frame> {
+        let _ = size;
+        self.observe(machine, bot_id).await
+    }
     /// Perform an ordered batch; stops at the first failure and reports how far it got.
     async fn act(
         &self,
@@ -501,6 +552,17 @@ pub trait SandboxProvider: Send + Sync + 'static {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome>;
+    /// [`Self::act`] with its screenshot no larger than `size`. Default: the full frame.
+    async fn act_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> ProviderResult<ActOutcome> {
+        let _ = size;
+        self.act(machine, bot_id, actions).await
+    }
     /// Open a fresh route to the bot's (open) screen for a person: its own VNC server behind
     /// the gateway, view-only for `View`. Providers without a live screen answer
     /// `Unsupported`.

@@ -1,5 +1,8 @@
-//! Screenshots straight from the X server: one persistent connection, `GetImage` of the root
-//! window, a fast frame hash, and PNG encoding with the fastest filter/deflate settings.
+//! Screenshots straight from the X server: one persistent connection, the root window read
+//! through memory shared with the server (MIT-SHM, see [`super::shared_image`]) or, where the
+//! server cannot share memory with this connection, `GetImage`; a fast frame hash, and PNG
+//! encoding with the fastest filter/deflate settings, at full size or scaled down to fit a
+//! [`FrameSize`] (box filter, see [`super::frame_scale`]).
 //!
 //! The connection also listens to the X DAMAGE extension on the root window: the server says
 //! when anything is drawn, so a screen that was not drawn on since the last frame is answered
@@ -15,7 +18,11 @@ use x11rb::protocol::damage::{self, ConnectionExt as _, ReportLevel};
 use x11rb::protocol::xproto::{ConnectionExt as _, ImageFormat, ImageOrder, Window};
 use x11rb::rust_connection::RustConnection;
 
+use rakazo_actors::provider::FrameSize;
+
 use super::DesktopError;
+use super::frame_scale;
+use super::shared_image::SharedImage;
 
 /// A connection to one X display, shared by capture and input (see [`super::input`]).
 pub struct XDisplay {
@@ -34,23 +41,54 @@ pub struct XDisplay {
     damage: Option<damage::Damage>,
     /// Whether the screen may have been drawn on since [`Self::frame`] last captured it.
     dirty: bool,
-    /// The last frame [`Self::frame`] captured, with its PNG.
-    kept: Option<Shot>,
-    /// How many times the screen was captured (`GetImage`) on this connection.
+    /// The last frame [`Self::frame`] captured, its pixels and its last PNG.
+    kept: Option<Kept>,
+    /// How many times the screen was captured on this connection.
     grabs: u64,
+    /// Shared-memory capture on this connection.
+    shared: Shared,
+}
+
+/// Whether captures go through memory shared with the X server.
+enum Shared {
+    /// Not tried yet: the first capture tries.
+    Untried,
+    /// Attached: captures use it.
+    Ready(SharedImage),
+    /// Refused by the server, failed, or turned off: captures use `GetImage`.
+    Off,
+}
+
+/// How a screen capture reached this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapturePath {
+    /// `ShmGetImage` into a memfd shared with the X server.
+    SharedMemory,
+    /// `GetImage`, the pixels through the X socket.
+    Socket,
+}
+
+/// The last captured frame: its pixels, and the PNG last made of them with the size asked.
+struct Kept {
+    raw: RawFrame,
+    size: FrameSize,
+    shot: Shot,
 }
 
 /// A screen frame as PNG, with the hash of its pixels.
 #[derive(Clone, Debug)]
 pub struct Shot {
-    /// Width in pixels.
+    /// Width of the image in pixels.
     pub width: u32,
-    /// Height in pixels.
+    /// Height of the image in pixels.
     pub height: u32,
     /// The PNG.
     pub png: Vec<u8>,
-    /// [`frame_hash`] of the pixels.
+    /// [`frame_hash`] of the screen's pixels (before any scaling).
     pub hash: u64,
+    /// The screen's size when the image was scaled down to fit a [`FrameSize`]; `None` when
+    /// the image is the screen at full size.
+    pub screen: Option<(u32, u32)>,
 }
 
 impl From<Shot> for super::runtime::Observation {
@@ -61,6 +99,7 @@ impl From<Shot> for super::runtime::Observation {
                 width: shot.width,
                 height: shot.height,
                 notice: None,
+                screen: shot.screen,
             },
             hash: shot.hash,
         }
@@ -138,7 +177,29 @@ impl XDisplay {
             dirty: true,
             kept: None,
             grabs: 0,
+            shared: Shared::Untried,
         })
+    }
+
+    /// Allows or forbids shared-memory capture on this connection (allowed by default; when
+    /// allowed again, the next capture tries to attach once more).
+    pub fn set_shared_memory(&mut self, allowed: bool) {
+        match (allowed, std::mem::replace(&mut self.shared, Shared::Off)) {
+            (true, Shared::Ready(image)) => self.shared = Shared::Ready(image),
+            (true, _) => self.shared = Shared::Untried,
+            (false, Shared::Ready(image)) => image.detach(&self.conn),
+            (false, _) => {}
+        }
+    }
+
+    /// How the next capture will reach this process, attaching the shared memory first if it
+    /// was not tried yet.
+    pub fn capture_path(&mut self) -> CapturePath {
+        if self.shared_ready() {
+            CapturePath::SharedMemory
+        } else {
+            CapturePath::Socket
+        }
     }
 
     /// Whether the server reports damage on this connection.
@@ -172,50 +233,67 @@ impl XDisplay {
         Ok(seen)
     }
 
-    /// The screen as PNG: the last frame again when nothing was drawn since it was captured
-    /// (no capture, no encoding), a fresh capture otherwise.
+    /// The screen as a full-size PNG (see [`Self::frame_sized`]).
     pub fn frame(&mut self) -> Result<Shot, DesktopError> {
+        self.frame_sized(FrameSize::FULL)
+    }
+
+    /// The screen as PNG, scaled down to fit `size`: the last frame again when nothing was
+    /// drawn since it was captured (no capture; no encoding either when the same size was
+    /// asked last time), a fresh capture otherwise.
+    pub fn frame_sized(&mut self, size: FrameSize) -> Result<Shot, DesktopError> {
         if self.damage.is_some() {
             // After a round trip, every report of drawing done before it has arrived.
             self.sync()?;
             self.take_damage()?;
             if !self.dirty
-                && let Some(kept) = &self.kept
+                && let Some(kept) = &mut self.kept
             {
-                return Ok(kept.clone());
+                if kept.size != size {
+                    kept.shot = kept.raw.shot(size)?;
+                    kept.size = size;
+                }
+                return Ok(kept.shot.clone());
             }
             // Reports from here on belong to the frame after this one.
             self.dirty = false;
         }
         let raw = self.grab()?;
-        let shot = Shot {
-            png: raw.encode_png()?,
-            width: raw.width,
-            height: raw.height,
-            hash: raw.hash,
-        };
-        self.kept = Some(shot.clone());
+        let shot = raw.shot(size)?;
+        if self.damage.is_some() {
+            self.kept = Some(Kept {
+                raw,
+                size,
+                shot: shot.clone(),
+            });
+        }
         Ok(shot)
     }
 
-    /// Waits until the screen has been quiet (nothing drawn) for `quiet`, but at least
-    /// `react` (time for an application to answer input), at most `timeout`, then returns
-    /// [`Self::frame`]. A screen that was not drawn on at all is answered without capturing.
-    /// Without the DAMAGE extension, polls captured frames until two are equal instead.
+    /// [`Self::settle_sized`] with a full-size frame.
     pub fn settle(
         &mut self,
         react: Duration,
         quiet: Duration,
         timeout: Duration,
     ) -> Result<Shot, DesktopError> {
+        self.settle_sized(react, quiet, timeout, FrameSize::FULL)
+    }
+
+    /// Waits until the screen has been quiet (nothing drawn) for `quiet`, but at least
+    /// `react` (time for an application to answer input), at most `timeout`, then returns
+    /// [`Self::frame_sized`]. A screen that was not drawn on at all is answered without
+    /// capturing. Without the DAMAGE extension, polls captured frames until two are equal
+    /// instead.
+    pub fn settle_sized(
+        &mut self,
+        react: Duration,
+        quiet: Duration,
+        timeout: Duration,
+        size: FrameSize,
+    ) -> Result<Shot, DesktopError> {
         if self.damage.is_none() {
-            let raw = self.settle_by_polling(react, quiet, timeout)?;
-            return Ok(Shot {
-                png: raw.encode_png()?,
-                width: raw.width,
-                height: raw.height,
-                hash: raw.hash,
-            });
+            return self.settle_by_polling(react, quiet, timeout)?.shot(size);
         }
         let start = Instant::now();
         self.sync()?;
@@ -231,7 +309,7 @@ impl XDisplay {
             }
             std::thread::sleep(QUIET_STEP.min(ready - now));
         }
-        self.frame()
+        self.frame_sized(size)
     }
 
     /// Screen size in pixels.
@@ -239,9 +317,67 @@ impl XDisplay {
         (u32::from(self.width), u32::from(self.height))
     }
 
-    /// Captures the whole screen.
+    /// Captures the whole screen: through shared memory when the server takes it on this
+    /// connection, through the socket (`GetImage`) otherwise.
     pub fn grab(&mut self) -> Result<RawFrame, DesktopError> {
         self.grabs += 1;
+        let (width, height) = self.size();
+        let expected = width as usize * height as usize * 4;
+        let bgrx = match self.grab_shared() {
+            Some(bgrx) => bgrx,
+            None => self.grab_socket(expected)?,
+        };
+        let hash = frame_hash(&bgrx);
+        Ok(RawFrame {
+            width,
+            height,
+            bgrx,
+            hash,
+        })
+    }
+
+    /// Whether captures go through shared memory, attaching it on first use (tried once per
+    /// connection).
+    fn shared_ready(&mut self) -> bool {
+        if matches!(self.shared, Shared::Untried) {
+            let len = usize::from(self.width) * usize::from(self.height) * 4;
+            self.shared = match SharedImage::attach(&self.conn, len) {
+                Ok(image) => {
+                    tracing::debug!(event = "desktop.capture.shared_memory", bytes = len);
+                    Shared::Ready(image)
+                }
+                Err(reason) => {
+                    tracing::info!(event = "desktop.capture.shared_memory_unavailable", %reason);
+                    Shared::Off
+                }
+            };
+        }
+        matches!(self.shared, Shared::Ready(_))
+    }
+
+    /// The screen through shared memory; `None` when that path is off or just failed (then it
+    /// stays off on this connection).
+    fn grab_shared(&mut self) -> Option<Vec<u8>> {
+        if !self.shared_ready() {
+            return None;
+        }
+        let Shared::Ready(image) = &self.shared else {
+            return None;
+        };
+        match image.get_image(&self.conn, self.root, self.width, self.height) {
+            Ok(bgrx) => Some(bgrx),
+            Err(reason) => {
+                tracing::warn!(event = "desktop.capture.shared_memory_failed", %reason);
+                if let Shared::Ready(image) = std::mem::replace(&mut self.shared, Shared::Off) {
+                    image.detach(&self.conn);
+                }
+                None
+            }
+        }
+    }
+
+    /// The screen through the X socket.
+    fn grab_socket(&self, expected: usize) -> Result<Vec<u8>, DesktopError> {
         let reply = self
             .conn
             .get_image(
@@ -256,8 +392,6 @@ impl XDisplay {
             .map_err(x_err)?
             .reply()
             .map_err(x_err)?;
-        let (width, height) = self.size();
-        let expected = width as usize * height as usize * 4;
         if reply.data.len() < expected {
             return Err(DesktopError::X(format!(
                 "short image: {} of {expected} bytes",
@@ -266,13 +400,7 @@ impl XDisplay {
         }
         let mut bgrx = reply.data;
         bgrx.truncate(expected);
-        let hash = frame_hash(&bgrx);
-        Ok(RawFrame {
-            width,
-            height,
-            bgrx,
-            hash,
-        })
+        Ok(bgrx)
     }
 }
 
@@ -284,16 +412,51 @@ impl RawFrame {
         for px in self.bgrx.chunks_exact(4) {
             rgb.extend_from_slice(&[px[2], px[1], px[0]]);
         }
-        let mut out = Vec::with_capacity(rgb.len() / 8);
-        let mut encoder = png::Encoder::new(&mut out, self.width, self.height);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        encoder.set_compression(png::Compression::Fastest);
-        let mut writer = encoder.write_header().map_err(png_err)?;
-        writer.write_image_data(&rgb).map_err(png_err)?;
-        writer.finish().map_err(png_err)?;
-        Ok(out)
+        encode_rgb(&rgb, self.width, self.height)
     }
+
+    /// The frame as a [`Shot`] no larger than `size`: scaled down with a box filter straight
+    /// from the BGRX pixels (so a smaller frame costs less to encode), or at full size.
+    pub fn shot(&self, size: FrameSize) -> Result<Shot, DesktopError> {
+        let (width, height) = size.fit(self.width, self.height);
+        if (width, height) == (self.width, self.height) {
+            return Ok(Shot {
+                png: self.encode_png()?,
+                width,
+                height,
+                hash: self.hash,
+                screen: None,
+            });
+        }
+        let rgb = frame_scale::box_downscale(
+            &self.bgrx,
+            frame_scale::BGRX,
+            self.width,
+            self.height,
+            width,
+            height,
+        );
+        Ok(Shot {
+            png: encode_rgb(&rgb, width, height)?,
+            width,
+            height,
+            hash: self.hash,
+            screen: Some((self.width, self.height)),
+        })
+    }
+}
+
+/// Encodes 8-bit RGB pixels as PNG with the fastest settings (see [`RawFrame::encode_png`]).
+pub fn encode_rgb(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, DesktopError> {
+    let mut out = Vec::with_capacity(rgb.len() / 8);
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.set_compression(png::Compression::Fastest);
+    let mut writer = encoder.write_header().map_err(png_err)?;
+    writer.write_image_data(rgb).map_err(png_err)?;
+    writer.finish().map_err(png_err)?;
+    Ok(out)
 }
 
 /// A fast 64-bit hash of frame bytes (word-wise multiply-xorshift, length mixed in). Not

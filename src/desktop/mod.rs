@@ -10,7 +10,8 @@
 //! - [`gateway`]: the token-protected screen gateway (websockify + one x11vnc per capability).
 //! - [`terminal`]: the PTY terminal servers beside the gateway, one per control capability,
 //!   and their frame protocol (`terminal_server.py`).
-//! - [`capture`]: screenshots straight from the X server, PNG encoding and frame hashes.
+//! - [`capture`]: screenshots straight from the X server, PNG encoding, scaled frames and
+//!   frame hashes; [`shared_image`]: the memfd the X server writes screenshots into (MIT-SHM).
 //! - [`input`] and [`keys`]: ordered action batches through XTEST, and key names to keysyms.
 //! - [`screen_commands`]: capture and input through commands only (an in-computer helper and
 //!   xdotool), for machines whose X server this process cannot reach.
@@ -29,6 +30,7 @@ pub mod cdp;
 pub mod cgroup;
 pub mod command;
 pub mod files;
+pub mod frame_scale;
 pub mod gateway;
 pub mod groups;
 pub mod input;
@@ -37,6 +39,7 @@ pub mod page;
 pub mod provider;
 pub mod runtime;
 pub mod screen_commands;
+pub mod shared_image;
 pub mod terminal;
 pub mod terminal_frames;
 pub mod warm;

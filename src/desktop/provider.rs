@@ -13,8 +13,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
-    ExecRequest, FileEntry, Frame, MachineSpec, ProviderError, ProviderRef, ProviderResult,
-    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ExecRequest, FileEntry, Frame, FrameSize, MachineSpec, ProviderError, ProviderRef,
+    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -389,11 +389,20 @@ impl SandboxProvider for DesktopProvider {
     }
 
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        self.observe_sized(machine, bot_id, FrameSize::FULL).await
+    }
+
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> ProviderResult<Frame> {
         Ok(self
             .machine(machine)
             .await?
             .runtime
-            .observe(bot_id)
+            .observe_sized(bot_id, size)
             .await?
             .frame)
     }
@@ -404,11 +413,22 @@ impl SandboxProvider for DesktopProvider {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome> {
+        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
+            .await
+    }
+
+    async fn act_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> ProviderResult<ActOutcome> {
         let result = self
             .machine(machine)
             .await?
             .runtime
-            .act(bot_id, actions)
+            .act_sized(bot_id, actions, size)
             .await?;
         if let Some(stop) = &result.error {
             tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "desktop.act.stopped");

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use rakazo_actors::provider::{ActStop, Action, Frame};
+use rakazo_actors::provider::{ActStop, Action, Frame, FrameSize};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
@@ -74,6 +74,9 @@ const MAX_SLOTS: u32 = DISPLAY_SEARCH;
 /// The in-computer DevTools bridge (Python 3 standard library only).
 const DEVTOOLS_BRIDGE_SOURCE: &str = include_str!("devtools_bridge.py");
 
+/// Default [`Settle::pointer_quiet`] in milliseconds.
+pub const POINTER_QUIET_MS: u64 = 20;
+
 /// How a batch waits for the screen to stop changing.
 #[derive(Clone, Copy, Debug)]
 pub struct Settle {
@@ -86,6 +89,9 @@ pub struct Settle {
     pub interval: Duration,
     /// On a direct display with DAMAGE: settled once nothing was drawn for this long.
     pub quiet: Duration,
+    /// [`Self::quiet`] for a batch of pointer moves only: about one Chromium frame, as moves
+    /// repaint at most hover styles, which come with the next frame.
+    pub pointer_quiet: Duration,
     /// Give up and return the latest frame after this long.
     pub timeout: Duration,
 }
@@ -96,6 +102,7 @@ impl Default for Settle {
             first_delay: Duration::from_millis(50),
             interval: Duration::from_millis(50),
             quiet: Duration::from_millis(30),
+            pointer_quiet: Duration::from_millis(POINTER_QUIET_MS),
             timeout: Duration::from_secs(2),
         }
     }
@@ -1081,19 +1088,32 @@ impl DesktopRuntime {
         Ok(name)
     }
 
-    /// A screenshot of the bot's screen.
+    /// A screenshot of the bot's screen at full size.
     pub async fn observe(&self, bot_id: &str) -> Result<Observation, DesktopError> {
+        self.observe_sized(bot_id, FrameSize::FULL).await
+    }
+
+    /// A screenshot of the bot's screen, no larger than `size`.
+    pub async fn observe_sized(
+        &self,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> Result<Observation, DesktopError> {
         let (io, _busy, notice) = self.use_screen(bot_id).await?;
         let x = match io {
             Io::X(x) => x,
             Io::Commands(c) => {
                 let mut observation = c.grab().await?;
+                observation.frame = super::frame_scale::fit_png(observation.frame, size)?;
                 observation.frame.notice = notice;
                 return Ok(observation);
             }
         };
         tokio::task::spawn_blocking(move || {
-            let shot = x.lock().unwrap_or_else(|e| e.into_inner()).frame()?;
+            let shot = x
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .frame_sized(size)?;
             let mut observation = Observation::from(shot);
             observation.frame.notice = notice;
             Ok(observation)
@@ -1102,9 +1122,20 @@ impl DesktopRuntime {
         .map_err(|e| DesktopError::X(format!("capture task: {e}")))?
     }
 
-    /// Applies `actions` in order, waits for the screen to settle and returns the frame. A
-    /// failing action stops the batch; the result says how many completed and why.
+    /// [`Self::act_sized`] with a full-size screenshot.
     pub async fn act(&self, bot_id: &str, actions: &[Action]) -> Result<ActResult, DesktopError> {
+        self.act_sized(bot_id, actions, FrameSize::FULL).await
+    }
+
+    /// Applies `actions` in order, waits for the screen to settle and returns the frame, no
+    /// larger than `size`. A failing action stops the batch; the result says how many
+    /// completed and why.
+    pub async fn act_sized(
+        &self,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> Result<ActResult, DesktopError> {
         let (io, _busy, notice) = self.use_screen(bot_id).await?;
         let settle = self.config.settle;
         let x = match io {
@@ -1112,6 +1143,7 @@ impl DesktopRuntime {
             Io::Commands(c) => {
                 let (completed, error) = c.apply(actions).await;
                 let mut observation = c.settle(settle).await?;
+                observation.frame = super::frame_scale::fit_png(observation.frame, size)?;
                 observation.frame.notice = notice;
                 return Ok(ActResult {
                     completed,
@@ -1140,7 +1172,12 @@ impl DesktopRuntime {
             } else {
                 Duration::ZERO
             };
-            let shot = x.settle(react, settle.quiet, settle.timeout)?;
+            let quiet = if actions.iter().all(|a| matches!(a, Action::Move { .. })) {
+                settle.pointer_quiet
+            } else {
+                settle.quiet
+            };
+            let shot = x.settle_sized(react, quiet, settle.timeout, size)?;
             Ok(ActResult {
                 completed,
                 error,
@@ -1705,6 +1742,7 @@ impl DesktopRuntime {
             first_delay: BROWSER_QUIET_DELAY,
             interval: BROWSER_QUIET_INTERVAL,
             quiet: BROWSER_QUIET_INTERVAL,
+            pointer_quiet: BROWSER_QUIET_INTERVAL,
             timeout: BROWSER_QUIET_TIMEOUT,
         };
         match io {

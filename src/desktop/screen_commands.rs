@@ -98,6 +98,7 @@ impl CommandScreen {
                 width,
                 height,
                 notice: None,
+                screen: None,
             },
         })
     }

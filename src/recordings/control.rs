@@ -12,6 +12,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use rakazo_actors::computer::{Call, Op, OpOutput};
 use rakazo_actors::entity::{computer, recording_frame, recording_step};
+use rakazo_actors::provider::FrameSize;
 use rakazo_actors::registry::Registry;
 use rakazo_actors::{DomainError, DomainResult, keys};
 use rakazo_web_proxy::gateway::SocketKind;
@@ -122,7 +123,7 @@ impl ControlRecorder {
             let stopping = *stopped.borrow();
             match handle
                 .computer
-                .send(Call(Op::Observe(s.bot_id.clone())))
+                .send(Call(Op::Observe(s.bot_id.clone(), FrameSize::FULL)))
                 .await
             {
                 Ok(Ok(OpOutput::Frame(frame))) => {

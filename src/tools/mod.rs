@@ -12,7 +12,7 @@ use base64::Engine;
 use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, Op, OpOutput};
 use rakazo_actors::entity::run;
-use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame};
+use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
@@ -128,6 +128,16 @@ impl ToolCtx<'_> {
             m.extend(e);
         }
         let mut content = Vec::new();
+        if let (Some((screen_width, screen_height)), Some(scale)) = (frame.screen, scale_of(&frame))
+        {
+            meta["scale"] = json!(scale);
+            meta["screenWidth"] = json!(screen_width);
+            meta["screenHeight"] = json!(screen_height);
+            content.push(text(format!(
+                "This screenshot is the {screen_width}x{screen_height} screen scaled to {}x{} (scale {scale}). Actions take screen pixels: divide image coordinates by {scale}.",
+                frame.width, frame.height
+            )));
+        }
         if let Some(notice) = &frame.notice {
             meta["desktopNotice"] = json!(notice);
             content.push(text(notice));
@@ -167,7 +177,7 @@ pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
 
 async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value> {
     match name {
-        "computer_observe" => observe(ctx).await,
+        "computer_observe" => observe(ctx, a).await,
         "computer_act" => act(ctx, a).await,
         "shell" => shell(ctx, a).await,
         "read_file" => read_file(ctx, a, false).await,
@@ -190,20 +200,81 @@ async fn open_screen(ctx: &ToolCtx<'_>) -> DomainResult<screen::ScreenState> {
         .await?
 }
 
-async fn observe(ctx: &ToolCtx<'_>) -> DomainResult<Value> {
+/// How much a scaled-down frame was shrunk (image width / screen width, four decimals);
+/// `None` for a full-size frame.
+fn scale_of(frame: &Frame) -> Option<f64> {
+    let (screen_width, _) = frame.screen?;
+    let scale = f64::from(frame.width) / f64::from(screen_width.max(1));
+    Some((scale * 10_000.0).round() / 10_000.0)
+}
+
+/// A recorded step's result with the frame's `scale` when it was scaled down (the replay
+/// draws the actions' screen points on it).
+fn with_scale(mut result: Value, frame: &Frame) -> Value {
+    if let Some(scale) = scale_of(frame) {
+        result["scale"] = json!(scale);
+    }
+    result
+}
+
+/// The smallest `max_width` or `max_height` a screenshot may be asked for.
+pub const MIN_FRAME_SIDE: u32 = 64;
+
+/// The screenshot size a tool call asks for (`max_width`, `max_height`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SizeArgs {
+    #[serde(default)]
+    max_width: Option<u32>,
+    #[serde(default)]
+    max_height: Option<u32>,
+}
+
+impl SizeArgs {
+    fn size(&self) -> DomainResult<FrameSize> {
+        for (name, v) in [
+            ("max_width", self.max_width),
+            ("max_height", self.max_height),
+        ] {
+            if v.is_some_and(|v| v < MIN_FRAME_SIDE) {
+                return Err(DomainError::invalid(format!(
+                    "{name} must be at least {MIN_FRAME_SIDE}"
+                )));
+            }
+        }
+        Ok(FrameSize {
+            max_width: self.max_width,
+            max_height: self.max_height,
+        })
+    }
+}
+
+/// `frame` fitted to `size`: providers that capture only at full size leave the scaling here.
+fn fit(frame: Frame, size: FrameSize) -> DomainResult<Frame> {
+    if frame.screen.is_some() || size.fit(frame.width, frame.height) == (frame.width, frame.height)
+    {
+        return Ok(frame);
+    }
+    crate::desktop::frame_scale::fit_png(frame, size)
+        .map_err(|e| DomainError::new(ErrorCode::Internal, e.to_string()))
+}
+
+async fn observe(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
+    let size = args::<SizeArgs>(a)?.size()?;
     let state = open_screen(ctx).await?;
-    let OpOutput::Frame(frame) = ctx.op(Op::Observe(ctx.run.bot_id.clone())).await? else {
+    let OpOutput::Frame(frame) = ctx.op(Op::Observe(ctx.run.bot_id.clone(), size)).await? else {
         return Err(DomainError::new(
             ErrorCode::Internal,
             "unexpected provider reply",
         ));
     };
+    let frame = fit(frame, size)?;
     crate::recordings::calls::step(
         ctx.app,
         &ctx.run,
         "computer_observe",
         None,
-        json!({}),
+        with_scale(json!({}), &frame),
         &frame,
     )
     .await;
@@ -219,10 +290,23 @@ async fn observe(ctx: &ToolCtx<'_>) -> DomainResult<Value> {
 #[serde(deny_unknown_fields)]
 struct ActArgs {
     actions: Vec<Action>,
+    #[serde(default)]
+    max_width: Option<u32>,
+    #[serde(default)]
+    max_height: Option<u32>,
 }
 
 async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
-    let ActArgs { actions } = args(a)?;
+    let ActArgs {
+        actions,
+        max_width,
+        max_height,
+    } = args(a)?;
+    let size = SizeArgs {
+        max_width,
+        max_height,
+    }
+    .size()?;
     if actions.is_empty() || actions.len() > 50 {
         return Err(DomainError::invalid(format!(
             "actions holds {} steps: give 1 to 50",
@@ -243,12 +327,16 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         .map(crate::desktop::action_rules::kind)
         .collect();
     let recorded = actions.clone();
-    let OpOutput::Act(outcome) = ctx.op(Op::Act(ctx.run.bot_id.clone(), actions)).await? else {
+    let OpOutput::Act(mut outcome) = ctx
+        .op(Op::Act(ctx.run.bot_id.clone(), actions, size))
+        .await?
+    else {
         return Err(DomainError::new(
             ErrorCode::Internal,
             "unexpected provider reply",
         ));
     };
+    outcome.frame = fit(outcome.frame, size)?;
     let completed = outcome.completed;
     let stop = outcome
         .stopped
@@ -259,7 +347,10 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         &ctx.run,
         "computer_act",
         Some(recorded.as_slice()),
-        json!({ "completed": completed, "total": total, "stopped": stop }),
+        with_scale(
+            json!({ "completed": completed, "total": total, "stopped": stop }),
+            &outcome.frame,
+        ),
         &outcome.frame,
     )
     .await;

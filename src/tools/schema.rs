@@ -5,19 +5,28 @@ use serde_json::{Value, json};
 /// How every tool reads a workspace path.
 const PATH_RULE: &str = "A path relative to your folder, the same folder `shell` starts in: `bots/<your bot id>/` on a Team Computer, the workspace root on a Private Computer. A path starting with `/` starts at the workspace root, so a Team's shared files are `../../shared/...` or `/shared/...`. `..` may not leave the workspace.";
 
+/// How every screenshot reads `max_width` and `max_height`.
+const SCALE_RULE: &str = "Optional: return the screenshot scaled down (aspect ratio kept) to at most this many pixels; the answer then gives `scale`, `screenWidth` and `screenHeight`. Action coordinates are always screen pixels: divide image coordinates by `scale`.";
+
 /// One tool's definition, in the shape MCP's `tools/list` uses.
 pub fn definitions() -> Vec<Value> {
     let path = json!({ "type": "string", "description": PATH_RULE });
+    let max_width =
+        json!({ "type": "integer", "minimum": super::MIN_FRAME_SIDE, "description": SCALE_RULE });
+    let max_height =
+        json!({ "type": "integer", "minimum": super::MIN_FRAME_SIDE, "description": SCALE_RULE });
     vec![
         tool(
             "computer_observe",
-            "Take a screenshot of your screen. Identical consecutive frames come back without image bytes: the previous screenshot is still valid.",
-            json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+            "Take a screenshot of your screen, at full size or scaled down to `max_width`/`max_height`. Identical consecutive frames come back without image bytes: the previous screenshot is still valid.",
+            json!({ "type": "object", "additionalProperties": false, "properties": {
+                "max_width": max_width.clone(), "max_height": max_height.clone() } }),
         ),
         tool(
             "computer_act",
-            "Perform an ordered batch of mouse and keyboard actions on your screen, wait for it to settle, and return the resulting screenshot.",
+            "Perform an ordered batch of mouse and keyboard actions on your screen, wait for it to settle, and return the resulting screenshot (scaled down to `max_width`/`max_height` when given; coordinates are screen pixels).",
             json!({ "type": "object", "required": ["actions"], "additionalProperties": false, "properties": {
+                "max_width": max_width, "max_height": max_height,
                 "actions": { "type": "array", "minItems": 1, "maxItems": 50, "items": { "type": "object", "required": ["type"], "properties": {
                     "type": { "enum": ["move", "click", "drag", "scroll", "type", "key", "wait"] },
                     "x": { "type": "integer" }, "y": { "type": "integer" },

@@ -197,7 +197,12 @@ export class Replay {
       ctx.strokeRect(5, 5, this.canvas.width - 10, this.canvas.height - 10);
       drawn = 1;
     } else {
+      // A scaled-down screenshot: the marks are in screen pixels.
+      const scale = step.result?.scale || 1;
+      ctx.save();
+      ctx.scale(scale, scale);
       for (const m of marks(step)) { draw(ctx, m); drawn++; }
+      ctx.restore();
     }
     this.root.dataset.step = String(i);
     this.root.dataset.actor = step.actor;

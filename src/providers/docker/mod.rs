@@ -33,7 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
-    ExecRequest, FileEntry, Frame, MachineSpec, Preparation, ProviderError, ProviderRef,
+    ExecRequest, FileEntry, Frame, FrameSize, MachineSpec, Preparation, ProviderError, ProviderRef,
     ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
@@ -565,8 +565,17 @@ impl SandboxProvider for DockerProvider {
     }
 
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        self.observe_sized(machine, bot_id, FrameSize::FULL).await
+    }
+
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> ProviderResult<Frame> {
         let m = self.machine(machine).await?;
-        match m.runtime.observe(bot_id).await {
+        match m.runtime.observe_sized(bot_id, size).await {
             Ok(o) => Ok(o.frame),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
@@ -578,8 +587,19 @@ impl SandboxProvider for DockerProvider {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome> {
+        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
+            .await
+    }
+
+    async fn act_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> ProviderResult<ActOutcome> {
         let m = self.machine(machine).await?;
-        let result = match m.runtime.act(bot_id, actions).await {
+        let result = match m.runtime.act_sized(bot_id, actions, size).await {
             Ok(r) => r,
             Err(e) => return Err(self.classify(machine, e.into()).await),
         };

@@ -36,5 +36,6 @@ pub fn render(state: &impl Hash) -> Result<Frame, ProviderError> {
         width: WIDTH,
         height: HEIGHT,
         notice: None,
+        screen: None,
     })
 }

@@ -43,8 +43,8 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
+    FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
 };
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -715,8 +715,17 @@ impl SandboxProvider for KubernetesProvider {
     }
 
     async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        self.observe_sized(machine, bot_id, FrameSize::FULL).await
+    }
+
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> ProviderResult<Frame> {
         let m = self.machine(machine).await?;
-        match m.runtime.observe(bot_id).await {
+        match m.runtime.observe_sized(bot_id, size).await {
             Ok(o) => Ok(o.frame),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
@@ -728,8 +737,19 @@ impl SandboxProvider for KubernetesProvider {
         bot_id: &str,
         actions: &[Action],
     ) -> ProviderResult<ActOutcome> {
+        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
+            .await
+    }
+
+    async fn act_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> ProviderResult<ActOutcome> {
         let m = self.machine(machine).await?;
-        let result = match m.runtime.act(bot_id, actions).await {
+        let result = match m.runtime.act_sized(bot_id, actions, size).await {
             Ok(r) => r,
             Err(e) => return Err(self.classify(machine, e.into()).await),
         };

@@ -52,7 +52,7 @@ async fn pointer_moves_return_the_hover_repaint() {
         warm_stacks: 0,
     };
     let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
-    runtime.open_screen("hover").await.expect("open screen");
+    runtime.open_screen("hover", 0).await.expect("open screen");
     let page = "data:text/html,<style>body{margin:0}div{position:fixed;top:0;bottom:0;width:50%}\
         %23a{left:0;background:%2300f}%23a:hover{background:%23f00}%23b{right:0;background:%230f0}</style>\
         <div id=a></div><div id=b></div>";

@@ -19,6 +19,9 @@ use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settl
 
 mod support;
 
+/// The watched bot's page: a new background colour every 100 ms.
+const CHANGING_PAGE: &str = "data:text/html,<body><script>let n=0;setInterval(()=>{n=(n*7919+104729)%16777216;document.body.style.background='%23'+n.toString(16).padStart(6,'0')},100)</script>";
+
 /// Desktops opened one by one for the memory figure.
 const MEMORY_DESKTOPS: usize = 4;
 
@@ -176,6 +179,12 @@ impl Watched {
         let dir = tempfile::tempdir().unwrap();
         let desk = runtime(dir.path(), first_display, launch);
         desk.open_screen("watched").await.unwrap();
+        // A page repainting the whole screen every 100 ms, so that every observe captures and
+        // encodes a new frame (an unchanged screen is answered from the last frame).
+        desk.open_in_browser("watched", CHANGING_PAGE)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
         for _ in 0..5 {
             desk.observe("watched").await.unwrap();
         }
@@ -225,8 +234,18 @@ fn main() {
         println!(
             "desktop slots bench ({rounds} rounds, median shown; plain start against the runtime's)"
         );
-        let launches = [("plain", Launch::plain()), ("runtime", Launch::default())];
-        let mut figures = [Figures::default(), Figures::default()];
+        let launches = [
+            ("plain", Launch::plain()),
+            (
+                "lean, runtime's priority",
+                Launch {
+                    nice: 0,
+                    lean: true,
+                },
+            ),
+            ("runtime", Launch::default()),
+        ];
+        let mut figures: [Figures; 3] = Default::default();
         for _ in 0..rounds {
             for ((_, launch), f) in launches.iter().zip(figures.iter_mut()) {
                 f.one.push(open_many(1, true, 171, *launch).await);
@@ -237,7 +256,7 @@ fn main() {
             }
         }
 
-        // Observe of one bot, idle and while another bot's browser starts (on 171 and 181).
+        // Observe of one bot, idle and while another bot's browser starts (on 171, 181, 191).
         let mut watched = Vec::new();
         for (i, (_, launch)) in launches.iter().enumerate() {
             watched.push(Watched::open(171 + 10 * i as u32, *launch).await);
@@ -255,7 +274,7 @@ fn main() {
             w.close().await;
         }
         for _ in 0..rounds.min(2) {
-            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()) {
+            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
                 f.memory.push(memory(171, *launch).await);
             }
         }

@@ -1774,7 +1774,7 @@ impl DesktopRuntime {
             // Whether it still runs is a script on the machine (a shell and `ps`): asked once
             // a second, not at every look, so that many browsers starting at once do not
             // spend the CPU they need on being watched.
-            if looks % BROWSER_ALIVE_EVERY == 0 && !self.runner.is_running(pid).await? {
+            if looks.is_multiple_of(BROWSER_ALIVE_EVERY) && !self.runner.is_running(pid).await? {
                 return Ok(Err(NoWindow { exited: true }));
             }
             if started.elapsed() > BROWSER_WINDOW_TIMEOUT {

@@ -437,7 +437,8 @@ impl CommandRunner for HeldBrowserStart {
     }
 
     async fn spawn(&self, spec: &rakazo::desktop::command::SpawnSpec) -> Result<u32, DesktopError> {
-        let held = spec.argv.first().is_some_and(|p| p == "chromium")
+        // The browser may be started through `setpriv` (as root): look past the first word.
+        let held = spec.argv.iter().any(|p| p == "chromium")
             && spec.argv.iter().any(|a| a.contains(self.bot));
         if held {
             self.arrived.notify_one();

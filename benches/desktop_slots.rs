@@ -236,14 +236,8 @@ fn main() {
         );
         let launches = [
             ("plain", Launch::plain()),
-            (
-                "lean, runtime's priority",
-                Launch {
-                    nice: 0,
-                    lean: true,
-                },
-            ),
-            ("runtime", Launch::default()),
+            ("runtime (lean)", Launch::default()),
+            ("lean, lowered", Launch::lowered()),
         ];
         let mut figures: [Figures; 3] = Default::default();
         for _ in 0..rounds {

@@ -673,7 +673,8 @@ async fn the_browser_and_window_manager_run_below_the_x_server() {
     let runtime = DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),
         runtime_config(dir.path(), 71, 0),
-    );
+    )
+    .with_launch(rakazo::desktop::browser::Launch::lowered());
     let screen = runtime.open_screen("bot-a").await.unwrap();
     let own = nice_of(std::process::id());
     let lowered = (own + i32::from(rakazo::desktop::browser::DESKTOP_NICE)).min(19);

@@ -23,10 +23,11 @@ pub fn profile_dir(workspace: &Path, bot_id: &str) -> PathBuf {
     workspace.join(PROFILES_DIR).join(bot_id)
 }
 
-/// How much lower than the runtime's own the CPU priority of a desktop's programs is: the
-/// browser, the window manager and what the bot launches. The X server, which answers every
-/// observe and action, keeps the runtime's priority. See ARCHITECTURE.md ("CPU priority of
-/// desktops").
+/// How much lower than the runtime's own the CPU priority of a desktop's programs (the
+/// browser, the window manager and what the bot launches) is in a lowered start
+/// ([`Launch::lowered`]); the X server, which answers every observe and action, keeps the
+/// runtime's priority. Desktops start at the runtime's priority by default: see ARCHITECTURE.md
+/// ("CPU priority of desktops") for what a lowered start costs and why it is not the default.
 pub const DESKTOP_NICE: u8 = 10;
 
 /// Chromium features a bot's browser goes without (`--disable-features`).
@@ -65,13 +66,22 @@ pub struct Launch {
 impl Default for Launch {
     fn default() -> Self {
         Self {
-            nice: DESKTOP_NICE,
+            nice: 0,
             lean: true,
         }
     }
 }
 
 impl Launch {
+    /// The default start with the browser, the window manager and the bot's programs
+    /// [`DESKTOP_NICE`] below the runtime's priority, for good.
+    pub fn lowered() -> Self {
+        Self {
+            nice: DESKTOP_NICE,
+            ..Self::default()
+        }
+    }
+
     /// The start before this trimming: priority of the runtime, every feature and GLX.
     pub fn plain() -> Self {
         Self {

@@ -1,16 +1,29 @@
 //! Desktop slot concurrency benchmark: eight bots opening their desktops at the same moment on
-//! one machine against one bot alone (and against eight opened one after another, which is
-//! what a table lock held through every start amounted to), and one bot's observe while
-//! another bot's browser starts against its observe on an idle machine.
+//! one machine against one bot alone (and, with `BENCH_SERIAL=1`, against eight opened one
+//! after another, which is what a table lock held through every start amounted to), and one
+//! bot's observe while another bot's browser starts against its observe on an idle machine,
+//! and the memory (PSS over the desktops' whole process trees) of each further desktop.
+//! Every figure is taken for the runtime's start and for the plain start before it
+//! ([`Launch::plain`]: every Chromium feature, GLX, the runtime's CPU priority), rounds
+//! alternating, so the two are compared in the same run.
 //!
 //! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rakazo::desktop::browser::Launch;
 use rakazo::desktop::command::{HostRunner, sweep_script};
 use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+
+mod support;
+
+/// The watched bot's page: a new background colour every 100 ms.
+const CHANGING_PAGE: &str = "data:text/html,<body><script>let n=0;setInterval(()=>{n=(n*7919+104729)%16777216;document.body.style.background='%23'+n.toString(16).padStart(6,'0')},100)</script>";
+
+/// Desktops opened one by one for the memory figure.
+const MEMORY_DESKTOPS: usize = 4;
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -22,25 +35,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn runtime(dir: &std::path::Path, first_display: u32) -> Arc<DesktopRuntime> {
+fn runtime(dir: &std::path::Path, first_display: u32, launch: Launch) -> Arc<DesktopRuntime> {
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
-    Arc::new(DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        RuntimeConfig {
-            workspace: dir.join("workspace"),
-            run_dir: dir.join("run"),
-            screen_limit: 0,
-            displays: DisplayPool::new(first_display),
-            gateway_port: free_local_port().unwrap(),
-            settle: Settle::default(),
-            x11_socket_dir: None,
-            commands_only: false,
-            gateway_host: "127.0.0.1".into(),
-            groups: None,
-            freeze_after: None,
-            warm_stacks: 0,
-        },
-    ))
+    Arc::new(
+        DesktopRuntime::new(
+            Arc::new(HostRunner::minimal()),
+            RuntimeConfig {
+                workspace: dir.join("workspace"),
+                run_dir: dir.join("run"),
+                screen_limit: 0,
+                displays: DisplayPool::new(first_display),
+                gateway_port: free_local_port().unwrap(),
+                settle: Settle::default(),
+                x11_socket_dir: None,
+                commands_only: false,
+                gateway_host: "127.0.0.1".into(),
+                groups: None,
+                freeze_after: None,
+                warm_stacks: 0,
+            },
+        )
+        .with_launch(launch),
+    )
 }
 
 fn sweep(dir: &std::path::Path) {
@@ -51,9 +67,9 @@ fn sweep(dir: &std::path::Path) {
 }
 
 /// Opens `bots` desktops on a fresh runtime, all at once or one after another; the wall time.
-async fn open_many(bots: usize, together: bool, first_display: u32) -> Duration {
+async fn open_many(bots: usize, together: bool, first_display: u32, launch: Launch) -> Duration {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), first_display);
+    let rt = runtime(dir.path(), first_display, launch);
     // A first screen outside the measurement: the runtime's one-time start (leftover reaping).
     rt.open_screen("warm", 0).await.unwrap();
     rt.close_screen("warm").await.unwrap();
@@ -79,81 +95,185 @@ async fn open_many(bots: usize, together: bool, first_display: u32) -> Duration 
     took
 }
 
+/// PSS in KiB of every desktop of a runtime, after each of [`MEMORY_DESKTOPS`] desktops
+/// (about:blank) opened one by one, read 3 s after it opened.
+async fn memory(first_display: u32, launch: Launch) -> Vec<u64> {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path(), first_display, launch);
+    let prefix = format!("{}/screen-", dir.path().join("run").display());
+    let mut out = Vec::new();
+    for i in 0..MEMORY_DESKTOPS {
+        rt.open_screen(&format!("mem-{i}"), i as u32).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        out.push(support::pss::pss_kib(&prefix).1.0);
+    }
+    rt.shutdown().await.unwrap();
+    sweep(dir.path());
+    out
+}
+
+/// Figures of one way of starting desktops.
+#[derive(Default)]
+struct Figures {
+    one: Vec<Duration>,
+    eight: Vec<Duration>,
+    serial: Vec<Duration>,
+    idle: Vec<Duration>,
+    busy: Vec<Duration>,
+    /// PSS KiB after each desktop, per round.
+    memory: Vec<Vec<u64>>,
+}
+
+impl Figures {
+    fn report(&mut self, name: &str) {
+        let one = percentile(&mut self.one, 0.5);
+        let eight = percentile(&mut self.eight, 0.5);
+        println!("{name}: open 1 desktop: {:.0} ms", ms(one));
+        println!(
+            "{name}: open 8 desktops at once: {:.0} ms ({:.2}x one)",
+            ms(eight),
+            ms(eight) / ms(one)
+        );
+        if !self.serial.is_empty() {
+            let serial = percentile(&mut self.serial, 0.5);
+            println!(
+                "{name}: open 8 desktops one after another: {:.0} ms ({:.2}x one)",
+                ms(serial),
+                ms(serial) / ms(one)
+            );
+        }
+        let idle95 = percentile(&mut self.idle, 0.95);
+        let busy95 = percentile(&mut self.busy, 0.95);
+        println!(
+            "{name}: observe p95 idle: {:.1} ms ({} samples); while another browser starts: {:.1} ms ({} samples); ratio {:.2}",
+            ms(idle95),
+            self.idle.len(),
+            ms(busy95),
+            self.busy.len(),
+            ms(busy95) / ms(idle95)
+        );
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        for pss in &self.memory {
+            let first = pss[0];
+            let last = pss[pss.len() - 1];
+            println!(
+                "{name}: PSS after each desktop {:?} MiB; the first {:.0} MiB, each further one {:.0} MiB",
+                pss.iter()
+                    .map(|&k| mib(k).round() as u64)
+                    .collect::<Vec<_>>(),
+                mib(first),
+                mib(last.saturating_sub(first)) / (pss.len() - 1) as f64
+            );
+        }
+    }
+}
+
+/// A desktop that is observed while others start on its runtime.
+struct Watched {
+    desk: Arc<DesktopRuntime>,
+    dir: tempfile::TempDir,
+}
+
+impl Watched {
+    async fn open(first_display: u32, launch: Launch) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let desk = runtime(dir.path(), first_display, launch);
+        desk.open_screen("watched", 0).await.unwrap();
+        // A page repainting the whole screen every 100 ms, so that every observe captures and
+        // encodes a new frame (an unchanged screen is answered from the last frame).
+        desk.open_in_browser("watched", CHANGING_PAGE)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..5 {
+            desk.observe("watched").await.unwrap();
+        }
+        Self { desk, dir }
+    }
+
+    async fn idle(&self, samples: usize, into: &mut Vec<Duration>) {
+        for _ in 0..samples {
+            let t = Instant::now();
+            self.desk.observe("watched").await.unwrap();
+            into.push(t.elapsed());
+        }
+    }
+
+    /// Observes without pause while another bot's desktop opens on the same runtime.
+    async fn while_another_starts(&self, other: String, into: &mut Vec<Duration>) {
+        let opening = tokio::spawn({
+            let desk = self.desk.clone();
+            async move { desk.open_screen(&other, 1).await.map(|_| other) }
+        });
+        while !opening.is_finished() {
+            let t = Instant::now();
+            self.desk.observe("watched").await.unwrap();
+            into.push(t.elapsed());
+        }
+        let other = opening.await.unwrap().unwrap();
+        self.desk.close_screen(&other).await.unwrap();
+    }
+
+    async fn close(self) {
+        self.desk.shutdown().await.unwrap();
+        sweep(self.dir.path());
+    }
+}
+
 fn main() {
     let rounds: usize = std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let serial = std::env::var_os("BENCH_SERIAL").is_some();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        println!("desktop slots bench ({rounds} rounds, median shown)");
-        let mut one = Vec::new();
-        let mut eight = Vec::new();
-        let mut serial = Vec::new();
+        println!(
+            "desktop slots bench ({rounds} rounds, median shown; plain start against the runtime's)"
+        );
+        let launches = [
+            ("plain", Launch::plain()),
+            ("runtime (lean)", Launch::default()),
+            ("lean, lowered", Launch::lowered()),
+        ];
+        let mut figures: [Figures; 3] = Default::default();
         for _ in 0..rounds {
-            one.push(open_many(1, true, 171).await);
-            eight.push(open_many(8, true, 171).await);
-            serial.push(open_many(8, false, 171).await);
-        }
-        let (one, eight, serial) = (
-            percentile(&mut one, 0.5),
-            percentile(&mut eight, 0.5),
-            percentile(&mut serial, 0.5),
-        );
-        println!("open 1 desktop: {:.0} ms", ms(one));
-        println!(
-            "open 8 desktops at once: {:.0} ms ({:.2}x one)",
-            ms(eight),
-            ms(eight) / ms(one)
-        );
-        println!(
-            "open 8 desktops one after another: {:.0} ms ({:.2}x one)",
-            ms(serial),
-            ms(serial) / ms(one)
-        );
-
-        // Observe of one bot, idle and while another bot's browser starts.
-        let dir = tempfile::tempdir().unwrap();
-        let desk = runtime(dir.path(), 171);
-        desk.open_screen("watched", 0).await.unwrap();
-        for _ in 0..5 {
-            desk.observe("watched").await.unwrap();
-        }
-        let mut idle = Vec::new();
-        for _ in 0..100 {
-            let t = Instant::now();
-            desk.observe("watched").await.unwrap();
-            idle.push(t.elapsed());
-        }
-        let mut busy = Vec::new();
-        for round in 0..rounds.max(3) {
-            let other = format!("other-{round}");
-            let opening = tokio::spawn({
-                let desk = desk.clone();
-                async move { desk.open_screen(&other, 1).await.map(|_| other) }
-            });
-            while !opening.is_finished() {
-                let t = Instant::now();
-                desk.observe("watched").await.unwrap();
-                busy.push(t.elapsed());
+            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()) {
+                f.one.push(open_many(1, true, 171, *launch).await);
+                f.eight.push(open_many(8, true, 171, *launch).await);
+                if serial {
+                    f.serial.push(open_many(8, false, 171, *launch).await);
+                }
             }
-            let other = opening.await.unwrap().unwrap();
-            desk.close_screen(&other).await.unwrap();
         }
-        let idle95 = percentile(&mut idle, 0.95);
-        let busy95 = percentile(&mut busy, 0.95);
-        println!(
-            "observe p95 idle: {:.1} ms ({} samples); while another browser starts: {:.1} ms ({} samples); ratio {:.2}",
-            ms(idle95),
-            idle.len(),
-            ms(busy95),
-            busy.len(),
-            ms(busy95) / ms(idle95)
-        );
-        desk.shutdown().await.unwrap();
-        sweep(dir.path());
+
+        // Observe of one bot, idle and while another bot's browser starts (on 171, 181, 191).
+        let mut watched = Vec::new();
+        for (i, (_, launch)) in launches.iter().enumerate() {
+            watched.push(Watched::open(171 + 10 * i as u32, *launch).await);
+        }
+        for (w, f) in watched.iter().zip(figures.iter_mut()) {
+            w.idle(100, &mut f.idle).await;
+        }
+        for round in 0..rounds.max(3) {
+            for (w, f) in watched.iter().zip(figures.iter_mut()) {
+                w.while_another_starts(format!("other-{round}"), &mut f.busy)
+                    .await;
+            }
+        }
+        for w in watched {
+            w.close().await;
+        }
+        for _ in 0..rounds.min(2) {
+            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
+                f.memory.push(memory(171, *launch).await);
+            }
+        }
+        for ((name, _), f) in launches.iter().zip(figures.iter_mut()) {
+            f.report(name);
+        }
     });
 }

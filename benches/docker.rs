@@ -136,8 +136,11 @@ fn main() {
         };
         let p = provider(false);
         println!("docker bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
-        for (path, provider) in [("direct", &p), ("command path", &provider(true))] {
-            first_screenshots(provider, path).await;
+        // `BENCH_MEMORY_ONLY=1`: only the memory measure below.
+        if std::env::var_os("BENCH_MEMORY_ONLY").is_none() {
+            for (path, provider) in [("direct", &p), ("command path", &provider(true))] {
+                first_screenshots(provider, path).await;
+            }
         }
 
         // Memory: one container, desktops added one by one.

@@ -437,7 +437,8 @@ impl CommandRunner for HeldBrowserStart {
     }
 
     async fn spawn(&self, spec: &rakazo::desktop::command::SpawnSpec) -> Result<u32, DesktopError> {
-        let held = spec.argv.first().is_some_and(|p| p == "chromium")
+        // The browser may be started through `setpriv` (as root): look past the first word.
+        let held = spec.argv.iter().any(|p| p == "chromium")
             && spec.argv.iter().any(|a| a.contains(self.bot));
         if held {
             self.arrived.notify_one();
@@ -626,5 +627,99 @@ async fn a_fresh_screen_shows_its_browser_and_nothing_else() {
         painted > first.frame.width as usize / 2,
         "the first frame's title area is the browser's ({painted} pixels painted)"
     );
+    runtime.shutdown().await.unwrap();
+}
+
+/// The nice value of `pid` (`/proc/<pid>/stat`, the 19th field).
+fn nice_of(pid: u32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    rest.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
+/// `pid`'s parent (`/proc/<pid>/stat`, the 4th field).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The processes whose program is `comm` and whose environment names display `:display`.
+fn on_display(comm: &str, display: u32) -> Vec<u32> {
+    let want = format!("DISPLAY=:{display}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want.as_bytes()))
+        })
+        .collect()
+}
+
+/// `pid`'s session scheduling group (`/proc/<pid>/autogroup`), where the kernel has them.
+fn autogroup(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/autogroup"))
+        .ok()
+        .map(|g| g.trim().to_string())
+}
+
+#[tokio::test]
+async fn the_browser_and_window_manager_run_below_the_x_server() {
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir.path(), 71, 0),
+    )
+    .with_launch(rakazo::desktop::browser::Launch::lowered());
+    let screen = runtime.open_screen("bot-a", 0).await.unwrap();
+    let own = nice_of(std::process::id());
+    let lowered = (own + i32::from(rakazo::desktop::browser::DESKTOP_NICE)).min(19);
+    let browser = runtime.browser_pid("bot-a").await.unwrap();
+    assert_eq!(nice_of(browser), lowered, "the browser");
+    // Its helpers (zygotes, renderers, services) inherit the priority.
+    let helpers: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|&pid| parent_of(pid) == Some(browser))
+        .collect();
+    assert!(!helpers.is_empty(), "the browser started no helper");
+    for pid in helpers {
+        assert_eq!(nice_of(pid), lowered, "browser helper {pid}");
+    }
+    let wm = on_display("fluxbox", screen.display);
+    assert_eq!(wm.len(), 1, "{wm:?}");
+    assert_eq!(nice_of(wm[0]), lowered, "the window manager");
+    // The X server answers observe and act: it keeps the runtime's priority.
+    let xvfb: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0).take(2).collect::<Vec<_>>()
+                    == [
+                        b"Xvfb".as_slice(),
+                        format!(":{}", screen.display).as_bytes(),
+                    ]
+            })
+        })
+        .collect();
+    assert_eq!(xvfb.len(), 1, "{xvfb:?}");
+    assert_eq!(nice_of(xvfb[0]), own, "the X server");
+    // Where sessions are scheduled as groups, the browser's group is lowered as a whole.
+    if let (Some(browser_group), Some(x_group)) = (autogroup(browser), autogroup(xvfb[0])) {
+        let suffix = format!("nice {}", rakazo::desktop::browser::DESKTOP_NICE);
+        assert!(browser_group.ends_with(&suffix), "{browser_group}");
+        assert!(x_group.ends_with("nice 0"), "{x_group}");
+    }
     runtime.shutdown().await.unwrap();
 }

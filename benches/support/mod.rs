@@ -1,6 +1,9 @@
-//! What the benches share: an in-process supervisor on 127.0.0.1:0, and one JSON-RPC call.
+//! What the benches share: an in-process supervisor on 127.0.0.1:0, one JSON-RPC call, and
+//! the PSS of desktops ([`pss`]).
 
 #![allow(dead_code)]
+
+pub mod pss;
 
 use std::net::TcpListener;
 

@@ -23,11 +23,91 @@ pub fn profile_dir(workspace: &Path, bot_id: &str) -> PathBuf {
     workspace.join(PROFILES_DIR).join(bot_id)
 }
 
+/// How much lower than the runtime's own the CPU priority of a desktop's programs (the
+/// browser, the window manager and what the bot launches) is in a lowered start
+/// ([`Launch::lowered`]); the X server, which answers every observe and action, keeps the
+/// runtime's priority. Desktops start at the runtime's priority by default: see ARCHITECTURE.md
+/// ("CPU priority of desktops") for what a lowered start costs and why it is not the default.
+pub const DESKTOP_NICE: u8 = 10;
+
+/// Chromium features a bot's browser goes without (`--disable-features`).
+///
+/// - `Translate`, `MediaRouter`, `OptimizationHints`: services that call out to Google.
+/// - `SpareRendererForSitePerProcess`: a renderer process kept started ahead for the next
+///   navigation to a new site (about 6 MiB per desktop).
+/// - `WebUIOmniboxPopup`, `WebUIOmniboxAimPopup`: the address bar's suggestion list drawn as
+///   web pages, whose renderer is started with the browser (about 45 MiB per desktop); the
+///   list is drawn by the browser's own views instead.
+pub const DISABLED_FEATURES: [&str; 6] = [
+    "Translate",
+    "MediaRouter",
+    "OptimizationHints",
+    "SpareRendererForSitePerProcess",
+    "WebUIOmniboxPopup",
+    "WebUIOmniboxAimPopup",
+];
+
+/// The features the plain start (before [`DISABLED_FEATURES`] grew) went without.
+const PLAIN_DISABLED_FEATURES: [&str; 3] = ["Translate", "MediaRouter", "OptimizationHints"];
+
+/// How desktops start. The default is what the runtime uses; [`Launch::plain`] is the start
+/// as it was before desktops were trimmed and lowered in priority, kept so that benches
+/// measure both side by side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Nice value of the browser, the window manager and the bot's programs.
+    pub nice: u8,
+    /// Chromium without [`DISABLED_FEATURES`]' processes and Xvfb without GLX (a software
+    /// OpenGL the browser, started with `--disable-gpu`, never uses); `false`: without only
+    /// the first three features, and with GLX.
+    pub lean: bool,
+}
+
+impl Default for Launch {
+    fn default() -> Self {
+        Self {
+            nice: 0,
+            lean: true,
+        }
+    }
+}
+
+impl Launch {
+    /// The default start with the browser, the window manager and the bot's programs
+    /// [`DESKTOP_NICE`] below the runtime's priority, for good.
+    pub fn lowered() -> Self {
+        Self {
+            nice: DESKTOP_NICE,
+            ..Self::default()
+        }
+    }
+
+    /// The start before this trimming: priority of the runtime, every feature and GLX.
+    pub fn plain() -> Self {
+        Self {
+            nice: 0,
+            lean: false,
+        }
+    }
+}
+
 /// Chromium's arguments for a bot's browser on a `width`x`height` screen.
 ///
 /// `no_sandbox` is only for a browser that has to run as root (Chromium refuses otherwise);
-/// the computer is then the security boundary, as the spec's providers document.
-pub fn chromium_args(profile: &Path, width: u32, height: u32, no_sandbox: bool) -> Vec<String> {
+/// the computer is then the security boundary, as the spec's providers document. `lean`: see
+/// [`Launch::lean`].
+pub fn chromium_args(
+    profile: &Path,
+    width: u32,
+    height: u32,
+    no_sandbox: bool,
+    lean: bool,
+) -> Vec<String> {
+    let disabled = if lean {
+        &DISABLED_FEATURES[..]
+    } else {
+        &PLAIN_DISABLED_FEATURES[..]
+    };
     let mut args = vec![
         format!("--user-data-dir={}/", profile.display()),
         "--password-store=basic".into(),
@@ -36,7 +116,7 @@ pub fn chromium_args(profile: &Path, width: u32, height: u32, no_sandbox: bool) 
         "--no-default-browser-check".into(),
         "--disable-session-crashed-bubble".into(),
         "--hide-crash-restore-bubble".into(),
-        "--disable-features=Translate,MediaRouter,OptimizationHints".into(),
+        format!("--disable-features={}", disabled.join(",")),
         "--disable-component-update".into(),
         "--disable-background-networking".into(),
         "--disable-sync".into(),
@@ -105,10 +185,37 @@ mod tests {
     fn profile_lives_under_the_workspace_per_bot() {
         let p = profile_dir(Path::new("/w"), "bot-a");
         assert_eq!(p, Path::new("/w/.browser-profiles/bot-a"));
-        let args = chromium_args(&p, 1280, 800, false);
+        let args = chromium_args(&p, 1280, 800, false, true);
         assert!(args.contains(&"--user-data-dir=/w/.browser-profiles/bot-a/".to_string()));
         assert!(args.contains(&"--password-store=basic".to_string()));
         assert!(args.contains(&"--restore-last-session".to_string()));
         assert!(!args.iter().any(|a| a == "--no-sandbox"));
+        // Site isolation and the sandbox stay on: nothing turns them off.
+        for a in &args {
+            assert!(
+                !a.contains("site-per-process")
+                    && !a.contains("IsolateOrigins")
+                    && !a.contains("single-process")
+                    && !a.contains("no-zygote"),
+                "{a}"
+            );
+        }
+        let features = |lean| {
+            chromium_args(&p, 1280, 800, false, lean)
+                .into_iter()
+                .filter(|a| a.starts_with("--disable-features="))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            features(true),
+            [format!(
+                "--disable-features={}",
+                DISABLED_FEATURES.join(",")
+            )]
+        );
+        assert_eq!(
+            features(false),
+            ["--disable-features=Translate,MediaRouter,OptimizationHints"]
+        );
     }
 }

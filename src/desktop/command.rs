@@ -31,6 +31,11 @@ pub struct SpawnSpec {
     pub cwd: String,
     /// File receiving stdout and stderr; `/dev/null` when empty.
     pub log: String,
+    /// How much lower than the runner's the process's CPU priority is: its nice value and that
+    /// of its session's scheduling autogroup are raised by this much (0 = the runner's). An
+    /// unprivileged process can lower its priority but never raise it back, so this is for
+    /// good, and every process it starts inherits it.
+    pub nice: u8,
 }
 
 /// Runs shell scripts on the machine.
@@ -217,11 +222,39 @@ fn spawn_script(spec: &SpawnSpec) -> String {
     // `setsid` is not a group leader here (no job control), so it calls setsid() itself and
     // execs: `$!` is the pid of the final program and of its new process group.
     format!(
-        "cd {cwd} || exit 1\nenv -i {env} setsid {argv} >{log} 2>&1 </dev/null &\npid=$!\n{wait}echo $pid",
+        "cd {cwd} || exit 1\nenv -i {env} setsid {lower}{argv} >{log} 2>&1 </dev/null &\npid=$!\n{wait}echo $pid",
         cwd = shell_quote(cwd),
         env = env.join(" "),
+        lower = lower_priority(spec.nice),
         argv = argv.join(" "),
         log = shell_quote(log),
+    )
+}
+
+/// The words before a program that start it `nice` steps below the runner's CPU priority
+/// (empty for 0), each word exec'ing the next so the program keeps the spawned pid.
+///
+/// `nice` lowers the process's own priority. Where the kernel groups processes by session for
+/// scheduling (autogroups: on a host whose processes share the root CPU control group), the
+/// new session that `setsid` made is a group of its own and competes with every other session
+/// as a whole, whatever the nice values inside it; so the group's nice value is set too,
+/// through `/proc/self/autogroup`, before the program starts. The kernel lets an
+/// unprivileged process change a group's value only once in a tenth of a second (machine-wide),
+/// hence a few tries; when they all fail (many desktops starting at once as an unprivileged
+/// user on a host) the program starts with its own nice value only. Inside a container,
+/// whose processes share its control group, autogroups play no part and the write is harmless.
+fn lower_priority(nice: u8) -> String {
+    if nice == 0 {
+        return String::new();
+    }
+    let group = format!(
+        "i=0; while [ -e /proc/self/autogroup ] && [ $i -lt 8 ]; do \
+         {{ echo {nice} > /proc/self/autogroup; }} 2>/dev/null && break; sleep 0.03; i=$((i+1)); done; \
+         exec \"$@\""
+    );
+    format!(
+        "nice -n {nice} bash -c {} rakazo-lower ",
+        shell_quote(&group)
     )
 }
 
@@ -589,6 +622,56 @@ mod tests {
             .unwrap();
         assert!(!runner.is_running(pid).await.unwrap());
         assert!(!runner.is_running(child).await.unwrap());
+    }
+
+    /// The nice value of `pid` (`/proc/<pid>/stat`, the 19th field).
+    fn nice_of(pid: &str) -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(16).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_lowered_process_keeps_its_pid_and_runs_below_the_runner() {
+        let runner = HostRunner::minimal();
+        let plain = runner
+            .spawn(&SpawnSpec {
+                argv: vec!["sleep".into(), "30".into()],
+                env: minimal_env(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let lowered = runner
+            .spawn(&SpawnSpec {
+                argv: vec!["sleep".into(), "30".into()],
+                env: minimal_env(),
+                nice: 7,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // The pid is the program's own (every wrapper exec'd into the next).
+        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        for _ in 0..100 {
+            if comm(lowered).trim() == "sleep" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(comm(lowered).trim(), "sleep");
+        let own = nice_of("self");
+        assert_eq!(nice_of(&plain.to_string()), own);
+        assert_eq!(nice_of(&lowered.to_string()), (own + 7).min(19));
+        // Its own session's scheduling group is lowered too, where the kernel has them.
+        if let Ok(group) = std::fs::read_to_string(format!("/proc/{lowered}/autogroup")) {
+            assert!(group.trim().ends_with("nice 7"), "{group}");
+            let plain_group = std::fs::read_to_string(format!("/proc/{plain}/autogroup")).unwrap();
+            assert!(plain_group.trim().ends_with("nice 0"), "{plain_group}");
+        }
+        for pid in [plain, lowered] {
+            runner.stop(pid, Duration::from_millis(500)).await.unwrap();
+        }
     }
 
     #[tokio::test]

@@ -26,7 +26,9 @@ use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
 use super::action_rules::answers_later;
-use super::browser::{DevToolsAction, LOCK_FILES, chromium_args, devtools_script, profile_dir};
+use super::browser::{
+    DevToolsAction, LOCK_FILES, Launch, chromium_args, devtools_script, profile_dir,
+};
 use super::capture::{XDisplay, x_err};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
@@ -46,6 +48,10 @@ pub const SCREEN_HEIGHT: u32 = 800;
 const XVFB_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new browser gets to map its first window.
 const BROWSER_WINDOW_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pause between looks for a new browser's first window, and how many looks pass between
+/// asking whether it still runs.
+const BROWSER_WINDOW_LOOK: Duration = Duration::from_millis(100);
+const BROWSER_ALIVE_EVERY: u32 = 10;
 /// First look, interval and limit of the wait for a new browser's screen to stop changing.
 const BROWSER_QUIET_DELAY: Duration = Duration::from_millis(300);
 const BROWSER_QUIET_INTERVAL: Duration = Duration::from_millis(250);
@@ -331,6 +337,8 @@ pub struct DesktopRuntime {
     reaped: tokio::sync::OnceCell<()>,
     /// Spare display stacks, owned by no bot until one is taken.
     warm: Arc<WarmPool<Box<Screen>>>,
+    /// How desktops start.
+    launch: Launch,
 }
 
 impl Drop for DesktopRuntime {
@@ -359,7 +367,15 @@ impl DesktopRuntime {
             as_root: tokio::sync::OnceCell::new(),
             reaped: tokio::sync::OnceCell::new(),
             warm,
+            launch: Launch::default(),
         }
+    }
+
+    /// The same runtime, starting desktops as `launch` says (benches compare
+    /// [`Launch::plain`] with the default).
+    pub fn with_launch(mut self, launch: Launch) -> Self {
+        self.launch = launch;
+        self
     }
 
     /// Starts the background filler of the spare display stacks, when any are configured:
@@ -952,6 +968,7 @@ impl DesktopRuntime {
             env: self.env(&screen.tag, screen.display, &workspace),
             cwd: workspace,
             log: String::new(),
+            nice: self.launch.nice,
         };
         self.runner.spawn(&spec).await?;
         self.enter_group(screen).await;
@@ -969,6 +986,7 @@ impl DesktopRuntime {
             SCREEN_WIDTH,
             SCREEN_HEIGHT,
             as_root,
+            self.launch.lean,
         ));
         argv.push(target.to_owned());
         self.launch(bot_id, argv).await
@@ -1565,21 +1583,27 @@ impl DesktopRuntime {
             if out.exit_code == 3 {
                 continue;
             }
+            let mut argv: Vec<String> = vec![
+                "Xvfb".into(),
+                format!(":{display}"),
+                "-screen".into(),
+                "0".into(),
+                format!("{SCREEN_WIDTH}x{SCREEN_HEIGHT}x24"),
+                "-nolisten".into(),
+                "tcp".into(),
+                "-noreset".into(),
+                "-br".into(),
+            ];
+            if self.launch.lean {
+                // No software OpenGL for clients: Mesa's libraries cost about 50 MiB in the
+                // first server and 8 MiB in each further one, and the browser
+                // (`--disable-gpu`) never uses them.
+                argv.extend(["-extension".into(), "GLX".into()]);
+            }
             let xvfb = self
                 .runner
                 .spawn(&SpawnSpec {
-                    argv: [
-                        "Xvfb".to_string(),
-                        format!(":{display}"),
-                        "-screen".into(),
-                        "0".into(),
-                        format!("{SCREEN_WIDTH}x{SCREEN_HEIGHT}x24"),
-                        "-nolisten".into(),
-                        "tcp".into(),
-                        "-noreset".into(),
-                        "-br".into(),
-                    ]
-                    .to_vec(),
+                    argv,
                     env: tagged_env(&tag),
                     log: format!("{run_dir}/xvfb-{display}.log"),
                     ..Default::default()
@@ -1628,6 +1652,7 @@ impl DesktopRuntime {
                     argv: vec!["fluxbox".into()],
                     env: self.env(&tag, display, &format!("{run_dir}/wm")),
                     log: format!("{run_dir}/wm-{display}.log"),
+                    nice: self.launch.nice,
                     ..Default::default()
                 })
                 .await;
@@ -1674,12 +1699,28 @@ impl DesktopRuntime {
         let fresh = lines.next() == Some("fresh");
         let uid = lines.next().unwrap_or_default().trim().to_string();
         let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
-        let mut argv = vec!["chromium".to_string()];
+        let mut argv = Vec::new();
+        if as_root && self.launch.nice > 0 {
+            // Chromium sets its threads' nice values itself (0, and -8 for the threads that
+            // draw), which only a process allowed to raise priorities manages: a browser run
+            // by root goes without that capability, so it stays below the X server like
+            // any other.
+            argv.extend(
+                [
+                    "setpriv",
+                    "--inh-caps=-sys_nice",
+                    "--bounding-set=-sys_nice",
+                ]
+                .map(String::from),
+            );
+        }
+        argv.push("chromium".to_string());
         argv.extend(chromium_args(
             &profile,
             SCREEN_WIDTH,
             SCREEN_HEIGHT,
             as_root,
+            self.launch.lean,
         ));
         if fresh {
             // A new profile opens a blank page rather than the new-tab page, which keeps
@@ -1701,6 +1742,7 @@ impl DesktopRuntime {
             env,
             cwd: workspace.clone(),
             log: log.clone(),
+            nice: self.launch.nice,
         };
         let started = Instant::now();
         // A browser that dies before its first window (seen under heavy load) gets one more
@@ -1778,7 +1820,9 @@ impl DesktopRuntime {
             .clone()
             .ok_or_else(|| DesktopError::X("no display connection".into()))?;
         let started = Instant::now();
+        let mut looks = 0u32;
         loop {
+            looks += 1;
             let windows = match &io {
                 Io::X(x) => {
                     let x2 = x.clone();
@@ -1793,13 +1837,16 @@ impl DesktopRuntime {
             if windows > 0 {
                 return Ok(Ok(io));
             }
-            if !self.runner.is_running(pid).await? {
+            // Whether it still runs is a script on the machine (a shell and `ps`): asked once
+            // a second, not at every look, so that many browsers starting at once do not
+            // spend the CPU they need on being watched.
+            if looks.is_multiple_of(BROWSER_ALIVE_EVERY) && !self.runner.is_running(pid).await? {
                 return Ok(Err(NoWindow { exited: true }));
             }
             if started.elapsed() > BROWSER_WINDOW_TIMEOUT {
                 return Ok(Err(NoWindow { exited: false }));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(BROWSER_WINDOW_LOOK).await;
         }
     }
 }

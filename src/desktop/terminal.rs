@@ -164,6 +164,7 @@ impl Terminals {
                 env,
                 cwd: shell.cwd.clone(),
                 log: String::new(),
+                ..Default::default()
             })
             .await?;
         let server = Server {

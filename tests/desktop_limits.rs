@@ -176,7 +176,8 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
 
 /// Shell lines that wait (up to 20 s) until the shell itself sits in an `attack-` group, so a
 /// slow placement on a busy machine is not mistaken for an escape.
-const WAIT_PLACED: &str = "for i in $(seq 200); do grep -q attack- /proc/self/cgroup && break; sleep 0.1; done;";
+const WAIT_PLACED: &str =
+    "for i in $(seq 200); do grep -q attack- /proc/self/cgroup && break; sleep 0.1; done;";
 
 /// A process the desktop starts later stays in its group (without the tag, too), and a process
 /// of the workspace user can neither leave it nor change its limits or freezer.
@@ -190,7 +191,9 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     // Forks an untagged child a moment after it is placed, and prints that child's pid.
     let mut shell = Command::new("sh")
         .arg("-c")
-        .arg(format!("{WAIT_PLACED} env -u RAKAZO_DESKTOP_TAG sleep 60 & echo $!; wait"))
+        .arg(format!(
+            "{WAIT_PLACED} env -u RAKAZO_DESKTOP_TAG sleep 60 & echo $!; wait"
+        ))
         .env(TAG_VAR, &tag)
         .stdout(Stdio::piped())
         .spawn()

@@ -30,6 +30,9 @@ impl Xvfb {
                 "640x480x24",
                 "-nolisten",
                 "tcp",
+                // Without it the server resets when its last client leaves (the readiness
+                // probe below is one), and a connection made during the reset is refused.
+                "-noreset",
             ])
             .args(extra)
             .stdout(Stdio::null())

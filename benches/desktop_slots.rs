@@ -247,10 +247,8 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let serial = std::env::var_os("BENCH_SERIAL").is_some();
-    // Two workers, as the API's runtime has on this machine's two cores: the watched bot's
-    // observe and the other bot's start run side by side, not taking turns on one thread.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread is enough: captures and encodes run on the blocking pool, as in the API.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();

@@ -63,6 +63,28 @@ impl Drop for Procs {
 }
 
 /// A command in a new process group of its own, with quiet output.
+/// Headless Chromium on a fresh profile, opening `url`; stopped, and its profile removed, when
+/// the pair is dropped.
+fn headless_chromium(browser: &str, url: &str) -> (Procs, tempfile::TempDir) {
+    let profile = tempfile::tempdir().unwrap();
+    let procs = Procs(vec![
+        command(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(url)
+            .spawn()
+            .unwrap(),
+    ]);
+    (procs, profile)
+}
+
 fn command(program: &str) -> Command {
     use std::os::unix::process::CommandExt as _;
     let mut c = Command::new(program);
@@ -416,22 +438,7 @@ async fn novnc_in_headless_chromium_reports_connected() {
     .run();
     actix_rt::spawn(server);
 
-    let profile = tempfile::tempdir().unwrap();
-    let _browser = Procs(vec![
-        command(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--remote-debugging-port=0",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(format!("http://{app_addr}/embed"))
-            .spawn()
-            .unwrap(),
-    ]);
+    let _browser = headless_chromium(browser, &format!("http://{app_addr}/embed"));
     let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         let all = reports.lock().unwrap().clone();
@@ -537,22 +544,7 @@ async fn chromium_sees_a_revoked_socket_close_cleanly() {
     .run();
     actix_rt::spawn(server);
 
-    let profile = tempfile::tempdir().unwrap();
-    let _browser = Procs(vec![
-        command(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--remote-debugging-port=0",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(format!("http://{app_addr}/page"))
-            .spawn()
-            .unwrap(),
-    ]);
+    let _browser = headless_chromium(browser, &format!("http://{app_addr}/page"));
     let wait_for = |what: &'static str| {
         let reports = reports.clone();
         async move {

@@ -144,7 +144,7 @@ fn main() {
     let d = screen.display;
     // A busy page: gradient background and a screenful of text, like real sites.
     let page = "data:text/html,<body style='background:linear-gradient(45deg,%23f06,%2348f);font:14px serif'>\
-        <script>for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%16777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>')</script>";
+        <script>for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%2516777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>')</script>";
     let go = [
         Action::Key {
             keys: "ctrl+l".into(),

@@ -26,8 +26,8 @@ mod support;
 /// answered from its last frame).
 const WATCHED_PAGE: &str = "data:text/html,<body style='background:linear-gradient(45deg,%23f06,%2348f);font:14px serif'>\
     <div id=t style='position:fixed;top:0;left:0;width:120px;height:120px'></div>\
-    <script>for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%16777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>');\
-    let n=1;setInterval(()=>{n=(n*7919+104729)%16777216;t.style.background='%23'+n.toString(16).padStart(6,0)},100)</script>";
+    <script>for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%2516777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>');\
+    let n=1;setInterval(()=>{n=(n*7919+104729)%2516777216;t.style.background='%23'+n.toString(16).padStart(6,0)},100)</script>";
 
 /// Desktops opened one by one for the memory figure.
 const MEMORY_DESKTOPS: usize = 4;

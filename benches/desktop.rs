@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use rakazo::desktop::capture::{CapturePath, XDisplay};
 use rakazo::desktop::command::{HostRunner, sweep_script};
-use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use rakazo_actors::provider::{Action, FrameSize};
 
@@ -124,7 +123,7 @@ fn main() {
         run_dir: run_dir.clone(),
         screen_limit: 0,
         displays: DisplayPool::new(71),
-        gateway_port: free_local_port().unwrap(),
+        gateway_port: 0,
         settle: Settle::default(),
         x11_socket_dir: None,
         commands_only: false,

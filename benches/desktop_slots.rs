@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use rakazo::desktop::browser::Launch;
 use rakazo::desktop::command::{HostRunner, sweep_script};
-use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use rakazo_actors::provider::Action;
 
@@ -52,7 +51,7 @@ fn runtime(dir: &std::path::Path, first_display: u32, launch: Launch) -> Arc<Des
                 run_dir: dir.join("run"),
                 screen_limit: 0,
                 displays: DisplayPool::new(first_display),
-                gateway_port: free_local_port().unwrap(),
+                gateway_port: 0,
                 settle: Settle::default(),
                 x11_socket_dir: None,
                 commands_only: false,

@@ -235,7 +235,12 @@ impl App {
             &arbiter.handle(),
             config.role.worker(),
         );
-        let authority = Arc::new(ScreenAuthority::new(registry.clone(), routes.clone()));
+        let elsewhere = Arc::new(crate::screens::Elsewhere::new(internal_token.clone()));
+        let authority = Arc::new(ScreenAuthority::new(
+            registry.clone(),
+            routes.clone(),
+            elsewhere.clone(),
+        ));
         let proxy = ProxyState::new(
             keyring.clone(),
             authority.clone(),
@@ -245,7 +250,7 @@ impl App {
                 ..ProxyConfig::default()
             },
         );
-        let screens = Screens::new(keyring, gateway, routes);
+        let screens = Screens::new(keyring, gateway, routes, elsewhere);
         let recorder = crate::recordings::Recorder::new(
             config.recording_retention_days,
             config.recording_max_run_bytes,

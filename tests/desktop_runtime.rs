@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use rakazo::desktop::DesktopError;
 use rakazo::desktop::command::{CommandRunner, HostRunner, sweep_script};
-use rakazo::desktop::gateway::{Policy, free_local_port};
+use rakazo::desktop::gateway::Policy;
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use rakazo_actors::provider::{
@@ -203,7 +203,7 @@ fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig
         run_dir: dir.join("run"),
         screen_limit: limit,
         displays: DisplayPool::new(first_display),
-        gateway_port: free_local_port().unwrap(),
+        gateway_port: 0,
         settle: Settle::default(),
         x11_socket_dir: None,
         commands_only: false,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::desktop::command::{CommandRunner, HostRunner, TAG_VAR, sweep_script};
-use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 
 mod windows;
@@ -36,7 +35,7 @@ fn config(dir: &Path, first_display: u32, warm_stacks: usize) -> RuntimeConfig {
         run_dir: dir.join("run"),
         screen_limit: 0,
         displays: DisplayPool::new(first_display),
-        gateway_port: free_local_port().unwrap(),
+        gateway_port: 0,
         settle: Settle::default(),
         x11_socket_dir: None,
         commands_only: false,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::desktop::command::{HostRunner, sweep_script};
-use rakazo::desktop::gateway::free_local_port;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use rakazo_actors::provider::{Action, FrameSize};
 use xvfb::pixel;
@@ -42,7 +41,7 @@ async fn pointer_moves_return_the_hover_repaint() {
         run_dir: run_dir.clone(),
         screen_limit: 0,
         displays: DisplayPool::new(410),
-        gateway_port: free_local_port().unwrap(),
+        gateway_port: 0,
         settle,
         x11_socket_dir: None,
         commands_only: false,

@@ -908,3 +908,104 @@ async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
         "the computer stayed where it was"
     );
 }
+
+/// A person reaches a bot's terminal through the API process they are connected to, whichever
+/// process holds the computer: control is taken through A (which then holds the computer), the
+/// terminal URL is asked of B, which has A issue it, and B's proxy relays to the route A holds.
+/// Releasing control through B closes the socket. The internal issuing endpoint takes only
+/// the internal credential, never an API token.
+#[actix_rt::test]
+async fn a_terminal_is_reached_through_a_process_that_does_not_hold_the_computer() {
+    let Some((url, dir)) = migrated_postgres().await else {
+        return;
+    };
+    let a = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let b = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
+    let token = std::fs::read_to_string(dir.path().join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bot = api_a
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space, "name": "watched", "computerMode": "private" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let control = api_a
+        .ok("computer.takeControl", json!({ "botId": bot }))
+        .await;
+    let computer_id = computer::Entity::find()
+        .one(&db)
+        .await
+        .unwrap()
+        .expect("the bot's computer")
+        .id;
+    let holder = owner(&db, &computer_id).await.expect("a claim");
+    assert_eq!(
+        address(&db, &holder).await.as_deref(),
+        Some(a.base.as_str())
+    );
+
+    let terminal = api_b
+        .ok("computer.terminalUrl", json!({ "botId": bot }))
+        .await;
+    let path = terminal["url"].as_str().unwrap();
+    let mut through_b = TerminalClient::connect(&b.base, path).await.unwrap();
+    through_b.send("echo via-b\r").await;
+    through_b.expect("via-b\r\n", Duration::from_secs(10)).await;
+    // The same URL through the holder itself reaches the same terminal.
+    let mut through_a = TerminalClient::connect(&a.base, path).await.unwrap();
+    through_a.send("echo via-a\r").await;
+    through_a.expect("via-a\r\n", Duration::from_secs(10)).await;
+    assert_eq!(
+        owner(&db, &computer_id).await.as_deref(),
+        Some(holder.as_str()),
+        "the computer stayed where it was"
+    );
+
+    // An API token, even the operator's, cannot ask for URLs on the internal endpoint.
+    let refused = reqwest::Client::new()
+        .post(format!("{}/internal/screen-url", a.base))
+        .bearer_auth(&token)
+        .json(&json!({
+            "computerId": computer_id, "botId": bot, "policy": "control",
+            "fence": control["fence"], "expiresAtMs": i64::MAX, "channel": "terminal"
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+
+    let released = Instant::now();
+    api_b
+        .ok(
+            "computer.releaseControl",
+            json!({ "botId": bot, "fence": control["fence"] }),
+        )
+        .await;
+    for shell in [&mut through_b, &mut through_a] {
+        assert_eq!(
+            shell.ended(Duration::from_secs(10)).await,
+            Ended::Closed("revoked".into())
+        );
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "closed after {:?}",
+        released.elapsed()
+    );
+    // The old URL reaches nothing through either process.
+    for base in [&a.base, &b.base] {
+        assert!(TerminalClient::connect(base, path).await.is_err());
+    }
+}

@@ -314,7 +314,7 @@ pub struct ScreenInfo {
 }
 
 /// What a person may do on a live screen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScreenPolicy {
     /// Watch only.

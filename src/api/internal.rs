@@ -1,5 +1,7 @@
 //! Internal RPC for Rakazo's own processes: `POST /internal/screen-authority`, the screen
-//! authority answered over HTTP for a screen proxy that runs outside the API process, and
+//! authority answered over HTTP for a screen proxy that runs outside the API process (or for
+//! another API process, about a computer this one holds), `POST /internal/screen-url`, where
+//! another API process has this one issue a URL to a screen it holds, and
 //! `POST /internal/control-session`, where such a proxy reports the control sessions it relays.
 //!
 //! The proxy opens the sealed capability itself and sends its fields (an
@@ -19,6 +21,10 @@ use rakazo_web_proxy::{
 };
 
 use crate::app::App;
+use crate::screens::{HOP_HEADER, Hop, IssueAnswer, IssueRequest};
+use rakazo_actors::computers::Computers;
+use rakazo_actors::{DomainError, DomainResult, ErrorCode};
+use rakazo_web_proxy::Channel;
 
 /// Largest request body (the capability fields).
 const MAX_BODY: usize = 4096;
@@ -38,6 +44,16 @@ pub(crate) fn internal_caller(app: &App, req: &HttpRequest) -> bool {
             .ct_eq(app.internal_token.0.as_bytes())
             .into()
     })
+}
+
+/// Whether another API process passed the request on (then it is answered from what this
+/// process holds, never passed on again).
+fn forwarded_hop(req: &HttpRequest) -> Hop {
+    if req.headers().contains_key(HOP_HEADER) {
+        Hop::Forwarded
+    } else {
+        Hop::First
+    }
 }
 
 /// `POST /internal/screen-authority`.
@@ -60,7 +76,12 @@ pub async fn screen_authority(
         return rejection(StatusCode::FORBIDDEN, RejectCause::Expired);
     }
     let capability = request.capability();
-    match app.authority.resolve(&capability, request.channel).await {
+    let hop = forwarded_hop(&req);
+    match app
+        .authority
+        .resolve(&capability, request.channel, hop)
+        .await
+    {
         Ok(target) => HttpResponse::Ok()
             .insert_header(("cache-control", "no-store"))
             .json(AuthorityResponse {
@@ -104,4 +125,51 @@ pub async fn control_session(
         SessionReport::Ended { session } => app.session_notes.control_session_ended(session),
     }
     HttpResponse::NoContent().finish()
+}
+
+/// `POST /internal/screen-url`: a screen or terminal URL of a computer this process holds,
+/// asked by the API process a person is connected to ([`IssueRequest`]: that process has
+/// already run the method's checks and taken the lease). Answered from what this process
+/// holds, never passed on again; 200 with an [`IssueAnswer`] either way.
+pub async fn screen_url(
+    app: web::Data<App>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    if !internal_caller(&app, &req) {
+        tracing::warn!(event = "screen.issue.unauthorized");
+        return HttpResponse::Unauthorized().finish();
+    }
+    let Ok(body) = super::read_body(payload, MAX_BODY).await else {
+        return HttpResponse::PayloadTooLarge().finish();
+    };
+    let Ok(request) = serde_json::from_slice::<IssueRequest>(&body) else {
+        return HttpResponse::BadRequest().finish();
+    };
+    let answer = match issue_here(&app, request).await {
+        Ok(url) => IssueAnswer::Ok(url),
+        Err(e) => IssueAnswer::Err {
+            code: e.code,
+            message: e.message,
+        },
+    };
+    HttpResponse::Ok()
+        .insert_header(("cache-control", "no-store"))
+        .json(answer)
+}
+
+async fn issue_here(app: &App, r: IssueRequest) -> DomainResult<serde_json::Value> {
+    let c = Computers::new(app.db.clone()).get(&r.computer_id).await?;
+    let (screens, registry) = (&app.screens, &app.registry);
+    let url = match r.channel {
+        Channel::Screen => {
+            serde_json::to_value(screens.issue_from(registry, &c, &r, Hop::Forwarded).await?)
+        }
+        Channel::Terminal => serde_json::to_value(
+            screens
+                .terminal_from(registry, &c, &r, Hop::Forwarded)
+                .await?,
+        ),
+    };
+    url.map_err(|_| DomainError::new(ErrorCode::Internal, "could not encode a screen URL"))
 }

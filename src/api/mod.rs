@@ -34,6 +34,10 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
                 "/internal/control-session",
                 web::post().to(internal::control_session),
             )
+            .route(
+                crate::screens::ISSUE_PATH,
+                web::post().to(internal::screen_url),
+            )
             .route("/internal/computer", web::post().to(crate::forward::serve));
         if !api {
             // `rakazo worker`: health and the internal endpoints only.

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
@@ -32,6 +33,8 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_GRACE: Duration = Duration::from_millis(1500);
 /// How many x11vnc starts a grant tries.
 const VNC_ATTEMPTS: u32 = 2;
+/// How many free ports a host gateway tries before it gives up.
+const PORT_ATTEMPTS: u32 = 3;
 
 /// What a capability allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -100,8 +103,11 @@ pub struct Gateway {
     dir: PathBuf,
     /// Directory for x11vnc's home and logs.
     run_dir: PathBuf,
-    /// websockify's listening port.
-    port: u16,
+    /// websockify's listening port (0 before a host gateway's first start).
+    port: AtomicU16,
+    /// Whether the port is this host's to choose: a free loopback port at each start, and
+    /// another one when something else took it first.
+    choose_port: bool,
     /// websockify's listening address (loopback unless the machine is a container).
     host: String,
     /// websockify's pid, once started.
@@ -113,7 +119,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway whose sockets live in `run_dir/gateway` and that listens on loopback `port`.
+    /// A gateway whose sockets live in `run_dir/gateway` and that listens on loopback `port`;
+    /// port 0 picks a free loopback port each time websockify starts.
     pub fn new(runner: Arc<dyn CommandRunner>, run_dir: PathBuf, port: u16) -> Self {
         let dir = run_dir.join("gateway");
         Self {
@@ -121,7 +128,8 @@ impl Gateway {
             runner,
             dir,
             run_dir,
-            port,
+            port: AtomicU16::new(port),
+            choose_port: port == 0,
             host: "127.0.0.1".into(),
             websockify: Mutex::new(None),
             grants: Mutex::new(HashMap::new()),
@@ -145,9 +153,9 @@ impl Gateway {
         env
     }
 
-    /// The gateway's TCP port.
+    /// The gateway's TCP port (0 while a host gateway has not started yet).
     pub fn port(&self) -> u16 {
-        self.port
+        self.port.load(Ordering::Acquire)
     }
 
     /// Starts websockify unless it is already running.
@@ -172,6 +180,42 @@ impl Gateway {
                 out.stderr.trim()
             )));
         }
+        let attempts = if self.choose_port { PORT_ATTEMPTS } else { 1 };
+        for attempt in 1..=attempts {
+            let port = if self.choose_port {
+                free_local_port()?
+            } else {
+                self.port()
+            };
+            match self.start_websockify(port).await? {
+                (Readiness::Ready, pid) => {
+                    *ws = Some(pid);
+                    self.port.store(port, Ordering::Release);
+                    tracing::info!(gateway.port = port, "desktop.gateway.started");
+                    return Ok(());
+                }
+                (Readiness::Exited, _) if attempt < attempts => {
+                    tracing::warn!(gateway.port = port, "desktop.gateway.port_taken");
+                }
+                (Readiness::Exited, _) => {
+                    return Err(DesktopError::Stack(format!(
+                        "the screen gateway exited before listening (is port {port} taken?)"
+                    )));
+                }
+                (Readiness::TimedOut, _) => {
+                    return Err(DesktopError::Stack(
+                        "the screen gateway did not start listening in time".into(),
+                    ));
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Starts websockify on `port` and waits until it listens there itself: a probe that
+    /// merely connects could reach whatever else holds the port while websockify, unable to
+    /// bind, is on its way out. Stops it again unless it became ready.
+    async fn start_websockify(&self, port: u16) -> Result<(Readiness, u32), DesktopError> {
         let spec = SpawnSpec {
             argv: vec![
                 "websockify".into(),
@@ -179,27 +223,23 @@ impl Gateway {
                 "UnixDomainSocketDirectory".into(),
                 "--token-source".into(),
                 self.dir.to_string_lossy().into_owned(),
-                format!("{}:{}", self.host, self.port),
+                format!("{}:{port}", self.host),
             ],
             env: self.env(),
             ..Default::default()
         };
         let pid = self.runner.spawn(&spec).await?;
-        let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{}", self.port);
-        let ready = wait_ready(&*self.runner, pid, &probe, LISTEN_TIMEOUT).await?;
+        let ready = wait_ready(
+            &*self.runner,
+            pid,
+            &listens_probe(pid, port),
+            LISTEN_TIMEOUT,
+        )
+        .await?;
         if ready != Readiness::Ready {
             let _ = self.runner.stop(pid, STOP_GRACE).await;
-            return Err(DesktopError::Stack(match ready {
-                Readiness::Exited => format!(
-                    "the screen gateway exited before listening (is port {} taken?)",
-                    self.port
-                ),
-                _ => "the screen gateway did not start listening in time".into(),
-            }));
         }
-        *ws = Some(pid);
-        tracing::info!(gateway.port = self.port, "desktop.gateway.started");
-        Ok(())
+        Ok((ready, pid))
     }
 
     /// Grants a capability on display `:display` of `slot` at `generation`: a fresh token and
@@ -244,7 +284,7 @@ impl Gateway {
             slot,
             generation,
             policy,
-            port: self.port,
+            port: self.port(),
             token,
         })
     }
@@ -431,8 +471,20 @@ impl Gateway {
     }
 }
 
-/// Picks a free loopback TCP port on this host (for host-run gateways).
-pub fn free_local_port() -> Result<u16, DesktopError> {
+/// A shell probe that succeeds once process `pid` itself holds a socket listening on TCP
+/// `port` (IPv4 or IPv6): the kernel's listening sockets on the port, matched by inode against
+/// the process's descriptors.
+fn listens_probe(pid: u32, port: u16) -> String {
+    format!(
+        "for i in $(awk '$4 == \"0A\" && $2 ~ /:{port:04X}$/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do \
+           for f in /proc/{pid}/fd/*; do [ \"$(readlink \"$f\")\" = \"socket:[$i]\" ] && exit 0; done; \
+         done; exit 1"
+    )
+}
+
+/// Picks a free loopback TCP port on this host (for host-run gateways). Another program may
+/// take it before websockify binds it; [`Gateway::ensure_started`] then picks another.
+fn free_local_port() -> Result<u16, DesktopError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| DesktopError::Stack(format!("port: {e}")))?;
     listener

@@ -23,7 +23,6 @@ use super::command::{
     CommandRunner as _, HostRunner, SCRIPT_TIMEOUT, minimal_env, reap_script, sweep_script,
 };
 use super::files::blocking;
-use super::gateway::free_local_port;
 use super::groups::{DesktopGroups, DesktopLimits, HostGroups, forward_freezes, host_parent};
 use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
 use super::{check_id, files, shell_quote};
@@ -154,7 +153,7 @@ impl DesktopProvider {
             run_dir: self.config.run_root.join(short_name(&machine.0)),
             screen_limit: self.config.screen_limit,
             displays: self.displays.clone(),
-            gateway_port: free_local_port()?,
+            gateway_port: 0,
             settle: Settle::default(),
             x11_socket_dir: None,
             commands_only: false,
@@ -331,8 +330,7 @@ impl SandboxProvider for DesktopProvider {
         policy: ScreenPolicy,
     ) -> ProviderResult<ScreenRoute> {
         let m = self.machine(machine).await?;
-        let port = m.runtime.gateway_port();
-        Ok(m.runtime.route(bot_id, policy, port).await?)
+        Ok(m.runtime.route(bot_id, policy, None).await?)
     }
 
     async fn launch(

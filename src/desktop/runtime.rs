@@ -160,7 +160,8 @@ pub struct RuntimeConfig {
     pub screen_limit: usize,
     /// X display numbers to use.
     pub displays: Arc<DisplayPool>,
-    /// The gateway's TCP port on the machine.
+    /// The gateway's TCP port on the machine; 0 = a free loopback port, chosen each time the
+    /// gateway starts (a host's own gateway).
     pub gateway_port: u16,
     /// How batches settle.
     pub settle: Settle,
@@ -994,24 +995,21 @@ impl DesktopRuntime {
         self.launch(bot_id, argv).await
     }
 
-    /// The gateway's port on the machine.
-    pub fn gateway_port(&self) -> u16 {
-        self.gateway.port()
-    }
-
     /// A route for a person to the bot's screen: a fresh capability on the gateway, reached
-    /// from this host at `127.0.0.1:port` (the gateway's own port, or its published one).
+    /// from this host at `127.0.0.1:<published>` (the port an engine publishes the gateway on),
+    /// or at the gateway's own port when `published` is `None`.
     pub async fn route(
         &self,
         bot_id: &str,
         policy: rakazo_actors::provider::ScreenPolicy,
-        port: u16,
+        published: Option<u16>,
     ) -> Result<rakazo_actors::provider::ScreenRoute, DesktopError> {
         let policy = match policy {
             rakazo_actors::provider::ScreenPolicy::View => Policy::View,
             rakazo_actors::provider::ScreenPolicy::Control => Policy::Control,
         };
         let cap = self.grant(bot_id, policy).await?;
+        let port = published.unwrap_or(cap.port);
         Ok(rakazo_actors::provider::ScreenRoute {
             upstream: format!("http://127.0.0.1:{port}"),
             token: cap.token.expose().to_owned(),
@@ -1019,17 +1017,18 @@ impl DesktopRuntime {
     }
 
     /// A route to the terminal server bound to the control route whose token is `control`
-    /// (started on first use), reached like the screens at `127.0.0.1:port`.
+    /// (started on first use), reached like the screens (see [`Self::route`]).
     pub async fn terminal_route(
         &self,
         control: &str,
         shell: &super::terminal::ShellSpec,
-        port: u16,
+        published: Option<u16>,
     ) -> Result<rakazo_actors::provider::ScreenRoute, DesktopError> {
         let token = self
             .gateway
             .open_terminal(&super::gateway::Token::from_secret(control), shell)
             .await?;
+        let port = published.unwrap_or_else(|| self.gateway.port());
         Ok(rakazo_actors::provider::ScreenRoute {
             upstream: format!("http://127.0.0.1:{port}"),
             token: token.expose().to_owned(),

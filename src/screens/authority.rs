@@ -1,7 +1,8 @@
 //! The in-process [`Authority`]: on every proxied request, the capability's slot generation
 //! must be the screen's current one, a control capability's fence the live control lease, the
 //! computer running, and its route (screen or terminal) still in the book. The same answer
-//! serves a proxy in another process through `POST /internal/screen-authority`.
+//! serves a proxy in another process through `POST /internal/screen-authority`. A route that
+//! another process holds (it issued the URL: it holds the computer) is asked of that process.
 
 use std::sync::Arc;
 
@@ -16,18 +17,25 @@ use rakazo_web_proxy::{
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-use super::{RouteBook, RouteKey};
+use super::elsewhere::{Elsewhere, Holder};
+use super::{Hop, RouteBook, RouteKey};
 
 /// Answers the screen proxy from the database, the actors and the route book.
 pub struct ScreenAuthority {
     registry: Arc<Registry>,
     routes: Arc<RouteBook>,
+    elsewhere: Arc<Elsewhere>,
 }
 
 impl ScreenAuthority {
-    /// An authority over this app's registry and routes.
-    pub fn new(registry: Arc<Registry>, routes: Arc<RouteBook>) -> Self {
-        Self { registry, routes }
+    /// An authority over this app's registry and routes, asking the process that holds a
+    /// computer through `elsewhere`.
+    pub fn new(registry: Arc<Registry>, routes: Arc<RouteBook>, elsewhere: Arc<Elsewhere>) -> Self {
+        Self {
+            registry,
+            routes,
+            elsewhere,
+        }
     }
 }
 
@@ -38,20 +46,23 @@ fn rejected(cause: RejectCause) -> AuthorityError {
 #[async_trait]
 impl Authority for ScreenAuthority {
     async fn target(&self, cap: &Capability) -> Result<Target, AuthorityError> {
-        self.resolve(cap, Channel::Screen).await
+        self.resolve(cap, Channel::Screen, Hop::First).await
     }
 
     async fn terminal_target(&self, cap: &Capability) -> Result<Target, AuthorityError> {
-        self.resolve(cap, Channel::Terminal).await
+        self.resolve(cap, Channel::Terminal, Hop::First).await
     }
 }
 
 impl ScreenAuthority {
-    /// The checks of every proxied request, then the route of `channel` in the book.
+    /// The checks of every proxied request, then the route of `channel` in the book; a route
+    /// this process does not hold is asked of the process holding the computer, on the
+    /// [`Hop::First`] hop only.
     pub async fn resolve(
         &self,
         cap: &Capability,
         channel: Channel,
+        hop: Hop,
     ) -> Result<Target, AuthorityError> {
         let db = &self.registry.runtime().db;
         let unavailable = |_| AuthorityError::Unavailable("database");
@@ -91,11 +102,15 @@ impl ScreenAuthority {
             fence: cap.fence as i64,
             channel,
         };
-        let entry = self
-            .routes
-            .get(&key)
-            .map(|e| e.clone())
-            .ok_or(rejected(RejectCause::Revoked))?;
+        let Some(entry) = self.routes.get(&key).map(|e| e.clone()) else {
+            if hop == Hop::First
+                && let Ok(Holder::Elsewhere(address)) =
+                    Elsewhere::holder(db, &cap.computer_id).await
+            {
+                return self.elsewhere.resolve(&address, cap, channel).await;
+            }
+            return Err(rejected(RejectCause::Revoked));
+        };
         let computer = rakazo_actors::entity::computer::Entity::find_by_id(&cap.computer_id)
             .one(db)
             .await

@@ -7,6 +7,7 @@
 //! lease, and then the route is dropped and every live socket of it is closed.
 
 mod authority;
+mod elsewhere;
 mod revoke;
 mod sessions;
 
@@ -26,9 +27,12 @@ use rakazo_actors::registry::Registry;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
 use rakazo_web_proxy::service::TERMINAL_TAIL;
 use rakazo_web_proxy::{Capability, Channel, GatewayActor, Keyring, Policy};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+use elsewhere::Holder;
 
 pub use authority::ScreenAuthority;
+pub use elsewhere::{Elsewhere, HOP_HEADER, ISSUE_PATH, IssueAnswer, IssueRequest};
 pub use revoke::{GatewayRevoker, Watch, spawn_revocation_watch, sweep};
 pub use sessions::TimelineNotes;
 
@@ -67,7 +71,7 @@ pub struct RouteEntry {
 pub type RouteBook = DashMap<RouteKey, RouteEntry>;
 
 /// A URL handed to a person's browser.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScreenUrl {
     /// Path of the noVNC page through the screen proxy (relative to the API's origin).
@@ -86,15 +90,15 @@ pub struct ScreenUrl {
 pub const TERMINAL_PROTOCOL: &str = "rakazo.terminal.v1";
 
 /// A terminal websocket URL handed to the browser of the person holding control.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TerminalUrl {
     /// Path of the terminal websocket through the screen proxy (relative to the API's origin).
     pub url: String,
     /// When it stops working (the control lease's expiry).
     pub expires_at_ms: i64,
-    /// The frame protocol spoken on it.
-    pub protocol: &'static str,
+    /// The frame protocol spoken on it ([`TERMINAL_PROTOCOL`]).
+    pub protocol: String,
 }
 
 /// The screen capability service of the app.
@@ -102,6 +106,25 @@ pub struct Screens {
     keyring: Arc<Keyring>,
     gateway: Addr<GatewayActor>,
     routes: Arc<RouteBook>,
+    elsewhere: Arc<Elsewhere>,
+}
+
+/// A screen's route key, or the process that holds its computer.
+enum Keyed {
+    /// This process holds the computer (on `ProviderRef`).
+    Here(RouteKey, ProviderRef),
+    /// Another live process does, at this internal address.
+    Elsewhere(String),
+}
+
+/// Whether a request may be passed on to the process holding the computer: not when it was
+/// itself passed on (never a second hop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hop {
+    /// Asked by a client of this process.
+    First,
+    /// Forwarded by another process.
+    Forwarded,
 }
 
 fn policy_of(p: ScreenPolicy) -> Policy {
@@ -112,12 +135,19 @@ fn policy_of(p: ScreenPolicy) -> Policy {
 }
 
 impl Screens {
-    /// A service sealing with `keyring`, revoking through `gateway`.
-    pub fn new(keyring: Arc<Keyring>, gateway: Addr<GatewayActor>, routes: Arc<RouteBook>) -> Self {
+    /// A service sealing with `keyring`, revoking through `gateway`, asking the process that
+    /// holds a computer through `elsewhere`.
+    pub fn new(
+        keyring: Arc<Keyring>,
+        gateway: Addr<GatewayActor>,
+        routes: Arc<RouteBook>,
+        elsewhere: Arc<Elsewhere>,
+    ) -> Self {
         Self {
             keyring,
             gateway,
             routes,
+            elsewhere,
         }
     }
 
@@ -131,7 +161,8 @@ impl Screens {
         &self.gateway
     }
 
-    /// Issue a URL to the bot's screen, opening the screen (and a route) when needed.
+    /// Issue a URL to the bot's screen, opening the screen (and a route) when needed; the
+    /// process holding the computer issues it when that is not this one.
     pub async fn issue(
         &self,
         registry: &Registry,
@@ -141,7 +172,33 @@ impl Screens {
         fence: i64,
         expires_at_ms: i64,
     ) -> DomainResult<ScreenUrl> {
-        let (key, machine) = self.key(registry, c, bot_id, policy, fence).await?;
+        let request = IssueRequest {
+            computer_id: c.id.clone(),
+            bot_id: bot_id.into(),
+            policy,
+            fence,
+            expires_at_ms,
+            channel: Channel::Screen,
+        };
+        self.issue_from(registry, c, &request, Hop::First).await
+    }
+
+    /// [`Self::issue`] of `r`, passed on to the holding process only on the [`Hop::First`] hop.
+    pub async fn issue_from(
+        &self,
+        registry: &Registry,
+        c: &computer::Model,
+        r: &IssueRequest,
+        hop: Hop,
+    ) -> DomainResult<ScreenUrl> {
+        let (policy, expires_at_ms) = (r.policy, r.expires_at_ms);
+        let (key, machine) = match self
+            .key(registry, c, &r.bot_id, policy, r.fence, hop)
+            .await?
+        {
+            Keyed::Here(key, machine) => (key, machine),
+            Keyed::Elsewhere(address) => return self.elsewhere.issue(&address, r).await,
+        };
         self.screen_route(registry, &key, &machine).await?;
         let token = self.seal(&key, expires_at_ms)?;
         tracing::info!(event = "screen.capability_issued", computer.id = %c.id, policy = ?policy,
@@ -157,7 +214,8 @@ impl Screens {
 
     /// Issue the terminal URL of the bot's screen under the control lease at `fence`: the
     /// provider's terminal server, bound to the control route (opened when missing) and
-    /// started on first use; later calls under the same lease join the same server.
+    /// started on first use; later calls under the same lease join the same server. The
+    /// process holding the computer issues it when that is not this one.
     pub async fn terminal(
         &self,
         registry: &Registry,
@@ -166,6 +224,27 @@ impl Screens {
         fence: i64,
         expires_at_ms: i64,
     ) -> DomainResult<TerminalUrl> {
+        let request = IssueRequest {
+            computer_id: c.id.clone(),
+            bot_id: bot_id.into(),
+            policy: ScreenPolicy::Control,
+            fence,
+            expires_at_ms,
+            channel: Channel::Terminal,
+        };
+        self.terminal_from(registry, c, &request, Hop::First).await
+    }
+
+    /// [`Self::terminal`] of `r` (its policy is control whatever it says), passed on to the
+    /// holding process only on the [`Hop::First`] hop.
+    pub async fn terminal_from(
+        &self,
+        registry: &Registry,
+        c: &computer::Model,
+        r: &IssueRequest,
+        hop: Hop,
+    ) -> DomainResult<TerminalUrl> {
+        let (bot_id, fence, expires_at_ms) = (r.bot_id.as_str(), r.fence, r.expires_at_ms);
         let provider = registry.runtime().provider()?;
         if !provider.describe().capabilities.terminal {
             return Err(DomainError::new(
@@ -173,9 +252,13 @@ impl Screens {
                 "this computer has no browser terminal",
             ));
         }
-        let (screen_key, machine) = self
-            .key(registry, c, bot_id, ScreenPolicy::Control, fence)
-            .await?;
+        let (screen_key, machine) = match self
+            .key(registry, c, bot_id, ScreenPolicy::Control, fence, hop)
+            .await?
+        {
+            Keyed::Here(key, machine) => (key, machine),
+            Keyed::Elsewhere(address) => return self.elsewhere.issue(&address, r).await,
+        };
         // The terminal is bound to the control route, on providers that serve screens.
         let control = match self.screen_route(registry, &screen_key, &machine).await {
             Ok(route) => Some(route),
@@ -199,7 +282,7 @@ impl Screens {
         Ok(TerminalUrl {
             url: format!("/screen/{token}/{TERMINAL_TAIL}"),
             expires_at_ms,
-            protocol: TERMINAL_PROTOCOL,
+            protocol: TERMINAL_PROTOCOL.into(),
         })
     }
 
@@ -228,7 +311,8 @@ impl Screens {
         Ok(route)
     }
 
-    /// Opens the bot's screen and names the screen route a capability for it would reach.
+    /// Opens the bot's screen and names the screen route a capability for it would reach, or
+    /// the process that holds the computer (on the [`Hop::First`] hop only).
     async fn key(
         &self,
         registry: &Registry,
@@ -236,17 +320,22 @@ impl Screens {
         bot_id: &str,
         policy: ScreenPolicy,
         fence: i64,
-    ) -> DomainResult<(RouteKey, ProviderRef)> {
+        hop: Hop,
+    ) -> DomainResult<Keyed> {
         let handle = registry.computer(&c.id, &c.space_id);
         let state = registry
             .screen(&handle, bot_id)
             .send(screen::Open)
             .await??;
-        let machine = handle
-            .computer
-            .send(CurrentMachine)
-            .await?
-            .ok_or_else(|| DomainError::code(ErrorCode::ComputerUnavailable))?;
+        let Some(machine) = handle.computer.send(CurrentMachine).await? else {
+            if hop == Hop::First
+                && let Holder::Elsewhere(address) =
+                    Elsewhere::holder(&registry.runtime().db, &c.id).await?
+            {
+                return Ok(Keyed::Elsewhere(address));
+            }
+            return Err(DomainError::code(ErrorCode::ComputerUnavailable));
+        };
         let key = RouteKey {
             computer_id: c.id.clone(),
             bot_id: bot_id.into(),
@@ -256,7 +345,7 @@ impl Screens {
             fence,
             channel: Channel::Screen,
         };
-        Ok((key, machine))
+        Ok(Keyed::Here(key, machine))
     }
 
     /// Seals the capability of a route key.

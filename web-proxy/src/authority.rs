@@ -20,6 +20,9 @@ pub const MAX_SOCKET_TOKEN_CHARS: usize = 128;
 pub const DEFAULT_AUTHORITY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The internal RPC path that [`HttpAuthority`] calls under the API base URL.
 pub const AUTHORITY_RPC_PATH: &str = "internal/screen-authority";
+/// Header of an authority request one API process forwards to another: the receiver answers
+/// from what it holds itself and never forwards it again.
+pub const FORWARDED_HEADER: &str = "x-rakazo-forwarded";
 
 /// Where the proxy sends a capability's traffic. Never logged, never shown to a browser.
 #[derive(Clone, PartialEq, Eq)]
@@ -279,6 +282,8 @@ pub struct HttpAuthority {
     client: reqwest::Client,
     endpoint: Url,
     bearer: String,
+    /// Whether requests carry [`FORWARDED_HEADER`].
+    forwarded: bool,
 }
 
 impl fmt::Debug for HttpAuthority {
@@ -336,7 +341,15 @@ impl HttpAuthority {
             client,
             endpoint,
             bearer: bearer.into(),
+            forwarded: false,
         })
+    }
+
+    /// The same authority for an API process asking another one (the process holding the
+    /// computer): its requests carry [`FORWARDED_HEADER`].
+    pub fn forwarded(mut self) -> Self {
+        self.forwarded = true;
+        self
     }
 }
 
@@ -358,11 +371,15 @@ impl Authority for HttpAuthority {
 
 impl HttpAuthority {
     async fn ask(&self, request: AuthorityRequest) -> Result<Target, AuthorityError> {
-        let mut response = self
+        let mut post = self
             .client
             .post(self.endpoint.clone())
             .bearer_auth(&self.bearer)
-            .json(&request)
+            .json(&request);
+        if self.forwarded {
+            post = post.header(FORWARDED_HEADER, "1");
+        }
+        let mut response = post
             .send()
             .await
             .map_err(|e| AuthorityError::Unavailable(request_failure(&e)))?;

@@ -458,7 +458,7 @@ impl SandboxProvider for DockerProvider {
                 "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
             ));
         };
-        match m.runtime.route(bot_id, policy, port).await {
+        match m.runtime.route(bot_id, policy, Some(port)).await {
             Ok(route) => Ok(route),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
@@ -481,7 +481,11 @@ impl SandboxProvider for DockerProvider {
             cwd: WORKSPACE.into(),
             env: Self::shell_env("xterm-256color"),
         };
-        match m.runtime.terminal_route(&control.token, &shell, port).await {
+        match m
+            .runtime
+            .terminal_route(&control.token, &shell, Some(port))
+            .await
+        {
             Ok(route) => Ok(route),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }

@@ -767,7 +767,7 @@ impl SandboxProvider for KubernetesProvider {
         policy: ScreenPolicy,
     ) -> ProviderResult<ScreenRoute> {
         let m = self.machine(machine).await?;
-        match m.runtime.route(bot_id, policy, GATEWAY_PORT).await {
+        match m.runtime.route(bot_id, policy, Some(GATEWAY_PORT)).await {
             Ok(route) => Ok(Self::upstream(&m.ip, route)),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
@@ -791,7 +791,7 @@ impl SandboxProvider for KubernetesProvider {
         };
         match m
             .runtime
-            .terminal_route(&control.token, &shell, GATEWAY_PORT)
+            .terminal_route(&control.token, &shell, Some(GATEWAY_PORT))
             .await
         {
             Ok(route) => Ok(Self::upstream(&m.ip, route)),

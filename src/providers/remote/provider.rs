@@ -392,7 +392,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         self.on(machine, |m| async move {
             let port = self.gateway_port(&m).await?;
             m.runtime
-                .route(bot_id, policy, port)
+                .route(bot_id, policy, Some(port))
                 .await
                 .map_err(to_provider)
         })
@@ -417,7 +417,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                 env: self.shell_env("xterm-256color"),
             };
             m.runtime
-                .terminal_route(&control.token, &shell, port)
+                .terminal_route(&control.token, &shell, Some(port))
                 .await
                 .map_err(to_provider)
         })

@@ -181,6 +181,49 @@ impl Api {
             Err(code) => panic!("{method} {params}: {code}"),
         }
     }
+
+    /// The `id` of what a call created.
+    async fn id(&self, method: &str, params: Value) -> String {
+        self.ok(method, params).await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// Every terminal socket is closed as revoked, within a second of `released`.
+async fn all_revoked<const N: usize>(shells: [&mut TerminalClient; N], released: Instant) {
+    for shell in shells {
+        assert_eq!(
+            shell.ended(Duration::from_secs(10)).await,
+            Ended::Closed("revoked".into())
+        );
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "closed after {:?}",
+        released.elapsed()
+    );
+}
+
+/// A space made through `api` and one bot in it: (space, bot).
+async fn space_and_bot(api: &Api, bot: &str, mode: &str) -> (String, String) {
+    let space = api.id("space.create", json!({ "name": "Acme" })).await;
+    let bot = api
+        .id(
+            "bot.create",
+            json!({ "spaceId": space, "name": bot, "computerMode": mode }),
+        )
+        .await;
+    (space, bot)
+}
+
+/// The operator token that the processes sharing `data_dir` use.
+fn operator_token(data_dir: &std::path::Path) -> String {
+    std::fs::read_to_string(data_dir.join("operator-token"))
+        .unwrap()
+        .trim()
+        .to_owned()
 }
 
 /// The process owning a computer's actor, if any.
@@ -276,10 +319,7 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     let mut a = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let mut b = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let mut worker = Proc::start(&["worker"], dir.path(), &url).await;
-    let token = std::fs::read_to_string(dir.path().join("operator-token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = operator_token(dir.path());
     let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
     let db = sea_orm::Database::connect(&url).await.unwrap();
 
@@ -294,28 +334,13 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     assert_eq!(rpc.status(), 404);
 
     // A dashboard connected to B sees a run started through A.
-    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let bot = api_a
-        .ok(
-            "bot.create",
-            json!({ "spaceId": space, "name": "driver", "computerMode": "team" }),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (space, bot) = space_and_bot(&api_a, "driver", "team").await;
     let watched = api_b
-        .ok(
+        .id(
             "bot.create",
             json!({ "spaceId": space, "name": "watched", "computerMode": "private" }),
         )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+        .await;
     let mut feed = ws_subscribe(&b.base, &token, &space).await;
 
     // The same bot through both API processes at once: exactly one run holds the lease.
@@ -342,10 +367,7 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     assert!(out["stdout"].as_str().unwrap().contains("via-driver"));
     let out = other.ok("computer.exec", exec("other")).await;
     assert_eq!(out["stdout"], "via-driver\nvia-other\n", "{out}");
-    let team = api_a.ok("computer.forBot", json!({ "botId": bot })).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let team = api_a.id("computer.forBot", json!({ "botId": bot })).await;
     let first_owner = owner(&db, &team).await.expect("an owner");
 
     // A person may not take over through the other process while the bot runs.
@@ -376,15 +398,7 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
             json!({ "botId": watched, "fence": control["fence"] }),
         )
         .await;
-    assert_eq!(
-        shell.ended(Duration::from_secs(10)).await,
-        Ended::Closed("revoked".into())
-    );
-    assert!(
-        released.elapsed() < Duration::from_secs(1),
-        "closed after {:?}",
-        released.elapsed()
-    );
+    all_revoked([&mut shell], released).await;
 
     // kill -9 of the process owning the team computer's actor: another adopts it.
     let owner_address = address(&db, &first_owner).await.unwrap();
@@ -485,10 +499,7 @@ async fn a_queued_operation_runs_where_its_computer_is_held_or_on_the_worker() {
         &[("RAKAZO_RECONCILE_INTERVAL_MS", "3600000")],
     )
     .await;
-    let token = std::fs::read_to_string(dir.path().join("operator-token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = operator_token(dir.path());
     let api_a = Api::new(&api, &token);
     let db = sea_orm::Database::connect(&url).await.unwrap();
     let space = api_a.ok("space.create", json!({ "name": "Ops" })).await["id"].clone();
@@ -669,25 +680,10 @@ async fn a_cleanly_stopped_process_lets_its_computers_go_at_once() {
     let never = "600000";
     let mut a = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
     let b = Proc::start_gone_after(&["serve", "--no-worker"], dir.path(), &url, never).await;
-    let token = std::fs::read_to_string(dir.path().join("operator-token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = operator_token(dir.path());
     let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
     let db = sea_orm::Database::connect(&url).await.unwrap();
-    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let bot = api_a
-        .ok(
-            "bot.create",
-            json!({ "spaceId": space, "name": "driver", "computerMode": "team" }),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (_, bot) = space_and_bot(&api_a, "driver", "team").await;
     let started = api_a.ok("run.start", json!({ "botId": bot })).await;
     let run = started["run"]["id"].as_str().unwrap().to_owned();
     let fence = started["lease"]["fence"].as_i64().unwrap();
@@ -765,29 +761,20 @@ async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
     ];
     let a = Proc::start_with(&["serve", "--no-worker"], dir.path(), &url, &limit).await;
     let b = Proc::start_with(&["serve", "--no-worker"], dir.path(), &url, &limit).await;
-    let token = std::fs::read_to_string(dir.path().join("operator-token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = operator_token(dir.path());
     let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
     let db = sea_orm::Database::connect(&url).await.unwrap();
-    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let space = api_a.id("space.create", json!({ "name": "Acme" })).await;
     // Three bots of the team computer, each running (a running bot's screen never gives way).
     let mut runs = Vec::new();
     for (i, name) in ["one", "two", "three"].into_iter().enumerate() {
         let api = if i % 2 == 0 { &api_a } else { &api_b };
         let bot = api
-            .ok(
+            .id(
                 "bot.create",
                 json!({ "spaceId": space, "name": name, "computerMode": "team" }),
             )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+            .await;
         let started = api.ok("run.start", json!({ "botId": bot })).await;
         runs.push((
             bot,
@@ -796,11 +783,8 @@ async fn two_processes_opening_one_computers_screens_share_one_slot_table() {
         ));
     }
     let team = api_a
-        .ok("computer.forBot", json!({ "botId": runs[0].0 }))
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+        .id("computer.forBot", json!({ "botId": runs[0].0 }))
+        .await;
     assert_eq!(owner(&db, &team).await, None, "no process holds it yet");
 
     // Six opens at once: every bot through both processes.
@@ -921,25 +905,10 @@ async fn a_terminal_is_reached_through_a_process_that_does_not_hold_the_computer
     };
     let a = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
     let b = Proc::start(&["serve", "--no-worker"], dir.path(), &url).await;
-    let token = std::fs::read_to_string(dir.path().join("operator-token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = operator_token(dir.path());
     let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
     let db = sea_orm::Database::connect(&url).await.unwrap();
-    let space = api_a.ok("space.create", json!({ "name": "Acme" })).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let bot = api_a
-        .ok(
-            "bot.create",
-            json!({ "spaceId": space, "name": "watched", "computerMode": "private" }),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (_, bot) = space_and_bot(&api_a, "watched", "private").await;
 
     let control = api_a
         .ok("computer.takeControl", json!({ "botId": bot }))
@@ -993,17 +962,7 @@ async fn a_terminal_is_reached_through_a_process_that_does_not_hold_the_computer
             json!({ "botId": bot, "fence": control["fence"] }),
         )
         .await;
-    for shell in [&mut through_b, &mut through_a] {
-        assert_eq!(
-            shell.ended(Duration::from_secs(10)).await,
-            Ended::Closed("revoked".into())
-        );
-    }
-    assert!(
-        released.elapsed() < Duration::from_secs(1),
-        "closed after {:?}",
-        released.elapsed()
-    );
+    all_revoked([&mut through_b, &mut through_a], released).await;
     // The old URL reaches nothing through either process.
     for base in [&a.base, &b.base] {
         assert!(TerminalClient::connect(base, path).await.is_err());

@@ -1,7 +1,10 @@
 //! Tool-call overhead, side by side in one run: `shell` running `true` and
 //! `computer_observe` through the JSON-RPC API (HTTP on loopback, auth, lease fence check,
 //! actor mailbox, activity record) against the same calls made straight on the provider.
-//! Uses the host `desktop` provider (real Xvfb and Chromium).
+//! Uses the host `desktop` provider (real Xvfb and Chromium). Both browsers show a page that
+//! repaints all the time, so every observation captures and encodes a fresh screenshot and
+//! every answer carries it; the calls go over `POST /rpc`, over `/rpc/ws` with the image as
+//! base64, and over `/rpc/ws?images=binary` with the image as a binary message.
 //!
 //! Run: `scripts/bench.sh tools`.
 
@@ -10,10 +13,70 @@ mod support;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use futures_util::{SinkExt, StreamExt};
 use rakazo::app::App;
 use rakazo::config::Config;
 use rakazo_actors::provider::{ExecRequest, MachineSpec};
 use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// A page that repaints every few milliseconds: text like a real site, and a clock.
+const REPAINTING_PAGE: &str = "<!doctype html><body style='font:14px serif'><h1 id=t></h1>\
+<script>for(let i=0;i<400;i++)document.write('<span style=color:#'+(i*2654435761%16777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>');\
+setInterval(()=>{t.textContent=performance.now().toFixed(1)},5)</script></body>";
+
+/// One JSON-RPC socket on `/rpc/ws` (with `?images=binary` when `binary`).
+struct Ws {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+}
+
+impl Ws {
+    async fn connect(base: &str, token: &str, binary: bool) -> Ws {
+        let query = if binary { "?images=binary" } else { "" };
+        let mut request = format!("{}/rpc/ws{query}", base.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let (ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        Ws { ws, next_id: 1 }
+    }
+
+    /// One call: its result and the bytes of binary messages that came with it.
+    async fn call(&mut self, method: &str, params: Value) -> (Value, usize) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        self.ws
+            .send(Message::Text(body.to_string().into()))
+            .await
+            .unwrap();
+        let mut binary = 0;
+        loop {
+            match self.ws.next().await.unwrap().unwrap() {
+                Message::Binary(b) => binary += b.len(),
+                Message::Text(t) => {
+                    let v: Value = serde_json::from_str(&t).unwrap();
+                    assert!(v.get("error").is_none(), "{method}: {v}");
+                    return (v["result"].clone(), binary);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Whether a tool answer carries an image (base64 or as an attachment).
+fn has_image(result: &Value) -> bool {
+    result["content"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|i| i["type"] == "image"))
+}
 
 const ROUNDS: usize = 200;
 
@@ -70,7 +133,10 @@ fn main() {
         provider.open_screen(&machine, "raw-bot", 0).await.unwrap();
         let req = ExecRequest { command: "true".into(), cwd: String::new(), env: Vec::new(), timeout: Duration::from_secs(30) };
 
-        let (mut raw, mut api) = (Vec::new(), Vec::new());
+        let mut ws_text = Ws::connect(&base, &token, false).await;
+        let mut ws_binary = Ws::connect(&base, &token, true).await;
+
+        let (mut raw, mut api, mut over_ws) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             let t = Instant::now();
             provider.exec(&machine, &req).await.unwrap();
@@ -78,19 +144,57 @@ fn main() {
             let t = Instant::now();
             support::rpc(&http, &base, &token, "tools/call", call("shell", json!({ "command": "true" }))).await;
             api.push(t.elapsed());
+            let t = Instant::now();
+            ws_text.call("tools/call", call("shell", json!({ "command": "true" }))).await;
+            over_ws.push(t.elapsed());
         }
-        report("shell `true`", raw, api);
+        report("shell `true`, POST /rpc", raw.clone(), api);
+        report("shell `true`, /rpc/ws", raw, over_ws);
 
-        let (mut raw, mut api) = (Vec::new(), Vec::new());
+        // Both browsers on the repainting page: every observation is a fresh screenshot.
+        let page = actix_web::HttpServer::new(|| {
+            actix_web::App::new().default_service(actix_web::web::to(|| async {
+                actix_web::HttpResponse::Ok().content_type("text/html").body(REPAINTING_PAGE)
+            }))
+        })
+        .workers(1)
+        .bind("127.0.0.1:0")
+        .unwrap();
+        let page_url = format!("http://{}/", page.addrs()[0]);
+        actix_rt::spawn(page.run());
+        support::rpc(&http, &base, &token, "tools/call", call("open_path", json!({ "path": page_url }))).await;
+        provider.open(&machine, "raw-bot", &page_url).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        let (mut raw, mut api, mut text, mut binary) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut text_bytes, mut binary_bytes) = (0usize, 0usize);
         for _ in 0..ROUNDS / 4 {
             let t = Instant::now();
             provider.observe(&machine, "raw-bot").await.unwrap();
             raw.push(t.elapsed());
             let t = Instant::now();
-            support::rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
+            let answer = support::rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
             api.push(t.elapsed());
+            assert!(has_image(&answer), "every observation carries a fresh screenshot");
+            let t = Instant::now();
+            let (answer, _) = ws_text.call("tools/call", call("computer_observe", json!({}))).await;
+            text.push(t.elapsed());
+            text_bytes += answer.to_string().len();
+            let t = Instant::now();
+            let (answer, attached) = ws_binary.call("tools/call", call("computer_observe", json!({}))).await;
+            binary.push(t.elapsed());
+            binary_bytes += answer.to_string().len() + attached;
+            assert!(attached > 0, "the screenshot came as a binary message");
         }
-        report("computer_observe", raw, api);
+        let rounds = (ROUNDS / 4) as f64;
+        println!(
+            "bytes per observation: /rpc/ws base64 {:.0} KiB, /rpc/ws?images=binary {:.0} KiB",
+            text_bytes as f64 / rounds / 1024.0,
+            binary_bytes as f64 / rounds / 1024.0
+        );
+        report("computer_observe, POST /rpc", raw.clone(), api);
+        report("computer_observe, /rpc/ws (base64)", raw.clone(), text);
+        report("computer_observe, /rpc/ws?images=binary", raw, binary);
         provider.destroy(&machine).await.unwrap();
         let _ = std::process::Command::new("bash")
             .arg("-c")

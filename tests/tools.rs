@@ -912,3 +912,95 @@ async fn screenshots_scale_down_on_request_and_say_their_scale() {
     .await;
     assert_eq!(tiny["isError"], true);
 }
+
+/// One `/rpc/ws` socket: the binary messages and the answers (by id) it received until
+/// `answers` answers arrived.
+async fn ws_calls(s: &TestServer, query: &str, calls: &[Value]) -> (Vec<Vec<u8>>, Vec<Value>) {
+    let url = format!("{}/rpc/ws{query}", s.base.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let send = |v: &Value| Message::Text(v.to_string().into());
+    ws.send(send(&json!({ "jsonrpc": "2.0", "id": 0, "method": "auth", "params": { "token": s.operator_token } })))
+        .await
+        .unwrap();
+    ws.next().await.unwrap().unwrap();
+    for call in calls {
+        ws.send(send(call)).await.unwrap();
+    }
+    let (mut binaries, mut answers) = (Vec::new(), Vec::new());
+    while answers.len() < calls.len() {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .expect("an answer")
+        {
+            Some(Ok(Message::Binary(b))) => binaries.push(b.to_vec()),
+            Some(Ok(Message::Text(t))) => answers.push(serde_json::from_str(&t).unwrap()),
+            Some(Ok(_)) => {}
+            other => panic!("socket ended: {other:?}"),
+        }
+    }
+    (binaries, answers)
+}
+
+/// The image items of a tool answer.
+fn images(answer: &Value) -> Vec<Value> {
+    answer["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "image")
+        .cloned()
+        .collect()
+}
+
+#[actix_rt::test]
+async fn screenshots_travel_as_binary_messages_on_a_socket_that_asks_for_them() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let observe = |id: u64, arguments: Value| {
+        json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": { "runId": run, "fence": fence, "name": "computer_observe", "arguments": arguments } })
+    };
+
+    // Two observations at once (different sizes, so neither is an unchanged frame).
+    let (binaries, answers) = ws_calls(
+        &s,
+        "?images=binary",
+        &[
+            observe(1, json!({})),
+            observe(2, json!({ "max_width": 100 })),
+        ],
+    )
+    .await;
+    assert_eq!(binaries.len(), 2, "one message per screenshot");
+    for answer in &answers {
+        let items = images(answer);
+        assert_eq!(items.len(), 1, "{answer}");
+        assert!(items[0].get("data").is_none(), "no base64 beside it");
+        let id = items[0]["attachment"].as_u64().expect("an attachment id");
+        let message = binaries
+            .iter()
+            .find(|b| b[..8] == id.to_be_bytes())
+            .expect("the message the answer names");
+        let png = png::Decoder::new(std::io::Cursor::new(&message[8..]))
+            .read_info()
+            .expect("a PNG after the id");
+        let meta = &answer["result"]["structuredContent"];
+        assert_eq!(
+            (png.info().width, png.info().height),
+            (
+                meta["width"].as_u64().unwrap() as u32,
+                meta["height"].as_u64().unwrap() as u32
+            )
+        );
+    }
+    let ids: std::collections::HashSet<_> = binaries.iter().map(|b| b[..8].to_vec()).collect();
+    assert_eq!(ids.len(), 2, "two calls at once never share an id");
+
+    // A socket that did not ask gets base64 inside the answer, and no binary message.
+    let (binaries, answers) = ws_calls(&s, "", &[observe(3, json!({ "max_width": 80 }))]).await;
+    assert!(binaries.is_empty());
+    let items = images(&answers[0]);
+    assert!(items[0]["data"].as_str().is_some_and(|d| !d.is_empty()));
+    assert!(items[0].get("attachment").is_none());
+}

@@ -191,7 +191,11 @@ async fn initialize(
     id: Value,
     params: &Value,
 ) -> HttpResponse {
-    let ctx = Ctx { app, caller };
+    let ctx = Ctx {
+        app,
+        caller,
+        attachments: None,
+    };
     let started = async {
         let (b, space) = methods::access_bot(&ctx, bot_id).await?;
         let c = Computers::new(app.db.clone())
@@ -256,7 +260,11 @@ async fn call_tool(
         .ok_or_else(|| DomainError::invalid("tools/call needs a name"))?
         .to_owned();
     let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
-    let ctx = Ctx { app, caller };
+    let ctx = Ctx {
+        app,
+        caller,
+        attachments: None,
+    };
     let (run, handle) = methods::fenced(&ctx, &s.run_id, s.fence).await?;
     let team = ctx.is_team_bot(&run).await?;
     let tcx = ToolCtx {
@@ -265,6 +273,7 @@ async fn call_tool(
         team,
         handle,
         vision: true,
+        attachments: None,
     };
     Ok(tools::call(&tcx, &name, arguments).await)
 }

@@ -198,6 +198,7 @@ async fn rpc_http(app: web::Data<App>, req: HttpRequest, payload: web::Payload) 
     let ctx = methods::Ctx {
         app: &app,
         caller: &caller,
+        attachments: None,
     };
     let (resp, status) = rpc::handle_body(&ctx, &body).await;
     if status == 204 {

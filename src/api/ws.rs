@@ -7,9 +7,14 @@
 //! subscribes to its own space only and receives only its bot's events (and those of the
 //! computer it uses). Calls run concurrently, at most [`MAX_TASKS`] at once per socket (more
 //! wait); each answer carries its request id.
+//!
+//! A socket opened with `?images=binary` receives the screenshots of tool answers as binary
+//! messages instead of base64 inside the JSON (see [`crate::tools::Attachments`]): each
+//! image's message comes before the answer that names it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -26,6 +31,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::{methods, rpc};
 use crate::app::App;
 use crate::auth::{self, Caller};
+use crate::tools::Attachments;
 
 /// Time an unauthenticated socket has to call `auth`.
 pub const AUTH_WINDOW: Duration = Duration::from_secs(5);
@@ -68,6 +74,7 @@ pub async fn upgrade(
         ),
         None => None,
     };
+    let binary_images = req.query_string().split('&').any(|p| p == "images=binary");
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream
         .max_frame_size(rpc::MAX_REQUEST_BYTES)
@@ -80,6 +87,7 @@ pub async fn upgrade(
         reach: HashMap::new(),
         unauthenticated_messages: 0,
         tasks: Arc::new(Semaphore::new(MAX_TASKS)),
+        attachment_ids: binary_images.then(|| Arc::new(AtomicU64::new(1))),
     };
     actix_web::rt::spawn(run(conn, session, stream));
     Ok(response)
@@ -95,6 +103,8 @@ struct Conn {
     reach: HashMap<String, bool>,
     unauthenticated_messages: u32,
     tasks: Arc<Semaphore>,
+    /// With `?images=binary`: the socket's attachment id counter.
+    attachment_ids: Option<Arc<AtomicU64>>,
 }
 
 impl Conn {
@@ -237,6 +247,7 @@ async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
                     let ctx = methods::Ctx {
                         app: &conn.app,
                         caller: &who,
+                        attachments: None,
                     };
                     match super::methods::visible_space(&ctx, &p.space_id).await {
                         Ok(()) => {
@@ -260,13 +271,25 @@ async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
                 return false;
             };
             let (app, mut session) = (conn.app.clone(), session.clone());
+            let attachments = conn.attachment_ids.clone().map(Attachments::new);
             let raw = json!({ "jsonrpc": "2.0", "id": env.id, "method": env.method, "params": env.params });
             actix_web::rt::spawn(async move {
                 let ctx = methods::Ctx {
                     app: &app,
                     caller: &who,
+                    attachments: attachments.as_ref(),
                 };
-                if let (Some(resp), _) = rpc::handle_one(&ctx, raw).await {
+                let (answer, _) = rpc::handle_one(&ctx, raw).await;
+                if let Some(resp) = answer {
+                    // The images first: the answer names them.
+                    for message in attachments
+                        .map(Attachments::into_messages)
+                        .unwrap_or_default()
+                    {
+                        if session.binary(message).await.is_err() {
+                            return;
+                        }
+                    }
                     let _ = session.text(resp.to_string()).await;
                 }
                 drop(permit);

@@ -77,23 +77,23 @@ pub async fn note(
 }
 
 /// Record an observation or an action batch: the timeline entry, and the step with its frame
-/// in the run's recording. A failure is logged; the tool's answer does not depend on it.
+/// (and the frame's digest, which the tool's answer uses too) in the run's recording. A
+/// failure is logged; the tool's answer does not depend on it.
 pub async fn step(
     app: &App,
     r: &run::Model,
     tool: &str,
     actions: Option<&[Action]>,
     result: Value,
-    frame: &Frame,
+    (frame, digest): (&Frame, &str),
 ) {
-    let digest = crate::tools::frame_digest(&frame.png);
     let step = super::Step {
         run: r,
         tool,
         actions,
         result,
         frame,
-        digest: &digest,
+        digest,
     };
     let master = &app.runtime().master_key;
     if let Err(e) = super::record_in_background(&app.db, &app.recorder, master, step).await {

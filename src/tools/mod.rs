@@ -3,6 +3,7 @@
 //! methods and the MCP endpoint. Results use MCP's `CallToolResult` shape; a failed tool is an
 //! `isError` result carrying the stable error code, so the agent can read it.
 
+mod attachments;
 mod economy;
 mod schema;
 
@@ -19,6 +20,7 @@ use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub use attachments::{Attachments, ID_BYTES as ATTACHMENT_ID_BYTES};
 pub use economy::{Economy, digest as frame_digest};
 pub use schema::definitions;
 
@@ -42,6 +44,9 @@ pub struct ToolCtx<'a> {
     pub handle: ComputerHandle,
     /// Whether the caller can read images.
     pub vision: bool,
+    /// Where images go when the transport carries them as binary messages (`None`: base64
+    /// inside the answer).
+    pub attachments: Option<&'a Attachments>,
 }
 
 fn text(t: impl Into<String>) -> Value {
@@ -120,8 +125,8 @@ impl ToolCtx<'_> {
         }
     }
 
-    async fn frame_result(&self, frame: Frame, extra: Value) -> Value {
-        let digest = economy::digest(&frame.png);
+    /// The answer of a tool that returns a screenshot: `frame`, whose digest is `digest`.
+    async fn frame_result(&self, frame: Frame, digest: String, extra: Value) -> Value {
         let unchanged = self.app.tools.seen(&self.run.id, &digest);
         let mut meta = json!({ "width": frame.width, "height": frame.height, "frameDigest": digest, "unchanged": unchanged });
         if let (Value::Object(m), Value::Object(e)) = (&mut meta, extra) {
@@ -149,8 +154,12 @@ impl ToolCtx<'_> {
                 "The screen has not changed: the previous screenshot remains valid.",
             ));
         } else {
-            content.push(json!({ "type": "image", "mimeType": "image/png",
-                                 "data": base64::engine::general_purpose::STANDARD.encode(&frame.png) }));
+            content.push(match self.attachments {
+                Some(attachments) => json!({ "type": "image", "mimeType": "image/png",
+                                             "attachment": attachments.attach(&frame.png) }),
+                None => json!({ "type": "image", "mimeType": "image/png",
+                                "data": base64::engine::general_purpose::STANDARD.encode(&frame.png) }),
+            });
         }
         content.push(text(meta.to_string()));
         ok(content, meta)
@@ -269,18 +278,20 @@ async fn observe(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         ));
     };
     let frame = fit(frame, size)?;
+    let digest = economy::digest(&frame.png);
     crate::recordings::calls::step(
         ctx.app,
         &ctx.run,
         "computer_observe",
         None,
         with_scale(json!({}), &frame),
-        &frame,
+        (&frame, &digest),
     )
     .await;
     Ok(ctx
         .frame_result(
             frame,
+            digest,
             json!({ "slot": state.slot, "generation": state.generation }),
         )
         .await)
@@ -337,6 +348,7 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         ));
     };
     outcome.frame = fit(outcome.frame, size)?;
+    let digest = economy::digest(&outcome.frame.png);
     let completed = outcome.completed;
     let stop = outcome
         .stopped
@@ -351,12 +363,13 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
             json!({ "completed": completed, "total": total, "stopped": stop }),
             &outcome.frame,
         ),
-        &outcome.frame,
+        (&outcome.frame, &digest),
     )
     .await;
     let result = ctx
         .frame_result(
             outcome.frame,
+            digest,
             json!({ "completed": completed, "total": total }),
         )
         .await;

@@ -146,6 +146,7 @@ pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         team,
         handle,
         vision: false,
+        attachments: None,
     };
     let out = crate::tools::shell_exec(&tcx, p.command, Some(p.cwd), p.timeout_ms).await?;
     Ok(serde_json::to_value(out).unwrap_or_default())

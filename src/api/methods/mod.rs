@@ -28,6 +28,8 @@ pub struct Ctx<'a> {
     pub app: &'a App,
     /// The authenticated caller.
     pub caller: &'a Caller,
+    /// Where tool answers put their images when the transport carries binary messages.
+    pub attachments: Option<&'a crate::tools::Attachments>,
 }
 
 impl Ctx<'_> {

@@ -36,6 +36,7 @@ pub async fn call(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         team,
         handle,
         vision: p.vision,
+        attachments: ctx.attachments,
     };
     Ok(tools::call(&tcx, &p.name, p.arguments).await)
 }

@@ -110,6 +110,8 @@ fn main() {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        // `RECORDING_MAX_RUN_BYTES=1` measures the calls without storing their frames.
+        .chain(std::env::var("RECORDING_MAX_RUN_BYTES").ok().map(|v| ("RECORDING_MAX_RUN_BYTES".to_owned(), v)))
         .collect();
         let (app, token) = App::start(Config::load(&env, None).unwrap()).await.unwrap();
         let token = token.unwrap();

@@ -532,37 +532,38 @@ pub trait SandboxProvider: Send + Sync + 'static {
     ) -> ProviderResult<ScreenInfo>;
     /// Tear down a bot's screen; its profile stays in the workspace.
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()>;
-    /// Capture the bot's screen.
-    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame>;
-    /// Capture the bot's screen no larger than `size`. Default: the full frame (the caller
-    /// scales it; [`Frame::screen`] stays `None`).
+    /// Capture the bot's screen at full size.
+    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+        self.observe_sized(machine, bot_id, FrameSize::FULL).await
+    }
+    /// Capture the bot's screen no larger than `size`. A provider that captures only at full
+    /// size answers the full frame ([`Frame::screen`] stays `None`) and the caller scales it.
     async fn observe_sized(
         &self,
         machine: &ProviderRef,
         bot_id: &str,
         size: FrameSize,
-    ) -> ProviderResult<Frame> {
-        let _ = size;
-        self.observe(machine, bot_id).await
-    }
-    /// Perform an ordered batch; stops at the first failure and reports how far it got.
+    ) -> ProviderResult<Frame>;
+    /// Perform an ordered batch; stops at the first failure and reports how far it got. Its
+    /// screenshot is the full frame.
     async fn act(
         &self,
         machine: &ProviderRef,
         bot_id: &str,
         actions: &[Action],
-    ) -> ProviderResult<ActOutcome>;
-    /// [`Self::act`] with its screenshot no larger than `size`. Default: the full frame.
+    ) -> ProviderResult<ActOutcome> {
+        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
+            .await
+    }
+    /// [`Self::act`] with its screenshot no larger than `size` (or at full size, as
+    /// [`Self::observe_sized`] says).
     async fn act_sized(
         &self,
         machine: &ProviderRef,
         bot_id: &str,
         actions: &[Action],
         size: FrameSize,
-    ) -> ProviderResult<ActOutcome> {
-        let _ = size;
-        self.act(machine, bot_id, actions).await
-    }
+    ) -> ProviderResult<ActOutcome>;
     /// Open a fresh route to the bot's (open) screen for a person: its own VNC server behind
     /// the gateway, view-only for `View`. Providers without a live screen answer
     /// `Unsupported`.

@@ -386,10 +386,6 @@ impl SandboxProvider for DesktopProvider {
             .await?)
     }
 
-    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
-        self.observe_sized(machine, bot_id, FrameSize::FULL).await
-    }
-
     async fn observe_sized(
         &self,
         machine: &ProviderRef,
@@ -403,16 +399,6 @@ impl SandboxProvider for DesktopProvider {
             .observe_sized(bot_id, size)
             .await?
             .frame)
-    }
-
-    async fn act(
-        &self,
-        machine: &ProviderRef,
-        bot_id: &str,
-        actions: &[Action],
-    ) -> ProviderResult<ActOutcome> {
-        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
-            .await
     }
 
     async fn act_sized(

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, ActStop, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry,
-    Frame, MachineSpec, Preparation, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenRoute, WorkspaceExport,
+    Frame, FrameSize, MachineSpec, Preparation, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenRoute, WorkspaceExport,
 };
 
 use crate::providers::workspace_path::normalize;
@@ -319,7 +319,13 @@ impl SandboxProvider for FakeProvider {
         })
     }
 
-    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+    /// Always the full frame: the caller scales it.
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        _size: FrameSize,
+    ) -> ProviderResult<Frame> {
         let screen = self.with(machine, |m| {
             m.screens
                 .get(bot_id)
@@ -329,11 +335,13 @@ impl SandboxProvider for FakeProvider {
         frame::render(&screen)
     }
 
-    async fn act(
+    /// Its screenshot is always the full frame: the caller scales it.
+    async fn act_sized(
         &self,
         machine: &ProviderRef,
         bot_id: &str,
         actions: &[Action],
+        _size: FrameSize,
     ) -> ProviderResult<ActOutcome> {
         let mut completed = 0;
         let mut stopped = None;

@@ -714,10 +714,6 @@ impl SandboxProvider for KubernetesProvider {
         }
     }
 
-    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
-        self.observe_sized(machine, bot_id, FrameSize::FULL).await
-    }
-
     async fn observe_sized(
         &self,
         machine: &ProviderRef,
@@ -729,16 +725,6 @@ impl SandboxProvider for KubernetesProvider {
             Ok(o) => Ok(o.frame),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
-    }
-
-    async fn act(
-        &self,
-        machine: &ProviderRef,
-        bot_id: &str,
-        actions: &[Action],
-    ) -> ProviderResult<ActOutcome> {
-        self.act_sized(machine, bot_id, actions, FrameSize::FULL)
-            .await
     }
 
     async fn act_sized(

@@ -11,8 +11,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo,
-    ScreenPolicy, ScreenRoute, WorkspaceExport,
+    FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
+    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -359,21 +359,29 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         .await
     }
 
-    async fn observe(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<Frame> {
+    async fn observe_sized(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        size: FrameSize,
+    ) -> ProviderResult<Frame> {
         self.on(machine, |m| async move {
-            Ok(m.runtime.observe(bot_id).await.map_err(to_provider)?.frame)
+            let observed = m.runtime.observe_sized(bot_id, size).await;
+            Ok(observed.map_err(to_provider)?.frame)
         })
         .await
     }
 
-    async fn act(
+    async fn act_sized(
         &self,
         machine: &ProviderRef,
         bot_id: &str,
         actions: &[Action],
+        size: FrameSize,
     ) -> ProviderResult<ActOutcome> {
         self.on(machine, |m| async move {
-            let result = m.runtime.act(bot_id, actions).await.map_err(to_provider)?;
+            let acted = m.runtime.act_sized(bot_id, actions, size).await;
+            let result = acted.map_err(to_provider)?;
             Ok(ActOutcome {
                 completed: result.completed,
                 frame: result.observation.frame,

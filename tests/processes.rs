@@ -7,6 +7,7 @@
 //! after `kill -9` of the process that owns the computer's actor, another adopts it, the run
 //! keeps its one lease, and the idle timer suspends the computer. Two API processes opening
 //! the screens of one computer at once share its one slot table, in the process holding it.
+//! An MCP session is answered by every API process and outlives the one that opened it.
 
 mod common;
 
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::terminal::{Ended, TerminalClient};
 use futures_util::{SinkExt, StreamExt};
-use rakazo_actors::entity::{computer, computer_owner, lease, process};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use rakazo_actors::entity::{computer, computer_owner, lease, process, run};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -967,4 +968,163 @@ async fn a_terminal_is_reached_through_a_process_that_does_not_hold_the_computer
     for base in [&a.base, &b.base] {
         assert!(TerminalClient::connect(base, path).await.is_err());
     }
+}
+
+/// One MCP request to the process at `base`: (HTTP status, session header, body or null).
+async fn mcp(
+    base: &str,
+    token: &str,
+    session: Option<&str>,
+    method: &str,
+    params: Value,
+) -> (u16, Option<String>, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params }));
+    if let Some(session) = session {
+        req = req.header("mcp-session-id", session);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, session, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// `initialize` through the process at `base`: the session id.
+async fn mcp_session(base: &str, token: &str) -> String {
+    let params = json!({ "protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": { "name": "test", "version": "1" } });
+    let (status, session, body) = mcp(base, token, None, "initialize", params).await;
+    assert_eq!(status, 200, "{body}");
+    session.expect("a session id")
+}
+
+/// A `shell` tool call on a session through the process at `base`: (status, body).
+async fn mcp_shell(base: &str, token: &str, session: &str, command: &str) -> (u16, Value) {
+    let params = json!({ "name": "shell", "arguments": { "command": command } });
+    let (status, _, body) = mcp(base, token, Some(session), "tools/call", params).await;
+    (status, body)
+}
+
+/// The state of a bot's latest run.
+async fn run_state(db: &DatabaseConnection, bot: &str) -> String {
+    run::Entity::find()
+        .filter(run::Column::BotId.eq(bot))
+        .order_by_desc(run::Column::CreatedAtMs)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("the bot's run")
+        .state
+}
+
+/// An MCP session is answered by every API process, whichever opened it: used through both,
+/// kept alive by calls through one while the other's sweeper looks on, outliving the process
+/// that opened it, ended with its checkpoint through the other; one nobody uses ends after
+/// its idle time.
+#[actix_rt::test]
+async fn an_mcp_session_is_answered_by_every_api_process() {
+    let Some((url, dir)) = migrated_postgres().await else {
+        return;
+    };
+    let env = [
+        ("MCP_SESSION_IDLE_MS", "2000"),
+        ("RUN_LEASE_TTL_MS", "2000"),
+    ];
+    let serve = ["serve", "--no-worker"];
+    let mut a = Proc::start_with(&serve, dir.path(), &url, &env).await;
+    let b = Proc::start_with(&serve, dir.path(), &url, &env).await;
+    let token = operator_token(dir.path());
+    let api_b = Api::new(&b, &token);
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    let (_, bot) = space_and_bot(&api_b, "remote", "private").await;
+    let bot_token = api_b
+        .ok("token.createForBot", json!({ "botId": bot }))
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let session = mcp_session(&a.base, &bot_token).await;
+    let computer_id = computer::Entity::find()
+        .one(&db)
+        .await
+        .unwrap()
+        .expect("the bot's computer")
+        .id;
+    let fences = live_execution(&db, &computer_id, &bot).await;
+    assert_eq!(fences.len(), 1);
+    // Calls through either process, then through B alone, over three idle times and three
+    // lease lifetimes: all work under the one grant, and A (which opened the session and sees
+    // no call for most of it) never ends it.
+    let begun = Instant::now();
+    let mut calls = 0;
+    while begun.elapsed() < Duration::from_secs(6) {
+        let base = if calls % 2 == 0 || begun.elapsed() > Duration::from_secs(2) {
+            &b.base
+        } else {
+            &a.base
+        };
+        let (status, body) = mcp_shell(base, &bot_token, &session, &format!("echo {calls}")).await;
+        assert_eq!(status, 200, "call {calls}: {body}");
+        assert_eq!(body["result"]["isError"], false, "call {calls}: {body}");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(live_execution(&db, &computer_id, &bot).await, fences);
+    assert_eq!(run_state(&db, &bot).await, "running");
+
+    // The process that opened the session goes without a word; the session goes on.
+    a.kill();
+    let (status, body) = mcp_shell(&b.base, &bot_token, &session, "echo after").await;
+    assert_eq!(
+        (status, &body["result"]["isError"]),
+        (200, &json!(false)),
+        "{body}"
+    );
+
+    // DELETE through B ends the run as completed, with its checkpoint; then the session is
+    // gone everywhere.
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/mcp", b.base))
+        .bearer_auth(&bot_token)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(run_state(&db, &bot).await, "completed");
+    assert!(live_execution(&db, &computer_id, &bot).await.is_empty());
+    let revisions = api_b
+        .ok("computer.revisions", json!({ "computerId": computer_id }))
+        .await;
+    assert!(
+        revisions
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["reason"] == "run_ended"),
+        "{revisions}"
+    );
+    let (status, body) = mcp_shell(&b.base, &bot_token, &session, "true").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["data"]["code"], "NOT_FOUND");
+
+    // A session nobody calls ends after its idle time (2 s), through whichever process
+    // sweeps first; its run is canceled.
+    let idle = mcp_session(&b.base, &bot_token).await;
+    assert_eq!(run_state(&db, &bot).await, "running");
+    wait_for(
+        "the idle session's run ends",
+        Duration::from_secs(10),
+        || async { run_state(&db, &bot).await == "canceled" },
+    )
+    .await;
+    let (status, body) = mcp_shell(&b.base, &bot_token, &idle, "true").await;
+    assert_eq!(status, 404, "{body}");
 }

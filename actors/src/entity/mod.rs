@@ -11,6 +11,7 @@ pub mod home_revision;
 pub mod home_tombstone;
 pub mod lease;
 pub mod maintenance_operation;
+pub mod mcp_session;
 pub mod process;
 pub mod recording_frame;
 pub mod recording_step;

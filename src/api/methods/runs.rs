@@ -60,6 +60,8 @@ pub enum EndedBy {
     McpDelete,
     /// An MCP session idle past `MCP_SESSION_IDLE_MS`.
     McpIdle,
+    /// An MCP session whose row could not be written, so it never opened.
+    McpNotOpened,
 }
 
 impl EndedBy {
@@ -68,6 +70,7 @@ impl EndedBy {
             Self::Finish => "finish",
             Self::McpDelete => "mcp_delete",
             Self::McpIdle => "mcp_idle",
+            Self::McpNotOpened => "mcp_not_opened",
         }
     }
 }

@@ -4,28 +4,34 @@
 //! Authenticated by a bearer token scoped to one bot, checked before the body is read (at
 //! most `rpc::MAX_REQUEST_BYTES`; one message per request, batches are not answered). `initialize` starts a run for that bot
 //! (its execution lease) and opens a session (`Mcp-Session-Id`); `tools/list` and
-//! `tools/call` act under that run. While the session lives its lease is renewed (by a call
-//! once past half its life, and by the sweeper), so a session is usable for as long as it is
-//! used. `DELETE /mcp` ends the run as completed, a session without a call for
-//! `MCP_SESSION_IDLE_MS` ends it as canceled: both through `methods::end_run`, the end of
-//! every run (control revoked, workspace checkpointed). A call on an ended session answers
-//! 404 `NOT_FOUND`, which tells an MCP client to start a new session.
+//! `tools/call` act under that run. A session is a row of `mcp_sessions` ([`table`]), so any
+//! API process answers it, whichever answered `initialize`. While the session lives its lease
+//! is renewed (by a call once past half its life, and by the sweeper of any process), so a
+//! session is usable for as long as it is used. `DELETE /mcp` ends the run as completed, a
+//! session without a call for `MCP_SESSION_IDLE_MS` ends it as canceled: both through
+//! `methods::end_run`, the end of every run (control revoked, workspace checkpointed). A call
+//! on an ended session answers 404 `NOT_FOUND`, which tells an MCP client to start a new
+//! session.
 
+mod sweep;
+mod table;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use dashmap::DashMap;
 use rakazo_actors::clock::now_ms;
 use rakazo_actors::computers::Computers;
-use rakazo_actors::entity::run;
+use rakazo_actors::entity::mcp_session;
 use rakazo_actors::lease_actor::Renew;
 use rakazo_actors::leases::LeaseKey;
 use rakazo_actors::runs::{RunState, RunTarget};
 use rakazo_actors::{DomainError, ErrorCode};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::{Value, json};
+
+pub use sweep::sweep;
+use sweep::sweep_every;
 
 use super::methods::{self, Ctx, EndedBy};
 use super::rpc;
@@ -38,31 +44,57 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// Protocol versions this endpoint speaks, newest first.
 const VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
 
-/// One MCP session: a run of the token's bot.
+/// One MCP session as this process knows it: a run of the token's bot. The row in
+/// `mcp_sessions` is the truth; this is its cache plus this process's own use of it.
 #[derive(Debug)]
 pub struct Session {
+    /// The row's key ([`table::key`]).
+    key: String,
     user_id: String,
     bot_id: String,
     space_id: String,
     computer_id: String,
     run_id: String,
     fence: i64,
-    /// When the last call began or ended.
+    /// When a call here last began or ended.
     last_used_ms: AtomicI64,
-    /// Calls being answered now; a busy session is never idle.
+    /// The last use this process knows the row holds.
+    stored_ms: AtomicI64,
+    /// Calls being answered here now; a busy session is never idle.
     in_flight: AtomicUsize,
     /// When the execution lease expires unless renewed.
     lease_expires_ms: AtomicI64,
 }
 
 impl Session {
-    fn idle_since(&self, now: i64, idle_ms: i64) -> bool {
-        self.in_flight.load(Ordering::SeqCst) == 0
-            && now - self.last_used_ms.load(Ordering::SeqCst) >= idle_ms
+    fn from_row(row: mcp_session::Model) -> Session {
+        Session {
+            key: row.id_hash,
+            user_id: row.user_id,
+            bot_id: row.bot_id,
+            space_id: row.space_id,
+            computer_id: row.computer_id,
+            run_id: row.run_id,
+            fence: row.fence,
+            last_used_ms: AtomicI64::new(row.last_used_ms),
+            stored_ms: AtomicI64::new(row.last_used_ms),
+            in_flight: AtomicUsize::new(0),
+            lease_expires_ms: AtomicI64::new(row.lease_expires_ms),
+        }
+    }
+
+    /// A use to write down, if this process saw one the row may not hold: `now` while a call
+    /// runs here, else the end of the last call since the last write.
+    fn unwritten_use(&self, now: i64) -> Option<i64> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Some(now);
+        }
+        let used = self.last_used_ms.load(Ordering::SeqCst);
+        (used > self.stored_ms.load(Ordering::SeqCst)).then_some(used)
     }
 }
 
-/// Live sessions by id.
+/// Sessions this process has answered, by [`table::key`]: a cache of their rows.
 pub type Sessions = DashMap<String, Arc<Session>>;
 
 /// A call in progress on a session: keeps it from idling out until the call is answered.
@@ -75,25 +107,48 @@ impl Drop for InUse {
     }
 }
 
-fn session_of(app: &App, req: &HttpRequest, caller: &Caller) -> Result<InUse, DomainError> {
-    let id = req
-        .headers()
+fn session_key(req: &HttpRequest) -> Option<String> {
+    req.headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
+        .map(table::key)
+}
+
+/// The caller's session, from this process's cache or from its row; counted in use.
+async fn session_of(app: &App, req: &HttpRequest, caller: &Caller) -> Result<InUse, DomainError> {
+    let key = session_key(req)
         .ok_or_else(|| DomainError::invalid("missing Mcp-Session-Id: call initialize first"))?;
-    // Counted in use under the map's guard, so the sweeper (which removes under the same
-    // shard's lock) never ends a session a call has just taken.
-    let entry = app
-        .mcp
-        .get(id)
-        .ok_or_else(|| DomainError::not_found("MCP session"))?;
-    let s = entry.value();
+    let cached = app.mcp.get(&key).map(|e| e.value().clone());
+    let s = match cached {
+        Some(s) => s,
+        None => {
+            let row = table::load(&app.db, &key)
+                .await?
+                .ok_or_else(|| DomainError::not_found("MCP session"))?;
+            app.mcp
+                .entry(key)
+                .or_insert_with(|| Arc::new(Session::from_row(row)))
+                .value()
+                .clone()
+        }
+    };
     if s.user_id != caller.user_id || caller.bot_id() != Some(s.bot_id.as_str()) {
         return Err(DomainError::not_found("MCP session"));
     }
     s.in_flight.fetch_add(1, Ordering::SeqCst);
-    s.last_used_ms.store(now_ms(), Ordering::SeqCst);
-    Ok(InUse(s.clone()))
+    let now = now_ms();
+    s.last_used_ms.store(now, Ordering::SeqCst);
+    let in_use = InUse(s);
+    // The row may lag this process's use by one sweep interval, and no more: a process
+    // deciding the session idle allows for that lag.
+    if now - in_use.0.stored_ms.load(Ordering::SeqCst) >= sweep_every(app).as_millis() as i64 {
+        if !table::used(&app.db, &in_use.0.key, now).await? {
+            app.mcp.remove(&in_use.0.key);
+            return Err(DomainError::not_found("MCP session"));
+        }
+        in_use.0.stored_ms.fetch_max(now, Ordering::SeqCst);
+    }
+    Ok(in_use)
 }
 
 /// Renew the session's execution lease when it is past half its life.
@@ -102,6 +157,11 @@ async fn keep_lease(app: &App, s: &Session) -> Result<(), DomainError> {
     if now_ms() < s.lease_expires_ms.load(Ordering::SeqCst) - ttl / 2 {
         return Ok(());
     }
+    renew(app, s).await
+}
+
+/// Renew the session's execution lease now, and write its new expiry down.
+async fn renew(app: &App, s: &Session) -> Result<(), DomainError> {
     let grant = app
         .registry
         .computer(&s.computer_id, &s.space_id)
@@ -109,11 +169,12 @@ async fn keep_lease(app: &App, s: &Session) -> Result<(), DomainError> {
         .send(Renew {
             key: LeaseKey::execution(&s.computer_id, &s.bot_id),
             fence: s.fence,
-            ttl_ms: ttl,
+            ttl_ms: methods::lease_ttl_ms(app),
         })
         .await??;
     s.lease_expires_ms
         .fetch_max(grant.expires_at_ms, Ordering::SeqCst);
+    table::lease_renewed(&app.db, &s.key, grant.expires_at_ms).await?;
     Ok(())
 }
 
@@ -161,9 +222,9 @@ pub async fn post(app: web::Data<App>, req: HttpRequest, payload: web::Payload) 
     if method == "initialize" {
         return initialize(&app, &caller, &bot_id, id, &params).await;
     }
-    let session = match session_of(&app, &req, &caller) {
+    let session = match session_of(&app, &req, &caller).await {
         Ok(s) => s,
-        Err(e) => return HttpResponse::NotFound().json(rpc::error(id, &e)),
+        Err(e) => return session_error(id, &e),
     };
     if let Err(e) = keep_lease(&app, &session.0).await {
         // The call itself reports what became of the run.
@@ -180,7 +241,34 @@ pub async fn post(app: web::Data<App>, req: HttpRequest, payload: web::Payload) 
     };
     match outcome {
         Ok(v) => HttpResponse::Ok().json(rpc::result(id, v)),
+        // The run was ended through another process (`DELETE /mcp`, the sweeper): the
+        // session is gone, which a client hears as 404 whichever process it asks.
+        Err(e) if e.code == ErrorCode::LeaseFenced && !still_open(&app, &session.0).await => {
+            session_error(id, &DomainError::not_found("MCP session"))
+        }
         Err(e) => HttpResponse::Ok().json(rpc::error(id, &e)),
+    }
+}
+
+/// Whether the session's row is still there; forgets it here when it is not.
+async fn still_open(app: &App, s: &Session) -> bool {
+    match table::load(&app.db, &s.key).await {
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            app.mcp.remove(&s.key);
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+/// The answer when no session can be had: 404 for an unknown or ended one (an MCP client
+/// starts a new session on it), 400 without the header, 503 when the database failed.
+fn session_error(id: Value, e: &DomainError) -> HttpResponse {
+    match e.code {
+        ErrorCode::NotFound => HttpResponse::NotFound().json(rpc::error(id, e)),
+        ErrorCode::InvalidParams => HttpResponse::BadRequest().json(rpc::error(id, e)),
+        _ => HttpResponse::ServiceUnavailable().json(rpc::error(id, e)),
     }
 }
 
@@ -218,20 +306,33 @@ async fn initialize(
         methods::run_json(&run),
     );
     let session_id = crate::auth::generate();
-    app.mcp.insert(
-        session_id.clone(),
-        Arc::new(Session {
-            user_id: caller.user_id.clone(),
-            bot_id: bot_id.into(),
-            space_id: run.space_id.clone(),
-            computer_id: run.computer_id.clone(),
-            run_id: run.id,
-            fence: grant.fence,
-            last_used_ms: AtomicI64::new(now_ms()),
-            in_flight: AtomicUsize::new(0),
-            lease_expires_ms: AtomicI64::new(grant.expires_at_ms),
-        }),
-    );
+    let now = now_ms();
+    let row = mcp_session::Model {
+        id_hash: table::key(&session_id),
+        user_id: caller.user_id.clone(),
+        bot_id: bot_id.into(),
+        space_id: run.space_id.clone(),
+        computer_id: run.computer_id.clone(),
+        run_id: run.id.clone(),
+        fence: grant.fence,
+        created_at_ms: now,
+        last_used_ms: now,
+        lease_expires_ms: grant.expires_at_ms,
+    };
+    if let Err(e) = table::insert(&app.db, row.clone()).await {
+        // No session without its row: the run just started ends again.
+        let _ = methods::end_run(
+            app,
+            &run.id,
+            grant.fence,
+            RunState::Canceled,
+            EndedBy::McpNotOpened,
+        )
+        .await;
+        return HttpResponse::ServiceUnavailable().json(rpc::error(id, &e.into()));
+    }
+    app.mcp
+        .insert(row.id_hash.clone(), Arc::new(Session::from_row(row)));
     let asked = params["protocolVersion"].as_str().unwrap_or_default();
     let version = VERSIONS
         .iter()
@@ -285,21 +386,18 @@ pub async fn delete(app: web::Data<App>, req: HttpRequest) -> HttpResponse {
         Ok(c) => c,
         Err(resp) => return resp,
     };
-    let Ok(in_use) = session_of(&app, &req, &caller) else {
-        return HttpResponse::NotFound().finish();
+    let in_use = match session_of(&app, &req, &caller).await {
+        Ok(in_use) => in_use,
+        Err(e) => return session_error(Value::Null, &e),
     };
     let s = in_use.0.clone();
     drop(in_use);
-    let Some(id) = req
-        .headers()
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return HttpResponse::NotFound().finish();
-    };
-    if app.mcp.remove(id).is_none() {
-        // Another DELETE or the sweeper ended it first.
-        return HttpResponse::NotFound().finish();
+    app.mcp.remove(&s.key);
+    match table::end(&app.db, &s.key).await {
+        Ok(true) => {}
+        // Another DELETE or a sweeper, in this process or another, ended it first.
+        Ok(false) => return HttpResponse::NotFound().finish(),
+        Err(e) => return session_error(Value::Null, &e.into()),
     }
     match methods::end_run(
         &app,
@@ -312,103 +410,6 @@ pub async fn delete(app: web::Data<App>, req: HttpRequest) -> HttpResponse {
     {
         Ok(_) => HttpResponse::NoContent().finish(),
         Err(e) => HttpResponse::Conflict().json(rpc::error(Value::Null, &e)),
-    }
-}
-
-/// How often the sweeper looks at sessions: often enough to renew a lease before it is
-/// past half its life and to end an idle session close to its time.
-pub fn sweep_every(app: &App) -> Duration {
-    let shortest = app.config.run_lease_ttl.min(app.config.mcp_session_idle);
-    (shortest / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
-}
-
-/// The session sweeper, for as long as the app lives: ends idle sessions and renews the
-/// leases of the others.
-pub async fn sweep(app: Weak<App>) {
-    let Some(every) = app.upgrade().map(|a| sweep_every(&a)) else {
-        return;
-    };
-    let mut tick = actix_rt::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(app) = app.upgrade() else { return };
-        sweep_once(&app).await;
-    }
-}
-
-/// The runs of these sessions that are over.
-async fn ended_runs(
-    app: &App,
-    live: &[(String, Arc<Session>)],
-) -> Result<std::collections::HashSet<String>, sea_orm::DbErr> {
-    let ids = live.iter().map(|(_, s)| s.run_id.clone());
-    Ok(run::Entity::find()
-        .filter(run::Column::Id.is_in(ids))
-        .all(&app.db)
-        .await?
-        .into_iter()
-        .filter(|r| RunState::parse_outcome(&r.state).is_some())
-        .map(|r| r.id)
-        .collect())
-}
-
-/// One look at every session.
-pub async fn sweep_once(app: &App) {
-    let idle_ms = app.config.mcp_session_idle.as_millis() as i64;
-    let live: Vec<(String, Arc<Session>)> = app
-        .mcp
-        .iter()
-        .map(|e| (e.key().clone(), e.value().clone()))
-        .collect();
-    if live.is_empty() {
-        return;
-    }
-    let ended = match ended_runs(app, &live).await {
-        Ok(ended) => ended,
-        Err(e) => {
-            tracing::warn!(event = "mcp.sweep_failed", error = %e);
-            return;
-        }
-    };
-    for (id, s) in live {
-        if ended.contains(&s.run_id) {
-            // The run ended elsewhere (`bot.stop`, `run.finish`): so does the session.
-            app.mcp.remove(&id);
-            tracing::info!(event = "mcp.session_lost");
-            continue;
-        }
-        let now = now_ms();
-        if s.idle_since(now, idle_ms) {
-            // Decided again under the shard's lock: a call that took the session since stays.
-            let Some((_, s)) = app.mcp.remove_if(&id, |_, s| s.idle_since(now, idle_ms)) else {
-                continue;
-            };
-            match methods::end_run(
-                app,
-                &s.run_id,
-                s.fence,
-                RunState::Canceled,
-                EndedBy::McpIdle,
-            )
-            .await
-            {
-                Ok(_) => tracing::info!(event = "mcp.session_expired"),
-                Err(e) => {
-                    tracing::warn!(event = "mcp.session_expired", code = ?e.code, error = %e.message)
-                }
-            }
-            continue;
-        }
-        match keep_lease(app, &s).await {
-            Ok(()) => {}
-            Err(e) if matches!(e.code, ErrorCode::LeaseFenced | ErrorCode::NotFound) => {
-                // The run ended elsewhere (`bot.stop`, `run.finish`): so does the session.
-                app.mcp.remove(&id);
-                tracing::info!(event = "mcp.session_lost", code = ?e.code);
-            }
-            Err(e) => tracing::warn!(event = "mcp.lease_not_renewed", code = ?e.code),
-        }
     }
 }
 

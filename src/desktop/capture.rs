@@ -408,9 +408,11 @@ impl RawFrame {
     /// Encodes the frame as an 8-bit RGB PNG with the fastest settings (`Up` filter and
     /// fdeflate's ultra-fast mode): screens are large flat areas, so this is both quick and small.
     pub fn encode_png(&self) -> Result<Vec<u8>, DesktopError> {
-        let mut rgb = Vec::with_capacity(self.width as usize * self.height as usize * 3);
-        for px in self.bgrx.chunks_exact(4) {
-            rgb.extend_from_slice(&[px[2], px[1], px[0]]);
+        // Written in place rather than pushed: the loop then needs no capacity check per pixel
+        // (half the time of pushing three bytes at a time, 2.5 ms against 4.7 for 1280x800).
+        let mut rgb = vec![0u8; self.width as usize * self.height as usize * 3];
+        for (out, px) in rgb.chunks_exact_mut(3).zip(self.bgrx.chunks_exact(4)) {
+            out.copy_from_slice(&[px[2], px[1], px[0]]);
         }
         encode_rgb(&rgb, self.width, self.height)
     }

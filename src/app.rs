@@ -100,6 +100,9 @@ impl App {
         let db = db::connect(&config.database_url.0).await?;
         db::migrate(&db).await?;
         processes::set_gone_after(config.process_gone_after.as_millis() as i64);
+        if let Some(host) = &config.host {
+            processes::set_host(host.clone());
+        }
         processes::set_address(
             config
                 .internal_url
@@ -240,6 +243,7 @@ impl App {
             registry.clone(),
             routes.clone(),
             elsewhere.clone(),
+            keyring.clone(),
         ));
         let proxy = ProxyState::new(
             keyring.clone(),

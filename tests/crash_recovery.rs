@@ -523,6 +523,7 @@ async fn reserve_for(data_dir: &Path, computer_id: &str, process: &str, beat_ms:
         started_at_ms: Set(now - beat_ms),
         heartbeat_at_ms: Set(now - beat_ms),
         address: Set(None),
+        host: Set(None),
     }
     .insert(&db)
     .await

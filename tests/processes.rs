@@ -54,6 +54,20 @@ impl Proc {
         db: &str,
         env: &[(&str, &str)],
     ) -> Proc {
+        Self::start_logged(args, data_dir, db, env, None).await
+    }
+
+    /// [`Proc::start_with`], its log (standard output) written to `log`.
+    async fn start_logged(
+        args: &[&str],
+        data_dir: &std::path::Path,
+        db: &str,
+        env: &[(&str, &str)],
+        log: Option<&std::path::Path>,
+    ) -> Proc {
+        let stdout = log.map_or_else(Stdio::null, |path| {
+            Stdio::from(std::fs::File::create(path).unwrap())
+        });
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -71,7 +85,7 @@ impl Proc {
             .env("RAKAZO_PROCESS_GONE_MS", GONE_MS)
             .env("RAKAZO_RECONCILE_INTERVAL_MS", "1000")
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -634,6 +648,7 @@ async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
         started_at_ms: Set(beat),
         heartbeat_at_ms: Set(beat),
         address: Set(Some(format!("http://{id}"))),
+        host: Set(None),
     };
     other("live", now_ms()).insert(&db).await.unwrap();
     other("silent", now_ms() - 600_000)
@@ -654,7 +669,8 @@ async fn a_claim_stays_with_a_live_owner_and_moves_from_a_silent_one() {
         owners.claim("c-live").await.unwrap(),
         Owner::Elsewhere {
             process_id: "live".into(),
-            address: Some("http://live".into())
+            address: Some("http://live".into()),
+            host: None,
         }
     );
     assert_eq!(owners.claim("c-silent").await.unwrap(), Owner::Me);
@@ -1127,4 +1143,56 @@ async fn an_mcp_session_is_answered_by_every_api_process() {
     .await;
     let (status, body) = mcp_shell(&b.base, &bot_token, &idle, "true").await;
     assert_eq!(status, 404, "{body}");
+}
+
+/// Processes on two hosts (`RAKAZO_HOST`): the one not holding the computer cannot reach the
+/// holder's gateways on its loopback, so it relays a terminal socket through the holder's own
+/// proxy, which opens and checks the capability again; a release through either closes the
+/// socket, and the old URL then reaches nothing.
+#[actix_rt::test]
+async fn a_terminal_is_relayed_through_the_holders_proxy_from_another_host() {
+    let Some((url, dir)) = migrated_postgres().await else {
+        return;
+    };
+    let logs = tempfile::tempdir().unwrap();
+    let a_log = logs.path().join("a.log");
+    let serve = ["serve", "--no-worker"];
+    let a_env = [("RAKAZO_HOST", "host-a"), ("RAKAZO_LOG", "info")];
+    let a = Proc::start_logged(&serve, dir.path(), &url, &a_env, Some(&a_log)).await;
+    let b = Proc::start_with(&serve, dir.path(), &url, &[("RAKAZO_HOST", "host-b")]).await;
+    let token = operator_token(dir.path());
+    let (api_a, api_b) = (Api::new(&a, &token), Api::new(&b, &token));
+    let (_, bot) = space_and_bot(&api_a, "far", "private").await;
+    let upgraded = || {
+        std::fs::read_to_string(&a_log)
+            .unwrap()
+            .matches("screen.proxy.websocket_upgraded")
+            .count()
+    };
+
+    let control = api_a
+        .ok("computer.takeControl", json!({ "botId": bot }))
+        .await;
+    let terminal = api_b
+        .ok("computer.terminalUrl", json!({ "botId": bot }))
+        .await;
+    let path = terminal["url"].as_str().unwrap();
+    assert_eq!(upgraded(), 0);
+    let mut through_b = TerminalClient::connect(&b.base, path).await.unwrap();
+    through_b.send("echo far-away\r").await;
+    through_b
+        .expect("far-away\r\n", Duration::from_secs(10))
+        .await;
+    assert_eq!(upgraded(), 1, "A's own proxy relayed the socket B took");
+
+    let released = Instant::now();
+    api_b
+        .ok(
+            "computer.releaseControl",
+            json!({ "botId": bot, "fence": control["fence"] }),
+        )
+        .await;
+    all_revoked([&mut through_b], released).await;
+    assert!(TerminalClient::connect(&b.base, path).await.is_err());
+    assert!(TerminalClient::connect(&a.base, path).await.is_err());
 }

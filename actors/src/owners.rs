@@ -29,6 +29,8 @@ pub enum Owner {
         process_id: String,
         /// Its internal endpoints' base URL.
         address: Option<String>,
+        /// The loopback it shares ([`crate::processes::host`]).
+        host: Option<String>,
     },
 }
 
@@ -78,6 +80,7 @@ impl Owners {
                 return Ok(Owner::Elsewhere {
                     process_id: owner.id,
                     address: owner.address,
+                    host: owner.host,
                 });
             }
             // The owner is gone: take over, unless someone else did first.
@@ -117,6 +120,7 @@ impl Owners {
             .map(|p| Owner::Elsewhere {
                 process_id: p.id,
                 address: p.address,
+                host: p.host,
             }))
     }
 

@@ -46,6 +46,30 @@ pub fn set_address(address: String) {
     let _ = ADDRESS.set(address);
 }
 
+static HOST: OnceLock<String> = OnceLock::new();
+
+/// Names the loopback this process shares (`RAKAZO_HOST`), before it registers; without it
+/// the kernel's boot id and this process's network namespace name it.
+pub fn set_host(host: String) {
+    let _ = HOST.set(host);
+}
+
+/// The loopback this process shares: processes of one host reach each other's services on
+/// 127.0.0.1 (the same kernel and network namespace).
+pub fn host() -> &'static str {
+    HOST.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let net = std::fs::read_link("/proc/self/ns/net").unwrap_or_default();
+        format!("{}/{}", boot.trim(), net.display())
+    })
+}
+
+/// Whether a process registered with `host` reaches this one's loopback (a row written
+/// before hosts were named is taken to: every such deployment shared one host).
+pub fn shares_loopback(host: Option<&str>) -> bool {
+    host.is_none_or(|h| h == self::host())
+}
+
 /// This process's id, random per start.
 pub fn id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
@@ -83,6 +107,7 @@ impl Processes {
             started_at_ms: Set(now),
             heartbeat_at_ms: Set(now),
             address: Set(ADDRESS.get().cloned()),
+            host: Set(Some(host().to_owned())),
         }
         .insert(&self.db)
         .await?;

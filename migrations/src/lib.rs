@@ -16,6 +16,7 @@ mod m20261202_000010_maintenance_jobs;
 mod m20261203_000001_perf_lease_grant;
 mod m20261203_000001_replay_timeline;
 mod m20261204_000001_mcp_sessions;
+mod m20261204_000002_process_host;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000001_perf_lease_grant::Migration),
             Box::new(m20261203_000001_replay_timeline::Migration),
             Box::new(m20261204_000001_mcp_sessions::Migration),
+            Box::new(m20261204_000002_process_host::Migration),
         ]
     }
 }

@@ -82,6 +82,10 @@ pub async fn screen_authority(
         .resolve(&capability, request.channel, hop)
         .await
     {
+        // A socket relayed through the holder's proxy is not a gateway this answer can name.
+        Ok(target) if target.is_proxy() => {
+            rejection(StatusCode::SERVICE_UNAVAILABLE, RejectCause::ApiError)
+        }
         Ok(target) => HttpResponse::Ok()
             .insert_header(("cache-control", "no-store"))
             .json(AuthorityResponse {

@@ -294,6 +294,9 @@ pub struct Config {
     /// `RAKAZO_INTERNAL_URL`: where other processes reach this one (`None`: from the listen
     /// address).
     pub internal_url: Option<String>,
+    /// `RAKAZO_HOST`: the loopback this process shares with others (`None`: named by the
+    /// kernel's boot id and the network namespace).
+    pub host: Option<String>,
     /// What this process runs (`serve`, `serve --no-worker`, `worker`); not a variable.
     pub role: Role,
     /// `SANDBOX_TEAM_SCREEN_LIMIT`.
@@ -703,6 +706,7 @@ impl Config {
             internal_url: s
                 .get("RAKAZO_INTERNAL_URL")
                 .map(|u| u.trim_end_matches('/').to_owned()),
+            host: s.get("RAKAZO_HOST"),
             role: Role::Both,
             team_screen_limit: s.number("SANDBOX_TEAM_SCREEN_LIMIT", 10_000)? as u32,
             desktop_limits: {

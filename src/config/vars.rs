@@ -119,6 +119,12 @@ pub const VARS: &[Var] = &[
         doc: "Base URL at which the deployment's other processes reach this process's internal endpoints (machine calls for computers it holds); empty = http:// and RAKAZO_LISTEN, which must then not be a wildcard address when several processes share a database.",
     },
     Var {
+        name: "RAKAZO_HOST",
+        default: "",
+        secret: false,
+        doc: "Names the loopback this process shares with the deployment's other processes: a process relays the screens of a computer another holds straight to that process's gateways when both name the same host, and through that process's screen proxy otherwise; empty = the kernel's boot id and this process's network namespace (right for processes on one machine or in one pod).",
+    },
+    Var {
         name: "SANDBOX_TEAM_SCREEN_LIMIT",
         default: "0",
         secret: false,

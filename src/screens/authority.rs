@@ -2,7 +2,8 @@
 //! must be the screen's current one, a control capability's fence the live control lease, the
 //! computer running, and its route (screen or terminal) still in the book. The same answer
 //! serves a proxy in another process through `POST /internal/screen-authority`. A route that
-//! another process holds (it issued the URL: it holds the computer) is asked of that process.
+//! another process holds (it issued the URL: it holds the computer) is asked of that process;
+//! when that process is on another host, the socket is relayed through its proxy.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use rakazo_actors::leases::{LeaseKey, Leases};
 use rakazo_actors::provider::ScreenPolicy;
 use rakazo_actors::registry::Registry;
 use rakazo_web_proxy::{
-    Authority, AuthorityError, Capability, Channel, Policy, RejectCause, Target,
+    Authority, AuthorityError, Capability, Channel, Keyring, Policy, RejectCause, Target,
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
@@ -25,16 +26,25 @@ pub struct ScreenAuthority {
     registry: Arc<Registry>,
     routes: Arc<RouteBook>,
     elsewhere: Arc<Elsewhere>,
+    /// Seals the capability again for a holder's proxy on another host.
+    keyring: Arc<Keyring>,
 }
 
 impl ScreenAuthority {
     /// An authority over this app's registry and routes, asking the process that holds a
-    /// computer through `elsewhere`.
-    pub fn new(registry: Arc<Registry>, routes: Arc<RouteBook>, elsewhere: Arc<Elsewhere>) -> Self {
+    /// computer through `elsewhere` (and relaying through its proxy, with capabilities sealed
+    /// by `keyring`, when that process is on another host).
+    pub fn new(
+        registry: Arc<Registry>,
+        routes: Arc<RouteBook>,
+        elsewhere: Arc<Elsewhere>,
+        keyring: Arc<Keyring>,
+    ) -> Self {
         Self {
             registry,
             routes,
             elsewhere,
+            keyring,
         }
     }
 }
@@ -104,10 +114,26 @@ impl ScreenAuthority {
         };
         let Some(entry) = self.routes.get(&key).map(|e| e.clone()) else {
             if hop == Hop::First
-                && let Ok(Holder::Elsewhere(address)) =
+                && let Ok(Holder::Elsewhere { address, same_host }) =
                     Elsewhere::holder(db, &cap.computer_id).await
             {
-                return self.elsewhere.resolve(&address, cap, channel).await;
+                // The holder runs every check and names its gateway.
+                let target = self.elsewhere.resolve(&address, cap, channel).await?;
+                if same_host {
+                    return Ok(target);
+                }
+                // That gateway is on the holder's own loopback: the socket goes through the
+                // holder's proxy, which opens the capability and checks it again.
+                let sealed = self
+                    .keyring
+                    .seal(cap)
+                    .map_err(|_| AuthorityError::Unavailable("seal"))?;
+                return Ok(Target::through_proxy(
+                    &address,
+                    &sealed,
+                    channel,
+                    target.policy(),
+                )?);
             }
             return Err(rejected(RejectCause::Revoked));
         };

@@ -51,8 +51,15 @@ pub struct IssueRequest {
 pub enum Holder {
     /// This process.
     Here,
-    /// Another live process, at the base URL of its internal endpoints.
-    Elsewhere(String),
+    /// Another live process.
+    Elsewhere {
+        /// The base URL of its internal endpoints (and its screen proxy).
+        address: String,
+        /// Whether its gateways are on a loopback this process reaches
+        /// ([`rakazo_actors::processes::shares_loopback`]); if not, its sockets are relayed
+        /// through its own proxy.
+        same_host: bool,
+    },
 }
 
 /// The client side: asks the holding process.
@@ -89,8 +96,12 @@ impl Elsewhere {
         Ok(match Owners::new(db.clone()).holder(computer_id).await? {
             Some(Owner::Elsewhere {
                 address: Some(address),
+                host,
                 ..
-            }) => Holder::Elsewhere(address),
+            }) => Holder::Elsewhere {
+                address,
+                same_host: rakazo_actors::processes::shares_loopback(host.as_deref()),
+            },
             _ => Holder::Here,
         })
     }

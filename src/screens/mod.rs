@@ -329,7 +329,7 @@ impl Screens {
             .await??;
         let Some(machine) = handle.computer.send(CurrentMachine).await? else {
             if hop == Hop::First
-                && let Holder::Elsewhere(address) =
+                && let Holder::Elsewhere { address, .. } =
                     Elsewhere::holder(&registry.runtime().db, &c.id).await?
             {
                 return Ok(Keyed::Elsewhere(address));

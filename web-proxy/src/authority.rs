@@ -30,6 +30,8 @@ pub struct Target {
     upstream: Url,
     socket_token: String,
     policy: Policy,
+    /// The websocket of another proxy instead of a gateway: its full URL, a capability in it.
+    through: Option<Url>,
 }
 
 impl fmt::Debug for Target {
@@ -84,7 +86,44 @@ impl Target {
             upstream: url,
             socket_token: socket_token.to_string(),
             policy,
+            through: None,
         })
+    }
+
+    /// The same socket relayed through the proxy of another API process (`proxy`, the base
+    /// URL `http://host:port` it serves `/screen/` under), which runs every check on
+    /// `capability` again and relays it to its own gateway: for a computer held by a process
+    /// whose gateways are not reachable from here. The request carries
+    /// [`FORWARDED_HEADER`], so that proxy never relays it a second time.
+    pub fn through_proxy(
+        proxy: &str,
+        capability: &str,
+        channel: Channel,
+        policy: Policy,
+    ) -> Result<Target, TargetError> {
+        let base = Target::new(proxy, "proxy", policy)?;
+        if capability.is_empty()
+            || !capability
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(TargetError::BadToken);
+        }
+        let tail = match channel {
+            Channel::Screen => "websockify",
+            Channel::Terminal => crate::service::TERMINAL_TAIL,
+        };
+        let mut url = base.http_url(&format!("screen/{capability}/{tail}"));
+        let _ = url.set_scheme("ws");
+        Ok(Target {
+            through: Some(url),
+            ..base
+        })
+    }
+
+    /// Whether this target is another proxy ([`Target::through_proxy`]).
+    pub fn is_proxy(&self) -> bool {
+        self.through.is_some()
     }
 
     /// The policy the upstream serves (x11vnc `-viewonly` or not).
@@ -114,6 +153,9 @@ impl Target {
 
     /// The websockify URL for this socket: `ws://host:port[/prefix]/websockify?token=...`.
     pub(crate) fn websocket_url(&self) -> String {
+        if let Some(url) = &self.through {
+            return url.to_string();
+        }
         let mut url = self.http_url("websockify");
         url.query_pairs_mut()
             .append_pair("token", &self.socket_token);

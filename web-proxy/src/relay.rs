@@ -156,6 +156,13 @@ pub(crate) async fn start(
         Ok(r) => r,
         Err(_) => return handshake_failed("url", None),
     };
+    if target.is_proxy() {
+        // That proxy answers from what its own process holds and never relays it on.
+        request.headers_mut().insert(
+            crate::authority::FORWARDED_HEADER,
+            tungstenite::http::HeaderValue::from_static("1"),
+        );
+    }
     if offered_binary {
         request.headers_mut().insert(
             tungstenite::http::header::SEC_WEBSOCKET_PROTOCOL,

@@ -18,7 +18,9 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, web};
 use rand::RngCore as _;
 
-use crate::authority::{Authority, AuthorityError, Channel, DEFAULT_AUTHORITY_TIMEOUT};
+use crate::authority::{
+    Authority, AuthorityError, Channel, DEFAULT_AUTHORITY_TIMEOUT, FORWARDED_HEADER,
+};
 use crate::capability::{Keyring, OpenError, Policy, now_ms};
 use crate::gateway::{GatewayActor, SocketKind};
 use crate::page::{CSP, SCREEN_FAILURE_MESSAGE, refusal_page};
@@ -403,6 +405,10 @@ async fn handle(
     })
     .await;
     let target = match asked {
+        // A socket another proxy relayed here is never relayed on to a third.
+        Ok(Ok(t)) if t.is_proxy() && req.headers().contains_key(FORWARDED_HEADER) => {
+            return refuse(Refusal::new(RefusalReason::UpstreamFailed, "second_hop"));
+        }
         Ok(Ok(t)) => t,
         Ok(Err(e)) => return refuse((&e).into()),
         Err(_) => return refuse(Refusal::new(RefusalReason::AuthorityUnavailable, "timeout")),

@@ -677,3 +677,49 @@ async fn without_on_connect_a_revoked_socket_still_closes_cleanly() {
         Some("revoked")
     );
 }
+
+/// A socket relayed through another proxy (`Target::through_proxy`, for a computer held by a
+/// process on another host): input reaches the gateway through both proxies, the far one
+/// opens and checks the capability again, and a request one proxy relayed to another is never
+/// relayed on to a third.
+#[actix_rt::test]
+async fn a_socket_relayed_through_another_proxy_is_checked_there_and_never_relayed_on() {
+    let far = fixture();
+    far.authority.update(|l| l.control_fence = Some(5));
+    let cap = far.seal(Policy::Control, 1, 5);
+    let near_authority = TestAuthority::new("http://127.0.0.1:9", TOKEN);
+    near_authority.update(|l| {
+        l.control_fence = Some(5);
+        l.through = Some((format!("http://{}", far.proxy), cap.clone()));
+    });
+    let (near, _) = start_proxy(far.keyring.clone(), Arc::new(near_authority));
+
+    let mut ws = connect(near, &cap).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    send(&mut ws, CLIENT_HANDSHAKE).await;
+    send(&mut ws, &POINTER).await;
+    let mut expected = CLIENT_HANDSHAKE.to_vec();
+    expected.extend(POINTER);
+    assert_eq!(far.upstream_bytes(expected.len()).await, expected);
+
+    // The far proxy decides for itself: once its control lease moved on, the near proxy's
+    // belief does not get a new socket through.
+    far.authority.update(|l| l.control_fence = Some(6));
+    assert!(connect(near, &cap).await.is_err());
+
+    // What a proxy relays carries the forwarded header; a proxy asked with it refuses to
+    // relay through yet another.
+    let relayed = reqwest::Client::new()
+        .get(format!("http://{near}/screen/{cap}/websockify"))
+        .header("accept", "application/json")
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header(rakazo_web_proxy::authority::FORWARDED_HEADER, "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(relayed.status(), 502);
+    assert_eq!(relayed.headers()["x-rakazo-screen-detail"], "second_hop");
+}

@@ -16,6 +16,9 @@ pub struct Model {
     /// Where other processes reach its internal endpoints (`http://host:port`); `None` when
     /// it serves none.
     pub address: Option<String>,
+    /// The loopback it shares ([`crate::processes::host`]): processes with the same host reach
+    /// each other's services on 127.0.0.1; `None` for a row written before hosts were named.
+    pub host: Option<String>,
 }
 
 /// No declared relations.

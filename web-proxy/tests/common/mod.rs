@@ -10,7 +10,7 @@ use actix::Addr;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use async_trait::async_trait;
 use futures_util::{SinkExt as _, StreamExt as _};
-use rakazo_web_proxy::authority::{Authority, AuthorityError, RejectCause, Target};
+use rakazo_web_proxy::authority::{Authority, AuthorityError, Channel, RejectCause, Target};
 use rakazo_web_proxy::capability::{Capability, Keyring, Policy, now_ms};
 use rakazo_web_proxy::gateway::GatewayActor;
 use rakazo_web_proxy::service::{ProxyConfig, ProxyState, configure};
@@ -31,6 +31,8 @@ pub struct Live {
     pub control_fence: Option<u64>,
     /// Forced answer instead of a target.
     pub fail: Option<AuthorityError>,
+    /// Relay through another proxy instead: (its base URL, the capability sealed for it).
+    pub through: Option<(String, String)>,
 }
 
 /// An in-process [`Authority`] over [`Live`], the way the server implements it.
@@ -45,6 +47,7 @@ impl TestAuthority {
             generation: 1,
             control_fence: None,
             fail: None,
+            through: None,
         })))
     }
 
@@ -65,6 +68,14 @@ impl Authority for TestAuthority {
         }
         if c.policy == Policy::Control && live.control_fence != Some(c.fence) {
             return Err(AuthorityError::Rejected(RejectCause::LeaseEnded));
+        }
+        if let Some((proxy, capability)) = &live.through {
+            return Ok(Target::through_proxy(
+                proxy,
+                capability,
+                Channel::Screen,
+                c.policy,
+            )?);
         }
         Ok(Target::new(&live.upstream, &live.socket_token, c.policy)?)
     }

@@ -9,8 +9,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rakazo::desktop::capture::{CapturePath, XDisplay};
+use rakazo::desktop::capture::{CapturePath, RawFrame, XDisplay, frame_hash};
 use rakazo::desktop::command::{HostRunner, sweep_script};
+use rakazo::desktop::png_bands::BandPng;
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use rakazo_actors::provider::{Action, FrameSize};
 
@@ -78,6 +79,23 @@ fn xvfb_pid(display: u32) -> Option<u32> {
         let program = args.next()?;
         (program.ends_with("Xvfb") && args.any(|a| a == want)).then_some(pid)
     })
+}
+
+/// A copy of `raw` with a `side` x `side` square in its top left corner painted over.
+fn with_square(raw: &RawFrame, side: usize) -> RawFrame {
+    let mut bgrx = raw.bgrx.clone();
+    let stride = raw.width as usize * 4;
+    for y in 0..side {
+        for px in bgrx[y * stride..y * stride + side * 4].chunks_exact_mut(4) {
+            px.copy_from_slice(&[0x20, 0x80, 0xe0, 0]);
+        }
+    }
+    RawFrame {
+        width: raw.width,
+        height: raw.height,
+        hash: frame_hash(&bgrx),
+        bgrx,
+    }
 }
 
 /// Wall time percentiles of `n` calls of `f`, with the mean CPU time per call of this process
@@ -211,6 +229,26 @@ fn main() {
     let encode_half = cost(30, xvfb, || {
         raw.shot(half).unwrap();
     });
+    // Band encoding, what a full-size observe does now: every band deflated (a screen changed
+    // everywhere, or the first frame), and a 120x120 square changed (a caret, a spinner, a
+    // clock), each frame alternating with the one before.
+    let mut bands = BandPng::new();
+    let bands_len = bands.encode(&raw, None).unwrap().png.len();
+    let encode_bands_all = cost(30, xvfb, || {
+        bands.encode(&raw, None).unwrap();
+    });
+    let square = with_square(&raw, 120);
+    bands.encode(&raw, None).unwrap();
+    let mut back = false;
+    let encode_bands_square = cost(30, xvfb, || {
+        let (next, last) = if back {
+            (&raw, &square)
+        } else {
+            (&square, &raw)
+        };
+        bands.encode(next, Some(last)).unwrap();
+        back = !back;
+    });
     let out = dir.path().join("shot.png");
     let out_s = out.to_string_lossy().into_owned();
     let import = time_command(8, d, "import", &["-window", "root", &out_s]);
@@ -250,6 +288,15 @@ fn main() {
     print_cost("shared memory + hash + PNG 640 wide", &shm_half);
     print_cost("PNG encode, full 1280x800", &encode_full);
     print_cost("PNG encode, scaled to 640x400", &encode_half);
+    print_cost("band PNG, every band deflated", &encode_bands_all);
+    print_cost("band PNG, 120x120 square changed", &encode_bands_square);
+    println!(
+        "  cpu ratio, whole-frame encode / bands with a square changed: {:.2}x; every band / whole frame: {:.2}x   (PNG {} KiB / {} KiB)",
+        encode_full.cpu_ms / encode_bands_square.cpu_ms,
+        encode_bands_all.cpu_ms / encode_full.cpu_ms,
+        bands_len / 1024,
+        full_len / 1024
+    );
     println!(
         "  cpu ratio, GetImage / shared memory (observe): {:.2}x; capture alone: {:.2}x",
         socket_observe.cpu_ms / shm_observe.cpu_ms,

@@ -1,6 +1,7 @@
 //! Screen capture through memory shared with a real Xvfb (MIT-SHM with a memfd): the same
 //! pixels as `GetImage`, `GetImage` where the server has no MIT-SHM, nothing left behind when
-//! a connection ends, and scaled frames whose coordinates map back to screen pixels.
+//! a connection ends, scaled frames whose coordinates map back to screen pixels, and full-size
+//! frames encoded by bands of rows, of which a small change deflates only its own.
 
 #[path = "xvfb/mod.rs"]
 mod xvfb;
@@ -304,4 +305,76 @@ fn scaled_frames_fit_and_map_back_to_screen_pixels() {
         (i32::from(pressed.root_x), i32::from(pressed.root_y)),
         (sx, sy)
     );
+}
+
+/// The screen's pixels as RGB rows.
+fn rgb(frame: &rakazo::desktop::capture::RawFrame) -> Vec<u8> {
+    frame
+        .bgrx
+        .chunks_exact(4)
+        .flat_map(|p| [p[2], p[1], p[0]])
+        .collect()
+}
+
+/// A PNG's pixels as RGB rows.
+fn decoded(png_bytes: &[u8]) -> Vec<u8> {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    buf
+}
+
+#[test]
+fn a_small_change_deflates_only_its_bands_and_every_frame_is_the_screen() {
+    let _serial = one_at_a_time();
+    let xvfb = Xvfb::start(410);
+    let painter = paint(xvfb.display);
+    let mut x = XDisplay::connect(xvfb.display).unwrap();
+    assert!(x.tracks_damage());
+    let first = x.frame().unwrap();
+    assert_eq!(x.bands_deflated(), 30, "every band of 480 rows, 16 each");
+    assert!(decoded(&first.png) == rgb(&x.grab().unwrap()));
+
+    // A 10x10 red window at (100, 200): rows 200 to 209, in the bands of rows 192-207 and
+    // 208-223.
+    let root = painter.setup().roots[0].root;
+    let win = painter.generate_id().unwrap();
+    painter
+        .create_window(
+            0,
+            win,
+            root,
+            100,
+            200,
+            10,
+            10,
+            0,
+            WindowClass::INPUT_OUTPUT,
+            0,
+            &CreateWindowAux::new()
+                .background_pixel(0xff0000)
+                .override_redirect(1),
+        )
+        .unwrap();
+    painter.map_window(win).unwrap();
+    painter.get_input_focus().unwrap().reply().unwrap();
+
+    let second = x.frame().unwrap();
+    assert_eq!(
+        x.bands_deflated(),
+        32,
+        "only the two bands the window covers"
+    );
+    assert_eq!(pixel(&second.png, 105, 205), [255, 0, 0]);
+    assert_eq!(pixel(&second.png, 95, 205), pixel(&first.png, 95, 205));
+    assert!(decoded(&second.png) == rgb(&x.grab().unwrap()));
+
+    // Nothing drawn since: the same image, nothing deflated, nothing captured.
+    let grabs = x.grabs();
+    let third = x.frame().unwrap();
+    assert_eq!((x.bands_deflated(), x.grabs()), (32, grabs));
+    assert_eq!(third.png, second.png);
 }

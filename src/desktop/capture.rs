@@ -8,7 +8,9 @@
 //! when anything is drawn, so a screen that was not drawn on since the last frame is answered
 //! from that frame (kept with its PNG) without capturing or encoding again, and a batch of
 //! input is settled when the screen has been quiet for a short window (see
-//! [`XDisplay::settle`]) instead of by comparing captured frames.
+//! [`XDisplay::settle`]) instead of by comparing captured frames. A full-size frame is encoded
+//! by bands of rows, and only the bands that changed since the last frame are deflated again
+//! (see [`super::png_bands`]).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ use rakazo_actors::provider::FrameSize;
 
 use super::DesktopError;
 use super::frame_scale;
+use super::png_bands::BandPng;
 use super::shared_image::SharedImage;
 
 /// A connection to one X display, shared by capture and input (see [`super::input`]).
@@ -47,6 +50,8 @@ pub struct XDisplay {
     grabs: u64,
     /// Shared-memory capture on this connection.
     shared: Shared,
+    /// Full-size frames' PNG bands, re-encoded only where the screen changed.
+    bands: BandPng,
 }
 
 /// Whether captures go through memory shared with the X server.
@@ -178,6 +183,7 @@ impl XDisplay {
             kept: None,
             grabs: 0,
             shared: Shared::Untried,
+            bands: BandPng::new(),
         })
     }
 
@@ -210,6 +216,12 @@ impl XDisplay {
     /// How many times the screen was captured on this connection.
     pub fn grabs(&self) -> u64 {
         self.grabs
+    }
+
+    /// How many bands of rows full-size frames deflated on this connection
+    /// ([`super::png_bands`]): every band for the first frame, then only changed ones.
+    pub fn bands_deflated(&self) -> u64 {
+        self.bands.deflated()
     }
 
     /// Reads the damage reports that arrived; whether there were any. Each report re-arms the
@@ -250,7 +262,7 @@ impl XDisplay {
                 && let Some(kept) = &mut self.kept
             {
                 if kept.size != size {
-                    kept.shot = kept.raw.shot(size)?;
+                    kept.shot = shot_of(&mut self.bands, &kept.raw, Some(&kept.raw), size)?;
                     kept.size = size;
                 }
                 return Ok(kept.shot.clone());
@@ -259,7 +271,8 @@ impl XDisplay {
             self.dirty = false;
         }
         let raw = self.grab()?;
-        let shot = raw.shot(size)?;
+        let previous = self.kept.as_ref().map(|k| &k.raw);
+        let shot = shot_of(&mut self.bands, &raw, previous, size)?;
         if self.damage.is_some() {
             self.kept = Some(Kept {
                 raw,
@@ -446,6 +459,27 @@ impl RawFrame {
             screen: Some((self.width, self.height)),
         })
     }
+}
+
+/// `raw` as a [`Shot`] fitting `size`: at full size through the screen's band encoder (only
+/// the bands that differ from `previous` are deflated, when `previous` is the frame it encoded
+/// last), scaled down through [`RawFrame::shot`].
+fn shot_of(
+    bands: &mut BandPng,
+    raw: &RawFrame,
+    previous: Option<&RawFrame>,
+    size: FrameSize,
+) -> Result<Shot, DesktopError> {
+    if size.fit(raw.width, raw.height) != (raw.width, raw.height) {
+        return raw.shot(size);
+    }
+    Ok(Shot {
+        png: bands.encode(raw, previous)?.png,
+        width: raw.width,
+        height: raw.height,
+        hash: raw.hash,
+        screen: None,
+    })
 }
 
 /// Encodes 8-bit RGB pixels as PNG with the fastest settings (see [`RawFrame::encode_png`]).

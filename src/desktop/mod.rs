@@ -36,6 +36,7 @@ pub mod groups;
 pub mod input;
 pub mod keys;
 pub mod page;
+pub mod png_bands;
 pub mod provider;
 pub mod runtime;
 pub mod screen_commands;

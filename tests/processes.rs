@@ -994,21 +994,8 @@ async fn mcp(
     method: &str,
     params: Value,
 ) -> (u16, Option<String>, Value) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/mcp"))
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params }));
-    if let Some(session) = session {
-        req = req.header("mcp-session-id", session);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let session = resp
-        .headers()
-        .get("mcp-session-id")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (status, session, resp.json().await.unwrap_or(Value::Null))
+    let http = reqwest::Client::new();
+    common::mcp::request(&http, base, Some(token), session, method, params).await
 }
 
 /// `initialize` through the process at `base`: the session id.

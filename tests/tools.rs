@@ -317,23 +317,7 @@ async fn mcp(
     method: &str,
     params: Value,
 ) -> (u16, Option<String>, Value) {
-    let mut req = s
-        .http
-        .post(format!("{}/mcp", s.base))
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params }));
-    if let Some(session) = session {
-        req = req.header("mcp-session-id", session);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let session = resp
-        .headers()
-        .get("mcp-session-id")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body = resp.json().await.unwrap_or(Value::Null);
-    (status, session, body)
+    common::mcp::request(&s.http, &s.base, Some(token), session, method, params).await
 }
 
 /// `DELETE /mcp` of a session; the HTTP status.

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 #[path = "../gate/mod.rs"]
 pub mod gate;
+pub mod mcp;
 pub mod terminal;
 
 /// Which database a test runs on.

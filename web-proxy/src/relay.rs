@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message as UpMessage};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::authority::Target;
+use crate::authority::{Authority, AuthorityError, Target};
 use crate::capability::{Capability, Policy};
 use crate::connection::BrowserConnection;
 use crate::gateway::{
@@ -224,6 +224,12 @@ pub(crate) async fn start(
     if let Some((notes, tally)) = &tally {
         notes.control_session_started(tally.start());
     }
+    let recheck = Recheck {
+        authority: shared.authority.clone(),
+        capability: capability.clone(),
+        kind,
+        timeout: shared.config.authority_timeout,
+    };
     actix_rt::spawn(relay(
         session,
         stream,
@@ -234,8 +240,31 @@ pub(crate) async fn start(
         policy,
         conn,
         tally,
+        recheck,
     ));
     response
+}
+
+/// Asks the authority again when the upstream ends a socket: a capability that no longer
+/// holds was revoked, whichever process learned of it first.
+struct Recheck {
+    authority: Arc<dyn Authority>,
+    capability: Capability,
+    kind: SocketKind,
+    timeout: Duration,
+}
+
+impl Recheck {
+    async fn revoked(&self) -> bool {
+        let asked = match self.kind {
+            SocketKind::Screen => self.authority.target(&self.capability),
+            SocketKind::Terminal => self.authority.terminal_target(&self.capability),
+        };
+        matches!(
+            tokio::time::timeout(self.timeout, asked).await,
+            Ok(Err(AuthorityError::Rejected(_)))
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -249,6 +278,7 @@ async fn relay(
     policy: Policy,
     conn: ConnectionId,
     tally: Option<(Arc<dyn SessionNotes>, Tally)>,
+    recheck: Recheck,
 ) {
     let started = Instant::now();
     let (mut up_tx, mut up_rx) = upstream.split();
@@ -261,6 +291,11 @@ async fn relay(
         end = client_to_upstream(&mut client, &mut up_tx, &mut pong, filter.as_mut(), counter.as_mut(), conn, policy) => end,
         end = upstream_to_client(&mut up_rx, &mut to_client, conn, policy) => end,
     };
+    if matches!(end, End::Upstream(_)) && recheck.revoked().await {
+        // A revocation can reach the upstream before this process hears of it (a holder on
+        // another process stops the terminal server first): the browser hears "revoked".
+        end = End::Revoked(None);
+    }
     let closed_by = end.closed_by();
     if let (Some((notes, tally)), Some(counter)) = (tally, &counter) {
         let (inputs, counted) = counter.finish();

@@ -653,6 +653,44 @@ async fn an_upstream_close_reaches_the_browser_and_ends_its_connection() {
     }
 }
 
+/// Approves a capability once, then rejects it as revoked: a revocation that reached the
+/// upstream before this proxy heard of it (the holder of the computer is another process).
+struct OnceThenRevoked(TestAuthority, std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl rakazo_web_proxy::Authority for OnceThenRevoked {
+    async fn target(
+        &self,
+        c: &rakazo_web_proxy::Capability,
+    ) -> Result<rakazo_web_proxy::Target, AuthorityError> {
+        if self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(AuthorityError::Rejected(RejectCause::Revoked));
+        }
+        self.0.target(c).await
+    }
+}
+
+/// An upstream that ends a socket whose capability no longer holds: the browser hears
+/// "revoked", as from this proxy's own revocation, not the upstream's reason.
+#[actix_rt::test]
+async fn an_upstream_close_after_a_revocation_reaches_the_browser_as_revoked() {
+    let token = format!("{CLOSING_PREFIX}-sock3t_for-tests");
+    let (upstream, _) = start_fake_gateway(&token);
+    let authority = OnceThenRevoked(
+        TestAuthority::new(&format!("http://{upstream}"), &token),
+        std::sync::atomic::AtomicBool::new(false),
+    );
+    let keyring = Arc::new(Keyring::random(1));
+    let (proxy, _) = start_proxy(keyring.clone(), Arc::new(authority));
+    let sealed = keyring.seal(&capability(Policy::View, 1, 0)).unwrap();
+    let mut ws = connect(proxy, &sealed).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    assert_eq!(
+        closed_and_nothing_after(&mut ws).await.as_deref(),
+        Some("revoked")
+    );
+}
+
 /// A server without `on_connect` keeps no connection sockets: a revoked socket still gets its
 /// close frame, and its connection still ends with end of file (after actix-http's linger).
 #[actix_rt::test]

@@ -81,6 +81,18 @@ fn xvfb_pid(display: u32) -> Option<u32> {
     })
 }
 
+/// The word-wise multiply-xorshift hash frames had before XXH3: the baseline of the hash row.
+fn word_hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = (bytes.len() as u64).wrapping_mul(K) ^ 0x243F_6A88_85A3_08D3;
+    for w in bytes.chunks_exact(8) {
+        let v = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        h = (h ^ v).wrapping_mul(K);
+        h ^= h >> 32;
+    }
+    h
+}
+
 /// A copy of `raw` with a `side` x `side` square in its top left corner painted over.
 fn with_square(raw: &RawFrame, side: usize) -> RawFrame {
     let mut bgrx = raw.bgrx.clone();
@@ -132,6 +144,102 @@ fn print_cost(label: &str, c: &Cost) {
         c.x_cpu_ms
     );
 }
+/// A page like a real site (a screenful of coloured text) with a clock that repaints every
+/// 5 ms: every observation finds a small part of the screen changed.
+const CLOCK_PAGE: &str = "data:text/html,<body style='font:14px serif'><h1 id=t></h1><script>\
+for(let i=0;i<400;i++)document.write('<span style=color:%23'+(i*2654435761%2516777216).toString(16).padStart(6,0)+'>Rakazo desktop '+i+' </span>');\
+setInterval(()=>{t.textContent=performance.now().toFixed(1)},5)</script>";
+
+/// One bot's observe on the clock page, alone and while three other bots observe theirs (back
+/// to back, and at an agent's pace of one every 100 ms): its p50 and p95 against alone, its CPU
+/// per observe alone, and how many observes the others made.
+fn concurrent_observers(rt: &tokio::runtime::Runtime, runtime: &Arc<DesktopRuntime>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let bots = ["bench", "bench-2", "bench-3", "bench-4"];
+    for (slot, bot) in bots.iter().enumerate().skip(2) {
+        rt.block_on(runtime.open_screen(bot, slot as u32))
+            .expect("open a further screen");
+    }
+    for bot in bots {
+        rt.block_on(runtime.open_in_browser(bot, CLOCK_PAGE))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // One bot's observes, 20 ms apart (the clock has moved), while the others observe theirs
+    // with `pause_others` between calls; the others' observes per second.
+    let measure = |pause_others: Option<Duration>| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let others_done = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = pause_others
+            .map(|pause| {
+                bots[1..]
+                    .iter()
+                    .map(|bot| {
+                        let (runtime, stop, done) =
+                            (runtime.clone(), stop.clone(), others_done.clone());
+                        let bot = bot.to_string();
+                        std::thread::spawn(move || {
+                            let rt = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .unwrap();
+                            while !stop.load(Ordering::Relaxed) {
+                                rt.block_on(runtime.observe(&bot)).unwrap();
+                                done.fetch_add(1, Ordering::Relaxed);
+                                std::thread::sleep(pause);
+                            }
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        std::thread::sleep(Duration::from_millis(300));
+        let (cpu, others_before, started) = (
+            cpu_ns(std::process::id()),
+            others_done.load(Ordering::Relaxed),
+            Instant::now(),
+        );
+        let mut samples = Vec::new();
+        for _ in 0..150 {
+            std::thread::sleep(Duration::from_millis(20));
+            let t = Instant::now();
+            let o = rt.block_on(runtime.observe("bench")).unwrap();
+            samples.push(t.elapsed());
+            assert!(!o.frame.png.is_empty());
+        }
+        let cpu_ms = (cpu_ns(std::process::id()) - cpu) as f64 / 1e6 / samples.len() as f64;
+        let others_rate = (others_done.load(Ordering::Relaxed) - others_before) as f64
+            / started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        (stats(samples), cpu_ms, others_rate)
+    };
+    let (alone, alone_cpu, _) = measure(None);
+    let (paced, _, paced_rate) = measure(Some(Duration::from_millis(100)));
+    let (busy, _, busy_rate) = measure(Some(Duration::ZERO));
+    println!();
+    println!(
+        "one bot's observe on the clock page    p50 ms   p95 ms  p50 / alone  p95 / alone  others' observes/s"
+    );
+    for (label, s, rate) in [
+        ("alone", &alone, 0.0),
+        ("3 others, one every 100 ms each", &paced, paced_rate),
+        ("3 others, back to back", &busy, busy_rate),
+    ] {
+        println!(
+            "  {label:<34} {:8.2} {:8.2} {:11.2}x {:11.2}x {:12.0}",
+            ms(s.p50),
+            ms(s.p95),
+            ms(s.p50) / ms(alone.p50),
+            ms(s.p95) / ms(alone.p95),
+            rate
+        );
+    }
+    println!("  CPU of this process per observe, alone: {alone_cpu:.2} ms");
+}
+
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
@@ -249,6 +357,34 @@ fn main() {
         bands.encode(next, Some(last)).unwrap();
         back = !back;
     });
+    // The hash of every captured frame and the digest of every answered PNG, each against
+    // what it was before, and a whole small-change observe as the server does it: capture and
+    // hash, bands with the square changed, digest.
+    let mut sink = 0u64;
+    let hash_xxh3 = cost(50, xvfb, || sink ^= frame_hash(&raw.bgrx));
+    let hash_words = cost(50, xvfb, || sink ^= word_hash(&raw.bgrx));
+    let png = bands.encode(&raw, None).unwrap().png;
+    let digest_blake3 = cost(50, xvfb, || {
+        sink ^= u64::from(rakazo::tools::frame_digest(&png).as_bytes()[0]);
+    });
+    let digest_sha256 = cost(50, xvfb, || {
+        use sha2::Digest;
+        sink ^= u64::from(sha2::Sha256::digest(&png)[0]);
+    });
+    std::hint::black_box(sink);
+    let mut back = false;
+    let small_observe = cost(30, xvfb, || {
+        let grabbed = x.grab().unwrap();
+        let (next, last) = if back {
+            (&raw, &square)
+        } else {
+            (&square, &raw)
+        };
+        std::hint::black_box(grabbed.hash);
+        let png = bands.encode(next, Some(last)).unwrap().png;
+        rakazo::tools::frame_digest(&png);
+        back = !back;
+    });
     let out = dir.path().join("shot.png");
     let out_s = out.to_string_lossy().into_owned();
     let import = time_command(8, d, "import", &["-window", "root", &out_s]);
@@ -290,6 +426,17 @@ fn main() {
     print_cost("PNG encode, scaled to 640x400", &encode_half);
     print_cost("band PNG, every band deflated", &encode_bands_all);
     print_cost("band PNG, 120x120 square changed", &encode_bands_square);
+    print_cost("frame hash, 4000 KiB, XXH3", &hash_xxh3);
+    print_cost("frame hash, word-wise (before)", &hash_words);
+    print_cost("frame digest, BLAKE3", &digest_blake3);
+    print_cost("frame digest, SHA-256 (before)", &digest_sha256);
+    print_cost("observe, square changed: all above", &small_observe);
+    println!(
+        "  cpu ratio, hash before / XXH3: {:.2}x; digest SHA-256 / BLAKE3: {:.2}x (PNG {} KiB)",
+        hash_words.cpu_ms / hash_xxh3.cpu_ms,
+        digest_sha256.cpu_ms / digest_blake3.cpu_ms,
+        png.len() / 1024
+    );
     println!(
         "  cpu ratio, whole-frame encode / bands with a square changed: {:.2}x; every band / whole frame: {:.2}x   (PNG {} KiB / {} KiB)",
         encode_full.cpu_ms / encode_bands_square.cpu_ms,
@@ -432,6 +579,8 @@ fn main() {
         mib(extra)
     );
     println!("desktops per host: about {fit:.0} in 22 GiB (24 GiB less 2 GiB for the system)");
+
+    concurrent_observers(&rt, &runtime);
 
     rt.block_on(runtime.shutdown()).unwrap();
     let _ = Command::new("bash")

@@ -6,6 +6,9 @@
 //! every answer carries it; the calls go over `POST /rpc`, over `/rpc/ws` with the image as
 //! base64, and over `/rpc/ws?images=binary` with the image as a binary message.
 //!
+//! Last, `shell` on the in-process `fake` provider shows what the API adds with no process
+//! start around it.
+//!
 //! Run: `scripts/bench.sh tools`.
 
 mod support;
@@ -202,5 +205,87 @@ fn main() {
             .arg("-c")
             .arg(rakazo::desktop::command::sweep_script(&format!("{}/", dir.path().join("run").display())))
             .status();
+
+        shell_on_the_fake_provider().await;
     });
+}
+
+/// `shell` on the in-process `fake` provider, whose command costs microseconds: what the API
+/// adds to a call, with no process start around it to hide in.
+async fn shell_on_the_fake_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let env: std::collections::HashMap<String, String> = [
+        ("DATA_DIR", dir.path().display().to_string()),
+        ("SANDBOX_PROVIDER", "fake".into()),
+        ("RAKAZO_ENV", "test".into()),
+        ("RAKAZO_LOG", "warn".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let (app, token) = App::start(Config::load(&env, None).unwrap()).await.unwrap();
+    let token = token.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    actix_rt::spawn(rakazo::server::build(app.clone(), listener, 1).unwrap());
+    let http = reqwest::Client::new();
+    let space = support::rpc(
+        &http,
+        &base,
+        &token,
+        "space.create",
+        json!({ "name": "bench" }),
+    )
+    .await;
+    let bot = support::rpc(
+        &http,
+        &base,
+        &token,
+        "bot.create",
+        json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
+    )
+    .await;
+    let started = support::rpc(
+        &http,
+        &base,
+        &token,
+        "run.start",
+        json!({ "botId": bot["id"] }),
+    )
+    .await;
+    let call = json!({ "runId": started["run"]["id"], "fence": started["lease"]["fence"], "name": "shell", "arguments": { "command": "true" } });
+    let provider = app.runtime().provider().unwrap();
+    let spec = MachineSpec {
+        computer_id: "raw".into(),
+        space_id: "raw".into(),
+        bot_id: None,
+        home_key: "raw-bench".into(),
+    };
+    let machine = provider.provision(&spec).await.unwrap();
+    let req = ExecRequest {
+        command: "true".into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    let mut ws = Ws::connect(&base, &token, false).await;
+    ws.call("tools/call", call.clone()).await;
+    let (mut raw, mut api, mut over_ws) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS * 2 {
+        let t = Instant::now();
+        provider.exec(&machine, &req).await.unwrap();
+        raw.push(t.elapsed());
+        let t = Instant::now();
+        support::rpc(&http, &base, &token, "tools/call", call.clone()).await;
+        api.push(t.elapsed());
+        let t = Instant::now();
+        ws.call("tools/call", call.clone()).await;
+        over_ws.push(t.elapsed());
+    }
+    report(
+        "shell `true` on the fake provider, POST /rpc",
+        raw.clone(),
+        api,
+    );
+    report("shell `true` on the fake provider, /rpc/ws", raw, over_ws);
 }

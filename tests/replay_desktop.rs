@@ -17,7 +17,6 @@ use base64::Engine;
 use common::{Backend, TestServer};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 
 type Socket =
@@ -423,7 +422,7 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
         let png = base64::engine::general_purpose::STANDARD
             .decode(frame["data"].as_str().unwrap())
             .unwrap();
-        assert_eq!(hex::encode(Sha256::digest(&png)), digest);
+        assert_eq!(blake3::hash(&png).to_hex().to_string(), digest);
         if let Some(shown) = image_of(result) {
             assert_eq!(
                 png, shown,
@@ -625,7 +624,7 @@ async fn with_record_control_sessions_on_a_person_s_screen_is_recorded_and_repla
         let png = base64::engine::general_purpose::STANDARD
             .decode(frame["data"].as_str().unwrap())
             .unwrap();
-        assert_eq!(hex::encode(Sha256::digest(&png)), digest);
+        assert_eq!(blake3::hash(&png).to_hex().to_string(), digest);
         assert_eq!(
             (frame["width"].clone(), frame["height"].clone()),
             (json!(1280), json!(800))

@@ -724,6 +724,17 @@ async fn team_paths_mean_the_bots_folder_in_every_tool() {
         stdout(sh("pwd").await),
         format!("/workspace/bots/{}\n", bots[0])
     );
+    // A folder the bot removed is made again on the way in.
+    let gone = call(
+        "shell",
+        json!({ "command": format!("cd ../.. && rm -r bots/{} && pwd", bots[0]) }),
+    )
+    .await;
+    assert_eq!(stdout(gone), "/workspace\n");
+    assert_eq!(
+        stdout(sh("pwd").await),
+        format!("/workspace/bots/{}\n", bots[0])
+    );
 
     // Written with the file tool, read with the shell.
     let wrote = call(

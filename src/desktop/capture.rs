@@ -495,23 +495,10 @@ pub fn encode_rgb(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, Deskto
     Ok(out)
 }
 
-/// A fast 64-bit hash of frame bytes (word-wise multiply-xorshift, length mixed in). Not
-/// cryptographic: it only tells consecutive frames of one screen apart.
+/// A fast 64-bit hash of frame bytes (XXH3). Not cryptographic: it only tells consecutive
+/// frames of one screen apart.
 pub fn frame_hash(bytes: &[u8]) -> u64 {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut h = (bytes.len() as u64).wrapping_mul(K) ^ 0x243F_6A88_85A3_08D3;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-        h = (h ^ v).wrapping_mul(K);
-        h ^= h >> 32;
-    }
-    for &b in words.remainder() {
-        h = (h ^ u64::from(b)).wrapping_mul(K);
-    }
-    h ^= h >> 29;
-    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    h ^ (h >> 32)
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// Starts damage reports for everything drawn on the screen; `None` without the extension.

@@ -442,23 +442,21 @@ pub async fn shell_exec(
     }
     let max = ctx.app.config.command_timeout;
     let timeout = timeout_ms.map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
-    let cwd = match cwd.filter(|c| !c.is_empty()) {
-        Some(c) => ctx.path(&c, true)?,
+    let (cwd, run) = match cwd.filter(|c| !c.is_empty()) {
+        Some(c) => (ctx.path(&c, true)?, command.clone()),
+        // A Team bot's shell starts in its own folder, made on the way in: one command, not
+        // a `mkdir` round trip before every call.
         None if ctx.team => {
-            let home = ctx.base();
-            let mkdir = ExecRequest {
-                command: format!("mkdir -p '{home}'"),
-                cwd: String::new(),
-                env: Vec::new(),
-                timeout,
-            };
-            ctx.op(Op::Exec(mkdir)).await?;
-            home
+            let home = crate::desktop::shell_quote(&ctx.base());
+            (
+                String::new(),
+                format!("mkdir -p {home} && cd {home} || exit 1\n{command}"),
+            )
         }
-        None => String::new(),
+        None => (String::new(), command.clone()),
     };
     let req = ExecRequest {
-        command: command.clone(),
+        command: run,
         cwd,
         env: Vec::new(),
         timeout,

@@ -366,8 +366,8 @@ async fn call_tool(
         caller,
         attachments: None,
     };
-    let (run, handle) = methods::fenced(&ctx, &s.run_id, s.fence).await?;
-    let team = ctx.is_team_bot(&run).await?;
+    let methods::FencedRun { run, handle, team } =
+        methods::fenced(&ctx, &s.run_id, s.fence).await?;
     let tcx = ToolCtx {
         app,
         run,

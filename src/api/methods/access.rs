@@ -2,7 +2,7 @@
 //! every space, users the spaces they are members of, a bot token only its own bot, its space
 //! (for events filtered to its bot) and the computer its bot uses.
 
-use rakazo_actors::entity::{bot, computer, space, space_member};
+use rakazo_actors::entity::{bot, computer, run, space, space_member};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 
@@ -56,6 +56,30 @@ pub async fn bot(
         .await
         .map_err(|_| DomainError::not_found("bot"))?;
     Ok((found, space))
+}
+
+/// The bot of a run the caller may use: [`bot`] for `run`'s bot, with the bot row and the
+/// space check read at the same time (the run names its space; a bot found in another space
+/// is refused like an unreachable one).
+pub async fn run_bot(
+    db: &DatabaseConnection,
+    caller: &Caller,
+    run: &run::Model,
+) -> DomainResult<bot::Model> {
+    let unreachable = || DomainError::not_found("bot");
+    if caller.bot_id().is_some_and(|scoped| scoped != run.bot_id) {
+        return Err(unreachable());
+    }
+    let (found, space) = tokio::join!(
+        bot::Entity::find_by_id(&run.bot_id).one(db),
+        space(db, caller, &run.space_id)
+    );
+    let found = found?.ok_or_else(unreachable)?;
+    space.map_err(|_| unreachable())?;
+    if found.space_id != run.space_id {
+        return Err(unreachable());
+    }
+    Ok(found)
 }
 
 /// Whether a computer is one a bot token may reach: its bot's private computer, or the Team

@@ -5,7 +5,6 @@ use rakazo_actors::checkpoint::{Outcome, Reason};
 use rakazo_actors::computer::{CurrentMachine, SaveWorkspace, Suspend};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::entity::{computer, run};
-use rakazo_actors::lease_actor::Verify;
 use rakazo_actors::leases::{LeaseKey, Leases};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
@@ -103,24 +102,47 @@ pub async fn fenced_run(
     run_id: &str,
     fence: i64,
 ) -> DomainResult<(run::Model, ComputerHandle)> {
+    let f = fenced_tool_run(ctx, run_id, fence).await?;
+    Ok((f.run, f.handle))
+}
+
+/// A run whose fence holds, with its computer's actors and where its bot works.
+pub struct FencedRun {
+    /// The run.
+    pub run: run::Model,
+    /// Its computer's actors.
+    pub handle: ComputerHandle,
+    /// Whether its bot works on a Team Computer (its shell starts in `bots/<id>`).
+    pub team: bool,
+}
+
+/// [`fenced_run`], with whether the bot works on a Team Computer. After the run, what the
+/// checks read (the bot and its space, the computer, the live lease) is read at once, and
+/// judged in the order a caller is owed: access, then the run's own fence, then the computer,
+/// then the lease.
+pub async fn fenced_tool_run(ctx: &Ctx<'_>, run_id: &str, fence: i64) -> DomainResult<FencedRun> {
     let run = Runs::new(ctx.db().clone()).get(run_id).await?;
-    access::bot(ctx.db(), ctx.caller, &run.bot_id)
-        .await
-        .map_err(|_| DomainError::not_found("run"))?;
+    let key = LeaseKey::execution(&run.computer_id, &run.bot_id);
+    let (computers, leases) = (
+        Computers::new(ctx.db().clone()),
+        Leases::new(ctx.db().clone()),
+    );
+    let (bot, computer, lease) = tokio::join!(
+        access::run_bot(ctx.db(), ctx.caller, &run),
+        computers.get(&run.computer_id),
+        leases.verify(&key, fence)
+    );
+    let bot = bot.map_err(|_| DomainError::not_found("run"))?;
     if let Some(refused) = rakazo_actors::runs::fence_refusal(&run, fence) {
         return Err(refused);
     }
-    let c = Computers::new(ctx.db().clone())
-        .get(&run.computer_id)
-        .await?;
-    let h = handle(ctx, &c);
-    h.leases
-        .send(Verify {
-            key: LeaseKey::execution(&run.computer_id, &run.bot_id),
-            fence,
-        })
-        .await??;
-    Ok((run, h))
+    let handle = handle(ctx, &computer?);
+    lease?;
+    Ok(FencedRun {
+        run,
+        handle,
+        team: bot.computer_mode == "team",
+    })
 }
 
 #[derive(Deserialize)]
@@ -138,8 +160,7 @@ struct Exec {
 /// computer under its execution lease (the `shell` tool, with the whole output).
 pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Exec = super::params(params)?;
-    let (run, handle) = fenced_run(ctx, &p.run_id, p.fence).await?;
-    let team = ctx.is_team_bot(&run).await?;
+    let FencedRun { run, handle, team } = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
     let tcx = crate::tools::ToolCtx {
         app: ctx.app,
         run,

@@ -8,14 +8,14 @@ mod maintenance;
 mod runs;
 mod tool_calls;
 
+pub use computers::FencedRun;
 pub use runs::{EndedBy, end_run, lease_ttl_ms, run_json, runs};
 mod spaces;
 mod timeline;
 
-use rakazo_actors::entity::run;
 use rakazo_actors::maintenance::OpKind;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
-use sea_orm::{DatabaseConnection, EntityTrait};
+use sea_orm::DatabaseConnection;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -36,14 +36,6 @@ impl Ctx<'_> {
     /// The database.
     pub fn db(&self) -> &DatabaseConnection {
         &self.app.db
-    }
-
-    /// Whether a run's bot works on a Team Computer.
-    pub async fn is_team_bot(&self, run: &run::Model) -> DomainResult<bool> {
-        let bot = rakazo_actors::entity::bot::Entity::find_by_id(&run.bot_id)
-            .one(self.db())
-            .await?;
-        Ok(bot.is_some_and(|b| b.computer_mode == "team"))
     }
 }
 
@@ -277,11 +269,7 @@ pub async fn access_bot(
     access::bot(ctx.db(), ctx.caller, bot_id).await
 }
 
-/// A run with its fence checked, and its computer's actors.
-pub async fn fenced(
-    ctx: &Ctx<'_>,
-    run_id: &str,
-    fence: i64,
-) -> DomainResult<(run::Model, rakazo_actors::registry::ComputerHandle)> {
-    computers::fenced_run(ctx, run_id, fence).await
+/// A run with its fence checked, its computer's actors and where its bot works.
+pub async fn fenced(ctx: &Ctx<'_>, run_id: &str, fence: i64) -> DomainResult<FencedRun> {
+    computers::fenced_tool_run(ctx, run_id, fence).await
 }

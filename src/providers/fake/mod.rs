@@ -405,7 +405,7 @@ impl SandboxProvider for FakeProvider {
         request: &ExecRequest,
     ) -> ProviderResult<ExecOutput> {
         let deadline = Instant::now() + request.timeout;
-        let cwd = normalize(&request.cwd, true)?;
+        let mut cwd = normalize(&request.cwd, true)?;
         let mut env: BTreeMap<String, String> = [
             ("HOME", "/workspace"),
             ("USER", "rakazo"),
@@ -452,6 +452,10 @@ impl SandboxProvider for FakeProvider {
                 Step::Exit(code) => {
                     out.exit_code = code;
                     return Ok(out);
+                }
+                Step::Cd(dir) => {
+                    cwd = dir;
+                    out.exit_code = 0;
                 }
                 Step::Sleep(seconds) => {
                     let until =

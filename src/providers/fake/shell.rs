@@ -2,7 +2,7 @@
 //!
 //! Supported: `;`, `&&`, `||`; single and double quotes; `$VAR` and `${VAR}`; `>`, `>>`,
 //! `2>&1`, `>&2` and `< file`; the builtins `echo [-n]`, `printf FORMAT [ARGS]`, `cat`, `ls`,
-//! `pwd`, `mkdir [-p]`, `touch`, `rm [-r] [-f]`, `ln [-s] TARGET NAME`, `mkfifo NAME`, `true`,
+//! `pwd`, `cd DIR`, `mkdir [-p]`, `touch`, `rm [-r] [-f]`, `ln [-s] TARGET NAME`, `mkfifo NAME`, `true`,
 //! `false`, `exit N`, `sleep SECONDS`, `whoami`, `env`. Unknown commands answer 127 like a
 //! shell does. A hard link can only name a file of this machine (another file system is
 //! "Invalid cross-device link", as on a real computer); the shell does not follow links.
@@ -49,6 +49,8 @@ pub enum Step {
     Sleep(f64),
     /// `exit N`: stop the whole command line.
     Exit(i32),
+    /// `cd DIR`: the rest of the command line runs in this workspace directory.
+    Cd(String),
 }
 
 /// Split a command line into joined simple commands (not yet expanded).
@@ -394,6 +396,16 @@ pub fn run_simple(
                 Err(e) => return fail(format!("ls: {e}\n"), 2),
             }
         }
+        "cd" => {
+            let target = args.first().map_or("", String::as_str);
+            return match path_arg(cwd, target) {
+                // The workspace root is always there; the shell does not follow links.
+                Ok(dir) if dir.is_empty() || matches!(tree.get(&dir), Some(Node::Dir)) => {
+                    Step::Cd(dir)
+                }
+                _ => fail(format!("sh: cd: {target}: No such file or directory\n"), 1),
+            };
+        }
         "mkdir" => {
             for a in args.iter().filter(|a| !a.starts_with('-')) {
                 match path_arg(cwd, a).map(|p| tree.mkdir_all(&p)) {
@@ -517,7 +529,7 @@ mod tests {
                         code,
                     );
                 }
-                Step::Sleep(_) => status = 0,
+                Step::Sleep(_) | Step::Cd(_) => status = 0,
             }
         }
         (

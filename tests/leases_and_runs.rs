@@ -289,3 +289,50 @@ async fn a_person_controls_a_private_screen_while_the_run_goes_on(s: TestServer)
     )
     .await;
 }
+
+/// A grant on SQLite reads one row of the key and one of the maintenance reservation through
+/// `ux_leases_fence`: a check over every lease made each grant slower with the history of
+/// leases (it scanned the whole table).
+#[actix_rt::test]
+async fn a_fresh_grant_reads_the_latest_rows_not_the_history() {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("db.sqlite").display()
+    );
+    let db = rakazo::db::connect(&url).await.unwrap();
+    rakazo::db::migrate(&db).await.unwrap();
+    let values: Vec<sea_orm::Value> = ["l", "c", "execution", "b", "h"]
+        .into_iter()
+        .map(sea_orm::Value::from)
+        .chain([1i64.into(), 2i64.into()])
+        .collect();
+    let plan = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            format!(
+                "EXPLAIN QUERY PLAN {}",
+                rakazo_actors::leases::SQLITE_FRESH_GRANT
+            ),
+            values,
+        ))
+        .await
+        .unwrap();
+    let steps: Vec<String> = plan
+        .iter()
+        .map(|row| row.try_get::<String>("", "detail").unwrap())
+        .collect();
+    assert!(
+        steps.iter().all(|s| !s.starts_with("SCAN leases")),
+        "{steps:?}"
+    );
+    assert!(
+        steps
+            .iter()
+            .filter(|s| s.starts_with("SEARCH leases USING") && s.contains("ux_leases_fence"))
+            .count()
+            >= 3,
+        "{steps:?}"
+    );
+}

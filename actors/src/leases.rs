@@ -167,6 +167,25 @@ async fn lock_computer<C: ConnectionTrait>(db: &C, computer_id: &str) -> DomainR
     Ok(())
 }
 
+/// [`Leases::grant_fresh`] on SQLite: the key's next fence, unless the key's latest grant or
+/// the computer's latest maintenance reservation is live. Only a key's latest grant can be live
+/// (a grant needs none live), so both checks read one row each through `ux_leases_fence`, never
+/// the history of the computer's leases. Parameters: id, computer, kind, subject, holder, now,
+/// expiry.
+pub const SQLITE_FRESH_GRANT: &str = "INSERT INTO leases (id, computer_id, kind, subject, holder, fence, \
+                 expires_at_ms, released_at_ms, created_at_ms) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, COALESCE((SELECT MAX(fence) FROM leases \
+                 WHERE computer_id = ?2 AND kind = ?3 AND subject = ?4), 0) + 1, ?7, NULL, ?6 \
+                 WHERE EXISTS (SELECT 1 FROM computers WHERE id = ?2) \
+                 AND NOT EXISTS (SELECT 1 FROM (SELECT released_at_ms, expires_at_ms FROM leases \
+                 WHERE computer_id = ?2 AND kind = ?3 AND subject = ?4 ORDER BY fence DESC LIMIT 1) \
+                 AS last WHERE last.released_at_ms IS NULL AND last.expires_at_ms > ?6) \
+                 AND NOT EXISTS (SELECT 1 FROM (SELECT released_at_ms, expires_at_ms FROM leases \
+                 WHERE computer_id = ?2 AND kind = 'maintenance' AND subject = '*' \
+                 ORDER BY fence DESC LIMIT 1) AS reserved \
+                 WHERE reserved.released_at_ms IS NULL AND reserved.expires_at_ms > ?6) \
+                 RETURNING fence";
+
 /// The lease table's rules.
 #[derive(Clone)]
 pub struct Leases {
@@ -276,16 +295,7 @@ impl Leases {
         ];
         let sql = match backend {
             DbBackend::Postgres => "SELECT rakazo_lease_grant($1, $2, $3, $4, $5, $6, $7) AS fence",
-            _ => {
-                "INSERT INTO leases (id, computer_id, kind, subject, holder, fence, \
-                 expires_at_ms, released_at_ms, created_at_ms) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, COALESCE((SELECT MAX(fence) FROM leases \
-                 WHERE computer_id = ?2 AND kind = ?3 AND subject = ?4), 0) + 1, ?7, NULL, ?6 \
-                 WHERE EXISTS (SELECT 1 FROM computers WHERE id = ?2) AND NOT EXISTS \
-                 (SELECT 1 FROM leases WHERE computer_id = ?2 AND ((kind = ?3 AND subject = ?4) \
-                 OR (kind = 'maintenance' AND subject = '*')) \
-                 AND released_at_ms IS NULL AND expires_at_ms > ?6) RETURNING fence"
-            }
+            _ => SQLITE_FRESH_GRANT,
         };
         let row = self
             .db

@@ -17,6 +17,7 @@ mod m20261203_000001_perf_lease_grant;
 mod m20261203_000001_replay_timeline;
 mod m20261204_000001_mcp_sessions;
 mod m20261204_000002_process_host;
+mod m20261205_000001_lease_grant_latest;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000001_replay_timeline::Migration),
             Box::new(m20261204_000001_mcp_sessions::Migration),
             Box::new(m20261204_000002_process_host::Migration),
+            Box::new(m20261205_000001_lease_grant_latest::Migration),
         ]
     }
 }

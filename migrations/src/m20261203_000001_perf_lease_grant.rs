@@ -13,7 +13,7 @@ pub struct Migration;
 /// reservation is live. Each statement of a volatile function reads a fresh snapshot, so the
 /// insert sees whatever the lock waited for. Answers the fence, or NULL when nothing was
 /// granted (the caller then decides through the general path).
-const GRANT: &str = r#"
+pub(crate) const GRANT: &str = r#"
 CREATE OR REPLACE FUNCTION rakazo_lease_grant(
     p_id TEXT, p_computer TEXT, p_kind TEXT, p_subject TEXT, p_holder TEXT,
     p_now BIGINT, p_expires BIGINT

@@ -31,16 +31,6 @@ pub struct Acquire {
     pub ttl_ms: i64,
 }
 
-/// Check a fence.
-#[derive(Message)]
-#[rtype(result = "DomainResult<Grant>")]
-pub struct Verify {
-    /// Which lease.
-    pub key: LeaseKey,
-    /// The fence presented.
-    pub fence: i64,
-}
-
 /// Extend a grant.
 #[derive(Message)]
 #[rtype(result = "DomainResult<Grant>")]
@@ -171,15 +161,6 @@ impl Handler<Acquire> for LeaseActor {
                     res
                 }),
         ))
-    }
-}
-
-impl Handler<Verify> for LeaseActor {
-    type Result = ResponseFuture<DomainResult<Grant>>;
-
-    fn handle(&mut self, msg: Verify, _: &mut Context<Self>) -> Self::Result {
-        let leases = self.leases.clone();
-        Box::pin(async move { leases.verify(&msg.key, msg.fence).await })
     }
 }
 

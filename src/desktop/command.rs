@@ -282,12 +282,22 @@ pub struct HostRunner {
     env: Vec<(String, String)>,
     /// Working directory of every script.
     cwd: PathBuf,
+    /// `bash` as found on the environment's `PATH`, by its full path: the standard library
+    /// then starts it with `posix_spawn` (the child shares the server's memory until it
+    /// executes), where a bare name with a `PATH` of its own makes it fork, copying the page
+    /// tables of the whole server for every script (BENCHMARKS.md, "Tool-call overhead").
+    bash: PathBuf,
 }
 
 impl HostRunner {
     /// A runner whose scripts see only `env` and start in `cwd`.
     pub fn new(env: Vec<(String, String)>, cwd: PathBuf) -> Self {
-        Self { env, cwd }
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        let bash = on_path(path.unwrap_or_default(), "bash").unwrap_or_else(|| "bash".into());
+        Self { env, cwd, bash }
     }
 
     /// A runner with just `PATH` and `LANG`, starting in `/`.
@@ -303,7 +313,7 @@ impl HostRunner {
         env: &[(String, String)],
         timeout: Duration,
     ) -> Result<ExecOutput, DesktopError> {
-        let mut cmd = tokio::process::Command::new("bash");
+        let mut cmd = tokio::process::Command::new(&self.bash);
         cmd.arg("-c")
             .arg(script)
             .env_clear()
@@ -471,6 +481,17 @@ pub fn minimal_env() -> Vec<(String, String)> {
     ]
 }
 
+/// The first executable file named `program` in the directories of `path` (`PATH`'s form).
+fn on_path(path: &str, program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    path.split(':')
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| std::path::Path::new(dir).join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// Sends SIGKILL to a process group when dropped.
 struct GroupKill(Option<u32>);
 
@@ -490,6 +511,19 @@ impl Drop for GroupKill {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bash_is_started_by_its_full_path() {
+        let runner = HostRunner::minimal();
+        assert!(runner.bash.is_absolute(), "{:?}", runner.bash);
+        assert!(runner.bash.ends_with("bash"));
+        assert_eq!(on_path("/nowhere:relative/bin", "bash"), None);
+        // A directory of that name is not a program.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bash")).unwrap();
+        let path = format!("{}:/usr/bin:/bin", dir.path().display());
+        assert!(on_path(&path, "bash").is_some_and(|p| !p.starts_with(dir.path())));
+    }
 
     #[tokio::test]
     async fn runs_scripts_with_only_the_given_environment() {

@@ -2,7 +2,7 @@
 //!
 //! Supported: `;`, `&&`, `||`; single and double quotes; `$VAR` and `${VAR}`; `>`, `>>`,
 //! `2>&1`, `>&2` and `< file`; the builtins `echo [-n]`, `printf FORMAT [ARGS]`, `cat`, `ls`,
-//! `pwd`, `cd DIR`, `mkdir [-p]`, `touch`, `rm [-r] [-f]`, `ln [-s] TARGET NAME`, `mkfifo NAME`, `true`,
+//! `pwd`, `cd DIR`, `mkdir [-p]`, `test` and `[ ... ]` with `-d`, `-f` or `-e PATH`, `touch`, `rm [-r] [-f]`, `ln [-s] TARGET NAME`, `mkfifo NAME`, `true`,
 //! `false`, `exit N`, `sleep SECONDS`, `whoami`, `env`. Unknown commands answer 127 like a
 //! shell does. A hard link can only name a file of this machine (another file system is
 //! "Invalid cross-device link", as on a real computer); the shell does not follow links.
@@ -316,6 +316,23 @@ pub fn run_simple(
     match name.as_str() {
         "true" | ":" => {}
         "false" => status = 1,
+        "[" | "test" => {
+            let operands = match (name.as_str(), args.split_last()) {
+                ("[", Some((last, rest))) if last == "]" => rest,
+                ("[", _) => return fail("sh: [: missing ]\n".into(), 2),
+                _ => args,
+            };
+            let found = |p: &String| path_arg(cwd, p).ok().and_then(|p| tree.get(&p));
+            status = match operands {
+                [op, path] if op == "-d" => i32::from(!matches!(found(path), Some(Node::Dir))),
+                [op, path] if op == "-f" => i32::from(!matches!(
+                    found(path),
+                    Some(Node::File(_) | Node::HardLinked(_))
+                )),
+                [op, path] if op == "-e" => i32::from(found(path).is_none()),
+                _ => return fail("sh: test: only -d, -f and -e PATH\n".into(), 2),
+            };
+        }
         "exit" => return Step::Exit(args.first().and_then(|a| a.parse().ok()).unwrap_or(0)),
         "sleep" => return Step::Sleep(args.first().and_then(|a| a.parse().ok()).unwrap_or(0.0)),
         "echo" => {
@@ -564,5 +581,23 @@ mod tests {
             "cat: missing: No such file or directory\n"
         );
         assert_eq!(run(&mut t, "echo x > ../../etc/passwd").2, 1);
+    }
+
+    #[test]
+    fn tests_of_paths() {
+        let mut t = Tree::default();
+        run(&mut t, "mkdir -p d && touch d/f && ln -s d l");
+        assert_eq!(run(&mut t, "[ -d d ] && echo dir").0, "dir\n");
+        assert_eq!(run(&mut t, "[ -d d/f ] || echo not").0, "not\n");
+        assert_eq!(run(&mut t, "test -f d/f && echo file").0, "file\n");
+        assert_eq!(run(&mut t, "[ -e nope ] || echo none").0, "none\n");
+        // Links are never followed.
+        assert_eq!(run(&mut t, "[ -d l ] || echo link").0, "link\n");
+        assert_eq!(run(&mut t, "[ -d d").2, 2);
+        assert_eq!(
+            run(&mut t, "[ -d x ] || mkdir -p x; cd x || exit 1\necho in").0,
+            "in\n"
+        );
+        assert_eq!(run(&mut t, "[ -d x ] && echo made").0, "made\n");
     }
 }

@@ -35,18 +35,37 @@ pub const DESKTOP_NICE: u8 = 10;
 /// - `Translate`, `MediaRouter`, `OptimizationHints`: services that call out to Google.
 /// - `SpareRendererForSitePerProcess`: a renderer process kept started ahead for the next
 ///   navigation to a new site (about 6 MiB per desktop).
+/// - `WebUIOmniboxAimPopup`: a second page (the "AI Mode" compose popup) the address bar's
+///   suggestion renderer keeps loaded beside the suggestion list (about 14 MiB per desktop);
+///   the list itself stays.
 ///
 /// Not here, though it would save about 45 MiB per desktop and most of the browser's start-up
 /// CPU: `WebUIOmniboxPopup` (the address bar's suggestion list drawn as a web page in a
 /// renderer started with the browser). Without it the list is drawn by the browser's own
 /// views, and the page's first click after an address typed into the bar did not reach the
 /// page (`tests/agent_desktop.rs`).
-pub const DISABLED_FEATURES: [&str; 4] = [
+pub const DISABLED_FEATURES: [&str; 5] = [
     "Translate",
     "MediaRouter",
     "OptimizationHints",
     "SpareRendererForSitePerProcess",
+    "WebUIOmniboxAimPopup",
 ];
+
+/// Switches of the lean start that fold helper processes into the browser's own, each a copy
+/// of shared libraries and heaps less per desktop (BENCHMARKS.md, "Memory"):
+///
+/// - the compositor in the browser process (`--in-process-gpu`: the browser draws in
+///   software, `--disable-gpu`, so this is not a GPU driver in the browser process);
+/// - no zygote for unsandboxed helpers (`--no-unsandboxed-zygote`): with the compositor in
+///   the browser, nothing is left for it to start. Each switch alone moves the cost to the
+///   other process; together they save about 16 MiB per desktop.
+///
+/// The price: a crash of the compositor now takes the browser with it. The renderers and their
+/// sandbox are unchanged. Not here: the network service in the browser process
+/// (`NetworkServiceInProcess2`, about 16 MiB more), with which a click that changed the page
+/// was not seen by the page in `tests/agent_desktop.rs`.
+pub const LEAN_SWITCHES: [&str; 2] = ["--in-process-gpu", "--no-unsandboxed-zygote"];
 
 /// The features the plain start (before [`DISABLED_FEATURES`] grew) went without.
 const PLAIN_DISABLED_FEATURES: [&str; 3] = ["Translate", "MediaRouter", "OptimizationHints"];
@@ -132,6 +151,9 @@ pub fn chromium_args(
         "--remote-debugging-address=127.0.0.1".into(),
         "--remote-debugging-port=0".into(),
     ];
+    if lean {
+        args.extend(LEAN_SWITCHES.map(String::from));
+    }
     if no_sandbox {
         // `--test-type` hides the "unsupported command-line flag" bar that would shift the page.
         args.push("--no-sandbox".into());
@@ -218,5 +240,11 @@ mod tests {
             features(false),
             ["--disable-features=Translate,MediaRouter,OptimizationHints"]
         );
+        // The lean start folds helpers into the browser; the plain one does not.
+        let plain = chromium_args(&p, 1280, 800, false, false);
+        for switch in LEAN_SWITCHES {
+            assert!(args.iter().any(|a| a == switch), "{switch}");
+            assert!(!plain.iter().any(|a| a == switch), "{switch}");
+        }
     }
 }

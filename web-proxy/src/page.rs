@@ -14,6 +14,9 @@
 //!   and its `#noVNC_status` element;
 //! - removes `VideoDecoder` from `window`, so noVNC never probes WebCodecs H.264 (which hangs on
 //!   some Android devices and leaves the page on `noVNC_loading`);
+//! - lets an element of the page take focus only while the page has it or in answer to an input
+//!   inside it: noVNC focuses its screen when it connects, which would take the keyboard from
+//!   what the person types into beside the frame (the dashboard's terminal);
 //! - when the page URL has no `path` setting, points noVNC's websocket at
 //!   `screen/<capability>/websockify` on this host (in the page URL, and in the storage noVNC
 //!   reads its settings from when the URL cannot be rewritten).
@@ -62,6 +65,17 @@ pub const REPORTER_JS: &str = r#"// Rakazo's screen reporter: storage that stays
   try {
     if ("VideoDecoder" in window) {
       Object.defineProperty(window, "VideoDecoder", { value: undefined, configurable: true, writable: true });
+    }
+  } catch (e) {}
+  // noVNC focuses its screen when it connects: embedded, that would take the keyboard from
+  // whatever the person is typing into beside it (the dashboard's terminal). The screen takes
+  // focus only while its own document has it, or in answer to an input inside it.
+  try {
+    var focus = HTMLElement.prototype.focus;
+    if (navigator.userActivation) {
+      HTMLElement.prototype.focus = function () {
+        if (document.hasFocus() || navigator.userActivation.isActive) return focus.apply(this, arguments);
+      };
     }
   } catch (e) {}
   var last = "", seenConnected = false;
@@ -213,6 +227,7 @@ mod tests {
         let head = out.find("<HEAD data-x>").unwrap();
         assert!(head < script && script < module);
         assert!(REPORTER_JS.contains("VideoDecoder"));
+        assert!(REPORTER_JS.contains("navigator.userActivation.isActive"));
     }
 
     #[test]

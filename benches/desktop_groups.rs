@@ -174,6 +174,7 @@ async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duratio
             cpu_weight: 100,
             memory_mb: 2048,
             freeze_after: Some(Duration::from_millis(400)),
+            hold_starts: true,
         }),
     );
     let p = bench.provider();
@@ -227,6 +228,7 @@ async fn main() {
         cpu_weight: 100,
         memory_mb: 2048,
         freeze_after: None,
+        hold_starts: true,
     };
     println!(
         "{}: victim observe p50/p95 ms, idle and with {BURNERS} busy loops in another desktop",

@@ -5,15 +5,21 @@
 //! and the memory (PSS over the desktops' whole process trees) of each further desktop.
 //! Every figure is taken for the runtime's start and for the plain start before it
 //! ([`Launch::plain`]: every Chromium feature, GLX, the runtime's CPU priority), rounds
-//! alternating, so the two are compared in the same run.
+//! alternating, so the two are compared in the same run; the runtime's start is taken once more
+//! with a control group per desktop, as the host provider runs it as root, and once with those
+//! groups but without holding a starting desktop off the first CPU (`hold_starts`).
 //!
-//! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`).
+//! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`, and
+//! root for the desktop groups); `BENCH_ONLY=memory` takes only the memory figures,
+//! `BENCH_ONLY=observe` only the observe figures, `BENCH_STARTS=N` observes through N other
+//! bots' starts (default: the rounds, at least 3).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::desktop::browser::Launch;
 use rakazo::desktop::command::{HostRunner, sweep_script};
+use rakazo::desktop::groups::{DesktopGroups, DesktopLimits, HostGroups};
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 
 mod support;
@@ -44,7 +50,36 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn runtime(dir: &std::path::Path, first_display: u32, launch: Launch) -> Arc<DesktopRuntime> {
+/// One way of starting desktops: how the browser starts, and whether each desktop has its own
+/// control group (as the host provider gives it when run as root, `SANDBOX_DESKTOP_CPU_WEIGHT`
+/// 100, no memory ceiling, no freezing).
+#[derive(Clone, Copy)]
+struct Setup {
+    launch: Launch,
+    grouped: bool,
+    /// With groups: a starting desktop is held off the first CPU while another is at work.
+    hold_starts: bool,
+}
+
+/// Desktop groups of a fresh machine, named after its directory.
+fn groups(dir: &std::path::Path, hold_starts: bool) -> Arc<dyn DesktopGroups> {
+    let name = format!(
+        "bench-{}",
+        dir.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_start_matches('.')
+    );
+    let limits = DesktopLimits {
+        cpu_weight: 100,
+        memory_mb: 0,
+        freeze_after: None,
+        hold_starts,
+    };
+    HostGroups::new(&name, limits).expect("desktop groups (run the bench as root)")
+}
+
+fn runtime(dir: &std::path::Path, first_display: u32, setup: Setup) -> Arc<DesktopRuntime> {
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
     Arc::new(
         DesktopRuntime::new(
@@ -59,12 +94,12 @@ fn runtime(dir: &std::path::Path, first_display: u32, launch: Launch) -> Arc<Des
                 x11_socket_dir: None,
                 commands_only: false,
                 gateway_host: "127.0.0.1".into(),
-                groups: None,
+                groups: setup.grouped.then(|| groups(dir, setup.hold_starts)),
                 freeze_after: None,
                 warm_stacks: 0,
             },
         )
-        .with_launch(launch),
+        .with_launch(setup.launch),
     )
 }
 
@@ -76,9 +111,9 @@ fn sweep(dir: &std::path::Path) {
 }
 
 /// Opens `bots` desktops on a fresh runtime, all at once or one after another; the wall time.
-async fn open_many(bots: usize, together: bool, first_display: u32, launch: Launch) -> Duration {
+async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup) -> Duration {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), first_display, launch);
+    let rt = runtime(dir.path(), first_display, setup);
     // A first screen outside the measurement: the runtime's one-time start (leftover reaping).
     rt.open_screen("warm", 0).await.unwrap();
     rt.close_screen("warm").await.unwrap();
@@ -106,9 +141,9 @@ async fn open_many(bots: usize, together: bool, first_display: u32, launch: Laun
 
 /// PSS in KiB of every desktop of a runtime, after each of [`MEMORY_DESKTOPS`] desktops
 /// (about:blank) opened one by one, read 3 s after it opened.
-async fn memory(first_display: u32, launch: Launch) -> Vec<u64> {
+async fn memory(first_display: u32, setup: Setup) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), first_display, launch);
+    let rt = runtime(dir.path(), first_display, setup);
     let prefix = format!("{}/screen-", dir.path().join("run").display());
     let mut out = Vec::new();
     for i in 0..MEMORY_DESKTOPS {
@@ -135,6 +170,28 @@ struct Figures {
 
 impl Figures {
     fn report(&mut self, name: &str) {
+        if !self.one.is_empty() {
+            self.report_opens(name);
+        }
+        if !self.idle.is_empty() {
+            self.report_observes(name);
+        }
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        for pss in &self.memory {
+            let first = pss[0];
+            let last = pss[pss.len() - 1];
+            println!(
+                "{name}: PSS after each desktop {:?} MiB; the first {:.0} MiB, each further one {:.0} MiB",
+                pss.iter()
+                    .map(|&k| mib(k).round() as u64)
+                    .collect::<Vec<_>>(),
+                mib(first),
+                mib(last.saturating_sub(first)) / (pss.len() - 1) as f64
+            );
+        }
+    }
+
+    fn report_opens(&mut self, name: &str) {
         let one = percentile(&mut self.one, 0.5);
         let eight = percentile(&mut self.eight, 0.5);
         println!("{name}: open 1 desktop: {:.0} ms", ms(one));
@@ -151,6 +208,11 @@ impl Figures {
                 ms(serial) / ms(one)
             );
         }
+    }
+
+    fn report_observes(&mut self, name: &str) {
+        let idle50 = percentile(&mut self.idle, 0.5);
+        let busy50 = percentile(&mut self.busy, 0.5);
         let idle95 = percentile(&mut self.idle, 0.95);
         let busy95 = percentile(&mut self.busy, 0.95);
         println!(
@@ -161,19 +223,12 @@ impl Figures {
             self.busy.len(),
             ms(busy95) / ms(idle95)
         );
-        let mib = |kib: u64| kib as f64 / 1024.0;
-        for pss in &self.memory {
-            let first = pss[0];
-            let last = pss[pss.len() - 1];
-            println!(
-                "{name}: PSS after each desktop {:?} MiB; the first {:.0} MiB, each further one {:.0} MiB",
-                pss.iter()
-                    .map(|&k| mib(k).round() as u64)
-                    .collect::<Vec<_>>(),
-                mib(first),
-                mib(last.saturating_sub(first)) / (pss.len() - 1) as f64
-            );
-        }
+        println!(
+            "{name}: observe p50 idle: {:.1} ms; while another browser starts: {:.1} ms; ratio {:.2}",
+            ms(idle50),
+            ms(busy50),
+            ms(busy50) / ms(idle50)
+        );
     }
 }
 
@@ -184,9 +239,9 @@ struct Watched {
 }
 
 impl Watched {
-    async fn open(first_display: u32, launch: Launch) -> Self {
+    async fn open(first_display: u32, setup: Setup) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let desk = runtime(dir.path(), first_display, launch);
+        let desk = runtime(dir.path(), first_display, setup);
         desk.open_screen("watched", 0).await.unwrap();
         // Opened in a new tab of the bot's browser (typing it into the address bar raced the
         // omnibox's suggestions, which dropped keys): the page then repaints its corner every
@@ -243,7 +298,18 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // Other bots' starts to observe through (`BENCH_STARTS`, at least 3); each gives 6 to 8
+    // samples.
+    let starts: usize = std::env::var("BENCH_STARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(rounds)
+        .max(3);
     let serial = std::env::var_os("BENCH_SERIAL").is_some();
+    // `BENCH_ONLY=memory`: only the memory figures, `rounds` of each start, alternating.
+    let memory_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "memory");
+    // `BENCH_ONLY=observe`: only one bot's observe, idle and while another browser starts.
+    let observe_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "observe");
     // One thread is enough: captures and encodes run on the blocking pool, as in the API.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -253,31 +319,63 @@ fn main() {
         println!(
             "desktop slots bench ({rounds} rounds, median shown; plain start against the runtime's)"
         );
+        let bare = |launch| Setup {
+            launch,
+            grouped: false,
+            hold_starts: false,
+        };
         let launches = [
-            ("plain", Launch::plain()),
-            ("runtime (lean)", Launch::default()),
-            ("lean, lowered", Launch::lowered()),
+            ("plain", bare(Launch::plain())),
+            ("runtime (lean)", bare(Launch::default())),
+            ("lean, lowered", bare(Launch::lowered())),
+            (
+                "desktop groups, starts not held",
+                Setup {
+                    launch: Launch::default(),
+                    grouped: true,
+                    hold_starts: false,
+                },
+            ),
+            (
+                "runtime, desktop groups",
+                Setup {
+                    launch: Launch::default(),
+                    grouped: true,
+                    hold_starts: true,
+                },
+            ),
         ];
-        let mut figures: [Figures; 3] = Default::default();
-        for _ in 0..rounds {
-            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()) {
-                f.one.push(open_many(1, true, 171, *launch).await);
-                f.eight.push(open_many(8, true, 171, *launch).await);
+        let mut figures: [Figures; 5] = Default::default();
+        if memory_only {
+            for _ in 0..rounds {
+                for ((_, setup), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
+                    f.memory.push(memory(171, *setup).await);
+                }
+            }
+            for ((name, _), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
+                f.report(name);
+            }
+            return;
+        }
+        for _ in 0..if observe_only { 0 } else { rounds } {
+            for ((_, setup), f) in launches.iter().zip(figures.iter_mut()) {
+                f.one.push(open_many(1, true, 171, *setup).await);
+                f.eight.push(open_many(8, true, 171, *setup).await);
                 if serial {
-                    f.serial.push(open_many(8, false, 171, *launch).await);
+                    f.serial.push(open_many(8, false, 171, *setup).await);
                 }
             }
         }
 
-        // Observe of one bot, idle and while another bot's browser starts (on 171, 181, 191).
+        // Observe of one bot, idle and while another bot's browser starts (on 171, 181, ...).
         let mut watched = Vec::new();
-        for (i, (_, launch)) in launches.iter().enumerate() {
-            watched.push(Watched::open(171 + 10 * i as u32, *launch).await);
+        for (i, (_, setup)) in launches.iter().enumerate() {
+            watched.push(Watched::open(171 + 10 * i as u32, *setup).await);
         }
         for (w, f) in watched.iter().zip(figures.iter_mut()) {
             w.idle(100, &mut f.idle).await;
         }
-        for round in 0..rounds.max(3) {
+        for round in 0..starts {
             for (w, f) in watched.iter().zip(figures.iter_mut()) {
                 w.while_another_starts(format!("other-{round}"), &mut f.busy)
                     .await;
@@ -286,9 +384,9 @@ fn main() {
         for w in watched {
             w.close().await;
         }
-        for _ in 0..rounds.min(2) {
-            for ((_, launch), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
-                f.memory.push(memory(171, *launch).await);
+        for _ in 0..if observe_only { 0 } else { rounds.min(2) } {
+            for ((_, setup), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {
+                f.memory.push(memory(171, *setup).await);
             }
         }
         for ((name, _), f) in launches.iter().zip(figures.iter_mut()) {

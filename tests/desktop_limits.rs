@@ -10,7 +10,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rakazo::desktop::cgroup::{Node, Usage};
+use rakazo::desktop::cgroup::{Node, Phase, Usage, group_name, hold_for_phase};
 use rakazo::desktop::command::{TAG_VAR, sweep_script};
 use rakazo::desktop::groups::{DesktopLimits, host_parent};
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
@@ -66,6 +66,7 @@ async fn a_memory_hog_loses_its_tab_while_the_other_desktop_keeps_its_browser() 
         cpu_weight: 100,
         memory_mb: 800,
         freeze_after: None,
+        hold_starts: true,
     };
     let p = provider(dir.path(), 161, limits);
     assert!(p.describe().capabilities.desktop_limits);
@@ -123,6 +124,7 @@ async fn an_idle_desktop_freezes_uses_no_cpu_and_thaws_on_the_next_observe() {
         cpu_weight: 100,
         memory_mb: 0,
         freeze_after: Some(Duration::from_secs(1)),
+        hold_starts: true,
     };
     let p = provider(dir.path(), 171, limits);
     assert!(p.describe().capabilities.desktop_freezing);
@@ -212,13 +214,13 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     );
 
     // The workspace user (uid 1000) tries to move itself out, lift the ceiling and thaw.
-    let dirs = ["memory", "freezer", "cpu"]
+    let dirs = ["memory", "freezer", "cpu", "cpuset"]
         .map(|c| format!("/sys/fs/cgroup/{c}"))
         .to_vec();
     let script = format!(
         "{WAIT_PLACED} grep -q attack- /proc/self/cgroup || echo not-inside
          for d in {dirs}; do echo $$ > $d/cgroup.procs && echo escaped $d; done
-         for f in $(find {dirs} -path '*attack-{pid}*' -name 'memory.limit_in_bytes' -o -path '*attack-{pid}*' -name freezer.state -o -path '*attack-{pid}*' -name cpu.shares 2>/dev/null); do
+         for f in $(find {dirs} -path '*attack-{pid}*' -name 'memory.limit_in_bytes' -o -path '*attack-{pid}*' -name freezer.state -o -path '*attack-{pid}*' -name cpu.shares -o -path '*attack-{pid}*' -name cpuset.cpus 2>/dev/null); do
            echo 1 > $f 2>/dev/null && echo wrote $f
          done; exit 0",
         dirs = dirs.join(" "),
@@ -243,6 +245,114 @@ async fn a_process_inside_cannot_leave_or_steer_its_group() {
     let _ = Command::new("kill").arg(child.to_string()).status();
     let _ = shell.kill();
     let _ = shell.wait();
+    node.remove().unwrap();
+}
+
+/// The CPUs process `pid` may run on, as the kernel lists them.
+fn allowed_cpus(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// A desktop starting while another is at work runs on every CPU but the first, and on all of
+/// them once at work; alone, or beside a frozen desktop, it is not held.
+#[tokio::test]
+async fn a_starting_desktop_is_held_off_the_first_cpu_while_another_works() {
+    let _serial = SERIAL.lock().await;
+    let scope = host_parent()
+        .unwrap()
+        .child(&format!("hold-{}", std::process::id()));
+    scope.create().unwrap();
+    let (work, start) = (
+        scope.child(&group_name("/hold/work")),
+        scope.child(&group_name("/hold/start")),
+    );
+    work.create().unwrap();
+    start.create().unwrap();
+    let cpus = start
+        .parent_cpus()
+        .expect("the cpuset controller reaches desktop groups");
+    assert!(cpus.len() > 1, "this test needs two CPUs: {cpus:?}");
+    let all = rakazo::desktop::cgroup::format_cpu_list(&cpus);
+    let rest = rakazo::desktop::cgroup::format_cpu_list(&cpus[1..]);
+    let mut starting = Command::new("sleep").arg("60").spawn().unwrap();
+    start.place(starting.id()).unwrap();
+    let canonical = |pid| {
+        rakazo::desktop::cgroup::parse_cpu_list(&allowed_cpus(pid))
+            .map(|c| rakazo::desktop::cgroup::format_cpu_list(&c))
+            .unwrap()
+    };
+
+    // Alone: the other group holds no process.
+    assert!(!hold_for_phase(&start, &scope, 1, Phase::Starting));
+    assert_eq!(canonical(starting.id()), all);
+
+    let mut working = Command::new("sleep").arg("60").spawn().unwrap();
+    work.place(working.id()).unwrap();
+    assert!(work.is_at_work());
+    assert!(hold_for_phase(&start, &scope, 1, Phase::Starting));
+    assert_eq!(canonical(starting.id()), rest);
+    assert!(!start.is_at_work(), "a held desktop is not at work");
+    // The desktop at work keeps every CPU, and a held one does not hold it in turn.
+    assert!(!hold_for_phase(&work, &scope, 1, Phase::Starting));
+    assert_eq!(canonical(working.id()), all);
+
+    // Once at work, every CPU again.
+    assert!(!hold_for_phase(&start, &scope, 1, Phase::AtWork));
+    assert_eq!(canonical(starting.id()), all);
+
+    // Beside a frozen desktop, a start is not held.
+    work.set_frozen(true).unwrap();
+    assert!(!hold_for_phase(&start, &scope, 1, Phase::Starting));
+    work.set_frozen(false).unwrap();
+
+    for child in [&mut starting, &mut working] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    work.remove().unwrap();
+    start.remove().unwrap();
+    scope.remove().unwrap();
+}
+
+/// A process caught between changing its user and starting its next program (its environment
+/// reads empty then) is still found by its tag: twenty times in a row, read straight after
+/// spawning.
+#[tokio::test]
+async fn a_process_changing_its_user_is_placed_all_the_same() {
+    let _serial = SERIAL.lock().await;
+    let parent = host_parent().unwrap();
+    let node: Node = parent.child(&format!("setpriv-{}", std::process::id()));
+    node.create().unwrap();
+    let tag = format!("/setpriv/{}", std::process::id());
+    for round in 0..20 {
+        let mut child = Command::new("setpriv")
+            .args([
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                "sleep",
+                "30",
+            ])
+            .env(TAG_VAR, &tag)
+            .spawn()
+            .unwrap();
+        // Only the child is scanned, so it is read at once, as a busy machine's scan may.
+        let pid = child.id();
+        let moved = node.place_tagged(&tag, Some(&move || vec![pid])).unwrap();
+        let inside = node.procs().unwrap().contains(&child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            moved >= 1 && inside,
+            "round {round}: moved {moved}, inside {inside}"
+        );
+    }
     node.remove().unwrap();
 }
 

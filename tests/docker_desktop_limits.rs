@@ -22,6 +22,7 @@ fn limits(memory_mb: u64, freeze_after: Option<Duration>) -> DesktopLimits {
         cpu_weight: 100,
         memory_mb,
         freeze_after,
+        hold_starts: true,
     }
 }
 

@@ -717,6 +717,7 @@ impl Config {
                     cpu_weight: weight,
                     memory_mb,
                     freeze_after: (freeze_ms > 0).then(|| Duration::from_millis(freeze_ms)),
+                    hold_starts: true,
                 })
             },
             desktop_warm_stacks: s.number("SANDBOX_DESKTOP_WARM_STACKS", 16)? as usize,
@@ -852,6 +853,7 @@ mod tests {
                 cpu_weight: 100,
                 memory_mb: 2048,
                 freeze_after: Some(Duration::from_millis(300_000)),
+                hold_starts: true,
             })
         );
         let off = Config::load(&env(&[("SANDBOX_DESKTOP_CPU_WEIGHT", "0")]), None).unwrap();

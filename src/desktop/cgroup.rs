@@ -4,6 +4,10 @@
 //! `freezer.state`, `cpuacct.usage`) and v2 (one unified hierarchy: `cpu.weight`,
 //! `memory.max`, `cgroup.freeze`, `cpu.stat`), detected from `/sys/fs/cgroup`.
 //!
+//! Where the cpuset controller can be used (its own v1 hierarchy, or enabled in v2), a group
+//! can also be held to some of the machine's CPUs ([`Node::set_cpus`]); where it cannot, the
+//! group runs on every CPU as before.
+//!
 //! Processes are moved in by their [`TAG_VAR`] (every process of a desktop carries its
 //! screen's tag, and its children inherit both the tag and the group). Only the owner of the
 //! group files (root) can move a process or change a limit; a process inside never can.
@@ -24,6 +28,10 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Passes of the tag scan: a process forked during a pass is found by the next.
 const PLACE_PASSES: usize = 8;
+/// How long a tag scan keeps reading a young process whose environment reads empty.
+const UNSETTLED_WAIT: Duration = Duration::from_millis(500);
+/// How young a process with an empty environment must be to be read again.
+const UNSETTLED_AGE: Duration = Duration::from_secs(5);
 
 /// Why control groups cannot be used, or what failed.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +112,8 @@ pub fn detect(root: &Path) -> GroupResult<Version> {
 pub struct Node {
     version: Version,
     dirs: Vec<PathBuf>,
+    /// v1: the group's directory in the cpuset hierarchy, where one is mounted.
+    cpuset: Option<PathBuf>,
 }
 
 impl Node {
@@ -117,7 +127,12 @@ impl Node {
                 .collect(),
             Version::V2 => vec![root.join(rel)],
         };
-        Self { version, dirs }
+        let cpuset = v1_cpuset_root(root, version).map(|c| c.join(rel));
+        Self {
+            version,
+            dirs,
+            cpuset,
+        }
     }
 
     /// The group this process runs in (with v1, its group in each controller's hierarchy).
@@ -149,7 +164,15 @@ impl Node {
                 })
                 .collect::<GroupResult<Vec<_>>>()?,
         };
-        Ok(Self { version, dirs })
+        let cpuset = v1_cpuset_root(root, version).and_then(|c| {
+            let rel = path_of(&|c: &str| c.split(',').any(|c| c == "cpuset"))?;
+            Some(c.join(rel))
+        });
+        Ok(Self {
+            version,
+            dirs,
+            cpuset,
+        })
     }
 
     /// The interface of this group.
@@ -162,6 +185,7 @@ impl Node {
         Self {
             version: self.version,
             dirs: self.dirs.iter().map(|d| d.join(name)).collect(),
+            cpuset: self.cpuset.as_ref().map(|d| d.join(name)),
         }
     }
 
@@ -189,9 +213,12 @@ impl Node {
         self.dirs[i].clone()
     }
 
-    /// Every directory of the group (one per v1 controller, one for v2).
+    /// Every directory of the group (one per v1 controller, one for v2), and with v1 its
+    /// cpuset directory where that was made.
     fn dirs(&self) -> Vec<PathBuf> {
-        self.dirs.clone()
+        let mut dirs = self.dirs.clone();
+        dirs.extend(self.cpuset.clone().filter(|d| d.is_dir()));
+        dirs
     }
 
     fn write(&self, controller: &str, file: &str, value: &str) -> GroupResult<()> {
@@ -229,7 +256,78 @@ impl Node {
                 Err(e) => return Err(io_err("create", &dir, e)),
             }
         }
+        self.create_cpuset();
         Ok(())
+    }
+
+    /// Creates the group's cpuset part where the controller can be used; a machine where it
+    /// cannot (not mounted, or read-only in a container) keeps every group on every CPU.
+    fn create_cpuset(&self) {
+        match (self.version, &self.cpuset) {
+            (Version::V1, Some(dir)) => {
+                // A v1 cpuset group takes no process until it has CPUs and memory nodes.
+                let made = match std::fs::create_dir(dir) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+                };
+                if let (true, Some(parent)) = (made, dir.parent()) {
+                    for file in ["cpuset.cpus", "cpuset.mems"] {
+                        let mine = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+                        if mine.trim().is_empty()
+                            && let Ok(theirs) = std::fs::read_to_string(parent.join(file))
+                        {
+                            let _ = std::fs::write(dir.join(file), theirs.trim());
+                        }
+                    }
+                }
+            }
+            (Version::V2, _) => {
+                let Some(parent) = self.dirs[0].parent() else {
+                    return;
+                };
+                let offered =
+                    std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+                let enabled = std::fs::read_to_string(parent.join("cgroup.subtree_control"))
+                    .unwrap_or_default();
+                let has = |text: &str| text.split_whitespace().any(|c| c == "cpuset");
+                if has(&offered) && !has(&enabled) {
+                    let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+cpuset");
+                }
+            }
+            (Version::V1, None) => {}
+        }
+    }
+
+    /// The CPUs the group's parent may use, where the cpuset controller reaches the group.
+    pub fn parent_cpus(&self) -> Option<Vec<u32>> {
+        let (dir, file) = match self.version {
+            Version::V1 => (self.cpuset.as_ref()?, "cpuset.effective_cpus"),
+            Version::V2 => (&self.dirs[0], "cpuset.cpus.effective"),
+        };
+        let text = std::fs::read_to_string(dir.parent()?.join(file)).ok()?;
+        parse_cpu_list(&text)
+    }
+
+    /// Holds the group to `cpus`, or (`None`) lets it use every CPU its parent may. Fails
+    /// where the cpuset controller does not reach the group.
+    pub fn set_cpus(&self, cpus: Option<&[u32]>) -> GroupResult<()> {
+        let (dir, value) = match (self.version, cpus) {
+            (Version::V1, _) => {
+                let dir = self
+                    .cpuset
+                    .as_ref()
+                    .ok_or_else(|| GroupError("the cpuset controller is not mounted".into()))?;
+                let all = self
+                    .parent_cpus()
+                    .ok_or_else(|| GroupError("the parent's CPUs cannot be read".into()))?;
+                (dir, format_cpu_list(cpus.unwrap_or(&all)))
+            }
+            // An empty list in v2 takes the parent's.
+            (Version::V2, None) => (&self.dirs[0], String::new()),
+            (Version::V2, Some(cpus)) => (&self.dirs[0], format_cpu_list(cpus)),
+        };
+        let path = dir.join("cpuset.cpus");
+        std::fs::write(&path, value).map_err(|e| io_err("write", &path, e))
     }
 
     /// Sets the CPU weight and memory ceiling; swap is not available to the group where the
@@ -259,6 +357,39 @@ impl Node {
         Ok(())
     }
 
+    /// Whether the group is a desktop at work: it holds processes, is not frozen and may use
+    /// every CPU of its parent (it is not held as a starting one is, see [`hold_for_phase`]).
+    pub fn is_at_work(&self) -> bool {
+        let busy = self.procs().is_ok_and(|p| !p.is_empty());
+        let held = match (self.version, &self.cpuset) {
+            (Version::V1, Some(dir)) => {
+                let mine = std::fs::read_to_string(dir.join("cpuset.cpus"))
+                    .ok()
+                    .and_then(|t| parse_cpu_list(&t));
+                mine.is_some() && mine != self.parent_cpus()
+            }
+            (Version::V1, None) => false,
+            (Version::V2, _) => std::fs::read_to_string(self.dirs[0].join("cpuset.cpus"))
+                .is_ok_and(|t| !t.trim().is_empty()),
+        };
+        busy && !held && !self.is_frozen().unwrap_or(true)
+    }
+
+    /// The desktop groups ([`is_group_name`]) among this group's children, and with `depth`
+    /// 2 among their children too.
+    pub fn desktops(&self, depth: usize) -> Vec<Node> {
+        let mut found = Vec::new();
+        for name in self.child_names() {
+            let child = self.child(&name);
+            if is_group_name(&name) {
+                found.push(child);
+            } else if depth > 1 {
+                found.extend(child.desktops(depth - 1));
+            }
+        }
+        found
+    }
+
     /// The processes in the group.
     pub fn procs(&self) -> GroupResult<Vec<u32>> {
         let controller = match self.version {
@@ -274,13 +405,17 @@ impl Node {
 
     /// Moves process `pid` (all its threads) into the group; one that is gone is not an error.
     pub fn place(&self, pid: u32) -> GroupResult<()> {
-        for dir in self.dirs() {
+        for dir in &self.dirs {
             let path = dir.join("cgroup.procs");
             match std::fs::write(&path, pid.to_string()) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(ESRCH) => return Ok(()),
                 Err(e) => return Err(io_err("move a process into", &path, e)),
             }
+        }
+        // The cpuset part is the best the machine allows (see `create_cpuset`).
+        if let Some(dir) = self.cpuset.as_ref().filter(|d| d.is_dir()) {
+            let _ = std::fs::write(dir.join("cgroup.procs"), pid.to_string());
         }
         Ok(())
     }
@@ -289,15 +424,19 @@ impl Node {
     /// rewrites its helpers' environment area with their titles, so a zygote or renderer forked
     /// before the move shows no tag), into the group, among `candidates` (`None`: every process
     /// of this pid namespace). Scans until a pass finds none left out, so a child forked during
-    /// a pass follows. Returns how many were moved.
+    /// a pass follows; a young process whose environment reads empty (one between changing its
+    /// user and its next program, as `setpriv` is) is read again until it settles or
+    /// [`UNSETTLED_WAIT`] passes. Returns how many were moved.
     pub fn place_tagged(
         &self,
         tag: &str,
         candidates: Option<&dyn Fn() -> Vec<u32>>,
     ) -> GroupResult<usize> {
         let want = format!("{TAG_VAR}={tag}");
+        let started = Instant::now();
         let mut moved = 0;
-        for _ in 0..PLACE_PASSES {
+        let mut passes = 0;
+        while passes < PLACE_PASSES {
             let inside: HashSet<u32> = self.procs()?.into_iter().collect();
             let pids = match candidates {
                 Some(list) => list(),
@@ -307,10 +446,21 @@ impl Node {
                 .iter()
                 .filter_map(|p| Some((*p, parent_of(*p)?)))
                 .collect();
+            let mut unsettled = false;
             let mut members: HashSet<u32> = pids
                 .iter()
                 .copied()
-                .filter(|p| inside.contains(p) || carries(*p, &want))
+                .filter(|p| {
+                    inside.contains(p)
+                        || match carries(*p, &want) {
+                            Carries::Yes => true,
+                            Carries::No => false,
+                            Carries::Unsettled => {
+                                unsettled = true;
+                                false
+                            }
+                        }
+                })
                 .collect();
             loop {
                 let born: Vec<u32> = pids
@@ -332,7 +482,11 @@ impl Node {
                 this_pass += 1;
             }
             moved += this_pass;
-            if this_pass == 0 {
+            if this_pass > 0 {
+                passes += 1;
+            } else if unsettled && started.elapsed() < UNSETTLED_WAIT {
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
                 break;
             }
         }
@@ -457,6 +611,81 @@ impl Node {
     }
 }
 
+/// Where a desktop is in its life, for the CPUs its group may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Its X server, window manager and browser are starting, until the browser's first page
+    /// has settled: about a second of two busy cores for Chromium alone.
+    Starting,
+    /// Started.
+    AtWork,
+}
+
+impl Phase {
+    /// [`Phase::Starting`] when `starting`, else [`Phase::AtWork`].
+    pub fn of(starting: bool) -> Self {
+        if starting {
+            Self::Starting
+        } else {
+            Self::AtWork
+        }
+    }
+}
+
+/// Sets the CPUs of desktop group `node` for `phase`. A desktop starting while another under
+/// `scope` (its desktops `depth` levels down, see [`Node::desktops`]) is at work is held to
+/// every CPU of its parent but the first, which stays free for the desktop at work: its X
+/// server's captures and its bot's calls then never wait behind a starting browser. Alone, or
+/// at work, a desktop uses every CPU. On a machine of one CPU, or where the cpuset controller
+/// cannot be used, nothing is held. Answers whether the group is held.
+pub fn hold_for_phase(node: &Node, scope: &Node, depth: usize, phase: Phase) -> bool {
+    let held = match phase {
+        Phase::AtWork => None,
+        Phase::Starting => node
+            .parent_cpus()
+            .filter(|cpus| cpus.len() > 1)
+            .filter(|_| {
+                scope
+                    .desktops(depth)
+                    .iter()
+                    .any(|d| d != node && d.is_at_work())
+            })
+            .map(|cpus| cpus[1..].to_vec()),
+    };
+    match node.set_cpus(held.as_deref()) {
+        Ok(()) => held.is_some(),
+        Err(_) => false,
+    }
+}
+
+/// The v1 cpuset hierarchy's root, where one is mounted.
+fn v1_cpuset_root(root: &Path, version: Version) -> Option<PathBuf> {
+    let dir = root.join("cpuset");
+    (version == Version::V1 && dir.join("cgroup.procs").is_file()).then_some(dir)
+}
+
+/// The CPUs of a kernel CPU list (`0-3,6`); `None` for an empty or unreadable one.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// `cpus` as a kernel CPU list.
+pub fn format_cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The number after `name ` on its own line of a flat-keyed control file.
 fn field(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
@@ -491,10 +720,56 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// What process `pid`'s environment says of one entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Carries {
+    /// It holds the entry.
+    Yes,
+    /// It does not, or the process is gone, a kernel thread or a zombie.
+    No,
+    /// It reads empty in a process started moments ago: one that changed its user is not
+    /// readable until its next program is loaded, so it is read again.
+    Unsettled,
+}
+
 /// Whether process `pid`'s environment holds exactly `entry` (`NAME=value`).
-fn carries(pid: u32, entry: &str) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == entry.as_bytes()))
+fn carries(pid: u32, entry: &str) -> Carries {
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Err(_) => Carries::No,
+        Ok(env) if env.split(|b| *b == 0).any(|v| v == entry.as_bytes()) => Carries::Yes,
+        Ok(env) if !env.is_empty() => Carries::No,
+        Ok(_) if is_young_user_process(pid) => Carries::Unsettled,
+        Ok(_) => Carries::No,
+    }
+}
+
+/// Whether `pid` is a live user-space process started less than [`UNSETTLED_AGE`] ago.
+fn is_young_user_process(pid: u32) -> bool {
+    /// The kernel-thread bit of a process's flags.
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    /// The clock ticks `/proc` counts in (USER_HZ, the same on every Linux ABI).
+    const USER_HZ: f64 = 100.0;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // After `pid (comm)`: state is the first field, flags the seventh, starttime the twentieth.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let (Some(state), Some(flags), Some(start)) = (
+        fields.first(),
+        fields.get(6).and_then(|f| f.parse::<u64>().ok()),
+        fields.get(19).and_then(|f| f.parse::<f64>().ok()),
+    ) else {
+        return false;
+    };
+    let uptime = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok());
+    !matches!(*state, "Z" | "X" | "x")
+        && flags & PF_KTHREAD == 0
+        && uptime.is_some_and(|up| up - start / USER_HZ < UNSETTLED_AGE.as_secs_f64())
 }
 
 /// The group name of the desktop whose processes carry `tag`: short and free of the tag's
@@ -544,6 +819,16 @@ mod tests {
         ] {
             assert!(!is_group_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn reads_and_writes_cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0,2-4,7"), Some(vec![0, 2, 3, 4, 7]));
+        assert_eq!(parse_cpu_list("3,1,1"), Some(vec![1, 3]));
+        assert_eq!(parse_cpu_list("\n"), None);
+        assert_eq!(parse_cpu_list("1-x"), None);
+        assert_eq!(format_cpu_list(&[1, 2, 5]), "1,2,5");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{DesktopFreeze, ProviderRef};
 
 use super::DesktopError;
-use super::cgroup::{self, GroupError, Limits, Node, Usage, Version};
+use super::cgroup::{self, GroupError, Limits, Node, Phase, Usage, Version};
 use super::runtime::DesktopRuntime;
 
 /// Per-desktop control group settings (`SANDBOX_DESKTOP_*`).
@@ -22,6 +22,9 @@ pub struct DesktopLimits {
     pub memory_mb: u64,
     /// Freeze a desktop with no tool call, viewer or control for this long; `None` = never.
     pub freeze_after: Option<Duration>,
+    /// Hold a starting desktop off the first CPU while another is at work
+    /// ([`cgroup::hold_for_phase`]); the runtime always does, benches compare without.
+    pub hold_starts: bool,
 }
 
 impl DesktopLimits {
@@ -37,9 +40,9 @@ impl DesktopLimits {
 /// The owner of a machine's desktop groups. A desktop is named by its processes' tag.
 #[async_trait]
 pub trait DesktopGroups: Send + Sync + std::fmt::Debug {
-    /// Creates the desktop's group with its limits if missing, and moves every process
-    /// carrying `tag` into it.
-    async fn enter(&self, tag: &str) -> Result<(), DesktopError>;
+    /// Creates the desktop's group with its limits if missing, gives it the CPUs of its
+    /// `phase` ([`cgroup::hold_for_phase`]), and moves every process carrying `tag` into it.
+    async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError>;
     /// Freezes or thaws the desktop's processes.
     async fn set_frozen(&self, tag: &str, frozen: bool) -> Result<(), DesktopError>;
     /// CPU time, OOM kills and frozen state of the desktop's group.
@@ -123,6 +126,8 @@ pub fn host_parent() -> Result<Node, GroupError> {
 /// Desktop groups of one host machine: `<host parent>/<machine>/<desktop>`.
 #[derive(Debug)]
 pub struct HostGroups {
+    /// Every machine's group on this host: the desktops a starting one makes room for.
+    host: Node,
     machine: Node,
     limits: DesktopLimits,
 }
@@ -130,9 +135,14 @@ pub struct HostGroups {
 impl HostGroups {
     /// The groups of machine `name` (a short plain name), creating its group.
     pub fn new(name: &str, limits: DesktopLimits) -> Result<Arc<Self>, GroupError> {
-        let machine = host_parent()?.child(name);
+        let host = host_parent()?;
+        let machine = host.child(name);
         machine.create()?;
-        Ok(Arc::new(Self { machine, limits }))
+        Ok(Arc::new(Self {
+            host,
+            machine,
+            limits,
+        }))
     }
 
     /// The group of the desktop tagged `tag`.
@@ -148,11 +158,16 @@ impl HostGroups {
 
 #[async_trait]
 impl DesktopGroups for HostGroups {
-    async fn enter(&self, tag: &str) -> Result<(), DesktopError> {
+    async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError> {
         let (node, limits, tag) = (self.node(tag), self.limits.limits(), tag.to_owned());
+        let (host, hold) = (self.host.clone(), self.limits.hold_starts);
         blocking(move || {
             node.create()?;
             node.set_limits(limits)?;
+            if hold {
+                // Host parent, machine, desktop.
+                cgroup::hold_for_phase(&node, &host, 2, phase);
+            }
             node.place_tagged(&tag, None).map(|_| ())
         })
         .await

@@ -30,6 +30,7 @@ use super::browser::{
     DevToolsAction, LOCK_FILES, Launch, chromium_args, devtools_script, profile_dir,
 };
 use super::capture::{XDisplay, x_err};
+use super::cgroup::Phase;
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
     minimal_env, reap_script, sweep_script, wait_ready,
@@ -260,6 +261,8 @@ struct Screen {
     grouped: bool,
     /// Its control group is frozen.
     frozen: bool,
+    /// Its stack or browser is starting (see [`Phase::Starting`]).
+    starting: bool,
     /// OOM kills in its group already told to the bot.
     oom_seen: u64,
     /// When its browser was last seen running.
@@ -656,7 +659,7 @@ impl DesktopRuntime {
         let Some(groups) = &self.config.groups else {
             return;
         };
-        match groups.enter(&screen.tag).await {
+        match groups.enter(&screen.tag, Phase::of(screen.starting)).await {
             Ok(()) => screen.grouped = true,
             Err(e) => {
                 tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.enter_failed")
@@ -1100,7 +1103,7 @@ impl DesktopRuntime {
             ));
         }
         if let Some(groups) = &self.config.groups
-            && let Err(e) = groups.enter(&tag).await
+            && let Err(e) = groups.enter(&tag, Phase::AtWork).await
         {
             tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.enter_failed");
         }
@@ -1621,6 +1624,7 @@ impl DesktopRuntime {
                 last_used: Instant::now(),
                 busy: Arc::new(AtomicUsize::new(0)),
                 grouped: false,
+                starting: true,
                 frozen: false,
                 oom_seen: 0,
                 browser_seen: None,
@@ -1670,8 +1674,19 @@ impl DesktopRuntime {
         Err(DesktopError::Stack("no free X display number".into()))
     }
 
-    /// Starts the bot's Chromium on its profile and waits for its first window.
+    /// Starts the bot's Chromium on its profile and waits for its first window, its group held
+    /// as a starting desktop's until then; started or not, the group gets every CPU again (a
+    /// screen whose restart failed stays, and must not stay held).
     async fn start_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        screen.starting = true;
+        let started = self.start_browser_held(screen).await;
+        screen.starting = false;
+        self.enter_group(screen).await;
+        started
+    }
+
+    /// [`Self::start_browser`], while the group is held.
+    async fn start_browser_held(&self, screen: &mut Screen) -> Result<(), DesktopError> {
         let workspace = self.config.workspace.to_string_lossy().into_owned();
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let profile_s = profile.to_string_lossy().into_owned();
@@ -1753,6 +1768,10 @@ impl DesktopRuntime {
             attempt += 1;
             let pid = self.runner.spawn(&spec).await?;
             screen.browser = Some(pid);
+            // Its group at once: the browser's start-up (its zygotes, network process, first
+            // page) is most of a desktop's CPU and memory, and counts against the desktop's own
+            // weight and ceiling.
+            self.enter_group(screen).await;
             match self.first_window(screen, pid).await? {
                 Ok(io) => break io,
                 Err(why) if attempt < 2 && why.exited => {
@@ -1774,7 +1793,8 @@ impl DesktopRuntime {
                 }
             }
         };
-        // Its group before it loads anything: the processes it forks from now on inherit it.
+        // Again once its window is up, for any process the first scan could not place; what
+        // it forks from now on inherits the group.
         self.enter_group(screen).await;
         // The cookies saved at the last checkpoint or quit (the cookie database itself is not
         // in the archive, so a restored profile has only these).

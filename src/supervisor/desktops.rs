@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use crate::desktop::cgroup::{self, CGROUP_ROOT, Limits, Node, Usage, Version};
+use crate::desktop::cgroup::{self, CGROUP_ROOT, Limits, Node, Phase, Usage, Version};
 
 use super::engine::EngineError;
 use super::wire::DesktopEnter;
@@ -99,6 +99,7 @@ impl Desktops {
             memory_bytes: body.memory_mb.saturating_mul(1024 * 1024),
         })
         .map_err(group_err)?;
+        cgroup::hold_for_phase(&node, &container, 1, Phase::of(body.starting));
         // Only processes of this container: those in its own group, and this desktop's.
         let candidates: &dyn Fn() -> Vec<u32> = &|| {
             let mut pids: HashSet<u32> =

@@ -149,6 +149,10 @@ pub struct DesktopEnter {
     pub cpu_weight: u32,
     /// Memory ceiling in MiB; 0 = none.
     pub memory_mb: u64,
+    /// The desktop is starting: while another desktop of the container is at work, it is
+    /// held off the container's first CPU (`cgroup::hold_for_phase`).
+    #[serde(default)]
+    pub starting: bool,
 }
 
 /// `GET /v1/computers/{id}/desktops/{desktop}`: read from the desktop's group. Also

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use rakazo_actors::provider::ProviderError;
 
 use crate::desktop::DesktopError;
-use crate::desktop::cgroup::{Usage, group_name};
+use crate::desktop::cgroup::{Phase, Usage, group_name};
 use crate::desktop::groups::{DesktopGroups, DesktopLimits};
 use crate::supervisor::wire::DesktopEnter;
 
@@ -36,11 +36,12 @@ fn err(e: ProviderError) -> DesktopError {
 
 #[async_trait]
 impl DesktopGroups for SupervisorGroups {
-    async fn enter(&self, tag: &str) -> Result<(), DesktopError> {
+    async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError> {
         let body = DesktopEnter {
             tag: tag.to_owned(),
             cpu_weight: self.limits.cpu_weight,
             memory_mb: self.limits.memory_mb,
+            starting: self.limits.hold_starts && phase == Phase::Starting,
         };
         self.client
             .desktop_enter(&self.container, &group_name(tag), &body)

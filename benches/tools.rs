@@ -9,7 +9,8 @@
 //! Last, `shell` on the in-process `fake` provider shows what the API adds with no process
 //! start around it.
 //!
-//! Run: `scripts/bench.sh tools`.
+//! Run: `scripts/bench.sh tools`; `cargo bench --bench tools -- fake` runs the last leg alone,
+//! `-- spawn` only the start of a script by a server holding much memory.
 
 mod support;
 
@@ -82,6 +83,8 @@ fn has_image(result: &Value) -> bool {
 }
 
 const ROUNDS: usize = 200;
+/// Pause before each timed observe: longer than one of the browser's frames (16.7 ms).
+const FRAME_PAUSE: Duration = Duration::from_millis(25);
 
 fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
     v.sort();
@@ -173,6 +176,16 @@ impl Api {
 }
 
 fn main() {
+    // `cargo bench --bench tools -- fake`: only the fake provider's leg, on a quiet machine.
+    if std::env::args().skip(1).any(|a| a == "fake") {
+        actix_rt::System::new().block_on(shell_on_the_fake_provider());
+        return;
+    }
+    // `cargo bench --bench tools -- spawn`: only the script start of a large server.
+    if std::env::args().skip(1).any(|a| a == "spawn") {
+        actix_rt::System::new().block_on(scripts_of_a_large_server());
+        return;
+    }
     actix_rt::System::new().block_on(async {
         let Api { dir, app, base, token, http, started } = Api::start("desktop").await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
@@ -204,6 +217,7 @@ fn main() {
         }
         report("shell `true`, POST /rpc", raw.clone(), api);
         report("shell `true`, /rpc/ws", raw, over_ws);
+        team_folder_prefix(provider.as_ref(), &machine).await;
 
         // Both browsers on the repainting page: every observation is a fresh screenshot.
         let page = actix_web::HttpServer::new(|| {
@@ -223,21 +237,26 @@ fn main() {
         let (mut raw, mut api, mut text, mut binary) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut text_bytes, mut binary_bytes) = (0usize, 0usize);
         // Observations that found the screen as the last one left it (no image): the page
-        // repaints every 5 ms, so these should stay near zero.
+        // repaints every 5 ms, but the browser draws at most one frame per 16.7 ms, so each
+        // timed observe comes FRAME_PAUSE (not timed) after the last and these stay near zero.
         let mut unchanged = 0usize;
         for _ in 0..ROUNDS / 4 {
+            tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             provider.observe(&machine, "raw-bot").await.unwrap();
             raw.push(t.elapsed());
+            tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             let answer = support::rpc(&http, &base, &token, "tools/call", call("computer_observe", json!({}))).await;
             api.push(t.elapsed());
             unchanged += usize::from(!has_image(&answer));
+            tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             let (answer, _) = ws_text.call("tools/call", call("computer_observe", json!({}))).await;
             text.push(t.elapsed());
             unchanged += usize::from(!has_image(&answer));
             text_bytes += answer.to_string().len();
+            tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             let (answer, attached) = ws_binary.call("tools/call", call("computer_observe", json!({}))).await;
             binary.push(t.elapsed());
@@ -264,6 +283,75 @@ fn main() {
 
         shell_on_the_fake_provider().await;
     });
+}
+
+/// How a Team bot's shell enters its folder, on the provider straight: the command the API
+/// sends ([`rakazo::tools::in_own_folder`]) against the `mkdir -p` it sent before, alternating.
+async fn team_folder_prefix(
+    provider: &dyn rakazo_actors::provider::SandboxProvider,
+    machine: &rakazo_actors::provider::ProviderRef,
+) {
+    let exec = |command: String| ExecRequest {
+        command,
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    let before = exec("mkdir -p 'bots/bench' && cd 'bots/bench' || exit 1\ntrue".into());
+    let now = exec(rakazo::tools::in_own_folder("bots/bench", "true"));
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        provider.exec(machine, &before).await.unwrap();
+        old.push(t.elapsed());
+        let t = Instant::now();
+        provider.exec(machine, &now).await.unwrap();
+        new.push(t.elapsed());
+    }
+    let (o50, n50) = (percentile(old, 0.5), percentile(new, 0.5));
+    println!(
+        "shell `true` in a Team bot's folder, on the provider: `mkdir -p` p50 {o50:.2} ms, `[ -d ]` p50 {n50:.2} ms ({:.2}x)",
+        n50 / o50.max(1e-9)
+    );
+}
+
+/// A script through the host runner (`bash` by its full path: `posix_spawn`) against the same
+/// command started as before (a bare `bash` with a `PATH` of its own: the standard library
+/// forks, copying the page tables of the whole process), alternating, while this process holds
+/// 0, 256 and 1,024 MiB as a server with many screens does.
+async fn scripts_of_a_large_server() {
+    use rakazo::desktop::command::{CommandRunner, HostRunner, minimal_env};
+    let runner = HostRunner::minimal();
+    let mut held: Vec<u8> = Vec::new();
+    for mib in [0usize, 256, 1024] {
+        held.resize(mib << 20, 1);
+        std::hint::black_box(&held);
+        let (mut before, mut now) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            tokio::process::Command::new("bash")
+                .args(["-c", "true"])
+                .env_clear()
+                .envs(minimal_env())
+                .current_dir("/")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(0)
+                .output()
+                .await
+                .unwrap();
+            before.push(t.elapsed());
+            let t = Instant::now();
+            runner.run("true", Duration::from_secs(30)).await.unwrap();
+            now.push(t.elapsed());
+        }
+        let (b50, n50) = (percentile(before, 0.5), percentile(now, 0.5));
+        println!(
+            "a script while holding {mib} MiB: bare `bash` (fork) p50 {b50:.2} ms, host runner p50 {n50:.2} ms ({:.2}x)",
+            n50 / b50.max(1e-9)
+        );
+    }
 }
 
 /// `shell` on the in-process `fake` provider, whose command costs microseconds: what the API

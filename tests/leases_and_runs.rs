@@ -290,12 +290,8 @@ async fn a_person_controls_a_private_screen_while_the_run_goes_on(s: TestServer)
     .await;
 }
 
-/// A grant on SQLite reads one row of the key and one of the maintenance reservation through
-/// `ux_leases_fence`: a check over every lease made each grant slower with the history of
-/// leases (it scanned the whole table).
-#[actix_rt::test]
-async fn a_fresh_grant_reads_the_latest_rows_not_the_history() {
-    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+/// A migrated SQLite database in a temporary directory.
+async fn migrated_sqlite() -> (tempfile::TempDir, sea_orm::DatabaseConnection) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
         "sqlite://{}?mode=rwc",
@@ -303,26 +299,40 @@ async fn a_fresh_grant_reads_the_latest_rows_not_the_history() {
     );
     let db = rakazo::db::connect(&url).await.unwrap();
     rakazo::db::migrate(&db).await.unwrap();
+    (dir, db)
+}
+
+/// The steps of SQLite's query plan for `sql` with `values`.
+async fn query_plan(
+    db: &sea_orm::DatabaseConnection,
+    sql: &str,
+    values: Vec<sea_orm::Value>,
+) -> Vec<String> {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    db.query_all_raw(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        format!("EXPLAIN QUERY PLAN {sql}"),
+        values,
+    ))
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.try_get::<String>("", "detail").unwrap())
+    .collect()
+}
+
+/// A grant on SQLite reads one row of the key and one of the maintenance reservation through
+/// `ux_leases_fence`: a check over every lease made each grant slower with the history of
+/// leases (it scanned the whole table).
+#[actix_rt::test]
+async fn a_fresh_grant_reads_the_latest_rows_not_the_history() {
+    let (_dir, db) = migrated_sqlite().await;
     let values: Vec<sea_orm::Value> = ["l", "c", "execution", "b", "h"]
         .into_iter()
         .map(sea_orm::Value::from)
         .chain([1i64.into(), 2i64.into()])
         .collect();
-    let plan = db
-        .query_all_raw(Statement::from_sql_and_values(
-            DbBackend::Sqlite,
-            format!(
-                "EXPLAIN QUERY PLAN {}",
-                rakazo_actors::leases::SQLITE_FRESH_GRANT
-            ),
-            values,
-        ))
-        .await
-        .unwrap();
-    let steps: Vec<String> = plan
-        .iter()
-        .map(|row| row.try_get::<String>("", "detail").unwrap())
-        .collect();
+    let steps = query_plan(&db, rakazo_actors::leases::SQLITE_FRESH_GRANT, values).await;
     assert!(
         steps.iter().all(|s| !s.starts_with("SCAN leases")),
         "{steps:?}"
@@ -334,5 +344,31 @@ async fn a_fresh_grant_reads_the_latest_rows_not_the_history() {
             .count()
             >= 3,
         "{steps:?}"
+    );
+}
+
+/// What a tool call checks (run, bot, space membership, computer, the lease's latest grant) is
+/// one statement, and it finds every row through an index.
+#[tokio::test]
+async fn a_tool_calls_checks_are_one_statement_through_indexes() {
+    use sea_orm::DbBackend;
+    let (_dir, db) = migrated_sqlite().await;
+    for member_of in [Some("user"), None] {
+        let built =
+            DbBackend::Sqlite.build(&rakazo_actors::run_checks::statement("run", member_of));
+        let values = built.values.map(|v| v.0).unwrap_or_default();
+        let steps = query_plan(&db, &built.sql, values).await;
+        assert!(steps.iter().all(|s| !s.starts_with("SCAN")), "{steps:?}");
+        assert!(
+            steps.iter().any(|s| s.contains("ux_leases_fence")),
+            "{steps:?}"
+        );
+    }
+    // Nothing is found for a run that does not exist.
+    assert!(
+        rakazo_actors::run_checks::read(&db, "no-such-run", None)
+            .await
+            .unwrap()
+            .is_none()
     );
 }

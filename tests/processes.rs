@@ -385,6 +385,20 @@ async fn two_api_processes_and_a_worker_share_one_postgres() {
     let team = api_a.id("computer.forBot", json!({ "botId": bot })).await;
     let first_owner = owner(&db, &team).await.expect("an owner");
 
+    // Tool calls through both append to the computer's one timeline: each process chains to
+    // the head it last wrote, finds it moved by the other, and the chain stays whole.
+    for (i, api) in [driver, other, driver, other, other, driver]
+        .into_iter()
+        .enumerate()
+    {
+        let call = json!({ "runId": run, "fence": fence, "name": "shell",
+                           "arguments": { "command": format!("echo call-{i}") } });
+        let out = api.ok("tools/call", call).await;
+        assert_eq!(out["isError"], false, "{out}");
+    }
+    let verified = rakazo_actors::timeline::verify(&db, &team).await.unwrap();
+    assert!(verified.intact, "{verified:?}");
+
     // A person may not take over through the other process while the bot runs.
     assert_eq!(
         other

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use regex::Regex;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set,
+    QuerySelect,
 };
 use serde::Serialize;
 
@@ -15,6 +15,7 @@ use crate::clock::{new_id, now_ms};
 use crate::entity::activity_event;
 use crate::error::DomainResult;
 use crate::events::EventBus;
+use crate::timeline::{self, EntryJson, NewEntry};
 
 /// Longest output tail kept per event, in characters.
 pub const OUTPUT_TAIL_CHARS: usize = 2000;
@@ -132,38 +133,78 @@ impl From<&activity_event::Model> for ActivityJson {
     }
 }
 
+/// The feed's row of a call: redacted, the output cut to its tail.
+fn row_of(c: Command) -> activity_event::Model {
+    activity_event::Model {
+        id: new_id(),
+        seq: SEQ.fetch_add(1, Ordering::Relaxed),
+        space_id: c.space_id,
+        computer_id: c.computer_id,
+        bot_id: c.bot_id,
+        kind: "computer.command".into(),
+        tool: c.tool,
+        command: tail(&redact(&c.command), COMMAND_CHARS),
+        output_tail: c
+            .output
+            .map(|o| redact(&tail(&o, OUTPUT_TAIL_CHARS * 2)))
+            .map(|o| tail(&o, OUTPUT_TAIL_CHARS)),
+        size_bytes: c.size_bytes,
+        error: c.error.map(|e| redact(&e)),
+        created_at_ms: now_ms(),
+    }
+}
+
+/// Stream a recorded row to its space's subscribers.
+fn publish(events: &EventBus, row: &activity_event::Model) -> ActivityJson {
+    let json = ActivityJson::from(row);
+    events.publish(
+        &row.space_id,
+        crate::events::Topic::ComputerCommand,
+        serde_json::to_value(&json).unwrap_or_default(),
+    );
+    json
+}
+
 /// Record one call and stream it to the space's subscribers.
 pub async fn record(
     db: &DatabaseConnection,
     events: &EventBus,
     c: Command,
 ) -> DomainResult<ActivityJson> {
-    let row = activity_event::ActiveModel {
-        id: Set(new_id()),
-        seq: Set(SEQ.fetch_add(1, Ordering::Relaxed)),
-        space_id: Set(c.space_id.clone()),
-        computer_id: Set(c.computer_id),
-        bot_id: Set(c.bot_id),
-        kind: Set("computer.command".into()),
-        tool: Set(c.tool),
-        command: Set(tail(&redact(&c.command), COMMAND_CHARS)),
-        output_tail: Set(c
-            .output
-            .map(|o| redact(&tail(&o, OUTPUT_TAIL_CHARS * 2)))
-            .map(|o| tail(&o, OUTPUT_TAIL_CHARS))),
-        size_bytes: Set(c.size_bytes),
-        error: Set(c.error.map(|e| redact(&e))),
-        created_at_ms: Set(now_ms()),
+    let row = row_of(c);
+    activity_event::ActiveModel::from(row.clone())
+        .insert(db)
+        .await?;
+    Ok(publish(events, &row))
+}
+
+/// Record calls together with the timeline entry of the tool call that made them, in one
+/// transaction ([`timeline::append_with`]); they are streamed once it is committed. When the
+/// timeline stays contended, the calls are still recorded on their own.
+pub async fn record_with_entry(
+    db: &DatabaseConnection,
+    events: &EventBus,
+    commands: Vec<Command>,
+    entry: NewEntry,
+) -> DomainResult<EntryJson> {
+    let rows: Vec<_> = commands.into_iter().map(row_of).collect();
+    match timeline::append_with(db, entry, &rows).await {
+        Ok(entry) => {
+            for row in &rows {
+                publish(events, row);
+            }
+            Ok(entry)
+        }
+        Err(e) => {
+            for row in &rows {
+                activity_event::ActiveModel::from(row.clone())
+                    .insert(db)
+                    .await?;
+                publish(events, row);
+            }
+            Err(e)
+        }
     }
-    .insert(db)
-    .await?;
-    let json = ActivityJson::from(&row);
-    events.publish(
-        &c.space_id,
-        crate::events::Topic::ComputerCommand,
-        serde_json::to_value(&json).unwrap_or_default(),
-    );
-    Ok(json)
 }
 
 /// A bot's history, newest first.

@@ -28,6 +28,7 @@ use crate::agent_sessions::{self, AgentWatch};
 use crate::awake::held_awake;
 use crate::checkpoint::{Checkpoint, CheckpointActor, Outcome, Reason};
 use crate::computers::{ComputerState, Computers, EndReason};
+use crate::entity::computer;
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKey, LeaseKind, Leases};
 use crate::owners::{Owner, Owners, Remote, RemoteOutput};
@@ -106,6 +107,12 @@ pub enum OpOutput {
 #[derive(Message)]
 #[rtype(result = "DomainResult<OpOutput>")]
 pub struct Call(pub Op);
+
+/// [`Call`] with the computer's row as its caller has just read it (a tool call's checks), so
+/// the actor does not read it again.
+#[derive(Message)]
+#[rtype(result = "DomainResult<OpOutput>")]
+pub struct CallRead(pub Op, pub Box<computer::Model>);
 
 /// Make sure a machine runs; answers its reference.
 #[derive(Message)]
@@ -346,6 +353,26 @@ impl Handler<Call> for ComputerActor {
     type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
 
     fn handle(&mut self, Call(op): Call, ctx: &mut Context<Self>) -> Self::Result {
+        self.call(op, None, ctx)
+    }
+}
+
+impl Handler<CallRead> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
+
+    fn handle(&mut self, CallRead(op, row): CallRead, ctx: &mut Context<Self>) -> Self::Result {
+        self.call(op, Some(*row), ctx)
+    }
+}
+
+impl ComputerActor {
+    /// Run `op` on the machine; `read`: the computer's row, if the caller has just read it.
+    fn call(
+        &mut self,
+        op: Op,
+        read: Option<computer::Model>,
+        ctx: &mut Context<Self>,
+    ) -> ResponseActFuture<Self, DomainResult<OpOutput>> {
         if self.machine.is_none() {
             self.ensure_machine(ctx, Duration::ZERO, Want::Any);
         }
@@ -371,7 +398,10 @@ impl Handler<Call> for ComputerActor {
                 let provider = rt.provider()?;
                 let computers = Computers::new(rt.db.clone());
                 // A restore the machine has not taken yet (its import failed) comes first.
-                let row = computers.get(&id).await?;
+                let row = match read {
+                    Some(row) => row,
+                    None => computers.get(&id).await?,
+                };
                 // The use stamp is written only once it is older than the idle check's slack,
                 // so a stream of calls (most of them read-only) does not write on every call.
                 let now = rt.clock.now_ms();

@@ -143,6 +143,20 @@ async fn latest<C: ConnectionTrait>(db: &C, key: &LeaseKey) -> DomainResult<Opti
         .await?)
 }
 
+/// [`Leases::verify`] on a key's latest grant read elsewhere (`latest`, or none): the grant
+/// if it is live at `now` and its fence is `fence`; `LEASE_FENCED` otherwise.
+pub fn judge_latest(
+    kind: LeaseKind,
+    latest: Option<lease::Model>,
+    fence: i64,
+    now: i64,
+) -> DomainResult<Grant> {
+    match latest {
+        Some(row) if row.fence == fence && is_live(&row, now) => Ok(Grant::from_row(kind, &row)),
+        _ => Err(DomainError::code(ErrorCode::LeaseFenced)),
+    }
+}
+
 async fn live<C: ConnectionTrait>(
     db: &C,
     key: &LeaseKey,
@@ -316,10 +330,7 @@ impl Leases {
 
     /// The current grant if `fence` is it and it is live; `LEASE_FENCED` otherwise.
     pub async fn verify(&self, key: &LeaseKey, fence: i64) -> DomainResult<Grant> {
-        match live(&self.db, key, now_ms()).await? {
-            Some(row) if row.fence == fence => Ok(Grant::from_row(key.kind, &row)),
-            _ => Err(DomainError::code(ErrorCode::LeaseFenced)),
-        }
+        judge_latest(key.kind, latest(&self.db, key).await?, fence, now_ms())
     }
 
     /// Set `column` on the live grant of `key` with `fence`; `LEASE_FENCED` when there is none.

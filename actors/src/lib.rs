@@ -40,6 +40,7 @@ pub mod processes;
 pub mod provider;
 pub mod reconciler;
 pub mod registry;
+pub mod run_checks;
 pub mod run_reports;
 pub mod runs;
 pub mod runtime;

@@ -3,22 +3,25 @@
 //! its actor (bot, user or system), in the order the database accepted them.
 //!
 //! Every entry carries the hash of the entry before it; the computer's `timeline_heads` row
-//! anchors the last one. An append moves the head by compare-and-set (its position must still
-//! be the one read) in the transaction that inserts the entry, so appends from any number of
-//! processes form one chain; the unique (computer, position) index backs that up. [`verify`]
-//! recomputes the chain and names the first entry that does not match.
+//! anchors the last one. An append is one statement that inserts the entry only where the head
+//! is still the entry it chained to; the `timeline_head_follows` trigger moves the head in the
+//! same statement, so appends from any number of processes form one chain; the unique
+//! (computer, position) index backs that up. [`verify`] recomputes the chain and names the
+//! first entry that does not match.
 //!
 //! Who acts is carried as a task-local [`Actor`] ([`acting_as`]): the methods set the caller,
 //! the tools the bot; everything else (actors, timers, reconcilers) is the system. Events
 //! published on the bus while an actor is set are journaled under it ([`start_journal`]).
 
 use std::future::Future;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use sea_orm::sea_query::Expr;
+use dashmap::DashMap;
+use sea_orm::sea_query::{Expr, ExprTrait, InsertStatement, Query};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
+    Iterable, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -27,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::activity::redact;
 use crate::clock::{new_id, now_ms};
-use crate::entity::{timeline_entry, timeline_head};
+use crate::entity::{activity_event, timeline_entry, timeline_head};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::events::{EventBus, Journaled, Topic};
 
@@ -256,17 +259,43 @@ fn contended(e: &DbErr) -> bool {
 
 enum Attempt {
     Done(Box<timeline_entry::Model>),
+    /// Another writer moved the head first.
     Lost,
+    /// The head was not where this process last saw it: read it and try again at once.
+    Stale,
 }
 
-async fn attempt(db: &DatabaseConnection, e: &NewEntry, detail: &str) -> Result<Attempt, DbErr> {
-    let txn = db.begin().await?;
-    let head = timeline_head::Entity::find_by_id(&e.computer_id)
-        .one(&txn)
-        .await?;
-    let (position, prev_hash) = head
-        .as_ref()
-        .map_or((0, GENESIS.to_owned()), |h| (h.position, h.hash.clone()));
+/// Most computers whose head [`HEADS`] keeps; past it, the hints start over.
+const HINTED_HEADS: usize = 65_536;
+
+/// The head each computer's timeline had after this process last appended to it: a hint that
+/// spares an append reading the head first. It is only ever a guess: the append moves the head
+/// only from that exact position and hash, and a head found elsewhere is read and the append
+/// tried again.
+static HEADS: LazyLock<DashMap<String, (i64, String)>> = LazyLock::new(DashMap::new);
+
+fn remember_head(computer_id: &str, position: i64, hash: &str) {
+    if HEADS.len() >= HINTED_HEADS {
+        HEADS.clear();
+    }
+    HEADS.insert(computer_id.to_owned(), (position, hash.to_owned()));
+}
+
+async fn attempt(
+    db: &DatabaseConnection,
+    e: &NewEntry,
+    detail: &str,
+    also: &[activity_event::Model],
+) -> Result<Attempt, DbErr> {
+    let hint = HEADS.get(&e.computer_id).map(|h| h.value().clone());
+    let head = match hint.clone() {
+        Some(head) => Some(head),
+        None => timeline_head::Entity::find_by_id(&e.computer_id)
+            .one(db)
+            .await?
+            .map(|h| (h.position, h.hash)),
+    };
+    let (position, prev_hash) = head.clone().unwrap_or((0, GENESIS.to_owned()));
     let mut row = timeline_entry::Model {
         id: new_id(),
         computer_id: e.computer_id.clone(),
@@ -284,42 +313,90 @@ async fn attempt(db: &DatabaseConnection, e: &NewEntry, detail: &str) -> Result<
         hash: String::new(),
     };
     row.hash = entry_hash(&row);
-    if head.is_some() {
-        // Compare-and-set: the head moves only from the position this attempt read.
-        let moved = timeline_head::Entity::update_many()
-            .col_expr(timeline_head::Column::Position, Expr::value(row.position))
-            .col_expr(timeline_head::Column::Hash, Expr::value(row.hash.clone()))
-            .filter(timeline_head::Column::ComputerId.eq(&e.computer_id))
-            .filter(timeline_head::Column::Position.eq(position))
-            .exec(&txn)
-            .await?;
-        if moved.rows_affected != 1 {
-            txn.rollback().await?;
-            return Ok(Attempt::Lost);
-        }
+    let insert = chained_insert(&row, head.is_some());
+    let inserted = if also.is_empty() {
+        db.execute(&insert).await?.rows_affected()
     } else {
-        timeline_head::ActiveModel {
-            computer_id: Set(e.computer_id.clone()),
-            position: Set(row.position),
-            hash: Set(row.hash.clone()),
+        let txn = db.begin().await?;
+        let inserted = txn.execute(&insert).await?.rows_affected();
+        if inserted == 1 {
+            activity_event::Entity::insert_many(
+                also.iter().cloned().map(activity_event::ActiveModel::from),
+            )
+            .exec_without_returning(&txn)
+            .await?;
+            txn.commit().await?;
+        } else {
+            txn.rollback().await?;
         }
-        .insert(&txn)
-        .await?;
+        inserted
+    };
+    if inserted != 1 {
+        HEADS.remove(&e.computer_id);
+        return Ok(if hint.is_some() {
+            Attempt::Stale
+        } else {
+            Attempt::Lost
+        });
     }
-    timeline_entry::ActiveModel::from(row.clone())
-        .insert(&txn)
-        .await?;
-    txn.commit().await?;
+    remember_head(&row.computer_id, row.position, &row.hash);
     Ok(Attempt::Done(Box::new(row)))
+}
+
+/// The one statement of an append: `row` goes in only where the computer's head is still the
+/// entry it chained to (`chained`), or where it has no head yet; the `timeline_head_follows`
+/// trigger moves the head to it in the same statement.
+fn chained_insert(row: &timeline_entry::Model, chained: bool) -> InsertStatement {
+    let head = || {
+        Query::select()
+            .expr(Expr::val(1))
+            .from(timeline_head::Entity)
+            .and_where(timeline_head::Column::ComputerId.eq(&row.computer_id))
+            .to_owned()
+    };
+    let still = if chained {
+        Expr::exists(
+            head()
+                .and_where(timeline_head::Column::Position.eq(row.position - 1))
+                .and_where(timeline_head::Column::Hash.eq(&row.prev_hash))
+                .to_owned(),
+        )
+    } else {
+        Expr::exists(head()).not()
+    };
+    // Every column of the row, in the entity's order.
+    let columns: Vec<timeline_entry::Column> = timeline_entry::Column::iter().collect();
+    let set = timeline_entry::ActiveModel::from(row.clone());
+    let values = columns
+        .iter()
+        .map(|c| Expr::val(set.get(*c).into_value().expect("a model sets every column")));
+    let select = Query::select().exprs(values).and_where(still).to_owned();
+    Query::insert()
+        .into_table(timeline_entry::Entity)
+        .columns(columns)
+        .select_from(select)
+        .expect("as many values as columns")
+        .to_owned()
 }
 
 /// Append an entry to its computer's timeline (see the module docs).
 pub async fn append(db: &DatabaseConnection, e: NewEntry) -> DomainResult<EntryJson> {
+    append_with(db, e, &[]).await
+}
+
+/// [`append`], inserting `also` (the activity feed's rows of the same tool call) in the same
+/// transaction: one commit for both.
+pub async fn append_with(
+    db: &DatabaseConnection,
+    e: NewEntry,
+    also: &[activity_event::Model],
+) -> DomainResult<EntryJson> {
     let detail = stored_detail(&e.detail);
     let mut last = None;
     for round in 0..APPEND_ATTEMPTS {
-        match attempt(db, &e, &detail).await {
+        match attempt(db, &e, &detail, also).await {
             Ok(Attempt::Done(row)) => return Ok(EntryJson::from(row.as_ref())),
+            Ok(Attempt::Stale) => continue,
             Ok(Attempt::Lost) => {}
             Err(err) if contended(&err) => last = Some(err),
             Err(err) => return Err(err.into()),

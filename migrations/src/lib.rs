@@ -18,6 +18,7 @@ mod m20261203_000001_replay_timeline;
 mod m20261204_000001_mcp_sessions;
 mod m20261204_000002_process_host;
 mod m20261205_000001_lease_grant_latest;
+mod m20261206_000001_timeline_head_trigger;
 
 /// Every migration of the product, oldest first.
 pub struct Migrator;
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000001_mcp_sessions::Migration),
             Box::new(m20261204_000002_process_host::Migration),
             Box::new(m20261205_000001_lease_grant_latest::Migration),
+            Box::new(m20261206_000001_timeline_head_trigger::Migration),
         ]
     }
 }

@@ -1,6 +1,7 @@
 //! The tools' side of the timeline and the recordings: what a tool call leaves there.
 
 use rakazo_actors::DomainError;
+use rakazo_actors::activity::{self, Command};
 use rakazo_actors::entity::run;
 use rakazo_actors::provider::{Action, Frame};
 use rakazo_actors::timeline::{self, Actor, NewEntry};
@@ -48,6 +49,20 @@ pub fn summary(arguments: &Value) -> Value {
     Value::Object(kept)
 }
 
+/// The timeline entry of a tool call of `r`'s bot.
+pub(crate) fn entry(r: &run::Model, tool: &str, detail: Value) -> NewEntry {
+    NewEntry {
+        computer_id: r.computer_id.clone(),
+        space_id: r.space_id.clone(),
+        actor: Actor::bot(&r.bot_id),
+        bot_id: Some(r.bot_id.clone()),
+        run_id: Some(r.id.clone()),
+        kind: "tool.call".into(),
+        subject: tool.into(),
+        detail,
+    }
+}
+
 /// Note a tool call (its arguments and whether it failed) in the computer's timeline.
 pub async fn note(
     app: &App,
@@ -55,25 +70,30 @@ pub async fn note(
     tool: &str,
     arguments: Value,
     error: Option<&DomainError>,
+    commands: Vec<Command>,
 ) {
     let outcome = match error {
         None => json!({ "ok": true }),
         Some(e) => json!({ "ok": false, "code": e.code.as_str(), "message": e.message }),
     };
-    timeline::note(
-        &app.db,
-        NewEntry {
-            computer_id: r.computer_id.clone(),
-            space_id: r.space_id.clone(),
-            actor: Actor::bot(&r.bot_id),
-            bot_id: Some(r.bot_id.clone()),
-            run_id: Some(r.id.clone()),
-            kind: "tool.call".into(),
-            subject: tool.into(),
-            detail: json!({ "arguments": arguments, "outcome": outcome }),
-        },
-    )
-    .await;
+    let entry = entry(
+        r,
+        tool,
+        json!({ "arguments": arguments, "outcome": outcome }),
+    );
+    if commands.is_empty() {
+        timeline::note(&app.db, entry).await;
+        return;
+    }
+    // The activity rows the call made, in the same transaction as its entry.
+    let events = &app.runtime().events;
+    if let Err(e) = activity::record_with_entry(&app.db, events, commands, entry).await {
+        tracing::warn!(
+            event = "timeline.note_failed",
+            kind = "tool.call",
+            code = e.code.as_str()
+        );
+    }
 }
 
 /// Record an observation or an action batch: the timeline entry, and the step with its frame

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use rakazo_actors::entity::{recording_frame, recording_step, run};
 use rakazo_actors::provider::{Action, Frame};
-use rakazo_actors::timeline::{self, Actor, NewEntry};
+use rakazo_actors::timeline;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, keys};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QuerySelect, Set,
@@ -151,20 +151,8 @@ async fn append_call(
 ) -> DomainResult<(timeline::EntryJson, Option<Value>)> {
     let run = step.run;
     let actions = step.actions.map(stored_actions);
-    let entry = timeline::append(
-        db,
-        NewEntry {
-            computer_id: run.computer_id.clone(),
-            space_id: run.space_id.clone(),
-            actor: Actor::bot(&run.bot_id),
-            bot_id: Some(run.bot_id.clone()),
-            run_id: Some(run.id.clone()),
-            kind: "tool.call".into(),
-            subject: step.tool.into(),
-            detail: json!({ "actions": actions, "result": step.result, "frameDigest": step.digest }),
-        },
-    )
-    .await?;
+    let detail = json!({ "actions": actions, "result": step.result, "frameDigest": step.digest });
+    let entry = timeline::append(db, calls::entry(run, step.tool, detail)).await?;
     Ok((entry, actions))
 }
 

@@ -7,12 +7,13 @@ mod attachments;
 mod economy;
 mod schema;
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine;
 use rakazo_actors::activity::{self, Command};
-use rakazo_actors::computer::{Call, Op, OpOutput};
-use rakazo_actors::entity::run;
+use rakazo_actors::computer::{Call, CallRead, Op, OpOutput};
+use rakazo_actors::entity::{computer, run};
 use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
@@ -24,6 +25,7 @@ pub use attachments::{Attachments, ID_BYTES as ATTACHMENT_ID_BYTES};
 pub use economy::{Economy, digest as frame_digest};
 pub use schema::definitions;
 
+use crate::api::methods::FencedRun;
 use crate::app::App;
 use crate::providers::workspace_path;
 
@@ -47,6 +49,11 @@ pub struct ToolCtx<'a> {
     /// Where images go when the transport carries them as binary messages (`None`: base64
     /// inside the answer).
     pub attachments: Option<&'a Attachments>,
+    /// The computer's row as the call's checks read it, taken by its first operation.
+    read: Mutex<Option<computer::Model>>,
+    /// The activity rows of a call made through [`call`], written with its timeline entry
+    /// (`None`: each is written at once).
+    pending: Mutex<Option<Vec<Command>>>,
 }
 
 fn text(t: impl Into<String>) -> Value {
@@ -77,7 +84,26 @@ fn tail(bytes: &str, max: usize) -> (String, bool) {
     (bytes[start..].to_owned(), true)
 }
 
-impl ToolCtx<'_> {
+impl<'a> ToolCtx<'a> {
+    /// The context of a call on a run whose fence held.
+    pub fn new(
+        app: &'a App,
+        fenced: FencedRun,
+        vision: bool,
+        attachments: Option<&'a Attachments>,
+    ) -> Self {
+        Self {
+            app,
+            run: fenced.run,
+            team: fenced.team,
+            handle: fenced.handle,
+            vision,
+            attachments,
+            read: Mutex::new(Some(fenced.computer)),
+            pending: Mutex::new(None),
+        }
+    }
+
     /// The folder relative paths start from: `bots/<bot id>` on a Team Computer, the
     /// workspace root otherwise.
     fn base(&self) -> String {
@@ -99,7 +125,20 @@ impl ToolCtx<'_> {
     }
 
     async fn op(&self, op: Op) -> DomainResult<OpOutput> {
-        self.handle.computer.send(Call(op)).await?
+        let read = self
+            .read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match read {
+            Some(row) => {
+                self.handle
+                    .computer
+                    .send(CallRead(op, Box::new(row)))
+                    .await?
+            }
+            None => self.handle.computer.send(Call(op)).await?,
+        }
     }
 
     async fn record(
@@ -120,6 +159,15 @@ impl ToolCtx<'_> {
             size_bytes: size,
             error,
         };
+        if let Some(pending) = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            pending.push(c);
+            return;
+        }
         if let Err(e) = activity::record(&self.app.db, &self.app.runtime().events, c).await {
             tracing::warn!(event = "activity.record_failed", code = e.code.as_str());
         }
@@ -171,12 +219,25 @@ impl ToolCtx<'_> {
 pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
     let actor = rakazo_actors::timeline::Actor::bot(&ctx.run.bot_id);
     let summary = crate::recordings::calls::summary(&arguments);
+    *ctx.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Vec::new());
     let outcome = rakazo_actors::timeline::acting_as(actor, dispatch(ctx, name, arguments)).await;
+    let commands = ctx
+        .pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .unwrap_or_default();
     ctx.app.runtime().events.journaled().await;
     // Observations and action batches put themselves in the timeline with their recording.
-    if !(outcome.is_ok() && crate::recordings::calls::records_itself(name)) {
-        crate::recordings::calls::note(ctx.app, &ctx.run, name, summary, outcome.as_ref().err())
-            .await;
+    if outcome.is_ok() && crate::recordings::calls::records_itself(name) {
+        for c in commands {
+            if let Err(e) = activity::record(&ctx.app.db, &ctx.app.runtime().events, c).await {
+                tracing::warn!(event = "activity.record_failed", code = e.code.as_str());
+            }
+        }
+    } else {
+        let error = outcome.as_ref().err();
+        crate::recordings::calls::note(ctx.app, &ctx.run, name, summary, error, commands).await;
     }
     match outcome {
         Ok(v) => v,
@@ -429,6 +490,14 @@ struct ShellArgs {
     timeout_ms: Option<u64>,
 }
 
+/// `command` run in `folder` (relative to the workspace), made on the way in if missing: a
+/// Team bot's shell in one command, not a `mkdir` round trip before every call, and with no
+/// `mkdir` process once the folder is there (`[` is a shell builtin).
+pub fn in_own_folder(folder: &str, command: &str) -> String {
+    let folder = crate::desktop::shell_quote(folder);
+    format!("[ -d {folder} ] || mkdir -p {folder}; cd {folder} || exit 1\n{command}")
+}
+
 /// Run a shell command for the bot (its Team folder by default) and record it in the
 /// activity feed, redacted; the full output comes back.
 pub async fn shell_exec(
@@ -444,15 +513,7 @@ pub async fn shell_exec(
     let timeout = timeout_ms.map_or(max, |ms| Duration::from_millis(ms.max(1)).min(max));
     let (cwd, run) = match cwd.filter(|c| !c.is_empty()) {
         Some(c) => (ctx.path(&c, true)?, command.clone()),
-        // A Team bot's shell starts in its own folder, made on the way in: one command, not
-        // a `mkdir` round trip before every call.
-        None if ctx.team => {
-            let home = crate::desktop::shell_quote(&ctx.base());
-            (
-                String::new(),
-                format!("mkdir -p {home} && cd {home} || exit 1\n{command}"),
-            )
-        }
+        None if ctx.team => (String::new(), in_own_folder(&ctx.base(), &command)),
         None => (String::new(), command.clone()),
     };
     let req = ExecRequest {

@@ -366,16 +366,8 @@ async fn call_tool(
         caller,
         attachments: None,
     };
-    let methods::FencedRun { run, handle, team } =
-        methods::fenced(&ctx, &s.run_id, s.fence).await?;
-    let tcx = ToolCtx {
-        app,
-        run,
-        team,
-        handle,
-        vision: true,
-        attachments: None,
-    };
+    let fenced = methods::fenced(&ctx, &s.run_id, s.fence).await?;
+    let tcx = ToolCtx::new(app, fenced, true, None);
     Ok(tools::call(&tcx, &name, arguments).await)
 }
 

@@ -2,7 +2,7 @@
 //! every space, users the spaces they are members of, a bot token only its own bot, its space
 //! (for events filtered to its bot) and the computer its bot uses.
 
-use rakazo_actors::entity::{bot, computer, run, space, space_member};
+use rakazo_actors::entity::{bot, computer, space, space_member};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 
@@ -18,21 +18,30 @@ pub async fn space(
         .one(db)
         .await?
         .ok_or_else(|| DomainError::not_found("space"))?;
+    let member = match caller.scope {
+        Scope::User => space_member::Entity::find()
+            .filter(space_member::Column::SpaceId.eq(space_id))
+            .filter(space_member::Column::UserId.eq(&caller.user_id))
+            .one(db)
+            .await?
+            .is_some(),
+        _ => false,
+    };
+    // Not reached: the space is invisible, not forbidden.
+    if space_reached(caller, &found.id, member) {
+        Ok(found)
+    } else {
+        Err(DomainError::not_found("space"))
+    }
+}
+
+/// Whether the caller may use an existing space: operators every one, a bot token its bot's,
+/// a user those it is a `member` of.
+pub fn space_reached(caller: &Caller, space_id: &str, member: bool) -> bool {
     match &caller.scope {
-        Scope::Operator => Ok(found),
-        Scope::Bot { space_id: own, .. } if *own == found.id => Ok(found),
-        Scope::Bot { .. } => Err(DomainError::not_found("space")),
-        Scope::User => {
-            let member = space_member::Entity::find()
-                .filter(space_member::Column::SpaceId.eq(space_id))
-                .filter(space_member::Column::UserId.eq(&caller.user_id))
-                .one(db)
-                .await?;
-            // Not a member: the space is invisible, not forbidden.
-            member
-                .map(|_| found)
-                .ok_or_else(|| DomainError::not_found("space"))
-        }
+        Scope::Operator => true,
+        Scope::Bot { space_id: own, .. } => own == space_id,
+        Scope::User => member,
     }
 }
 
@@ -56,30 +65,6 @@ pub async fn bot(
         .await
         .map_err(|_| DomainError::not_found("bot"))?;
     Ok((found, space))
-}
-
-/// The bot of a run the caller may use: [`bot`] for `run`'s bot, with the bot row and the
-/// space check read at the same time (the run names its space; a bot found in another space
-/// is refused like an unreachable one).
-pub async fn run_bot(
-    db: &DatabaseConnection,
-    caller: &Caller,
-    run: &run::Model,
-) -> DomainResult<bot::Model> {
-    let unreachable = || DomainError::not_found("bot");
-    if caller.bot_id().is_some_and(|scoped| scoped != run.bot_id) {
-        return Err(unreachable());
-    }
-    let (found, space) = tokio::join!(
-        bot::Entity::find_by_id(&run.bot_id).one(db),
-        space(db, caller, &run.space_id)
-    );
-    let found = found?.ok_or_else(unreachable)?;
-    space.map_err(|_| unreachable())?;
-    if found.space_id != run.space_id {
-        return Err(unreachable());
-    }
-    Ok(found)
 }
 
 /// Whether a computer is one a bot token may reach: its bot's private computer, or the Team

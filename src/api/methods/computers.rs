@@ -2,19 +2,20 @@
 //! stop.
 
 use rakazo_actors::checkpoint::{Outcome, Reason};
+use rakazo_actors::clock::now_ms;
 use rakazo_actors::computer::{CurrentMachine, SaveWorkspace, Suspend};
 use rakazo_actors::computers::{Computers, EndReason};
 use rakazo_actors::entity::{computer, run};
-use rakazo_actors::leases::{LeaseKey, Leases};
+use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases, judge_latest};
 use rakazo_actors::registry::ComputerHandle;
-use rakazo_actors::runs::Runs;
+use rakazo_actors::run_checks;
 use rakazo_actors::screen;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Ctx, access};
-use crate::auth::Caller;
+use crate::auth::{Caller, Scope};
 
 /// JSON form of a computer for a caller: the providerRef is shown to operators only, the
 /// home key to people only (never to a bot token).
@@ -112,35 +113,45 @@ pub struct FencedRun {
     pub run: run::Model,
     /// Its computer's actors.
     pub handle: ComputerHandle,
+    /// Its computer's row as the checks read it (the computer actor's first operation takes
+    /// it instead of reading it again).
+    pub computer: computer::Model,
     /// Whether its bot works on a Team Computer (its shell starts in `bots/<id>`).
     pub team: bool,
 }
 
-/// [`fenced_run`], with whether the bot works on a Team Computer. After the run, what the
-/// checks read (the bot and its space, the computer, the live lease) is read at once, and
-/// judged in the order a caller is owed: access, then the run's own fence, then the computer,
-/// then the lease.
+/// [`fenced_run`], with what the checks read. Everything is read in one statement
+/// ([`run_checks::read`]), and judged in the order a caller is owed: the run and access to
+/// its bot (`NOT_FOUND`), then the run's own fence, then the computer, then the lease.
 pub async fn fenced_tool_run(ctx: &Ctx<'_>, run_id: &str, fence: i64) -> DomainResult<FencedRun> {
-    let run = Runs::new(ctx.db().clone()).get(run_id).await?;
-    let key = LeaseKey::execution(&run.computer_id, &run.bot_id);
-    let (computers, leases) = (
-        Computers::new(ctx.db().clone()),
-        Leases::new(ctx.db().clone()),
-    );
-    let (bot, computer, lease) = tokio::join!(
-        access::run_bot(ctx.db(), ctx.caller, &run),
-        computers.get(&run.computer_id),
-        leases.verify(&key, fence)
-    );
-    let bot = bot.map_err(|_| DomainError::not_found("run"))?;
+    let unreachable = || DomainError::not_found("run");
+    let member_of = matches!(ctx.caller.scope, Scope::User).then_some(ctx.caller.user_id.as_str());
+    let checks = run_checks::read(ctx.db(), run_id, member_of)
+        .await?
+        .ok_or_else(unreachable)?;
+    let run = checks.run;
+    let bot = checks.bot.ok_or_else(unreachable)?;
+    let reached = checks.space_found
+        && access::space_reached(ctx.caller, &run.space_id, checks.member)
+        && ctx
+            .caller
+            .bot_id()
+            .is_none_or(|scoped| scoped == run.bot_id)
+        && bot.space_id == run.space_id;
+    if !reached {
+        return Err(unreachable());
+    }
     if let Some(refused) = rakazo_actors::runs::fence_refusal(&run, fence) {
         return Err(refused);
     }
-    let handle = handle(ctx, &computer?);
-    lease?;
+    let computer = checks
+        .computer
+        .ok_or_else(|| DomainError::not_found("computer"))?;
+    judge_latest(LeaseKind::Execution, checks.lease, fence, now_ms())?;
     Ok(FencedRun {
+        handle: handle(ctx, &computer),
         run,
-        handle,
+        computer,
         team: bot.computer_mode == "team",
     })
 }
@@ -160,15 +171,8 @@ struct Exec {
 /// computer under its execution lease (the `shell` tool, with the whole output).
 pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Exec = super::params(params)?;
-    let FencedRun { run, handle, team } = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
-    let tcx = crate::tools::ToolCtx {
-        app: ctx.app,
-        run,
-        team,
-        handle,
-        vision: false,
-        attachments: None,
-    };
+    let fenced = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
+    let tcx = crate::tools::ToolCtx::new(ctx.app, fenced, false, None);
     let out = crate::tools::shell_exec(&tcx, p.command, Some(p.cwd), p.timeout_ms).await?;
     Ok(serde_json::to_value(out).unwrap_or_default())
 }

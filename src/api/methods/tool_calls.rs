@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::Ctx;
-use super::computers::{FencedRun, fenced_tool_run};
+use super::computers::fenced_tool_run;
 use crate::tools::{self, ToolCtx};
 
 #[derive(Deserialize)]
@@ -28,14 +28,7 @@ fn yes() -> bool {
 /// Call a tool; the answer is an MCP `CallToolResult`.
 pub async fn call(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: CallParams = super::params(params)?;
-    let FencedRun { run, handle, team } = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
-    let tcx = ToolCtx {
-        app: ctx.app,
-        run,
-        team,
-        handle,
-        vision: p.vision,
-        attachments: ctx.attachments,
-    };
+    let fenced = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
+    let tcx = ToolCtx::new(ctx.app, fenced, p.vision, ctx.attachments);
     Ok(tools::call(&tcx, &p.name, p.arguments).await)
 }

@@ -313,6 +313,11 @@ fn main() {
     let shm_grab = cost(50, xvfb, || {
         x.grab().unwrap();
     });
+    // The same into the buffer of the frame before, as the runtime's observe captures now.
+    let shm_grab_reused = cost(50, xvfb, || {
+        let frame = x.grab().unwrap();
+        x.recycle(frame);
+    });
     let shm_half = cost(50, xvfb, || {
         x.grab().unwrap().shot(half).unwrap();
     });
@@ -383,6 +388,19 @@ fn main() {
         std::hint::black_box(grabbed.hash);
         let png = bands.encode(next, Some(last)).unwrap().png;
         rakazo::tools::frame_digest(&png);
+        x.recycle(grabbed);
+        back = !back;
+    });
+    let small_observe_fresh = cost(30, xvfb, || {
+        let grabbed = x.grab().unwrap();
+        let (next, last) = if back {
+            (&raw, &square)
+        } else {
+            (&square, &raw)
+        };
+        std::hint::black_box(grabbed.hash);
+        let png = bands.encode(next, Some(last)).unwrap().png;
+        rakazo::tools::frame_digest(&png);
         back = !back;
     });
     let out = dir.path().join("shot.png");
@@ -420,6 +438,7 @@ fn main() {
     print_cost("shared memory + hash + PNG", &shm_observe);
     print_cost("GetImage + hash + PNG", &socket_observe);
     print_cost("shared memory capture + hash", &shm_grab);
+    print_cost("the same into the last frame's buffer", &shm_grab_reused);
     print_cost("GetImage capture + hash", &socket_grab);
     print_cost("shared memory + hash + PNG 640 wide", &shm_half);
     print_cost("PNG encode, full 1280x800", &encode_full);
@@ -431,6 +450,7 @@ fn main() {
     print_cost("frame digest, BLAKE3", &digest_blake3);
     print_cost("frame digest, SHA-256 (before)", &digest_sha256);
     print_cost("observe, square changed: all above", &small_observe);
+    print_cost("the same, a fresh buffer per capture", &small_observe_fresh);
     println!(
         "  cpu ratio, hash before / XXH3: {:.2}x; digest SHA-256 / BLAKE3: {:.2}x (PNG {} KiB)",
         hash_words.cpu_ms / hash_xxh3.cpu_ms,

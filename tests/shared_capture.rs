@@ -377,4 +377,30 @@ fn a_small_change_deflates_only_its_bands_and_every_frame_is_the_screen() {
     let third = x.frame().unwrap();
     assert_eq!((x.bands_deflated(), x.grabs()), (32, grabs));
     assert_eq!(third.png, second.png);
+
+    // A scaled frame of the same screen between two full ones changes neither; asked again
+    // at that size, it is the same scaled image.
+    let half = FrameSize {
+        max_width: Some(320),
+        max_height: None,
+    };
+    let scaled = x.frame_sized(half).unwrap();
+    assert_eq!((scaled.width, scaled.screen), (320, Some((640, 480))));
+    assert_eq!(x.frame_sized(half).unwrap().png, scaled.png);
+    assert_eq!(x.frame().unwrap().png, second.png);
+    assert_eq!((x.bands_deflated(), x.grabs()), (32, grabs));
+
+    // The window goes: the next frames are captured into the buffers of the frames before
+    // them, and each is still exactly the screen.
+    painter.unmap_window(win).unwrap();
+    painter.get_input_focus().unwrap().reply().unwrap();
+    let fourth = x.frame().unwrap();
+    assert_ne!(pixel(&fourth.png, 105, 205), [255, 0, 0]);
+    assert_eq!(pixel(&fourth.png, 95, 205), pixel(&second.png, 95, 205));
+    painter.map_window(win).unwrap();
+    painter.get_input_focus().unwrap().reply().unwrap();
+    let fifth = x.frame().unwrap();
+    assert!(decoded(&fifth.png) == decoded(&second.png));
+    assert_eq!(x.grabs(), grabs + 2);
+    assert!(decoded(&fifth.png) == rgb(&x.grab().unwrap()));
 }

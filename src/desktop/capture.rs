@@ -6,7 +6,7 @@
 //!
 //! The connection also listens to the X DAMAGE extension on the root window: the server says
 //! when anything is drawn, so a screen that was not drawn on since the last frame is answered
-//! from that frame (kept with its PNG) without capturing or encoding again, and a batch of
+//! from that frame (kept with its encoding) without capturing or deflating again, and a batch of
 //! input is settled when the screen has been quiet for a short window (see
 //! [`XDisplay::settle`]) instead of by comparing captured frames. A full-size frame is encoded
 //! by bands of rows, and only the bands that changed since the last frame are deflated again
@@ -52,6 +52,9 @@ pub struct XDisplay {
     shared: Shared,
     /// Full-size frames' PNG bands, re-encoded only where the screen changed.
     bands: BandPng,
+    /// The pixel buffer of a frame no longer kept, which the next capture fills: capturing
+    /// allocates (and faults in) no screen's worth of fresh memory per frame.
+    spare: Vec<u8>,
 }
 
 /// Whether captures go through memory shared with the X server.
@@ -73,11 +76,11 @@ pub enum CapturePath {
     Socket,
 }
 
-/// The last captured frame: its pixels, and the PNG last made of them with the size asked.
+/// The last captured frame: its pixels, and the last scaled-down PNG made of them with the
+/// size asked (its full-size PNG is the encoder's bands, put together again when asked).
 struct Kept {
     raw: RawFrame,
-    size: FrameSize,
-    shot: Shot,
+    scaled: Option<(FrameSize, Shot)>,
 }
 
 /// A screen frame as PNG, with the hash of its pixels.
@@ -184,6 +187,7 @@ impl XDisplay {
             grabs: 0,
             shared: Shared::Untried,
             bands: BandPng::new(),
+            spare: Vec::new(),
         })
     }
 
@@ -261,11 +265,7 @@ impl XDisplay {
             if !self.dirty
                 && let Some(kept) = &mut self.kept
             {
-                if kept.size != size {
-                    kept.shot = shot_of(&mut self.bands, &kept.raw, Some(&kept.raw), size)?;
-                    kept.size = size;
-                }
-                return Ok(kept.shot.clone());
+                return kept.shot(&mut self.bands, size);
             }
             // Reports from here on belong to the frame after this one.
             self.dirty = false;
@@ -274,11 +274,12 @@ impl XDisplay {
         let previous = self.kept.as_ref().map(|k| &k.raw);
         let shot = shot_of(&mut self.bands, &raw, previous, size)?;
         if self.damage.is_some() {
-            self.kept = Some(Kept {
-                raw,
-                size,
-                shot: shot.clone(),
-            });
+            let scaled = shot.screen.is_some().then(|| (size, shot.clone()));
+            if let Some(old) = self.kept.replace(Kept { raw, scaled }) {
+                self.recycle(old.raw);
+            }
+        } else {
+            self.recycle(raw);
         }
         Ok(shot)
     }
@@ -336,10 +337,10 @@ impl XDisplay {
         self.grabs += 1;
         let (width, height) = self.size();
         let expected = width as usize * height as usize * 4;
-        let bgrx = match self.grab_shared() {
-            Some(bgrx) => bgrx,
-            None => self.grab_socket(expected)?,
-        };
+        let mut bgrx = std::mem::take(&mut self.spare);
+        if !self.grab_shared(&mut bgrx) {
+            bgrx = self.grab_socket(expected)?;
+        }
         let hash = frame_hash(&bgrx);
         Ok(RawFrame {
             width,
@@ -347,6 +348,12 @@ impl XDisplay {
             bgrx,
             hash,
         })
+    }
+
+    /// Hands `frame`'s buffer back for the next capture to fill (what [`Self::frame`] does
+    /// with every frame it no longer keeps).
+    pub fn recycle(&mut self, frame: RawFrame) {
+        self.spare = frame.bgrx;
     }
 
     /// Whether captures go through shared memory, attaching it on first use (tried once per
@@ -368,23 +375,23 @@ impl XDisplay {
         matches!(self.shared, Shared::Ready(_))
     }
 
-    /// The screen through shared memory; `None` when that path is off or just failed (then it
-    /// stays off on this connection).
-    fn grab_shared(&mut self) -> Option<Vec<u8>> {
+    /// The screen through shared memory into `bgrx`; `false` when that path is off or just
+    /// failed (then it stays off on this connection).
+    fn grab_shared(&mut self, bgrx: &mut Vec<u8>) -> bool {
         if !self.shared_ready() {
-            return None;
+            return false;
         }
         let Shared::Ready(image) = &self.shared else {
-            return None;
+            return false;
         };
-        match image.get_image(&self.conn, self.root, self.width, self.height) {
-            Ok(bgrx) => Some(bgrx),
+        match image.get_image(&self.conn, self.root, self.width, self.height, bgrx) {
+            Ok(()) => true,
             Err(reason) => {
                 tracing::warn!(event = "desktop.capture.shared_memory_failed", %reason);
                 if let Shared::Ready(image) = std::mem::replace(&mut self.shared, Shared::Off) {
                     image.detach(&self.conn);
                 }
-                None
+                false
             }
         }
     }
@@ -458,6 +465,24 @@ impl RawFrame {
             hash: self.hash,
             screen: Some((self.width, self.height)),
         })
+    }
+}
+
+impl Kept {
+    /// The kept frame as a [`Shot`] fitting `size`: at full size from the encoder's bands
+    /// (nothing deflated when they still hold this frame), scaled down from the last scaled
+    /// shot when it had this size.
+    fn shot(&mut self, bands: &mut BandPng, size: FrameSize) -> Result<Shot, DesktopError> {
+        if let Some((kept_size, shot)) = &self.scaled
+            && *kept_size == size
+        {
+            return Ok(shot.clone());
+        }
+        let shot = shot_of(bands, &self.raw, Some(&self.raw), size)?;
+        if shot.screen.is_some() {
+            self.scaled = Some((size, shot.clone()));
+        }
+        Ok(shot)
     }
 }
 

@@ -5,7 +5,8 @@
 //! band's bytes depend on its own pixels alone. The encoder keeps every band's output and
 //! Adler-32, and for the next frame deflates only the bands whose pixels differ from the frame
 //! it last encoded; the zlib stream is the bands in order, a final empty block, and the
-//! Adler-32 of the whole, combined from the bands'. The result is an ordinary PNG.
+//! Adler-32 of the whole, combined from the bands'. The result is an ordinary PNG, written
+//! straight into its buffer.
 
 use flate2::{Compress, Compression, FlushCompress};
 use zlib_rs::adler32::{adler32, adler32_combine};
@@ -19,6 +20,8 @@ use super::capture::RawFrame;
 pub const BAND_ROWS: usize = 16;
 /// zlib header for a deflate stream with a 32 KiB window and the fastest level.
 const ZLIB_HEADER: [u8; 2] = [0x78, 0x01];
+/// The eight bytes every PNG starts with.
+const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a];
 /// A final, empty block with fixed codes (`BFINAL`, `BTYPE=01`, end of block).
 const FINAL_BLOCK: [u8; 2] = [0x03, 0x00];
 
@@ -100,8 +103,9 @@ impl BandPng {
         let mut deflated = 0;
         for (i, band) in self.bands.iter_mut().enumerate() {
             let rows = i * BAND_ROWS * stride..((i + 1) * BAND_ROWS).min(height) * stride;
+            // The frame itself as its own base (an unchanged screen) needs no comparing.
             if let Some(p) = base
-                && p.bgrx[rows.clone()] == frame.bgrx[rows.clone()]
+                && (std::ptr::eq(p, frame) || p.bgrx[rows.clone()] == frame.bgrx[rows.clone()])
             {
                 continue;
             }
@@ -111,26 +115,7 @@ impl BandPng {
             band.len = self.filtered.len() as u64;
             deflated += 1;
         }
-        let total: usize = self.bands.iter().map(|b| b.deflated.len()).sum();
-        let mut idat = Vec::with_capacity(total + ZLIB_HEADER.len() + FINAL_BLOCK.len() + 4);
-        idat.extend_from_slice(&ZLIB_HEADER);
-        let mut adler = 1;
-        for band in &self.bands {
-            idat.extend_from_slice(&band.deflated);
-            adler = adler32_combine(adler, band.adler, band.len);
-        }
-        idat.extend_from_slice(&FINAL_BLOCK);
-        idat.extend_from_slice(&adler.to_be_bytes());
-
-        let mut png = Vec::with_capacity(idat.len() + 64);
-        let mut encoder = png::Encoder::new(&mut png, frame.width, frame.height);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header().map_err(png_err)?;
-        writer
-            .write_chunk(png::chunk::IDAT, &idat)
-            .map_err(png_err)?;
-        writer.finish().map_err(png_err)?;
+        let png = self.assemble(frame.width, frame.height);
         self.encoded = Some((frame.width, frame.height, frame.hash));
         self.deflated += deflated as u64;
         Ok(Encoded {
@@ -139,6 +124,49 @@ impl BandPng {
             bands: count,
         })
     }
+}
+
+impl BandPng {
+    /// The PNG of the bands held: signature, header, one `IDAT` chunk (the zlib stream: the
+    /// bands in order, a final empty block and the Adler-32 of the whole, combined from the
+    /// bands'), written straight into the image's buffer, and the end chunk.
+    fn assemble(&self, width: u32, height: u32) -> Vec<u8> {
+        let deflated: usize = self.bands.iter().map(|b| b.deflated.len()).sum();
+        let idat_len = ZLIB_HEADER.len() + deflated + FINAL_BLOCK.len() + 4;
+        let mut png = Vec::with_capacity(PNG_SIGNATURE.len() + 25 + 12 + idat_len + 12);
+        png.extend_from_slice(&PNG_SIGNATURE);
+        let mut header = [0u8; 13];
+        header[..4].copy_from_slice(&width.to_be_bytes());
+        header[4..8].copy_from_slice(&height.to_be_bytes());
+        // 8 bits per sample, RGB; deflate, adaptive filtering, no interlace.
+        header[8..].copy_from_slice(&[8, 2, 0, 0, 0]);
+        chunk(&mut png, b"IHDR", |out| out.extend_from_slice(&header));
+        chunk(&mut png, b"IDAT", |out| {
+            out.extend_from_slice(&ZLIB_HEADER);
+            let mut adler = 1;
+            for band in &self.bands {
+                out.extend_from_slice(&band.deflated);
+                adler = adler32_combine(adler, band.adler, band.len);
+            }
+            out.extend_from_slice(&FINAL_BLOCK);
+            out.extend_from_slice(&adler.to_be_bytes());
+        });
+        chunk(&mut png, b"IEND", |_| {});
+        png
+    }
+}
+
+/// Appends a PNG chunk of `kind` whose data `write` appends: length, type, data, CRC-32 of
+/// type and data.
+fn chunk(png: &mut Vec<u8>, kind: &[u8; 4], write: impl FnOnce(&mut Vec<u8>)) {
+    let at = png.len();
+    png.extend_from_slice(&[0; 4]);
+    png.extend_from_slice(kind);
+    write(png);
+    let len = u32::try_from(png.len() - at - 8).expect("a chunk under 4 GiB");
+    png[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    let crc = crc32fast::hash(&png[at + 4..]);
+    png.extend_from_slice(&crc.to_be_bytes());
 }
 
 /// Filters one band of BGRX rows into PNG scanlines of RGB: the first row with `Sub`, the
@@ -198,10 +226,6 @@ fn deflate_band(
         }
         out.reserve(64 * 1024);
     }
-}
-
-fn png_err(e: png::EncodingError) -> DesktopError {
-    DesktopError::X(format!("png: {e}"))
 }
 
 #[cfg(test)]

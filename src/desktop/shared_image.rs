@@ -73,14 +73,16 @@ impl SharedImage {
         })
     }
 
-    /// The `width`x`height` Z-pixmap of `window` from (0, 0), as `len` bytes.
+    /// The `width`x`height` Z-pixmap of `window` from (0, 0), as `len` bytes in `out` (whose
+    /// memory is reused: a buffer kept from an earlier frame costs no allocation).
     pub(crate) fn get_image(
         &self,
         conn: &RustConnection,
         window: Window,
         width: u16,
         height: u16,
-    ) -> Result<Vec<u8>, String> {
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
         let reply = conn
             .shm_get_image(
                 window,
@@ -99,9 +101,8 @@ impl SharedImage {
         if (reply.size as usize) < self.len {
             return Err(format!("short image: {} of {} bytes", reply.size, self.len));
         }
-        let mut out = vec![0; self.len];
-        self.file.read_exact_at(&mut out, 0).map_err(reason)?;
-        Ok(out)
+        out.resize(self.len, 0);
+        self.file.read_exact_at(out, 0).map_err(reason)
     }
 
     /// Asks the server to drop its mapping (the connection stays open); our descriptor closes

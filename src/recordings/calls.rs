@@ -105,7 +105,7 @@ pub async fn step(
     tool: &str,
     actions: Option<&[Action]>,
     result: Value,
-    (frame, digest): (&Frame, &str),
+    (frame, digest): (Frame, &str),
 ) {
     let step = super::Step {
         run: r,

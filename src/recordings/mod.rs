@@ -121,8 +121,8 @@ pub struct Step<'a> {
     pub actions: Option<&'a [Action]>,
     /// The result (completed, total, the stop).
     pub result: Value,
-    /// The frame the bot saw after it.
-    pub frame: &'a Frame,
+    /// The frame the bot saw after it (owned: the background store takes it as it is).
+    pub frame: Frame,
     /// The frame's digest.
     pub digest: &'a str,
 }
@@ -200,7 +200,7 @@ pub async fn record_in_background(
         run.clone(),
         step.tool.to_owned(),
         step.result,
-        step.frame.clone(),
+        step.frame,
         step.digest.to_owned(),
     );
     recorder.begin();
@@ -210,7 +210,7 @@ pub async fn record_in_background(
             tool: &tool,
             actions: None,
             result,
-            frame: &frame,
+            frame,
             digest: &digest,
         };
         if let Err(e) = store(
@@ -304,7 +304,7 @@ async fn store(
         master,
         &run.id,
         &run.computer_id,
-        step.frame,
+        &step.frame,
         step.digest,
         at_ms,
     )

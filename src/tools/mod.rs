@@ -174,14 +174,14 @@ impl<'a> ToolCtx<'a> {
     }
 
     /// The answer of a tool that returns a screenshot: `frame`, whose digest is `digest`.
-    async fn frame_result(&self, frame: Frame, digest: String, extra: Value) -> Value {
-        let unchanged = self.app.tools.seen(&self.run.id, &digest);
+    async fn frame_result(&self, frame: &Frame, digest: &str, extra: Value) -> Value {
+        let unchanged = self.app.tools.seen(&self.run.id, digest);
         let mut meta = json!({ "width": frame.width, "height": frame.height, "frameDigest": digest, "unchanged": unchanged });
         if let (Value::Object(m), Value::Object(e)) = (&mut meta, extra) {
             m.extend(e);
         }
         let mut content = Vec::new();
-        if let (Some((screen_width, screen_height)), Some(scale)) = (frame.screen, scale_of(&frame))
+        if let (Some((screen_width, screen_height)), Some(scale)) = (frame.screen, scale_of(frame))
         {
             meta["scale"] = json!(scale);
             meta["screenWidth"] = json!(screen_width);
@@ -340,22 +340,24 @@ async fn observe(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     };
     let frame = fit(frame, size)?;
     let digest = economy::digest(&frame.png);
+    // The answer first: the frame then moves into its recording without a copy.
+    let result = ctx
+        .frame_result(
+            &frame,
+            &digest,
+            json!({ "slot": state.slot, "generation": state.generation }),
+        )
+        .await;
     crate::recordings::calls::step(
         ctx.app,
         &ctx.run,
         "computer_observe",
         None,
         with_scale(json!({}), &frame),
-        (&frame, &digest),
+        (frame, &digest),
     )
     .await;
-    Ok(ctx
-        .frame_result(
-            frame,
-            digest,
-            json!({ "slot": state.slot, "generation": state.generation }),
-        )
-        .await)
+    Ok(result)
 }
 
 #[derive(Deserialize)]
@@ -415,25 +417,26 @@ async fn act(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
         .stopped
         .as_ref()
         .map(|s| json!({ "code": s.code.as_str(), "reason": s.reason }));
+    let result = ctx
+        .frame_result(
+            &outcome.frame,
+            &digest,
+            json!({ "completed": completed, "total": total }),
+        )
+        .await;
+    let recorded_result = with_scale(
+        json!({ "completed": completed, "total": total, "stopped": stop }),
+        &outcome.frame,
+    );
     crate::recordings::calls::step(
         ctx.app,
         &ctx.run,
         "computer_act",
         Some(recorded.as_slice()),
-        with_scale(
-            json!({ "completed": completed, "total": total, "stopped": stop }),
-            &outcome.frame,
-        ),
-        (&outcome.frame, &digest),
+        recorded_result,
+        (outcome.frame, &digest),
     )
     .await;
-    let result = ctx
-        .frame_result(
-            outcome.frame,
-            digest,
-            json!({ "completed": completed, "total": total }),
-        )
-        .await;
     let unchanged = result["structuredContent"]["unchanged"]
         .as_bool()
         .unwrap_or(false);

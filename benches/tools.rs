@@ -176,6 +176,11 @@ impl Api {
 }
 
 fn main() {
+    // The server's allocator settings, as `rakazo serve` has them; `RAKAZO_BENCH_MALLOC=default`
+    // leaves glibc's own, for the side-by-side figure.
+    if std::env::var("RAKAZO_BENCH_MALLOC").as_deref() != Ok("default") {
+        assert!(rakazo::malloc::tune(), "glibc took the allocator settings");
+    }
     // `cargo bench --bench tools -- fake`: only the fake provider's leg, on a quiet machine.
     if std::env::args().skip(1).any(|a| a == "fake") {
         actix_rt::System::new().block_on(shell_on_the_fake_provider());

@@ -181,6 +181,7 @@ async fn emulate(config: Config, vendor: &str, listen: SocketAddr) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    rakazo::malloc::tune();
     let cli = Cli::parse();
     match cli.command {
         Command::Config {

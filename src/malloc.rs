@@ -8,7 +8,7 @@
 //! call, and each came as fresh memory: a page fault for every 4 KiB written, which inside a
 //! virtual machine costs more than the copying itself. With a fixed threshold of 32 MiB (the
 //! most glibc takes) and a trim threshold of 128 MiB, those buffers are reused across calls:
-//! `computer_observe`'s time over the raw capture fell from 3.5–4.9 ms to 2.4–2.9 ms p50
+//! `computer_observe`'s time over the raw capture fell from +3.8–7.2 ms to +2.6–2.9 ms p50
 //! (BENCHMARKS.md, "Tool-call overhead"). The price is memory a thread's arena keeps after a
 //! burst, bounded by its own peak.
 //!

@@ -10,7 +10,9 @@
 //! start around it.
 //!
 //! Run: `scripts/bench.sh tools`; `cargo bench --bench tools -- fake` runs the last leg alone,
-//! `-- spawn` only the start of a script by a server holding much memory.
+//! `-- spawn` only the start of a script by a server holding much memory. The bench applies the
+//! server's allocator settings (`rakazo::malloc`) as `main` does; `RAKAZO_BENCH_MALLOC=default`
+//! leaves glibc's own, for the figure beside them.
 
 mod support;
 

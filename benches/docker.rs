@@ -114,6 +114,10 @@ fn main() {
             0
         });
     }
+    // `RAKAZO_LOG=info`: the runtime's events beside the tables (phases of a desktop's start).
+    if let Ok(filter) = std::env::var("RAKAZO_LOG") {
+        rakazo::telemetry::init(&filter);
+    }
     let dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let url = support::start_supervisor(

@@ -693,6 +693,22 @@ async fn a_fresh_desktop_shows_its_browser_and_nothing_else() {
         .await
         .unwrap();
     assert_eq!(out.stdout.trim(), "", "a wallpaper setter ran");
+    // The browser found the image's font cache valid: it built none of its own.
+    let own = p
+        .exec(
+            &m,
+            &cmd(&format!(
+                "ls {}/xdg-cache/fontconfig 2>/dev/null | wc -l",
+                rakazo::providers::docker::RUN_DIR
+            )),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        own.stdout.trim(),
+        "0",
+        "the browser built its own font cache"
+    );
     let painted = windows::painted_in_row(&first.png, 20);
     assert!(
         painted > first.width as usize / 2,

@@ -174,7 +174,8 @@ def load(profile):
     if not isinstance(cookies, list):
         cookies = []
     cookies = [c for c in cookies if isinstance(c, dict)]
-    tools = DevTools(profile, wait=10)
+    # Asked right after the browser's start: it writes its port when it is ready.
+    tools = DevTools(profile, wait=30)
     if cookies:
         tools.send("Storage.setCookies", {"cookies": cookies})
     else:

@@ -16,7 +16,9 @@
 //! by the screen actors (`rakazo_actors::slots`); at the limit this runtime only refuses.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
@@ -777,10 +779,26 @@ impl DesktopRuntime {
             table.slots[i].state = SlotState::Busy(bot_id.to_owned());
             drop(table);
             let mut guard = BusySlot::new(&self.table, i);
+            let opening = Instant::now();
             let started = async {
                 self.reap_leftovers().await?;
-                let mut screen = self.stack_for(bot_id).await?;
-                if let Err(e) = self.start_browser(&mut screen).await {
+                // The profile is made ready while the display stack starts.
+                let (stack, profile) =
+                    tokio::join!(self.stack_for(bot_id), self.prepare_profile(bot_id));
+                let mut screen = stack?;
+                let profile = match profile {
+                    Ok(profile) => profile,
+                    Err(e) => {
+                        let _ = self.stop_screen(&mut screen).await;
+                        return Err(e);
+                    }
+                };
+                tracing::debug!(
+                    bot.id = bot_id,
+                    elapsed_ms = opening.elapsed().as_millis() as u64,
+                    "desktop.screen.stack_ready"
+                );
+                if let Err(e) = self.start_browser(&mut screen, Some(profile)).await {
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
                 }
@@ -806,6 +824,7 @@ impl DesktopRuntime {
                 screen.generation = slot.generation,
                 screen.display = screen.display,
                 bot.id = bot_id,
+                elapsed_ms = opening.elapsed().as_millis() as u64,
                 "desktop.screen.started"
             );
             slot.state = SlotState::Active(Box::new(screen));
@@ -856,7 +875,7 @@ impl DesktopRuntime {
         drop(table);
         let mut guard = BusySlot::new(&self.table, i);
         tracing::info!(screen.slot = i, bot.id = %screen.bot_id, "desktop.browser.restarting");
-        let restarted = self.start_browser(&mut screen).await;
+        let restarted = self.start_browser(&mut screen, None).await;
         let mut table = self.table.lock().await;
         table.slots[i].state = SlotState::Active(screen);
         guard.done();
@@ -1420,10 +1439,20 @@ impl DesktopRuntime {
     /// is logged, never fatal (the browser keeps running either way). Says whether a file was
     /// written.
     async fn browser_devtools(&self, screen: &Screen, action: DevToolsAction) -> bool {
-        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        self.devtools_of(&screen.bot_id, action).await
+    }
+
+    /// [`Self::browser_devtools`] of `bot_id`'s browser.
+    async fn devtools_of(&self, bot_id: &str, action: DevToolsAction) -> bool {
+        let profile = profile_dir(&self.config.workspace, bot_id);
+        // A load waits for the port of a browser that is still starting.
+        let timeout = match action {
+            DevToolsAction::Load => BROWSER_WINDOW_TIMEOUT + SCRIPT_TIMEOUT,
+            _ => SCRIPT_TIMEOUT,
+        };
         let out = self
             .runner
-            .run(&devtools_script(&profile, action), SCRIPT_TIMEOUT)
+            .run(&devtools_script(&profile, action), timeout)
             .await;
         let failed = match &out {
             Ok(o) if o.exit_code == 0 => return o.stdout.trim() == "written",
@@ -1434,7 +1463,7 @@ impl DesktopRuntime {
             DevToolsAction::Load => "desktop.browser.cookies_restore_failed",
             _ => "desktop.browser.cookies_save_failed",
         };
-        tracing::warn!(bot.id = %screen.bot_id, error = %failed, "{event}");
+        tracing::warn!(bot.id = bot_id, error = %failed, "{event}");
         false
     }
 
@@ -1545,10 +1574,12 @@ impl DesktopRuntime {
     /// Starts Xvfb on a free display number and the window manager on it.
     async fn start_stack(&self, bot_id: &str) -> Result<Screen, DesktopError> {
         let run_dir = self.config.run_dir.to_string_lossy().into_owned();
-        let prepare = format!(
-            "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q}\n\
-             printf '%s\\n' {init} > {q}/wm/.fluxbox/init\n\
-             printf '%s\\n' {overlay} > {q}/wm/.fluxbox/overlay\n",
+        // The run directory is made in the same script as the first display number's check:
+        // one round trip fewer on a machine reached through its vendor's exec.
+        let mut prepare = Some(format!(
+            "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q} || exit 4\n\
+             printf '%s\\n' {init} > {q}/wm/.fluxbox/init || exit 4\n\
+             printf '%s\\n' {overlay} > {q}/wm/.fluxbox/overlay || exit 4\n",
             q = shell_quote(&run_dir),
             init = FLUXBOX_INIT
                 .iter()
@@ -1560,14 +1591,7 @@ impl DesktopRuntime {
                 .map(|l| shell_quote(l))
                 .collect::<Vec<_>>()
                 .join(" "),
-        );
-        let out = self.runner.run(&prepare, SCRIPT_TIMEOUT).await?;
-        if out.exit_code != 0 {
-            return Err(DesktopError::Stack(format!(
-                "run directory: {}",
-                out.stderr.trim()
-            )));
-        }
+        ));
         let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
         for _ in 0..DISPLAY_SEARCH {
             let display = self
@@ -1583,7 +1607,22 @@ impl DesktopRuntime {
                  fi\n\
                  rm -f \"$lock\" /tmp/.X11-unix/X{display}\n"
             );
-            let out = self.runner.run(&check, SCRIPT_TIMEOUT).await?;
+            let script = match prepare.take() {
+                Some(prepare) => prepare + &check,
+                None => check,
+            };
+            let out = match self.runner.run(&script, SCRIPT_TIMEOUT).await {
+                Ok(out) if out.exit_code != 4 => out,
+                failed => {
+                    self.config.displays.release(display);
+                    return Err(match failed {
+                        Ok(out) => {
+                            DesktopError::Stack(format!("run directory: {}", out.stderr.trim()))
+                        }
+                        Err(e) => e,
+                    });
+                }
+            };
             if out.exit_code == 3 {
                 continue;
             }
@@ -1629,41 +1668,38 @@ impl DesktopRuntime {
                 oom_seen: 0,
                 browser_seen: None,
             };
-            let io = if self.config.commands_only {
-                CommandScreen::connect(
-                    self.runner.clone(),
-                    &self.config.run_dir,
-                    display,
-                    XVFB_READY_TIMEOUT,
-                )
-                .await
-                .map(|c| Io::Commands(Arc::new(c)))
-            } else {
-                let socket_dir = self.config.x11_socket_dir.clone();
-                connect_when_ready(socket_dir, display, XVFB_READY_TIMEOUT)
+            let connect = async {
+                if self.config.commands_only {
+                    CommandScreen::connect(
+                        self.runner.clone(),
+                        &self.config.run_dir,
+                        display,
+                        XVFB_READY_TIMEOUT,
+                    )
                     .await
-                    .map(|x| Io::X(Arc::new(StdMutex::new(x))))
-            };
-            match io {
-                Ok(io) => screen.io = Some(io),
-                Err(e) => {
-                    let _ = self.stop_screen(&mut screen).await;
-                    return Err(e);
+                    .map(|c| Io::Commands(Arc::new(c)))
+                } else {
+                    let socket_dir = self.config.x11_socket_dir.clone();
+                    connect_when_ready(socket_dir, display, XVFB_READY_TIMEOUT)
+                        .await
+                        .map(|x| Io::X(Arc::new(StdMutex::new(x))))
                 }
-            }
-            let wm = self
-                .runner
-                .spawn(&SpawnSpec {
-                    argv: vec!["fluxbox".into()],
-                    env: self.env(&tag, display, &format!("{run_dir}/wm")),
-                    log: format!("{run_dir}/wm-{display}.log"),
-                    nice: self.launch.nice,
-                    ..Default::default()
-                })
-                .await;
-            match wm {
-                Ok(pid) => screen.wm = Some(pid),
-                Err(e) => {
+            };
+            // The window manager starts while the runtime connects: it waits for the server's
+            // socket itself.
+            let wm = SpawnSpec {
+                argv: wm_argv(display),
+                env: self.env(&tag, display, &format!("{run_dir}/wm")),
+                log: format!("{run_dir}/wm-{display}.log"),
+                nice: self.launch.nice,
+                ..Default::default()
+            };
+            let wm = self.runner.spawn(&wm);
+            let (io, wm) = tokio::join!(connect, wm);
+            screen.wm = wm.as_ref().ok().copied();
+            match (io, wm) {
+                (Ok(io), Ok(_)) => screen.io = Some(io),
+                (Err(e), _) | (_, Err(e)) => {
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
                 }
@@ -1674,33 +1710,18 @@ impl DesktopRuntime {
         Err(DesktopError::Stack("no free X display number".into()))
     }
 
-    /// Starts the bot's Chromium on its profile and waits for its first window, its group held
-    /// as a starting desktop's until then; started or not, the group gets every CPU again (a
-    /// screen whose restart failed stays, and must not stay held).
-    async fn start_browser(&self, screen: &mut Screen) -> Result<(), DesktopError> {
-        screen.starting = true;
-        let started = self.start_browser_held(screen).await;
-        screen.starting = false;
-        self.enter_group(screen).await;
-        started
-    }
-
-    /// [`Self::start_browser`], while the group is held.
-    async fn start_browser_held(&self, screen: &mut Screen) -> Result<(), DesktopError> {
-        let workspace = self.config.workspace.to_string_lossy().into_owned();
-        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
-        let profile_s = profile.to_string_lossy().into_owned();
-        let locks: Vec<String> = LOCK_FILES
-            .iter()
-            .map(|f| shell_quote(&format!("{profile_s}/{f}")))
-            .collect();
+    /// Makes `bot_id`'s profile directory ready for a browser: created, the locks and DevTools
+    /// port file of an earlier browser removed. Says whether the profile is new and whether
+    /// browsers here run as root.
+    async fn prepare_profile(&self, bot_id: &str) -> Result<Profile, DesktopError> {
+        let profile = profile_dir(&self.config.workspace, bot_id);
         let out = self
             .runner
             .run(
                 &format!(
                     "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u",
-                    locks.join(" "),
-                    p = shell_quote(&profile_s)
+                    lock_paths(&profile).join(" "),
+                    p = shell_quote(&profile.to_string_lossy())
                 ),
                 SCRIPT_TIMEOUT,
             )
@@ -1715,6 +1736,37 @@ impl DesktopRuntime {
         let fresh = lines.next() == Some("fresh");
         let uid = lines.next().unwrap_or_default().trim().to_string();
         let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
+        Ok(Profile { fresh, as_root })
+    }
+
+    /// Starts the bot's Chromium on its profile and waits for its first window, its group held
+    /// as a starting desktop's until then; started or not, the group gets every CPU again (a
+    /// screen whose restart failed stays, and must not stay held).
+    async fn start_browser(
+        &self,
+        screen: &mut Screen,
+        prepared: Option<Profile>,
+    ) -> Result<(), DesktopError> {
+        screen.starting = true;
+        let started = self.start_browser_held(screen, prepared).await;
+        screen.starting = false;
+        self.enter_group(screen).await;
+        started
+    }
+
+    /// [`Self::start_browser`], while the group is held.
+    async fn start_browser_held(
+        &self,
+        screen: &mut Screen,
+        prepared: Option<Profile>,
+    ) -> Result<(), DesktopError> {
+        let workspace = self.config.workspace.to_string_lossy().into_owned();
+        let profile = profile_dir(&self.config.workspace, &screen.bot_id);
+        let locks = lock_paths(&profile);
+        let Profile { fresh, as_root } = match prepared {
+            Some(prepared) => prepared,
+            None => self.prepare_profile(&screen.bot_id).await?,
+        };
         let mut argv = Vec::new();
         if as_root && self.launch.nice > 0 {
             // Chromium sets its threads' nice values itself (0, and -8 for the threads that
@@ -1761,10 +1813,11 @@ impl DesktopRuntime {
             nice: self.launch.nice,
         };
         let started = Instant::now();
+        let bot_id = screen.bot_id.clone();
         // A browser that dies before its first window (seen under heavy load) gets one more
         // try; the error carries the last line of its log.
         let mut attempt = 0;
-        let io = loop {
+        let (io, cookies) = loop {
             attempt += 1;
             let pid = self.runner.spawn(&spec).await?;
             screen.browser = Some(pid);
@@ -1772,9 +1825,37 @@ impl DesktopRuntime {
             // page) is most of a desktop's CPU and memory, and counts against the desktop's own
             // weight and ceiling.
             self.enter_group(screen).await;
-            match self.first_window(screen, pid).await? {
-                Ok(io) => break io,
+            // The cookies saved at the last checkpoint or quit go back as soon as its DevTools
+            // port answers, while its window is awaited (the cookie database itself is not in
+            // the archive, so a restored profile has only these). The port file of an earlier
+            // browser was removed with the locks, so the script waits for this one's.
+            let mut cookies: Pin<Box<dyn Future<Output = u64> + Send + '_>> = Box::pin(async {
+                self.devtools_of(&bot_id, DevToolsAction::Load).await;
+                started.elapsed().as_millis() as u64
+            });
+            let mut loaded = None;
+            let window = {
+                let window = self.first_window(screen, pid);
+                tokio::pin!(window);
+                loop {
+                    tokio::select! {
+                        w = &mut window => break w?,
+                        at = &mut cookies, if loaded.is_none() => loaded = Some(at),
+                    }
+                }
+            };
+            match window {
+                Ok(io) => {
+                    break (
+                        io,
+                        match loaded {
+                            Some(at) => Box::pin(std::future::ready(at)),
+                            None => cookies,
+                        },
+                    );
+                }
                 Err(why) if attempt < 2 && why.exited => {
+                    drop(cookies);
                     tracing::warn!(bot.id = %screen.bot_id, "desktop.browser.start_retry");
                     let _ = self.runner.stop(pid, BROWSER_STOP_GRACE).await;
                     screen.browser = None;
@@ -1793,12 +1874,7 @@ impl DesktopRuntime {
                 }
             }
         };
-        // Again once its window is up, for any process the first scan could not place; what
-        // it forks from now on inherits the group.
-        self.enter_group(screen).await;
-        // The cookies saved at the last checkpoint or quit (the cookie database itself is not
-        // in the archive, so a restored profile has only these).
-        self.browser_devtools(screen, DevToolsAction::Load).await;
+        let window_ms = started.elapsed().as_millis() as u64;
         // Let the first page finish loading: a page that replaces the address bar's contents
         // would swallow what the first batch types there.
         let quiet = Settle {
@@ -1808,9 +1884,9 @@ impl DesktopRuntime {
             pointer_quiet: BROWSER_QUIET_INTERVAL,
             timeout: BROWSER_QUIET_TIMEOUT,
         };
-        match io {
-            Io::X(x) => {
-                tokio::task::spawn_blocking(move || {
+        let settled = async {
+            match io {
+                Io::X(x) => tokio::task::spawn_blocking(move || {
                     x.lock().unwrap_or_else(|e| e.into_inner()).settle(
                         quiet.first_delay,
                         quiet.quiet,
@@ -1818,14 +1894,31 @@ impl DesktopRuntime {
                     )
                 })
                 .await
-                .map_err(|e| DesktopError::X(format!("settle task: {e}")))??;
-            }
-            Io::Commands(c) => {
-                c.settle(quiet).await?;
-            }
-        }
+                .map_err(|e| DesktopError::X(format!("settle task: {e}")))?
+                .map(drop),
+                Io::Commands(c) => c.settle(quiet).await.map(drop),
+            }?;
+            Ok::<_, DesktopError>(started.elapsed().as_millis() as u64)
+        };
+        // Meanwhile, the group again, for any process the first scan could not place (what it
+        // forks from now on inherits the group), and the cookies.
+        let grouped = async {
+            self.enter_group(screen).await;
+            cookies.await
+        };
+        let (settled_at, cookies_at) = tokio::join!(settled, grouped);
+        let settled_at = settled_at?;
         screen.browser_seen = Some(Instant::now());
-        tracing::info!(screen.display = screen.display, bot.id = %screen.bot_id, elapsed_ms = started.elapsed().as_millis() as u64, "desktop.browser.started");
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(
+            screen.display = screen.display,
+            bot.id = %screen.bot_id,
+            elapsed_ms,
+            window_ms,
+            cookies_ms = cookies_at,
+            settle_ms = settled_at - window_ms,
+            "desktop.browser.started"
+        );
         Ok(())
     }
 
@@ -1870,6 +1963,31 @@ impl DesktopRuntime {
             tokio::time::sleep(BROWSER_WINDOW_LOOK).await;
         }
     }
+}
+
+/// The window manager's command on `display`: it waits (up to 10 s) for the X server's socket,
+/// then becomes fluxbox.
+fn wm_argv(display: u32) -> Vec<String> {
+    let wait = format!(
+        "i=0; while [ ! -S /tmp/.X11-unix/X{display} ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done; exec fluxbox"
+    );
+    vec!["sh".into(), "-c".into(), wait]
+}
+
+/// A profile made ready by [`DesktopRuntime::prepare_profile`].
+struct Profile {
+    /// It had no browser state yet.
+    fresh: bool,
+    /// Browsers on this machine run as root (so without Chromium's sandbox).
+    as_root: bool,
+}
+
+/// The lock and port files an earlier browser may have left in `profile`, shell-quoted.
+fn lock_paths(profile: &std::path::Path) -> Vec<String> {
+    LOCK_FILES
+        .iter()
+        .map(|f| shell_quote(&profile.join(f).to_string_lossy()))
+        .collect()
 }
 
 /// Why a browser showed no window.

@@ -49,13 +49,24 @@ pub trait CommandRunner: Send + Sync + 'static {
     /// returns its pid (which is also its process group id).
     async fn spawn(&self, spec: &SpawnSpec) -> Result<u32, DesktopError> {
         let out = self.run(&spawn_script(spec), SCRIPT_TIMEOUT).await?;
-        out.stdout.trim().parse::<u32>().map_err(|_| {
-            DesktopError::Command(format!(
-                "spawn of {} printed no pid: {}",
-                program(spec),
-                out.stderr.trim()
-            ))
-        })
+        spawned_pid(spec, &out)
+    }
+
+    /// [`Self::spawn`] after `before`, in one script (one round trip on a machine reached
+    /// through its vendor's exec). `before` prints nothing and ends with `exit` only to refuse:
+    /// then nothing starts and its outcome is the inner error.
+    async fn spawn_after(
+        &self,
+        before: &str,
+        spec: &SpawnSpec,
+    ) -> Result<Result<u32, ExecOutput>, DesktopError> {
+        let out = self
+            .run(&format!("{before}\n{}", spawn_script(spec)), SCRIPT_TIMEOUT)
+            .await?;
+        if out.exit_code != 0 {
+            return Ok(Err(out));
+        }
+        spawned_pid(spec, &out).map(Ok)
     }
 
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
@@ -191,6 +202,17 @@ const RELEASE_SHM_FN: &str = r#"release_shm() {
   done
   return 0
 }"#;
+
+/// The pid a spawn script printed.
+fn spawned_pid(spec: &SpawnSpec, out: &ExecOutput) -> Result<u32, DesktopError> {
+    out.stdout.trim().parse::<u32>().map_err(|_| {
+        DesktopError::Command(format!(
+            "spawn of {} printed no pid: {}",
+            program(spec),
+            out.stderr.trim()
+        ))
+    })
+}
 
 fn spawn_script(spec: &SpawnSpec) -> String {
     let cwd = if spec.cwd.is_empty() {
@@ -720,5 +742,33 @@ mod tests {
         assert!(runner.is_running(pid).await.unwrap());
         runner.stop(pid, Duration::from_millis(500)).await.unwrap();
         assert!(!runner.is_running(pid).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn spawn_after_starts_nothing_when_the_script_before_refuses() {
+        let runner = HostRunner::minimal();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("started");
+        let spec = SpawnSpec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch {}; exec sleep 30", marker.display()),
+            ],
+            env: minimal_env(),
+            ..Default::default()
+        };
+        let refused = runner.spawn_after("exit 3", &spec).await.unwrap();
+        assert_eq!(refused.map_err(|out| out.exit_code), Err(3));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!marker.exists(), "the program started after a refusal");
+
+        let pid = runner
+            .spawn_after("true", &spec)
+            .await
+            .unwrap()
+            .expect("started");
+        assert!(runner.is_running(pid).await.unwrap());
+        runner.stop(pid, Duration::from_millis(500)).await.unwrap();
     }
 }

@@ -781,10 +781,13 @@ impl DesktopRuntime {
             let mut guard = BusySlot::new(&self.table, i);
             let opening = Instant::now();
             let started = async {
-                self.reap_leftovers().await?;
-                // The profile is made ready while the display stack starts.
-                let (stack, profile) =
-                    tokio::join!(self.stack_for(bot_id), self.prepare_profile(bot_id));
+                // The profile is made ready while what an earlier process left is stopped and
+                // the display stack starts (the browser, which needs both, starts after).
+                let stack = async {
+                    self.reap_leftovers().await?;
+                    self.stack_for(bot_id).await
+                };
+                let (stack, profile) = tokio::join!(stack, self.prepare_profile(bot_id));
                 let mut screen = stack?;
                 let profile = match profile {
                     Ok(profile) => profile,
@@ -1574,8 +1577,9 @@ impl DesktopRuntime {
     /// Starts Xvfb on a free display number and the window manager on it.
     async fn start_stack(&self, bot_id: &str) -> Result<Screen, DesktopError> {
         let run_dir = self.config.run_dir.to_string_lossy().into_owned();
-        // The run directory is made in the same script as the first display number's check:
-        // one round trip fewer on a machine reached through its vendor's exec.
+        // The run directory is made in the same script as the first display number's check
+        // and the X server's start: two round trips fewer on a machine reached through its
+        // vendor's exec.
         let mut prepare = Some(format!(
             "mkdir -p {q}/wm/.fluxbox {q}/xdg-config {q}/xdg-cache && chmod 700 {q} || exit 4\n\
              printf '%s\\n' {init} > {q}/wm/.fluxbox/init || exit 4\n\
@@ -1607,25 +1611,6 @@ impl DesktopRuntime {
                  fi\n\
                  rm -f \"$lock\" /tmp/.X11-unix/X{display}\n"
             );
-            let script = match prepare.take() {
-                Some(prepare) => prepare + &check,
-                None => check,
-            };
-            let out = match self.runner.run(&script, SCRIPT_TIMEOUT).await {
-                Ok(out) if out.exit_code != 4 => out,
-                failed => {
-                    self.config.displays.release(display);
-                    return Err(match failed {
-                        Ok(out) => {
-                            DesktopError::Stack(format!("run directory: {}", out.stderr.trim()))
-                        }
-                        Err(e) => e,
-                    });
-                }
-            };
-            if out.exit_code == 3 {
-                continue;
-            }
             let mut argv: Vec<String> = vec![
                 "Xvfb".into(),
                 format!(":{display}"),
@@ -1643,15 +1628,36 @@ impl DesktopRuntime {
                 // (`--disable-gpu`) never uses them.
                 argv.extend(["-extension".into(), "GLX".into()]);
             }
-            let xvfb = self
-                .runner
-                .spawn(&SpawnSpec {
-                    argv,
-                    env: tagged_env(&tag),
-                    log: format!("{run_dir}/xvfb-{display}.log"),
-                    ..Default::default()
-                })
-                .await?;
+            let xvfb = SpawnSpec {
+                argv,
+                env: tagged_env(&tag),
+                log: format!("{run_dir}/xvfb-{display}.log"),
+                ..Default::default()
+            };
+            // The check and the server's start are one script.
+            let before = match prepare.take() {
+                Some(prepare) => prepare + &check,
+                None => check,
+            };
+            let xvfb = match self.runner.spawn_after(&before, &xvfb).await {
+                Ok(Ok(pid)) => pid,
+                Ok(Err(out)) if out.exit_code == 3 => continue,
+                Ok(Err(out)) => {
+                    self.config.displays.release(display);
+                    let what = match out.exit_code {
+                        4 => "run directory".to_owned(),
+                        code => format!("X server start (exit {code})"),
+                    };
+                    return Err(DesktopError::Stack(format!(
+                        "{what}: {}",
+                        out.stderr.trim()
+                    )));
+                }
+                Err(e) => {
+                    self.config.displays.release(display);
+                    return Err(e);
+                }
+            };
             let mut screen = Screen {
                 bot_id: bot_id.to_string(),
                 tag: tag.clone(),

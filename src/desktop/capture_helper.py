@@ -1,14 +1,18 @@
 # The in-computer screenshot helper for machines whose X server Rakazo cannot reach directly.
 #
-# Run as: DISPLAY=:N python3 capture_helper.py
+# Run as: DISPLAY=:N python3 capture_helper.py [settle FIRST_MS INTERVAL_MS TIMEOUT_MS]
 # Prints "WIDTH HEIGHT" on the first line and the root window as a base64 PNG (RGB, 8 bits) on
-# the second. Python's standard library and the machine's libX11 only (ctypes); exits 2 with a
-# reason on stderr when the display cannot be read.
+# the second. With `settle`, it first waits FIRST_MS, then reads the screen every INTERVAL_MS
+# until two reads in a row are the same or TIMEOUT_MS has passed, and prints the last read: the
+# polling happens here, one command in all, not one command per look. Python's standard
+# library and the machine's libX11 only (ctypes); exits 2 with a reason on stderr when the
+# display cannot be read.
 
 import base64
 import ctypes
 import struct
 import sys
+import time
 import zlib
 
 ZPIXMAP = 2
@@ -44,36 +48,52 @@ def chunk(kind, data):
     return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
 
 
-def main():
-    try:
-        x = ctypes.CDLL("libX11.so.6")
-    except OSError:
-        fail("libX11 is not installed")
-    x.XOpenDisplay.restype = ctypes.c_void_p
-    x.XOpenDisplay.argtypes = [ctypes.c_char_p]
-    x.XDefaultRootWindow.restype = ctypes.c_ulong
-    x.XDefaultRootWindow.argtypes = [ctypes.c_void_p]
-    x.XDisplayWidth.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    x.XDisplayHeight.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    x.XGetImage.restype = ctypes.POINTER(XImage)
-    x.XGetImage.argtypes = [
-        ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
-        ctypes.c_uint, ctypes.c_uint, ctypes.c_ulong, ctypes.c_int,
-    ]
-    display = x.XOpenDisplay(None)
-    if not display:
-        fail("cannot open the display")
-    width, height = x.XDisplayWidth(display, 0), x.XDisplayHeight(display, 0)
-    image = x.XGetImage(display, x.XDefaultRootWindow(display), 0, 0, width, height, ALL_PLANES, ZPIXMAP)
-    if not image:
-        fail("cannot read the root window")
-    im = image.contents
-    if im.bits_per_pixel != 32 or im.byte_order != 0:
-        fail("unsupported pixel format")
-    stride = im.bytes_per_line
-    raw = ctypes.string_at(im.data, stride * height)
-    if stride != width * 4:
-        raw = b"".join(raw[r * stride:r * stride + width * 4] for r in range(height))
+class Screen:
+    def __init__(self):
+        try:
+            x = ctypes.CDLL("libX11.so.6")
+        except OSError:
+            fail("libX11 is not installed")
+        x.XOpenDisplay.restype = ctypes.c_void_p
+        x.XOpenDisplay.argtypes = [ctypes.c_char_p]
+        x.XDefaultRootWindow.restype = ctypes.c_ulong
+        x.XDefaultRootWindow.argtypes = [ctypes.c_void_p]
+        x.XDisplayWidth.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        x.XDisplayHeight.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        x.XGetImage.restype = ctypes.POINTER(XImage)
+        x.XGetImage.argtypes = [
+            ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
+            ctypes.c_uint, ctypes.c_uint, ctypes.c_ulong, ctypes.c_int,
+        ]
+        x.XFree.argtypes = [ctypes.c_void_p]
+        self.x = x
+        self.display = x.XOpenDisplay(None)
+        if not self.display:
+            fail("cannot open the display")
+        self.width = x.XDisplayWidth(self.display, 0)
+        self.height = x.XDisplayHeight(self.display, 0)
+        self.root = x.XDefaultRootWindow(self.display)
+
+    def read(self):
+        """The screen as BGRX rows without padding."""
+        width, height = self.width, self.height
+        image = self.x.XGetImage(self.display, self.root, 0, 0, width, height, ALL_PLANES, ZPIXMAP)
+        if not image:
+            fail("cannot read the root window")
+        im = image.contents
+        if im.bits_per_pixel != 32 or im.byte_order != 0:
+            fail("unsupported pixel format")
+        stride = im.bytes_per_line
+        raw = ctypes.string_at(im.data, stride * height)
+        # A ZPixmap image from XGetImage is its struct and one data block, both Xlib's.
+        self.x.XFree(im.data)
+        self.x.XFree(image)
+        if stride != width * 4:
+            raw = b"".join(raw[r * stride:r * stride + width * 4] for r in range(height))
+        return raw
+
+
+def png_of(raw, width, height):
     # BGRX (least significant byte first) to RGB.
     rgb = bytearray(width * height * 3)
     rgb[0::3] = raw[2::4]
@@ -81,16 +101,41 @@ def main():
     rgb[2::3] = raw[0::4]
     row = width * 3
     scanlines = b"".join(b"\0" + rgb[r * row:(r + 1) * row] for r in range(height))
-    png = (
+    return (
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
         + chunk(b"IDAT", zlib.compress(scanlines, 6))
         + chunk(b"IEND", b"")
     )
-    encoded = base64.b64encode(png)
+
+
+def settled(screen, first_ms, interval_ms, timeout_ms):
+    deadline = time.monotonic() + timeout_ms / 1000
+    time.sleep(first_ms / 1000)
+    last = screen.read()
+    while time.monotonic() < deadline:
+        time.sleep(interval_ms / 1000)
+        current = screen.read()
+        if current == last:
+            break
+        last = current
+    return last
+
+
+def main():
+    screen = Screen()
+    if sys.argv[1:2] == ["settle"]:
+        try:
+            first_ms, interval_ms, timeout_ms = (int(a) for a in sys.argv[2:5])
+        except ValueError:
+            fail("usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS")
+        raw = settled(screen, first_ms, interval_ms, timeout_ms)
+    else:
+        raw = screen.read()
+    encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
     if len(encoded) > MAX_OUTPUT:
         fail("the frame is too large for the command path")
-    sys.stdout.write(f"{width} {height}\n")
+    sys.stdout.write(f"{screen.width} {screen.height}\n")
     sys.stdout.write(encoded.decode())
     sys.stdout.write("\n")
 

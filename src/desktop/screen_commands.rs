@@ -5,7 +5,9 @@
 //! The helper (`capture_helper.py`, Python's standard library and the machine's libX11) prints
 //! the root window as a base64 PNG; frames are compared by the hash of that PNG, which is the
 //! same for the same pixels. A batch becomes one script of `xdotool` calls that reports how many
-//! actions completed, then the screen settles like on the direct path.
+//! actions completed, then the screen settles: the helper itself reads the screen until two
+//! reads in a row are the same, inside the machine, and prints only the last (one command for
+//! the whole wait, not one per look).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,12 +72,17 @@ impl CommandScreen {
 
     /// A screenshot of the display.
     pub async fn grab(&self) -> Result<Observation, DesktopError> {
+        self.capture("", SCRIPT_TIMEOUT).await
+    }
+
+    /// Runs the capture helper with `args` and reads its frame.
+    async fn capture(&self, args: &str, timeout: Duration) -> Result<Observation, DesktopError> {
         let script = format!(
-            "{} exec python3 {}",
+            "{} exec python3 {}{args}",
             self.env(),
             shell_quote(&self.helper.to_string_lossy())
         );
-        let out = self.runner.run(&script, SCRIPT_TIMEOUT).await?;
+        let out = self.runner.run(&script, timeout).await?;
         if out.exit_code != 0 {
             return Err(DesktopError::X(format!(
                 "capture helper: {}",
@@ -147,18 +154,15 @@ impl CommandScreen {
 
     /// Polls until two consecutive frames are the same or time runs out; the last frame.
     pub async fn settle(&self, settle: Settle) -> Result<Observation, DesktopError> {
-        let deadline = Instant::now() + settle.timeout;
-        tokio::time::sleep(settle.first_delay).await;
-        let mut last = self.grab().await?;
-        while Instant::now() < deadline {
-            tokio::time::sleep(settle.interval).await;
-            let next = self.grab().await?;
-            if next.hash == last.hash {
-                return Ok(next);
-            }
-            last = next;
-        }
-        Ok(last)
+        // The helper polls inside the machine: one command, whatever the number of looks.
+        let args = format!(
+            " settle {} {} {}",
+            settle.first_delay.as_millis(),
+            settle.interval.as_millis(),
+            settle.timeout.as_millis()
+        );
+        self.capture(&args, settle.first_delay + settle.timeout + SCRIPT_TIMEOUT)
+            .await
     }
 }
 

@@ -1,6 +1,7 @@
-//! Spare display stacks (`SANDBOX_DESKTOP_WARM_STACKS`) on Docker computers: provision to
-//! the first screenshot of a bot's desktop, and a further bot's desktop on a running
-//! computer to its first screenshot, with one spare per computer against none, side by side
+//! Spare desktops (`SANDBOX_DESKTOP_WARM_STACKS`) on Docker computers: provision to the first
+//! screenshot of a bot's desktop, a further, new bot's desktop on the running computer to its
+//! first screenshot, and the first bot's desktop reopened (a bot with a profile), with one
+//! spare per computer against none, side by side
 //! (rounds alternate), on both screen paths (the shared X socket, and the command path the
 //! remote providers take). Needs a Docker engine and the computer image; runs its own
 //! supervisor on 127.0.0.1:0. Results are recorded in `BENCHMARKS.md`.
@@ -46,28 +47,51 @@ async fn pool_ready(p: &DockerProvider, m: &ProviderRef) {
     }
 }
 
-/// One round: (provision → first screenshot, a further bot's open → first screenshot,
-/// the spare's memory in KiB).
-async fn round(p: &DockerProvider) -> (Duration, Duration, u64) {
+/// Times of one round.
+struct Round {
+    /// Provision → the first bot's first screenshot.
+    first: Duration,
+    /// A further, new bot's desktop → its first screenshot, on the running computer.
+    next: Duration,
+    /// The first bot's desktop again, closed and reopened (it has a profile now).
+    back: Duration,
+    /// A spare's memory (KiB).
+    pss: u64,
+}
+
+/// Opens `bot`'s desktop and takes its first screenshot.
+async fn open_and_look(p: &DockerProvider, m: &ProviderRef, bot: &str, slot: u32) {
+    p.open_screen(m, bot, slot).await.expect("open screen");
+    let frame = p.observe(m, bot).await.expect("observe");
+    assert!(frame.png.starts_with(b"\x89PNG"));
+}
+
+async fn round(p: &DockerProvider) -> Round {
     let s = spec();
     let bot = s.bot_id.clone().unwrap();
     let t0 = Instant::now();
     let m = p.provision(&s).await.expect("provision");
-    p.open_screen(&m, &bot, 0).await.expect("open screen");
-    let frame = p.observe(&m, &bot).await.expect("observe");
+    open_and_look(p, &m, &bot, 0).await;
     let first = t0.elapsed();
-    assert!(frame.png.starts_with(b"\x89PNG"));
     // The next bot arrives once the computer is up and its pool refilled.
     pool_ready(p, &m).await;
     let pss = p.runtime(&m).await.unwrap().warm_status().pss_kib;
     let t1 = Instant::now();
-    p.open_screen(&m, "bench-next", 1)
-        .await
-        .expect("open screen");
-    p.observe(&m, "bench-next").await.expect("observe");
+    open_and_look(p, &m, "bench-next", 1).await;
     let next = t1.elapsed();
+    // The first bot leaves and comes back to a refilled pool.
+    p.close_screen(&m, &bot).await.expect("close screen");
+    pool_ready(p, &m).await;
+    let t2 = Instant::now();
+    open_and_look(p, &m, &bot, 0).await;
+    let back = t2.elapsed();
     p.destroy(&m).await.unwrap();
-    (first, next, pss)
+    Round {
+        first,
+        next,
+        back,
+        pss,
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -111,37 +135,44 @@ fn main() {
             let on = provider(commands_only, 1);
             println!("\n{path}:\n");
             println!(
-                "| round | pool | provision → first screenshot ms | next bot's desktop → first screenshot ms |"
+                "| round | pool | provision → first screenshot ms | next, new bot's desktop → first screenshot ms | returning bot's desktop → first screenshot ms |"
             );
-            println!("| ---: | --- | ---: | ---: |");
-            let (mut first, mut next) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+            println!("| ---: | --- | ---: | ---: | ---: |");
+            let mut times: [[Vec<Duration>; 3]; 2] = Default::default();
             let mut pss = 0;
             for r in 1..=ROUNDS {
                 // Alternate which setting goes first.
                 let order = if r % 2 == 1 { [0, 1] } else { [1, 0] };
                 for i in order {
                     let (p, name) = if i == 0 { (&off, "off") } else { (&on, "1 spare") };
-                    let (f, n, kib) = round(p).await;
+                    let t = round(p).await;
                     if i == 1 {
-                        pss = pss.max(kib);
+                        pss = pss.max(t.pss);
                     }
-                    println!("| {r} | {name} | {:.0} | {:.0} |", ms(f), ms(n));
-                    first[i].push(f);
-                    next[i].push(n);
+                    println!(
+                        "| {r} | {name} | {:.0} | {:.0} | {:.0} |",
+                        ms(t.first),
+                        ms(t.next),
+                        ms(t.back)
+                    );
+                    for (k, d) in [t.first, t.next, t.back].into_iter().enumerate() {
+                        times[i][k].push(d);
+                    }
                 }
             }
-            let (f0, f1) = (median(first[0].clone()), median(first[1].clone()));
-            let (n0, n1) = (median(next[0].clone()), median(next[1].clone()));
-            println!(
-                "medians: first screenshot off {:.0} / on {:.0} ms (ratio on/off {:.2}); next desktop off {:.0} / on {:.0} ms (ratio {:.2}); a spare stack holds {:.1} MiB PSS",
-                ms(f0),
-                ms(f1),
-                f1.as_secs_f64() / f0.as_secs_f64(),
-                ms(n0),
-                ms(n1),
-                n1.as_secs_f64() / n0.as_secs_f64(),
-                pss as f64 / 1024.0
-            );
+            for (k, what) in ["first screenshot", "next, new bot", "returning bot"]
+                .into_iter()
+                .enumerate()
+            {
+                let (off, on) = (median(times[0][k].clone()), median(times[1][k].clone()));
+                println!(
+                    "median {what}: off {:.0} / 1 spare {:.0} ms (ratio {:.2})",
+                    ms(off),
+                    ms(on),
+                    on.as_secs_f64() / off.as_secs_f64()
+                );
+            }
+            println!("a spare desktop holds {:.1} MiB PSS", pss as f64 / 1024.0);
         }
     });
 }

@@ -1,6 +1,7 @@
-//! Spare display stacks (`SANDBOX_DESKTOP_WARM_STACKS`) against real Xvfb, fluxbox and
-//! Chromium: a bot's new desktop takes a spare, shows only its own browser, nothing of an
-//! earlier bot reaches it, the pool refills in the background, and size 0 starts nothing.
+//! Spare desktops (`SANDBOX_DESKTOP_WARM_STACKS`) against real Xvfb, fluxbox and Chromium: a
+//! new bot's desktop takes a spare with its running browser, whose profile becomes the bot's;
+//! a returning bot gets the stack and its own browser; nothing of an earlier bot reaches
+//! another, the pool refills in the background, and size 0 starts nothing.
 //!
 //! Needs the packages of `scripts/install-desktop-deps.sh`. Tests run one at a time.
 
@@ -95,11 +96,37 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// The profile directory a running browser was started on (its `--user-data-dir`).
+fn user_data_dir(pid: u32) -> std::path::PathBuf {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let arg = cmdline
+        .split(|b| *b == 0)
+        .filter_map(|a| std::str::from_utf8(a).ok())
+        .find_map(|a| a.strip_prefix("--user-data-dir="))
+        .expect("a --user-data-dir argument")
+        .trim_end_matches('/')
+        .to_owned();
+    arg.into()
+}
+
+/// The names in the workspace's profiles directory that belong to spares.
+fn spare_names(profiles: &Path) -> Vec<String> {
+    std::fs::read_dir(profiles)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".spare-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[tokio::test]
-async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
+async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
+    let profiles = dir.path().join("workspace/.browser-profiles");
     let _sweep = Sweep(run.clone());
     let runtime = Arc::new(DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),
@@ -109,7 +136,10 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
     until_ready(&runtime, 1).await;
     let status = runtime.warm_status();
     assert_eq!((status.target, status.ready), (1, 1));
-    assert!(status.pss_kib > 0, "the spare's memory is counted");
+    assert!(
+        status.pss_kib > 60 * 1024,
+        "the spare's memory is counted, its browser's with it: {status:?}"
+    );
     let spare = our_xservers(&run).await;
     assert_eq!(
         spare.len(),
@@ -117,11 +147,23 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
         "one spare stack and nothing else: {spare:?}"
     );
     let (spare_pid, spare_display) = spare[0];
+    // The spare runs a browser already, on a profile of no bot's.
+    windows::assert_only_the_browser(&windows::connect_local(spare_display));
+    let spare_profile = spare_names(&profiles);
+    assert_eq!(spare_profile.len(), 1, "{spare_profile:?}");
 
-    // Bot A's desktop is the spare: the same X server, started before A asked.
+    // Bot A, new, gets the spare: the same X server and the same browser, started before A
+    // asked, its profile now A's.
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
     assert_eq!(a.display, spare_display);
     assert!(alive(spare_pid));
+    let a_browser = runtime.browser_pid("bot-a").await.unwrap();
+    assert_eq!(
+        std::fs::canonicalize(user_data_dir(a_browser)).unwrap(),
+        std::fs::canonicalize(profiles.join("bot-a")).unwrap(),
+        "the spare's browser runs on what is now A's profile"
+    );
+    assert!(profiles.join("bot-a/Default").is_dir());
     assert!(our_xservers(&run).await.contains(&(spare_pid, a.display)));
     windows::assert_only_the_browser(&windows::connect_local(a.display));
     let first = runtime.observe("bot-a").await.unwrap();
@@ -130,17 +172,13 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
         "A's first frame shows its browser"
     );
 
-    // The pool refills in the background on another display, with no browser on it.
+    // The pool refills in the background on another display, with a browser of its own.
     until_ready(&runtime, 1).await;
     let now = our_xservers(&run).await;
     assert_eq!(now.len(), 2, "A's desktop and one new spare: {now:?}");
     let (refill_pid, refill_display) = *now.iter().find(|(p, _)| *p != spare_pid).unwrap();
     assert_ne!(refill_display, a.display);
-    let tops = windows::viewable_top_levels(&windows::connect_local(refill_display));
-    assert!(
-        tops.iter().all(|t| t.classes.is_empty()),
-        "a spare holds no client window: {tops:?}"
-    );
+    windows::assert_only_the_browser(&windows::connect_local(refill_display));
 
     // A leaves a window of its own on its screen, then its desktop is torn down whole.
     runtime
@@ -167,33 +205,63 @@ async fn a_bot_takes_a_spare_sees_only_its_browser_and_the_pool_refills() {
         !alive(spare_pid),
         "A's X server is gone, never back in the pool"
     );
+    assert!(!alive(a_browser));
+    assert!(
+        profiles.join("bot-a/Default").is_dir(),
+        "A's profile stays in the workspace"
+    );
+    assert_eq!(
+        spare_names(&profiles).len(),
+        1,
+        "A's link is gone, the refill's profile is there"
+    );
 
-    // Bot B gets the refilled spare: its own display, its own profile, only its browser.
+    // Bot B, new, gets the refilled spare: its own display, its own profile, nothing of A's.
     let b = runtime.open_screen("bot-b", 0).await.unwrap();
     assert_eq!(b.display, refill_display);
     assert!(alive(refill_pid));
     windows::assert_only_the_browser(&windows::connect_local(b.display));
-    assert!(
-        dir.path()
-            .join("workspace/.browser-profiles/bot-b")
-            .is_dir()
-    );
     let b_browser = runtime.browser_pid("bot-b").await.unwrap();
-    let env = std::fs::read(format!("/proc/{b_browser}/cmdline")).unwrap();
-    let args = String::from_utf8_lossy(&env);
-    assert!(args.contains("bot-b"), "B's browser runs on B's profile");
-    assert!(!args.contains("bot-a"), "and on nothing of A's");
+    let b_profile = std::fs::canonicalize(user_data_dir(b_browser)).unwrap();
+    assert_eq!(
+        b_profile,
+        std::fs::canonicalize(profiles.join("bot-b")).unwrap(),
+        "B's browser runs on B's profile"
+    );
+    assert!(!b_profile.starts_with(profiles.join("bot-a")));
 
-    // A comes back later: a fresh desktop again (a refill), its own profile kept.
+    // A comes back later with its profile: the next spare's display stack, A's own browser on
+    // A's profile, the spare's browser and profile gone.
     until_ready(&runtime, 1).await;
+    let unowned: Vec<String> = spare_names(&profiles)
+        .into_iter()
+        .filter(|n| !profiles.join(n).symlink_metadata().unwrap().is_symlink())
+        .collect();
+    assert_eq!(unowned.len(), 1, "the ready spare's profile: {unowned:?}");
     let a2 = runtime.open_screen("bot-a", 1).await.unwrap();
     assert_ne!(a2.display, b.display);
     windows::assert_only_the_browser(&windows::connect_local(a2.display));
+    let a2_browser = runtime.browser_pid("bot-a").await.unwrap();
+    assert_eq!(user_data_dir(a2_browser), profiles.join("bot-a"));
+    let started = Instant::now();
+    while profiles.join(&unowned[0]).exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the replaced spare's profile is removed: {:?}",
+            spare_names(&profiles)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     runtime.shutdown().await.unwrap();
     assert!(
         our_xservers(&run).await.is_empty(),
         "shutdown stops the spares with the desktops"
+    );
+    assert!(
+        spare_names(&profiles).is_empty(),
+        "no spare profile or link is left: {:?}",
+        spare_names(&profiles)
     );
 }
 

@@ -303,7 +303,7 @@ pub struct Config {
     pub team_screen_limit: u32,
     /// Per-desktop control groups (`SANDBOX_DESKTOP_*`); `None` when the CPU weight is 0.
     pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
-    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
+    /// `SANDBOX_DESKTOP_WARM_STACKS`: spare desktops per computer.
     pub desktop_warm_stacks: usize,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
     pub command_timeout: Duration,

@@ -16,7 +16,8 @@
 //! - [`screen_commands`]: capture and input through commands only (an in-computer helper and
 //!   xdotool), for machines whose X server this process cannot reach.
 //! - [`files`]: workspace path checks and tar export/import for host workspaces.
-//! - [`warm`]: the spare display stacks a runtime keeps ready for its next desktops.
+//! - [`warm`]: the spare desktops a runtime keeps ready for its next bots;
+//!   [`spare_profile`]: the profile a spare's browser starts on, handed over to a new bot.
 //! - [`provider`]: the `desktop` [`rakazo_actors::provider::SandboxProvider`] on the host.
 //!
 //! Architecture invariant: nothing here knows about HTTP, the database or leases. The caller
@@ -41,6 +42,7 @@ pub mod provider;
 pub mod runtime;
 pub mod screen_commands;
 pub mod shared_image;
+pub mod spare_profile;
 pub mod terminal;
 pub mod terminal_frames;
 pub mod warm;

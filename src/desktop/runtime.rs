@@ -40,6 +40,7 @@ use super::command::{
 use super::gateway::{Capability, Gateway, Policy};
 use super::groups::DesktopGroups;
 use super::screen_commands::CommandScreen;
+use super::spare_profile;
 use super::warm::{WarmPool, WarmStatus};
 use super::{DesktopError, check_id, shell_quote};
 
@@ -75,6 +76,12 @@ pub const REAP_GRACE: Duration = Duration::from_secs(10);
 /// failures in a row (at most [`WARM_RETRY_MAX`]).
 const WARM_RETRY: Duration = Duration::from_secs(2);
 const WARM_RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long a new desktop waits for a spare that is starting (its display stack and
+/// browser) before starting a stack of its own.
+const SPARE_WAIT: Duration = Duration::from_secs(10);
+/// How long a spare's browser that a bot with its own profile replaces gets on SIGTERM: its
+/// profile is removed after it, so it has nothing to save.
+const SPARE_BROWSER_GRACE: Duration = Duration::from_millis(200);
 /// Display numbers tried before giving up on finding a free one.
 const DISPLAY_SEARCH: u32 = 64;
 /// Display slots one machine hosts at most (no more than the display numbers tried).
@@ -269,6 +276,9 @@ struct Screen {
     oom_seen: u64,
     /// When its browser was last seen running.
     browser_seen: Option<Instant>,
+    /// The spare profile name its browser was started on, now a link to the bot's profile
+    /// (removed at teardown; see [`super::spare_profile`]).
+    spare_link: Option<String>,
 }
 
 /// How capture and input reach one display.
@@ -432,23 +442,54 @@ impl DesktopRuntime {
         self.warm.status()
     }
 
-    /// Starts one spare display stack and measures its memory (PSS of Xvfb and the window
-    /// manager, KiB).
+    /// Starts one spare desktop, its display stack and a browser on a spare profile
+    /// ([`super::spare_profile`]), and measures its memory (PSS of every process of the
+    /// three process groups, KiB).
     async fn start_spare(&self) -> Result<(Box<Screen>, u64), DesktopError> {
         self.reap_leftovers().await?;
         let started = Instant::now();
-        let screen = self.start_stack("").await?;
-        let pids: Vec<String> = [screen.xvfb, screen.wm]
+        let name = spare_profile::spare_name();
+        let (stack, profile) = tokio::join!(self.start_stack(&name), self.prepare_profile(&name));
+        let mut screen = match stack {
+            Ok(screen) => screen,
+            Err(e) => {
+                let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
+                let _ = self
+                    .runner
+                    .run(
+                        &spare_profile::remove_script(&profiles, &name),
+                        SCRIPT_TIMEOUT,
+                    )
+                    .await;
+                return Err(e);
+            }
+        };
+        // Stopping the screen removes its profile too.
+        let browser = match profile {
+            Ok(profile) => self.start_browser(&mut screen, Some(profile)).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = browser {
+            let _ = self.stop_screen(&mut screen).await;
+            return Err(e);
+        }
+        let groups: Vec<String> = [screen.xvfb, screen.wm, screen.browser]
             .into_iter()
             .flatten()
-            .map(|p| format!("/proc/{p}/smaps_rollup"))
+            .map(|p| p.to_string())
             .collect();
         let kib = match self
             .runner
             .run(
                 &format!(
-                    "awk '/^Pss:/ {{ s += $2 }} END {{ print s + 0 }}' {} 2>/dev/null",
-                    pids.join(" ")
+                    "t=0
+for p in $(ps -eo pid=,pgid= | awk -v g=' {} ' 'index(g, \" \" $2 \" \") {{ print $1 }}'); do
+\
+                       v=$(awk '/^Pss:/ {{ print $2 }}' /proc/$p/smaps_rollup 2>/dev/null); t=$((t + ${{v:-0}}))
+\
+                     done
+echo $t",
+                    groups.join(" ")
                 ),
                 SCRIPT_TIMEOUT,
             )
@@ -466,12 +507,12 @@ impl DesktopRuntime {
         Ok((Box::new(screen), kib))
     }
 
-    /// The display stack for `bot_id`'s new screen: a spare one when the pool has one alive
-    /// (or is starting one), else a new one.
-    async fn stack_for(&self, bot_id: &str) -> Result<Screen, DesktopError> {
-        while let Some(mut spare) = self.warm.take(XVFB_READY_TIMEOUT).await {
+    /// The display stack for `bot_id`'s new screen: a spare desktop when the pool has one
+    /// alive (or is starting one, waited for up to `wait`), its browser still on its spare
+    /// profile (see [`Self::hand_over`]), else a new stack.
+    async fn stack_for(&self, bot_id: &str, wait: Duration) -> Result<Screen, DesktopError> {
+        while let Some(mut spare) = self.warm.take(wait).await {
             if self.spare_alive(&spare).await {
-                spare.bot_id = bot_id.to_owned();
                 spare.last_used = Instant::now();
                 tracing::info!(
                     screen.display = spare.display,
@@ -486,25 +527,86 @@ impl DesktopRuntime {
         self.start_stack(bot_id).await
     }
 
-    /// Whether a spare's X server still answers.
+    /// Gives a taken spare desktop to `bot_id`. A bot without a profile of its own takes the
+    /// spare's running browser with its profile (`None`: nothing left to start); any other
+    /// gets the display stack only, the spare's browser stopped and its profile removed, and
+    /// its own browser is then started on `profile`.
+    async fn hand_over(
+        &self,
+        screen: &mut Screen,
+        bot_id: &str,
+        profile: Profile,
+    ) -> Result<Option<Profile>, DesktopError> {
+        let spare = std::mem::replace(&mut screen.bot_id, bot_id.to_owned());
+        let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
+        let mut outcome = None;
+        if profile.fresh && screen.browser.is_some() {
+            let out = self
+                .runner
+                .run(
+                    &spare_profile::handover_script(&profiles, &spare, bot_id),
+                    SCRIPT_TIMEOUT,
+                )
+                .await?;
+            if out.exit_code == spare_profile::HANDED_OVER {
+                screen.spare_link = Some(spare);
+                // [`Self::spare_alive`] has just seen its window.
+                screen.browser_seen = Some(Instant::now());
+                tracing::info!(
+                    screen.display = screen.display,
+                    bot.id = bot_id,
+                    "desktop.warm.browser_taken"
+                );
+                return Ok(None);
+            }
+            outcome = Some(out.exit_code);
+        }
+        tracing::info!(
+            screen.display = screen.display,
+            bot.id = bot_id,
+            handover.exit = outcome,
+            "desktop.warm.browser_replaced"
+        );
+        if let Some(pid) = screen.browser {
+            self.runner.stop(pid, SPARE_BROWSER_GRACE).await?;
+            screen.browser = None;
+        }
+        // The spare's profile (or, where the hand-over stopped halfway, nothing) goes off the
+        // opening path.
+        let runner = self.runner.clone();
+        let remove = spare_profile::remove_script(&profiles, &spare);
+        tokio::spawn(async move {
+            if let Err(e) = runner.run(&remove, SCRIPT_TIMEOUT).await {
+                tracing::warn!(error = %e, "desktop.warm.profile_remove_failed");
+            }
+        });
+        Ok(Some(profile))
+    }
+
+    /// Whether a spare's X server still answers and its browser still shows a window.
     async fn spare_alive(&self, spare: &Screen) -> bool {
         match &spare.io {
             Some(Io::X(x)) => {
                 let x = x.clone();
+                let browser = spare.browser.is_some();
                 tokio::task::spawn_blocking(move || {
                     let x = x.lock().unwrap_or_else(|e| e.into_inner());
                     x.conn
                         .get_input_focus()
                         .ok()
                         .is_some_and(|c| c.reply().is_ok())
+                        && (!browser || browser_windows(&x).is_ok_and(|n| n > 0))
                 })
                 .await
                 .unwrap_or(false)
             }
-            Some(Io::Commands(_)) => match spare.xvfb {
-                Some(pid) => self.runner.is_running(pid).await.unwrap_or(false),
-                None => false,
-            },
+            Some(Io::Commands(c)) => {
+                let (Some(xvfb), Some(_)) = (spare.xvfb, spare.browser) else {
+                    return false;
+                };
+                let (x, windows) = tokio::join!(self.runner.is_running(xvfb), c.browser_windows());
+                x.unwrap_or(false) && windows.is_ok_and(|n| n > 0)
+            }
             None => false,
         }
     }
@@ -783,25 +885,54 @@ impl DesktopRuntime {
             let started = async {
                 // The profile is made ready while what an earlier process left is stopped and
                 // the display stack starts (the browser, which needs both, starts after).
-                let stack = async {
-                    self.reap_leftovers().await?;
-                    self.stack_for(bot_id).await
+                // With spares, the profile is known first: a spare still starting is worth
+                // waiting for only to a bot without a profile, who can take its browser.
+                let (stack, profile) = if self.warm.target() == 0 {
+                    let stack = async {
+                        self.reap_leftovers().await?;
+                        self.start_stack(bot_id).await
+                    };
+                    tokio::join!(stack, self.prepare_profile(bot_id))
+                } else {
+                    let (reaped, profile) =
+                        tokio::join!(self.reap_leftovers(), self.prepare_profile(bot_id));
+                    let wait = match &profile {
+                        Ok(p) if p.fresh => SPARE_WAIT,
+                        _ => Duration::ZERO,
+                    };
+                    let stack = match reaped {
+                        Ok(()) => self.stack_for(bot_id, wait).await,
+                        Err(e) => Err(e),
+                    };
+                    (stack, profile)
                 };
-                let (stack, profile) = tokio::join!(stack, self.prepare_profile(bot_id));
                 let mut screen = stack?;
-                let profile = match profile {
-                    Ok(profile) => profile,
+                let mut profile = match profile {
+                    Ok(profile) => Some(profile),
                     Err(e) => {
                         let _ = self.stop_screen(&mut screen).await;
                         return Err(e);
                     }
                 };
+                if screen.bot_id != bot_id
+                    && let Some(fresh) = profile.take()
+                {
+                    match self.hand_over(&mut screen, bot_id, fresh).await {
+                        Ok(left) => profile = left,
+                        Err(e) => {
+                            let _ = self.stop_screen(&mut screen).await;
+                            return Err(e);
+                        }
+                    }
+                }
                 tracing::debug!(
                     bot.id = bot_id,
                     elapsed_ms = opening.elapsed().as_millis() as u64,
                     "desktop.screen.stack_ready"
                 );
-                if let Err(e) = self.start_browser(&mut screen, Some(profile)).await {
+                if let Some(profile) = profile
+                    && let Err(e) = self.start_browser(&mut screen, Some(profile)).await
+                {
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
                 }
@@ -924,7 +1055,7 @@ impl DesktopRuntime {
             tokio::time::sleep(SLOT_BUSY_POLL).await;
         };
         let mut failure = None;
-        for mut spare in self.warm.drain() {
+        for mut spare in self.warm.drain().await {
             if let Err(e) = self.stop_screen(&mut spare).await {
                 failure = Some(e);
             }
@@ -1374,11 +1505,19 @@ impl DesktopRuntime {
         }
         // What left the process groups (crash handlers, dialogs, the DevTools bridge) goes by
         // its tag; the bridge's socket with it.
+        // A spare's profile, or the link a hand-over left at its name, goes with it.
+        let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
+        let spare = [Some(&screen.bot_id), screen.spare_link.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|name| spare_profile::is_spare(name))
+            .map(|name| spare_profile::remove_script(&profiles, name))
+            .collect::<String>();
         let out = self
             .runner
             .run(
                 &format!(
-                    "rm -f /tmp/.X11-unix/cdp-{}-*\n{}",
+                    "{spare}rm -f /tmp/.X11-unix/cdp-{}-*\n{}",
                     screen.display,
                     sweep_script(&screen.tag)
                 ),
@@ -1529,8 +1668,9 @@ impl DesktopRuntime {
         let window_s = (crate::stores::archive::RACY_WINDOW_NS / 1_000_000_000) as u64 + 1;
         let script = format!(
             "[ -d {p} ] || exit 0
-             find {p} \\( {transient} \\) -prune -o -newermt '-{window_s} seconds' -print -quit 2>/dev/null",
-            p = shell_quote(&profiles)
+             find {p} \\( {transient} -o -name '{spare}*' \\) -prune -o -newermt '-{window_s} seconds' -print -quit 2>/dev/null",
+            p = shell_quote(&profiles),
+            spare = crate::stores::archive::SPARE_PROFILE_PREFIX
         );
         let started = Instant::now();
         while started.elapsed() < PROFILE_QUIET_TIMEOUT {
@@ -1550,10 +1690,16 @@ impl DesktopRuntime {
         self.reaped
             .get_or_try_init(|| async {
                 let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
+                // Then the spare profiles their browsers ran on.
+                let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
                 let out = self
                     .runner
                     .run(
-                        &reap_script(&prefix, REAP_GRACE),
+                        &format!(
+                            "(\n{})\n{}",
+                            reap_script(&prefix, REAP_GRACE),
+                            spare_profile::leftovers_script(&profiles)
+                        ),
                         REAP_GRACE + SCRIPT_TIMEOUT,
                     )
                     .await?;
@@ -1673,6 +1819,7 @@ impl DesktopRuntime {
                 frozen: false,
                 oom_seen: 0,
                 browser_seen: None,
+                spare_link: None,
             };
             let connect = async {
                 if self.config.commands_only {

@@ -25,6 +25,8 @@ struct State<T> {
     ready: Vec<(T, u64)>,
     filling: usize,
     closed: bool,
+    /// Drained: no start until the next [`WarmPool::want`].
+    held: bool,
 }
 
 /// How a pool stands, for health.
@@ -49,6 +51,7 @@ impl<T> WarmPool<T> {
                 ready: Vec::new(),
                 filling: 0,
                 closed: false,
+                held: false,
             }),
             settled: Notify::new(),
             wanted: Notify::new(),
@@ -91,7 +94,7 @@ impl<T> WarmPool<T> {
     /// calls [`Self::finish_fill`] whatever happens.
     pub fn begin_fill(&self) -> bool {
         let mut state = self.state();
-        if state.closed || state.ready.len() + state.filling >= self.target {
+        if state.closed || state.held || state.ready.len() + state.filling >= self.target {
             return false;
         }
         state.filling += 1;
@@ -119,6 +122,7 @@ impl<T> WarmPool<T> {
 
     /// Asks the filler to top the pool up.
     pub fn want(&self) {
+        self.state().held = false;
         self.wanted.notify_one();
     }
 
@@ -127,11 +131,24 @@ impl<T> WarmPool<T> {
         self.wanted.notified().await
     }
 
-    /// Takes every ready spare out to be stopped (the machine's screens all stop); the pool
-    /// refills at the next [`Self::want`].
-    pub fn drain(&self) -> Vec<T> {
-        let drained = std::mem::take(&mut self.state().ready);
-        drained.into_iter().map(|(item, _)| item).collect()
+    /// Takes every spare out to be stopped (the machine's screens all stop), those starting
+    /// included once their start ends; no start begins until the next [`Self::want`], when
+    /// the pool refills.
+    pub async fn drain(&self) -> Vec<T> {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let mut state = self.state();
+                state.held = true;
+                if state.filling == 0 {
+                    let drained = std::mem::take(&mut state.ready);
+                    return drained.into_iter().map(|(item, _)| item).collect();
+                }
+            }
+            settled.await;
+        }
     }
 
     /// Closes the pool for good and returns the ready spares to be stopped.
@@ -230,14 +247,30 @@ mod tests {
         let pool = WarmPool::new(2);
         assert!(pool.begin_fill());
         pool.finish_fill(Some((1, 0)));
-        assert_eq!(pool.drain(), vec![1]);
-        assert!(pool.begin_fill(), "a drained pool refills");
+        assert_eq!(pool.drain().await, vec![1]);
+        assert!(!pool.begin_fill(), "a drained pool waits to be wanted");
+        pool.want();
+        assert!(pool.begin_fill(), "then refills");
         pool.finish_fill(Some((3, 0)));
         assert!(pool.begin_fill());
         assert_eq!(pool.close(), vec![3]);
         assert_eq!(pool.finish_fill(Some((2, 0))), Some(2), "to be stopped");
         assert!(!pool.begin_fill());
         assert_eq!(pool.take(Duration::from_secs(1)).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_drain_waits_for_the_start_in_progress() {
+        let pool = std::sync::Arc::new(WarmPool::new(2));
+        assert!(pool.begin_fill());
+        let p = pool.clone();
+        let drain = tokio::spawn(async move { p.drain().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!drain.is_finished(), "the start in progress is waited for");
+        assert!(!pool.begin_fill(), "and no other begins");
+        assert_eq!(pool.finish_fill(Some((7, 0))), None);
+        assert_eq!(drain.await.unwrap(), vec![7]);
+        assert_eq!(pool.status().ready, 0);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! symlink, never opens a fifo, socket or device, and keeps a regular file with more than one
 //! hard link only when the walk found every one of its names inside the workspace (else
 //! another name may be a host file); it leaves out the transient cache and lock files inside
-//! `.browser-profiles` (files with the same names elsewhere are kept), and reports names it
-//! cannot store.
+//! `.browser-profiles` (files with the same names elsewhere are kept) and the profiles of spare
+//! desktops there, and reports names it cannot store.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -95,9 +95,17 @@ pub enum ArchiveError {
     Io(#[from] std::io::Error),
 }
 
+/// The name start of a spare desktop's browser profile inside [`PROFILES_DIR`]: a profile
+/// no bot owns yet (or the link left where one was handed over), never archived. Bot ids
+/// cannot start with a dot.
+pub const SPARE_PROFILE_PREFIX: &str = ".spare-";
+
 fn transient(rel: &[String]) -> bool {
     rel.first().is_some_and(|f| f == PROFILES_DIR)
-        && rel.iter().skip(1).any(|s| TRANSIENT.contains(&s.as_str()))
+        && (rel
+            .get(1)
+            .is_some_and(|p| p.starts_with(SPARE_PROFILE_PREFIX))
+            || rel.iter().skip(1).any(|s| TRANSIENT.contains(&s.as_str())))
 }
 
 impl From<ProviderError> for ArchiveError {
@@ -1016,6 +1024,10 @@ mod tests {
         assert_eq!(print(), first, "nothing changed");
         // A transient browser file is not part of a workspace.
         std::fs::write(root.join(".browser-profiles/b1/Cache/x"), b"junk").unwrap();
+        assert_eq!(print(), first);
+        // Nor is a spare desktop's profile, which no bot owns.
+        std::fs::create_dir_all(root.join(".browser-profiles/.spare-1/Default")).unwrap();
+        std::fs::write(root.join(".browser-profiles/.spare-1/Default/x"), b"spare").unwrap();
         assert_eq!(print(), first);
         // Same size, new bytes: the times show it.
         std::fs::write(root.join("notes/a.txt"), b"other").unwrap();

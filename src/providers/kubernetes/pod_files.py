@@ -15,6 +15,8 @@ import tarfile
 HOME = "/home/rakazo"
 PROFILES = ".browser-profiles"
 TRANSIENT = set(sys.argv[3].split("\n")) if len(sys.argv) > 3 else set()
+# A spare desktop's profile (archive::SPARE_PROFILE_PREFIX): no bot's, never archived.
+SPARE = ".spare-"
 MAX_PATH_BYTES = 3072
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -139,7 +141,11 @@ def op_write(segs):
 
 
 def transient(rel):
-    return len(rel) > 1 and rel[0] == PROFILES and any(s in TRANSIENT for s in rel[1:])
+    return (
+        len(rel) > 1
+        and rel[0] == PROFILES
+        and (rel[1].startswith(SPARE) or any(s in TRANSIENT for s in rel[1:]))
+    )
 
 
 def scan(fd, rel, counts):

@@ -7,6 +7,8 @@ import json, os, stat, sys, tarfile
 ROOT, OP, ARGS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 PROFILES = ".browser-profiles"
 TRANSIENT = set(ARGS.get("transient", []))
+# A spare desktop's profile (archive::SPARE_PROFILE_PREFIX): no bot's, never archived.
+SPARE = ".spare-"
 MAX_PATH = 3072
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -133,6 +135,8 @@ def op_export():
         for name in sorted(os.listdir(fd)):
             path = name if not rel else rel + "/" + name
             if rel.split("/")[0] == PROFILES and "/" in path and name in TRANSIENT:
+                continue
+            if rel == PROFILES and name.startswith(SPARE):
                 continue
             if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
                 skipped.append({"path": path[:200], "reason": "path too long"})

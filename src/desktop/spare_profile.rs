@@ -1,0 +1,176 @@
+//! Spare browser profiles: the profile a spare desktop's browser starts on before any bot is
+//! known, and the hand-over that makes it the profile of the new bot that takes the desktop.
+//!
+//! A spare desktop's browser runs on `.browser-profiles/.spare-<id>` (bot ids cannot start
+//! with a dot, so no bot's profile has such a name). When the bot that takes the desktop has
+//! no profile yet, that directory becomes its profile: renamed to the bot's name, with a link
+//! left at the spare name pointing to it, so the running browser, which keeps the path it was
+//! started with, finds its files where they now are. The link goes when the desktop is torn
+//! down; the bot's next browser starts on the bot's own path. A bot with a profile of its own
+//! gets only the spare's display stack: the spare's browser is stopped and its profile removed.
+//!
+//! Spare profiles and the links are never archived ([`crate::stores::archive`]) and are
+//! removed with what an earlier process left ([`leftovers_script`]).
+
+use std::path::Path;
+
+use super::shell_quote;
+use crate::stores::archive::SPARE_PROFILE_PREFIX;
+
+/// The hand-over made the spare's profile the bot's.
+pub const HANDED_OVER: i32 = 0;
+/// The bot has a profile (or something else under its name): its own browser starts.
+pub const BOT_HAS_PROFILE: i32 = 3;
+/// Nothing was renamed (the bot's empty profile directory is back in place).
+pub const NOT_RENAMED: i32 = 4;
+/// The profile was renamed but the link could not be made: the spare's browser lost its
+/// files and must stop; the bot's browser starts on the renamed (fresh) profile.
+pub const LINK_FAILED: i32 = 6;
+
+/// A new spare profile's name.
+pub fn spare_name() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{SPARE_PROFILE_PREFIX}{}", &id[..12])
+}
+
+/// Whether `name` is a spare profile's (or a hand-over's link).
+pub fn is_spare(name: &str) -> bool {
+    name.starts_with(SPARE_PROFILE_PREFIX)
+}
+
+/// The script that makes spare profile `spare` the profile of `bot` when `bot` has none (no
+/// directory, or an empty one): exits [`HANDED_OVER`], [`BOT_HAS_PROFILE`], [`NOT_RENAMED`]
+/// or [`LINK_FAILED`]. Both names are checked ids; `profiles` is the profiles directory.
+///
+/// The link is made before the rename and moved into place after it, so the spare's path is
+/// missing only between two renames.
+pub fn handover_script(profiles: &Path, spare: &str, bot: &str) -> String {
+    let dir = shell_quote(&profiles.to_string_lossy());
+    let (s, b) = (shell_quote(spare), shell_quote(bot));
+    let link = shell_quote(&format!("{spare}.link"));
+    format!(
+        "[ -L {dir} ] && exit {NOT_RENAMED}\n\
+         cd -- {dir} || exit {NOT_RENAMED}\n\
+         rmdir -- {b} 2>/dev/null\n\
+         if [ -e {b} ] || [ -L {b} ]; then exit {BOT_HAS_PROFILE}; fi\n\
+         rm -f -- {link}\n\
+         if ! ln -s -- {b} {link} || ! mv -T -- {s} {b}; then\n\
+           rm -f -- {link}; mkdir -p -- {b}; exit {NOT_RENAMED}\n\
+         fi\n\
+         mv -T -- {link} {s} || exit {LINK_FAILED}\n"
+    )
+}
+
+/// The script that removes spare profile or hand-over link `name` (a link goes, never what
+/// it points to).
+pub fn remove_script(profiles: &Path, name: &str) -> String {
+    let path = profiles.join(name);
+    format!(
+        "[ -L {} ] || rm -rf -- {}\n",
+        shell_quote(&profiles.to_string_lossy()),
+        shell_quote(&path.to_string_lossy())
+    )
+}
+
+/// The script that removes every spare profile and link an earlier process left. Neither
+/// this nor [`remove_script`] goes through a profiles directory that is itself a link.
+pub fn leftovers_script(profiles: &Path) -> String {
+    format!(
+        "if [ -d {p} ] && [ ! -L {p} ]; then (cd -- {p} && rm -rf -- {SPARE_PROFILE_PREFIX}*); fi\n",
+        p = shell_quote(&profiles.to_string_lossy())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn run(script: &str) -> i32 {
+        Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .status()
+            .unwrap()
+            .code()
+            .unwrap()
+    }
+
+    #[test]
+    fn spare_names_are_never_bot_ids() {
+        let name = spare_name();
+        assert!(is_spare(&name));
+        assert!(super::super::check_id(&name).is_err());
+        assert_ne!(name, spare_name());
+    }
+
+    #[test]
+    fn a_new_bot_gets_the_spare_profile_and_the_old_path_still_reaches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        std::fs::write(p.join(".spare-1/Default/Preferences"), b"{}").unwrap();
+        std::fs::create_dir(p.join("bot-a")).unwrap();
+        assert_eq!(run(&handover_script(p, ".spare-1", "bot-a")), HANDED_OVER);
+        assert!(p.join("bot-a/Default/Preferences").is_file());
+        assert!(p.join(".spare-1").symlink_metadata().unwrap().is_symlink());
+        // What the running browser writes by its old path lands in the bot's profile.
+        std::fs::write(p.join(".spare-1/Default/History"), b"h").unwrap();
+        assert!(p.join("bot-a/Default/History").is_file());
+        assert!(!p.join(".spare-1.link").exists());
+        // Removing the link leaves the profile.
+        assert_eq!(run(&remove_script(p, ".spare-1")), 0);
+        assert!(!p.join(".spare-1").symlink_metadata().is_ok());
+        assert!(p.join("bot-a/Default/History").is_file());
+    }
+
+    #[test]
+    fn a_bot_with_a_profile_keeps_it_and_the_spare_stays_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        std::fs::create_dir_all(p.join("bot-a")).unwrap();
+        std::fs::write(p.join("bot-a/Saved Cookies.json"), b"[]").unwrap();
+        assert_eq!(
+            run(&handover_script(p, ".spare-1", "bot-a")),
+            BOT_HAS_PROFILE
+        );
+        assert!(p.join("bot-a/Saved Cookies.json").is_file());
+        assert!(p.join(".spare-1/Default").is_dir());
+        // A link planted under the bot's name is not replaced either.
+        std::fs::create_dir(p.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(p.join("elsewhere"), p.join("bot-b")).unwrap();
+        assert_eq!(
+            run(&handover_script(p, ".spare-1", "bot-b")),
+            BOT_HAS_PROFILE
+        );
+        assert!(p.join(".spare-1/Default").is_dir());
+        // A lost spare profile renames nothing and leaves the bot an empty profile.
+        std::fs::remove_dir_all(p.join(".spare-1")).unwrap();
+        assert_eq!(run(&handover_script(p, ".spare-1", "bot-c")), NOT_RENAMED);
+        assert!(p.join("bot-c").is_dir());
+        assert!(!p.join(".spare-1.link").symlink_metadata().is_ok());
+    }
+
+    #[test]
+    fn leftovers_go_and_bots_profiles_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        std::fs::create_dir_all(p.join("bot-a/Default")).unwrap();
+        std::os::unix::fs::symlink("bot-a", p.join(".spare-2")).unwrap();
+        assert_eq!(run(&leftovers_script(p)), 0);
+        assert!(!p.join(".spare-1").exists());
+        assert!(!p.join(".spare-2").symlink_metadata().is_ok());
+        assert!(p.join("bot-a/Default").is_dir());
+        // No profiles directory yet: nothing to do.
+        assert_eq!(run(&leftovers_script(&p.join("none"))), 0);
+        // A profiles directory that is a link elsewhere is not gone through.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join(".spare-x")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), p.join("linked")).unwrap();
+        assert_eq!(run(&leftovers_script(&p.join("linked"))), 0);
+        run(&remove_script(&p.join("linked"), ".spare-x"));
+        assert!(outside.path().join(".spare-x").is_dir());
+    }
+}

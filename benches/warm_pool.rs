@@ -109,6 +109,10 @@ fn main() {
             0
         });
     }
+    // `RAKAZO_LOG=info`: the runtime's events beside the tables (a desktop's phases).
+    if let Ok(filter) = std::env::var("RAKAZO_LOG") {
+        rakazo::telemetry::init(&filter);
+    }
     let dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let url = support::start_supervisor(
@@ -130,7 +134,12 @@ fn main() {
             .unwrap()
         };
         println!("warm pool bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
+        // `BENCH_PATH=direct` or `BENCH_PATH=command`: only that screen path.
+        let only = std::env::var("BENCH_PATH").ok();
         for (path, commands_only) in [("direct", false), ("command path", true)] {
+            if only.as_deref().is_some_and(|o| !path.starts_with(o)) {
+                continue;
+            }
             let off = provider(commands_only, 0);
             let on = provider(commands_only, 1);
             println!("\n{path}:\n");

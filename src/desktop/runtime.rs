@@ -76,6 +76,8 @@ pub const REAP_GRACE: Duration = Duration::from_secs(10);
 /// failures in a row (at most [`WARM_RETRY_MAX`]).
 const WARM_RETRY: Duration = Duration::from_secs(2);
 const WARM_RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long after a spare was taken its replacement starts.
+const REFILL_DELAY: Duration = Duration::from_secs(2);
 /// How long a new desktop waits for a spare that is starting (its display stack and
 /// browser) before starting a stack of its own.
 const SPARE_WAIT: Duration = Duration::from_secs(10);
@@ -281,6 +283,16 @@ struct Screen {
     spare_link: Option<String>,
 }
 
+impl Screen {
+    /// The leaders of its process groups: the X server, the window manager, the browser.
+    fn process_groups(&self) -> Vec<u32> {
+        [self.xvfb, self.wm, self.browser]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
 /// How capture and input reach one display.
 #[derive(Clone)]
 enum Io {
@@ -416,9 +428,19 @@ impl DesktopRuntime {
                     match runtime.start_spare().await {
                         Ok(spare) => {
                             failures = 0;
-                            if let Some(mut late) = pool.finish_fill(Some(spare)) {
+                            // Ready at once; its memory is read after, for health.
+                            let (number, groups) = (spare.display, spare.process_groups());
+                            if let Some(mut late) = pool.finish_fill(Some((spare, 0))) {
                                 let _ = runtime.stop_screen(&mut late).await;
+                                continue;
                             }
+                            let kib = runtime.groups_pss_kib(&groups).await;
+                            pool.note_pss(|s| s.display == number, kib);
+                            tracing::info!(
+                                screen.display = number,
+                                desktop.pss_kib = kib,
+                                "desktop.warm.measured"
+                            );
                         }
                         Err(e) => {
                             pool.finish_fill(None);
@@ -433,6 +455,9 @@ impl DesktopRuntime {
                     return;
                 }
                 pool.wanted().await;
+                // The desktop that took a spare gets its first calls without a browser
+                // starting beside it.
+                tokio::time::sleep(REFILL_DELAY).await;
             }
         });
     }
@@ -443,13 +468,13 @@ impl DesktopRuntime {
     }
 
     /// Starts one spare desktop, its display stack and a browser on a spare profile
-    /// ([`super::spare_profile`]), and measures its memory (PSS of every process of the
-    /// three process groups, KiB).
-    async fn start_spare(&self) -> Result<(Box<Screen>, u64), DesktopError> {
+    /// ([`super::spare_profile`]).
+    async fn start_spare(&self) -> Result<Box<Screen>, DesktopError> {
         self.reap_leftovers().await?;
         let started = Instant::now();
         let name = spare_profile::spare_name();
-        let (stack, profile) = tokio::join!(self.start_stack(&name), self.prepare_profile(&name));
+        let (stack, profile) =
+            tokio::join!(self.start_stack(&name), self.prepare_profile(&name, None));
         let mut screen = match stack {
             Ok(screen) => screen,
             Err(e) => {
@@ -473,44 +498,33 @@ impl DesktopRuntime {
             let _ = self.stop_screen(&mut screen).await;
             return Err(e);
         }
-        let groups: Vec<String> = [screen.xvfb, screen.wm, screen.browser]
-            .into_iter()
-            .flatten()
-            .map(|p| p.to_string())
-            .collect();
-        let kib = match self
-            .runner
-            .run(
-                &format!(
-                    "t=0
-for p in $(ps -eo pid=,pgid= | awk -v g=' {} ' 'index(g, \" \" $2 \" \") {{ print $1 }}'); do
-\
-                       v=$(awk '/^Pss:/ {{ print $2 }}' /proc/$p/smaps_rollup 2>/dev/null); t=$((t + ${{v:-0}}))
-\
-                     done
-echo $t",
-                    groups.join(" ")
-                ),
-                SCRIPT_TIMEOUT,
-            )
-            .await
-        {
-            Ok(o) => o.stdout.trim().parse().unwrap_or(0),
-            Err(_) => 0,
-        };
         tracing::info!(
             screen.display = screen.display,
-            desktop.pss_kib = kib,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "desktop.warm.ready"
         );
-        Ok((Box::new(screen), kib))
+        Ok(Box::new(screen))
     }
 
-    /// The display stack for `bot_id`'s new screen: a spare desktop when the pool has one
-    /// alive (or is starting one, waited for up to `wait`), its browser still on its spare
-    /// profile (see [`Self::hand_over`]), else a new stack.
-    async fn stack_for(&self, bot_id: &str, wait: Duration) -> Result<Screen, DesktopError> {
+    /// PSS in KiB of every process of the process groups led by `groups`.
+    async fn groups_pss_kib(&self, groups: &[u32]) -> u64 {
+        let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+        let script = format!(
+            "t=0\nfor p in $(ps -eo pid=,pgid= | awk -v g=' {} ' 'index(g, \" \" $2 \" \") {{ print $1 }}'); do\n\
+               v=$(awk '/^Pss:/ {{ print $2 }}' /proc/$p/smaps_rollup 2>/dev/null); t=$((t + ${{v:-0}}))\n\
+             done\necho $t",
+            groups.join(" ")
+        );
+        match self.runner.run(&script, SCRIPT_TIMEOUT).await {
+            Ok(o) => o.stdout.trim().parse().unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// A spare desktop for `bot_id`'s new screen when the pool has one alive (or is starting
+    /// one, waited for up to `wait`), its browser still on its spare profile (see
+    /// [`Self::hand_over`]).
+    async fn take_spare(&self, bot_id: &str, wait: Duration) -> Option<Screen> {
         while let Some(mut spare) = self.warm.take(wait).await {
             if self.spare_alive(&spare).await {
                 spare.last_used = Instant::now();
@@ -519,47 +533,60 @@ echo $t",
                     bot.id = bot_id,
                     "desktop.warm.taken"
                 );
-                return Ok(*spare);
+                return Some(*spare);
             }
             tracing::warn!(screen.display = spare.display, "desktop.warm.spare_lost");
             let _ = self.stop_screen(&mut spare).await;
         }
-        self.start_stack(bot_id).await
+        None
     }
 
     /// Gives a taken spare desktop to `bot_id`. A bot without a profile of its own takes the
-    /// spare's running browser with its profile (`None`: nothing left to start); any other
-    /// gets the display stack only, the spare's browser stopped and its profile removed, and
-    /// its own browser is then started on `profile`.
+    /// spare's running browser with its profile; any other gets the display stack only, the
+    /// spare's browser stopped and its profile removed, and its own browser is then started.
+    /// A spare found gone here is not used at all.
     async fn hand_over(
         &self,
         screen: &mut Screen,
         bot_id: &str,
         profile: Profile,
-    ) -> Result<Option<Profile>, DesktopError> {
+    ) -> Result<Handover, DesktopError> {
         let spare = std::mem::replace(&mut screen.bot_id, bot_id.to_owned());
         let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
-        let mut outcome = None;
-        if profile.fresh && screen.browser.is_some() {
-            let out = self
-                .runner
-                .run(
-                    &spare_profile::handover_script(&profiles, &spare, bot_id),
-                    SCRIPT_TIMEOUT,
+        let pids = screen.process_groups();
+        let mut outcome = profile.handover;
+        // On the command path the spare's processes were not looked at when it was taken:
+        // the hand-over's script looks.
+        let unchecked = matches!(screen.io, Some(Io::Commands(_)));
+        let takes_browser = profile.fresh && screen.browser.is_some();
+        if outcome.is_none() && (takes_browser || unchecked) {
+            let script = if takes_browser {
+                spare_profile::handover_script(&profiles, &spare, bot_id, &pids)
+            } else {
+                format!(
+                    "{}exit {}\n",
+                    spare_profile::alive_script(&pids),
+                    spare_profile::BOT_HAS_PROFILE
                 )
-                .await?;
-            if out.exit_code == spare_profile::HANDED_OVER {
-                screen.spare_link = Some(spare);
-                // [`Self::spare_alive`] has just seen its window.
-                screen.browser_seen = Some(Instant::now());
-                tracing::info!(
-                    screen.display = screen.display,
-                    bot.id = bot_id,
-                    "desktop.warm.browser_taken"
-                );
-                return Ok(None);
-            }
-            outcome = Some(out.exit_code);
+            };
+            outcome = Some(self.runner.run(&script, SCRIPT_TIMEOUT).await?.exit_code);
+        }
+        if outcome == Some(spare_profile::SPARE_GONE) {
+            tracing::warn!(screen.display = screen.display, "desktop.warm.spare_lost");
+            // Stopping the screen removes the spare's profile.
+            screen.spare_link = Some(spare);
+            return Ok(Handover::Gone(profile));
+        }
+        if screen.browser.is_some() && outcome == Some(spare_profile::HANDED_OVER) {
+            screen.spare_link = Some(spare);
+            // Its processes were just seen running.
+            screen.browser_seen = Some(Instant::now());
+            tracing::info!(
+                screen.display = screen.display,
+                bot.id = bot_id,
+                "desktop.warm.browser_taken"
+            );
+            return Ok(Handover::Taken);
         }
         tracing::info!(
             screen.display = screen.display,
@@ -580,10 +607,11 @@ echo $t",
                 tracing::warn!(error = %e, "desktop.warm.profile_remove_failed");
             }
         });
-        Ok(Some(profile))
+        Ok(Handover::Start(profile))
     }
 
-    /// Whether a spare's X server still answers and its browser still shows a window.
+    /// Whether a spare's X server still answers and its browser still shows a window (on a
+    /// display reached through commands, left to [`Self::hand_over`]).
     async fn spare_alive(&self, spare: &Screen) -> bool {
         match &spare.io {
             Some(Io::X(x)) => {
@@ -600,13 +628,8 @@ echo $t",
                 .await
                 .unwrap_or(false)
             }
-            Some(Io::Commands(c)) => {
-                let (Some(xvfb), Some(_)) = (spare.xvfb, spare.browser) else {
-                    return false;
-                };
-                let (x, windows) = tokio::join!(self.runner.is_running(xvfb), c.browser_windows());
-                x.unwrap_or(false) && windows.is_ok_and(|n| n > 0)
-            }
+            // An exec round trip each: [`Self::hand_over`] looks in its own script instead.
+            Some(Io::Commands(_)) => true,
             None => false,
         }
     }
@@ -887,21 +910,34 @@ echo $t",
                 // the display stack starts (the browser, which needs both, starts after).
                 // With spares, the profile is known first: a spare still starting is worth
                 // waiting for only to a bot without a profile, who can take its browser.
+                // With spares, a ready one is taken at once and the script that readies the
+                // profile hands its browser over; else the profile is known first: a spare
+                // still starting is worth waiting for only to a bot without a profile, who can
+                // take its browser.
                 let (stack, profile) = if self.warm.target() == 0 {
                     let stack = async {
                         self.reap_leftovers().await?;
                         self.start_stack(bot_id).await
                     };
-                    tokio::join!(stack, self.prepare_profile(bot_id))
+                    tokio::join!(stack, self.prepare_profile(bot_id, None))
+                } else if let Some(spare) = self.take_spare(bot_id, Duration::ZERO).await {
+                    let pids = spare.process_groups();
+                    let profile = self
+                        .prepare_profile(bot_id, Some((&spare.bot_id, &pids)))
+                        .await;
+                    (Ok(spare), profile)
                 } else {
                     let (reaped, profile) =
-                        tokio::join!(self.reap_leftovers(), self.prepare_profile(bot_id));
+                        tokio::join!(self.reap_leftovers(), self.prepare_profile(bot_id, None));
                     let wait = match &profile {
                         Ok(p) if p.fresh => SPARE_WAIT,
                         _ => Duration::ZERO,
                     };
                     let stack = match reaped {
-                        Ok(()) => self.stack_for(bot_id, wait).await,
+                        Ok(()) => match self.take_spare(bot_id, wait).await {
+                            Some(spare) => Ok(spare),
+                            None => self.start_stack(bot_id).await,
+                        },
                         Err(e) => Err(e),
                     };
                     (stack, profile)
@@ -915,10 +951,16 @@ echo $t",
                     }
                 };
                 if screen.bot_id != bot_id
-                    && let Some(fresh) = profile.take()
+                    && let Some(prepared) = profile.take()
                 {
-                    match self.hand_over(&mut screen, bot_id, fresh).await {
-                        Ok(left) => profile = left,
+                    match self.hand_over(&mut screen, bot_id, prepared).await {
+                        Ok(Handover::Taken) => {}
+                        Ok(Handover::Start(prepared)) => profile = Some(prepared),
+                        Ok(Handover::Gone(prepared)) => {
+                            let _ = self.stop_screen(&mut screen).await;
+                            screen = self.start_stack(bot_id).await?;
+                            profile = Some(prepared);
+                        }
                         Err(e) => {
                             let _ = self.stop_screen(&mut screen).await;
                             return Err(e);
@@ -939,7 +981,8 @@ echo $t",
                 Ok(screen)
             }
             .await;
-            // Refill once this desktop is up, so the spare's start does not compete with it.
+            // Refill once this desktop is up (and [`REFILL_DELAY`] later), so the spare's start
+            // does not compete with it.
             self.warm.want();
             let mut table = self.table.lock().await;
             let screen = match started {
@@ -1865,15 +1908,35 @@ echo $t",
 
     /// Makes `bot_id`'s profile directory ready for a browser: created, the locks and DevTools
     /// port file of an earlier browser removed. Says whether the profile is new and whether
-    /// browsers here run as root.
-    async fn prepare_profile(&self, bot_id: &str) -> Result<Profile, DesktopError> {
+    /// browsers here run as root. With `spare`, the name of a taken spare desktop's profile,
+    /// the same script hands that profile over to a bot without one
+    /// ([`spare_profile::handover_script`]) and says how that went.
+    async fn prepare_profile(
+        &self,
+        bot_id: &str,
+        spare: Option<(&str, &[u32])>,
+    ) -> Result<Profile, DesktopError> {
         let profile = profile_dir(&self.config.workspace, bot_id);
+        let handover = spare.map(|(spare, pids)| {
+            let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
+            format!(
+                "\nif ! (\ntrue\n{}); then echo 'handover {}'\n\
+                 elif [ -d {p}/Default ]; then echo 'handover {}'\n\
+                 else\n(\n{}) >/dev/null 2>&1\necho \"handover $?\"\nfi",
+                spare_profile::alive_script(pids),
+                spare_profile::SPARE_GONE,
+                spare_profile::BOT_HAS_PROFILE,
+                spare_profile::handover_script(&profiles, spare, bot_id, &[]),
+                p = shell_quote(&profile.to_string_lossy())
+            )
+        });
         let out = self
             .runner
             .run(
                 &format!(
-                    "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u",
+                    "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u || exit 1{}",
                     lock_paths(&profile).join(" "),
+                    handover.unwrap_or_default(),
                     p = shell_quote(&profile.to_string_lossy())
                 ),
                 SCRIPT_TIMEOUT,
@@ -1888,8 +1951,16 @@ echo $t",
         let mut lines = out.stdout.lines();
         let fresh = lines.next() == Some("fresh");
         let uid = lines.next().unwrap_or_default().trim().to_string();
+        let handover = lines
+            .next()
+            .and_then(|l| l.strip_prefix("handover "))
+            .and_then(|code| code.trim().parse().ok());
         let as_root = *self.as_root.get_or_init(|| async { uid == "0" }).await;
-        Ok(Profile { fresh, as_root })
+        Ok(Profile {
+            fresh,
+            as_root,
+            handover,
+        })
     }
 
     /// Starts the bot's Chromium on its profile and waits for its first window, its group held
@@ -1916,9 +1987,9 @@ echo $t",
         let workspace = self.config.workspace.to_string_lossy().into_owned();
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let locks = lock_paths(&profile);
-        let Profile { fresh, as_root } = match prepared {
+        let Profile { fresh, as_root, .. } = match prepared {
             Some(prepared) => prepared,
-            None => self.prepare_profile(&screen.bot_id).await?,
+            None => self.prepare_profile(&screen.bot_id, None).await?,
         };
         let mut argv = Vec::new();
         if as_root && self.launch.nice > 0 {
@@ -2127,12 +2198,25 @@ fn wm_argv(display: u32) -> Vec<String> {
     vec!["sh".into(), "-c".into(), wait]
 }
 
+/// What became of a taken spare desktop ([`DesktopRuntime::hand_over`]).
+enum Handover {
+    /// The bot took its running browser: nothing is left to start.
+    Taken,
+    /// The bot keeps its display stack; its own browser starts on this profile.
+    Start(Profile),
+    /// The spare is gone: a new stack and the bot's browser start.
+    Gone(Profile),
+}
+
 /// A profile made ready by [`DesktopRuntime::prepare_profile`].
 struct Profile {
     /// It had no browser state yet.
     fresh: bool,
     /// Browsers on this machine run as root (so without Chromium's sandbox).
     as_root: bool,
+    /// How the hand-over of a spare's profile done in the same script went (its exit code,
+    /// [`spare_profile::HANDED_OVER`] when the profile is now the spare's); `None`: not tried.
+    handover: Option<i32>,
 }
 
 /// The lock and port files an earlier browser may have left in `profile`, shell-quoted.

@@ -23,6 +23,9 @@ pub const HANDED_OVER: i32 = 0;
 pub const BOT_HAS_PROFILE: i32 = 3;
 /// Nothing was renamed (the bot's empty profile directory is back in place).
 pub const NOT_RENAMED: i32 = 4;
+/// A process of the spare (`alive` of [`handover_script`]) is gone: nothing was renamed, and
+/// the spare's desktop is not to be used.
+pub const SPARE_GONE: i32 = 7;
 /// The profile was renamed but the link could not be made: the spare's browser lost its
 /// files and must stop; the bot's browser starts on the renamed (fresh) profile.
 pub const LINK_FAILED: i32 = 6;
@@ -39,17 +42,18 @@ pub fn is_spare(name: &str) -> bool {
 }
 
 /// The script that makes spare profile `spare` the profile of `bot` when `bot` has none (no
-/// directory, or an empty one): exits [`HANDED_OVER`], [`BOT_HAS_PROFILE`], [`NOT_RENAMED`]
-/// or [`LINK_FAILED`]. Both names are checked ids; `profiles` is the profiles directory.
+/// directory, or an empty one), once every process of `alive` (the spare's) is seen running:
+/// exits [`HANDED_OVER`], [`BOT_HAS_PROFILE`], [`NOT_RENAMED`], [`SPARE_GONE`] or
+/// [`LINK_FAILED`]. Both names are checked ids; `profiles` is the profiles directory.
 ///
 /// The link is made before the rename and moved into place after it, so the spare's path is
 /// missing only between two renames.
-pub fn handover_script(profiles: &Path, spare: &str, bot: &str) -> String {
+pub fn handover_script(profiles: &Path, spare: &str, bot: &str, alive: &[u32]) -> String {
     let dir = shell_quote(&profiles.to_string_lossy());
     let (s, b) = (shell_quote(spare), shell_quote(bot));
     let link = shell_quote(&format!("{spare}.link"));
     format!(
-        "[ -L {dir} ] && exit {NOT_RENAMED}\n\
+        "{}[ -L {dir} ] && exit {NOT_RENAMED}\n\
          cd -- {dir} || exit {NOT_RENAMED}\n\
          rmdir -- {b} 2>/dev/null\n\
          if [ -e {b} ] || [ -L {b} ]; then exit {BOT_HAS_PROFILE}; fi\n\
@@ -57,7 +61,21 @@ pub fn handover_script(profiles: &Path, spare: &str, bot: &str) -> String {
          if ! ln -s -- {b} {link} || ! mv -T -- {s} {b}; then\n\
            rm -f -- {link}; mkdir -p -- {b}; exit {NOT_RENAMED}\n\
          fi\n\
-         mv -T -- {link} {s} || exit {LINK_FAILED}\n"
+         mv -T -- {link} {s} || exit {LINK_FAILED}\n",
+        alive_script(alive)
+    )
+}
+
+/// Exits [`SPARE_GONE`] unless every process of `alive` runs (a zombie does not).
+pub fn alive_script(alive: &[u32]) -> String {
+    if alive.is_empty() {
+        return String::new();
+    }
+    let pids: Vec<String> = alive.iter().map(u32::to_string).collect();
+    format!(
+        "[ \"$(ps -o stat= -p {} 2>/dev/null | grep -cv '^Z')\" = {} ] || exit {SPARE_GONE}\n",
+        pids.join(","),
+        alive.len()
     )
 }
 
@@ -111,7 +129,10 @@ mod tests {
         std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
         std::fs::write(p.join(".spare-1/Default/Preferences"), b"{}").unwrap();
         std::fs::create_dir(p.join("bot-a")).unwrap();
-        assert_eq!(run(&handover_script(p, ".spare-1", "bot-a")), HANDED_OVER);
+        assert_eq!(
+            run(&handover_script(p, ".spare-1", "bot-a", &[])),
+            HANDED_OVER
+        );
         assert!(p.join("bot-a/Default/Preferences").is_file());
         assert!(p.join(".spare-1").symlink_metadata().unwrap().is_symlink());
         // What the running browser writes by its old path lands in the bot's profile.
@@ -125,6 +146,23 @@ mod tests {
     }
 
     #[test]
+    fn a_spare_whose_processes_are_gone_is_not_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        let me = std::process::id();
+        // No pid reaches the kernel's largest limit (2^22).
+        let script = handover_script(p, ".spare-1", "bot-a", &[me, 4_194_304]);
+        assert_eq!(run(&script), SPARE_GONE);
+        assert!(p.join(".spare-1/Default").is_dir());
+        assert!(!p.join("bot-a").exists());
+        assert_eq!(
+            run(&handover_script(p, ".spare-1", "bot-a", &[me])),
+            HANDED_OVER
+        );
+    }
+
+    #[test]
     fn a_bot_with_a_profile_keeps_it_and_the_spare_stays_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
@@ -132,7 +170,7 @@ mod tests {
         std::fs::create_dir_all(p.join("bot-a")).unwrap();
         std::fs::write(p.join("bot-a/Saved Cookies.json"), b"[]").unwrap();
         assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-a")),
+            run(&handover_script(p, ".spare-1", "bot-a", &[])),
             BOT_HAS_PROFILE
         );
         assert!(p.join("bot-a/Saved Cookies.json").is_file());
@@ -141,13 +179,16 @@ mod tests {
         std::fs::create_dir(p.join("elsewhere")).unwrap();
         std::os::unix::fs::symlink(p.join("elsewhere"), p.join("bot-b")).unwrap();
         assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-b")),
+            run(&handover_script(p, ".spare-1", "bot-b", &[])),
             BOT_HAS_PROFILE
         );
         assert!(p.join(".spare-1/Default").is_dir());
         // A lost spare profile renames nothing and leaves the bot an empty profile.
         std::fs::remove_dir_all(p.join(".spare-1")).unwrap();
-        assert_eq!(run(&handover_script(p, ".spare-1", "bot-c")), NOT_RENAMED);
+        assert_eq!(
+            run(&handover_script(p, ".spare-1", "bot-c", &[])),
+            NOT_RENAMED
+        );
         assert!(p.join("bot-c").is_dir());
         assert!(!p.join(".spare-1.link").symlink_metadata().is_ok());
     }

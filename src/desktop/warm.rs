@@ -120,6 +120,14 @@ impl<T> WarmPool<T> {
         back
     }
 
+    /// Records the memory of the ready spare `is` picks, measured after it joined the pool
+    /// (a spare taken meanwhile is no longer counted).
+    pub fn note_pss(&self, is: impl Fn(&T) -> bool, kib: u64) {
+        if let Some(entry) = self.state().ready.iter_mut().find(|(item, _)| is(item)) {
+            entry.1 = kib;
+        }
+    }
+
     /// Asks the filler to top the pool up.
     pub fn want(&self) {
         self.state().held = false;
@@ -218,6 +226,8 @@ mod tests {
                 pss_kib: 30
             }
         );
+        pool.note_pss(|item| *item == 2, 25);
+        assert_eq!(pool.status().pss_kib, 35, "measured after it was ready");
         let a = pool.take(Duration::ZERO).await.unwrap();
         let b = pool.take(Duration::ZERO).await.unwrap();
         assert_ne!(a, b);

@@ -34,13 +34,15 @@ fn spec() -> MachineSpec {
     }
 }
 
-/// Waits until the computer's pool has every spare it keeps ready (at once with none).
+/// Waits until the computer's pool has every spare it keeps ready and their memory read (at
+/// once with none).
 async fn pool_ready(p: &DockerProvider, m: &ProviderRef) {
     let runtime = p.runtime(m).await.unwrap();
     let started = Instant::now();
     loop {
         let s = runtime.warm_status();
-        if s.ready >= s.target || started.elapsed() > Duration::from_secs(60) {
+        let measured = s.target == 0 || s.pss_kib > 0;
+        if (s.ready >= s.target && measured) || started.elapsed() > Duration::from_secs(60) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -428,19 +428,30 @@ impl DesktopRuntime {
                     match runtime.start_spare().await {
                         Ok(spare) => {
                             failures = 0;
-                            // Ready at once; its memory is read after, for health.
+                            // Ready at once; its memory is read a while after, for health.
                             let (number, groups) = (spare.display, spare.process_groups());
                             if let Some(mut late) = pool.finish_fill(Some((spare, 0))) {
                                 let _ = runtime.stop_screen(&mut late).await;
                                 continue;
                             }
-                            let kib = runtime.groups_pss_kib(&groups).await;
-                            pool.note_pss(|s| s.display == number, kib);
-                            tracing::info!(
-                                screen.display = number,
-                                desktop.pss_kib = kib,
-                                "desktop.warm.measured"
-                            );
+                            // Not while a bot that was waiting for it takes it over.
+                            let (weak, pool) = (weak.clone(), pool.clone());
+                            tokio::spawn(async move {
+                                tokio::time::sleep(REFILL_DELAY).await;
+                                let Some(runtime) = weak.upgrade() else {
+                                    return;
+                                };
+                                if !pool.holds(|s| s.display == number) {
+                                    return;
+                                }
+                                let kib = runtime.groups_pss_kib(&groups).await;
+                                pool.note_pss(|s| s.display == number, kib);
+                                tracing::info!(
+                                    screen.display = number,
+                                    desktop.pss_kib = kib,
+                                    "desktop.warm.measured"
+                                );
+                            });
                         }
                         Err(e) => {
                             pool.finish_fill(None);
@@ -509,10 +520,11 @@ impl DesktopRuntime {
     /// PSS in KiB of every process of the process groups led by `groups`.
     async fn groups_pss_kib(&self, groups: &[u32]) -> u64 {
         let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+        // Five programs in all, however many processes: `cat` goes on past a process that
+        // exited since `ps` listed it.
         let script = format!(
-            "t=0\nfor p in $(ps -eo pid=,pgid= | awk -v g=' {} ' 'index(g, \" \" $2 \" \") {{ print $1 }}'); do\n\
-               v=$(awk '/^Pss:/ {{ print $2 }}' /proc/$p/smaps_rollup 2>/dev/null); t=$((t + ${{v:-0}}))\n\
-             done\necho $t",
+            "ps -eo pid=,pgid= | awk -v g=' {} ' 'index(g, \" \" $2 \" \") {{ print \"/proc/\" $1 \"/smaps_rollup\" }}' \\\n\
+             | xargs -r cat 2>/dev/null | awk '/^Pss:/ {{ s += $2 }} END {{ print s + 0 }}'",
             groups.join(" ")
         );
         match self.runner.run(&script, SCRIPT_TIMEOUT).await {

@@ -120,6 +120,11 @@ impl<T> WarmPool<T> {
         back
     }
 
+    /// Whether a ready spare is one `is` picks.
+    pub fn holds(&self, is: impl Fn(&T) -> bool) -> bool {
+        self.state().ready.iter().any(|(item, _)| is(item))
+    }
+
     /// Records the memory of the ready spare `is` picks, measured after it joined the pool
     /// (a spare taken meanwhile is no longer counted).
     pub fn note_pss(&self, is: impl Fn(&T) -> bool, kib: u64) {
@@ -226,6 +231,8 @@ mod tests {
                 pss_kib: 30
             }
         );
+        assert!(pool.holds(|item| *item == 2));
+        assert!(!pool.holds(|item| *item == 3));
         pool.note_pss(|item| *item == 2, 25);
         assert_eq!(pool.status().pss_kib, 35, "measured after it was ready");
         let a = pool.take(Duration::ZERO).await.unwrap();

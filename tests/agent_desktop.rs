@@ -1,6 +1,7 @@
 //! A scripted agent on a real desktop (no model): it opens a local fixture page in its
 //! browser, clicks into a field and types through one `computer_act` batch, and the page's
-//! server records the value; shell and file tools round-trip on the same computer.
+//! server records the value; shell and file tools round-trip on the same computer; the page
+//! tools follow the tab on the screen, whatever a page in the background claims.
 
 mod common;
 
@@ -24,6 +25,12 @@ const FORM: &str = r#"<!doctype html><html><head><title>Sign in</title></head><b
 <input id="user" placeholder="user name"><input id="pw" type="password" value="hunter2" placeholder="password">
 <button id="go" onclick="this.remove(); document.body.insertAdjacentHTML('beforeend', '<button>Go again</button>')">Go</button>
 </body></html>"#;
+
+/// A page that claims to be on the screen when it is not.
+const LIAR: &str = r#"<!doctype html><html><head><title>Liar</title></head><body>
+<script>Object.defineProperty(Document.prototype, 'visibilityState', { get: () => 'visible' });
+Object.defineProperty(Document.prototype, 'hidden', { get: () => false });</script>
+<button onclick="fetch('/typed?v=liar')">Go</button></body></html>"#;
 
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
@@ -49,6 +56,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                 let body = match path.as_str() {
                     "/" => PAGE,
                     "/form" => FORM,
+                    "/liar" => LIAR,
                     _ => "ok",
                 };
                 let resp = format!(
@@ -265,4 +273,94 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         .map(|e| e["tool"].as_str().unwrap())
         .collect();
     assert_eq!(tools, ["shell", "write_file", "open_path"]);
+}
+
+#[actix_rt::test]
+async fn page_tools_act_on_the_tab_on_the_screen() {
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
+    )
+    .await
+    .unwrap();
+    let (site, typed) = fixture().await;
+    let (_, bots) = s.space_with_bots(1, "team").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let title = |snap: &Value| {
+        snap["structuredContent"]["title"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    // The page tools attach to the liar's tab while it is on the screen...
+    tool(
+        &s,
+        &run,
+        fence,
+        "open_path",
+        json!({ "path": format!("{site}/liar") }),
+    )
+    .await;
+    let mut snap = Value::Null;
+    for _ in 0..50 {
+        snap = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+        if title(&snap) == "Liar" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(title(&snap), "Liar", "{snap}");
+    // ... then the bot opens another tab, in front; the liar, now behind it, still says it
+    // is visible to its own scripts.
+    tool(
+        &s,
+        &run,
+        fence,
+        "open_path",
+        json!({ "path": format!("{site}/form") }),
+    )
+    .await;
+    for _ in 0..50 {
+        snap = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+        if title(&snap) == "Sign in" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        title(&snap),
+        "Sign in",
+        "the tools stayed on a tab behind: {snap}"
+    );
+    let go = snap["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "Go")
+        .unwrap()["ref"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A click on the tab on the screen reaches its page: the button is gone after it.
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": go, "action": "click" }),
+    )
+    .await;
+    let after = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+    let names: Vec<&str> = after["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["user name", "password", "Go again"], "{after}");
+    assert!(
+        typed.lock().unwrap().is_empty(),
+        "the liar's button was pressed"
+    );
 }

@@ -18,6 +18,9 @@ const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
 const ENDPOINT_FILE_CAP: u64 = 4096;
 /// How long one DevTools command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a tab gets to say whether it is on the screen (a busy background page must not
+/// hold up finding the one that is).
+const VISIBLE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A byte stream to the DevTools endpoint: loopback TCP, or a unix socket bridged to it.
 pub trait DevToolsStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -109,25 +112,79 @@ impl Cdp {
             session: String::new(),
             world: None,
         };
-        let targets = cdp.call_browser("Target.getTargets", json!({})).await?;
-        let page = targets["targetInfos"]
+        cdp.attach_visible().await?;
+        Ok(cdp)
+    }
+
+    /// Attaches to the tab on the screen: the first page whose document is visible, asked in
+    /// each tab's isolated world (a page cannot fake its answer there), or the first page when
+    /// none is (a minimized window). Target order is no guide: Chromium lists background tabs
+    /// first or last as it likes, and input sent to a background tab is lost.
+    async fn attach_visible(&mut self) -> Result<(), DesktopError> {
+        let targets = self.call_browser("Target.getTargets", json!({})).await?;
+        let pages: Vec<String> = targets["targetInfos"]
             .as_array()
-            .and_then(|t| t.iter().find(|t| t["type"] == "page"))
-            .and_then(|t| t["targetId"].as_str())
-            .ok_or_else(|| err("the browser has no open tab"))?
-            .to_owned();
-        let attached = cdp
+            .into_iter()
+            .flatten()
+            .filter(|t| t["type"] == "page")
+            .filter_map(|t| t["targetId"].as_str().map(str::to_owned))
+            .collect();
+        let first = pages
+            .first()
+            .cloned()
+            .ok_or_else(|| err("the browser has no open tab"))?;
+        for page in &pages {
+            self.attach(page).await?;
+            if self.visible().await.unwrap_or(false) {
+                return Ok(());
+            }
+            self.detach().await;
+        }
+        self.attach(&first).await
+    }
+
+    async fn attach(&mut self, target: &str) -> Result<(), DesktopError> {
+        let attached = self
             .call_browser(
                 "Target.attachToTarget",
-                json!({ "targetId": page, "flatten": true }),
+                json!({ "targetId": target, "flatten": true }),
             )
             .await?;
-        cdp.session = attached["sessionId"]
+        self.session = attached["sessionId"]
             .as_str()
             .ok_or_else(|| err("attach failed"))?
             .to_owned();
-        cdp.call("Page.enable", json!({})).await?;
-        Ok(cdp)
+        self.world = None;
+        self.call("Page.enable", json!({})).await?;
+        Ok(())
+    }
+
+    /// Leaves the attached tab (best effort: a closed tab has no session to leave).
+    async fn detach(&mut self) {
+        let session = std::mem::take(&mut self.session);
+        self.world = None;
+        let _ = self
+            .call_browser("Target.detachFromTarget", json!({ "sessionId": session }))
+            .await;
+    }
+
+    /// Whether the attached tab's document is the one on the screen.
+    async fn visible(&mut self) -> Result<bool, DesktopError> {
+        let probe = self.evaluate("document.visibilityState");
+        match tokio::time::timeout(VISIBLE_PROBE_TIMEOUT, probe).await {
+            Ok(state) => Ok(state? == "visible"),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Follows the screen: when the attached tab is no longer the one shown (the bot switched
+    /// tabs or opened a new one), attaches to the one that is.
+    pub async fn follow_screen(&mut self) -> Result<(), DesktopError> {
+        if self.visible().await.unwrap_or(false) {
+            return Ok(());
+        }
+        self.detach().await;
+        self.attach_visible().await
     }
 
     async fn send(

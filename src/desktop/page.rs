@@ -105,6 +105,7 @@ fn quote(s: &str) -> String {
 
 /// Run one command on the attached tab.
 pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
+    cdp.follow_screen().await?;
     match command {
         BrowserCommand::Navigate { url } => {
             if !crate::providers::workspace_path::is_web_url(url) {

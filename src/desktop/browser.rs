@@ -38,18 +38,17 @@ pub const DESKTOP_NICE: u8 = 10;
 /// - `WebUIOmniboxAimPopup`: a second page (the "AI Mode" compose popup) the address bar's
 ///   suggestion renderer keeps loaded beside the suggestion list (about 14 MiB per desktop);
 ///   the list itself stays.
-///
-/// Not here, though it would save about 45 MiB per desktop and most of the browser's start-up
-/// CPU: `WebUIOmniboxPopup` (the address bar's suggestion list drawn as a web page in a
-/// renderer started with the browser). Without it the list is drawn by the browser's own
-/// views, and the page's first click after an address typed into the bar did not reach the
-/// page (`tests/agent_desktop.rs`).
-pub const DISABLED_FEATURES: [&str; 5] = [
+/// - `WebUIOmniboxPopup`: the address bar's suggestion list drawn as a web page in a renderer
+///   started with the browser (about 30 MiB per desktop and much of the browser's start-up
+///   CPU); without it the browser's own views draw the list. (It was kept on for a while for a
+///   lost click, which was the page tools attached to a background tab: see `cdp.rs`.)
+pub const DISABLED_FEATURES: [&str; 6] = [
     "Translate",
     "MediaRouter",
     "OptimizationHints",
     "SpareRendererForSitePerProcess",
     "WebUIOmniboxAimPopup",
+    "WebUIOmniboxPopup",
 ];
 
 /// Switches of the lean start that fold helper processes into the browser's own, each a copy
@@ -59,13 +58,18 @@ pub const DISABLED_FEATURES: [&str; 5] = [
 ///   software, `--disable-gpu`, so this is not a GPU driver in the browser process);
 /// - no zygote for unsandboxed helpers (`--no-unsandboxed-zygote`): with the compositor in
 ///   the browser, nothing is left for it to start. Each switch alone moves the cost to the
-///   other process; together they save about 16 MiB per desktop.
+///   other process; together they save about 16 MiB per desktop;
+/// - the network service in the browser process (`NetworkServiceInProcess2`), about 16 MiB
+///   more. On Linux that service runs unsandboxed in a process of its own, so the browser
+///   process holds no more privilege with it.
 ///
-/// The price: a crash of the compositor now takes the browser with it. The renderers and their
-/// sandbox are unchanged. Not here: the network service in the browser process
-/// (`NetworkServiceInProcess2`, about 16 MiB more), with which a click that changed the page
-/// was not seen by the page in `tests/agent_desktop.rs`.
-pub const LEAN_SWITCHES: [&str; 2] = ["--in-process-gpu", "--no-unsandboxed-zygote"];
+/// The price: a crash of the compositor or of the network service now takes the browser with
+/// it. The renderers and their sandbox are unchanged.
+pub const LEAN_SWITCHES: [&str; 3] = [
+    "--in-process-gpu",
+    "--no-unsandboxed-zygote",
+    "--enable-features=NetworkServiceInProcess2",
+];
 
 /// The features the plain start (before [`DISABLED_FEATURES`] grew) went without.
 const PLAIN_DISABLED_FEATURES: [&str; 3] = ["Translate", "MediaRouter", "OptimizationHints"];

@@ -81,8 +81,15 @@ async fn tool(s: &TestServer, run: &str, fence: i64, name: &str, arguments: Valu
     r
 }
 
-#[actix_rt::test]
-async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
+/// A server on the host `desktop` provider, the fixture site, one Team bot and its run.
+async fn desktop_run() -> (
+    TestServer,
+    String,
+    Arc<Mutex<Vec<String>>>,
+    Vec<String>,
+    String,
+    i64,
+) {
     let s = TestServer::start(
         Backend::Sqlite,
         &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
@@ -92,6 +99,37 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
     let (site, typed) = fixture().await;
     let (_, bots) = s.space_with_bots(1, "team").await;
     let (run, fence) = s.start_run(&bots[0]).await;
+    (s, site, typed, bots, run, fence)
+}
+
+/// Opens `url` in a new tab and takes page snapshots until one is of the page titled `title`
+/// (the tab takes a moment to load); the last snapshot.
+async fn open_and_snapshot(s: &TestServer, run: &str, fence: i64, url: &str, title: &str) -> Value {
+    tool(s, run, fence, "open_path", json!({ "path": url })).await;
+    let mut snap = Value::Null;
+    for _ in 0..50 {
+        snap = tool(s, run, fence, "browser_snapshot", json!({})).await;
+        if snap["structuredContent"]["title"] == title {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        snap["structuredContent"]["title"], title,
+        "the tools stayed on another tab: {snap}"
+    );
+    snap
+}
+
+/// Clicks the element `reference` of the last page snapshot.
+async fn click_ref(s: &TestServer, run: &str, fence: i64, reference: &str) {
+    let args = json!({ "ref": reference, "action": "click" });
+    tool(s, run, fence, "browser_act", args).await;
+}
+
+#[actix_rt::test]
+async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
+    let (s, site, typed, bots, run, fence) = desktop_run().await;
 
     let first = tool(&s, &run, fence, "computer_observe", json!({})).await;
     assert_eq!(
@@ -202,14 +240,7 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
         json!({ "ref": user, "action": "type", "text": "alice" }),
     )
     .await;
-    tool(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        json!({ "ref": go, "action": "click" }),
-    )
-    .await;
+    click_ref(&s, &run, fence, &go).await;
     let stale = s
         .ok(
             "tools/call",
@@ -277,62 +308,12 @@ async fn a_scripted_agent_types_into_a_page_on_a_real_desktop() {
 
 #[actix_rt::test]
 async fn page_tools_act_on_the_tab_on_the_screen() {
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],
-    )
-    .await
-    .unwrap();
-    let (site, typed) = fixture().await;
-    let (_, bots) = s.space_with_bots(1, "team").await;
-    let (run, fence) = s.start_run(&bots[0]).await;
-    let title = |snap: &Value| {
-        snap["structuredContent"]["title"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-
+    let (s, site, typed, _, run, fence) = desktop_run().await;
     // The page tools attach to the liar's tab while it is on the screen...
-    tool(
-        &s,
-        &run,
-        fence,
-        "open_path",
-        json!({ "path": format!("{site}/liar") }),
-    )
-    .await;
-    let mut snap = Value::Null;
-    for _ in 0..50 {
-        snap = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-        if title(&snap) == "Liar" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(title(&snap), "Liar", "{snap}");
+    open_and_snapshot(&s, &run, fence, &format!("{site}/liar"), "Liar").await;
     // ... then the bot opens another tab, in front; the liar, now behind it, still says it
     // is visible to its own scripts.
-    tool(
-        &s,
-        &run,
-        fence,
-        "open_path",
-        json!({ "path": format!("{site}/form") }),
-    )
-    .await;
-    for _ in 0..50 {
-        snap = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-        if title(&snap) == "Sign in" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(
-        title(&snap),
-        "Sign in",
-        "the tools stayed on a tab behind: {snap}"
-    );
+    let snap = open_and_snapshot(&s, &run, fence, &format!("{site}/form"), "Sign in").await;
     let go = snap["structuredContent"]["elements"]
         .as_array()
         .unwrap()
@@ -343,14 +324,7 @@ async fn page_tools_act_on_the_tab_on_the_screen() {
         .unwrap()
         .to_owned();
     // A click on the tab on the screen reaches its page: the button is gone after it.
-    tool(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        json!({ "ref": go, "action": "click" }),
-    )
-    .await;
+    click_ref(&s, &run, fence, &go).await;
     let after = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
     let names: Vec<&str> = after["structuredContent"]["elements"]
         .as_array()

@@ -298,6 +298,27 @@ async fn pool_size_zero_starts_nothing_ahead_and_desktops_open_as_before() {
     runtime.shutdown().await.unwrap();
 }
 
+/// Kills the X server of the one spare under `run`; its pid.
+async fn kill_the_spare(run: &Path) -> u32 {
+    let (pid, _) = our_xservers(run).await[0];
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    while alive(pid) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pid
+}
+
+/// The desktop on `display` is not the dead spare's (X server `pid`) and shows only a browser.
+async fn assert_not_handed_out(run: &Path, pid: u32, display: u32) {
+    assert!(
+        !our_xservers(run).await.iter().any(|(p, _)| *p == pid),
+        "the dead spare was not handed out"
+    );
+    windows::assert_only_the_browser(&windows::connect_local(display));
+}
+
 #[tokio::test]
 async fn a_spare_that_died_is_replaced_by_a_new_stack() {
     let _serial = SERIAL.lock().await;
@@ -310,19 +331,9 @@ async fn a_spare_that_died_is_replaced_by_a_new_stack() {
     ));
     runtime.start_warm_pool();
     until_ready(&runtime, 1).await;
-    let (pid, _) = our_xservers(&run).await[0];
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
-    while alive(pid) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pid = kill_the_spare(&run).await;
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
-    assert!(
-        !our_xservers(&run).await.iter().any(|(p, _)| *p == pid),
-        "the dead spare was not handed out"
-    );
-    windows::assert_only_the_browser(&windows::connect_local(a.display));
+    assert_not_handed_out(&run, pid, a.display).await;
     assert!(runtime.observe("bot-a").await.is_ok());
     runtime.shutdown().await.unwrap();
 }
@@ -339,20 +350,10 @@ async fn on_the_command_path_a_spare_that_died_is_found_out_when_it_is_handed_ov
     let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
     runtime.start_warm_pool();
     until_ready(&runtime, 1).await;
-    let (pid, _) = our_xservers(&run).await[0];
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
-    while alive(pid) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pid = kill_the_spare(&run).await;
     // Bot A, new, would take the spare's browser: the hand-over finds it gone.
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
-    assert!(
-        !our_xservers(&run).await.iter().any(|(p, _)| *p == pid),
-        "the dead spare was not handed out"
-    );
-    windows::assert_only_the_browser(&windows::connect_local(a.display));
+    assert_not_handed_out(&run, pid, a.display).await;
     let browser = runtime.browser_pid("bot-a").await.unwrap();
     assert_eq!(user_data_dir(browser), profiles.join("bot-a"));
     assert!(runtime.observe("bot-a").await.is_ok());

@@ -141,7 +141,7 @@ mod tests {
         assert!(!p.join(".spare-1.link").exists());
         // Removing the link leaves the profile.
         assert_eq!(run(&remove_script(p, ".spare-1")), 0);
-        assert!(!p.join(".spare-1").symlink_metadata().is_ok());
+        assert!(p.join(".spare-1").symlink_metadata().is_err());
         assert!(p.join("bot-a/Default/History").is_file());
     }
 
@@ -190,7 +190,7 @@ mod tests {
             NOT_RENAMED
         );
         assert!(p.join("bot-c").is_dir());
-        assert!(!p.join(".spare-1.link").symlink_metadata().is_ok());
+        assert!(p.join(".spare-1.link").symlink_metadata().is_err());
     }
 
     #[test]
@@ -202,7 +202,7 @@ mod tests {
         std::os::unix::fs::symlink("bot-a", p.join(".spare-2")).unwrap();
         assert_eq!(run(&leftovers_script(p)), 0);
         assert!(!p.join(".spare-1").exists());
-        assert!(!p.join(".spare-2").symlink_metadata().is_ok());
+        assert!(p.join(".spare-2").symlink_metadata().is_err());
         assert!(p.join("bot-a/Default").is_dir());
         // No profiles directory yet: nothing to do.
         assert_eq!(run(&leftovers_script(&p.join("none"))), 0);

@@ -152,7 +152,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_DESKTOP_WARM_STACKS",
         default: "0",
         secret: false,
-        doc: "Spare desktops (Xvfb, window manager and a browser on a spare profile of no bot's) each computer keeps started for its next desktops, refilled in the background after one is taken: a bot with no browser profile yet takes the running browser, whose profile becomes its own; any other bot gets the display stack and its own browser. Each holds about 240 MiB (PSS, measured beside one open desktop; see BENCHMARKS.md) and is listed under warmDesktops in health (0, the default: none, every desktop starts its own).",
+        doc: "Spare desktops (Xvfb, window manager and a browser on a spare profile of no bot's) each computer keeps started for its next desktops, refilled in the background after one is taken: a bot with no browser profile yet takes the running browser, whose profile becomes its own; any other bot gets the display stack and its own browser. Each holds about 200 MiB (PSS, measured beside one open desktop; see BENCHMARKS.md) and is listed under warmDesktops in health (0, the default: none, every desktop starts its own).",
     },
     Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",

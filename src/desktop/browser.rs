@@ -60,11 +60,12 @@ pub const DISABLED_FEATURES: [&str; 6] = [
 ///   the browser, nothing is left for it to start. Each switch alone moves the cost to the
 ///   other process; together they save about 16 MiB per desktop;
 /// - the network service in the browser process (`NetworkServiceInProcess2`), about 16 MiB
-///   more. On Linux that service runs unsandboxed in a process of its own, so the browser
-///   process holds no more privilege with it.
+///   more.
 ///
 /// The price: a crash of the compositor or of the network service now takes the browser with
-/// it. The renderers and their sandbox are unchanged.
+/// it, and a flaw in the network stack lands in the browser process rather than in a process
+/// of its own. Both run as the workspace user inside the computer, which is the boundary (the
+/// bot already is that user). The renderers and their sandbox are unchanged.
 pub const LEAN_SWITCHES: [&str; 3] = [
     "--in-process-gpu",
     "--no-unsandboxed-zygote",

@@ -11,11 +11,12 @@ use serde_json::{Value, json};
 use super::DesktopError;
 use super::cdp::Cdp;
 
-/// DevTools connections of a provider's browsers, by machine and bot. A connection to an
+/// DevTools connections of a provider's browsers, by machine and bot, each behind a lock of
+/// its own: one bot's slow page never holds up another bot's page tools. A connection to an
 /// earlier browser (restarted, closed) is replaced once per command.
 #[derive(Default)]
 pub struct PageSessions {
-    pages: tokio::sync::Mutex<std::collections::HashMap<String, Cdp>>,
+    pages: dashmap::DashMap<String, std::sync::Arc<tokio::sync::Mutex<Option<Cdp>>>>,
 }
 
 impl PageSessions {
@@ -31,17 +32,19 @@ impl PageSessions {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Cdp, DesktopError>>,
     {
-        let mut pages = self.pages.lock().await;
+        // The map's shard lock is held only to clone the slot's handle, never across an await.
+        let slot = self.pages.entry(key).or_default().clone();
+        let mut page = slot.lock().await;
         for attempt in 0..2 {
-            if !pages.contains_key(&key) {
-                pages.insert(key.clone(), connect().await?);
-            }
-            let cdp = pages.get_mut(&key).expect("inserted above");
+            let cdp = match &mut *page {
+                Some(cdp) => cdp,
+                empty => empty.insert(connect().await?),
+            };
             match run(cdp, command).await {
                 Err(DesktopError::Browser(msg))
                     if attempt == 0 && msg.contains("DevTools connection") =>
                 {
-                    pages.remove(&key);
+                    *page = None;
                 }
                 other => return Ok(other?),
             }

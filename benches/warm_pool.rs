@@ -1,9 +1,10 @@
-//! Spare desktops (`SANDBOX_DESKTOP_WARM_STACKS`) on Docker computers: provision to the first
-//! screenshot of a bot's desktop, a further, new bot's desktop on the running computer to its
-//! first screenshot, and the first bot's desktop reopened (a bot with a profile), with one
-//! spare per computer against none, side by side
-//! (rounds alternate), on both screen paths (the shared X socket, and the command path the
-//! remote providers take). Needs a Docker engine and the computer image; runs its own
+//! Spare desktops (`SANDBOX_DESKTOP_WARM_STACKS`) and pooled computers
+//! (`SANDBOX_DOCKER_WARM_COMPUTERS`) on Docker: provision to the first screenshot of a bot's
+//! desktop, a further, new bot's desktop on the running computer to its first screenshot, and
+//! the first bot's desktop reopened (a bot with a profile); none against one spare per
+//! computer against one pooled computer with one spare, side by side (rounds rotate which
+//! goes first), on both screen paths (the shared X socket, and the command path the remote
+//! providers take). Needs a Docker engine and the computer image; runs its own
 //! supervisor on 127.0.0.1:0. Results are recorded in `BENCHMARKS.md`.
 
 mod support;
@@ -31,6 +32,19 @@ fn spec() -> MachineSpec {
         space_id: "bench".into(),
         bot_id: Some(id.clone()),
         home_key: id,
+    }
+}
+
+/// Waits until the provider's pool of computers is full, each with its spare ready (at once
+/// without a pool).
+async fn computers_ready(p: &DockerProvider) {
+    let started = Instant::now();
+    while let Some(w) = p.warm_desktops().await {
+        let full = w.pooled_ready >= w.pooled_target && w.ready >= w.pooled_target;
+        if full || started.elapsed() > Duration::from_secs(60) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -124,8 +138,8 @@ fn main() {
     );
     let rt = actix_rt::System::new();
     rt.block_on(async move {
-        let provider = |commands_only, warm_stacks| {
-            DockerProvider::new(DockerProviderConfig {
+        let provider = |commands_only, warm_stacks, computers| {
+            let p = DockerProvider::new(DockerProviderConfig {
                 supervisor_url: url.clone(),
                 supervisor_token: token.clone(),
                 screen_limit: 0,
@@ -134,34 +148,46 @@ fn main() {
                 limits: None,
             })
             .unwrap()
+            .with_warm_computers(computers);
+            p.start_pool();
+            p
         };
         println!("warm pool bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
         // `BENCH_PATH=direct` or `BENCH_PATH=command`: only that screen path.
         let only = std::env::var("BENCH_PATH").ok();
+        const SETTINGS: [&str; 3] = ["off", "1 spare", "pooled computer + 1 spare"];
         for (path, commands_only) in [("direct", false), ("command path", true)] {
             if only.as_deref().is_some_and(|o| !path.starts_with(o)) {
                 continue;
             }
-            let off = provider(commands_only, 0);
-            let on = provider(commands_only, 1);
+            let providers = [
+                provider(commands_only, 0, 0),
+                provider(commands_only, 1, 0),
+                provider(commands_only, 1, 1),
+            ];
             println!("\n{path}:\n");
             println!(
-                "| round | pool | provision → first screenshot ms | next, new bot's desktop → first screenshot ms | returning bot's desktop → first screenshot ms |"
+                "| round | setting | provision → first screenshot ms | next, new bot's desktop → first screenshot ms | returning bot's desktop → first screenshot ms |"
             );
             println!("| ---: | --- | ---: | ---: | ---: |");
-            let mut times: [[Vec<Duration>; 3]; 2] = Default::default();
+            let mut times: [[Vec<Duration>; 3]; 3] = Default::default();
             let mut pss = 0;
-            for r in 1..=ROUNDS {
-                // Alternate which setting goes first.
-                let order = if r % 2 == 1 { [0, 1] } else { [1, 0] };
-                for i in order {
-                    let (p, name) = if i == 0 { (&off, "off") } else { (&on, "1 spare") };
-                    let t = round(p).await;
+            for r in 0..ROUNDS {
+                // Rotate which setting goes first.
+                for k in 0..3 {
+                    let i = (r + k) % 3;
+                    // No pool fills while another setting is timed.
+                    for p in &providers {
+                        computers_ready(p).await;
+                    }
+                    let t = round(&providers[i]).await;
                     if i == 1 {
                         pss = pss.max(t.pss);
                     }
                     println!(
-                        "| {r} | {name} | {:.0} | {:.0} | {:.0} |",
+                        "| {} | {} | {:.0} | {:.0} | {:.0} |",
+                        r + 1,
+                        SETTINGS[i],
                         ms(t.first),
                         ms(t.next),
                         ms(t.back)
@@ -175,15 +201,20 @@ fn main() {
                 .into_iter()
                 .enumerate()
             {
-                let (off, on) = (median(times[0][k].clone()), median(times[1][k].clone()));
+                let [off, spare, pooled] = [0, 1, 2].map(|i| median(times[i][k].clone()));
                 println!(
-                    "median {what}: off {:.0} / 1 spare {:.0} ms (ratio {:.2})",
+                    "median {what}: off {:.0} / 1 spare {:.0} ms ({:.2}) / pooled {:.0} ms ({:.2})",
                     ms(off),
-                    ms(on),
-                    on.as_secs_f64() / off.as_secs_f64()
+                    ms(spare),
+                    spare.as_secs_f64() / off.as_secs_f64(),
+                    ms(pooled),
+                    pooled.as_secs_f64() / off.as_secs_f64()
                 );
             }
             println!("a spare desktop holds {:.1} MiB PSS", pss as f64 / 1024.0);
+            for p in &providers {
+                p.shutdown().await.unwrap();
+            }
         }
     });
 }

@@ -6,6 +6,7 @@
 
 mod common;
 mod docker_support;
+mod pooled_computers;
 mod team_screens;
 mod windows;
 

@@ -121,6 +121,13 @@ pub struct WarmDesktops {
     pub starting: usize,
     /// Memory of the ready spares (PSS, KiB, as measured when each was ready).
     pub pss_kib: u64,
+    /// Computers kept created ahead for the next provisions (`SANDBOX_DOCKER_WARM_COMPUTERS`;
+    /// their spare desktops are counted above).
+    #[serde(default)]
+    pub pooled_target: usize,
+    /// Pooled computers ready now.
+    #[serde(default)]
+    pub pooled_ready: usize,
 }
 
 /// A desktop of a machine was frozen (its processes stopped, memory kept) or thawed.

@@ -305,6 +305,8 @@ pub struct Config {
     pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
     /// `SANDBOX_DESKTOP_WARM_STACKS`: spare desktops per computer.
     pub desktop_warm_stacks: usize,
+    /// `SANDBOX_DOCKER_WARM_COMPUTERS`: docker computers created ahead.
+    pub docker_warm_computers: usize,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
     pub command_timeout: Duration,
     /// `SANDBOX_FAKE_SINGLE_SCREEN`.
@@ -721,6 +723,7 @@ impl Config {
                 })
             },
             desktop_warm_stacks: s.number("SANDBOX_DESKTOP_WARM_STACKS", 16)? as usize,
+            docker_warm_computers: s.number("SANDBOX_DOCKER_WARM_COMPUTERS", 16)? as usize,
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),
             ),

@@ -293,6 +293,12 @@ pub const VARS: &[Var] = &[
         doc: "Network of docker computers: bridge (outbound access through the egress guard, screen gateway published on 127.0.0.1) or none (no network at all; the guard is then not needed).",
     },
     Var {
+        name: "SANDBOX_DOCKER_WARM_COMPUTERS",
+        default: "0",
+        secret: false,
+        doc: "Docker computers each API process keeps created and started ahead, each with the spare desktops of SANDBOX_DESKTOP_WARM_STACKS (set both for a computer whose first screenshot comes in about a second): a new computer whose home is empty claims one (its home directory and name become the computer's) instead of creating its container; a computer restored into a home that holds files is created as before. The pool refills in the background; each pooled computer holds its container and spares (about 200 MiB PSS per spare desktop) and is listed under warmDesktops in health. The supervisor removes a pool whose process stopped (90 s without renewal). 0, the default: none.",
+    },
+    Var {
         name: "SANDBOX_EGRESS_GUARD",
         default: "on",
         secret: false,

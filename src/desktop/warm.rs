@@ -1,8 +1,9 @@
-//! [`WarmPool`]: the spare display stacks of one machine, ready for the next desktop.
+//! [`WarmPool`]: items started ahead, ready for the next taker: the spare display stacks of
+//! one machine, or the docker provider's pooled computers.
 //!
 //! The pool only keeps count: what an item is, how it starts and how it stops is the
-//! runtime's. An item is handed out once and never comes back: a bot's desktop is torn down
-//! whole, so nothing of one bot reaches another through the pool.
+//! runtime's. An item is handed out once and never comes back once used: a bot's desktop is
+//! torn down whole, so nothing of one bot reaches another through the pool.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -118,6 +119,28 @@ impl<T> WarmPool<T> {
         };
         self.settled.notify_waiters();
         back
+    }
+
+    /// Returns an item taken but not used, changed in nothing (for items that can be given
+    /// back, such as a computer whose claim was refused); a closed pool gives it back to be
+    /// stopped.
+    pub fn put_back(&self, item: T) -> Option<T> {
+        let back = {
+            let mut state = self.state();
+            if state.closed {
+                Some(item)
+            } else {
+                state.ready.push((item, 0));
+                None
+            }
+        };
+        self.settled.notify_waiters();
+        back
+    }
+
+    /// `f` of every ready item.
+    pub fn map_ready<R>(&self, f: impl Fn(&T) -> R) -> Vec<R> {
+        self.state().ready.iter().map(|(item, _)| f(item)).collect()
     }
 
     /// Whether a ready spare is one `is` picks.
@@ -311,7 +334,8 @@ mod tests {
                 computers: 2,
                 ready: 1,
                 starting: 1,
-                pss_kib: 20_000
+                pss_kib: 20_000,
+                ..WarmDesktops::default()
             }
         );
     }

@@ -132,7 +132,8 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 warm_stacks: config.desktop_warm_stacks,
                 limits: config.desktop_limits,
             })
-            .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?;
+            .map_err(|e| format!("SANDBOX_PROVIDER=docker: {e}"))?
+            .with_warm_computers(config.docker_warm_computers);
             Ok(Built {
                 provider: Some(Arc::new(docker)),
                 status: ProviderStatus { sandbox: "docker".into(), setup_error: None },

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::desktops::Desktops;
 use super::egress::{Guard, GuardState};
+use super::pool::{LABEL_POOL_OWNER, PoolBook};
 use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
 
@@ -80,6 +81,9 @@ pub enum EngineError {
     /// A desktop's control group could not be used.
     #[error("{0}")]
     Group(String),
+    /// A pooled computer was not claimed: the home it would take holds files.
+    #[error("the home is in use; create the computer instead")]
+    HomeInUse,
 }
 
 impl From<bollard::errors::Error> for EngineError {
@@ -120,6 +124,8 @@ pub struct Engine {
     guard: Option<Arc<(Guard, tokio::sync::Mutex<()>)>>,
     /// Whether computers' desktops get their own control groups.
     desktops: Arc<Desktops>,
+    /// Pooled containers' owners and claims.
+    pool: Arc<PoolBook>,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -146,8 +152,10 @@ impl Engine {
                 Default::default(),
             ))
         });
+        let pool = Arc::new(PoolBook::load(&settings.data_dir));
         let engine = Self {
             docker,
+            pool,
             settings,
             builds: None,
             guard,
@@ -355,7 +363,20 @@ impl Engine {
     }
 
     fn home_dir(&self, home_key: &str) -> PathBuf {
-        self.settings.data_dir.join("homes").join(home_key)
+        self.homes().join(home_key)
+    }
+
+    /// `DATA_DIR/homes`.
+    pub(super) fn homes(&self) -> PathBuf {
+        self.settings.data_dir.join("homes")
+    }
+
+    pub(super) fn pool(&self) -> &PoolBook {
+        &self.pool
+    }
+
+    pub(super) fn docker(&self) -> &Docker {
+        &self.docker
     }
 
     /// Short, so that `<dir>/X<n>` stays within a unix socket path's 108 bytes.
@@ -368,6 +389,56 @@ impl Engine {
     /// Creates and starts a computer, replacing a container of the same name.
     pub async fn create(&self, req: &CreateComputer) -> Result<ComputerInfo, EngineError> {
         let name = Self::container_name(req)?;
+        let mut labels = HashMap::new();
+        labels.insert(LABEL_BOT.into(), req.bot_id.clone().unwrap_or_default());
+        labels.insert(LABEL_SPACE.into(), req.space_id.clone());
+        labels.insert(LABEL_COMPUTER.into(), req.computer_id.clone());
+        labels.insert(LABEL_HOME.into(), req.home_key.clone());
+        let home = self.home_dir(&req.home_key);
+        self.create_container(&name, labels, home, req.account.as_deref())
+            .await
+    }
+
+    /// Removes the container named `name`, if there is one (its name is about to be reused):
+    /// a computer as [`Self::remove`] does, anything else by force.
+    pub(super) async fn replace(&self, name: &str) -> Result<(), EngineError> {
+        match self.remove(name).await {
+            Err(EngineError::Gone) => self.remove_named(name).await,
+            other => other,
+        }
+    }
+
+    async fn remove_named(&self, name: &str) -> Result<(), EngineError> {
+        match self
+            .docker
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(EngineError::from)
+        {
+            Ok(()) => {
+                tracing::info!(container.name = %name, "supervisor.container.replaced");
+                Ok(())
+            }
+            Err(EngineError::Gone) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates and starts container `name` with `labels` (plus `rakazo.managed`), `home`
+    /// mounted at the workspace.
+    pub(super) async fn create_container(
+        &self,
+        name: &str,
+        mut labels: HashMap<String, String>,
+        home: PathBuf,
+        account: Option<&str>,
+    ) -> Result<ComputerInfo, EngineError> {
         let bridge_network = match (&self.guard, self.egress().await) {
             (Some(g), GuardState::Active) => g.0.network.clone(),
             (Some(_), state) => {
@@ -379,35 +450,16 @@ impl Engine {
             (None, _) => "bridge".to_string(),
         };
         self.ensure_image().await?;
-        match self
-            .docker
-            .remove_container(
-                &name,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-            .map_err(EngineError::from)
-        {
-            Ok(()) => tracing::info!(container.name = %name, "supervisor.container.replaced"),
-            Err(EngineError::Gone) => {}
-            Err(e) => return Err(e),
-        }
-        let home = self.home_dir(&req.home_key);
-        let x11 = self.x11_dir(&name);
-        let workspace = match &req.account {
+        self.replace(name).await?;
+        let x11 = self.x11_dir(name);
+        let workspace = match account {
             Some(account) => {
                 check_account(account)?;
                 format!("/home/{account}")
             }
             None => WORKSPACE.to_string(),
         };
-        let accounts = req
-            .account
-            .as_ref()
-            .map(|a| (a.clone(), x11.with_extension("accounts")));
+        let accounts = account.map(|a| (a.to_string(), x11.with_extension("accounts")));
         let (home2, x112, accounts2) = (home.clone(), x11.clone(), accounts.clone());
         tokio::task::spawn_blocking(move || {
             prepare_dirs(&home2, &x112)?;
@@ -427,13 +479,7 @@ impl Engine {
             binds.push(format!("{}:/etc/passwd:ro", dir.join("passwd").display()));
             binds.push(format!("{}:/etc/group:ro", dir.join("group").display()));
         }
-
-        let mut labels = HashMap::new();
         labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
-        labels.insert(LABEL_BOT.into(), req.bot_id.clone().unwrap_or_default());
-        labels.insert(LABEL_SPACE.into(), req.space_id.clone());
-        labels.insert(LABEL_COMPUTER.into(), req.computer_id.clone());
-        labels.insert(LABEL_HOME.into(), req.home_key.clone());
         let d = &self.settings.docker;
         let port_key = format!("{GATEWAY_PORT}/tcp");
         let (network_mode, port_bindings, exposed) = match d.network {
@@ -488,7 +534,7 @@ impl Engine {
             .docker
             .create_container(
                 Some(CreateContainerOptions {
-                    name: Some(name.clone()),
+                    name: Some(name.to_string()),
                     ..Default::default()
                 }),
                 body,
@@ -501,16 +547,43 @@ impl Engine {
 
     /// The managed container `id` (a container id or name).
     pub async fn inspect(&self, id: &str) -> Result<ComputerInfo, EngineError> {
+        Ok(self.inspect_raw(id).await?.0)
+    }
+
+    /// [`Self::inspect`], with a claim applied, and the pool owner of a pooled container.
+    pub(super) async fn inspect_raw(
+        &self,
+        id: &str,
+    ) -> Result<(ComputerInfo, Option<String>), EngineError> {
         let raw = self
             .docker
             .inspect_container(id, None::<InspectContainerOptions>)
             .await?;
-        to_info(&raw).ok_or(EngineError::Gone)
+        let mut info = to_info(&raw).ok_or(EngineError::Gone)?;
+        let owner = raw
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(LABEL_POOL_OWNER).cloned());
+        if owner.is_some()
+            && let Some(claim) = self.pool.claim_of(&info.id)
+        {
+            super::pool::apply(&mut info, &claim, &self.homes());
+        }
+        Ok((info, owner))
     }
 
     /// The managed container of `home_key`, found by its labels (reconnect without an id).
     pub async fn find(&self, home_key: &str) -> Result<ComputerInfo, EngineError> {
         check_id("home key", home_key)?;
+        if let Some(id) = self.pool.claimed_home(home_key) {
+            match self.inspect(&id).await {
+                Err(EngineError::Gone) => {
+                    self.pool.forget(&id);
+                }
+                found => return found,
+            }
+        }
         let mut filters = HashMap::new();
         filters.insert(
             "label".to_string(),
@@ -574,6 +647,7 @@ impl Engine {
                 }),
             )
             .await?;
+        self.forget_pooled(&info.id, &info.home_key).await;
         let x11 = PathBuf::from(&info.x11_dir);
         let _ = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(x11.with_extension("accounts"));

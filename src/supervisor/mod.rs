@@ -19,6 +19,7 @@ pub mod desktops;
 pub mod egress;
 pub mod engine;
 pub mod listen;
+pub mod pool;
 pub mod routes;
 pub mod wire;
 
@@ -101,6 +102,7 @@ pub async fn prepare_with(
             actix_rt::spawn(async move { engine.ensure_image().await });
         }
     }
+    actix_rt::spawn(pool::reap(engine.clone()));
     let listener = TcpListener::bind(config.supervisor_listen)?;
     Ok((listener, web::Data::new(routes::State::new(engine, &token))))
 }

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::engine::{Engine, EngineError};
-use super::wire::{CreateComputer, DesktopEnter, ErrorBody, ErrorCode, ExecBody};
+use super::wire::{CreateComputer, CreatePooled, DesktopEnter, ErrorBody, ErrorCode, ExecBody};
 
 /// Largest request body (an exec script).
 pub const BODY_LIMIT: usize = 4 << 20;
@@ -46,6 +46,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/computers/{id}", web::get().to(inspect))
                 .route("/computers/{id}", web::delete().to(remove))
                 .route("/computers/{id}/start", web::post().to(start))
+                .route("/computers/{id}/claim", web::post().to(claim))
+                .route("/pool", web::post().to(create_pooled))
+                .route("/pool/{owner}/renew", web::post().to(renew_pool))
                 .route("/computers/{id}/stop", web::post().to(stop))
                 .route("/computers/{id}/exec", web::post().to(exec))
                 .route("/computers/{id}/exec/{run}/kill", web::post().to(kill))
@@ -125,6 +128,7 @@ impl ResponseError for ApiError {
             ApiError::Engine(EngineError::Engine(_)) => StatusCode::BAD_GATEWAY,
             ApiError::Engine(EngineError::DesktopGroups(_)) => StatusCode::NOT_IMPLEMENTED,
             ApiError::Engine(EngineError::Group(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Engine(EngineError::HomeInUse) => StatusCode::CONFLICT,
         }
     }
 
@@ -137,6 +141,7 @@ impl ResponseError for ApiError {
             ApiError::Engine(EngineError::Engine(_)) => ErrorCode::Engine,
             ApiError::Engine(EngineError::DesktopGroups(_)) => ErrorCode::DesktopGroupsUnavailable,
             ApiError::Engine(EngineError::Group(_)) => ErrorCode::DesktopGroupFailed,
+            ApiError::Engine(EngineError::HomeInUse) => ErrorCode::HomeInUse,
         };
         match self {
             ApiError::Engine(EngineError::Engine(reason)) => {
@@ -158,6 +163,28 @@ type Answer = Result<HttpResponse, ApiError>;
 
 async fn create(_: Authorized, s: web::Data<State>, body: web::Json<CreateComputer>) -> Answer {
     Ok(HttpResponse::Ok().json(s.engine.create(&body).await?))
+}
+
+async fn create_pooled(
+    _: Authorized,
+    s: web::Data<State>,
+    body: web::Json<CreatePooled>,
+) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.create_pooled(&body.owner).await?))
+}
+
+async fn renew_pool(_: Authorized, s: web::Data<State>, owner: web::Path<String>) -> Answer {
+    s.engine.renew_pool(&owner)?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn claim(
+    _: Authorized,
+    s: web::Data<State>,
+    id: web::Path<String>,
+    body: web::Json<CreateComputer>,
+) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.claim(&id, &body).await?))
 }
 
 #[derive(Deserialize)]

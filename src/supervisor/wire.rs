@@ -23,6 +23,17 @@ pub struct CreateComputer {
     pub account: Option<String>,
 }
 
+/// `POST /v1/pool`: create and start a pooled computer for `owner`, to be claimed later
+/// (`POST /v1/computers/{id}/claim` with a [`CreateComputer`]). An owner renews its pool with
+/// `POST /v1/pool/{owner}/renew`; unclaimed computers of an owner that stopped renewing are
+/// removed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreatePooled {
+    /// The owner (an API process): letters, digits, `-`, `_`, `.`.
+    pub owner: String,
+}
+
 /// A computer container, as the supervisor reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -99,6 +110,8 @@ pub enum ErrorCode {
     DesktopGroupsUnavailable,
     /// A desktop's control group could not be used.
     DesktopGroupFailed,
+    /// A pooled computer was not claimed: the home it would take holds files.
+    HomeInUse,
 }
 
 /// An error answer.

@@ -178,6 +178,23 @@ impl TestSupervisor {
         self.provider_full(commands_only, None)
     }
 
+    /// A fresh provider keeping `computers` pooled computers with `warm_stacks` spare desktops
+    /// each (its pool starts with [`DockerProvider::start_pool`]).
+    pub fn pooled_provider(&self, computers: usize, warm_stacks: usize) -> Arc<DockerProvider> {
+        Arc::new(
+            DockerProvider::new(DockerProviderConfig {
+                supervisor_url: self.url.clone(),
+                supervisor_token: self.token.clone(),
+                screen_limit: 0,
+                commands_only: false,
+                warm_stacks,
+                limits: None,
+            })
+            .unwrap()
+            .with_warm_computers(computers),
+        )
+    }
+
     /// A fresh provider whose desktops get control groups with `limits`.
     pub fn provider_with_limits(&self, limits: DesktopLimits) -> Arc<DockerProvider> {
         self.provider_full(false, Some(limits))

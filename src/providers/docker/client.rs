@@ -8,8 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
-    ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ErrorBody, ErrorCode, ExecBody,
-    ExecResult, Health, ImageStatus,
+    ComputerInfo, CreateComputer, CreatePooled, DesktopEnter, DesktopUsage, ErrorBody, ErrorCode,
+    ExecBody, ExecResult, Health, ImageStatus,
 };
 
 /// How long a health check waits for the supervisor.
@@ -54,6 +54,19 @@ impl SupervisorClient {
         body: Option<&(impl Serialize + ?Sized)>,
         timeout: Duration,
     ) -> ProviderResult<Option<T>> {
+        self.call_coded(method, path, body, timeout)
+            .await
+            .map_err(|(_, e)| e)
+    }
+
+    /// [`Self::call`], keeping the supervisor's error code of a refusal.
+    async fn call_coded<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        timeout: Duration,
+    ) -> Result<Option<T>, (Option<ErrorCode>, ProviderError)> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -64,38 +77,44 @@ impl SupervisorClient {
         }
         // The error text of reqwest names the URL (a host): keep only its kind.
         let resp = req.send().await.map_err(|e| {
-            ProviderError::Failed(format!(
-                "supervisor unreachable ({})",
-                if e.is_timeout() {
-                    "timeout"
-                } else {
-                    "connection"
-                }
-            ))
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else {
+                "connection"
+            };
+            (
+                None,
+                ProviderError::Failed(format!("supervisor unreachable ({kind})")),
+            )
         })?;
         let status = resp.status();
         if status == reqwest::StatusCode::NO_CONTENT {
             return Ok(None);
         }
         if status.is_success() {
-            return resp
-                .json::<T>()
-                .await
-                .map(Some)
-                .map_err(|e| ProviderError::Failed(format!("supervisor answer: {e}")));
+            return resp.json::<T>().await.map(Some).map_err(|e| {
+                (
+                    None,
+                    ProviderError::Failed(format!("supervisor answer: {e}")),
+                )
+            });
         }
         let err: Option<ErrorBody> = resp.json().await.ok();
-        Err(match err {
-            Some(ErrorBody {
-                code: ErrorCode::MachineGone,
-                ..
-            }) => ProviderError::MachineGone,
-            Some(ErrorBody { code, message }) => {
-                ProviderError::Failed(format!("supervisor: {code:?}: {message}"))
-            }
-            None if status == reqwest::StatusCode::NOT_FOUND => ProviderError::MachineGone,
-            None => ProviderError::Failed(format!("supervisor: HTTP {}", status.as_u16())),
-        })
+        let code = err.as_ref().map(|e| e.code);
+        Err((
+            code,
+            match err {
+                Some(ErrorBody {
+                    code: ErrorCode::MachineGone,
+                    ..
+                }) => ProviderError::MachineGone,
+                Some(ErrorBody { code, message }) => {
+                    ProviderError::Failed(format!("supervisor: {code:?}: {message}"))
+                }
+                None if status == reqwest::StatusCode::NOT_FOUND => ProviderError::MachineGone,
+                None => ProviderError::Failed(format!("supervisor: HTTP {}", status.as_u16())),
+            },
+        ))
     }
 
     fn some<T>(v: Option<T>) -> ProviderResult<T> {
@@ -153,6 +172,43 @@ impl SupervisorClient {
             )
             .await?,
         )
+    }
+
+    /// Creates and starts a pooled computer for `owner` (the image must be there).
+    pub async fn create_pooled(&self, owner: &str) -> ProviderResult<ComputerInfo> {
+        let body = CreatePooled {
+            owner: owner.to_string(),
+        };
+        Self::some(
+            self.call(reqwest::Method::POST, "/v1/pool", Some(&body), CALL_TIMEOUT)
+                .await?,
+        )
+    }
+
+    /// `owner`'s pool lives on.
+    pub async fn renew_pool(&self, owner: &str) -> ProviderResult<()> {
+        let path = format!("/v1/pool/{}/renew", path_segment(owner)?);
+        self.call::<()>(reqwest::Method::POST, &path, None::<&()>, HEALTH_TIMEOUT)
+            .await?;
+        Ok(())
+    }
+
+    /// Claims the pooled computer `id` for `req`; `None` when the supervisor refused because
+    /// the computer's home holds files (the pooled computer stays unclaimed).
+    pub async fn claim(
+        &self,
+        id: &str,
+        req: &CreateComputer,
+    ) -> ProviderResult<Option<ComputerInfo>> {
+        let path = format!("/v1/computers/{}/claim", path_segment(id)?);
+        match self
+            .call_coded(reqwest::Method::POST, &path, Some(req), CALL_TIMEOUT)
+            .await
+        {
+            Ok(info) => Self::some(info).map(Some),
+            Err((Some(ErrorCode::HomeInUse), _)) => Ok(None),
+            Err((_, e)) => Err(e),
+        }
     }
 
     /// The computer `id`.

@@ -21,8 +21,10 @@
 //!   127.0.0.1 only, on an ephemeral host port ([`DockerProvider::gateway_addr`]); with
 //!   `SANDBOX_DOCKER_NETWORK=none` there is no published port.
 
+mod attach;
 pub mod client;
 pub mod groups;
+mod pool;
 pub mod runner;
 
 use std::collections::HashMap;
@@ -42,16 +44,16 @@ use crate::desktop::DesktopError;
 use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
 use crate::desktop::files::blocking;
-use crate::desktop::groups::{DesktopGroups, DesktopLimits, forward_freezes};
+use crate::desktop::groups::DesktopLimits;
 use crate::desktop::page::PageSessions;
-use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use crate::desktop::runtime::DesktopRuntime;
 use crate::desktop::terminal::ShellSpec;
 use crate::desktop::{files, shell_quote};
-use crate::supervisor::engine::{GATEWAY_PORT, UID, WORKSPACE, chown_tree};
+use crate::supervisor::engine::{UID, WORKSPACE, chown_tree};
 use crate::supervisor::wire::{ComputerInfo, CreateComputer, ExecBody};
+use attach::{Attacher, Machine};
 use client::SupervisorClient;
-use groups::SupervisorGroups;
-use runner::SupervisorRunner;
+use pool::ComputerPool;
 
 /// Inside every computer: logs, the window manager's home and the gateway's sockets.
 pub const RUN_DIR: &str = "/tmp/rakazo-run";
@@ -75,23 +77,16 @@ pub struct DockerProviderConfig {
     pub limits: Option<DesktopLimits>,
 }
 
-/// One running computer container as this process knows it.
-struct Machine {
-    info: ComputerInfo,
-    runtime: Arc<DesktopRuntime>,
-}
-
 /// The `docker` provider.
 pub struct DockerProvider {
     client: SupervisorClient,
     config: DockerProviderConfig,
     machines: Mutex<HashMap<String, Arc<Machine>>>,
     pages: PageSessions,
-    /// Whether the supervisor gives desktops control groups (`Ok(words)`, `Err(why)`), once
-    /// it said; `None` before.
-    groups: std::sync::Mutex<Option<Result<String, String>>>,
-    /// Freezes and thaws of every machine's desktops.
-    freezes: tokio::sync::broadcast::Sender<DesktopFreeze>,
+    /// Attaches runtimes to containers; knows whether desktops get control groups.
+    attacher: Attacher,
+    /// Computers created ahead, for the next provisions.
+    pool: ComputerPool,
 }
 
 impl DockerProvider {
@@ -102,54 +97,28 @@ impl DockerProvider {
                 "SANDBOX_PROVIDER=docker requires SANDBOX_SUPERVISOR_TOKEN".into(),
             ));
         }
+        let client = SupervisorClient::new(&config.supervisor_url, &config.supervisor_token)?;
         Ok(Self {
-            client: SupervisorClient::new(&config.supervisor_url, &config.supervisor_token)?,
+            attacher: Attacher::new(client.clone(), config.clone()),
+            client,
             config,
             machines: Mutex::new(HashMap::new()),
             pages: PageSessions::default(),
-            groups: std::sync::Mutex::new(None),
-            freezes: tokio::sync::broadcast::channel(256).0,
+            pool: ComputerPool::new(0),
         })
     }
 
-    /// Whether desktops get control groups: configured, and the supervisor can give them
-    /// (asked once; a supervisor that does not answer is asked again next time).
-    async fn groups_on(&self) -> bool {
-        if self.config.limits.is_none() {
-            return false;
-        }
-        if let Some(known) = &*self.groups.lock().unwrap_or_else(|e| e.into_inner()) {
-            return known.is_ok();
-        }
-        self.ask_groups().await.is_some_and(|r| r.is_ok())
+    /// Keeps `n` computers created and started ahead, each with the spare desktops of
+    /// [`DockerProviderConfig::warm_stacks`] (`SANDBOX_DOCKER_WARM_COMPUTERS`); they are
+    /// made once [`Self::start_pool`] runs (at start-up, through `recover`).
+    pub fn with_warm_computers(mut self, n: usize) -> Self {
+        self.pool = ComputerPool::new(n);
+        self
     }
 
-    /// [`Self::groups_on`] for a running container this process did not create: desktops an
-    /// earlier process left frozen are thawed first, so its leftovers can be stopped.
-    async fn groups_taking_over(&self, container: &str) -> bool {
-        let on = self.groups_on().await;
-        if on && let Err(e) = self.client.thaw_desktops(container).await {
-            tracing::warn!(error = %e, "docker.desktops.thaw_failed");
-        }
-        on
-    }
-
-    /// Asks the supervisor whether it gives desktops control groups, and remembers it.
-    async fn ask_groups(&self) -> Option<Result<String, String>> {
-        let health = self.client.health().await.ok()?;
-        let state = if health.desktop_groups_active {
-            Ok(health.desktop_groups)
-        } else if health.desktop_groups.is_empty() {
-            Err("the supervisor gives desktops no control groups".to_owned())
-        } else {
-            Err(health.desktop_groups)
-        };
-        match &state {
-            Ok(_) => tracing::info!("docker.desktops.groups_active"),
-            Err(why) => tracing::warn!(error = %why, "docker.desktops.groups_unavailable"),
-        }
-        *self.groups.lock().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
-        Some(state)
+    /// Starts filling the pool of computers (nothing with a size of 0).
+    pub fn start_pool(&self) {
+        self.pool.start(self.attacher.clone());
     }
 
     /// The desktop runtime of a computer (its gateway and teardown events).
@@ -171,39 +140,6 @@ impl DockerProvider {
         self.client.inspect(&machine.0).await
     }
 
-    fn attach(&self, info: ComputerInfo, grouped: bool) -> Arc<Machine> {
-        let runner = SupervisorRunner {
-            client: self.client.clone(),
-            container: info.id.clone(),
-        };
-        let config = RuntimeConfig {
-            workspace: PathBuf::from(WORKSPACE),
-            run_dir: PathBuf::from(RUN_DIR),
-            screen_limit: self.config.screen_limit,
-            // Each container has its own display numbers.
-            displays: DisplayPool::new(1),
-            gateway_port: GATEWAY_PORT,
-            settle: Settle::default(),
-            x11_socket_dir: Some(PathBuf::from(&info.x11_dir)),
-            commands_only: self.config.commands_only,
-            gateway_host: "0.0.0.0".into(),
-            groups: self.config.limits.filter(|_| grouped).map(|limits| {
-                Arc::new(SupervisorGroups {
-                    client: self.client.clone(),
-                    container: info.id.clone(),
-                    limits,
-                }) as Arc<dyn DesktopGroups>
-            }),
-            freeze_after: self.config.limits.and_then(|l| l.freeze_after),
-            warm_stacks: self.config.warm_stacks,
-        };
-        let runtime = Arc::new(DesktopRuntime::new(Arc::new(runner), config));
-        runtime.start_freezer();
-        runtime.start_warm_pool();
-        forward_freezes(&runtime, self.freezes.clone(), ProviderRef(info.id.clone()));
-        Arc::new(Machine { info, runtime })
-    }
-
     /// The running machine behind `machine`, attaching to it if this process has not yet.
     async fn machine(&self, machine: &ProviderRef) -> ProviderResult<Arc<Machine>> {
         if let Some(m) = self.machines.lock().await.get(&machine.0) {
@@ -213,11 +149,11 @@ impl DockerProvider {
         if !info.running {
             return Err(ProviderError::MachineGone);
         }
-        let grouped = self.groups_taking_over(&info.id).await;
+        let grouped = self.attacher.groups_taking_over(&info.id).await;
         let mut machines = self.machines.lock().await;
         let m = machines
             .entry(machine.0.clone())
-            .or_insert_with(|| self.attach(info, grouped))
+            .or_insert_with(|| self.attacher.attach(info, grouped))
             .clone();
         Ok(m)
     }
@@ -237,9 +173,44 @@ impl DockerProvider {
         };
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.adopted");
         let machine = ProviderRef(info.id.clone());
-        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
+        let m = self
+            .attacher
+            .attach(info, self.attacher.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Some(machine)
+    }
+
+    /// A pooled computer claimed for `req`, when one is ready and the supervisor gives it
+    /// (`None`: create one). A claim refused because the home holds files changes nothing and
+    /// the computer stays pooled; any other failure discards it.
+    async fn claim_pooled(&self, req: &CreateComputer) -> Option<ProviderRef> {
+        let pooled = self.pool.take().await?;
+        match self.client.claim(&pooled.info.id, req).await {
+            Ok(Some(info)) => {
+                self.pool.refill();
+                tracing::info!(computer.id = %req.computer_id, "docker.computer.claimed");
+                let machine = ProviderRef(info.id.clone());
+                let m = Arc::new(Machine {
+                    info,
+                    runtime: pooled.runtime.clone(),
+                });
+                self.machines.lock().await.insert(machine.0.clone(), m);
+                Some(machine)
+            }
+            Ok(None) => {
+                self.pool.give_back(pooled, &self.client);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "docker.pool.claim_failed");
+                self.pool.refill();
+                if let Err(e) = pooled.runtime.shutdown().await {
+                    tracing::warn!(error = %e, "docker.pool.shutdown_failed");
+                }
+                let _ = self.client.remove(&pooled.info.id).await;
+                None
+            }
+        }
     }
 
     /// Closes every screen (browsers save their sessions) and forgets the machine.
@@ -273,15 +244,6 @@ impl DockerProvider {
         } else {
             err
         }
-    }
-
-    /// Whether the supervisor said it gives desktops control groups (and they are configured).
-    fn groups_known(&self) -> bool {
-        self.config.limits.is_some()
-            && matches!(
-                &*self.groups.lock().unwrap_or_else(|e| e.into_inner()),
-                Some(Ok(_))
-            )
     }
 
     fn home(m: &Machine) -> ProviderResult<PathBuf> {
@@ -322,14 +284,21 @@ impl SandboxProvider for DockerProvider {
 
     async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
         let target = self.config.warm_stacks;
-        if target == 0 {
+        if target == 0 && self.pool.target() == 0 {
             return None;
         }
+        let (pooled, pooled_spares) = self.pool.status();
         let machines = self.machines.lock().await;
-        Some(crate::desktop::warm::summary(
+        let mut sum = crate::desktop::warm::summary(
             target,
-            machines.values().map(|m| m.runtime.warm_status()),
-        ))
+            machines
+                .values()
+                .map(|m| m.runtime.warm_status())
+                .chain(pooled_spares),
+        );
+        sum.pooled_target = pooled.target;
+        sum.pooled_ready = pooled.ready;
+        Some(sum)
     }
 
     async fn egress_guard(&self) -> Option<Result<String, String>> {
@@ -342,12 +311,12 @@ impl SandboxProvider for DockerProvider {
     }
 
     fn desktop_freezes(&self) -> Option<tokio::sync::broadcast::Receiver<DesktopFreeze>> {
-        Some(self.freezes.subscribe())
+        Some(self.attacher.freezes.subscribe())
     }
 
     async fn desktop_groups(&self) -> Option<Result<String, String>> {
         self.config.limits?;
-        self.ask_groups().await
+        self.attacher.ask_groups().await
     }
 
     fn describe(&self) -> Description {
@@ -360,9 +329,9 @@ impl SandboxProvider for DockerProvider {
                 page_browser: !self.config.commands_only,
                 bills_while_running: false,
                 mounted_home: true,
-                desktop_freezing: self.groups_known()
+                desktop_freezing: self.attacher.groups_known()
                     && self.config.limits.is_some_and(|l| l.freeze_after.is_some()),
-                desktop_limits: self.groups_known(),
+                desktop_limits: self.attacher.groups_known(),
             },
         }
     }
@@ -381,23 +350,36 @@ impl SandboxProvider for DockerProvider {
         Ok(())
     }
 
+    /// Start-up: the pool of computers starts filling.
+    async fn recover(&self) -> ProviderResult<()> {
+        self.start_pool();
+        Ok(())
+    }
+
+    /// The pooled computers are removed (the ones in use outlive this process).
+    async fn shutdown(&self) -> ProviderResult<()> {
+        self.pool.close(&self.client).await;
+        Ok(())
+    }
+
     async fn provision(&self, spec: &MachineSpec) -> ProviderResult<ProviderRef> {
         if let Some(machine) = self.adopt(spec).await {
             return Ok(machine);
         }
-        let info = self
-            .client
-            .create(&CreateComputer {
-                computer_id: spec.computer_id.clone(),
-                space_id: spec.space_id.clone(),
-                bot_id: spec.bot_id.clone(),
-                home_key: spec.home_key.clone(),
-                account: None,
-            })
-            .await?;
+        let req = CreateComputer {
+            computer_id: spec.computer_id.clone(),
+            space_id: spec.space_id.clone(),
+            bot_id: spec.bot_id.clone(),
+            home_key: spec.home_key.clone(),
+            account: None,
+        };
+        if let Some(machine) = self.claim_pooled(&req).await {
+            return Ok(machine);
+        }
+        let info = self.client.create(&req).await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.provisioned");
         let machine = ProviderRef(info.id.clone());
-        let m = self.attach(info, self.groups_on().await);
+        let m = self.attacher.attach(info, self.attacher.groups_on().await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Ok(machine)
     }
@@ -415,7 +397,9 @@ impl SandboxProvider for DockerProvider {
         }
         let info = self.client.start(&machine.0).await?;
         tracing::info!(computer.id = %spec.computer_id, "docker.computer.reconnected");
-        let m = self.attach(info, self.groups_taking_over(&machine.0).await);
+        let m = self
+            .attacher
+            .attach(info, self.attacher.groups_taking_over(&machine.0).await);
         self.machines.lock().await.insert(machine.0.clone(), m);
         Ok(())
     }

@@ -119,10 +119,10 @@ impl PoolBook {
     }
 
     /// Whether `owner`'s unclaimed containers are to be removed: its last renewal (or, for an
-    /// owner not seen since this supervisor started, the start) is older than [`POOL_TTL`].
-    fn expired(&self, owner: &str) -> bool {
+    /// owner not seen since this supervisor started, the start) is older than `ttl`.
+    fn expired(&self, owner: &str, ttl: Duration) -> bool {
         let seen = self.owners().get(owner).copied().unwrap_or(self.started);
-        seen.elapsed() > POOL_TTL
+        seen.elapsed() > ttl
     }
 
     fn record(&self, id: &str, claim: &Claim) -> std::io::Result<()> {
@@ -206,7 +206,7 @@ impl Engine {
                 "not an unclaimed pooled computer".into(),
             ));
         }
-        if !info.running || !is_pool_key(&info.home_key) {
+        if !info.running || !self.pooled_here(&info) {
             return Err(EngineError::Gone);
         }
         self.replace(&name).await?;
@@ -314,8 +314,16 @@ impl Engine {
         }
     }
 
-    /// Removes the unclaimed pooled containers of owners that stopped renewing.
-    pub async fn reap_pool(&self) -> Result<usize, EngineError> {
+    /// Whether `info` is an unclaimed pooled container of this supervisor: its home is a pool
+    /// home under this `DATA_DIR` (several supervisors may share one engine).
+    fn pooled_here(&self, info: &ComputerInfo) -> bool {
+        is_pool_key(&info.home_key)
+            && Path::new(&info.home_dir) == self.homes().join(&info.home_key)
+    }
+
+    /// Removes the unclaimed pooled containers of owners not heard from for `ttl`
+    /// ([`POOL_TTL`] in the supervisor).
+    pub async fn reap_pool(&self, ttl: Duration) -> Result<usize, EngineError> {
         let mut filters = HashMap::new();
         filters.insert("label".to_string(), vec![LABEL_POOL_OWNER.to_string()]);
         let found = self
@@ -333,8 +341,13 @@ impl Engine {
                 continue;
             };
             let owner = labels.get(LABEL_POOL_OWNER).cloned().unwrap_or_default();
-            if self.pool().claim_of(&id).is_some() || !self.pool().expired(&owner) {
+            if self.pool().claim_of(&id).is_some() || !self.pool().expired(&owner, ttl) {
                 continue;
+            }
+            // Another supervisor's pool on the same engine is not this one's to remove.
+            match self.inspect_raw(&id).await {
+                Ok((info, _)) if self.pooled_here(&info) => {}
+                _ => continue,
             }
             match self.remove(&id).await {
                 Ok(()) | Err(EngineError::Gone) => removed += 1,
@@ -350,7 +363,7 @@ pub async fn reap(engine: Engine) {
     engine.finish_claims().await;
     loop {
         tokio::time::sleep(REAP_EVERY).await;
-        match engine.reap_pool().await {
+        match engine.reap_pool(POOL_TTL).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(containers = n, "supervisor.pool.reaped"),
             Err(e) => tracing::warn!(error = %e, "supervisor.pool.reap_failed"),
@@ -396,14 +409,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let book = PoolBook::load(dir.path());
         book.renew("p1");
-        assert!(!book.expired("p1"));
+        assert!(!book.expired("p1", POOL_TTL));
         assert!(
-            !book.expired("never-seen"),
+            !book.expired("never-seen", POOL_TTL),
             "a supervisor just started waits"
         );
         if let Some(long_ago) = Instant::now().checked_sub(POOL_TTL + Duration::from_secs(1)) {
             book.owners().insert("p1".into(), long_ago);
-            assert!(book.expired("p1"));
+            assert!(book.expired("p1", POOL_TTL));
         }
     }
 }

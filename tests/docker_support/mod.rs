@@ -136,6 +136,25 @@ impl TestSupervisor {
         }
     }
 
+    /// An engine of its own on this supervisor's `DATA_DIR` (a second supervisor's view:
+    /// its own pool owners and claims).
+    pub async fn engine(&self) -> Engine {
+        Engine::connect(EngineSettings {
+            data_dir: self.data_dir.clone(),
+            image: rakazo::image::default_image(),
+            docker: DockerSettings {
+                image: None,
+                nano_cpus: 2_000_000_000,
+                memory_bytes: 4 << 30,
+                pids_limit: 2048,
+                network: DockerNetwork::None,
+                egress: EgressSettings::default(),
+            },
+        })
+        .await
+        .expect("docker engine")
+    }
+
     /// A fresh provider talking to this supervisor.
     pub fn provider(&self) -> Arc<DockerProvider> {
         self.provider_with(false)

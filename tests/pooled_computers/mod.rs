@@ -200,3 +200,61 @@ async fn a_new_computer_claims_a_pooled_one_with_its_browser_running() {
         Err(ProviderError::MachineGone)
     ));
 }
+
+#[actix_rt::test]
+async fn pools_of_owners_that_stopped_renewing_are_removed_claimed_computers_never() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let engine = sup.engine().await;
+    let (alive, gone) = (unique("alive"), unique("gone"));
+    let kept = engine.create_pooled(&alive).await.unwrap();
+    let dropped = engine.create_pooled(&gone).await.unwrap();
+    let claimed = engine.create_pooled(&gone).await.unwrap();
+    let home = unique("h");
+    let req = CreateComputer {
+        computer_id: unique("c"),
+        space_id: unique("s"),
+        bot_id: None,
+        home_key: home.clone(),
+        account: None,
+    };
+    let claimed = engine.claim(&claimed.id, &req).await.unwrap();
+    assert_eq!(claimed.name, format!("rakazo-home-{home}"));
+    assert!(
+        engine.claim(&claimed.id, &req).await.is_err(),
+        "claimed once"
+    );
+    assert!(
+        engine
+            .claim(
+                &kept.id,
+                &CreateComputer {
+                    account: Some("user".into()),
+                    ..req.clone()
+                }
+            )
+            .await
+            .is_err(),
+        "a pooled computer has no vendor account"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    engine.renew_pool(&alive).unwrap();
+    assert_eq!(engine.reap_pool(Duration::from_secs(1)).await.unwrap(), 1);
+    assert!(matches!(
+        engine.inspect(&dropped.id).await,
+        Err(rakazo::supervisor::engine::EngineError::Gone)
+    ));
+    assert!(
+        !Path::new(&dropped.home_dir).exists(),
+        "its pool home went with it"
+    );
+    assert!(engine.inspect(&kept.id).await.unwrap().running);
+    assert_eq!(engine.inspect(&claimed.id).await.unwrap().home_key, home);
+    assert_eq!(pool_homes(&sup.data_dir).len(), 1, "the kept one's");
+    for id in [&kept.id, &claimed.id] {
+        engine.remove(id).await.unwrap();
+    }
+    assert!(pool_homes(&sup.data_dir).is_empty());
+}

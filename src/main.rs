@@ -590,6 +590,7 @@ async fn supervise(config: Config, build_image: bool) -> ExitCode {
         }
     };
     tracing::info!(event = "supervisor.listening", addr = %config.supervisor_listen);
+    let engine = state.engine.clone();
     let server = match rakazo::supervisor::serve(listener, state) {
         Ok(s) => s,
         Err(err) => {
@@ -597,7 +598,15 @@ async fn supervise(config: Config, build_image: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match server.await {
+    let served = server.await;
+    // Unclaimed pooled computers do not outlive their supervisor: no owner can claim them
+    // while it is down, and each owner makes new ones once it is back.
+    match engine.reap_pool(std::time::Duration::ZERO).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(containers = n, "supervisor.pool.removed"),
+        Err(e) => tracing::warn!(error = %e, "supervisor.pool.reap_failed"),
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("rakazo: {err}");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use docker_support::{RemoveOnDrop, docker_ready, space_container};
+use docker_support::{RemoveOnDrop, RemoveUnder, docker_ready, space_container};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rakazo");
 
@@ -137,6 +137,8 @@ async fn a_new_computer_is_a_pooled_one_and_the_pool_goes_with_serve() {
         ("SANDBOX_DOCKER_WARM_COMPUTERS", "1"),
         ("SANDBOX_DESKTOP_WARM_STACKS", "1"),
     ];
+    // Declared before serve: dropped after it is killed, whatever failed.
+    let _computers = RemoveUnder(data_dir.clone());
     let (serve, base, http, _) = start_serve(&data_dir, &warm).await;
     let pool_full = || async {
         let started = Instant::now();

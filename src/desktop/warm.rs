@@ -138,6 +138,16 @@ impl<T> WarmPool<T> {
         back
     }
 
+    /// Keeps the ready items `keep` picks; returns the others.
+    pub fn retain(&self, keep: impl Fn(&T) -> bool) -> Vec<T> {
+        let mut state = self.state();
+        let (kept, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut state.ready)
+            .into_iter()
+            .partition(|(item, _)| keep(item));
+        state.ready = kept;
+        dropped.into_iter().map(|(item, _)| item).collect()
+    }
+
     /// `f` of every ready item.
     pub fn map_ready<R>(&self, f: impl Fn(&T) -> R) -> Vec<R> {
         self.state().ready.iter().map(|(item, _)| f(item)).collect()

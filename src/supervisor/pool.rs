@@ -161,11 +161,29 @@ pub fn is_pool_key(key: &str) -> bool {
 }
 
 impl Engine {
-    /// `owner` is alive: its unclaimed containers stay.
-    pub fn renew_pool(&self, owner: &str) -> Result<(), EngineError> {
+    /// `owner` is alive: its unclaimed containers stay. Answers which are running.
+    /// The unclaimed pooled containers of `owner` that are still there, for the owner to
+    /// forget any that are not (removed behind its back, or with a stopped supervisor).
+    pub async fn renew_pool(&self, owner: &str) -> Result<Vec<String>, EngineError> {
         crate::desktop::check_id(owner).map_err(|_| EngineError::Invalid("bad owner".into()))?;
         self.pool().renew(owner);
-        Ok(())
+        let mut filters = HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            vec![format!("{LABEL_POOL_OWNER}={owner}")],
+        );
+        let found = self
+            .docker()
+            .list_containers(Some(ListContainersOptions {
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| c.id)
+            .filter(|id| self.pool().claim_of(id).is_none())
+            .collect())
     }
 
     /// Creates and starts a pooled container for `owner`. The image must be there already

@@ -174,8 +174,8 @@ async fn create_pooled(
 }
 
 async fn renew_pool(_: Authorized, s: web::Data<State>, owner: web::Path<String>) -> Answer {
-    s.engine.renew_pool(&owner)?;
-    Ok(HttpResponse::NoContent().finish())
+    let containers = s.engine.renew_pool(&owner).await?;
+    Ok(HttpResponse::Ok().json(super::wire::PoolRenewal { containers }))
 }
 
 async fn claim(

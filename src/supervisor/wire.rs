@@ -34,6 +34,14 @@ pub struct CreatePooled {
     pub owner: String,
 }
 
+/// The answer to `POST /v1/pool/{owner}/renew`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRenewal {
+    /// The owner's unclaimed pooled computers that are running.
+    pub containers: Vec<String>,
+}
+
 /// A computer container, as the supervisor reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

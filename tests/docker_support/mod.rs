@@ -285,6 +285,16 @@ fn remove_containers_of(data_dir: &std::path::Path) {
     }
 }
 
+/// Removes, when dropped, every computer whose mounts come from under a `DATA_DIR` (pooled
+/// ones included), so a failing test leaves none running.
+pub struct RemoveUnder(pub PathBuf);
+
+impl Drop for RemoveUnder {
+    fn drop(&mut self) {
+        remove_containers_of(&self.0);
+    }
+}
+
 /// Removes a container when dropped, so a failing test leaves no computer running.
 pub struct RemoveOnDrop(pub String);
 

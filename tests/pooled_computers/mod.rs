@@ -240,7 +240,19 @@ async fn pools_of_owners_that_stopped_renewing_are_removed_claimed_computers_nev
         "a pooled computer has no vendor account"
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    engine.renew_pool(&alive).unwrap();
+    assert_eq!(
+        engine.renew_pool(&alive).await.unwrap(),
+        vec![kept.id.clone()],
+        "an owner hears of its own unclaimed computers"
+    );
+    assert_eq!(
+        engine.renew_pool(&gone).await.unwrap(),
+        vec![dropped.id.clone()],
+        "not of claimed ones"
+    );
+    // `gone` stops renewing from here.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    engine.renew_pool(&alive).await.unwrap();
     assert_eq!(engine.reap_pool(Duration::from_secs(1)).await.unwrap(), 1);
     assert!(matches!(
         engine.inspect(&dropped.id).await,

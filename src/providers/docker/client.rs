@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
     ComputerInfo, CreateComputer, CreatePooled, DesktopEnter, DesktopUsage, ErrorBody, ErrorCode,
-    ExecBody, ExecResult, Health, ImageStatus,
+    ExecBody, ExecResult, Health, ImageStatus, PoolRenewal,
 };
 
 /// How long a health check waits for the supervisor.
@@ -185,12 +185,14 @@ impl SupervisorClient {
         )
     }
 
-    /// `owner`'s pool lives on.
-    pub async fn renew_pool(&self, owner: &str) -> ProviderResult<()> {
+    /// `owner`'s pool lives on; the ids of its unclaimed computers that are running.
+    pub async fn renew_pool(&self, owner: &str) -> ProviderResult<Vec<String>> {
         let path = format!("/v1/pool/{}/renew", path_segment(owner)?);
-        self.call::<()>(reqwest::Method::POST, &path, None::<&()>, HEALTH_TIMEOUT)
-            .await?;
-        Ok(())
+        let answer: PoolRenewal = Self::some(
+            self.call(reqwest::Method::POST, &path, None::<&()>, HEALTH_TIMEOUT)
+                .await?,
+        )?;
+        Ok(answer.containers)
     }
 
     /// Claims the pooled computer `id` for `req`; `None` when the supervisor refused because

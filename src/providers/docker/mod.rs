@@ -296,6 +296,7 @@ impl SandboxProvider for DockerProvider {
                 .map(|m| m.runtime.warm_status())
                 .chain(pooled_spares),
         );
+        sum.computers = machines.len();
         sum.pooled_target = pooled.target;
         sum.pooled_ready = pooled.ready;
         Some(sum)

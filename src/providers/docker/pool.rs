@@ -125,8 +125,16 @@ async fn fill(pool: Arc<WarmPool<Arc<Machine>>>, owner: String, attacher: Attach
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = attacher.client.renew_pool(&owner).await {
-            tracing::warn!(error = %e, "docker.pool.renew_failed");
+        match attacher.client.renew_pool(&owner).await {
+            // Computers no longer there (removed behind this process's back, or with a
+            // supervisor that stopped) leave the pool; their spares' runtimes stop.
+            Ok(running) => {
+                for gone in pool.retain(|m| running.contains(&m.info.id)) {
+                    tracing::info!(container.name = %gone.info.name, "docker.pool.gone");
+                    let _ = gone.runtime.shutdown().await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "docker.pool.renew_failed"),
         }
         while pool.begin_fill() {
             match make(&attacher, &owner).await {

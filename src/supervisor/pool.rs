@@ -200,11 +200,20 @@ impl Engine {
         labels.insert(LABEL_POOL_OWNER.to_string(), owner.to_string());
         labels.insert(LABEL_HOME.to_string(), key.clone());
         let home = self.homes().join(&key);
-        let info = self
-            .create_container(&format!("rakazo-pool-{hex}"), labels, home, None)
-            .await?;
-        tracing::info!(container.name = %info.name, "supervisor.pool.created");
-        Ok(info)
+        let created = self
+            .create_container(&format!("rakazo-pool-{hex}"), labels, home.clone(), None)
+            .await;
+        match created {
+            Ok(info) => {
+                tracing::info!(container.name = %info.name, "supervisor.pool.created");
+                Ok(info)
+            }
+            Err(e) => {
+                // No container holds the new pool home: it goes (the filler retries often).
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(home)).await;
+                Err(e)
+            }
+        }
     }
 
     /// Gives the unclaimed pooled container `id` to the computer of `req`: its home becomes

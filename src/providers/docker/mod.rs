@@ -204,10 +204,7 @@ impl DockerProvider {
             Err(e) => {
                 tracing::warn!(error = %e, "docker.pool.claim_failed");
                 self.pool.refill();
-                if let Err(e) = pooled.runtime.shutdown().await {
-                    tracing::warn!(error = %e, "docker.pool.shutdown_failed");
-                }
-                let _ = self.client.remove(&pooled.info.id).await;
+                pool::discard(self.client.clone(), pooled).await;
                 None
             }
         }

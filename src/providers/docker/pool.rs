@@ -95,7 +95,7 @@ impl Drop for ComputerPool {
 }
 
 /// Stops a pooled computer's desktops and removes its container (and its pool home).
-async fn discard(client: SupervisorClient, machine: Arc<Machine>) {
+pub(super) async fn discard(client: SupervisorClient, machine: Arc<Machine>) {
     if let Err(e) = machine.runtime.shutdown().await {
         tracing::warn!(error = %e, "docker.pool.shutdown_failed");
     }

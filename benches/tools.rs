@@ -6,11 +6,16 @@
 //! every answer carries it; the calls go over `POST /rpc`, over `/rpc/ws` with the image as
 //! base64, and over `/rpc/ws?images=binary` with the image as a binary message.
 //!
+//! Then `browser_snapshot` on the provider straight (the page tools' DevTools round trips:
+//! following the tab on the screen, the isolated world, the snapshot script) against the least
+//! a snapshot needs: the same script evaluated once over a DevTools connection of its own.
+//!
 //! Last, `shell` on the in-process `fake` provider shows what the API adds with no process
 //! start around it.
 //!
 //! Run: `scripts/bench.sh tools`; `cargo bench --bench tools -- fake` runs the last leg alone,
-//! `-- spawn` only the start of a script by a server holding much memory. The bench applies the
+//! `-- spawn` only the start of a script by a server holding much memory, `-- page` only the
+//! page commands. The bench applies the
 //! server's allocator settings (`rakazo::malloc`) as `main` does; `RAKAZO_BENCH_MALLOC=default`
 //! leaves glibc's own, for the figure beside them.
 
@@ -22,7 +27,9 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use rakazo::app::App;
 use rakazo::config::Config;
-use rakazo_actors::provider::{ExecRequest, MachineSpec};
+use rakazo_actors::provider::{
+    BrowserCommand, ExecRequest, MachineSpec, ProviderRef, SandboxProvider,
+};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -193,6 +200,8 @@ fn main() {
         actix_rt::System::new().block_on(scripts_of_a_large_server());
         return;
     }
+    // `cargo bench --bench tools -- page`: only the page commands.
+    let only_page = std::env::args().skip(1).any(|a| a == "page");
     actix_rt::System::new().block_on(async {
         let Api { dir, app, base, token, http, started } = Api::start("desktop").await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
@@ -211,7 +220,7 @@ fn main() {
         let mut ws_binary = Ws::connect(&base, &token, true).await;
 
         let (mut raw, mut api, mut over_ws) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
+        for _ in 0..if only_page { 0 } else { ROUNDS } {
             let t = Instant::now();
             provider.exec(&machine, &req).await.unwrap();
             raw.push(t.elapsed());
@@ -222,9 +231,11 @@ fn main() {
             ws_text.call("tools/call", call("shell", json!({ "command": "true" }))).await;
             over_ws.push(t.elapsed());
         }
-        report("shell `true`, POST /rpc", raw.clone(), api);
-        report("shell `true`, /rpc/ws", raw, over_ws);
-        team_folder_prefix(provider.as_ref(), &machine).await;
+        if !only_page {
+            report("shell `true`, POST /rpc", raw.clone(), api);
+            report("shell `true`, /rpc/ws", raw, over_ws);
+            team_folder_prefix(provider.as_ref(), &machine).await;
+        }
 
         // Both browsers on the repainting page: every observation is a fresh screenshot.
         let page = actix_web::HttpServer::new(|| {
@@ -247,7 +258,8 @@ fn main() {
         // repaints every 5 ms, but the browser draws at most one frame per 16.7 ms, so each
         // timed observe comes FRAME_PAUSE (not timed) after the last and these stay near zero.
         let mut unchanged = 0usize;
-        for _ in 0..ROUNDS / 4 {
+        page_commands(provider.as_ref(), &machine, &dir.path().join("homes/raw-bench")).await;
+        for _ in 0..if only_page { 0 } else { ROUNDS / 4 } {
             tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             provider.observe(&machine, "raw-bot").await.unwrap();
@@ -271,6 +283,7 @@ fn main() {
             unchanged += usize::from(attached == 0);
         }
         let rounds = (ROUNDS / 4) as f64;
+        if !only_page {
         println!(
             "bytes per observation: /rpc/ws base64 {:.0} KiB, /rpc/ws?images=binary {:.0} KiB",
             text_bytes as f64 / rounds / 1024.0,
@@ -280,6 +293,7 @@ fn main() {
         report("computer_observe, POST /rpc", raw.clone(), api);
         report("computer_observe, /rpc/ws (base64)", raw.clone(), text);
         report("computer_observe, /rpc/ws?images=binary", raw, binary);
+        }
         // The app's own desktop stops with it: nothing of this leg runs on beside the next.
         app.shutdown().await;
         provider.destroy(&machine).await.unwrap();
@@ -288,8 +302,58 @@ fn main() {
             .arg(rakazo::desktop::command::sweep_script(&format!("{}/", dir.path().join("run").display())))
             .status();
 
-        shell_on_the_fake_provider().await;
+        if !only_page {
+            shell_on_the_fake_provider().await;
+        }
     });
+}
+
+/// `browser_snapshot` of the repainting page on the provider straight, against the same
+/// snapshot script evaluated once over a DevTools connection of the bench's own, in an
+/// isolated world made beforehand: what the page tools add in round trips to the browser.
+async fn page_commands(
+    provider: &dyn SandboxProvider,
+    machine: &ProviderRef,
+    home: &std::path::Path,
+) {
+    let mut bare = rakazo::desktop::cdp::Cdp::connect(home, "raw-bot")
+        .await
+        .unwrap();
+    let tree = bare.call("Page.getFrameTree", json!({})).await.unwrap();
+    let world = json!({ "frameId": tree["frameTree"]["frame"]["id"], "worldName": "bench" });
+    let made = bare.call("Page.createIsolatedWorld", world).await.unwrap();
+    let evaluate = json!({
+        "expression": rakazo::desktop::page::snapshot_script(1),
+        "contextId": made["executionContextId"],
+        "returnByValue": true,
+    });
+    let snapshot = BrowserCommand::Snapshot;
+    provider
+        .browser(machine, "raw-bot", &snapshot)
+        .await
+        .unwrap();
+    let (mut base, mut ours) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let answer = bare
+            .call("Runtime.evaluate", evaluate.clone())
+            .await
+            .unwrap();
+        base.push(t.elapsed());
+        assert!(answer["result"]["value"]["elements"].is_array(), "{answer}");
+        let t = Instant::now();
+        let answer = provider
+            .browser(machine, "raw-bot", &snapshot)
+            .await
+            .unwrap();
+        ours.push(t.elapsed());
+        assert!(answer["elements"].is_array(), "{answer}");
+    }
+    report(
+        "browser_snapshot, provider straight (raw: one bare evaluate)",
+        base,
+        ours,
+    );
 }
 
 /// How a Team bot's shell enters its folder, on the provider straight: the command the API

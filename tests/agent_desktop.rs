@@ -1,7 +1,8 @@
 //! A scripted agent on a real desktop (no model): it opens a local fixture page in its
 //! browser, clicks into a field and types through one `computer_act` batch, and the page's
 //! server records the value; shell and file tools round-trip on the same computer; the page
-//! tools follow the tab on the screen, whatever a page in the background claims.
+//! tools follow the tab on the screen, whatever a page in the background claims, and the
+//! document in it through navigation and the back-forward cache.
 
 mod common;
 
@@ -32,6 +33,16 @@ const LIAR: &str = r#"<!doctype html><html><head><title>Liar</title></head><body
 Object.defineProperty(Document.prototype, 'hidden', { get: () => false });</script>
 <button onclick="fetch('/typed?v=liar')">Go</button></body></html>"#;
 
+/// Two pages of one site, alike in shape: a link and a button that reports which page it is
+/// on. The first says when it was shown again from the back-forward cache.
+const FIRST: &str = r#"<!doctype html><html><head><title>First</title></head><body>
+<a href="/second">Second page</a><button onclick="fetch('/typed?v=first')">Mark</button>
+<script>addEventListener('pageshow', e => { if (e.persisted) document.title = 'First again'; });</script>
+</body></html>"#;
+const SECOND: &str = r#"<!doctype html><html><head><title>Second</title></head><body>
+<a href="/first">First page</a><button onclick="fetch('/typed?v=second')">Mark</button>
+<button onclick="history.back()">Back</button></body></html>"#;
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -57,6 +68,8 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/" => PAGE,
                     "/form" => FORM,
                     "/liar" => LIAR,
+                    "/first" => FIRST,
+                    "/second" => SECOND,
                     _ => "ok",
                 };
                 let resp = format!(
@@ -106,6 +119,11 @@ async fn desktop_run() -> (
 /// (the tab takes a moment to load); the last snapshot.
 async fn open_and_snapshot(s: &TestServer, run: &str, fence: i64, url: &str, title: &str) -> Value {
     tool(s, run, fence, "open_path", json!({ "path": url })).await;
+    snapshot_of(s, run, fence, title).await
+}
+
+/// Takes page snapshots until one is of the page titled `title`; the last snapshot.
+async fn snapshot_of(s: &TestServer, run: &str, fence: i64, title: &str) -> Value {
     let mut snap = Value::Null;
     for _ in 0..50 {
         snap = tool(s, run, fence, "browser_snapshot", json!({})).await;
@@ -119,6 +137,19 @@ async fn open_and_snapshot(s: &TestServer, run: &str, fence: i64, url: &str, tit
         "the tools stayed on another tab: {snap}"
     );
     snap
+}
+
+/// The ref of the element named `name` in a page snapshot.
+fn ref_named(snap: &Value, name: &str) -> String {
+    snap["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no {name:?} in {snap}"))["ref"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// Clicks the element `reference` of the last page snapshot.
@@ -337,4 +368,44 @@ async fn page_tools_act_on_the_tab_on_the_screen() {
         typed.lock().unwrap().is_empty(),
         "the liar's button was pressed"
     );
+}
+
+#[actix_rt::test]
+async fn page_tools_follow_the_document_through_navigation_and_history() {
+    let (s, site, typed, _, run, fence) = desktop_run().await;
+    let first = open_and_snapshot(&s, &run, fence, &format!("{site}/first"), "First").await;
+    // A link followed in the tab: the tools speak to the new document.
+    click_ref(&s, &run, fence, &ref_named(&first, "Second page")).await;
+    let second = snapshot_of(&s, &run, fence, "Second").await;
+    // A ref of the first page's snapshot names nothing on the second, though both pages have
+    // an element at the same place in their snapshots: refused, and nothing is pressed.
+    let stale = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "browser_act",
+                    "arguments": { "ref": ref_named(&first, "Mark"), "action": "click" } }),
+        )
+        .await;
+    assert_eq!(stale["isError"], true, "{stale}");
+    assert!(stale.to_string().contains("stale ref"), "{stale}");
+    // Back to the first page, shown again from the back-forward cache: its document is the one
+    // the tools read and act on, never the second's.
+    click_ref(&s, &run, fence, &ref_named(&second, "Back")).await;
+    let again = snapshot_of(&s, &run, fence, "First again").await;
+    click_ref(&s, &run, fence, &ref_named(&again, "Mark")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*typed.lock().unwrap(), ["first"]);
+    // The second page's refs are gone with its document.
+    let gone = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "browser_act",
+                    "arguments": { "ref": ref_named(&second, "Mark"), "action": "click" } }),
+        )
+        .await;
+    assert_eq!(gone["isError"], true, "{gone}");
+    assert_eq!(*typed.lock().unwrap(), ["first"]);
 }

@@ -33,12 +33,33 @@ fn err(msg: impl Into<String>) -> DesktopError {
 }
 
 /// One browser-level DevTools connection, attached to the active tab.
+///
+/// The isolated world of the tab's document is made once per document and kept until the
+/// tab reports a new top-level document (`Page.frameNavigated`, a page restored from the
+/// back-forward cache included). Events come in order with the answers, so an event sent
+/// before a command is read before that command's answer; what happened while nobody read
+/// (between two page commands, or while a navigation is awaited) is read by one
+/// `Page.getFrameTree` before the world is used again. Context ids are reused across renderer
+/// processes, so a world id is never sent before that read: after a navigation to another
+/// process, an old id could name a context of the new page. A world that is gone anyway (a
+/// renderer that went away) is made again and the evaluation sent again: it never ran.
 pub struct Cdp {
     socket: Socket,
     next_id: u64,
     session: String,
-    /// Frame of the top document, and the isolated world created in it.
-    world: Option<(String, i64)>,
+    /// The tab's top frame, once known (stable for a tab; named again by each navigation).
+    frame: Option<String>,
+    /// The isolated world made in the tab's current document.
+    world: Option<i64>,
+    /// Whether every event sent before the last answer has been read since the last pause:
+    /// `world` is current.
+    caught_up: bool,
+}
+
+/// Whether a DevTools error says the execution context asked for does not exist (its
+/// document went away): the expression did not run.
+fn context_gone(e: &DesktopError) -> bool {
+    matches!(e, DesktopError::Browser(msg) if msg.contains("Cannot find context with specified id"))
 }
 
 impl Cdp {
@@ -110,7 +131,9 @@ impl Cdp {
             socket,
             next_id: 0,
             session: String::new(),
+            frame: None,
             world: None,
+            caught_up: false,
         };
         cdp.attach_visible().await?;
         Ok(cdp)
@@ -154,7 +177,7 @@ impl Cdp {
             .as_str()
             .ok_or_else(|| err("attach failed"))?
             .to_owned();
-        self.world = None;
+        (self.frame, self.world, self.caught_up) = (None, None, false);
         self.call("Page.enable", json!({})).await?;
         Ok(())
     }
@@ -162,7 +185,7 @@ impl Cdp {
     /// Leaves the attached tab (best effort: a closed tab has no session to leave).
     async fn detach(&mut self) {
         let session = std::mem::take(&mut self.session);
-        self.world = None;
+        (self.frame, self.world, self.caught_up) = (None, None, false);
         let _ = self
             .call_browser("Target.detachFromTarget", json!({ "sessionId": session }))
             .await;
@@ -178,8 +201,9 @@ impl Cdp {
     }
 
     /// Follows the screen: when the attached tab is no longer the one shown (the bot switched
-    /// tabs or opened a new one), attaches to the one that is.
+    /// tabs or opened a new one), attaches to the one that is. Starts every page command.
     pub async fn follow_screen(&mut self) -> Result<(), DesktopError> {
+        self.caught_up = false;
         if self.visible().await.unwrap_or(false) {
             return Ok(());
         }
@@ -220,9 +244,12 @@ impl Cdp {
                     }
                     return Ok(v["result"].clone());
                 }
+                let frame = &v["params"]["frame"];
                 if v["method"] == "Page.frameNavigated"
-                    && v["params"]["frame"]["parentId"].is_null()
+                    && v["sessionId"].as_str() == Some(self.session.as_str())
+                    && frame["parentId"].is_null()
                 {
+                    self.frame = frame["id"].as_str().map(str::to_owned);
                     self.world = None;
                 }
             }
@@ -243,21 +270,30 @@ impl Cdp {
         self.send(Some(&session), method, params).await
     }
 
-    /// The isolated world of the current top document (made on first use per document).
+    /// Waits `pause` with nobody reading: the next use of the world first reads what the tab
+    /// said meanwhile.
+    pub async fn pause(&mut self, pause: Duration) {
+        tokio::time::sleep(pause).await;
+        self.caught_up = false;
+    }
+
+    /// The isolated world of the tab's current document, made on first use per document.
     async fn world(&mut self) -> Result<i64, DesktopError> {
-        let tree = self.call("Page.getFrameTree", json!({})).await?;
-        let frame = tree["frameTree"]["frame"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if let Some((f, ctx)) = self.world.clone()
-            && f == frame
-        {
-            let probe = json!({ "expression": "1", "contextId": ctx, "returnByValue": true });
-            if self.call("Runtime.evaluate", probe).await.is_ok() {
-                return Ok(ctx);
+        if !self.caught_up {
+            // Reads every event sent before it, and names the top frame.
+            let tree = self.call("Page.getFrameTree", json!({})).await?;
+            let frame = tree["frameTree"]["frame"]["id"]
+                .as_str()
+                .ok_or_else(|| err("the tab has no top frame"))?;
+            if self.frame.as_deref() != Some(frame) {
+                (self.frame, self.world) = (Some(frame.to_owned()), None);
             }
+            self.caught_up = true;
         }
+        if let Some(ctx) = self.world {
+            return Ok(ctx);
+        }
+        let frame = self.frame.clone().unwrap_or_default();
         let made = self
             .call(
                 "Page.createIsolatedWorld",
@@ -267,19 +303,26 @@ impl Cdp {
         let ctx = made["executionContextId"]
             .as_i64()
             .ok_or_else(|| err("no isolated world"))?;
-        self.world = Some((frame, ctx));
+        self.world = Some(ctx);
         Ok(ctx)
     }
 
     /// Evaluate `expression` in the isolated world; its JSON value.
     pub async fn evaluate(&mut self, expression: &str) -> Result<Value, DesktopError> {
-        let ctx = self.world().await?;
-        let out = self
-            .call(
-                "Runtime.evaluate",
-                json!({ "expression": expression, "contextId": ctx, "returnByValue": true, "awaitPromise": true }),
-            )
-            .await?;
+        let mut retried = false;
+        let out = loop {
+            let ctx = self.world().await?;
+            let params = json!({ "expression": expression, "contextId": ctx, "returnByValue": true, "awaitPromise": true });
+            match self.call("Runtime.evaluate", params).await {
+                Err(e) if !retried && context_gone(&e) => {
+                    retried = true;
+                    if self.world == Some(ctx) {
+                        self.world = None;
+                    }
+                }
+                out => break out?,
+            }
+        };
         if let Some(ex) = out.get("exceptionDetails") {
             return Err(err(format!(
                 "page script failed: {}",

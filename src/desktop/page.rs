@@ -1,8 +1,12 @@
 //! The page-browser tools over DevTools: navigate, snapshot (bounded text and up to 80
 //! interactive elements with refs, password values masked), and act on a ref. Refs live only
 //! in the isolated world of the document they were taken from: a ref whose element is gone,
-//! replaced or from an older snapshot is refused, never retargeted.
+//! replaced or from an older snapshot is refused, never retargeted. Snapshots are numbered
+//! across the process (from a random start), so a ref of another document, or of a browser
+//! before a restart, never names an element of this one.
 
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rakazo_actors::provider::BrowserCommand;
@@ -62,14 +66,19 @@ pub const MAX_TEXT: usize = 8000;
 /// How long a navigation may take to load.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Snapshot script: numbers the elements in `window.__rakazo` of the isolated world.
+/// The number of the next snapshot: every snapshot of this process has its own.
+static SNAPSHOTS: LazyLock<AtomicU64> =
+    LazyLock::new(|| AtomicU64::new(rand::random_range(1..1_000_000)));
+
+/// Snapshot script: numbers the elements in `window.__rakazo` of the isolated world, as
+/// snapshot `__N__`.
 const SNAPSHOT_JS: &str = r#"(() => {
   const max = __MAX__, maxText = __TEXT__;
   const sel = 'a[href],button,input,select,textarea,[role=button],[role=link],[role=checkbox],[role=tab],[role=menuitem],[contenteditable=true]';
   const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
   const state = window.__rakazo = window.__rakazo || { n: 0, refs: {} };
-  state.n += 1; state.refs = {};
+  state.n = __N__; state.refs = {};
   const items = [];
   for (const el of document.querySelectorAll(sel)) {
     if (items.length >= max) break;
@@ -87,6 +96,14 @@ const SNAPSHOT_JS: &str = r#"(() => {
   return { url: location.href, title: document.title, text, truncated: (document.body ? document.body.innerText.length : 0) > maxText,
            elements: items, frames: document.querySelectorAll('iframe,frame').length };
 })()"#;
+
+/// The script of snapshot number `n`.
+pub fn snapshot_script(n: u64) -> String {
+    SNAPSHOT_JS
+        .replace("__N__", &n.to_string())
+        .replace("__MAX__", &MAX_ELEMENTS.to_string())
+        .replace("__TEXT__", &MAX_TEXT.to_string())
+}
 
 /// Finds a ref of the current snapshot, or reports it stale.
 const FIND_JS: &str = r#"(() => {
@@ -119,7 +136,7 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
             cdp.call("Page.navigate", json!({ "url": url })).await?;
             let started = Instant::now();
             loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                cdp.pause(Duration::from_millis(100)).await;
                 let ready = cdp
                     .evaluate("document.readyState")
                     .await
@@ -137,10 +154,8 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
             Ok(json!({ "url": page["url"], "title": page["title"], "loaded": true }))
         }
         BrowserCommand::Snapshot => {
-            let js = SNAPSHOT_JS
-                .replace("__MAX__", &MAX_ELEMENTS.to_string())
-                .replace("__TEXT__", &MAX_TEXT.to_string());
-            cdp.evaluate(&js).await
+            let n = SNAPSHOTS.fetch_add(1, Ordering::Relaxed);
+            cdp.evaluate(&snapshot_script(n)).await
         }
         BrowserCommand::Act {
             element,

@@ -1,8 +1,10 @@
 //! The provider conformance suite for the `docker` provider: real containers from the
 //! computer image, through an in-process supervisor. Skipped without a Docker engine or the
-//! image, except in CI.
+//! image, except in CI. Through commands only, the page tools reach the browser through the
+//! published gateway.
 
 mod docker_support;
+mod gateway_pages;
 
 use std::sync::{Arc, OnceLock};
 
@@ -33,6 +35,15 @@ mod through_commands {
     }
 
     rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+    /// The page tools with no shared X sockets: DevTools through the published gateway.
+    #[actix_rt::test]
+    async fn page_tools_reach_the_browser_through_the_gateway() {
+        if !docker_ready() {
+            return;
+        }
+        gateway_pages::through_the_gateway(&*provider(), "docker-commands").await;
+    }
 }
 
 #[test]

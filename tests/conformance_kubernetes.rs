@@ -1,9 +1,10 @@
 //! The provider conformance suite for the `kubernetes` provider, through kube-rs against the
 //! kubernetes emulator (pods are real containers of the computer image); and what only this
 //! provider does: the pod it creates, a pod gone behind its back, stop and resume; and the
-//! team-screens regression over the pods' gateway.
+//! team-screens regression and the page tools over the pods' gateway.
 
 mod docker_support;
+mod gateway_pages;
 mod kubernetes_support;
 mod team_screens;
 
@@ -120,6 +121,15 @@ async fn the_team_screens_regression() {
     }
     // Screens are reached on the pod IP (a loopback address of the emulator's one node).
     team_screens::over_routes(&*provider(), NAMESPACE, "http://127.").await;
+}
+
+/// The page tools, DevTools through the pod's gateway.
+#[actix_rt::test]
+async fn page_tools_reach_the_pod_browser_through_its_gateway() {
+    if !docker_ready() {
+        return;
+    }
+    gateway_pages::through_the_gateway(&*provider(), "kubernetes").await;
 }
 
 /// Files (names and SHA-256) under `dir` of a checkout, in name order.

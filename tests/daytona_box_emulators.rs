@@ -1,6 +1,7 @@
 //! The `daytona` and `box` adapters against their emulators, whose sandboxes are real Docker
 //! computers through an in-process supervisor: the provider conformance suite on each and the
-//! team-screens regression on Daytona (Box with one desktop per machine: a second bot gets
+//! team-screens regression on Daytona, the page tools on each (Box with one desktop per
+//! machine: a second bot gets
 //! `MultiScreenUnavailable` while shell and files keep working, and the first bot's screen is
 //! live through the protected host URL), a machine destroyed behind the API's back is gone,
 //! the box-emulator's wire rules (idempotent create, `noEnv`, delete confirmation, file roots,
@@ -9,6 +10,7 @@
 
 mod box_support;
 mod docker_support;
+mod gateway_pages;
 mod team_screens;
 
 use std::sync::{Arc, OnceLock};
@@ -123,6 +125,15 @@ mod daytona {
         }
         team_screens::over_routes(&*provider(), "daytona", "http://127.0.0.1:").await;
     }
+
+    /// The page tools, through the sandbox's preview port.
+    #[actix_rt::test]
+    async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
+        if !docker_ready() {
+            return;
+        }
+        gateway_pages::through_the_gateway(&*provider(), "daytona").await;
+    }
 }
 
 mod boat {
@@ -134,6 +145,15 @@ mod boat {
     }
 
     rakazo_actors::conformance_suite!(provider(), gate = docker_ready());
+
+    /// The page tools, through the protected host URL.
+    #[actix_rt::test]
+    async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
+        if !docker_ready() {
+            return;
+        }
+        gateway_pages::through_the_gateway(&*provider(), "box").await;
+    }
 
     /// Box's one desktop is live: the first bot's view and control routes give an RFB
     /// greeting through the sandbox's protected host URL, reached by a loopback forwarder

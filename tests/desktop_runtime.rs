@@ -723,3 +723,59 @@ async fn the_browser_and_window_manager_run_below_the_x_server() {
     }
     runtime.shutdown().await.unwrap();
 }
+
+/// DevTools through the screen gateway (how the page tools reach a machine whose sockets this
+/// process cannot dial): the route speaks to the bot's own browser, and once the bot's screen
+/// closes, its token reaches nothing and the open connection ends.
+#[tokio::test]
+async fn devtools_through_the_gateway_reach_the_bots_browser_until_its_screen_closes() {
+    use rakazo::desktop::{cdp::Cdp, gateway_stream, page};
+    use rakazo_actors::provider::BrowserCommand;
+
+    let _serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let site = Fixture::start().await;
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir.path(), 91, 0),
+    );
+    runtime.open_screen("bot-a", 0).await.unwrap();
+    go(&runtime, &site, "bot-a", "/through-the-gateway").await;
+
+    let route = runtime.devtools_route("bot-a", None).await.unwrap();
+    let connect = || gateway_stream::connect(&route.route.upstream, &route.route.token);
+    let mut cdp = Cdp::over(connect().await.unwrap(), route.port, &route.path)
+        .await
+        .unwrap();
+    let snapshot = page::run(&mut cdp, &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot["url"],
+        site.url("/through-the-gateway"),
+        "{snapshot}"
+    );
+    // A token nobody was given reaches nothing.
+    let guessed = gateway_stream::connect(&route.route.upstream, &"0".repeat(32)).await;
+    let guessed = match guessed {
+        Ok(stream) => Cdp::over(stream, route.port, &route.path).await.err(),
+        Err(e) => Some(e),
+    };
+    assert!(guessed.is_some(), "a made-up token reached a browser");
+
+    runtime.close_screen("bot-a").await.unwrap();
+    assert!(
+        page::run(&mut cdp, &BrowserCommand::Snapshot)
+            .await
+            .is_err(),
+        "the connection outlived the screen"
+    );
+    let again = match connect().await {
+        Ok(stream) => Cdp::over(stream, route.port, &route.path).await.err(),
+        Err(e) => Some(e),
+    };
+    assert!(again.is_some(), "the route's token outlived the screen");
+    runtime.shutdown().await.unwrap();
+}

@@ -1,10 +1,12 @@
 //! The e2b-emulator with real Docker computers through an in-process supervisor: E2B's
 //! official Python SDK drives it (tests/e2b_sdk/sdk_check.py), the provider conformance suite
 //! runs on the real `e2b` adapter pointed at it, and the adapter's lifecycle holds when a
-//! sandbox is killed behind its back; the team-screens regression runs on it, and Novita's
-//! differences hold against its Novita mode.
+//! sandbox is killed behind its back; the team-screens regression runs on it, the page tools
+//! reach a sandbox's browser through its screen gateway, and Novita's differences hold against
+//! its Novita mode.
 
 mod docker_support;
+mod gateway_pages;
 mod team_screens;
 
 use std::sync::{Arc, OnceLock};
@@ -369,4 +371,13 @@ async fn novita_shares_the_adapter_with_its_differences() {
         Err(rakazo_actors::provider::ProviderError::MachineGone)
     );
     running.stop().await;
+}
+
+/// The page tools on a remote computer, through the sandbox's screen gateway.
+#[actix_rt::test]
+async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
+    if !docker_ready() {
+        return;
+    }
+    gateway_pages::through_the_gateway(&*provider(), "e2b").await;
 }

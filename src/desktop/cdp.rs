@@ -9,6 +9,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::DesktopError;
 
@@ -16,6 +17,9 @@ use super::DesktopError;
 const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
 /// Largest `DevToolsActivePort` read (a port and a path).
 const ENDPOINT_FILE_CAP: u64 = 4096;
+/// Largest DevTools message taken (a snapshot's answer is far smaller: its text and elements
+/// are bounded by the script).
+pub const MAX_MESSAGE: usize = 8 << 20;
 /// How long one DevTools command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a tab gets to say whether it is on the screen (a busy background page must not
@@ -30,6 +34,20 @@ type Socket = tokio_tungstenite::WebSocketStream<Box<dyn DevToolsStream>>;
 
 fn err(msg: impl Into<String>) -> DesktopError {
     DesktopError::Browser(msg.into())
+}
+
+/// The loopback port and browser path of a `DevToolsActivePort` file's text (its first two
+/// lines); `None` unless the port is a number and the path a plain `/devtools/browser/...`
+/// path (the file is in the workspace: the bot can write anything there).
+pub fn parse_endpoint(text: &str) -> Option<(u16, String)> {
+    let mut lines = text.lines();
+    let port: u16 = lines.next()?.trim().parse().ok()?;
+    let path = lines.next()?.trim();
+    let plain = path.starts_with("/devtools/browser/")
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/-_".contains(&b));
+    plain.then(|| (port, path.to_owned()))
 }
 
 /// One browser-level DevTools connection, attached to the active tab.
@@ -94,17 +112,7 @@ impl Cdp {
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         };
-        let mut lines = text.lines();
-        let port: u16 = lines
-            .next()
-            .and_then(|p| p.trim().parse().ok())
-            .ok_or_else(|| err("bad DevToolsActivePort"))?;
-        let path = lines
-            .next()
-            .ok_or_else(|| err("bad DevToolsActivePort"))?
-            .trim()
-            .to_owned();
-        Ok((port, path))
+        parse_endpoint(&text).ok_or_else(|| err("bad DevToolsActivePort"))
     }
 
     /// Connect over this host's loopback and attach to the active tab.
@@ -124,7 +132,11 @@ impl Cdp {
         path: &str,
     ) -> Result<Cdp, DesktopError> {
         let url = format!("ws://127.0.0.1:{port}{path}");
-        let (socket, _) = tokio_tungstenite::client_async(url, stream)
+        // The browser is the bot's: what it answers is bounded like any input.
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE));
+        let (socket, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(config))
             .await
             .map_err(|e| err(format!("DevTools: {e}")))?;
         let mut cdp = Cdp {

@@ -153,6 +153,11 @@ impl Gateway {
         env
     }
 
+    /// Where the socket of `token` lives: websockify reaches it by `?token=`.
+    pub fn socket_of(&self, token: &Token) -> PathBuf {
+        self.dir.join(token.expose())
+    }
+
     /// The gateway's TCP port (0 while a host gateway has not started yet).
     pub fn port(&self) -> u16 {
         self.port.load(Ordering::Acquire)

@@ -33,6 +33,7 @@ pub mod command;
 pub mod files;
 pub mod frame_scale;
 pub mod gateway;
+pub mod gateway_stream;
 pub mod groups;
 pub mod input;
 pub mod keys;

@@ -59,6 +59,15 @@ impl PageSessions {
     }
 }
 
+impl PageSessions {
+    /// Drops the connections of `machine`'s browsers (keys `<machine>/<bot>`), when the
+    /// machine stops or goes: nothing of it is held open after.
+    pub fn forget_machine(&self, machine: &str) {
+        let prefix = format!("{machine}/");
+        self.pages.retain(|key, _| !key.starts_with(&prefix));
+    }
+}
+
 /// Most interactive elements in a snapshot.
 pub const MAX_ELEMENTS: usize = 80;
 /// Most characters of page text in a snapshot.

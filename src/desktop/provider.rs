@@ -176,6 +176,7 @@ impl DesktopProvider {
     }
 
     async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.pages.forget_machine(&machine.0);
         let Some(m) = self.machines.lock().await.remove(&machine.0) else {
             return Ok(());
         };
@@ -214,7 +215,7 @@ impl SandboxProvider for DesktopProvider {
             capabilities: Capabilities {
                 multi_screen: true,
                 terminal: false,
-                page_browser: false,
+                page_browser: true,
                 bills_while_running: false,
                 mounted_home: true,
                 desktop_freezing: self.groups.is_ok()

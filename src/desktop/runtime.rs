@@ -91,6 +91,20 @@ const MAX_SLOTS: u32 = DISPLAY_SEARCH;
 
 /// The in-computer DevTools bridge (Python 3 standard library only).
 const DEVTOOLS_BRIDGE_SOURCE: &str = include_str!("devtools_bridge.py");
+/// How long a fresh browser gets to publish its DevTools endpoint.
+const DEVTOOLS_ENDPOINT_WAIT: Duration = Duration::from_secs(10);
+
+/// A route to a bot's browser's DevTools through the screen gateway (see
+/// [`DesktopRuntime::devtools_route`]): the gateway's socket route, and the browser's own
+/// loopback port and browser path, which the DevTools handshake names.
+pub struct DevToolsRoute {
+    /// The gateway and the bridge's socket token.
+    pub route: rakazo_actors::provider::ScreenRoute,
+    /// The browser's DevTools port on the machine's loopback.
+    pub port: u16,
+    /// The browser's DevTools path (`/devtools/browser/<id>`).
+    pub path: String,
+}
 
 /// Default [`Settle::pointer_quiet`] in milliseconds: the same as every other batch's. 20 ms
 /// (one Chromium frame) was tried and, on a loaded machine, returned a frame without the hover
@@ -664,13 +678,7 @@ impl DesktopRuntime {
     /// Thaws the bot's desktop if it is frozen and counts it as used (a call that reaches its
     /// browser another way, such as DevTools).
     pub async fn wake(&self, bot_id: &str) -> Result<(), DesktopError> {
-        let mut table = self.table.lock().await;
-        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            unreachable!("slot_of finds active slots")
-        };
-        screen.last_used = Instant::now();
-        self.thaw(screen).await
+        self.active_screen(bot_id).await.map(|_| ())
     }
 
     /// The bot's browser process on the machine, while its screen is open.
@@ -1257,25 +1265,97 @@ impl DesktopRuntime {
     /// in the machine's X socket directory, which this process shares; returns the socket's
     /// file name there. The bridge is one of the screen's processes: teardown stops it.
     pub async fn devtools_bridge(&self, bot_id: &str, port: u16) -> Result<String, DesktopError> {
-        let (tag, display) = {
-            let mut table = self.table.lock().await;
-            let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-            let SlotState::Active(screen) = &mut table.slots[i].state else {
-                unreachable!("slot_of finds active slots")
-            };
-            self.thaw(screen).await?;
-            (screen.tag.clone(), screen.display)
-        };
+        let (tag, display) = self.active_screen(bot_id).await?;
         let name = format!("cdp-{display}-{port}");
         let socket = format!("/tmp/.X11-unix/{name}");
-        let q = shell_quote(&socket);
         let out = self
             .runner
-            .run(&format!("test -S {q}"), SCRIPT_TIMEOUT)
+            .run(&format!("test -S {}", shell_quote(&socket)), SCRIPT_TIMEOUT)
             .await?;
-        if out.exit_code == 0 {
-            return Ok(name);
+        if out.exit_code != 0 {
+            self.spawn_bridge(bot_id, &tag, &socket, port).await?;
         }
+        Ok(name)
+    }
+
+    /// A route to the bot's browser's DevTools through the machine's screen gateway, for a
+    /// machine whose sockets this process cannot dial: a bridge listening on a fresh token's
+    /// socket in the gateway's directory. The route is this process's own, never handed to
+    /// anyone; the bridge is one of the screen's processes, so teardown stops it and its
+    /// token reaches nothing after (a later screen's bridge has a token of its own).
+    /// `published`: the gateway's port as this process reaches it, as for [`Self::route`].
+    pub async fn devtools_route(
+        &self,
+        bot_id: &str,
+        published: Option<u16>,
+    ) -> Result<DevToolsRoute, DesktopError> {
+        let (port, path) = self.devtools_endpoint(bot_id).await?;
+        let tag = self.active_screen(bot_id).await?.0;
+        self.gateway.ensure_started().await?;
+        let token = super::gateway::Token::fresh();
+        let socket = self.gateway.socket_of(&token);
+        self.spawn_bridge(bot_id, &tag, &socket.to_string_lossy(), port)
+            .await?;
+        let gateway = published.unwrap_or_else(|| self.gateway.port());
+        Ok(DevToolsRoute {
+            route: rakazo_actors::provider::ScreenRoute {
+                upstream: format!("http://127.0.0.1:{gateway}"),
+                token: token.expose().to_owned(),
+            },
+            port,
+            path,
+        })
+    }
+
+    /// Where the bot's browser listens for DevTools (port, browser path), from its profile's
+    /// `DevToolsActivePort` read inside the machine (at most 4 KiB; a browser that has just
+    /// started gets a little time to write it).
+    async fn devtools_endpoint(&self, bot_id: &str) -> Result<(u16, String), DesktopError> {
+        check_id(bot_id)?;
+        let file = self
+            .config
+            .workspace
+            .join(super::browser::PROFILES_DIR)
+            .join(bot_id)
+            .join("DevToolsActivePort");
+        let read = format!("head -c 4096 -- {}", shell_quote(&file.to_string_lossy()));
+        let deadline = Instant::now() + DEVTOOLS_ENDPOINT_WAIT;
+        loop {
+            let out = self.runner.run(&read, SCRIPT_TIMEOUT).await?;
+            if let Some(endpoint) = super::cdp::parse_endpoint(&out.stdout) {
+                return Ok(endpoint);
+            }
+            if Instant::now() >= deadline {
+                return Err(DesktopError::Browser(
+                    "the browser has no DevTools endpoint yet".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The tag and display of the bot's screen, marked used and thawed.
+    async fn active_screen(&self, bot_id: &str) -> Result<(String, u32), DesktopError> {
+        let mut table = self.table.lock().await;
+        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &mut table.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        screen.last_used = Instant::now();
+        self.thaw(screen).await?;
+        Ok((screen.tag.clone(), screen.display))
+    }
+
+    /// Starts a DevTools bridge on `socket` to the browser's loopback `port`, as one of the
+    /// bot's screen's processes.
+    async fn spawn_bridge(
+        &self,
+        bot_id: &str,
+        tag: &str,
+        socket: &str,
+        port: u16,
+    ) -> Result<(), DesktopError> {
+        let q = shell_quote(socket);
         let program = install_program(
             &*self.runner,
             &self.config.run_dir,
@@ -1289,10 +1369,10 @@ impl DesktopRuntime {
                 argv: vec![
                     "python3".into(),
                     program.to_string_lossy().into_owned(),
-                    socket.clone(),
+                    socket.to_owned(),
                     port.to_string(),
                 ],
-                env: tagged_env(&tag),
+                env: tagged_env(tag),
                 ..Default::default()
             })
             .await?;
@@ -1311,11 +1391,11 @@ impl DesktopRuntime {
             ));
         }
         if let Some(groups) = &self.config.groups
-            && let Err(e) = groups.enter(&tag, Phase::AtWork).await
+            && let Err(e) = groups.enter(tag, Phase::AtWork).await
         {
             tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.enter_failed");
         }
-        Ok(name)
+        Ok(())
     }
 
     /// A screenshot of the bot's screen at full size.

@@ -44,6 +44,7 @@ use crate::desktop::DesktopError;
 use crate::desktop::cdp::Cdp;
 use crate::desktop::command::minimal_env;
 use crate::desktop::files::blocking;
+use crate::desktop::gateway_stream;
 use crate::desktop::groups::DesktopLimits;
 use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::DesktopRuntime;
@@ -212,6 +213,7 @@ impl DockerProvider {
 
     /// Closes every screen (browsers save their sessions) and forgets the machine.
     async fn detach(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        self.pages.forget_machine(&machine.0);
         let m = self.machines.lock().await.remove(&machine.0);
         if let Some(m) = m
             && let Err(e) = m.runtime.shutdown().await
@@ -323,8 +325,9 @@ impl SandboxProvider for DockerProvider {
             capabilities: Capabilities {
                 multi_screen: true,
                 terminal: true,
-                // DevTools is reached through a bridge in the shared X socket directory.
-                page_browser: !self.config.commands_only,
+                // DevTools is reached through a bridge in the shared X socket directory, or
+                // through the published gateway when screens are reached by commands only.
+                page_browser: true,
                 bills_while_running: false,
                 mounted_home: true,
                 desktop_freezing: self.attacher.groups_known()
@@ -511,13 +514,24 @@ impl SandboxProvider for DockerProvider {
         bot_id: &str,
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
-        if self.config.commands_only {
-            return Err(ProviderError::Unsupported(
-                "page tools are not available on this computer: use computer_observe and computer_act"
-                    .into(),
-            ));
-        }
         let m = self.machine(machine).await?;
+        // DevTools reaches the browser directly: a frozen one would never answer.
+        match m.runtime.wake(bot_id).await {
+            Ok(()) | Err(DesktopError::NoScreen) => {}
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        }
+        let key = format!("{}/{bot_id}", machine.0);
+        if self.config.commands_only {
+            // The X sockets are not shared: DevTools goes through the gateway, as screens do.
+            let Some(port) = m.info.gateway_port else {
+                return Err(ProviderError::Unsupported(
+                    "page tools need a published gateway (SANDBOX_DOCKER_NETWORK=bridge): use computer_observe and computer_act"
+                        .into(),
+                ));
+            };
+            let connect = || gateway_stream::devtools(&m.runtime, bot_id, Some(port), |r| r);
+            return self.pages.run(key, connect, command).await;
+        }
         let home = Self::home(&m)?;
         let sockets = PathBuf::from(&m.info.x11_dir);
         let connect = || async {
@@ -537,9 +551,7 @@ impl SandboxProvider for DockerProvider {
             .map_err(bridge)?;
             Cdp::over(Box::new(stream), port, &path).await
         };
-        self.pages
-            .run(format!("{}/{bot_id}", machine.0), connect, command)
-            .await
+        self.pages.run(key, connect, command).await
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

@@ -42,9 +42,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    FileEntry, Frame, FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
 };
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -53,6 +53,8 @@ use tokio::sync::{Mutex, OnceCell};
 use crate::config::KubernetesSettings;
 use crate::desktop::command::minimal_env;
 use crate::desktop::files::{self as host_files, blocking};
+use crate::desktop::gateway_stream;
+use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::shell_quote;
 use crate::desktop::terminal::ShellSpec;
@@ -103,6 +105,8 @@ struct Machine {
     runtime: Arc<DesktopRuntime>,
     /// The home on this host when the pod mounts it from the claim (`None`: copied).
     home: Option<PathBuf>,
+    /// The page tools' DevTools connections to the pod's browsers (through its gateway).
+    pages: PageSessions,
 }
 
 /// What this process needs of a running pod.
@@ -201,6 +205,7 @@ impl KubernetesProvider {
             ip,
             runtime,
             home,
+            pages: PageSessions::default(),
         })
     }
 
@@ -555,7 +560,7 @@ impl SandboxProvider for KubernetesProvider {
             capabilities: Capabilities {
                 multi_screen: true,
                 terminal: true,
-                page_browser: false,
+                page_browser: true,
                 bills_while_running: false,
                 mounted_home: self.config.settings.home_claim.is_some(),
                 desktop_freezing: false,
@@ -704,6 +709,26 @@ impl SandboxProvider for KubernetesProvider {
             Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
             Err(e) => Err(self.classify(machine, e.into()).await),
         }
+    }
+
+    async fn browser(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        let m = self.machine(machine).await?;
+        // DevTools reaches the browser directly: a frozen one would never answer.
+        match m.runtime.wake(bot_id).await {
+            Ok(()) | Err(crate::desktop::DesktopError::NoScreen) => {}
+            Err(e) => return Err(self.classify(machine, e.into()).await),
+        }
+        // Through the pod's gateway, as its screens are reached.
+        let connect = || {
+            let reach = |route| Self::upstream(&m.ip, route);
+            gateway_stream::devtools(&m.runtime, bot_id, Some(GATEWAY_PORT), reach)
+        };
+        m.pages.run(bot_id.to_owned(), connect, command).await
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

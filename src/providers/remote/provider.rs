@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{
-    ActOutcome, Action, Capabilities, Description, ExecOutput, ExecRequest, FileEntry, Frame,
-    FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult, SandboxProvider,
-    ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
+    FileEntry, Frame, FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult,
+    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -21,6 +21,8 @@ use super::forward::Forwarder;
 use super::runner::RemoteRunner;
 use super::{Layout, RemoteCommand, RemoteSandboxes};
 use crate::desktop::command::{CommandRunner, SCRIPT_TIMEOUT, minimal_env};
+use crate::desktop::gateway_stream;
+use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 use crate::desktop::shell_quote;
 use crate::desktop::terminal::ShellSpec;
@@ -37,6 +39,8 @@ struct Machine<V: RemoteSandboxes> {
     refreshed: std::sync::Mutex<Instant>,
     /// The workspace helper's path on the machine, once installed.
     helper: tokio::sync::OnceCell<PathBuf>,
+    /// The page tools' DevTools connections to the machine's browsers (through the gateway).
+    pages: PageSessions,
 }
 
 /// The remote provider.
@@ -100,6 +104,7 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             gateway: Mutex::new(None),
             refreshed: std::sync::Mutex::new(Instant::now()),
             helper: tokio::sync::OnceCell::new(),
+            pages: PageSessions::default(),
         })
     }
 
@@ -249,7 +254,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
             capabilities: Capabilities {
                 multi_screen: self.vendor.multi_screen(),
                 terminal: true,
-                page_browser: false,
+                page_browser: true,
                 bills_while_running: true,
                 mounted_home: false,
                 desktop_freezing: false,
@@ -403,6 +408,32 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                 .route(bot_id, policy, Some(port))
                 .await
                 .map_err(to_provider)
+        })
+        .await
+    }
+
+    async fn browser(
+        &self,
+        machine: &ProviderRef,
+        bot_id: &str,
+        command: &BrowserCommand,
+    ) -> ProviderResult<serde_json::Value> {
+        self.on(machine, |m| async move {
+            // DevTools reaches the browser directly: a frozen one would never answer.
+            match m.runtime.wake(bot_id).await {
+                Ok(()) | Err(crate::desktop::DesktopError::NoScreen) => {}
+                Err(e) => return Err(to_provider(e)),
+            }
+            // No socket of the machine can be dialed from here: DevTools goes through the
+            // screen gateway, on a bridge of its own token.
+            let connect = || async {
+                let port = self
+                    .gateway_port(&m)
+                    .await
+                    .map_err(|e| crate::desktop::DesktopError::Browser(e.to_string()))?;
+                gateway_stream::devtools(&m.runtime, bot_id, Some(port), |route| route).await
+            };
+            m.pages.run(bot_id.to_owned(), connect, command).await
         })
         .await
     }

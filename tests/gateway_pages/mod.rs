@@ -1,0 +1,90 @@
+//! The page tools on a computer whose sockets the API cannot dial (remote vendors, Kubernetes
+//! pods), against a page served inside the computer.
+
+use std::time::Duration;
+
+use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxProvider};
+
+/// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
+/// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
+/// opened, read and clicked; the tools follow a second tab the bot opens.
+pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
+    assert!(p.describe().capabilities.page_browser);
+    let spec = MachineSpec {
+        computer_id: format!("c-pages-{name}"),
+        space_id: "s1".into(),
+        bot_id: None,
+        home_key: format!("h-pages-{name}"),
+    };
+    let machine = p.provision(&spec).await.unwrap();
+    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent='Done'">Go</button>"#;
+    p.write_file(&machine, "site/index.html", page.as_bytes())
+        .await
+        .unwrap();
+    let serve = ExecRequest {
+        command: "setsid nohup python3 -m http.server 8123 --bind 127.0.0.1 --directory site \
+                  >/dev/null 2>&1 </dev/null & for i in $(seq 50); do \
+                  python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8123))' \
+                  2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+            .into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    let served = p.exec(&machine, &serve).await.unwrap();
+    assert_eq!(served.exit_code, 0, "{served:?}");
+    p.open_screen(&machine, "bot-1", 0).await.unwrap();
+
+    let url = "http://127.0.0.1:8123/".to_owned();
+    let opened = p
+        .browser(
+            &machine,
+            "bot-1",
+            &BrowserCommand::Navigate { url: url.clone() },
+        )
+        .await
+        .unwrap();
+    assert_eq!(opened["title"], "Inside", "{opened}");
+    let snapshot = p
+        .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    let go = snapshot["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "Go")
+        .unwrap_or_else(|| panic!("no button in {snapshot}"))["ref"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let act = BrowserCommand::Act {
+        element: go,
+        action: "click".into(),
+        text: None,
+    };
+    p.browser(&machine, "bot-1", &act).await.unwrap();
+    let after = p
+        .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    assert_eq!(after["elements"][0]["name"], "Done", "{after}");
+
+    // A tab the bot opens in front is the one the tools read next.
+    p.open(&machine, "bot-1", &format!("{url}?second"))
+        .await
+        .unwrap();
+    let mut seen = serde_json::Value::Null;
+    for _ in 0..50 {
+        seen = p
+            .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+            .await
+            .unwrap();
+        if seen["url"] == format!("{url}?second") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen["url"], format!("{url}?second"), "{seen}");
+    p.destroy(&machine).await.unwrap();
+}

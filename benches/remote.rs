@@ -4,8 +4,10 @@
 //! (envd commands, the shared desktop runtime over them), beside Docker direct on the same
 //! supervisor, rounds alternating; and tool-call overhead on an e2b-emulator computer: `shell`
 //! running `true` and `computer_observe` through the JSON-RPC API against the same calls made
-//! straight on the provider. Needs a Docker engine and the computer image. Results are
-//! recorded in `BENCHMARKS.md`.
+//! straight on the provider; and `browser_snapshot` on an e2b-emulator computer (DevTools through
+//! the sandbox's screen gateway) beside the same on a Docker computer of the same supervisor
+//! (DevTools through a socket this process dials). Needs a Docker engine and the computer
+//! image. Results are recorded in `BENCHMARKS.md`.
 //!
 //! Run: `cargo bench --bench remote`.
 
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 use rakazo::app::App;
 use rakazo::config::{Config, DockerNetwork};
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo_actors::provider::{ExecRequest, MachineSpec, SandboxProvider};
+use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxProvider};
 use serde_json::{Value, json};
 
 /// Provision-to-first-screenshot rounds per provider.
@@ -201,6 +203,26 @@ fn main() {
             api.push(s.elapsed());
         }
         report("`computer_observe`", raw, api);
+
+        // Page commands: through the sandbox's gateway against a socket dialed directly.
+        let direct = docker.provision(&spec("page")).await.unwrap();
+        docker.open_screen(&direct, "raw-bot", 0).await.unwrap();
+        let snapshot = BrowserCommand::Snapshot;
+        docker.browser(&direct, "raw-bot", &snapshot).await.unwrap();
+        remote.browser(&machine, "raw-bot", &snapshot).await.unwrap();
+        let (mut socket, mut gateway) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS {
+            let s = Instant::now();
+            docker.browser(&direct, "raw-bot", &snapshot).await.unwrap();
+            socket.push(s.elapsed());
+            let s = Instant::now();
+            remote.browser(&machine, "raw-bot", &snapshot).await.unwrap();
+            gateway.push(s.elapsed());
+        }
+        println!("\n| call | Docker, DevTools socket dialed p50 / p95 | e2b-emulator, DevTools through the gateway p50 / p95 | added p50 | ratio |");
+        println!("| --- | --- | --- | --- | --- |");
+        report("`browser_snapshot` on the provider", socket, gateway);
+        docker.destroy(&direct).await.unwrap();
         remote.destroy(&machine).await.unwrap();
         if let Some(emulator) = &app.e2b_emulator {
             emulator.kill_all().await;

@@ -8,7 +8,8 @@
 //!
 //! Then `browser_snapshot` on the provider straight (the page tools' DevTools round trips:
 //! following the tab on the screen, the isolated world, the snapshot script) against the least
-//! a snapshot needs: the same script evaluated once over a DevTools connection of its own.
+//! a snapshot needs: the same script evaluated once over a DevTools connection of its own; and
+//! `browser_navigate` against `Page.navigate` and the load event on that connection.
 //!
 //! Last, `shell` on the in-process `fake` provider shows what the API adds with no process
 //! start around it.
@@ -92,6 +93,8 @@ fn has_image(result: &Value) -> bool {
 }
 
 const ROUNDS: usize = 200;
+/// Pause before each timed navigation: the page before it has loaded and drawn.
+const SETTLE: Duration = Duration::from_millis(300);
 /// Pause before each timed observe: longer than one of the browser's frames (16.7 ms).
 const FRAME_PAUSE: Duration = Duration::from_millis(25);
 
@@ -258,7 +261,7 @@ fn main() {
         // repaints every 5 ms, but the browser draws at most one frame per 16.7 ms, so each
         // timed observe comes FRAME_PAUSE (not timed) after the last and these stay near zero.
         let mut unchanged = 0usize;
-        page_commands(provider.as_ref(), &machine, &dir.path().join("homes/raw-bench")).await;
+        page_commands(provider.as_ref(), &machine, &dir.path().join("homes/raw-bench"), &page_url).await;
         for _ in 0..if only_page { 0 } else { ROUNDS / 4 } {
             tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
@@ -315,6 +318,7 @@ async fn page_commands(
     provider: &dyn SandboxProvider,
     machine: &ProviderRef,
     home: &std::path::Path,
+    url: &str,
 ) {
     let mut bare = rakazo::desktop::cdp::Cdp::connect(home, "raw-bot")
         .await
@@ -353,6 +357,67 @@ async fn page_commands(
         "browser_snapshot, provider straight (raw: one bare evaluate)",
         base,
         ours,
+    );
+
+    // A navigation: the provider's, against `Page.navigate` and the tab's load event on the
+    // bench's own connection.
+    let navigate = BrowserCommand::Navigate {
+        url: url.to_owned(),
+    };
+    let (mut base, mut ours, mut polled) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS / 10 {
+        // What navigations did before (side by side): ask `document.readyState` every 100 ms,
+        // each question three round trips (here: the read of the tab's events, the visibility
+        // check, the question), then the URL and title from the page.
+        tokio::time::sleep(SETTLE).await;
+        let t = Instant::now();
+        bare.call("Page.navigate", json!({ "url": url }))
+            .await
+            .unwrap();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            bare.follow_screen().await.unwrap();
+            if bare.evaluate("document.readyState").await.unwrap() == "complete" {
+                break;
+            }
+        }
+        bare.follow_screen().await.unwrap();
+        bare.evaluate("({ url: location.href, title: document.title })")
+            .await
+            .unwrap();
+        polled.push(t.elapsed());
+        // Each navigation starts on a page done loading, as an agent's next step would.
+        tokio::time::sleep(SETTLE).await;
+        let t = Instant::now();
+        let started = bare
+            .call("Page.navigate", json!({ "url": url }))
+            .await
+            .unwrap();
+        let loader = started["loaderId"].as_str().unwrap().to_owned();
+        assert!(
+            bare.wait_loaded(&loader, Duration::from_secs(20))
+                .await
+                .unwrap()
+        );
+        base.push(t.elapsed());
+        tokio::time::sleep(SETTLE).await;
+        let t = Instant::now();
+        let answer = provider
+            .browser(machine, "raw-bot", &navigate)
+            .await
+            .unwrap();
+        ours.push(t.elapsed());
+        assert_eq!(answer["loaded"], true, "{answer}");
+    }
+    report(
+        "browser_navigate, provider straight (raw: navigate and the load event)",
+        base.clone(),
+        ours,
+    );
+    report(
+        "browser_navigate as it was, polling (raw: navigate and the load event)",
+        base,
+        polled,
     );
 }
 

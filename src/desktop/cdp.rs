@@ -56,8 +56,8 @@ pub fn parse_endpoint(text: &str) -> Option<(u16, String)> {
 /// tab reports a new top-level document (`Page.frameNavigated`, a page restored from the
 /// back-forward cache included). Events come in order with the answers, so an event sent
 /// before a command is read before that command's answer; what happened while nobody read
-/// (between two page commands, or while a navigation is awaited) is read by one
-/// `Page.getFrameTree` before the world is used again. Context ids are reused across renderer
+/// (between two page commands) is read by one `Page.getFrameTree` before the world is used
+/// again. A navigation is awaited by reading the tab's events until its document has loaded. Context ids are reused across renderer
 /// processes, so a world id is never sent before that read: after a navigation to another
 /// process, an old id could name a context of the new page. A world that is gone anyway (a
 /// renderer that went away) is made again and the evaluation sent again: it never ran.
@@ -69,9 +69,13 @@ pub struct Cdp {
     frame: Option<String>,
     /// The isolated world made in the tab's current document.
     world: Option<i64>,
-    /// Whether every event sent before the last answer has been read since the last pause:
-    /// `world` is current.
+    /// Whether every event sent before the last answer has been read since this page command
+    /// began: `world` is current.
     caught_up: bool,
+    /// The loader of the tab's current top document, as its last navigation named it.
+    document: Option<String>,
+    /// Whether the current top document has fired its load event.
+    loaded: bool,
 }
 
 /// Whether a DevTools error says the execution context asked for does not exist (its
@@ -146,6 +150,8 @@ impl Cdp {
             frame: None,
             world: None,
             caught_up: false,
+            document: None,
+            loaded: false,
         };
         cdp.attach_visible().await?;
         Ok(cdp)
@@ -190,6 +196,7 @@ impl Cdp {
             .ok_or_else(|| err("attach failed"))?
             .to_owned();
         (self.frame, self.world, self.caught_up) = (None, None, false);
+        (self.document, self.loaded) = (None, false);
         self.call("Page.enable", json!({})).await?;
         Ok(())
     }
@@ -240,13 +247,8 @@ impl Cdp {
             .await
             .map_err(|e| err(e.to_string()))?;
         let wait = async {
-            while let Some(frame) = self.socket.next().await {
-                let Ok(Message::Text(text)) = frame else {
-                    continue;
-                };
-                let Ok(v) = serde_json::from_str::<Value>(&text) else {
-                    continue;
-                };
+            loop {
+                let v = self.next_message().await?;
                 if v["id"].as_u64() == Some(id) {
                     if let Some(e) = v.get("error") {
                         return Err(err(format!(
@@ -256,20 +258,67 @@ impl Cdp {
                     }
                     return Ok(v["result"].clone());
                 }
-                let frame = &v["params"]["frame"];
-                if v["method"] == "Page.frameNavigated"
-                    && v["sessionId"].as_str() == Some(self.session.as_str())
-                    && frame["parentId"].is_null()
-                {
-                    self.frame = frame["id"].as_str().map(str::to_owned);
-                    self.world = None;
-                }
             }
-            Err(err("the DevTools connection closed"))
         };
         tokio::time::timeout(COMMAND_TIMEOUT, wait)
             .await
             .map_err(|_| err(format!("{method} timed out")))?
+    }
+
+    /// The next message of the connection, its events noted (see [`Self::note`]).
+    async fn next_message(&mut self) -> Result<Value, DesktopError> {
+        while let Some(frame) = self.socket.next().await {
+            let Ok(Message::Text(text)) = frame else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            self.note(&v);
+            return Ok(v);
+        }
+        Err(err("the DevTools connection closed"))
+    }
+
+    /// Keeps up with the attached tab's top document: a new one has no world yet and has not
+    /// loaded.
+    fn note(&mut self, v: &Value) {
+        if v["sessionId"].as_str() != Some(self.session.as_str()) {
+            return;
+        }
+        let frame = &v["params"]["frame"];
+        match v["method"].as_str() {
+            Some("Page.frameNavigated") if frame["parentId"].is_null() => {
+                self.frame = frame["id"].as_str().map(str::to_owned);
+                self.document = frame["loaderId"].as_str().map(str::to_owned);
+                self.world = None;
+                self.loaded = false;
+            }
+            Some("Page.loadEventFired") => self.loaded = true,
+            _ => {}
+        }
+    }
+
+    /// Waits until the document of the navigation `loader` (or one it was replaced by, a
+    /// redirect made by the page itself) has fired its load event; `false` when `within`
+    /// passed first. Nothing is asked of the tab: its events say it.
+    pub async fn wait_loaded(
+        &mut self,
+        loader: &str,
+        within: Duration,
+    ) -> Result<bool, DesktopError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut committed = false;
+        loop {
+            committed |= self.document.as_deref() == Some(loader);
+            if committed && self.loaded {
+                return Ok(true);
+            }
+            match tokio::time::timeout_at(deadline, self.next_message()).await {
+                Ok(message) => message.map(|_| ())?,
+                Err(_) => return Ok(false),
+            }
+        }
     }
 
     async fn call_browser(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
@@ -280,13 +329,6 @@ impl Cdp {
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
         let session = self.session.clone();
         self.send(Some(&session), method, params).await
-    }
-
-    /// Waits `pause` with nobody reading: the next use of the world first reads what the tab
-    /// said meanwhile.
-    pub async fn pause(&mut self, pause: Duration) {
-        tokio::time::sleep(pause).await;
-        self.caught_up = false;
     }
 
     /// The isolated world of the tab's current document, made on first use per document.

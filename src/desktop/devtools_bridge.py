@@ -2,8 +2,10 @@
 #
 # Run as: python3 devtools_bridge.py <socket path> <port>
 # For machines whose loopback this process cannot reach but whose socket directory it shares
-# (a container's X socket directory): the page tools dial the socket and speak DevTools through
-# it. Standard library only; the socket is the owner's only (mode 0600); SIGTERM removes it.
+# (a container's X socket directory, or the screen gateway's): the page tools dial the socket and
+# speak DevTools through it. Standard library only; the socket is the owner's only (mode 0600);
+# SIGTERM removes it. A browser that no longer answers on its port is gone (a new one listens
+# on another port, with a bridge of its own): the bridge then ends and removes its socket.
 
 import asyncio
 import os
@@ -34,6 +36,7 @@ async def main(path, port):
             browser_reader, browser_writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
             client_writer.close()
+            stopped.set()
             return
         await asyncio.gather(pipe(client_reader, browser_writer), pipe(browser_reader, client_writer))
 

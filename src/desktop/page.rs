@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rakazo_actors::provider::BrowserCommand;
 use serde_json::{Value, json};
@@ -142,24 +142,21 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
                     "only http(s) URLs can be opened".into(),
                 ));
             }
-            cdp.call("Page.navigate", json!({ "url": url })).await?;
-            let started = Instant::now();
-            loop {
-                cdp.pause(Duration::from_millis(100)).await;
-                let ready = cdp
-                    .evaluate("document.readyState")
-                    .await
-                    .unwrap_or(Value::Null);
-                if ready == "complete" {
-                    break;
-                }
-                if started.elapsed() > LOAD_TIMEOUT {
-                    return Ok(json!({ "url": url, "loaded": false }));
-                }
+            let started = cdp.call("Page.navigate", json!({ "url": url })).await?;
+            if let Some(error) = started["errorText"].as_str().filter(|e| !e.is_empty()) {
+                return Ok(json!({ "url": url, "loaded": false, "error": error }));
             }
-            let page = cdp
-                .evaluate("({ url: location.href, title: document.title })")
-                .await?;
+            // A navigation within the document has no loader: nothing to wait for.
+            if let Some(loader) = started["loaderId"].as_str()
+                && !cdp.wait_loaded(loader, LOAD_TIMEOUT).await?
+            {
+                return Ok(json!({ "url": url, "loaded": false }));
+            }
+            // The browser's own record of the page: a page that has just loaded may keep its
+            // main thread busy for a while, and the browser answers without it.
+            let history = cdp.call("Page.getNavigationHistory", json!({})).await?;
+            let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
+            let page = &history["entries"][current];
             Ok(json!({ "url": page["url"], "title": page["title"], "loaded": true }))
         }
         BrowserCommand::Snapshot => {

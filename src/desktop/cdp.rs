@@ -57,14 +57,22 @@ pub fn parse_endpoint(text: &str) -> Option<(u16, String)> {
 /// back-forward cache included). Events come in order with the answers, so an event sent
 /// before a command is read before that command's answer; what happened while nobody read
 /// (between two page commands) is read by one `Page.getFrameTree` before the world is used
-/// again. A navigation is awaited by reading the tab's events until its document has loaded. Context ids are reused across renderer
-/// processes, so a world id is never sent before that read: after a navigation to another
-/// process, an old id could name a context of the new page. A world that is gone anyway (a
-/// renderer that went away) is made again and the evaluation sent again: it never ran.
+/// again. Context ids are reused across renderer processes, so a world id is never sent
+/// before that read: after a navigation to another process, an old id could name a context
+/// of the new page. A world that is gone anyway (a renderer that went away) is made again and
+/// the evaluation sent again: it never ran. A navigation is awaited by reading the tab's
+/// events until its document has loaded.
 pub struct Cdp {
     socket: Socket,
     next_id: u64,
     session: String,
+    /// What is known of the attached tab.
+    tab: Tab,
+}
+
+/// What a connection knows of its attached tab; forgotten when it attaches to another.
+#[derive(Default)]
+struct Tab {
     /// The tab's top frame, once known (stable for a tab; named again by each navigation).
     frame: Option<String>,
     /// The isolated world made in the tab's current document.
@@ -147,11 +155,7 @@ impl Cdp {
             socket,
             next_id: 0,
             session: String::new(),
-            frame: None,
-            world: None,
-            caught_up: false,
-            document: None,
-            loaded: false,
+            tab: Tab::default(),
         };
         cdp.attach_visible().await?;
         Ok(cdp)
@@ -195,8 +199,7 @@ impl Cdp {
             .as_str()
             .ok_or_else(|| err("attach failed"))?
             .to_owned();
-        (self.frame, self.world, self.caught_up) = (None, None, false);
-        (self.document, self.loaded) = (None, false);
+        self.tab = Tab::default();
         self.call("Page.enable", json!({})).await?;
         Ok(())
     }
@@ -204,7 +207,7 @@ impl Cdp {
     /// Leaves the attached tab (best effort: a closed tab has no session to leave).
     async fn detach(&mut self) {
         let session = std::mem::take(&mut self.session);
-        (self.frame, self.world, self.caught_up) = (None, None, false);
+        self.tab = Tab::default();
         let _ = self
             .call_browser("Target.detachFromTarget", json!({ "sessionId": session }))
             .await;
@@ -222,7 +225,7 @@ impl Cdp {
     /// Follows the screen: when the attached tab is no longer the one shown (the bot switched
     /// tabs or opened a new one), attaches to the one that is. Starts every page command.
     pub async fn follow_screen(&mut self) -> Result<(), DesktopError> {
-        self.caught_up = false;
+        self.tab.caught_up = false;
         if self.visible().await.unwrap_or(false) {
             return Ok(());
         }
@@ -289,12 +292,14 @@ impl Cdp {
         let frame = &v["params"]["frame"];
         match v["method"].as_str() {
             Some("Page.frameNavigated") if frame["parentId"].is_null() => {
-                self.frame = frame["id"].as_str().map(str::to_owned);
-                self.document = frame["loaderId"].as_str().map(str::to_owned);
-                self.world = None;
-                self.loaded = false;
+                self.tab = Tab {
+                    frame: frame["id"].as_str().map(str::to_owned),
+                    document: frame["loaderId"].as_str().map(str::to_owned),
+                    caught_up: self.tab.caught_up,
+                    ..Tab::default()
+                };
             }
-            Some("Page.loadEventFired") => self.loaded = true,
+            Some("Page.loadEventFired") => self.tab.loaded = true,
             _ => {}
         }
     }
@@ -310,8 +315,8 @@ impl Cdp {
         let deadline = tokio::time::Instant::now() + within;
         let mut committed = false;
         loop {
-            committed |= self.document.as_deref() == Some(loader);
-            if committed && self.loaded {
+            committed |= self.tab.document.as_deref() == Some(loader);
+            if committed && self.tab.loaded {
                 return Ok(true);
             }
             match tokio::time::timeout_at(deadline, self.next_message()).await {
@@ -333,21 +338,21 @@ impl Cdp {
 
     /// The isolated world of the tab's current document, made on first use per document.
     async fn world(&mut self) -> Result<i64, DesktopError> {
-        if !self.caught_up {
+        if !self.tab.caught_up {
             // Reads every event sent before it, and names the top frame.
             let tree = self.call("Page.getFrameTree", json!({})).await?;
             let frame = tree["frameTree"]["frame"]["id"]
                 .as_str()
                 .ok_or_else(|| err("the tab has no top frame"))?;
-            if self.frame.as_deref() != Some(frame) {
-                (self.frame, self.world) = (Some(frame.to_owned()), None);
+            if self.tab.frame.as_deref() != Some(frame) {
+                (self.tab.frame, self.tab.world) = (Some(frame.to_owned()), None);
             }
-            self.caught_up = true;
+            self.tab.caught_up = true;
         }
-        if let Some(ctx) = self.world {
+        if let Some(ctx) = self.tab.world {
             return Ok(ctx);
         }
-        let frame = self.frame.clone().unwrap_or_default();
+        let frame = self.tab.frame.clone().unwrap_or_default();
         let made = self
             .call(
                 "Page.createIsolatedWorld",
@@ -357,7 +362,7 @@ impl Cdp {
         let ctx = made["executionContextId"]
             .as_i64()
             .ok_or_else(|| err("no isolated world"))?;
-        self.world = Some(ctx);
+        self.tab.world = Some(ctx);
         Ok(ctx)
     }
 
@@ -370,8 +375,8 @@ impl Cdp {
             match self.call("Runtime.evaluate", params).await {
                 Err(e) if !retried && context_gone(&e) => {
                     retried = true;
-                    if self.world == Some(ctx) {
-                        self.world = None;
+                    if self.tab.world == Some(ctx) {
+                        self.tab.world = None;
                     }
                 }
                 out => break out?,

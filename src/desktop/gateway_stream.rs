@@ -5,9 +5,9 @@
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{self, Message};
 
 use rakazo_actors::provider::ScreenRoute;
 
@@ -22,6 +22,15 @@ fn err(e: impl std::fmt::Display) -> DesktopError {
     DesktopError::Browser(format!("the gateway: {e}"))
 }
 
+/// What went wrong reaching the gateway, never naming the URL (its token is a secret).
+fn refused(e: &tungstenite::Error) -> DesktopError {
+    match e {
+        tungstenite::Error::Http(response) => err(format!("answered {}", response.status())),
+        tungstenite::Error::Io(io) => err(io.kind()),
+        _ => err("the websocket could not be opened"),
+    }
+}
+
 /// Opens the socket of `token` through the gateway at `upstream` (`http://host:port`, as a
 /// screen route names it) as a byte stream. A task carries the bytes between the websocket
 /// and the stream handed back: the end of either side ends the other (the stream dropped
@@ -32,7 +41,7 @@ pub async fn connect(upstream: &str, token: &str) -> Result<Box<dyn DevToolsStre
         .ok_or_else(|| err("not an http:// gateway"))?;
     let mut request = format!("ws://{base}/websockify?token={token}")
         .into_client_request()
-        .map_err(err)?;
+        .map_err(|e| refused(&e))?;
     // websockify's binary mode: the socket's bytes as they are.
     request
         .headers_mut()
@@ -42,7 +51,7 @@ pub async fn connect(upstream: &str, token: &str) -> Result<Box<dyn DevToolsStre
         .max_frame_size(Some(MAX_MESSAGE));
     let (socket, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
-        .map_err(err)?;
+        .map_err(|e| refused(&e))?;
     let (mut sink, mut messages) = socket.split();
     let (ours, theirs) = tokio::io::duplex(CHUNK);
     let (mut from_caller, mut to_caller) = tokio::io::split(theirs);
@@ -92,4 +101,26 @@ pub async fn devtools(
     let gateway = reach(route.route);
     let stream = connect(&gateway.upstream, &gateway.token).await?;
     Cdp::over(stream, route.port, &route.path).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gateway that cannot be reached is reported without its URL: the token stays secret.
+    #[tokio::test]
+    async fn a_failure_never_names_the_token() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = listener.local_addr().unwrap();
+        drop(listener);
+        let token = "0123456789abcdef0123456789abcdef";
+        let Err(e) = connect(&format!("http://{closed}"), token).await else {
+            panic!("a closed port answered");
+        };
+        let said = e.to_string();
+        assert!(
+            !said.contains(token) && !said.contains("websockify"),
+            "{said}"
+        );
+    }
 }

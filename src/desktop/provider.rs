@@ -363,11 +363,7 @@ impl SandboxProvider for DesktopProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
-        // DevTools reaches the browser directly: a frozen one would never answer.
-        match m.runtime.wake(bot_id).await {
-            Ok(()) | Err(super::DesktopError::NoScreen) => {}
-            Err(e) => return Err(e.into()),
-        }
+        m.runtime.wake_browser(bot_id).await?;
         let key = format!("{}/{bot_id}", machine.0);
         self.pages
             .run(key, || super::cdp::Cdp::connect(&m.home, bot_id), command)

@@ -681,6 +681,15 @@ impl DesktopRuntime {
         self.active_screen(bot_id).await.map(|_| ())
     }
 
+    /// [`Self::wake`] before DevTools reaches the bot's browser directly (a frozen one would
+    /// never answer); a bot without a screen has nothing to thaw.
+    pub async fn wake_browser(&self, bot_id: &str) -> Result<(), DesktopError> {
+        match self.wake(bot_id).await {
+            Ok(()) | Err(DesktopError::NoScreen) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The bot's browser process on the machine, while its screen is open.
     pub async fn browser_pid(&self, bot_id: &str) -> Option<u32> {
         let table = self.table.lock().await;

@@ -515,10 +515,8 @@ impl SandboxProvider for DockerProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
-        // DevTools reaches the browser directly: a frozen one would never answer.
-        match m.runtime.wake(bot_id).await {
-            Ok(()) | Err(DesktopError::NoScreen) => {}
-            Err(e) => return Err(self.classify(machine, e.into()).await),
+        if let Err(e) = m.runtime.wake_browser(bot_id).await {
+            return Err(self.classify(machine, e.into()).await);
         }
         let key = format!("{}/{bot_id}", machine.0);
         if self.config.commands_only {

@@ -718,10 +718,8 @@ impl SandboxProvider for KubernetesProvider {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         let m = self.machine(machine).await?;
-        // DevTools reaches the browser directly: a frozen one would never answer.
-        match m.runtime.wake(bot_id).await {
-            Ok(()) | Err(crate::desktop::DesktopError::NoScreen) => {}
-            Err(e) => return Err(self.classify(machine, e.into()).await),
+        if let Err(e) = m.runtime.wake_browser(bot_id).await {
+            return Err(self.classify(machine, e.into()).await);
         }
         // Through the pod's gateway, as its screens are reached.
         let connect = || {

@@ -419,11 +419,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         command: &BrowserCommand,
     ) -> ProviderResult<serde_json::Value> {
         self.on(machine, |m| async move {
-            // DevTools reaches the browser directly: a frozen one would never answer.
-            match m.runtime.wake(bot_id).await {
-                Ok(()) | Err(crate::desktop::DesktopError::NoScreen) => {}
-                Err(e) => return Err(to_provider(e)),
-            }
+            m.runtime.wake_browser(bot_id).await.map_err(to_provider)?;
             // No socket of the machine can be dialed from here: DevTools goes through the
             // screen gateway, on a bridge of its own token.
             let connect = || async {

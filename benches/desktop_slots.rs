@@ -8,6 +8,9 @@
 //! alternating, so the two are compared in the same run; the runtime's start is taken once more
 //! with a control group per desktop, as the host provider runs it as root, and once with those
 //! groups but without holding a starting desktop off the first CPU (`hold_starts`).
+//! `BENCH_ONLY=spares` takes the opening figures of the runtime's start without spares and with
+//! [`SPARES`] spare desktops ready (`SANDBOX_DESKTOP_WARM_STACKS`), for bots new to the
+//! computer, which take a spare's running browser.
 //!
 //! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`, and
 //! root for the desktop groups); `BENCH_ONLY=memory` takes only the memory figures,
@@ -40,6 +43,9 @@ const REPAINT_PAUSE: Duration = Duration::from_millis(110);
 /// Desktops opened one by one for the memory figure.
 const MEMORY_DESKTOPS: usize = 4;
 
+/// Spare desktops of the spares leg: one per bot of the eight.
+const SPARES: usize = 8;
+
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
     let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
@@ -59,6 +65,8 @@ struct Setup {
     grouped: bool,
     /// With groups: a starting desktop is held off the first CPU while another is at work.
     hold_starts: bool,
+    /// Spare desktops kept ready, every one of them ready before a measurement.
+    spares: usize,
 }
 
 /// Desktop groups of a fresh machine, named after its directory.
@@ -96,11 +104,22 @@ fn runtime(dir: &std::path::Path, first_display: u32, setup: Setup) -> Arc<Deskt
                 gateway_host: "127.0.0.1".into(),
                 groups: setup.grouped.then(|| groups(dir, setup.hold_starts)),
                 freeze_after: None,
-                warm_stacks: 0,
+                warm_stacks: setup.spares,
             },
         )
         .with_launch(setup.launch),
     )
+}
+
+/// Waits until every spare desktop of `rt` is ready and its memory read (the pool reads it a
+/// moment after each start), so nothing of theirs runs in the measurement.
+async fn spares_ready(rt: &DesktopRuntime, spares: usize) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while rt.warm_status().ready < spares || rt.warm_status().filling > 0 {
+        assert!(Instant::now() < deadline, "the spares did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
 }
 
 fn sweep(dir: &std::path::Path) {
@@ -114,9 +133,13 @@ fn sweep(dir: &std::path::Path) {
 async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime(dir.path(), first_display, setup);
+    rt.start_warm_pool();
     // A first screen outside the measurement: the runtime's one-time start (leftover reaping).
     rt.open_screen("warm", 0).await.unwrap();
     rt.close_screen("warm").await.unwrap();
+    if setup.spares > 0 {
+        spares_ready(&rt, setup.spares).await;
+    }
     let started = Instant::now();
     if together {
         let tasks: Vec<_> = (0..bots)
@@ -310,6 +333,8 @@ fn main() {
     let memory_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "memory");
     // `BENCH_ONLY=observe`: only one bot's observe, idle and while another browser starts.
     let observe_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "observe");
+    // `BENCH_ONLY=spares`: only the opening figures, without spares and with [`SPARES`].
+    let spares_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "spares");
     // One thread is enough: captures and encodes run on the blocking pool, as in the API.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -323,7 +348,31 @@ fn main() {
             launch,
             grouped: false,
             hold_starts: false,
+            spares: 0,
         };
+        if spares_only {
+            let legs = [
+                ("runtime (lean), no spares", bare(Launch::default())),
+                (
+                    "runtime (lean), 8 spares ready",
+                    Setup {
+                        spares: SPARES,
+                        ..bare(Launch::default())
+                    },
+                ),
+            ];
+            let mut figures: [Figures; 2] = Default::default();
+            for _ in 0..rounds {
+                for ((_, setup), f) in legs.iter().zip(figures.iter_mut()) {
+                    f.one.push(open_many(1, true, 171, *setup).await);
+                    f.eight.push(open_many(8, true, 171, *setup).await);
+                }
+            }
+            for ((name, _), f) in legs.iter().zip(figures.iter_mut()) {
+                f.report(name);
+            }
+            return;
+        }
         let launches = [
             ("plain", bare(Launch::plain())),
             ("runtime (lean)", bare(Launch::default())),
@@ -334,6 +383,7 @@ fn main() {
                     launch: Launch::default(),
                     grouped: true,
                     hold_starts: false,
+                    spares: 0,
                 },
             ),
             (
@@ -342,6 +392,7 @@ fn main() {
                     launch: Launch::default(),
                     grouped: true,
                     hold_starts: true,
+                    spares: 0,
                 },
             ),
         ];

@@ -2,7 +2,8 @@
 //! browser, clicks into a field and types through one `computer_act` batch, and the page's
 //! server records the value; shell and file tools round-trip on the same computer; the page
 //! tools follow the tab on the screen, whatever a page in the background claims, and the
-//! document in it through navigation and the back-forward cache.
+//! document in it through navigation and the back-forward cache, and the page's JavaScript
+//! dialogs are named, refused around and answered.
 
 mod common;
 
@@ -43,6 +44,17 @@ const SECOND: &str = r#"<!doctype html><html><head><title>Second</title></head><
 <a href="/first">First page</a><button onclick="fetch('/typed?v=second')">Mark</button>
 <button onclick="history.back()">Back</button></body></html>"#;
 
+/// A page whose buttons open JavaScript dialogs and put the answers in its title.
+const DIALOGS: &str = r#"<!doctype html><html><head><title>Dialogs</title></head><body>
+<button onclick="document.title = confirm('Delete it?') ? 'Deleted' : 'Kept'">Confirm</button>
+<button onclick="document.title = 'Hello ' + prompt('Your name?', 'nobody')">Prompt</button>
+<button onclick="setTimeout(() => { alert('Later'); document.title = 'Alerted'; }, 300)">Later</button>
+</body></html>"#;
+
+/// A page that greets with an alert while it loads.
+const WELCOME: &str =
+    "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -75,6 +87,8 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/liar" => LIAR,
                     "/first" => FIRST,
                     "/second" => SECOND,
+                    "/dialogs" => DIALOGS,
+                    "/welcome" => WELCOME,
                     _ => "ok",
                 };
                 let resp = format!(
@@ -446,5 +460,123 @@ async fn page_tools_follow_the_document_through_navigation_and_history() {
             .as_str()
             .is_some_and(|e| e.contains("ERR_")),
         "{refused}"
+    );
+}
+
+/// A page tool call that must fail; its error's code and message.
+async fn refused(
+    s: &TestServer,
+    run: &str,
+    fence: i64,
+    name: &str,
+    arguments: Value,
+) -> (String, String) {
+    let r = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments }),
+        )
+        .await;
+    assert_eq!(r["isError"], true, "{name}: {r}");
+    let error = &r["structuredContent"]["error"];
+    (
+        error["code"].as_str().unwrap().to_owned(),
+        error["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[actix_rt::test]
+async fn page_tools_answer_the_pages_dialogs() {
+    let (s, site, _, _, run, fence) = desktop_run().await;
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/dialogs"), "Dialogs").await;
+
+    // A click that opens a dialog is answered at once, naming the dialog.
+    let args = json!({ "ref": ref_named(&page, "Confirm"), "action": "click" });
+    let clicked = tool(&s, &run, fence, "browser_act", args).await;
+    let dialog = &clicked["structuredContent"]["dialog"];
+    assert_eq!(dialog["type"], "confirm", "{clicked}");
+    assert_eq!(dialog["message"], "Delete it?", "{clicked}");
+    // While it is open, the other page tools do nothing and say why; a navigation does not
+    // dismiss it behind the bot's back.
+    let (code, message) = refused(&s, &run, fence, "browser_snapshot", json!({})).await;
+    assert_eq!(code, "PAGE_DIALOG_OPEN");
+    assert!(
+        message.contains("Delete it?") && message.contains("browser_dialog"),
+        "{message}"
+    );
+    let args = json!({ "ref": ref_named(&page, "Prompt"), "action": "click" });
+    let (code, _) = refused(&s, &run, fence, "browser_act", args).await;
+    assert_eq!(code, "PAGE_DIALOG_OPEN");
+    let args = json!({ "url": format!("{site}/first") });
+    let (code, _) = refused(&s, &run, fence, "browser_navigate", args).await;
+    assert_eq!(code, "PAGE_DIALOG_OPEN");
+    // Dismissed: the page's script goes on with the answer.
+    let answered = tool(
+        &s,
+        &run,
+        fence,
+        "browser_dialog",
+        json!({ "accept": false }),
+    )
+    .await;
+    assert_eq!(
+        answered["structuredContent"]["accepted"], false,
+        "{answered}"
+    );
+    let page = snapshot_of(&s, &run, fence, "Kept").await;
+
+    // A prompt, answered with text.
+    let args = json!({ "ref": ref_named(&page, "Prompt"), "action": "click" });
+    let clicked = tool(&s, &run, fence, "browser_act", args).await;
+    assert_eq!(
+        clicked["structuredContent"]["dialog"]["type"], "prompt",
+        "{clicked}"
+    );
+    assert_eq!(
+        clicked["structuredContent"]["dialog"]["defaultPrompt"],
+        "nobody"
+    );
+    let args = json!({ "accept": true, "text": "Ann" });
+    tool(&s, &run, fence, "browser_dialog", args).await;
+    let page = snapshot_of(&s, &run, fence, "Hello Ann").await;
+
+    // A dialog opened between two calls is found by the next one; answered on the screen
+    // (as a person would, or the bot through the desktop tools), the page tools go on.
+    let args = json!({ "ref": ref_named(&page, "Later"), "action": "click" });
+    let clicked = tool(&s, &run, fence, "browser_act", args).await;
+    assert!(
+        clicked["structuredContent"]["dialog"].is_null(),
+        "{clicked}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (code, message) = refused(&s, &run, fence, "browser_snapshot", json!({})).await;
+    assert_eq!(code, "PAGE_DIALOG_OPEN");
+    assert!(message.contains("Later"), "{message}");
+    let key = json!({ "actions": [{ "type": "key", "keys": "Return" }] });
+    tool(&s, &run, fence, "computer_act", key).await;
+    snapshot_of(&s, &run, fence, "Alerted").await;
+    // Nothing left to answer.
+    let (code, _) = refused(&s, &run, fence, "browser_dialog", json!({ "accept": true })).await;
+    assert_eq!(code, "PAGE_ACTION_FAILED");
+
+    // A page that opens a dialog while it loads: the navigation answers with the dialog
+    // instead of waiting out its load.
+    let args = json!({ "url": format!("{site}/welcome") });
+    let navigated = tool(&s, &run, fence, "browser_navigate", args).await;
+    assert_eq!(
+        navigated["structuredContent"]["loaded"], false,
+        "{navigated}"
+    );
+    assert_eq!(
+        navigated["structuredContent"]["dialog"]["message"],
+        "Welcome aboard"
+    );
+    tool(&s, &run, fence, "browser_dialog", json!({ "accept": true })).await;
+    let welcome = snapshot_of(&s, &run, fence, "Welcome").await;
+    assert!(
+        welcome["structuredContent"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("in")
     );
 }

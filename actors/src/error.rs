@@ -57,6 +57,9 @@ pub enum ErrorCode {
     StaleRef,
     /// A page-browser action failed; the message says which steps were confirmed.
     PageActionFailed,
+    /// A JavaScript dialog of the page blocks it until `browser_dialog` answers it (nothing
+    /// was done).
+    PageDialogOpen,
     /// Unexpected server-side failure.
     Internal,
 }
@@ -90,6 +93,7 @@ impl ErrorCode {
             Self::RepeatedNoOp => "REPEATED_NO_OP",
             Self::StaleRef => "STALE_REF",
             Self::PageActionFailed => "PAGE_ACTION_FAILED",
+            Self::PageDialogOpen => "PAGE_DIALOG_OPEN",
             Self::Internal => "INTERNAL",
         }
     }
@@ -109,7 +113,8 @@ impl ErrorCode {
             | Self::ComputerReserved
             | Self::RunStateConflict
             | Self::RepeatedNoOp
-            | Self::StaleRef => 409,
+            | Self::StaleRef
+            | Self::PageDialogOpen => 409,
             Self::TooLarge => 413,
             Self::MultiScreenUnavailable
             | Self::NoProvider

@@ -368,6 +368,14 @@ pub enum BrowserCommand {
         #[serde(default)]
         text: Option<String>,
     },
+    /// Answer the JavaScript dialog open on the page (alert, confirm, prompt, leave-page).
+    Dialog {
+        /// Accept (OK) or dismiss (Cancel).
+        accept: bool,
+        /// The answer to a prompt, when accepted.
+        #[serde(default)]
+        text: Option<String>,
+    },
 }
 
 /// Provider failures, classified for the actors above.
@@ -410,6 +418,9 @@ pub enum ProviderError {
     /// A page-browser command failed; its message says what was confirmed.
     #[error("{0}")]
     PageAction(String),
+    /// A JavaScript dialog blocks the page until it is answered (nothing was done).
+    #[error("{0}")]
+    DialogOpen(String),
     /// Any other failure; the machine may still be there.
     #[error("provider failure: {0}")]
     Failed(String),
@@ -428,6 +439,7 @@ impl From<ProviderError> for DomainError {
             ProviderError::Unsupported(_) => ErrorCode::Unsupported,
             ProviderError::StaleRef(_) => ErrorCode::StaleRef,
             ProviderError::PageAction(_) => ErrorCode::PageActionFailed,
+            ProviderError::DialogOpen(_) => ErrorCode::PageDialogOpen,
             ProviderError::Failed(_) => ErrorCode::ProviderFailed,
         };
         DomainError::new(code, err.to_string())

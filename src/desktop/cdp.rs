@@ -25,6 +25,11 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a tab gets to say whether it is on the screen (a busy background page must not
 /// hold up finding the one that is).
 const VISIBLE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a tab gets to take the page domain. A tab whose dialog opened before this
+/// connection attached never does while the dialog is open, and nothing says so.
+const ENABLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most characters kept of a dialog's message or default answer (the page writes them).
+const DIALOG_TEXT: usize = 500;
 
 /// A byte stream to the DevTools endpoint: loopback TCP, or a unix socket bridged to it.
 pub trait DevToolsStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -84,6 +89,61 @@ struct Tab {
     document: Option<String>,
     /// Whether the current top document has fired its load event.
     loaded: bool,
+    /// The JavaScript dialog open on the tab, as its events said.
+    dialog: Option<PageDialog>,
+}
+
+/// A JavaScript dialog open on the attached tab (alert, confirm, prompt, beforeunload), as
+/// the tab announced it. While it is open, the page runs nothing: its scripts, the isolated
+/// world, the frame tree and input all wait for an answer.
+#[derive(Clone, Debug)]
+pub struct PageDialog {
+    /// `alert`, `confirm`, `prompt` or `beforeunload`.
+    pub kind: String,
+    /// Its message, bounded.
+    pub message: String,
+    /// A prompt's default answer, bounded.
+    pub default_prompt: Option<String>,
+}
+
+impl PageDialog {
+    fn from_event(params: &Value) -> Self {
+        let bounded = |v: &Value| v.as_str().map(|t| t.chars().take(DIALOG_TEXT).collect());
+        PageDialog {
+            kind: bounded(&params["type"]).unwrap_or_else(|| "alert".into()),
+            message: bounded(&params["message"]).unwrap_or_default(),
+            default_prompt: bounded(&params["defaultPrompt"])
+                .filter(|_| params["type"] == "prompt"),
+        }
+    }
+
+    /// The dialog as a tool's answer names it.
+    pub fn to_json(&self) -> Value {
+        let mut v =
+            json!({ "type": self.kind, "message": self.message, "answerWith": "browser_dialog" });
+        if let Some(default) = &self.default_prompt {
+            v["defaultPrompt"] = json!(default);
+        }
+        v
+    }
+
+    /// The refusal of a page command while the dialog is open.
+    pub fn refusal(&self) -> DesktopError {
+        let message: String = self.message.chars().take(200).collect();
+        DesktopError::DialogOpen(format!(
+            "a {} dialog of the page is open ({message:?}): answer it with browser_dialog (accept or dismiss) first; nothing was done",
+            self.kind
+        ))
+    }
+}
+
+/// Whether the browser answers `method` on a tab while a dialog is open there (everything
+/// else waits for the page, and so for the dialog's answer).
+fn answers_with_dialog(method: &str) -> bool {
+    matches!(
+        method,
+        "Page.handleJavaScriptDialog" | "Page.getNavigationHistory" | "Page.navigate"
+    )
 }
 
 /// Whether a DevTools error says the execution context asked for does not exist (its
@@ -180,7 +240,12 @@ impl Cdp {
             .ok_or_else(|| err("the browser has no open tab"))?;
         for page in &pages {
             self.attach(page).await?;
-            if self.visible().await.unwrap_or(false) {
+            // A tab showing a dialog is in front: a background tab's dialog waits until its
+            // tab is shown.
+            if matches!(
+                self.visible().await,
+                Ok(true) | Err(DesktopError::DialogOpen(_))
+            ) {
                 return Ok(());
             }
             self.detach().await;
@@ -200,8 +265,18 @@ impl Cdp {
             .ok_or_else(|| err("attach failed"))?
             .to_owned();
         self.tab = Tab::default();
-        self.call("Page.enable", json!({})).await?;
-        Ok(())
+        let session = self.session.clone();
+        match self
+            .send(Some(&session), "Page.enable", json!({}), ENABLE_TIMEOUT)
+            .await
+        {
+            Err(DesktopError::Browser(msg)) if msg.ends_with("timed out") => Err(err(
+                "the tab does not answer: a dialog it showed before the page tools attached \
+                 (answer it on the screen: computer_act, key Return or Escape), or a page busy \
+                 running script",
+            )),
+            other => other.map(|_| ()),
+        }
     }
 
     /// Leaves the attached tab (best effort: a closed tab has no session to leave).
@@ -224,21 +299,46 @@ impl Cdp {
 
     /// Follows the screen: when the attached tab is no longer the one shown (the bot switched
     /// tabs or opened a new one), attaches to the one that is. Starts every page command.
+    /// A tab with a dialog open stays attached: it is the one in front, and the dialog is
+    /// looked at again first (a person may have answered it on the screen).
     pub async fn follow_screen(&mut self) -> Result<(), DesktopError> {
         self.tab.caught_up = false;
-        if self.visible().await.unwrap_or(false) {
+        if self.tab.dialog.is_some() {
+            // Answered with a dialog open, after every event sent before it.
+            self.call("Page.getNavigationHistory", json!({})).await?;
+            if self.tab.dialog.is_some() {
+                return Ok(());
+            }
+        }
+        if matches!(
+            self.visible().await,
+            Ok(true) | Err(DesktopError::DialogOpen(_))
+        ) {
             return Ok(());
         }
         self.detach().await;
         self.attach_visible().await
     }
 
+    /// The dialog open on the attached tab, as far as its events have been read.
+    pub fn dialog(&self) -> Option<&PageDialog> {
+        self.tab.dialog.as_ref()
+    }
+
+    /// Sends `method` and waits up to `within` for its answer. A command the page must answer
+    /// is refused while the tab has a dialog open, and stops waiting when one opens (its
+    /// answer would wait for the dialog's): the dialog's refusal.
     async fn send(
         &mut self,
         session: Option<&str>,
         method: &str,
         params: Value,
+        within: Duration,
     ) -> Result<Value, DesktopError> {
+        let waits_on_page = session.is_some() && !answers_with_dialog(method);
+        if waits_on_page && let Some(dialog) = &self.tab.dialog {
+            return Err(dialog.refusal());
+        }
         self.next_id += 1;
         let id = self.next_id;
         let mut msg = json!({ "id": id, "method": method, "params": params });
@@ -261,9 +361,12 @@ impl Cdp {
                     }
                     return Ok(v["result"].clone());
                 }
+                if waits_on_page && let Some(dialog) = &self.tab.dialog {
+                    return Err(dialog.refusal());
+                }
             }
         };
-        tokio::time::timeout(COMMAND_TIMEOUT, wait)
+        tokio::time::timeout(within, wait)
             .await
             .map_err(|_| err(format!("{method} timed out")))?
     }
@@ -300,13 +403,18 @@ impl Cdp {
                 };
             }
             Some("Page.loadEventFired") => self.tab.loaded = true,
+            Some("Page.javascriptDialogOpening") => {
+                self.tab.dialog = Some(PageDialog::from_event(&v["params"]));
+            }
+            Some("Page.javascriptDialogClosed") => self.tab.dialog = None,
             _ => {}
         }
     }
 
     /// Waits until the document of the navigation `loader` (or one it was replaced by, a
     /// redirect made by the page itself) has fired its load event; `false` when `within`
-    /// passed first. Nothing is asked of the tab: its events say it.
+    /// passed first, the dialog's refusal when a dialog opened first. Nothing is asked of the
+    /// tab: its events say it.
     pub async fn wait_loaded(
         &mut self,
         loader: &str,
@@ -319,6 +427,9 @@ impl Cdp {
             if committed && self.tab.loaded {
                 return Ok(true);
             }
+            if let Some(dialog) = &self.tab.dialog {
+                return Err(dialog.refusal());
+            }
             match tokio::time::timeout_at(deadline, self.next_message()).await {
                 Ok(message) => message.map(|_| ())?,
                 Err(_) => return Ok(false),
@@ -327,13 +438,14 @@ impl Cdp {
     }
 
     async fn call_browser(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
-        self.send(None, method, params).await
+        self.send(None, method, params, COMMAND_TIMEOUT).await
     }
 
     /// A command to the attached tab.
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {
         let session = self.session.clone();
-        self.send(Some(&session), method, params).await
+        self.send(Some(&session), method, params, COMMAND_TIMEOUT)
+            .await
     }
 
     /// The isolated world of the tab's current document, made on first use per document.

@@ -97,6 +97,10 @@ pub enum DesktopError {
     /// A page-browser command failed (a stale ref, an unsupported action, DevTools trouble).
     #[error("{0}")]
     Browser(String),
+    /// A JavaScript dialog of the page blocks it: nothing more can be done on the page until
+    /// the dialog is answered (the message says which dialog).
+    #[error("{0}")]
+    DialogOpen(String),
 }
 
 impl From<DesktopError> for ProviderError {
@@ -110,6 +114,7 @@ impl From<DesktopError> for ProviderError {
                 ProviderError::StaleRef(msg)
             }
             DesktopError::Browser(msg) => ProviderError::PageAction(msg),
+            DesktopError::DialogOpen(msg) => ProviderError::DialogOpen(msg),
             other => ProviderError::Failed(other.to_string()),
         }
     }

@@ -1,5 +1,6 @@
 //! The page-browser tools over DevTools: navigate, snapshot (bounded text and up to 80
-//! interactive elements with refs, password values masked), and act on a ref. Refs live only
+//! interactive elements with refs, password values masked), act on a ref, and answer the
+//! page's JavaScript dialogs. Refs live only
 //! in the isolated world of the document they were taken from: a ref whose element is gone,
 //! replaced or from an older snapshot is refused, never retargeted. Snapshots are numbered
 //! across the process (from a random start), so a ref of another document, or of a browser
@@ -132,9 +133,16 @@ fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// Run one command on the attached tab.
+/// Run one command on the attached tab. While a JavaScript dialog of the page is open, only
+/// [`BrowserCommand::Dialog`] is taken (the page runs nothing until the dialog is answered,
+/// and a navigation would dismiss it unasked); a dialog that opens during a navigation or an
+/// action is named in its answer, the action done as far as its answer says.
 pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
     cdp.follow_screen().await?;
+    let answers = matches!(command, BrowserCommand::Dialog { .. });
+    if let Some(dialog) = cdp.dialog().filter(|_| !answers) {
+        return Err(dialog.refusal());
+    }
     match command {
         BrowserCommand::Navigate { url } => {
             if !crate::providers::workspace_path::is_web_url(url) {
@@ -147,10 +155,17 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
                 return Ok(json!({ "url": url, "loaded": false, "error": error }));
             }
             // A navigation within the document has no loader: nothing to wait for.
-            if let Some(loader) = started["loaderId"].as_str()
-                && !cdp.wait_loaded(loader, LOAD_TIMEOUT).await?
-            {
-                return Ok(json!({ "url": url, "loaded": false }));
+            if let Some(loader) = started["loaderId"].as_str() {
+                match cdp.wait_loaded(loader, LOAD_TIMEOUT).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(json!({ "url": url, "loaded": false })),
+                    // The new page holds its load for the dialog it opened.
+                    Err(DesktopError::DialogOpen(_)) => {
+                        let dialog = cdp.dialog().map(|d| d.to_json());
+                        return Ok(json!({ "url": url, "loaded": false, "dialog": dialog }));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             // The browser's own record of the page: a page that has just loaded may keep its
             // main thread busy for a while, and the browser answers without it.
@@ -168,7 +183,50 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
             action,
             text,
         } => act(cdp, element, action, text.as_deref()).await,
+        BrowserCommand::Dialog { accept, text } => {
+            answer_dialog(cdp, *accept, text.as_deref()).await
+        }
     }
+}
+
+/// Answers the dialog open on the page: accepted (with `text` for a prompt) or dismissed.
+async fn answer_dialog(
+    cdp: &mut Cdp,
+    accept: bool,
+    text: Option<&str>,
+) -> Result<Value, DesktopError> {
+    let Some(dialog) = cdp.dialog().cloned() else {
+        return Err(DesktopError::Browser(
+            "no dialog of the page is open (nothing was done); a dialog shown before the page tools attached is answered on the screen: computer_act, key Return or Escape".into(),
+        ));
+    };
+    let mut params = json!({ "accept": accept });
+    if let Some(text) = text.filter(|_| accept) {
+        params["promptText"] = json!(text);
+    }
+    cdp.call("Page.handleJavaScriptDialog", params).await?;
+    Ok(json!({ "dialog": dialog.to_json(), "accepted": accept }))
+}
+
+/// The answer of an action interrupted by `e` after its `done` steps: a dialog the page opened
+/// is named with what was done (the action reached the page); any other failure says what was
+/// confirmed.
+fn interrupted(
+    cdp: &Cdp,
+    element: &str,
+    action: &str,
+    done: &[&str],
+    e: DesktopError,
+) -> Result<Value, DesktopError> {
+    if let (DesktopError::DialogOpen(_), Some(dialog)) = (&e, cdp.dialog()) {
+        return Ok(
+            json!({ "ref": element, "action": action, "confirmed": done, "dialog": dialog.to_json() }),
+        );
+    }
+    Err(DesktopError::Browser(format!(
+        "{e}; confirmed steps: [{}]; the outcome may be uncertain, look before retrying",
+        done.join(", ")
+    )))
 }
 
 async fn act(
@@ -190,47 +248,53 @@ async fn act(
         found["y"].as_f64().unwrap_or(0.0),
     );
     let mut done: Vec<&str> = Vec::new();
-    let progress = |done: &[&str], e: DesktopError| {
-        DesktopError::Browser(format!(
-            "{e}; confirmed steps: [{}]; the outcome may be uncertain, look before retrying",
-            done.join(", ")
-        ))
-    };
     match action {
         "click" => {
             for kind in ["mousePressed", "mouseReleased"] {
-                cdp.call(
-                    "Input.dispatchMouseEvent",
-                    json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 }),
-                )
-                .await
-                .map_err(|e| progress(&done, e))?;
+                let event =
+                    json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 });
+                if let Err(e) = cdp.call("Input.dispatchMouseEvent", event).await {
+                    return interrupted(cdp, element, action, &done, e);
+                }
                 done.push(kind);
             }
         }
         "type" => {
             let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
-            let focused = cdp
+            let focused = match cdp
                 .evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)))
-                .await?;
+                .await
+            {
+                Ok(focused) => focused,
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                Err(e) => return Err(e),
+            };
             if focused != true {
                 return Err(DesktopError::Browser(format!(
                     "stale ref {element}: take a new browser_snapshot"
                 )));
             }
             done.push("focused");
-            cdp.call("Input.insertText", json!({ "text": text }))
-                .await
-                .map_err(|e| progress(&done, e))?;
+            if let Err(e) = cdp.call("Input.insertText", json!({ "text": text })).await {
+                return interrupted(cdp, element, action, &done, e);
+            }
             done.push("typed");
         }
         "press" => {
             let key = text.unwrap_or("Enter");
-            cdp.evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)).replace(
+            let focus = FOCUS_CLEAR_JS.replace("__REF__", &quote(element)).replace(
                 "el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true }));",
                 "",
-            ))
-            .await?;
+            );
+            match cdp.evaluate(&focus).await {
+                Ok(_) => {}
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                Err(e) => return Err(e),
+            }
             for kind in ["keyDown", "keyUp"] {
                 let mut ev = json!({ "type": kind, "key": key, "code": key });
                 if key == "Enter" {
@@ -239,9 +303,9 @@ async fn act(
                         ev["text"] = json!("\r");
                     }
                 }
-                cdp.call("Input.dispatchKeyEvent", ev)
-                    .await
-                    .map_err(|e| progress(&done, e))?;
+                if let Err(e) = cdp.call("Input.dispatchKeyEvent", ev).await {
+                    return interrupted(cdp, element, action, &done, e);
+                }
                 done.push(kind);
             }
         }

@@ -937,8 +937,6 @@ impl DesktopRuntime {
             let started = async {
                 // The profile is made ready while what an earlier process left is stopped and
                 // the display stack starts (the browser, which needs both, starts after).
-                // With spares, the profile is known first: a spare still starting is worth
-                // waiting for only to a bot without a profile, who can take its browser.
                 // With spares, a ready one is taken at once and the script that readies the
                 // profile hands its browser over; else the profile is known first: a spare
                 // still starting is worth waiting for only to a bot without a profile, who can

@@ -257,7 +257,9 @@ async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value
         "open_path" => open_path(ctx, a).await,
         "launch_app" => launch_app(ctx, a).await,
         "request_takeover" => request_takeover(ctx, a).await,
-        "browser_navigate" | "browser_snapshot" | "browser_act" => browser(ctx, name, a).await,
+        "browser_navigate" | "browser_snapshot" | "browser_act" | "browser_dialog" => {
+            browser(ctx, name, a).await
+        }
         other => Err(DomainError::invalid(format!("unknown tool `{other}`"))),
     }
 }

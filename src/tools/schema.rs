@@ -97,6 +97,12 @@ pub fn definitions() -> Vec<Value> {
                 "text": { "type": "string" } } }),
         ),
         tool(
+            "browser_dialog",
+            "Answer the JavaScript dialog (alert, confirm, prompt, leave-page) open on your browser's page: accept (OK, with text for a prompt) or dismiss (Cancel). While one is open, the other page tools answer PAGE_DIALOG_OPEN and do nothing; an action or navigation that opens one names it in its answer.",
+            json!({ "type": "object", "required": ["accept"], "additionalProperties": false, "properties": {
+                "accept": { "type": "boolean" }, "text": { "type": "string" } } }),
+        ),
+        tool(
             "request_takeover",
             "Ask a person to take over your screen (a login, 2FA, a CAPTCHA, or a judgement call). Your run waits until they release control.",
             json!({ "type": "object", "additionalProperties": false, "properties": { "reason": { "type": "string" } } }),

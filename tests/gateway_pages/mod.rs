@@ -7,7 +7,8 @@ use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxP
 
 /// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
 /// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
-/// opened, read and clicked; the tools follow a second tab the bot opens.
+/// opened, read and clicked (the click opens a dialog, named and answered); the tools follow a
+/// second tab the bot opens.
 pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     assert!(p.describe().capabilities.page_browser);
     let spec = MachineSpec {
@@ -17,7 +18,7 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         home_key: format!("h-pages-{name}"),
     };
     let machine = p.provision(&spec).await.unwrap();
-    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent='Done'">Go</button>"#;
+    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent = confirm('Sure?') ? 'Done' : 'Not'">Go</button>"#;
     p.write_file(&machine, "site/index.html", page.as_bytes())
         .await
         .unwrap();
@@ -63,7 +64,13 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         action: "click".into(),
         text: None,
     };
-    p.browser(&machine, "bot-1", &act).await.unwrap();
+    let clicked = p.browser(&machine, "bot-1", &act).await.unwrap();
+    assert_eq!(clicked["dialog"]["message"], "Sure?", "{clicked}");
+    let answer = BrowserCommand::Dialog {
+        accept: true,
+        text: None,
+    };
+    p.browser(&machine, "bot-1", &answer).await.unwrap();
     let after = p
         .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
         .await

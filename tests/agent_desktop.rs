@@ -55,6 +55,9 @@ const DIALOGS: &str = r#"<!doctype html><html><head><title>Dialogs</title></head
 const WELCOME: &str =
     "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
 
+/// A file the fixture site sends as an attachment (`/report`).
+const REPORT: &str = "month,total\njanuary,12\n";
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -89,10 +92,16 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/second" => SECOND,
                     "/dialogs" => DIALOGS,
                     "/welcome" => WELCOME,
+                    "/report" => REPORT,
                     _ => "ok",
                 };
+                let kind = if path == "/report" {
+                    "text/csv\r\ncontent-disposition: attachment; filename=report.csv"
+                } else {
+                    "text/html"
+                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = sock.write_all(resp.as_bytes()).await;
@@ -579,4 +588,22 @@ async fn page_tools_answer_the_pages_dialogs() {
             .unwrap()
             .contains("in")
     );
+}
+
+#[actix_rt::test]
+async fn a_navigation_to_a_file_answers_with_its_download() {
+    let (s, site, _, _, run, fence) = desktop_run().await;
+    open_and_snapshot(&s, &run, fence, &format!("{site}/first"), "First").await;
+    let args = json!({ "url": format!("{site}/report") });
+    let navigated = tool(&s, &run, fence, "browser_navigate", args).await;
+    let download = &navigated["structuredContent"]["download"];
+    assert_eq!(download["state"], "completed", "{navigated}");
+    assert_eq!(download["suggestedFilename"], "report.csv", "{navigated}");
+    assert_eq!(download["bytes"], REPORT.len(), "{navigated}");
+    // Saved in the folder the answer names, where the bot's file tools read it; the page
+    // the bot was on stays.
+    let path = format!("{}/report.csv", download["folder"].as_str().unwrap());
+    let read = tool(&s, &run, fence, "read_file", json!({ "path": path })).await;
+    assert!(read.to_string().contains("january,12"), "{read}");
+    snapshot_of(&s, &run, fence, "First").await;
 }

@@ -12,6 +12,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::DesktopError;
+use super::cdp_tab::{PageDialog, Tab, answers_with_dialog};
 
 /// How long a fresh browser gets to publish its DevTools endpoint.
 const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
@@ -28,8 +29,6 @@ const VISIBLE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a tab gets to take the page domain. A tab whose dialog opened before this
 /// connection attached never does while the dialog is open, and nothing says so.
 const ENABLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most characters kept of a dialog's message or default answer (the page writes them).
-const DIALOG_TEXT: usize = 500;
 
 /// A byte stream to the DevTools endpoint: loopback TCP, or a unix socket bridged to it.
 pub trait DevToolsStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -73,77 +72,6 @@ pub struct Cdp {
     session: String,
     /// What is known of the attached tab.
     tab: Tab,
-}
-
-/// What a connection knows of its attached tab; forgotten when it attaches to another.
-#[derive(Default)]
-struct Tab {
-    /// The tab's top frame, once known (stable for a tab; named again by each navigation).
-    frame: Option<String>,
-    /// The isolated world made in the tab's current document.
-    world: Option<i64>,
-    /// Whether every event sent before the last answer has been read since this page command
-    /// began: `world` is current.
-    caught_up: bool,
-    /// The loader of the tab's current top document, as its last navigation named it.
-    document: Option<String>,
-    /// Whether the current top document has fired its load event.
-    loaded: bool,
-    /// The JavaScript dialog open on the tab, as its events said.
-    dialog: Option<PageDialog>,
-}
-
-/// A JavaScript dialog open on the attached tab (alert, confirm, prompt, beforeunload), as
-/// the tab announced it. While it is open, the page runs nothing: its scripts, the isolated
-/// world, the frame tree and input all wait for an answer.
-#[derive(Clone, Debug)]
-pub struct PageDialog {
-    /// `alert`, `confirm`, `prompt` or `beforeunload`.
-    pub kind: String,
-    /// Its message, bounded.
-    pub message: String,
-    /// A prompt's default answer, bounded.
-    pub default_prompt: Option<String>,
-}
-
-impl PageDialog {
-    fn from_event(params: &Value) -> Self {
-        let bounded = |v: &Value| v.as_str().map(|t| t.chars().take(DIALOG_TEXT).collect());
-        PageDialog {
-            kind: bounded(&params["type"]).unwrap_or_else(|| "alert".into()),
-            message: bounded(&params["message"]).unwrap_or_default(),
-            default_prompt: bounded(&params["defaultPrompt"])
-                .filter(|_| params["type"] == "prompt"),
-        }
-    }
-
-    /// The dialog as a tool's answer names it.
-    pub fn to_json(&self) -> Value {
-        let mut v =
-            json!({ "type": self.kind, "message": self.message, "answerWith": "browser_dialog" });
-        if let Some(default) = &self.default_prompt {
-            v["defaultPrompt"] = json!(default);
-        }
-        v
-    }
-
-    /// The refusal of a page command while the dialog is open.
-    pub fn refusal(&self) -> DesktopError {
-        let message: String = self.message.chars().take(200).collect();
-        DesktopError::DialogOpen(format!(
-            "a {} dialog of the page is open ({message:?}): answer it with browser_dialog (accept or dismiss) first; nothing was done",
-            self.kind
-        ))
-    }
-}
-
-/// Whether the browser answers `method` on a tab while a dialog is open there (everything
-/// else waits for the page, and so for the dialog's answer).
-fn answers_with_dialog(method: &str) -> bool {
-    matches!(
-        method,
-        "Page.handleJavaScriptDialog" | "Page.getNavigationHistory" | "Page.navigate"
-    )
 }
 
 /// Whether a DevTools error says the execution context asked for does not exist (its
@@ -304,8 +232,15 @@ impl Cdp {
     pub async fn follow_screen(&mut self) -> Result<(), DesktopError> {
         self.tab.caught_up = false;
         if self.tab.dialog.is_some() {
-            // Answered with a dialog open, after every event sent before it.
-            self.call("Page.getNavigationHistory", json!({})).await?;
+            // Answered with a dialog open, after every event sent before it; a tab that is
+            // gone (closed with its dialog) has no dialog left.
+            if self
+                .call("Page.getNavigationHistory", json!({}))
+                .await
+                .is_err()
+            {
+                self.tab.dialog = None;
+            }
             if self.tab.dialog.is_some() {
                 return Ok(());
             }
@@ -389,25 +324,8 @@ impl Cdp {
     /// Keeps up with the attached tab's top document: a new one has no world yet and has not
     /// loaded.
     fn note(&mut self, v: &Value) {
-        if v["sessionId"].as_str() != Some(self.session.as_str()) {
-            return;
-        }
-        let frame = &v["params"]["frame"];
-        match v["method"].as_str() {
-            Some("Page.frameNavigated") if frame["parentId"].is_null() => {
-                self.tab = Tab {
-                    frame: frame["id"].as_str().map(str::to_owned),
-                    document: frame["loaderId"].as_str().map(str::to_owned),
-                    caught_up: self.tab.caught_up,
-                    ..Tab::default()
-                };
-            }
-            Some("Page.loadEventFired") => self.tab.loaded = true,
-            Some("Page.javascriptDialogOpening") => {
-                self.tab.dialog = Some(PageDialog::from_event(&v["params"]));
-            }
-            Some("Page.javascriptDialogClosed") => self.tab.dialog = None,
-            _ => {}
+        if v["sessionId"].as_str() == Some(self.session.as_str()) {
+            self.tab.note(v["method"].as_str(), &v["params"]);
         }
     }
 
@@ -435,6 +353,28 @@ impl Cdp {
                 Err(_) => return Ok(false),
             }
         }
+    }
+
+    /// Forgets the tab's last download: the next one it begins is the one
+    /// [`Self::wait_download`] waits for.
+    pub fn expect_download(&mut self) {
+        self.tab.forget_download();
+    }
+
+    /// Waits until the download the tab began (a navigation answered as one) has completed or
+    /// was canceled, or `within` passed; what is known of it.
+    pub async fn wait_download(&mut self, within: Duration) -> Result<Value, DesktopError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.tab.download_ended() {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, self.next_message()).await {
+                Ok(message) => message.map(|_| ())?,
+                Err(_) => break,
+            }
+        }
+        Ok(self.tab.download_json())
     }
 
     async fn call_browser(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {

@@ -28,6 +28,7 @@ pub mod action_rules;
 pub mod browser;
 pub mod capture;
 pub mod cdp;
+pub mod cdp_tab;
 pub mod cgroup;
 pub mod command;
 pub mod files;

@@ -150,7 +150,13 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
                     "only http(s) URLs can be opened".into(),
                 ));
             }
+            cdp.expect_download();
             let started = cdp.call("Page.navigate", json!({ "url": url })).await?;
+            // A file the server sends as an attachment is saved, not shown: the page stays.
+            if started["isDownload"] == true {
+                let download = cdp.wait_download(LOAD_TIMEOUT).await?;
+                return Ok(json!({ "url": url, "loaded": false, "download": download }));
+            }
             if let Some(error) = started["errorText"].as_str().filter(|e| !e.is_empty()) {
                 return Ok(json!({ "url": url, "loaded": false, "error": error }));
             }

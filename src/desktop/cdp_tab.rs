@@ -1,0 +1,226 @@
+//! What a DevTools connection knows of its attached tab, kept from the tab's own events: its
+//! top document and whether it has loaded, the JavaScript dialog open on it, the last download
+//! it began.
+
+use serde_json::{Value, json};
+
+use super::DesktopError;
+
+/// Most characters kept of a dialog's message or default answer (the page writes them).
+const DIALOG_TEXT: usize = 500;
+
+/// What a connection knows of its attached tab; forgotten when it attaches to another.
+#[derive(Default)]
+pub(super) struct Tab {
+    /// The tab's top frame, once known (stable for a tab; named again by each navigation).
+    pub(super) frame: Option<String>,
+    /// The isolated world made in the tab's current document.
+    pub(super) world: Option<i64>,
+    /// Whether every event sent before the last answer has been read since this page command
+    /// began: `world` is current.
+    pub(super) caught_up: bool,
+    /// The loader of the tab's current top document, as its last navigation named it.
+    pub(super) document: Option<String>,
+    /// Whether the current top document has fired its load event.
+    pub(super) loaded: bool,
+    /// The JavaScript dialog open on the tab, as its events said.
+    pub(super) dialog: Option<PageDialog>,
+    /// The last download the tab began since `Cdp::expect_download`.
+    download: Option<Download>,
+}
+
+/// A download a tab began, as its events said.
+#[derive(Clone, Debug)]
+struct Download {
+    guid: String,
+    /// The file name the server suggested, bounded (the browser may save it under another
+    /// when one of that name exists).
+    file: String,
+    /// `inProgress`, `completed` or `canceled`.
+    state: String,
+    bytes: u64,
+}
+
+/// A JavaScript dialog open on the attached tab (alert, confirm, prompt, beforeunload), as
+/// the tab announced it. While it is open, the page runs nothing: its scripts, the isolated
+/// world, the frame tree and input all wait for an answer.
+#[derive(Clone, Debug)]
+pub struct PageDialog {
+    /// `alert`, `confirm`, `prompt` or `beforeunload`.
+    pub kind: String,
+    /// Its message, bounded.
+    pub message: String,
+    /// A prompt's default answer, bounded.
+    pub default_prompt: Option<String>,
+}
+
+impl PageDialog {
+    fn from_event(params: &Value) -> Self {
+        PageDialog {
+            kind: bounded(&params["type"]).unwrap_or_else(|| "alert".into()),
+            message: bounded(&params["message"]).unwrap_or_default(),
+            default_prompt: bounded(&params["defaultPrompt"])
+                .filter(|_| params["type"] == "prompt"),
+        }
+    }
+
+    /// The dialog as a tool's answer names it.
+    pub fn to_json(&self) -> Value {
+        let mut v =
+            json!({ "type": self.kind, "message": self.message, "answerWith": "browser_dialog" });
+        if let Some(default) = &self.default_prompt {
+            v["defaultPrompt"] = json!(default);
+        }
+        v
+    }
+
+    /// The refusal of a page command while the dialog is open.
+    pub fn refusal(&self) -> DesktopError {
+        let message: String = self.message.chars().take(200).collect();
+        DesktopError::DialogOpen(format!(
+            "a {} dialog of the page is open ({message:?}): answer it with browser_dialog (accept or dismiss) first; nothing was done",
+            self.kind
+        ))
+    }
+}
+
+/// Whether the browser answers `method` on a tab while a dialog is open there (everything
+/// else waits for the page, and so for the dialog's answer).
+pub(super) fn answers_with_dialog(method: &str) -> bool {
+    matches!(
+        method,
+        "Page.handleJavaScriptDialog" | "Page.getNavigationHistory" | "Page.navigate"
+    )
+}
+
+impl Tab {
+    /// Keeps up with an event of the tab: a new top document has no world yet and has not
+    /// loaded.
+    pub(super) fn note(&mut self, method: Option<&str>, params: &Value) {
+        let frame = &params["frame"];
+        match method {
+            Some("Page.frameNavigated") if frame["parentId"].is_null() => {
+                *self = Tab {
+                    frame: frame["id"].as_str().map(str::to_owned),
+                    document: frame["loaderId"].as_str().map(str::to_owned),
+                    caught_up: self.caught_up,
+                    ..Tab::default()
+                };
+            }
+            Some("Page.loadEventFired") => self.loaded = true,
+            Some("Page.javascriptDialogOpening") => {
+                self.dialog = Some(PageDialog::from_event(params));
+            }
+            Some("Page.javascriptDialogClosed") => self.dialog = None,
+            Some("Page.downloadWillBegin") => {
+                self.download = Some(Download {
+                    guid: params["guid"].as_str().unwrap_or_default().to_owned(),
+                    file: bounded(&params["suggestedFilename"]).unwrap_or_default(),
+                    state: "inProgress".into(),
+                    bytes: 0,
+                });
+            }
+            Some("Page.downloadProgress") => {
+                if let Some(d) = self.download.as_mut().filter(|d| params["guid"] == d.guid) {
+                    d.state = params["state"].as_str().unwrap_or("inProgress").to_owned();
+                    d.bytes = params["receivedBytes"].as_u64().unwrap_or(d.bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets the last download.
+    pub(super) fn forget_download(&mut self) {
+        self.download = None;
+    }
+
+    /// Whether the last download has ended (completed or canceled).
+    pub(super) fn download_ended(&self) -> bool {
+        self.download
+            .as_ref()
+            .is_some_and(|d| d.state != "inProgress")
+    }
+
+    /// The last download as a navigation's answer names it: its file name as the server
+    /// suggested it and the folder the browser saves into (`/Downloads`: from the workspace
+    /// root, as the file tools read a path).
+    pub(super) fn download_json(&self) -> Value {
+        match &self.download {
+            Some(d) => {
+                json!({ "suggestedFilename": d.file, "state": d.state, "bytes": d.bytes, "folder": "/Downloads" })
+            }
+            None => json!({ "state": "notStarted" }),
+        }
+    }
+}
+
+/// Page-written text, bounded.
+fn bounded(v: &Value) -> Option<String> {
+    v.as_str().map(|t| t.chars().take(DIALOG_TEXT).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dialog_is_bounded_and_its_refusal_names_the_way_out() {
+        let long = "x".repeat(5000);
+        let prompt = PageDialog::from_event(
+            &json!({ "type": "prompt", "message": long, "defaultPrompt": "nobody" }),
+        );
+        assert_eq!(prompt.message.chars().count(), DIALOG_TEXT);
+        assert_eq!(prompt.to_json()["defaultPrompt"], "nobody");
+        let DesktopError::DialogOpen(refusal) = prompt.refusal() else {
+            panic!("not a dialog refusal");
+        };
+        assert!(refusal.len() < 400, "{refusal}");
+        assert!(refusal.contains("prompt dialog") && refusal.contains("browser_dialog"));
+        // Only a prompt has a default answer, whatever the event claims.
+        let alert = PageDialog::from_event(
+            &json!({ "type": "alert", "message": "hi", "defaultPrompt": "" }),
+        );
+        assert!(alert.to_json().get("defaultPrompt").is_none());
+    }
+
+    #[test]
+    fn the_tab_follows_its_dialogs_downloads_and_documents() {
+        let mut tab = Tab::default();
+        tab.note(
+            Some("Page.javascriptDialogOpening"),
+            &json!({ "type": "confirm", "message": "Sure?" }),
+        );
+        assert_eq!(tab.dialog.as_ref().unwrap().kind, "confirm");
+        tab.note(
+            Some("Page.javascriptDialogClosed"),
+            &json!({ "result": true }),
+        );
+        assert!(tab.dialog.is_none());
+
+        tab.note(
+            Some("Page.downloadWillBegin"),
+            &json!({ "guid": "g1", "suggestedFilename": "a.csv" }),
+        );
+        // Another download's progress is not this one's.
+        let done = json!({ "guid": "g2", "state": "completed", "receivedBytes": 9 });
+        tab.note(Some("Page.downloadProgress"), &done);
+        assert!(!tab.download_ended());
+        let done = json!({ "guid": "g1", "state": "completed", "receivedBytes": 7 });
+        tab.note(Some("Page.downloadProgress"), &done);
+        assert!(tab.download_ended());
+        assert_eq!(tab.download_json()["bytes"], 7);
+
+        tab.world = Some(3);
+        tab.caught_up = true;
+        let top = json!({ "frame": { "id": "f", "loaderId": "l2" } });
+        tab.note(Some("Page.frameNavigated"), &top);
+        assert_eq!((tab.world, tab.caught_up, tab.loaded), (None, true, false));
+        assert_eq!(tab.document.as_deref(), Some("l2"));
+        // A child frame's navigation leaves the top document alone.
+        tab.world = Some(4);
+        let child = json!({ "frame": { "id": "c", "parentId": "f", "loaderId": "l3" } });
+        tab.note(Some("Page.frameNavigated"), &child);
+        assert_eq!(tab.world, Some(4));
+    }
+}

@@ -120,6 +120,13 @@ async fn spares_ready(rt: &DesktopRuntime, spares: usize) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = rt.warm_status();
+    println!(
+        "{} spares ready hold {:.0} MiB PSS ({:.0} MiB each)",
+        status.ready,
+        status.pss_kib as f64 / 1024.0,
+        status.pss_kib as f64 / 1024.0 / status.ready.max(1) as f64
+    );
 }
 
 fn sweep(dir: &std::path::Path) {

@@ -505,8 +505,7 @@ async fn page_tools_answer_the_pages_dialogs() {
     let dialog = &clicked["structuredContent"]["dialog"];
     assert_eq!(dialog["type"], "confirm", "{clicked}");
     assert_eq!(dialog["message"], "Delete it?", "{clicked}");
-    // While it is open, the other page tools do nothing and say why; a navigation does not
-    // dismiss it behind the bot's back.
+    // While it is open, the other page tools do nothing and say why.
     let (code, message) = refused(&s, &run, fence, "browser_snapshot", json!({})).await;
     assert_eq!(code, "PAGE_DIALOG_OPEN");
     assert!(
@@ -515,9 +514,6 @@ async fn page_tools_answer_the_pages_dialogs() {
     );
     let args = json!({ "ref": ref_named(&page, "Prompt"), "action": "click" });
     let (code, _) = refused(&s, &run, fence, "browser_act", args).await;
-    assert_eq!(code, "PAGE_DIALOG_OPEN");
-    let args = json!({ "url": format!("{site}/first") });
-    let (code, _) = refused(&s, &run, fence, "browser_navigate", args).await;
     assert_eq!(code, "PAGE_DIALOG_OPEN");
     // Dismissed: the page's script goes on with the answer.
     let answered = tool(
@@ -587,6 +583,17 @@ async fn page_tools_answer_the_pages_dialogs() {
             .as_str()
             .unwrap()
             .contains("in")
+    );
+    // Leaving a page with a dialog open dismisses it, and the answer says so.
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/dialogs"), "Dialogs").await;
+    let args = json!({ "ref": ref_named(&page, "Confirm"), "action": "click" });
+    tool(&s, &run, fence, "browser_act", args).await;
+    let args = json!({ "url": format!("{site}/first") });
+    let left = tool(&s, &run, fence, "browser_navigate", args).await;
+    assert_eq!(left["structuredContent"]["title"], "First", "{left}");
+    assert_eq!(
+        left["structuredContent"]["dismissedDialog"]["message"],
+        "Delete it?"
     );
 }
 

@@ -255,6 +255,13 @@ impl Cdp {
         self.attach_visible().await
     }
 
+    /// Notes that the tab's dialog was answered: closed, though its closing event may come
+    /// later (the page resumes only after the answer, so a dialog it opens next is announced
+    /// after the answer too).
+    pub fn dialog_answered(&mut self) {
+        self.tab.dialog = None;
+    }
+
     /// The dialog open on the attached tab, as far as its events have been read.
     pub fn dialog(&self) -> Option<&PageDialog> {
         self.tab.dialog.as_ref()

@@ -133,14 +133,18 @@ fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// Run one command on the attached tab. While a JavaScript dialog of the page is open, only
-/// [`BrowserCommand::Dialog`] is taken (the page runs nothing until the dialog is answered,
-/// and a navigation would dismiss it unasked); a dialog that opens during a navigation or an
-/// action is named in its answer, the action done as far as its answer says.
+/// Run one command on the attached tab. While a JavaScript dialog of the page is open, a
+/// snapshot or an action is refused (the page runs nothing until the dialog is answered); a
+/// navigation dismisses the dialog, as the browser does, and says so. A dialog that opens
+/// during a navigation or an action is named in its answer, the action done as far as its
+/// answer says.
 pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
     cdp.follow_screen().await?;
-    let answers = matches!(command, BrowserCommand::Dialog { .. });
-    if let Some(dialog) = cdp.dialog().filter(|_| !answers) {
+    let takes_dialog = matches!(
+        command,
+        BrowserCommand::Dialog { .. } | BrowserCommand::Navigate { .. }
+    );
+    if let Some(dialog) = cdp.dialog().filter(|_| !takes_dialog) {
         return Err(dialog.refusal());
     }
     match command {
@@ -150,35 +154,19 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
                     "only http(s) URLs can be opened".into(),
                 ));
             }
-            cdp.expect_download();
-            let started = cdp.call("Page.navigate", json!({ "url": url })).await?;
-            // A file the server sends as an attachment is saved, not shown: the page stays.
-            if started["isDownload"] == true {
-                let download = cdp.wait_download(LOAD_TIMEOUT).await?;
-                return Ok(json!({ "url": url, "loaded": false, "download": download }));
-            }
-            if let Some(error) = started["errorText"].as_str().filter(|e| !e.is_empty()) {
-                return Ok(json!({ "url": url, "loaded": false, "error": error }));
-            }
-            // A navigation within the document has no loader: nothing to wait for.
-            if let Some(loader) = started["loaderId"].as_str() {
-                match cdp.wait_loaded(loader, LOAD_TIMEOUT).await {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(json!({ "url": url, "loaded": false })),
-                    // The new page holds its load for the dialog it opened.
-                    Err(DesktopError::DialogOpen(_)) => {
-                        let dialog = cdp.dialog().map(|d| d.to_json());
-                        return Ok(json!({ "url": url, "loaded": false, "dialog": dialog }));
-                    }
-                    Err(e) => return Err(e),
+            // Leaving the page dismisses its dialog, as the browser does; said in the answer.
+            let dismissed = match cdp.dialog().cloned() {
+                Some(dialog) => {
+                    answer_dialog(cdp, false, None).await?;
+                    Some(dialog.to_json())
                 }
+                None => None,
+            };
+            let mut answer = navigate(cdp, url).await?;
+            if dismissed.is_some() {
+                answer["dismissedDialog"] = json!(dismissed);
             }
-            // The browser's own record of the page: a page that has just loaded may keep its
-            // main thread busy for a while, and the browser answers without it.
-            let history = cdp.call("Page.getNavigationHistory", json!({})).await?;
-            let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
-            let page = &history["entries"][current];
-            Ok(json!({ "url": page["url"], "title": page["title"], "loaded": true }))
+            Ok(answer)
         }
         BrowserCommand::Snapshot => {
             let n = SNAPSHOTS.fetch_add(1, Ordering::Relaxed);
@@ -193,6 +181,40 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
             answer_dialog(cdp, *accept, text.as_deref()).await
         }
     }
+}
+
+/// Loads `url` in the tab and waits for its document to load (or for the download it turned
+/// into to end, or for a dialog the new page opened).
+async fn navigate(cdp: &mut Cdp, url: &str) -> Result<Value, DesktopError> {
+    cdp.expect_download();
+    let started = cdp.call("Page.navigate", json!({ "url": url })).await?;
+    // A file the server sends as an attachment is saved, not shown: the page stays.
+    if started["isDownload"] == true {
+        let download = cdp.wait_download(LOAD_TIMEOUT).await?;
+        return Ok(json!({ "url": url, "loaded": false, "download": download }));
+    }
+    if let Some(error) = started["errorText"].as_str().filter(|e| !e.is_empty()) {
+        return Ok(json!({ "url": url, "loaded": false, "error": error }));
+    }
+    // A navigation within the document has no loader: nothing to wait for.
+    if let Some(loader) = started["loaderId"].as_str() {
+        match cdp.wait_loaded(loader, LOAD_TIMEOUT).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(json!({ "url": url, "loaded": false })),
+            // The new page holds its load for the dialog it opened.
+            Err(DesktopError::DialogOpen(_)) => {
+                let dialog = cdp.dialog().map(|d| d.to_json());
+                return Ok(json!({ "url": url, "loaded": false, "dialog": dialog }));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // The browser's own record of the page: a page that has just loaded may keep its
+    // main thread busy for a while, and the browser answers without it.
+    let history = cdp.call("Page.getNavigationHistory", json!({})).await?;
+    let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
+    let page = &history["entries"][current];
+    Ok(json!({ "url": page["url"], "title": page["title"], "loaded": true }))
 }
 
 /// Answers the dialog open on the page: accepted (with `text` for a prompt) or dismissed.
@@ -211,6 +233,7 @@ async fn answer_dialog(
         params["promptText"] = json!(text);
     }
     cdp.call("Page.handleJavaScriptDialog", params).await?;
+    cdp.dialog_answered();
     Ok(json!({ "dialog": dialog.to_json(), "accepted": accept }))
 }
 

@@ -98,7 +98,7 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "browser_dialog",
-            "Answer the JavaScript dialog (alert, confirm, prompt, leave-page) open on your browser's page: accept (OK, with text for a prompt) or dismiss (Cancel). While one is open, the other page tools answer PAGE_DIALOG_OPEN and do nothing; an action or navigation that opens one names it in its answer.",
+            "Answer the JavaScript dialog (alert, confirm, prompt, leave-page) open on your browser's page: accept (OK, with text for a prompt) or dismiss (Cancel). While one is open, browser_snapshot and browser_act answer PAGE_DIALOG_OPEN and do nothing, and browser_navigate dismisses it (its answer says so); an action or navigation that opens one names it in its answer.",
             json!({ "type": "object", "required": ["accept"], "additionalProperties": false, "properties": {
                 "accept": { "type": "boolean" }, "text": { "type": "string" } } }),
         ),

@@ -111,14 +111,27 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     (url, typed)
 }
 
+/// A tool call that must succeed; its result.
 async fn tool(s: &TestServer, run: &str, fence: i64, name: &str, arguments: Value) -> Value {
+    called(s, run, fence, name, arguments, false).await
+}
+
+/// A tool call's result, asserted to be an error or not as `failing` says.
+async fn called(
+    s: &TestServer,
+    run: &str,
+    fence: i64,
+    name: &str,
+    arguments: Value,
+    failing: bool,
+) -> Value {
     let r = s
         .ok(
             "tools/call",
             json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments }),
         )
         .await;
-    assert_eq!(r["isError"], false, "{name}: {r}");
+    assert_eq!(r["isError"], failing, "{name}: {r}");
     r
 }
 
@@ -480,13 +493,7 @@ async fn refused(
     name: &str,
     arguments: Value,
 ) -> (String, String) {
-    let r = s
-        .ok(
-            "tools/call",
-            json!({ "runId": run, "fence": fence, "name": name, "arguments": arguments }),
-        )
-        .await;
-    assert_eq!(r["isError"], true, "{name}: {r}");
+    let r = called(s, run, fence, name, arguments, true).await;
     let error = &r["structuredContent"]["error"];
     (
         error["code"].as_str().unwrap().to_owned(),

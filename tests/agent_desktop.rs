@@ -51,6 +51,11 @@ const DIALOGS: &str = r#"<!doctype html><html><head><title>Dialogs</title></head
 <button onclick="setTimeout(() => { alert('Later'); document.title = 'Alerted'; }, 300)">Later</button>
 </body></html>"#;
 
+/// A page that asks before it is left (a form with unsaved changes).
+const UNSAVED: &str = r#"<!doctype html><html><head><title>Unsaved</title></head><body>
+<input placeholder="note"><a href="/first">Leave</a>
+<script>onbeforeunload = e => { e.preventDefault(); e.returnValue = ''; };</script></body></html>"#;
+
 /// A page that greets with an alert while it loads.
 const WELCOME: &str =
     "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
@@ -92,6 +97,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/second" => SECOND,
                     "/dialogs" => DIALOGS,
                     "/welcome" => WELCOME,
+                    "/unsaved" => UNSAVED,
                     "/report" => REPORT,
                     _ => "ok",
                 };
@@ -602,6 +608,34 @@ async fn page_tools_answer_the_pages_dialogs() {
         left["structuredContent"]["dismissedDialog"]["message"],
         "Delete it?"
     );
+
+    // A link that leaves a page with unsaved changes: the page asks first. Dismissed, the bot
+    // stays; accepted, it leaves.
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/unsaved"), "Unsaved").await;
+    let note = json!({ "ref": ref_named(&page, "note"), "action": "click" });
+    tool(&s, &run, fence, "browser_act", note).await;
+    let leave = |page: &Value| json!({ "ref": ref_named(page, "Leave"), "action": "click" });
+    let clicked = tool(&s, &run, fence, "browser_act", leave(&page)).await;
+    assert_eq!(
+        clicked["structuredContent"]["dialog"]["type"], "beforeunload",
+        "{clicked}"
+    );
+    tool(
+        &s,
+        &run,
+        fence,
+        "browser_dialog",
+        json!({ "accept": false }),
+    )
+    .await;
+    let page = snapshot_of(&s, &run, fence, "Unsaved").await;
+    let clicked = tool(&s, &run, fence, "browser_act", leave(&page)).await;
+    assert_eq!(
+        clicked["structuredContent"]["dialog"]["type"], "beforeunload",
+        "{clicked}"
+    );
+    tool(&s, &run, fence, "browser_dialog", json!({ "accept": true })).await;
+    snapshot_of(&s, &run, fence, "First").await;
 }
 
 #[actix_rt::test]

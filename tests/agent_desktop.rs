@@ -56,6 +56,13 @@ const UNSAVED: &str = r#"<!doctype html><html><head><title>Unsaved</title></head
 <input placeholder="note"><a href="/first">Leave</a>
 <script>onbeforeunload = e => { e.preventDefault(); e.returnValue = ''; };</script></body></html>"#;
 
+/// A form with a select element; the page reports each choice it is told of.
+const CHOOSE: &str = r#"<!doctype html><html><head><title>Choose</title></head><body>
+<label for="fruit">Fruit</label>
+<select id="fruit" onchange="fetch('/typed?v=' + this.value); document.title = 'Chose ' + this.value">
+<option value="a">Apple</option><option value="b">Banana</option><option value="c" disabled>Cherry</option>
+</select></body></html>"#;
+
 /// A page that greets with an alert while it loads.
 const WELCOME: &str =
     "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
@@ -98,6 +105,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/dialogs" => DIALOGS,
                     "/welcome" => WELCOME,
                     "/unsaved" => UNSAVED,
+                    "/choose" => CHOOSE,
                     "/report" => REPORT,
                     _ => "ok",
                 };
@@ -654,4 +662,46 @@ async fn a_navigation_to_a_file_answers_with_its_download() {
     let read = tool(&s, &run, fence, "read_file", json!({ "path": path })).await;
     assert!(read.to_string().contains("january,12"), "{read}");
     snapshot_of(&s, &run, fence, "First").await;
+}
+
+#[actix_rt::test]
+async fn page_tools_choose_an_option_of_a_select() {
+    let (s, site, typed, _, run, fence) = desktop_run().await;
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/choose"), "Choose").await;
+    // The snapshot names the select by its label and lists its options.
+    let fruit = page["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["tag"] == "select")
+        .unwrap_or_else(|| panic!("no select in {page}"));
+    assert_eq!(fruit["name"], "Fruit", "{fruit}");
+    assert_eq!(fruit["options"][1]["label"], "Banana", "{fruit}");
+    assert_eq!(fruit["options"][0]["selected"], true, "{fruit}");
+    let reference = fruit["ref"].as_str().unwrap().to_owned();
+
+    // Chosen by label: the page is told as by a person's choice.
+    let args = json!({ "ref": reference, "action": "select", "text": "Banana" });
+    let chosen = tool(&s, &run, fence, "browser_act", args).await;
+    assert_eq!(chosen["structuredContent"]["value"], "b", "{chosen}");
+    snapshot_of(&s, &run, fence, "Chose b").await;
+    // An option the select does not have, or one that cannot be chosen, changes nothing.
+    for missing in ["Durian", "Cherry"] {
+        let page = snapshot_of(&s, &run, fence, "Chose b").await;
+        let reference = ref_named(&page, "Fruit");
+        let args = json!({ "ref": reference, "action": "select", "text": missing });
+        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
+        assert_eq!(code, "PAGE_ACTION_FAILED", "{message}");
+        assert!(message.contains("nothing was done"), "{message}");
+    }
+    // By value, on the latest snapshot's ref.
+    let page = snapshot_of(&s, &run, fence, "Chose b").await;
+    let args = json!({ "ref": ref_named(&page, "Fruit"), "action": "select", "text": "a" });
+    tool(&s, &run, fence, "browser_act", args).await;
+    snapshot_of(&s, &run, fence, "Chose a").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typed.lock().unwrap().len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*typed.lock().unwrap(), ["b", "a"]);
 }

@@ -362,9 +362,10 @@ pub enum BrowserCommand {
         /// The element's ref from the last snapshot.
         #[serde(rename = "ref")]
         element: String,
-        /// `click`, `type` (replace the value with `text`), `press` (a key such as `Enter`).
+        /// `click`, `type` (replace the value with `text`), `press` (a key such as `Enter`),
+        /// `select` (the option of a select element whose value or label is `text`).
         action: String,
-        /// Text for `type`, key for `press`.
+        /// Text for `type`, key for `press`, option for `select`.
         #[serde(default)]
         text: Option<String>,
     },

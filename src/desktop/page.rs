@@ -73,6 +73,8 @@ impl PageSessions {
 pub const MAX_ELEMENTS: usize = 80;
 /// Most characters of page text in a snapshot.
 pub const MAX_TEXT: usize = 8000;
+/// Most options listed of one select element in a snapshot.
+pub const MAX_OPTIONS: usize = 50;
 /// How long a navigation may take to load.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -99,8 +101,18 @@ const SNAPSHOT_JS: &str = r#"(() => {
     const type = (el.getAttribute('type') || '').toLowerCase();
     let value = ('value' in el) ? String(el.value) : null;
     if (type === 'password' && value) value = '*'.repeat(Math.min(value.length, 8));
-    const name = (el.getAttribute('aria-label') || el.getAttribute('placeholder') || el.innerText || el.getAttribute('name') || el.getAttribute('title') || '').trim().slice(0, 120);
-    items.push({ ref, tag, type: type || null, role: el.getAttribute('role'), name, value });
+    const label = el.labels && el.labels[0] ? el.labels[0].innerText : '';
+    const named = (...names) => (names.find(n => n && n.trim()) || '').trim().slice(0, 120);
+    const attr = a => el.getAttribute(a);
+    const item = { ref, tag, type: type || null, role: attr('role'), value,
+      name: tag === 'select' ? named(attr('aria-label'), label, attr('name'), attr('title'))
+        : named(attr('aria-label'), attr('placeholder'), el.innerText, attr('name'), attr('title')) };
+    if (tag === 'select') {
+      item.options = Array.from(el.options).slice(0, __OPTIONS__).map(o =>
+        ({ value: o.value.slice(0, 120), label: o.label.trim().slice(0, 120), selected: o.selected }));
+      if (el.options.length > __OPTIONS__) item.moreOptions = el.options.length - __OPTIONS__;
+    }
+    items.push(item);
   }
   const text = (document.body ? document.body.innerText : '').slice(0, maxText);
   return { url: location.href, title: document.title, text, truncated: (document.body ? document.body.innerText.length : 0) > maxText,
@@ -113,6 +125,7 @@ pub fn snapshot_script(n: u64) -> String {
         .replace("__N__", &n.to_string())
         .replace("__MAX__", &MAX_ELEMENTS.to_string())
         .replace("__TEXT__", &MAX_TEXT.to_string())
+        .replace("__OPTIONS__", &MAX_OPTIONS.to_string())
 }
 
 /// Finds a ref of the current snapshot, or reports it stale.
@@ -123,6 +136,21 @@ const FIND_JS: &str = r#"(() => {
   el.scrollIntoView({ block: 'center', inline: 'center' });
   const r = el.getBoundingClientRect();
   return { stale: false, x: r.left + r.width / 2, y: r.top + r.height / 2, tag: el.tagName.toLowerCase() };
+})()"#;
+
+/// Chooses an option of a ref's select element by its value, else by its label, and tells the
+/// page as a person's choice would (`input`, then `change`).
+const SELECT_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
+  if (!el || !el.isConnected) return { stale: true };
+  if (el.tagName.toLowerCase() !== 'select') return { notSelect: true };
+  const want = __WANT__, options = Array.from(el.options);
+  const opt = options.find(o => o.value === want) || options.find(o => o.label.trim() === want || o.text.trim() === want);
+  if (!opt) return { missing: true };
+  if (opt.disabled) return { disabled: true };
+  el.focus(); el.value = opt.value; opt.selected = true;
+  el.dispatchEvent(new Event('input', { bubbles: true }));
+  el.dispatchEvent(new Event('change', { bubbles: true }));
+  return { value: opt.value, label: opt.label };
 })()"#;
 
 /// Focuses a ref's element and clears it (before typing).
@@ -338,9 +366,43 @@ async fn act(
                 done.push(kind);
             }
         }
+        "select" => {
+            let want = text.ok_or_else(|| {
+                DesktopError::Browser("select needs text: the option's value or label".into())
+            })?;
+            let script = SELECT_JS
+                .replace("__REF__", &quote(element))
+                .replace("__WANT__", &quote(want));
+            let chosen = match cdp.evaluate(&script).await {
+                Ok(chosen) => chosen,
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &["selected"], e);
+                }
+                Err(e) => return Err(e),
+            };
+            let refused =
+                |why: &str| Err(DesktopError::Browser(format!("{why} (nothing was done)")));
+            if chosen["stale"] == true {
+                return refused(&format!("stale ref {element}: take a new browser_snapshot"));
+            }
+            if chosen["notSelect"] == true {
+                return refused(&format!(
+                    "{element} is not a select element: click it, or type into it"
+                ));
+            }
+            if chosen["missing"] == true || chosen["disabled"] == true {
+                return refused(&format!(
+                    "{element} has no option {want:?} that can be chosen: give an option's value or label from the snapshot"
+                ));
+            }
+            return Ok(
+                json!({ "ref": element, "action": action, "confirmed": ["selected"],
+                              "value": chosen["value"], "label": chosen["label"] }),
+            );
+        }
         other => {
             return Err(DesktopError::Browser(format!(
-                "browser_act cannot {other:?}; use click, type or press, or the desktop tools for anything else"
+                "browser_act cannot {other:?}; use click, type, press or select, or the desktop tools for anything else"
             )));
         }
     }

@@ -91,9 +91,9 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "browser_act",
-            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value) or press a key. A stale ref is refused; nothing is replayed.",
+            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value), press a key, or select an option of a select element (text: the option's value or label, as the snapshot lists them). A stale ref is refused; nothing is replayed.",
             json!({ "type": "object", "required": ["ref", "action"], "additionalProperties": false, "properties": {
-                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press"] },
+                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press", "select"] },
                 "text": { "type": "string" } } }),
         ),
         tool(

@@ -63,6 +63,12 @@ const CHOOSE: &str = r#"<!doctype html><html><head><title>Choose</title></head><
 <option value="a">Apple</option><option value="b">Banana</option><option value="c" disabled>Cherry</option>
 </select></body></html>"#;
 
+/// A form with a file input; the page names the file it is given.
+const UPLOAD: &str = r#"<!doctype html><html><head><title>Upload</title></head><body>
+<input type="file" aria-label="Attachment"
+ onchange="document.title = 'Picked ' + this.files[0].name + ' ' + this.files[0].size">
+<button>Send</button></body></html>"#;
+
 /// A page that greets with an alert while it loads.
 const WELCOME: &str =
     "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
@@ -106,6 +112,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/welcome" => WELCOME,
                     "/unsaved" => UNSAVED,
                     "/choose" => CHOOSE,
+                    "/upload" => UPLOAD,
                     "/report" => REPORT,
                     _ => "ok",
                 };
@@ -704,4 +711,69 @@ async fn page_tools_choose_an_option_of_a_select() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(*typed.lock().unwrap(), ["b", "a"]);
+}
+
+#[actix_rt::test]
+async fn page_tools_upload_a_workspace_file_into_a_file_input() {
+    let (s, site, _, _, run, fence) = desktop_run().await;
+    let notes = json!({ "path": "notes.txt", "content": "hello" });
+    tool(&s, &run, fence, "write_file", notes).await;
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/upload"), "Upload").await;
+    let upload = |page: &Value, name: &str, file: &str| json!({ "ref": ref_named(page, name), "action": "upload", "text": file });
+    // A path that leaves the workspace, a missing file, a link and an element that takes no
+    // file are refused, and nothing reaches the page.
+    let (code, _) = refused(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        upload(&page, "Attachment", "../../../etc/passwd"),
+    )
+    .await;
+    assert_eq!(code, "PATH_REJECTED");
+    let (code, _) = refused(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        upload(&page, "Attachment", "missing.txt"),
+    )
+    .await;
+    assert_eq!(code, "NOT_FOUND");
+    let link = json!({ "command": "ln -s /etc/hostname link.txt" });
+    tool(&s, &run, fence, "shell", link).await;
+    let (code, message) = refused(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        upload(&page, "Attachment", "link.txt"),
+    )
+    .await;
+    assert_eq!(code, "PATH_REJECTED", "{message}");
+    let (code, _) = refused(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        upload(&page, "Send", "notes.txt"),
+    )
+    .await;
+    assert_eq!(code, "PAGE_ACTION_FAILED");
+    snapshot_of(&s, &run, fence, "Upload").await;
+    // The bot's own file, as its file tools name it, reaches the page.
+    let page = snapshot_of(&s, &run, fence, "Upload").await;
+    let done = tool(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        upload(&page, "Attachment", "notes.txt"),
+    )
+    .await;
+    assert_eq!(
+        done["structuredContent"]["confirmed"][0], "files set",
+        "{done}"
+    );
+    snapshot_of(&s, &run, fence, "Picked notes.txt 5").await;
 }

@@ -749,7 +749,7 @@ async fn devtools_through_the_gateway_reach_the_bots_browser_until_its_screen_cl
     let mut cdp = Cdp::over(connect().await.unwrap(), route.port, &route.path)
         .await
         .unwrap();
-    let snapshot = page::run(&mut cdp, &BrowserCommand::Snapshot)
+    let snapshot = page::run(&mut cdp, &BrowserCommand::Snapshot, dir.path())
         .await
         .unwrap();
     assert_eq!(
@@ -767,7 +767,7 @@ async fn devtools_through_the_gateway_reach_the_bots_browser_until_its_screen_cl
 
     runtime.close_screen("bot-a").await.unwrap();
     assert!(
-        page::run(&mut cdp, &BrowserCommand::Snapshot)
+        page::run(&mut cdp, &BrowserCommand::Snapshot, dir.path())
             .await
             .is_err(),
         "the connection outlived the screen"

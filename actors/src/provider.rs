@@ -363,9 +363,10 @@ pub enum BrowserCommand {
         #[serde(rename = "ref")]
         element: String,
         /// `click`, `type` (replace the value with `text`), `press` (a key such as `Enter`),
-        /// `select` (the option of a select element whose value or label is `text`).
+        /// `select` (the option of a select element whose value or label is `text`),
+        /// `upload` (the workspace file at the workspace path `text` into a file input).
         action: String,
-        /// Text for `type`, key for `press`, option for `select`.
+        /// Text for `type`, key for `press`, option for `select`, file for `upload`.
         #[serde(default)]
         text: Option<String>,
     },

@@ -427,10 +427,30 @@ impl Cdp {
 
     /// Evaluate `expression` in the isolated world; its JSON value.
     pub async fn evaluate(&mut self, expression: &str) -> Result<Value, DesktopError> {
+        Ok(self.evaluate_as(expression, true).await?["value"].take())
+    }
+
+    /// Evaluate `expression` in the isolated world; the id of the object it gives (a node),
+    /// `None` for `null` or `undefined`.
+    pub async fn evaluate_object(
+        &mut self,
+        expression: &str,
+    ) -> Result<Option<String>, DesktopError> {
+        let result = self.evaluate_as(expression, false).await?;
+        Ok(result["objectId"].as_str().map(str::to_owned))
+    }
+
+    /// Evaluate `expression` in the isolated world; the remote object it gives, by value or
+    /// by reference.
+    async fn evaluate_as(
+        &mut self,
+        expression: &str,
+        by_value: bool,
+    ) -> Result<Value, DesktopError> {
         let mut retried = false;
         let out = loop {
             let ctx = self.world().await?;
-            let params = json!({ "expression": expression, "contextId": ctx, "returnByValue": true, "awaitPromise": true });
+            let params = json!({ "expression": expression, "contextId": ctx, "returnByValue": by_value, "awaitPromise": true });
             match self.call("Runtime.evaluate", params).await {
                 Err(e) if !retried && context_gone(&e) => {
                     retried = true;
@@ -447,6 +467,7 @@ impl Cdp {
                 ex["text"].as_str().unwrap_or("exception")
             )));
         }
-        Ok(out["result"]["value"].clone())
+        let mut out = out;
+        Ok(out["result"].take())
     }
 }

@@ -39,6 +39,7 @@ pub mod groups;
 pub mod input;
 pub mod keys;
 pub mod page;
+pub mod page_act;
 pub mod png_bands;
 pub mod provider;
 pub mod runtime;

@@ -1,11 +1,12 @@
 //! The page-browser tools over DevTools: navigate, snapshot (bounded text and up to 80
-//! interactive elements with refs, password values masked), act on a ref, and answer the
-//! page's JavaScript dialogs. Refs live only
-//! in the isolated world of the document they were taken from: a ref whose element is gone,
-//! replaced or from an older snapshot is refused, never retargeted. Snapshots are numbered
+//! interactive elements with refs, password values masked), act on a ref (click, type, press,
+//! select an option, upload a workspace file), and answer the page's JavaScript dialogs. Refs
+//! live only in the isolated world of the document they were taken from: a ref whose element
+//! is gone, replaced or from an older snapshot is refused, never retargeted. Snapshots are numbered
 //! across the process (from a random start), so a ref of another document, or of a browser
 //! before a restart, never names an element of this one.
 
+use std::path::Path;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,10 +27,11 @@ pub struct PageSessions {
 
 impl PageSessions {
     /// Runs `command` on the connection of `key`, dialing one with `connect` when there is
-    /// none (or the old one closed).
+    /// none (or the old one closed); `home` is the workspace as the browser sees it.
     pub async fn run<F, Fut>(
         &self,
         key: String,
+        home: &Path,
         connect: F,
         command: &BrowserCommand,
     ) -> Result<Value, rakazo_actors::provider::ProviderError>
@@ -45,7 +47,7 @@ impl PageSessions {
                 Some(cdp) => cdp,
                 empty => empty.insert(connect().await?),
             };
-            match run(cdp, command).await {
+            match run(cdp, command, home).await {
                 Err(DesktopError::Browser(msg))
                     if attempt == 0 && msg.contains("DevTools connection") =>
                 {
@@ -128,45 +130,19 @@ pub fn snapshot_script(n: u64) -> String {
         .replace("__OPTIONS__", &MAX_OPTIONS.to_string())
 }
 
-/// Finds a ref of the current snapshot, or reports it stale.
-const FIND_JS: &str = r#"(() => {
-  const state = window.__rakazo; const ref = __REF__;
-  const el = state && state.refs[ref];
-  if (!el || !el.isConnected || !ref.startsWith('s' + state.n + 'e')) return { stale: true };
-  el.scrollIntoView({ block: 'center', inline: 'center' });
-  const r = el.getBoundingClientRect();
-  return { stale: false, x: r.left + r.width / 2, y: r.top + r.height / 2, tag: el.tagName.toLowerCase() };
-})()"#;
-
-/// Chooses an option of a ref's select element by its value, else by its label, and tells the
-/// page as a person's choice would (`input`, then `change`).
-const SELECT_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
-  if (!el || !el.isConnected) return { stale: true };
-  if (el.tagName.toLowerCase() !== 'select') return { notSelect: true };
-  const want = __WANT__, options = Array.from(el.options);
-  const opt = options.find(o => o.value === want) || options.find(o => o.label.trim() === want || o.text.trim() === want);
-  if (!opt) return { missing: true };
-  if (opt.disabled) return { disabled: true };
-  el.focus(); el.value = opt.value; opt.selected = true;
-  el.dispatchEvent(new Event('input', { bubbles: true }));
-  el.dispatchEvent(new Event('change', { bubbles: true }));
-  return { value: opt.value, label: opt.label };
-})()"#;
-
-/// Focuses a ref's element and clears it (before typing).
-const FOCUS_CLEAR_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
-  if (!el || !el.isConnected) return false; el.focus(); if ('value' in el) { el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true })); } return true; })()"#;
-
-fn quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
-
 /// Run one command on the attached tab. While a JavaScript dialog of the page is open, a
 /// snapshot or an action is refused (the page runs nothing until the dialog is answered); a
 /// navigation dismisses the dialog, as the browser does, and says so. A dialog that opens
 /// during a navigation or an action is named in its answer, the action done as far as its
 /// answer says.
-pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, DesktopError> {
+///
+/// `home` is the workspace as the browser sees it: a file an upload names (a workspace path,
+/// checked by the caller) is given to the page from there.
+pub async fn run(
+    cdp: &mut Cdp,
+    command: &BrowserCommand,
+    home: &Path,
+) -> Result<Value, DesktopError> {
     cdp.follow_screen().await?;
     let takes_dialog = matches!(
         command,
@@ -204,7 +180,7 @@ pub async fn run(cdp: &mut Cdp, command: &BrowserCommand) -> Result<Value, Deskt
             element,
             action,
             text,
-        } => act(cdp, element, action, text.as_deref()).await,
+        } => super::page_act::act(cdp, element, action, text.as_deref(), home).await,
         BrowserCommand::Dialog { accept, text } => {
             answer_dialog(cdp, *accept, text.as_deref()).await
         }
@@ -263,148 +239,4 @@ async fn answer_dialog(
     cdp.call("Page.handleJavaScriptDialog", params).await?;
     cdp.dialog_answered();
     Ok(json!({ "dialog": dialog.to_json(), "accepted": accept }))
-}
-
-/// The answer of an action interrupted by `e` after its `done` steps: a dialog the page opened
-/// is named with what was done (the action reached the page); any other failure says what was
-/// confirmed.
-fn interrupted(
-    cdp: &Cdp,
-    element: &str,
-    action: &str,
-    done: &[&str],
-    e: DesktopError,
-) -> Result<Value, DesktopError> {
-    if let (DesktopError::DialogOpen(_), Some(dialog)) = (&e, cdp.dialog()) {
-        return Ok(
-            json!({ "ref": element, "action": action, "confirmed": done, "dialog": dialog.to_json() }),
-        );
-    }
-    Err(DesktopError::Browser(format!(
-        "{e}; confirmed steps: [{}]; the outcome may be uncertain, look before retrying",
-        done.join(", ")
-    )))
-}
-
-async fn act(
-    cdp: &mut Cdp,
-    element: &str,
-    action: &str,
-    text: Option<&str>,
-) -> Result<Value, DesktopError> {
-    let found = cdp
-        .evaluate(&FIND_JS.replace("__REF__", &quote(element)))
-        .await?;
-    if found["stale"] != false {
-        return Err(DesktopError::Browser(format!(
-            "stale ref {element}: the page changed since the snapshot; take a new browser_snapshot (nothing was done)"
-        )));
-    }
-    let (x, y) = (
-        found["x"].as_f64().unwrap_or(0.0),
-        found["y"].as_f64().unwrap_or(0.0),
-    );
-    let mut done: Vec<&str> = Vec::new();
-    match action {
-        "click" => {
-            for kind in ["mousePressed", "mouseReleased"] {
-                let event =
-                    json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 });
-                if let Err(e) = cdp.call("Input.dispatchMouseEvent", event).await {
-                    return interrupted(cdp, element, action, &done, e);
-                }
-                done.push(kind);
-            }
-        }
-        "type" => {
-            let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
-            let focused = match cdp
-                .evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)))
-                .await
-            {
-                Ok(focused) => focused,
-                Err(e @ DesktopError::DialogOpen(_)) => {
-                    return interrupted(cdp, element, action, &done, e);
-                }
-                Err(e) => return Err(e),
-            };
-            if focused != true {
-                return Err(DesktopError::Browser(format!(
-                    "stale ref {element}: take a new browser_snapshot"
-                )));
-            }
-            done.push("focused");
-            if let Err(e) = cdp.call("Input.insertText", json!({ "text": text })).await {
-                return interrupted(cdp, element, action, &done, e);
-            }
-            done.push("typed");
-        }
-        "press" => {
-            let key = text.unwrap_or("Enter");
-            let focus = FOCUS_CLEAR_JS.replace("__REF__", &quote(element)).replace(
-                "el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true }));",
-                "",
-            );
-            match cdp.evaluate(&focus).await {
-                Ok(_) => {}
-                Err(e @ DesktopError::DialogOpen(_)) => {
-                    return interrupted(cdp, element, action, &done, e);
-                }
-                Err(e) => return Err(e),
-            }
-            for kind in ["keyDown", "keyUp"] {
-                let mut ev = json!({ "type": kind, "key": key, "code": key });
-                if key == "Enter" {
-                    ev["windowsVirtualKeyCode"] = json!(13);
-                    if kind == "keyDown" {
-                        ev["text"] = json!("\r");
-                    }
-                }
-                if let Err(e) = cdp.call("Input.dispatchKeyEvent", ev).await {
-                    return interrupted(cdp, element, action, &done, e);
-                }
-                done.push(kind);
-            }
-        }
-        "select" => {
-            let want = text.ok_or_else(|| {
-                DesktopError::Browser("select needs text: the option's value or label".into())
-            })?;
-            let script = SELECT_JS
-                .replace("__REF__", &quote(element))
-                .replace("__WANT__", &quote(want));
-            let chosen = match cdp.evaluate(&script).await {
-                Ok(chosen) => chosen,
-                Err(e @ DesktopError::DialogOpen(_)) => {
-                    return interrupted(cdp, element, action, &["selected"], e);
-                }
-                Err(e) => return Err(e),
-            };
-            let refused =
-                |why: &str| Err(DesktopError::Browser(format!("{why} (nothing was done)")));
-            if chosen["stale"] == true {
-                return refused(&format!("stale ref {element}: take a new browser_snapshot"));
-            }
-            if chosen["notSelect"] == true {
-                return refused(&format!(
-                    "{element} is not a select element: click it, or type into it"
-                ));
-            }
-            if chosen["missing"] == true || chosen["disabled"] == true {
-                return refused(&format!(
-                    "{element} has no option {want:?} that can be chosen: give an option's value or label from the snapshot"
-                ));
-            }
-            return Ok(
-                json!({ "ref": element, "action": action, "confirmed": ["selected"],
-                              "value": chosen["value"], "label": chosen["label"] }),
-            );
-        }
-        other => {
-            return Err(DesktopError::Browser(format!(
-                "browser_act cannot {other:?}; use click, type, press or select, or the desktop tools for anything else"
-            )));
-        }
-    }
-    Ok(json!({ "ref": element, "action": action, "confirmed": done }))
 }

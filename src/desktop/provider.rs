@@ -365,9 +365,9 @@ impl SandboxProvider for DesktopProvider {
         let m = self.machine(machine).await?;
         m.runtime.wake_browser(bot_id).await?;
         let key = format!("{}/{bot_id}", machine.0);
-        self.pages
-            .run(key, || super::cdp::Cdp::connect(&m.home, bot_id), command)
-            .await
+        let connect = || super::cdp::Cdp::connect(&m.home, bot_id);
+        let home = m.runtime.workspace();
+        self.pages.run(key, home, connect, command).await
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {

@@ -487,6 +487,11 @@ impl DesktopRuntime {
         });
     }
 
+    /// The workspace as the computer's processes see it (the bots' home).
+    pub fn workspace(&self) -> &std::path::Path {
+        &self.config.workspace
+    }
+
     /// How the spare display stacks stand (for health).
     pub fn warm_status(&self) -> WarmStatus {
         self.warm.status()

@@ -651,6 +651,26 @@ async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Va
     })
 }
 
+/// The workspace path of a file an upload names (as the agent writes paths): a regular file
+/// as the workspace's listing shows it (a link is refused, never followed).
+async fn upload_file(ctx: &ToolCtx<'_>, path: &str) -> DomainResult<String> {
+    let path = ctx.path(path, false)?;
+    let OpOutput::Files(entries) = ctx.op(Op::ListFiles(parent(&path).to_owned())).await? else {
+        return Err(DomainError::new(
+            ErrorCode::Internal,
+            "unexpected provider reply",
+        ));
+    };
+    match entries.iter().find(|e| e.path == path) {
+        Some(e) if e.kind == "file" => Ok(path),
+        Some(e) => Err(DomainError::new(
+            ErrorCode::PathRejected,
+            format!("{} is a {}, not a file", ctx.shown(&path), e.kind),
+        )),
+        None => Err(DomainError::not_found(&ctx.shown(&path))),
+    }
+}
+
 fn parent(path: &str) -> &str {
     path.rfind('/').map_or("", |i| &path[..i])
 }
@@ -832,8 +852,17 @@ async fn browser(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value>
         return Err(DomainError::invalid("arguments must be an object"));
     };
     m.insert("command".into(), json!(name.trim_start_matches("browser_")));
-    let command: BrowserCommand = serde_json::from_value(a)
+    let mut command: BrowserCommand = serde_json::from_value(a)
         .map_err(|e| DomainError::invalid(format!("invalid arguments: {e}")))?;
+    if let BrowserCommand::Act {
+        action,
+        text: Some(file),
+        ..
+    } = &mut command
+        && action == "upload"
+    {
+        *file = upload_file(ctx, file).await?;
+    }
     open_screen(ctx).await?;
     let OpOutput::Json(v) = ctx.op(Op::Browser(ctx.run.bot_id.clone(), command)).await? else {
         return Err(DomainError::new(

@@ -91,9 +91,9 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "browser_act",
-            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value), press a key, or select an option of a select element (text: the option's value or label, as the snapshot lists them). A stale ref is refused; nothing is replayed.",
+            "Act on an element of the last browser_snapshot by its ref: click, type (replaces the value), press a key, select an option of a select element (text: the option's value or label, as the snapshot lists them), or upload a workspace file into a file input (text: its path, as the file tools take it). A stale ref is refused; nothing is replayed.",
             json!({ "type": "object", "required": ["ref", "action"], "additionalProperties": false, "properties": {
-                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press", "select"] },
+                "ref": { "type": "string" }, "action": { "enum": ["click", "type", "press", "select", "upload"] },
                 "text": { "type": "string" } } }),
         ),
         tool(

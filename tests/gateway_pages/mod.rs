@@ -7,8 +7,8 @@ use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxP
 
 /// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
 /// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
-/// opened, read and clicked (the click opens a dialog, named and answered); the tools follow a
-/// second tab the bot opens.
+/// opened, read and clicked (the click opens a dialog, named and answered), a workspace file
+/// is uploaded into it; the tools follow a second tab the bot opens.
 pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     assert!(p.describe().capabilities.page_browser);
     let spec = MachineSpec {
@@ -18,7 +18,7 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         home_key: format!("h-pages-{name}"),
     };
     let machine = p.provision(&spec).await.unwrap();
-    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent = confirm('Sure?') ? 'Done' : 'Not'">Go</button>"#;
+    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent = confirm('Sure?') ? 'Done' : 'Not'">Go</button><input type="file" aria-label="Attachment" onchange="document.title = 'Picked ' + this.files[0].size">"#;
     p.write_file(&machine, "site/index.html", page.as_bytes())
         .await
         .unwrap();
@@ -76,6 +76,19 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         .await
         .unwrap();
     assert_eq!(after["elements"][0]["name"], "Done", "{after}");
+    // A workspace file reaches a file input from the workspace as the computer sees it.
+    p.write_file(&machine, "notes.txt", b"hello").await.unwrap();
+    let upload = BrowserCommand::Act {
+        element: after["elements"][1]["ref"].as_str().unwrap().to_owned(),
+        action: "upload".into(),
+        text: Some("notes.txt".into()),
+    };
+    p.browser(&machine, "bot-1", &upload).await.unwrap();
+    let picked = p
+        .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    assert_eq!(picked["title"], "Picked 5", "{picked}");
 
     // A tab the bot opens in front is the one the tools read next.
     p.open(&machine, "bot-1", &format!("{url}?second"))

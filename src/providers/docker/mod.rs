@@ -528,7 +528,8 @@ impl SandboxProvider for DockerProvider {
                 ));
             };
             let connect = || gateway_stream::devtools(&m.runtime, bot_id, Some(port), |r| r);
-            return self.pages.run(key, connect, command).await;
+            let home = m.runtime.workspace();
+            return self.pages.run(key, home, connect, command).await;
         }
         let home = Self::home(&m)?;
         let sockets = PathBuf::from(&m.info.x11_dir);
@@ -549,7 +550,8 @@ impl SandboxProvider for DockerProvider {
             .map_err(bridge)?;
             Cdp::over(Box::new(stream), port, &path).await
         };
-        self.pages.run(key, connect, command).await
+        let home = m.runtime.workspace();
+        self.pages.run(key, home, connect, command).await
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

@@ -726,7 +726,8 @@ impl SandboxProvider for KubernetesProvider {
             let reach = |route| Self::upstream(&m.ip, route);
             gateway_stream::devtools(&m.runtime, bot_id, Some(GATEWAY_PORT), reach)
         };
-        m.pages.run(bot_id.to_owned(), connect, command).await
+        let home = m.runtime.workspace();
+        m.pages.run(bot_id.to_owned(), home, connect, command).await
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {

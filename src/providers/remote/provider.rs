@@ -429,7 +429,8 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                     .map_err(|e| crate::desktop::DesktopError::Browser(e.to_string()))?;
                 gateway_stream::devtools(&m.runtime, bot_id, Some(port), |route| route).await
             };
-            m.pages.run(bot_id.to_owned(), connect, command).await
+            let home = m.runtime.workspace();
+            m.pages.run(bot_id.to_owned(), home, connect, command).await
         })
         .await
     }

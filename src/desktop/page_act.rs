@@ -1,0 +1,213 @@
+//! `browser_act`: acting on an element of the last snapshot by its ref (click, type, press,
+//! select an option, upload a workspace file). A ref is looked up in the isolated world of the
+//! snapshot's document and refused when stale; nothing is replayed. An action a dialog of the
+//! page interrupts is answered with the dialog and what was done.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::DesktopError;
+use super::cdp::Cdp;
+
+/// Finds a ref of the current snapshot, or reports it stale.
+const FIND_JS: &str = r#"(() => {
+  const state = window.__rakazo; const ref = __REF__;
+  const el = state && state.refs[ref];
+  if (!el || !el.isConnected || !ref.startsWith('s' + state.n + 'e')) return { stale: true };
+  el.scrollIntoView({ block: 'center', inline: 'center' });
+  const r = el.getBoundingClientRect();
+  return { stale: false, x: r.left + r.width / 2, y: r.top + r.height / 2, tag: el.tagName.toLowerCase() };
+})()"#;
+
+/// Chooses an option of a ref's select element by its value, else by its label, and tells the
+/// page as a person's choice would (`input`, then `change`).
+const SELECT_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
+  if (!el || !el.isConnected) return { stale: true };
+  if (el.tagName.toLowerCase() !== 'select') return { notSelect: true };
+  const want = __WANT__, options = Array.from(el.options);
+  const opt = options.find(o => o.value === want) || options.find(o => o.label.trim() === want || o.text.trim() === want);
+  if (!opt) return { missing: true };
+  if (opt.disabled) return { disabled: true };
+  el.focus(); el.value = opt.value; opt.selected = true;
+  el.dispatchEvent(new Event('input', { bubbles: true }));
+  el.dispatchEvent(new Event('change', { bubbles: true }));
+  return { value: opt.value, label: opt.label };
+})()"#;
+
+/// A ref's element when it is a file input still in the page, else `null`.
+const FILE_INPUT_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
+  return el && el.isConnected && el.tagName.toLowerCase() === 'input' && el.type === 'file' ? el : null; })()"#;
+
+/// Focuses a ref's element and clears it (before typing).
+const FOCUS_CLEAR_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
+  if (!el || !el.isConnected) return false; el.focus(); if ('value' in el) { el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true })); } return true; })()"#;
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The answer of an action interrupted by `e` after its `done` steps: a dialog the page opened
+/// is named with what was done (the action reached the page); any other failure says what was
+/// confirmed.
+fn interrupted(
+    cdp: &Cdp,
+    element: &str,
+    action: &str,
+    done: &[&str],
+    e: DesktopError,
+) -> Result<Value, DesktopError> {
+    if let (DesktopError::DialogOpen(_), Some(dialog)) = (&e, cdp.dialog()) {
+        return Ok(
+            json!({ "ref": element, "action": action, "confirmed": done, "dialog": dialog.to_json() }),
+        );
+    }
+    Err(DesktopError::Browser(format!(
+        "{e}; confirmed steps: [{}]; the outcome may be uncertain, look before retrying",
+        done.join(", ")
+    )))
+}
+
+/// Does `action` on the element `element` of the last snapshot.
+pub(super) async fn act(
+    cdp: &mut Cdp,
+    element: &str,
+    action: &str,
+    text: Option<&str>,
+    home: &Path,
+) -> Result<Value, DesktopError> {
+    let found = cdp
+        .evaluate(&FIND_JS.replace("__REF__", &quote(element)))
+        .await?;
+    if found["stale"] != false {
+        return Err(DesktopError::Browser(format!(
+            "stale ref {element}: the page changed since the snapshot; take a new browser_snapshot (nothing was done)"
+        )));
+    }
+    let (x, y) = (
+        found["x"].as_f64().unwrap_or(0.0),
+        found["y"].as_f64().unwrap_or(0.0),
+    );
+    let mut done: Vec<&str> = Vec::new();
+    match action {
+        "click" => {
+            for kind in ["mousePressed", "mouseReleased"] {
+                let event =
+                    json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 });
+                if let Err(e) = cdp.call("Input.dispatchMouseEvent", event).await {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                done.push(kind);
+            }
+        }
+        "type" => {
+            let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
+            let focused = match cdp
+                .evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)))
+                .await
+            {
+                Ok(focused) => focused,
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                Err(e) => return Err(e),
+            };
+            if focused != true {
+                return Err(DesktopError::Browser(format!(
+                    "stale ref {element}: take a new browser_snapshot"
+                )));
+            }
+            done.push("focused");
+            if let Err(e) = cdp.call("Input.insertText", json!({ "text": text })).await {
+                return interrupted(cdp, element, action, &done, e);
+            }
+            done.push("typed");
+        }
+        "press" => {
+            let key = text.unwrap_or("Enter");
+            let focus = FOCUS_CLEAR_JS.replace("__REF__", &quote(element)).replace(
+                "el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true }));",
+                "",
+            );
+            match cdp.evaluate(&focus).await {
+                Ok(_) => {}
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                Err(e) => return Err(e),
+            }
+            for kind in ["keyDown", "keyUp"] {
+                let mut ev = json!({ "type": kind, "key": key, "code": key });
+                if key == "Enter" {
+                    ev["windowsVirtualKeyCode"] = json!(13);
+                    if kind == "keyDown" {
+                        ev["text"] = json!("\r");
+                    }
+                }
+                if let Err(e) = cdp.call("Input.dispatchKeyEvent", ev).await {
+                    return interrupted(cdp, element, action, &done, e);
+                }
+                done.push(kind);
+            }
+        }
+        "upload" => {
+            let file = text.ok_or_else(|| {
+                DesktopError::Browser("upload needs text: the workspace file's path".into())
+            })?;
+            let input = cdp
+                .evaluate_object(&FILE_INPUT_JS.replace("__REF__", &quote(element)))
+                .await?
+                .ok_or_else(|| {
+                    DesktopError::Browser(format!(
+                        "{element} is not a file input (nothing was done): upload works on an input of type file"
+                    ))
+                })?;
+            let files = json!([home.join(file).to_string_lossy()]);
+            let params = json!({ "files": files, "objectId": input });
+            if let Err(e) = cdp.call("DOM.setFileInputFiles", params).await {
+                return interrupted(cdp, element, action, &done, e);
+            }
+            done.push("files set");
+        }
+        "select" => {
+            let want = text.ok_or_else(|| {
+                DesktopError::Browser("select needs text: the option's value or label".into())
+            })?;
+            let script = SELECT_JS
+                .replace("__REF__", &quote(element))
+                .replace("__WANT__", &quote(want));
+            let chosen = match cdp.evaluate(&script).await {
+                Ok(chosen) => chosen,
+                Err(e @ DesktopError::DialogOpen(_)) => {
+                    return interrupted(cdp, element, action, &["selected"], e);
+                }
+                Err(e) => return Err(e),
+            };
+            let refused =
+                |why: &str| Err(DesktopError::Browser(format!("{why} (nothing was done)")));
+            if chosen["stale"] == true {
+                return refused(&format!("stale ref {element}: take a new browser_snapshot"));
+            }
+            if chosen["notSelect"] == true {
+                return refused(&format!(
+                    "{element} is not a select element: click it, or type into it"
+                ));
+            }
+            if chosen["missing"] == true || chosen["disabled"] == true {
+                return refused(&format!(
+                    "{element} has no option {want:?} that can be chosen: give an option's value or label from the snapshot"
+                ));
+            }
+            return Ok(
+                json!({ "ref": element, "action": action, "confirmed": ["selected"],
+                              "value": chosen["value"], "label": chosen["label"] }),
+            );
+        }
+        other => {
+            return Err(DesktopError::Browser(format!(
+                "browser_act cannot {other:?}; use click, type, press, select or upload, or the desktop tools for anything else"
+            )));
+        }
+    }
+    Ok(json!({ "ref": element, "action": action, "confirmed": done }))
+}

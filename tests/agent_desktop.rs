@@ -506,6 +506,11 @@ async fn page_tools_follow_the_document_through_navigation_and_history() {
     );
 }
 
+/// Answers the page's open dialog: accepted or dismissed.
+async fn dismiss_or_accept(s: &TestServer, run: &str, fence: i64, accept: bool) -> Value {
+    tool(s, run, fence, "browser_dialog", json!({ "accept": accept })).await
+}
+
 /// A page tool call that must fail; its error's code and message.
 async fn refused(
     s: &TestServer,
@@ -544,14 +549,7 @@ async fn page_tools_answer_the_pages_dialogs() {
     let (code, _) = refused(&s, &run, fence, "browser_act", args).await;
     assert_eq!(code, "PAGE_DIALOG_OPEN");
     // Dismissed: the page's script goes on with the answer.
-    let answered = tool(
-        &s,
-        &run,
-        fence,
-        "browser_dialog",
-        json!({ "accept": false }),
-    )
-    .await;
+    let answered = dismiss_or_accept(&s, &run, fence, false).await;
     assert_eq!(
         answered["structuredContent"]["accepted"], false,
         "{answered}"
@@ -604,7 +602,7 @@ async fn page_tools_answer_the_pages_dialogs() {
         navigated["structuredContent"]["dialog"]["message"],
         "Welcome aboard"
     );
-    tool(&s, &run, fence, "browser_dialog", json!({ "accept": true })).await;
+    dismiss_or_accept(&s, &run, fence, true).await;
     let welcome = snapshot_of(&s, &run, fence, "Welcome").await;
     assert!(
         welcome["structuredContent"]["text"]
@@ -635,21 +633,14 @@ async fn page_tools_answer_the_pages_dialogs() {
         clicked["structuredContent"]["dialog"]["type"], "beforeunload",
         "{clicked}"
     );
-    tool(
-        &s,
-        &run,
-        fence,
-        "browser_dialog",
-        json!({ "accept": false }),
-    )
-    .await;
+    dismiss_or_accept(&s, &run, fence, false).await;
     let page = snapshot_of(&s, &run, fence, "Unsaved").await;
     let clicked = tool(&s, &run, fence, "browser_act", leave(&page)).await;
     assert_eq!(
         clicked["structuredContent"]["dialog"]["type"], "beforeunload",
         "{clicked}"
     );
-    tool(&s, &run, fence, "browser_dialog", json!({ "accept": true })).await;
+    dismiss_or_accept(&s, &run, fence, true).await;
     snapshot_of(&s, &run, fence, "First").await;
 }
 
@@ -722,44 +713,18 @@ async fn page_tools_upload_a_workspace_file_into_a_file_input() {
     let upload = |page: &Value, name: &str, file: &str| json!({ "ref": ref_named(page, name), "action": "upload", "text": file });
     // A path that leaves the workspace, a missing file, a link and an element that takes no
     // file are refused, and nothing reaches the page.
-    let (code, _) = refused(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        upload(&page, "Attachment", "../../../etc/passwd"),
-    )
-    .await;
-    assert_eq!(code, "PATH_REJECTED");
-    let (code, _) = refused(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        upload(&page, "Attachment", "missing.txt"),
-    )
-    .await;
-    assert_eq!(code, "NOT_FOUND");
     let link = json!({ "command": "ln -s /etc/hostname link.txt" });
     tool(&s, &run, fence, "shell", link).await;
-    let (code, message) = refused(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        upload(&page, "Attachment", "link.txt"),
-    )
-    .await;
-    assert_eq!(code, "PATH_REJECTED", "{message}");
-    let (code, _) = refused(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        upload(&page, "Send", "notes.txt"),
-    )
-    .await;
-    assert_eq!(code, "PAGE_ACTION_FAILED");
+    for (element, file, want) in [
+        ("Attachment", "../../../etc/passwd", "PATH_REJECTED"),
+        ("Attachment", "missing.txt", "NOT_FOUND"),
+        ("Attachment", "link.txt", "PATH_REJECTED"),
+        ("Send", "notes.txt", "PAGE_ACTION_FAILED"),
+    ] {
+        let args = upload(&page, element, file);
+        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
+        assert_eq!(code, want, "{file}: {message}");
+    }
     snapshot_of(&s, &run, fence, "Upload").await;
     // The bot's own file, as its file tools name it, reaches the page.
     let page = snapshot_of(&s, &run, fence, "Upload").await;

@@ -77,6 +77,8 @@ pub const MAX_ELEMENTS: usize = 80;
 pub const MAX_TEXT: usize = 8000;
 /// Most options listed of one select element in a snapshot.
 pub const MAX_OPTIONS: usize = 50;
+/// Most options listed in one snapshot, all its select elements together.
+pub const MAX_ALL_OPTIONS: usize = 200;
 /// How long a navigation may take to load.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -88,6 +90,7 @@ static SNAPSHOTS: LazyLock<AtomicU64> =
 /// snapshot `__N__`.
 const SNAPSHOT_JS: &str = r#"(() => {
   const max = __MAX__, maxText = __TEXT__;
+  let optionsLeft = __ALL_OPTIONS__;
   const sel = 'a[href],button,input,select,textarea,[role=button],[role=link],[role=checkbox],[role=tab],[role=menuitem],[contenteditable=true]';
   const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
@@ -110,9 +113,11 @@ const SNAPSHOT_JS: &str = r#"(() => {
       name: tag === 'select' ? named(attr('aria-label'), label, attr('name'), attr('title'))
         : named(attr('aria-label'), attr('placeholder'), el.innerText, attr('name'), attr('title')) };
     if (tag === 'select') {
-      item.options = Array.from(el.options).slice(0, __OPTIONS__).map(o =>
+      const listed = Math.min(el.options.length, __OPTIONS__, optionsLeft);
+      optionsLeft -= listed;
+      item.options = Array.from(el.options).slice(0, listed).map(o =>
         ({ value: o.value.slice(0, 120), label: o.label.trim().slice(0, 120), selected: o.selected }));
-      if (el.options.length > __OPTIONS__) item.moreOptions = el.options.length - __OPTIONS__;
+      if (el.options.length > listed) item.moreOptions = el.options.length - listed;
     }
     items.push(item);
   }
@@ -127,6 +132,7 @@ pub fn snapshot_script(n: u64) -> String {
         .replace("__N__", &n.to_string())
         .replace("__MAX__", &MAX_ELEMENTS.to_string())
         .replace("__TEXT__", &MAX_TEXT.to_string())
+        .replace("__ALL_OPTIONS__", &MAX_ALL_OPTIONS.to_string())
         .replace("__OPTIONS__", &MAX_OPTIONS.to_string())
 }
 

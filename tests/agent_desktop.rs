@@ -73,6 +73,10 @@ const UPLOAD: &str = r#"<!doctype html><html><head><title>Upload</title></head><
 const WELCOME: &str =
     "<!doctype html><title>Welcome</title><script>alert('Welcome aboard')</script><p>in</p>";
 
+/// A page with a link to a file the site sends as an attachment.
+const FILES: &str = r#"<!doctype html><html><head><title>Files</title></head><body>
+<a href="/report">Report</a></body></html>"#;
+
 /// A file the fixture site sends as an attachment (`/report`).
 const REPORT: &str = "month,total\njanuary,12\n";
 
@@ -113,6 +117,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     "/unsaved" => UNSAVED,
                     "/choose" => CHOOSE,
                     "/upload" => UPLOAD,
+                    "/files" => FILES,
                     "/report" => REPORT,
                     _ => "ok",
                 };
@@ -220,8 +225,13 @@ fn ref_named(snap: &Value, name: &str) -> String {
 
 /// Clicks the element `reference` of the last page snapshot.
 async fn click_ref(s: &TestServer, run: &str, fence: i64, reference: &str) {
+    click_answer(s, run, fence, reference).await;
+}
+
+/// Clicks the element `reference` of the last page snapshot; the answer.
+async fn click_answer(s: &TestServer, run: &str, fence: i64, reference: &str) -> Value {
     let args = json!({ "ref": reference, "action": "click" });
-    tool(s, run, fence, "browser_act", args).await;
+    tool(s, run, fence, "browser_act", args).await
 }
 
 #[actix_rt::test]
@@ -660,6 +670,32 @@ async fn a_navigation_to_a_file_answers_with_its_download() {
     let read = tool(&s, &run, fence, "read_file", json!({ "path": path })).await;
     assert!(read.to_string().contains("january,12"), "{read}");
     snapshot_of(&s, &run, fence, "First").await;
+
+    // A link to the file, clicked: the click, or the next page command, names the download
+    // once it has begun and once it has ended.
+    let files = open_and_snapshot(&s, &run, fence, &format!("{site}/files"), "Files").await;
+    let mut told = vec![click_answer(&s, &run, fence, &ref_named(&files, "Report")).await];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !told
+        .iter()
+        .any(|t| t["structuredContent"]["download"]["state"] == "completed")
+    {
+        assert!(Instant::now() < deadline, "no download named: {told:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        told.push(snapshot_of(&s, &run, fence, "Files").await);
+    }
+    let named: Vec<&Value> = told
+        .iter()
+        .map(|t| &t["structuredContent"]["download"])
+        .filter(|d| !d.is_null())
+        .collect();
+    assert_eq!(
+        named.last().unwrap()["suggestedFilename"],
+        "report.csv",
+        "{named:?}"
+    );
+    // Each state is named once.
+    assert!(named.len() <= 2, "{named:?}");
 }
 
 #[actix_rt::test]

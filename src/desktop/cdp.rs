@@ -381,7 +381,13 @@ impl Cdp {
                 Err(_) => break,
             }
         }
-        Ok(self.tab.download_json())
+        Ok(self.tab.tell_download())
+    }
+
+    /// The tab's last download when it began or ended since an answer last named it (a
+    /// click on a link to a file, say).
+    pub fn download_news(&mut self) -> Option<Value> {
+        self.tab.download_news()
     }
 
     async fn call_browser(&mut self, method: &str, params: Value) -> Result<Value, DesktopError> {

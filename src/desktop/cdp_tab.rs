@@ -39,6 +39,8 @@ struct Download {
     /// `inProgress`, `completed` or `canceled`.
     state: String,
     bytes: u64,
+    /// The state an answer last named.
+    told: Option<String>,
 }
 
 /// A JavaScript dialog open on the attached tab (alert, confirm, prompt, beforeunload), as
@@ -104,6 +106,8 @@ impl Tab {
                     frame: frame["id"].as_str().map(str::to_owned),
                     document: frame["loaderId"].as_str().map(str::to_owned),
                     caught_up: self.caught_up,
+                    // A download goes on whatever page the tab shows.
+                    download: self.download.take(),
                     ..Tab::default()
                 };
             }
@@ -118,6 +122,7 @@ impl Tab {
                     file: bounded(&params["suggestedFilename"]).unwrap_or_default(),
                     state: "inProgress".into(),
                     bytes: 0,
+                    told: None,
                 });
             }
             Some("Page.downloadProgress") => {
@@ -142,16 +147,23 @@ impl Tab {
             .is_some_and(|d| d.state != "inProgress")
     }
 
-    /// The last download as a navigation's answer names it: its file name as the server
-    /// suggested it and the folder the browser saves into (`/Downloads`: from the workspace
-    /// root, as the file tools read a path).
-    pub(super) fn download_json(&self) -> Value {
-        match &self.download {
+    /// The last download as an answer names it: its file name as the server suggested it and
+    /// the folder the browser saves into (`/Downloads`: from the workspace root, as the file
+    /// tools read a path); counted as told.
+    pub(super) fn tell_download(&mut self) -> Value {
+        match &mut self.download {
             Some(d) => {
+                d.told = Some(d.state.clone());
                 json!({ "suggestedFilename": d.file, "state": d.state, "bytes": d.bytes, "folder": "/Downloads" })
             }
             None => json!({ "state": "notStarted" }),
         }
+    }
+
+    /// The last download when its state changed since an answer last named it.
+    pub(super) fn download_news(&mut self) -> Option<Value> {
+        let d = self.download.as_ref()?;
+        (d.told.as_deref() != Some(d.state.as_str())).then(|| self.tell_download())
     }
 }
 
@@ -209,7 +221,9 @@ mod tests {
         let done = json!({ "guid": "g1", "state": "completed", "receivedBytes": 7 });
         tab.note(Some("Page.downloadProgress"), &done);
         assert!(tab.download_ended());
-        assert_eq!(tab.download_json()["bytes"], 7);
+        assert_eq!(tab.download_news().unwrap()["bytes"], 7);
+        // Told once, and kept through the tab's next document.
+        assert!(tab.download_news().is_none());
 
         tab.world = Some(3);
         tab.caught_up = true;

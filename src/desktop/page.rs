@@ -180,17 +180,29 @@ pub async fn run(
         }
         BrowserCommand::Snapshot => {
             let n = SNAPSHOTS.fetch_add(1, Ordering::Relaxed);
-            cdp.evaluate(&snapshot_script(n)).await
+            let snapshot = cdp.evaluate(&snapshot_script(n)).await?;
+            Ok(with_download_news(cdp, snapshot))
         }
         BrowserCommand::Act {
             element,
             action,
             text,
-        } => super::page_act::act(cdp, element, action, text.as_deref(), home).await,
+        } => {
+            let done = super::page_act::act(cdp, element, action, text.as_deref(), home).await?;
+            Ok(with_download_news(cdp, done))
+        }
         BrowserCommand::Dialog { accept, text } => {
             answer_dialog(cdp, *accept, text.as_deref()).await
         }
     }
+}
+
+/// `answer` with the tab's download news, if any (`download`).
+fn with_download_news(cdp: &mut Cdp, mut answer: Value) -> Value {
+    if let (Some(news), Value::Object(fields)) = (cdp.download_news(), &mut answer) {
+        fields.insert("download".into(), news);
+    }
+    answer
 }
 
 /// Loads `url` in the tab and waits for its document to load (or for the download it turned

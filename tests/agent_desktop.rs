@@ -455,15 +455,9 @@ async fn page_tools_follow_the_document_through_navigation_and_history() {
     let second = snapshot_of(&s, &run, fence, "Second").await;
     // A ref of the first page's snapshot names nothing on the second, though both pages have
     // an element at the same place in their snapshots: refused, and nothing is pressed.
-    let stale = s
-        .ok(
-            "tools/call",
-            json!({ "runId": run, "fence": fence, "name": "browser_act",
-                    "arguments": { "ref": ref_named(&first, "Mark"), "action": "click" } }),
-        )
-        .await;
-    assert_eq!(stale["isError"], true, "{stale}");
-    assert!(stale.to_string().contains("stale ref"), "{stale}");
+    let mark = |page: &Value| json!({ "ref": ref_named(page, "Mark"), "action": "click" });
+    let (code, message) = refused(&s, &run, fence, "browser_act", mark(&first)).await;
+    assert_eq!(code, "STALE_REF", "{message}");
     // Back to the first page, shown again from the back-forward cache ("First again"; a
     // browser short of memory may load it anew instead): its document is the one the tools
     // read and act on, never the second's.
@@ -476,14 +470,8 @@ async fn page_tools_follow_the_document_through_navigation_and_history() {
     }
     assert_eq!(*typed.lock().unwrap(), ["first"]);
     // The second page's refs are gone with its document.
-    let gone = s
-        .ok(
-            "tools/call",
-            json!({ "runId": run, "fence": fence, "name": "browser_act",
-                    "arguments": { "ref": ref_named(&second, "Mark"), "action": "click" } }),
-        )
-        .await;
-    assert_eq!(gone["isError"], true, "{gone}");
+    let (code, message) = refused(&s, &run, fence, "browser_act", mark(&second)).await;
+    assert_eq!(code, "STALE_REF", "{message}");
     assert_eq!(*typed.lock().unwrap(), ["first"]);
 
     // A navigation answers once its page has loaded, however late its server answers: the

@@ -65,7 +65,9 @@ pub fn parse_endpoint(text: &str) -> Option<(u16, String)> {
 /// before that read: after a navigation to another process, an old id could name a context
 /// of the new page. A world that is gone anyway (a renderer that went away) is made again and
 /// the evaluation sent again: it never ran. A navigation is awaited by reading the tab's
-/// events until its document has loaded.
+/// events until its document has loaded. A JavaScript dialog the tab shows is kept from its
+/// events too: while it is open, a command the page must answer is refused at once rather
+/// than left waiting for the dialog's answer.
 pub struct Cdp {
     socket: Socket,
     next_id: u64,
@@ -328,8 +330,8 @@ impl Cdp {
         Err(err("the DevTools connection closed"))
     }
 
-    /// Keeps up with the attached tab's top document: a new one has no world yet and has not
-    /// loaded.
+    /// Keeps up with the attached tab's events (its documents, dialogs and downloads: see
+    /// [`Tab::note`]).
     fn note(&mut self, v: &Value) {
         if v["sessionId"].as_str() == Some(self.session.as_str()) {
             self.tab.note(v["method"].as_str(), &v["params"]);

@@ -341,6 +341,15 @@ impl Table {
             .position(|s| matches!(&s.state, SlotState::Active(sc) if sc.bot_id == bot_id))
     }
 
+    /// The slot and screen of the bot's active screen.
+    fn active_mut(&mut self, bot_id: &str) -> Result<(usize, &mut Screen), DesktopError> {
+        let i = self.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
+        let SlotState::Active(screen) = &mut self.slots[i].state else {
+            unreachable!("slot_of finds active slots")
+        };
+        Ok((i, screen))
+    }
+
     fn reserved_of(&self, bot_id: &str) -> Option<usize> {
         self.slots
             .iter()
@@ -1174,10 +1183,7 @@ impl DesktopRuntime {
     /// Grants a view or control capability on the bot's screen through the gateway.
     pub async fn grant(&self, bot_id: &str, policy: Policy) -> Result<Capability, DesktopError> {
         let mut table = self.table.lock().await;
-        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            unreachable!("slot_of finds active slots")
-        };
+        let (i, screen) = table.active_mut(bot_id)?;
         self.thaw(screen).await?;
         let display = screen.display;
         self.gateway
@@ -1190,10 +1196,7 @@ impl DesktopRuntime {
     /// screen.
     pub async fn launch(&self, bot_id: &str, argv: Vec<String>) -> Result<(), DesktopError> {
         let mut table = self.table.lock().await;
-        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            unreachable!("slot_of finds active slots")
-        };
+        let (_, screen) = table.active_mut(bot_id)?;
         self.thaw(screen).await?;
         screen.last_used = Instant::now();
         let workspace = self.config.workspace.to_string_lossy().into_owned();
@@ -1349,10 +1352,7 @@ impl DesktopRuntime {
     /// The tag and display of the bot's screen, marked used and thawed.
     async fn active_screen(&self, bot_id: &str) -> Result<(String, u32), DesktopError> {
         let mut table = self.table.lock().await;
-        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            unreachable!("slot_of finds active slots")
-        };
+        let (_, screen) = table.active_mut(bot_id)?;
         screen.last_used = Instant::now();
         self.thaw(screen).await?;
         Ok((screen.tag.clone(), screen.display))
@@ -1521,10 +1521,7 @@ impl DesktopRuntime {
         bot_id: &str,
     ) -> Result<(Io, BusyGuard, Option<String>), DesktopError> {
         let mut table = self.table.lock().await;
-        let i = table.slot_of(bot_id).ok_or(DesktopError::NoScreen)?;
-        let SlotState::Active(screen) = &mut table.slots[i].state else {
-            unreachable!("slot_of finds active slots")
-        };
+        let (_, screen) = table.active_mut(bot_id)?;
         screen.last_used = Instant::now();
         self.thaw(screen).await?;
         let io = screen

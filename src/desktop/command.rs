@@ -188,7 +188,11 @@ pub async fn wait_ready(
 const GROUP_ALIVE_FN: &str =
     r#"group_alive() { ps -o stat= -g "$1" 2>/dev/null | grep -qv '^Z'; }"#;
 
-const ALIVE_FN: &str = r#"alive() { s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }"#;
+/// `alive PID`: whether the process runs (a zombie or a dead one does not), read from its
+/// `/proc` entry by shell builtins: no process starts for it (a `ps` each took a millisecond or
+/// more, and readiness loops ask every 50 ms). The state is the first field after the last `)`
+/// (a process name may hold spaces and parentheses).
+pub const ALIVE_FN: &str = r#"alive() { local s; { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1; s=${s##*") "}; [ -n "$s" ] && [ "${s#[ZX]}" = "$s" ]; }"#;
 
 /// `release_shm PID...`: removes the System V shared memory segments that the given (now
 /// dead) processes created. x11vnc and Chromium attach dozens of segments and remove them only

@@ -2018,27 +2018,30 @@ impl DesktopRuntime {
         spare: Option<(&str, &[u32])>,
     ) -> Result<Profile, DesktopError> {
         let profile = profile_dir(&self.config.workspace, bot_id);
+        let p = shell_quote(&profile.to_string_lossy());
+        // The spare's check and hand-over run in a subshell: they end with `exit`.
         let handover = spare.map(|(spare, pids)| {
             let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
             format!(
-                "\nif ! (\ntrue\n{}); then echo 'handover {}'\n\
-                 elif [ -d {p}/Default ]; then echo 'handover {}'\n\
-                 else\n(\n{}) >/dev/null 2>&1\necho \"handover $?\"\nfi",
+                "(\n{}[ -d {p}/Default ] && exit {}\n{}) >/dev/null 2>&1\necho \"handover $?\"\n",
                 spare_profile::alive_script(pids),
-                spare_profile::SPARE_GONE,
                 spare_profile::BOT_HAS_PROFILE,
                 spare_profile::handover_script(&profiles, spare, bot_id, &[]),
-                p = shell_quote(&profile.to_string_lossy())
             )
         });
+        // Builtins but where there is something to do: `rm` only when an earlier browser left
+        // a lock, `mkdir` only when the profile is missing (after a hand-over it is the
+        // spare's). The locks go before a hand-over, which brings the spare browser's own.
         let out = self
             .runner
             .run(
                 &format!(
-                    "[ -d {p}/Default ] && echo existing || echo fresh\nmkdir -p {p} && rm -f {} && id -u || exit 1{}",
-                    lock_paths(&profile).join(" "),
+                    "if [ -d {p}/Default ]; then echo existing; else echo fresh; fi\n\
+                     for f in {locks}; do\n\
+                     if [ -e \"$f\" ] || [ -L \"$f\" ]; then rm -f -- {locks} || exit 1; break; fi\n\
+                     done\necho \"$EUID\"\n{}[ -d {p} ] || mkdir -p -- {p} || exit 1\n",
                     handover.unwrap_or_default(),
-                    p = shell_quote(&profile.to_string_lossy())
+                    locks = lock_paths(&profile).join(" "),
                 ),
                 SCRIPT_TIMEOUT,
             )

@@ -14,6 +14,7 @@
 
 use std::path::Path;
 
+use super::command::ALIVE_FN;
 use super::shell_quote;
 use crate::stores::archive::SPARE_PROFILE_PREFIX;
 
@@ -46,36 +47,33 @@ pub fn is_spare(name: &str) -> bool {
 /// exits [`HANDED_OVER`], [`BOT_HAS_PROFILE`], [`NOT_RENAMED`], [`SPARE_GONE`] or
 /// [`LINK_FAILED`]. Both names are checked ids; `profiles` is the profiles directory.
 ///
-/// The link is made before the rename and moved into place after it, so the spare's path is
-/// missing only between two renames.
+/// It runs on a new bot's way to its desktop, so it starts as few processes as it can: the
+/// checks are shell builtins, and on the common path (no directory under the bot's name yet)
+/// only `mv` and `ln` run. The spare's path is missing only between the rename and the link.
 pub fn handover_script(profiles: &Path, spare: &str, bot: &str, alive: &[u32]) -> String {
     let dir = shell_quote(&profiles.to_string_lossy());
     let (s, b) = (shell_quote(spare), shell_quote(bot));
-    let link = shell_quote(&format!("{spare}.link"));
     format!(
         "{}[ -L {dir} ] && exit {NOT_RENAMED}\n\
          cd -- {dir} || exit {NOT_RENAMED}\n\
-         rmdir -- {b} 2>/dev/null\n\
+         if [ -d {b} ] && [ ! -L {b} ]; then rmdir -- {b} 2>/dev/null; fi\n\
          if [ -e {b} ] || [ -L {b} ]; then exit {BOT_HAS_PROFILE}; fi\n\
-         rm -f -- {link}\n\
-         if ! ln -s -- {b} {link} || ! mv -T -- {s} {b}; then\n\
-           rm -f -- {link}; mkdir -p -- {b}; exit {NOT_RENAMED}\n\
-         fi\n\
-         mv -T -- {link} {s} || exit {LINK_FAILED}\n",
+         if ! mv -T -- {s} {b} 2>/dev/null; then mkdir -p -- {b}; exit {NOT_RENAMED}; fi\n\
+         ln -s -- {b} {s} || exit {LINK_FAILED}\n",
         alive_script(alive)
     )
 }
 
-/// Exits [`SPARE_GONE`] unless every process of `alive` runs (a zombie does not).
+/// Exits [`SPARE_GONE`] unless every process of `alive` runs (a zombie does not); shell
+/// builtins only ([`ALIVE_FN`]).
 pub fn alive_script(alive: &[u32]) -> String {
     if alive.is_empty() {
         return String::new();
     }
     let pids: Vec<String> = alive.iter().map(u32::to_string).collect();
     format!(
-        "[ \"$(ps -o stat= -p {} 2>/dev/null | grep -cv '^Z')\" = {} ] || exit {SPARE_GONE}\n",
-        pids.join(","),
-        alive.len()
+        "{ALIVE_FN}\nfor pid in {}; do alive \"$pid\" || exit {SPARE_GONE}; done\n",
+        pids.join(" ")
     )
 }
 
@@ -160,6 +158,39 @@ mod tests {
             run(&handover_script(p, ".spare-1", "bot-a", &[me])),
             HANDED_OVER
         );
+    }
+
+    #[test]
+    fn a_zombie_is_gone_and_a_name_that_mimics_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        // A live process whose name holds ") Z ": the state is read after the name.
+        let named = dir.path().join("a) Z b");
+        std::fs::copy("/bin/sleep", &named).unwrap();
+        // Another test's child may briefly hold the new file open for writing (ETXTBSY).
+        let mut live = (0..50)
+            .find_map(|_| {
+                let spawned = Command::new(&named).arg("30").spawn();
+                if spawned.is_err() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                spawned.ok()
+            })
+            .expect("start the renamed sleep");
+        let mut zombie = Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", zombie.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+            assert!(std::time::Instant::now() < deadline, "no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(run(&format!("{}exit 0", alive_script(&[live.id()]))), 0);
+        assert_eq!(
+            run(&format!("{}exit 0", alive_script(&[live.id(), zombie.id()]))),
+            SPARE_GONE
+        );
+        live.kill().unwrap();
+        live.wait().unwrap();
+        zombie.wait().unwrap();
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
         .sqlx_logging(false)
         .connect_timeout(Duration::from_secs(10))
         .max_connections(16)
+        // A connection is pinged only after a pause long enough for a server, proxy or
+        // firewall to have dropped it, not on every checkout: a ping per statement was one
+        // extra round trip (to Postgres, or to a SQLite connection's worker thread) each.
+        .test_before_acquire_if_idle_for(PING_AFTER_IDLE)
         // Set on every pooled connection as it opens (a pragma run through the pool reaches
         // only the one connection that ran it). Readers never wait for the writer, the WAL is
         // synced at checkpoints rather than on every commit, and the busy timeout covers
@@ -34,6 +38,9 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
         });
     Database::connect(options).await
 }
+
+/// How long a pooled connection may sit idle before it is pinged on its next checkout.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(30);
 
 /// How long a SQLite connection waits for another writer before `SQLITE_BUSY`.
 pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);

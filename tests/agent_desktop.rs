@@ -80,10 +80,25 @@ const FILES: &str = r#"<!doctype html><html><head><title>Files</title></head><bo
 /// A file the fixture site sends as an attachment (`/report`).
 const REPORT: &str = "month,total\njanuary,12\n";
 
+/// A page with a frame of its own origin, offset by its border and padding, and the same
+/// page again in a frame of another origin (the site by the name `localhost`).
+const FRAMED: &str = r#"<!doctype html><html><head><title>Framed</title></head><body>
+<p>Outer words</p><button onclick="document.querySelector('iframe').remove()">Drop frame</button>
+<iframe title="Inner form" src="/inner" style="position:absolute;left:300px;top:150px;width:400px;height:160px;border:7px solid;padding:30px"></iframe>
+<iframe title="Elsewhere" src="http://localhost:__PORT__/inner" style="position:absolute;left:300px;top:420px;width:400px;height:120px"></iframe>
+</body></html>"#;
+
+/// The framed form: what it is given and sent goes to `/typed`.
+const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><body style="margin:0">
+<p>Inner words</p><input placeholder="inner name">
+<button onclick="fetch('/typed?v=inner-' + document.querySelector('input').value)">Inner send</button>
+</body></html>"#;
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let port = listener.local_addr().unwrap().port().to_string();
     let typed = Arc::new(Mutex::new(Vec::new()));
     let seen = typed.clone();
     tokio::spawn(async move {
@@ -91,7 +106,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
             let Ok((mut sock, _)) = listener.accept().await else {
                 return;
             };
-            let seen = seen.clone();
+            let (seen, port) = (seen.clone(), port.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
                 let n = sock.read(&mut buf).await.unwrap_or(0);
@@ -105,7 +120,10 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     // A page whose server answers late.
                     tokio::time::sleep(Duration::from_millis(1500)).await;
                 }
+                let framed = FRAMED.replace("__PORT__", &port);
                 let body = match path.as_str() {
+                    "/framed" => framed.as_str(),
+                    "/inner" => INNER,
                     "/" => PAGE,
                     "/slow" => "<!doctype html><title>Slow</title><p>late</p>",
                     "/form" => FORM,
@@ -726,6 +744,70 @@ async fn page_tools_choose_an_option_of_a_select() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(*typed.lock().unwrap(), ["b", "a"]);
+}
+
+#[actix_rt::test]
+async fn page_tools_read_and_act_in_the_frames_of_the_pages_origin() {
+    let (s, site, typed, _, run, fence) = desktop_run().await;
+    // The frames load after the page: snapshots until both are listed and the inner one read.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut page = open_and_snapshot(&s, &run, fence, &format!("{site}/framed"), "Framed").await;
+    loop {
+        let snap = &page["structuredContent"];
+        let text = snap["text"].as_str().unwrap_or_default();
+        if text.contains("Inner words") && snap["frames"][1]["crossOrigin"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frames never loaded: {page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        page = snapshot_of(&s, &run, fence, "Framed").await;
+    }
+    let snap = &page["structuredContent"];
+    let frames = snap["frames"].as_array().unwrap();
+    assert_eq!(frames.len(), 2, "{snap}");
+    assert_eq!(frames[0]["name"], "Inner form", "{snap}");
+    assert!(
+        frames[0]["url"].as_str().unwrap().ends_with("/inner"),
+        "{snap}"
+    );
+    assert!(frames[0].get("crossOrigin").is_none(), "{snap}");
+    // The other origin's frame is named, never read: its button is not among the elements.
+    assert_eq!(frames[1]["name"], "Elsewhere", "{snap}");
+    assert!(frames[1].get("url").is_none(), "{snap}");
+    let elements = snap["elements"].as_array().unwrap();
+    let inner: Vec<&Value> = elements.iter().filter(|e| e["frame"] == 0).collect();
+    let names: Vec<&str> = inner.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["inner name", "Inner send"], "{snap}");
+    assert_eq!(elements.len(), 3, "{snap}");
+    let text = snap["text"].as_str().unwrap();
+    let outer = text.find("Outer words").unwrap();
+    assert!(text[outer..].contains("[frame 0]\nInner words"), "{text}");
+
+    // Typed into and clicked inside the frame, through its border and padding.
+    let args = json!({ "ref": ref_named(&page, "inner name"), "action": "type", "text": "deep" });
+    tool(&s, &run, fence, "browser_act", args).await;
+    click_ref(&s, &run, fence, &ref_named(&page, "Inner send")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*typed.lock().unwrap(), ["inner-deep"]);
+
+    // A frame taken out of the page makes its refs stale: nothing is clicked.
+    let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+    let send = ref_named(&page, "Inner send");
+    click_ref(&s, &run, fence, &ref_named(&page, "Drop frame")).await;
+    let (code, message) = refused(
+        &s,
+        &run,
+        fence,
+        "browser_act",
+        json!({ "ref": send, "action": "click" }),
+    )
+    .await;
+    assert_eq!(code, "STALE_REF", "{message}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*typed.lock().unwrap(), ["inner-deep"]);
 }
 
 #[actix_rt::test]

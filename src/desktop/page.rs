@@ -1,5 +1,6 @@
 //! The page-browser tools over DevTools: navigate, snapshot (bounded text and up to 80
-//! interactive elements with refs, password values masked), act on a ref (click, type, press,
+//! interactive elements with refs, password values masked, the frames of the page's origin
+//! read too), act on a ref (click, type, press,
 //! select an option, upload a workspace file), and answer the page's JavaScript dialogs. Refs
 //! live only in the isolated world of the document they were taken from: a ref whose element
 //! is gone, replaced or from an older snapshot is refused, never retargeted. Snapshots are numbered
@@ -86,44 +87,78 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 static SNAPSHOTS: LazyLock<AtomicU64> =
     LazyLock::new(|| AtomicU64::new(rand::random_range(1..1_000_000)));
 
+/// Most frames deep a snapshot reads (a frame in a frame in a frame of the page).
+pub const MAX_FRAME_DEPTH: usize = 3;
+/// Most frames listed in one snapshot.
+pub const MAX_FRAMES: usize = 20;
+
 /// Snapshot script: numbers the elements in `window.__rakazo` of the isolated world, as
-/// snapshot `__N__`.
+/// snapshot `__N__`. The frames of the page's own origin are read too, as far as
+/// [`MAX_FRAME_DEPTH`]: their elements carry the frame's number (`frame`), their text follows
+/// the page's, headed by it. A frame of another origin is listed (`crossOrigin`), not read:
+/// the page's own scripts cannot read it either.
 const SNAPSHOT_JS: &str = r#"(() => {
-  const max = __MAX__, maxText = __TEXT__;
-  let optionsLeft = __ALL_OPTIONS__;
+  const max = __MAX__, maxDepth = __DEPTH__, maxFrames = __FRAMES__;
+  let optionsLeft = __ALL_OPTIONS__, textLeft = __TEXT__, truncated = false;
   const sel = 'a[href],button,input,select,textarea,[role=button],[role=link],[role=checkbox],[role=tab],[role=menuitem],[contenteditable=true]';
-  const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
+  const visible = el => { const r = el.getBoundingClientRect(); const s = el.ownerDocument.defaultView.getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
+  const named = (...names) => (names.find(n => n && n.trim()) || '').trim().slice(0, 120);
   const state = window.__rakazo = window.__rakazo || { n: 0, refs: {} };
   state.n = __N__; state.refs = {};
-  const items = [];
-  for (const el of document.querySelectorAll(sel)) {
-    if (items.length >= max) break;
-    if (!visible(el)) continue;
-    const ref = 's' + state.n + 'e' + items.length;
-    state.refs[ref] = el;
-    const tag = el.tagName.toLowerCase();
-    const type = (el.getAttribute('type') || '').toLowerCase();
-    let value = ('value' in el) ? String(el.value) : null;
-    if (type === 'password' && value) value = '*'.repeat(Math.min(value.length, 8));
-    const label = el.labels && el.labels[0] ? el.labels[0].innerText : '';
-    const named = (...names) => (names.find(n => n && n.trim()) || '').trim().slice(0, 120);
-    const attr = a => el.getAttribute(a);
-    const item = { ref, tag, type: type || null, role: attr('role'), value,
-      name: tag === 'select' ? named(attr('aria-label'), label, attr('name'), attr('title'))
-        : named(attr('aria-label'), attr('placeholder'), el.innerText, attr('name'), attr('title')) };
-    if (tag === 'select') {
-      const listed = Math.min(el.options.length, __OPTIONS__, optionsLeft);
-      optionsLeft -= listed;
-      item.options = Array.from(el.options).slice(0, listed).map(o =>
-        ({ value: o.value.slice(0, 120), label: o.label.trim().slice(0, 120), selected: o.selected }));
-      if (el.options.length > listed) item.moreOptions = el.options.length - listed;
+  const items = [], frames = [], texts = [];
+  const addText = (doc, head) => {
+    const all = doc.body ? doc.body.innerText : '';
+    if (head && !all.trim()) return;
+    const part = (head ? '\n\n' + head + '\n' : '') + all;
+    if (part.length > textLeft) truncated = true;
+    texts.push(part.slice(0, Math.max(textLeft, 0))); textLeft -= part.length;
+  };
+  const walk = (doc, frame, depth) => {
+    for (const el of doc.querySelectorAll(sel)) {
+      if (items.length >= max) break;
+      if (!visible(el)) continue;
+      const ref = 's' + state.n + 'e' + items.length;
+      state.refs[ref] = el;
+      const tag = el.tagName.toLowerCase();
+      const type = (el.getAttribute('type') || '').toLowerCase();
+      let value = ('value' in el) ? String(el.value) : null;
+      if (type === 'password' && value) value = '*'.repeat(Math.min(value.length, 8));
+      const label = el.labels && el.labels[0] ? el.labels[0].innerText : '';
+      const attr = a => el.getAttribute(a);
+      const item = { ref, tag, type: type || null, role: attr('role'), value,
+        name: tag === 'select' ? named(attr('aria-label'), label, attr('name'), attr('title'))
+          : named(attr('aria-label'), attr('placeholder'), el.innerText, attr('name'), attr('title')) };
+      if (frame !== null) item.frame = frame;
+      if (tag === 'select') {
+        const listed = Math.min(el.options.length, __OPTIONS__, optionsLeft);
+        optionsLeft -= listed;
+        item.options = Array.from(el.options).slice(0, listed).map(o =>
+          ({ value: o.value.slice(0, 120), label: o.label.trim().slice(0, 120), selected: o.selected }));
+        if (el.options.length > listed) item.moreOptions = el.options.length - listed;
+      }
+      items.push(item);
     }
-    items.push(item);
-  }
-  const text = (document.body ? document.body.innerText : '').slice(0, maxText);
-  return { url: location.href, title: document.title, text, truncated: (document.body ? document.body.innerText.length : 0) > maxText,
-           elements: items, frames: document.querySelectorAll('iframe,frame').length };
+    if (frame !== null) addText(doc, '[frame ' + frame + ']');
+    for (const f of doc.querySelectorAll('iframe,frame')) {
+      if (frames.length >= maxFrames) break;
+      if (!visible(f)) continue;
+      const entry = { frame: frames.length, name: named(f.getAttribute('title'), f.getAttribute('name')),
+        src: (f.getAttribute('src') || '').slice(0, 200) };
+      if (frame !== null) entry.in = frame;
+      frames.push(entry);
+      let inner = null;
+      try { inner = f.contentDocument; } catch (e) {}
+      if (!inner) { entry.crossOrigin = true; continue; }
+      entry.url = inner.URL.slice(0, 200);
+      if (depth + 1 > maxDepth) { entry.tooDeep = true; continue; }
+      walk(inner, entry.frame, depth + 1);
+    }
+  };
+  addText(document, null);
+  walk(document, null, 0);
+  return { url: location.href, title: document.title, text: texts.join(''), truncated,
+           elements: items, frames };
 })()"#;
 
 /// The script of snapshot number `n`.
@@ -132,6 +167,8 @@ pub fn snapshot_script(n: u64) -> String {
         .replace("__N__", &n.to_string())
         .replace("__MAX__", &MAX_ELEMENTS.to_string())
         .replace("__TEXT__", &MAX_TEXT.to_string())
+        .replace("__DEPTH__", &MAX_FRAME_DEPTH.to_string())
+        .replace("__FRAMES__", &MAX_FRAMES.to_string())
         .replace("__ALL_OPTIONS__", &MAX_ALL_OPTIONS.to_string())
         .replace("__OPTIONS__", &MAX_OPTIONS.to_string())
 }

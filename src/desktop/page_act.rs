@@ -10,14 +10,25 @@ use serde_json::{Value, json};
 use super::DesktopError;
 use super::cdp::Cdp;
 
-/// Finds a ref of the current snapshot, or reports it stale.
+/// Finds a ref of the current snapshot, or reports it stale. The point is in the page's
+/// viewport: an element of a frame is offset by each frame's content box up to the page (a
+/// frame taken out of the page makes its elements stale).
 const FIND_JS: &str = r#"(() => {
   const state = window.__rakazo; const ref = __REF__;
   const el = state && state.refs[ref];
   if (!el || !el.isConnected || !ref.startsWith('s' + state.n + 'e')) return { stale: true };
   el.scrollIntoView({ block: 'center', inline: 'center' });
   const r = el.getBoundingClientRect();
-  return { stale: false, x: r.left + r.width / 2, y: r.top + r.height / 2, tag: el.tagName.toLowerCase() };
+  let x = r.left + r.width / 2, y = r.top + r.height / 2;
+  for (let w = el.ownerDocument.defaultView; w !== window; ) {
+    const f = w && w.frameElement;
+    if (!f || !f.isConnected) return { stale: true };
+    const fr = f.getBoundingClientRect(), s = f.ownerDocument.defaultView.getComputedStyle(f);
+    x += fr.left + f.clientLeft + parseFloat(s.paddingLeft);
+    y += fr.top + f.clientTop + parseFloat(s.paddingTop);
+    w = f.ownerDocument.defaultView;
+  }
+  return { stale: false, x, y, tag: el.tagName.toLowerCase() };
 })()"#;
 
 /// Chooses an option of a ref's select element by its value, else by its label, and tells the

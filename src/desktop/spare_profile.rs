@@ -185,7 +185,10 @@ mod tests {
         }
         assert_eq!(run(&format!("{}exit 0", alive_script(&[live.id()]))), 0);
         assert_eq!(
-            run(&format!("{}exit 0", alive_script(&[live.id(), zombie.id()]))),
+            run(&format!(
+                "{}exit 0",
+                alive_script(&[live.id(), zombie.id()])
+            )),
             SPARE_GONE
         );
         live.kill().unwrap();

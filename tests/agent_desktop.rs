@@ -80,12 +80,15 @@ const FILES: &str = r#"<!doctype html><html><head><title>Files</title></head><bo
 /// A file the fixture site sends as an attachment (`/report`).
 const REPORT: &str = "month,total\njanuary,12\n";
 
-/// A page with a frame of its own origin, offset by its border and padding, and the same
-/// page again in a frame of another origin (the site by the name `localhost`).
+/// A page with a frame of its own origin, offset by its border and padding; the same form
+/// again in a frame of another site (the fixture by the name `localhost`: a process of its
+/// own) and in a frame of the same site but another origin (the second fixture's port, given
+/// as `?other=`: the page's process).
 const FRAMED: &str = r#"<!doctype html><html><head><title>Framed</title></head><body>
-<p>Outer words</p><button onclick="document.querySelector('iframe').remove()">Drop frame</button>
+<p>Outer words</p><button onclick="document.querySelectorAll('iframe').forEach(f => f.remove())">Drop frames</button>
 <iframe title="Inner form" src="/inner" style="position:absolute;left:300px;top:150px;width:400px;height:160px;border:7px solid;padding:30px"></iframe>
-<iframe title="Elsewhere" src="http://localhost:__PORT__/inner" style="position:absolute;left:300px;top:420px;width:400px;height:120px"></iframe>
+<iframe title="Elsewhere" src="http://localhost:__PORT__/inner" style="position:absolute;left:300px;top:400px;width:400px;height:100px"></iframe>
+<iframe title="Next door" src="http://127.0.0.1:__OTHER__/inner" style="position:absolute;left:300px;top:520px;width:400px;height:100px;border:0;padding:11px"></iframe>
 </body></html>"#;
 
 /// The framed form: what it is given and sent goes to `/typed`.
@@ -120,8 +123,11 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     // A page whose server answers late.
                     tokio::time::sleep(Duration::from_millis(1500)).await;
                 }
-                let framed = FRAMED.replace("__PORT__", &port);
-                let body = match path.as_str() {
+                let other = path.strip_prefix("/framed?other=").unwrap_or_default();
+                let framed = FRAMED
+                    .replace("__PORT__", &port)
+                    .replace("__OTHER__", other);
+                let body = match path.split('?').next().unwrap_or_default() {
                     "/framed" => framed.as_str(),
                     "/inner" => INNER,
                     "/" => PAGE,
@@ -747,15 +753,19 @@ async fn page_tools_choose_an_option_of_a_select() {
 }
 
 #[actix_rt::test]
-async fn page_tools_read_and_act_in_the_frames_of_the_pages_origin() {
+async fn page_tools_read_and_act_in_frames_of_every_origin() {
     let (s, site, typed, _, run, fence) = desktop_run().await;
-    // The frames load after the page: snapshots until both are listed and the inner one read.
+    let (next_door, typed_next_door) = fixture().await;
+    let other = next_door.rsplit(':').next().unwrap();
+    // The frames load after the page: snapshots until all three are read.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut page = open_and_snapshot(&s, &run, fence, &format!("{site}/framed"), "Framed").await;
+    let url = format!("{site}/framed?other={other}");
+    let mut page = open_and_snapshot(&s, &run, fence, &url, "Framed").await;
     loop {
-        let snap = &page["structuredContent"];
-        let text = snap["text"].as_str().unwrap_or_default();
-        if text.contains("Inner words") && snap["frames"][1]["crossOrigin"] == true {
+        let text = page["structuredContent"]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if text.matches("Inner words").count() == 3 {
             break;
         }
         assert!(Instant::now() < deadline, "the frames never loaded: {page}");
@@ -764,50 +774,76 @@ async fn page_tools_read_and_act_in_the_frames_of_the_pages_origin() {
     }
     let snap = &page["structuredContent"];
     let frames = snap["frames"].as_array().unwrap();
-    assert_eq!(frames.len(), 2, "{snap}");
-    assert_eq!(frames[0]["name"], "Inner form", "{snap}");
-    assert!(
-        frames[0]["url"].as_str().unwrap().ends_with("/inner"),
-        "{snap}"
-    );
+    let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Inner form", "Elsewhere", "Next door"], "{snap}");
     assert!(frames[0].get("crossOrigin").is_none(), "{snap}");
-    // The other origin's frame is named, never read: its button is not among the elements.
-    assert_eq!(frames[1]["name"], "Elsewhere", "{snap}");
-    assert!(frames[1].get("url").is_none(), "{snap}");
+    for frame in &frames[1..] {
+        assert_eq!(frame["crossOrigin"], true, "{snap}");
+        assert_eq!(frame["read"], true, "{snap}");
+        assert!(frame["url"].as_str().unwrap().ends_with("/inner"), "{snap}");
+    }
     let elements = snap["elements"].as_array().unwrap();
-    let inner: Vec<&Value> = elements.iter().filter(|e| e["frame"] == 0).collect();
-    let names: Vec<&str> = inner.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["inner name", "Inner send"], "{snap}");
-    assert_eq!(elements.len(), 3, "{snap}");
+    for k in 0..3 {
+        let names: Vec<&str> = elements
+            .iter()
+            .filter(|e| e["frame"] == k)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["inner name", "Inner send"], "frame {k}: {snap}");
+    }
+    assert_eq!(elements.len(), 7, "{snap}");
     let text = snap["text"].as_str().unwrap();
-    let outer = text.find("Outer words").unwrap();
-    assert!(text[outer..].contains("[frame 0]\nInner words"), "{text}");
+    for k in 0..3 {
+        assert!(
+            text.contains(&format!("[frame {k}]\nInner words")),
+            "{text}"
+        );
+    }
+    assert!(text.starts_with("Outer words"), "{text}");
 
-    // Typed into and clicked inside the frame, through its border and padding.
-    let args = json!({ "ref": ref_named(&page, "inner name"), "action": "type", "text": "deep" });
-    tool(&s, &run, fence, "browser_act", args).await;
-    click_ref(&s, &run, fence, &ref_named(&page, "Inner send")).await;
+    // Typed into and clicked inside each frame: through the first's border and padding, in
+    // the other site's process, and in the same site's other origin.
+    let in_frame = |k: u64, name: &str| {
+        elements
+            .iter()
+            .find(|e| e["frame"] == k && e["name"] == name)
+            .unwrap()["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    for (k, word) in [(0, "deep"), (1, "far"), (2, "near")] {
+        let args = json!({ "ref": in_frame(k, "inner name"), "action": "type", "text": word });
+        tool(&s, &run, fence, "browser_act", args).await;
+        click_ref(&s, &run, fence, &in_frame(k, "Inner send")).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
+    while (typed.lock().unwrap().len() < 2 || typed_next_door.lock().unwrap().is_empty())
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(*typed.lock().unwrap(), ["inner-deep"]);
+    assert_eq!(*typed.lock().unwrap(), ["inner-deep", "inner-far"]);
+    assert_eq!(*typed_next_door.lock().unwrap(), ["inner-near"]);
 
-    // A frame taken out of the page makes its refs stale: nothing is clicked.
+    // Frames taken out of the page make their refs stale: nothing is clicked.
     let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-    let send = ref_named(&page, "Inner send");
-    click_ref(&s, &run, fence, &ref_named(&page, "Drop frame")).await;
-    let (code, message) = refused(
-        &s,
-        &run,
-        fence,
-        "browser_act",
-        json!({ "ref": send, "action": "click" }),
-    )
-    .await;
-    assert_eq!(code, "STALE_REF", "{message}");
+    let elements = page["structuredContent"]["elements"].as_array().unwrap();
+    let sends: Vec<String> = elements
+        .iter()
+        .filter(|e| e["name"] == "Inner send")
+        .map(|e| e["ref"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sends.len(), 3, "{page}");
+    click_ref(&s, &run, fence, &ref_named(&page, "Drop frames")).await;
+    for send in sends {
+        let args = json!({ "ref": send, "action": "click" });
+        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
+        assert_eq!(code, "STALE_REF", "{send}: {message}");
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(*typed.lock().unwrap(), ["inner-deep"]);
+    assert_eq!(typed.lock().unwrap().len(), 2);
+    assert_eq!(typed_next_door.lock().unwrap().len(), 1);
 }
 
 #[actix_rt::test]

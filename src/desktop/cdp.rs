@@ -29,6 +29,9 @@ const VISIBLE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a tab gets to take the page domain. A tab whose dialog opened before this
 /// connection attached never does while the dialog is open, and nothing says so.
 const ENABLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the announcement of a frame's session is waited for, once the tab attaches its
+/// frames.
+const FRAME_ATTACH_WAIT: Duration = Duration::from_secs(2);
 
 /// A byte stream to the DevTools endpoint: loopback TCP, or a unix socket bridged to it.
 pub trait DevToolsStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -433,6 +436,115 @@ impl Cdp {
         Ok(ctx)
     }
 
+    /// The isolated world of frame `frame` (an id) of the tab's current document, made on
+    /// first use: in the tab's session, or, for a frame that runs in a process of its own, in
+    /// a session attached to that frame.
+    pub async fn frame_place(&mut self, frame: &str) -> Result<Place, DesktopError> {
+        if let Some((session, context)) = self.tab.frame_worlds.get(frame) {
+            return Ok(Place::Frame {
+                session: session.clone(),
+                context: *context,
+            });
+        }
+        let params =
+            json!({ "frameId": frame, "worldName": "rakazo", "grantUniveralAccess": false });
+        let (session, made) = match self.call("Page.createIsolatedWorld", params.clone()).await {
+            Ok(made) => (self.session.clone(), made),
+            Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
+            Err(_) => {
+                let session = self.frame_session(frame).await?;
+                let made = self
+                    .send(
+                        Some(&session),
+                        "Page.createIsolatedWorld",
+                        params,
+                        COMMAND_TIMEOUT,
+                    )
+                    .await?;
+                (session, made)
+            }
+        };
+        let context = made["executionContextId"]
+            .as_i64()
+            .ok_or_else(|| err("no isolated world in the frame"))?;
+        self.tab
+            .frame_worlds
+            .insert(frame.to_owned(), (session.clone(), context));
+        Ok(Place::Frame { session, context })
+    }
+
+    /// The session of frame `frame`, which runs in a process of its own: the tab's frames
+    /// of that kind are attached to it as they come (`Target.setAutoAttach`, asked once per
+    /// document), each announced with its session.
+    async fn frame_session(&mut self, frame: &str) -> Result<String, DesktopError> {
+        if !self.tab.auto_attach {
+            let params =
+                json!({ "autoAttach": true, "waitForDebuggerOnStart": false, "flatten": true });
+            self.call("Target.setAutoAttach", params).await?;
+            self.tab.auto_attach = true;
+        }
+        let deadline = tokio::time::Instant::now() + FRAME_ATTACH_WAIT;
+        loop {
+            if let Some(session) = self.tab.frame_sessions.get(frame) {
+                return Ok(session.clone());
+            }
+            match tokio::time::timeout_at(deadline, self.next_message()).await {
+                Ok(message) => message.map(|_| ())?,
+                Err(_) => return Err(err("the frame has no DevTools target")),
+            }
+        }
+    }
+
+    /// Notes the frames of other origins snapshot `n` read, by their numbers in it.
+    pub fn remember_frames(&mut self, n: u64, frames: std::collections::HashMap<u64, String>) {
+        self.tab.snapshot_frames = Some((n, frames));
+    }
+
+    /// The id of frame `k` of snapshot `n`, if that snapshot is the last and read it.
+    pub fn snapshot_frame(&self, n: u64, k: u64) -> Option<String> {
+        let (last, frames) = self.tab.snapshot_frames.as_ref()?;
+        (*last == n).then(|| frames.get(&k).cloned()).flatten()
+    }
+
+    /// A command to the session of `place`.
+    pub async fn call_at(
+        &mut self,
+        place: &Place,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, DesktopError> {
+        match place {
+            Place::Page => self.call(method, params).await,
+            Place::Frame { session, .. } => {
+                self.send(Some(session), method, params, COMMAND_TIMEOUT)
+                    .await
+            }
+        }
+    }
+
+    /// [`Self::evaluate`] at `place`. In a frame's world that is gone (the frame navigated
+    /// or was removed) the expression did not run: its world is forgotten and the error says
+    /// so.
+    pub async fn evaluate_at(
+        &mut self,
+        place: &Place,
+        expression: &str,
+        by_value: bool,
+    ) -> Result<Value, DesktopError> {
+        let Place::Frame { context, .. } = place else {
+            return self.evaluate_as(expression, by_value).await;
+        };
+        let params = json!({ "expression": expression, "contextId": context, "returnByValue": by_value, "awaitPromise": true });
+        let out = match self.call_at(place, "Runtime.evaluate", params).await {
+            Err(e) if context_gone(&e) => {
+                self.tab.frame_worlds.retain(|_, (_, c)| c != context);
+                return Err(err("the frame is gone"));
+            }
+            out => out?,
+        };
+        evaluated(out)
+    }
+
     /// Evaluate `expression` in the isolated world; its JSON value.
     pub async fn evaluate(&mut self, expression: &str) -> Result<Value, DesktopError> {
         Ok(self.evaluate_as(expression, true).await?["value"].take())
@@ -469,13 +581,32 @@ impl Cdp {
                 out => break out?,
             }
         };
-        if let Some(ex) = out.get("exceptionDetails") {
-            return Err(err(format!(
-                "page script failed: {}",
-                ex["text"].as_str().unwrap_or("exception")
-            )));
-        }
-        let mut out = out;
-        Ok(out["result"].take())
+        evaluated(out)
     }
+}
+
+/// The result of a `Runtime.evaluate` answer, or the exception it reports.
+fn evaluated(mut out: Value) -> Result<Value, DesktopError> {
+    if let Some(ex) = out.get("exceptionDetails") {
+        return Err(err(format!(
+            "page script failed: {}",
+            ex["text"].as_str().unwrap_or("exception")
+        )));
+    }
+    Ok(out["result"].take())
+}
+
+/// Where a page script runs: the isolated world of the tab's document, or one made in a frame
+/// of another origin ([`Cdp::frame_place`]).
+#[derive(Clone, Debug)]
+pub enum Place {
+    /// The tab's document.
+    Page,
+    /// A frame of another origin: the session that reaches it and its world's context.
+    Frame {
+        /// The tab's session, or the frame's own.
+        session: String,
+        /// The world's execution context.
+        context: i64,
+    },
 }

@@ -27,6 +27,18 @@ pub(super) struct Tab {
     pub(super) dialog: Option<PageDialog>,
     /// The last download the tab began since `Cdp::expect_download`.
     download: Option<Download>,
+    /// Isolated worlds made in frames of other origins of the current document, by frame id:
+    /// the session that reaches the frame (the tab's, or the frame's own when it runs in a
+    /// process of its own) and the world's context.
+    pub(super) frame_worlds: std::collections::HashMap<String, (String, i64)>,
+    /// The frames of other origins the last snapshot read: its number, and each frame's id
+    /// by its number in the snapshot.
+    pub(super) snapshot_frames: Option<(u64, std::collections::HashMap<u64, String>)>,
+    /// Whether the tab attaches its frames that run in processes of their own.
+    pub(super) auto_attach: bool,
+    /// The sessions of the tab's frames that run in processes of their own, by frame id, as
+    /// their attachments were announced.
+    pub(super) frame_sessions: std::collections::HashMap<String, String>,
 }
 
 /// A download a tab began, as its events said.
@@ -112,6 +124,20 @@ impl Tab {
                 };
             }
             Some("Page.loadEventFired") => self.loaded = true,
+            Some("Target.attachedToTarget") => {
+                if let (Some(frame), Some(session)) = (
+                    params["targetInfo"]["targetId"].as_str(),
+                    params["sessionId"].as_str(),
+                ) {
+                    self.frame_sessions
+                        .insert(frame.to_owned(), session.to_owned());
+                }
+            }
+            Some("Target.detachedFromTarget") => {
+                let gone = params["sessionId"].as_str().unwrap_or_default();
+                self.frame_sessions.retain(|_, s| s != gone);
+                self.frame_worlds.retain(|_, (s, _)| s != gone);
+            }
             Some("Page.javascriptDialogOpening") => {
                 self.dialog = Some(PageDialog::from_event(params));
             }

@@ -40,6 +40,7 @@ pub mod input;
 pub mod keys;
 pub mod page;
 pub mod page_act;
+pub mod page_frames;
 pub mod png_bands;
 pub mod provider;
 pub mod runtime;

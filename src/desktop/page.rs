@@ -92,20 +92,22 @@ pub const MAX_FRAME_DEPTH: usize = 3;
 /// Most frames listed in one snapshot.
 pub const MAX_FRAMES: usize = 20;
 
-/// Snapshot script: numbers the elements in `window.__rakazo` of the isolated world, as
-/// snapshot `__N__`. The frames of the page's own origin are read too, as far as
-/// [`MAX_FRAME_DEPTH`]: their elements carry the frame's number (`frame`), their text follows
-/// the page's, headed by it. A frame of another origin is listed (`crossOrigin`), not read:
-/// the page's own scripts cannot read it either.
-const SNAPSHOT_JS: &str = r#"(() => {
-  const max = __MAX__, maxDepth = __DEPTH__, maxFrames = __FRAMES__;
-  let optionsLeft = __ALL_OPTIONS__, textLeft = __TEXT__, truncated = false;
+/// Snapshot script, given its settings (`cfg`, see [`SnapshotPart`]): numbers the elements in
+/// `window.__rakazo` of the isolated world, as snapshot `cfg.n`, with refs `cfg.prefix` and a
+/// number. The frames of the document's own origin are read too, as far as `cfg.depth`: their
+/// elements carry the frame's number (`frame`), their text follows the document's, headed by
+/// it. A frame of another origin is listed (`crossOrigin`) and kept in `state.frames` by its
+/// number, for the caller to read through DevTools ([`super::page_frames`]): the page's own
+/// scripts cannot read it.
+const SNAPSHOT_JS: &str = r#"(cfg => {
+  const max = cfg.max, maxDepth = cfg.depth, maxFrames = cfg.frames;
+  let optionsLeft = cfg.allOptions, textLeft = cfg.text, truncated = false;
   const sel = 'a[href],button,input,select,textarea,[role=button],[role=link],[role=checkbox],[role=tab],[role=menuitem],[contenteditable=true]';
   const visible = el => { const r = el.getBoundingClientRect(); const s = el.ownerDocument.defaultView.getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
   const named = (...names) => (names.find(n => n && n.trim()) || '').trim().slice(0, 120);
-  const state = window.__rakazo = window.__rakazo || { n: 0, refs: {} };
-  state.n = __N__; state.refs = {};
+  const state = window.__rakazo = window.__rakazo || {};
+  state.n = cfg.n; state.prefix = cfg.prefix; state.refs = {}; state.frames = {};
   const items = [], frames = [], texts = [];
   const addText = (doc, head) => {
     const all = doc.body ? doc.body.innerText : '';
@@ -118,7 +120,7 @@ const SNAPSHOT_JS: &str = r#"(() => {
     for (const el of doc.querySelectorAll(sel)) {
       if (items.length >= max) break;
       if (!visible(el)) continue;
-      const ref = 's' + state.n + 'e' + items.length;
+      const ref = cfg.prefix + items.length;
       state.refs[ref] = el;
       const tag = el.tagName.toLowerCase();
       const type = (el.getAttribute('type') || '').toLowerCase();
@@ -131,7 +133,7 @@ const SNAPSHOT_JS: &str = r#"(() => {
           : named(attr('aria-label'), attr('placeholder'), el.innerText, attr('name'), attr('title')) };
       if (frame !== null) item.frame = frame;
       if (tag === 'select') {
-        const listed = Math.min(el.options.length, __OPTIONS__, optionsLeft);
+        const listed = Math.min(el.options.length, cfg.options, optionsLeft);
         optionsLeft -= listed;
         item.options = Array.from(el.options).slice(0, listed).map(o =>
           ({ value: o.value.slice(0, 120), label: o.label.trim().slice(0, 120), selected: o.selected }));
@@ -147,6 +149,7 @@ const SNAPSHOT_JS: &str = r#"(() => {
         src: (f.getAttribute('src') || '').slice(0, 200) };
       if (frame !== null) entry.in = frame;
       frames.push(entry);
+      state.frames[entry.frame] = f;
       let inner = null;
       try { inner = f.contentDocument; } catch (e) {}
       if (!inner) { entry.crossOrigin = true; continue; }
@@ -155,22 +158,69 @@ const SNAPSHOT_JS: &str = r#"(() => {
       walk(inner, entry.frame, depth + 1);
     }
   };
-  addText(document, null);
-  walk(document, null, 0);
+  if (cfg.frame === null) addText(document, null);
+  walk(document, cfg.frame, 0);
   return { url: location.href, title: document.title, text: texts.join(''), truncated,
            elements: items, frames };
-})()"#;
+})(__CFG__)"#;
 
-/// The script of snapshot number `n`.
+/// What one snapshot script reads: the page itself, or a frame of another origin read in its
+/// own world, within what the page's part left of the bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct SnapshotPart {
+    /// The snapshot's number.
+    pub n: u64,
+    /// The frame read (its number in the page's list), `None` for the page.
+    pub frame: Option<u64>,
+    /// Elements, characters of text and select options it may add.
+    pub elements: usize,
+    /// See `elements`.
+    pub text: usize,
+    /// See `elements`.
+    pub options: usize,
+}
+
+impl SnapshotPart {
+    /// The page's part of snapshot `n`, with every bound whole.
+    pub fn page(n: u64) -> Self {
+        SnapshotPart {
+            n,
+            frame: None,
+            elements: MAX_ELEMENTS,
+            text: MAX_TEXT,
+            options: MAX_ALL_OPTIONS,
+        }
+    }
+
+    /// The prefix of this part's refs: `s<n>e` on the page, `s<n>f<frame>e` in a frame.
+    pub fn prefix(&self) -> String {
+        match self.frame {
+            Some(k) => format!("s{}f{k}e", self.n),
+            None => format!("s{}e", self.n),
+        }
+    }
+
+    /// The script that reads it. A frame of another origin is read alone: its own frames
+    /// are neither listed nor read.
+    pub fn script(&self) -> String {
+        let cfg = json!({
+            "n": self.n,
+            "prefix": self.prefix(),
+            "frame": self.frame,
+            "max": self.elements,
+            "text": self.text,
+            "allOptions": self.options,
+            "options": MAX_OPTIONS,
+            "depth": if self.frame.is_some() { 0 } else { MAX_FRAME_DEPTH },
+            "frames": if self.frame.is_some() { 0 } else { MAX_FRAMES },
+        });
+        SNAPSHOT_JS.replace("__CFG__", &cfg.to_string())
+    }
+}
+
+/// The script of the page's part of snapshot `n`.
 pub fn snapshot_script(n: u64) -> String {
-    SNAPSHOT_JS
-        .replace("__N__", &n.to_string())
-        .replace("__MAX__", &MAX_ELEMENTS.to_string())
-        .replace("__TEXT__", &MAX_TEXT.to_string())
-        .replace("__DEPTH__", &MAX_FRAME_DEPTH.to_string())
-        .replace("__FRAMES__", &MAX_FRAMES.to_string())
-        .replace("__ALL_OPTIONS__", &MAX_ALL_OPTIONS.to_string())
-        .replace("__OPTIONS__", &MAX_OPTIONS.to_string())
+    SnapshotPart::page(n).script()
 }
 
 /// Run one command on the attached tab. While a JavaScript dialog of the page is open, a
@@ -217,7 +267,8 @@ pub async fn run(
         }
         BrowserCommand::Snapshot => {
             let n = SNAPSHOTS.fetch_add(1, Ordering::Relaxed);
-            let snapshot = cdp.evaluate(&snapshot_script(n)).await?;
+            let mut snapshot = cdp.evaluate(&snapshot_script(n)).await?;
+            super::page_frames::read_other_origins(cdp, n, &mut snapshot).await?;
             Ok(with_download_news(cdp, snapshot))
         }
         BrowserCommand::Act {

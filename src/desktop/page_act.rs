@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::DesktopError;
-use super::cdp::Cdp;
+use super::cdp::{Cdp, Place};
 
 /// Finds a ref of the current snapshot, or reports it stale. The point is in the page's
 /// viewport: an element of a frame is offset by each frame's content box up to the page (a
@@ -16,7 +16,7 @@ use super::cdp::Cdp;
 const FIND_JS: &str = r#"(() => {
   const state = window.__rakazo; const ref = __REF__;
   const el = state && state.refs[ref];
-  if (!el || !el.isConnected || !ref.startsWith('s' + state.n + 'e')) return { stale: true };
+  if (!el || !el.isConnected || !ref.startsWith(state.prefix)) return { stale: true };
   el.scrollIntoView({ block: 'center', inline: 'center' });
   const r = el.getBoundingClientRect();
   let x = r.left + r.width / 2, y = r.top + r.height / 2;
@@ -54,6 +54,11 @@ const FILE_INPUT_JS: &str = r#"(() => { const el = window.__rakazo && window.__r
 const FOCUS_CLEAR_JS: &str = r#"(() => { const el = window.__rakazo && window.__rakazo.refs[__REF__];
   if (!el || !el.isConnected) return false; el.focus(); if ('value' in el) { el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true })); } return true; })()"#;
 
+/// The JSON value of `expression` evaluated at `place`.
+async fn value_at(cdp: &mut Cdp, place: &Place, expression: &str) -> Result<Value, DesktopError> {
+    Ok(cdp.evaluate_at(place, expression, true).await?["value"].take())
+}
+
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
@@ -87,18 +92,33 @@ pub(super) async fn act(
     text: Option<&str>,
     home: &Path,
 ) -> Result<Value, DesktopError> {
-    let found = cdp
-        .evaluate(&FIND_JS.replace("__REF__", &quote(element)))
-        .await?;
-    if found["stale"] != false {
-        return Err(DesktopError::Browser(format!(
+    let stale = || {
+        DesktopError::Browser(format!(
             "stale ref {element}: the page changed since the snapshot; take a new browser_snapshot (nothing was done)"
-        )));
+        ))
+    };
+    let (place, frame) = super::page_frames::place_of(cdp, element)
+        .await?
+        .ok_or_else(stale)?;
+    let found = match value_at(cdp, &place, &FIND_JS.replace("__REF__", &quote(element))).await {
+        Ok(found) => found,
+        Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
+        Err(_) if frame.is_some() => return Err(stale()),
+        Err(e) => return Err(e),
+    };
+    if found["stale"] != false {
+        return Err(stale());
     }
-    let (x, y) = (
+    let (mut x, mut y) = (
         found["x"].as_f64().unwrap_or(0.0),
         found["y"].as_f64().unwrap_or(0.0),
     );
+    if let Some((n, k)) = frame {
+        let (left, top) = super::page_frames::frame_origin(cdp, n, k)
+            .await?
+            .ok_or_else(stale)?;
+        (x, y) = (x + left, y + top);
+    }
     let mut done: Vec<&str> = Vec::new();
     match action {
         "click" => {
@@ -113,10 +133,8 @@ pub(super) async fn act(
         }
         "type" => {
             let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
-            let focused = match cdp
-                .evaluate(&FOCUS_CLEAR_JS.replace("__REF__", &quote(element)))
-                .await
-            {
+            let focus = FOCUS_CLEAR_JS.replace("__REF__", &quote(element));
+            let focused = match value_at(cdp, &place, &focus).await {
                 Ok(focused) => focused,
                 Err(e @ DesktopError::DialogOpen(_)) => {
                     return interrupted(cdp, element, action, &done, e);
@@ -140,7 +158,7 @@ pub(super) async fn act(
                 "el.value = ''; el.dispatchEvent(new Event('input', { bubbles: true }));",
                 "",
             );
-            match cdp.evaluate(&focus).await {
+            match value_at(cdp, &place, &focus).await {
                 Ok(_) => {}
                 Err(e @ DesktopError::DialogOpen(_)) => {
                     return interrupted(cdp, element, action, &done, e);
@@ -166,8 +184,14 @@ pub(super) async fn act(
                 DesktopError::Browser("upload needs text: the workspace file's path".into())
             })?;
             let input = cdp
-                .evaluate_object(&FILE_INPUT_JS.replace("__REF__", &quote(element)))
-                .await?
+                .evaluate_at(
+                    &place,
+                    &FILE_INPUT_JS.replace("__REF__", &quote(element)),
+                    false,
+                )
+                .await?["objectId"]
+                .as_str()
+                .map(str::to_owned)
                 .ok_or_else(|| {
                     DesktopError::Browser(format!(
                         "{element} is not a file input (nothing was done): upload works on an input of type file"
@@ -175,7 +199,7 @@ pub(super) async fn act(
                 })?;
             let files = json!([home.join(file).to_string_lossy()]);
             let params = json!({ "files": files, "objectId": input });
-            if let Err(e) = cdp.call("DOM.setFileInputFiles", params).await {
+            if let Err(e) = cdp.call_at(&place, "DOM.setFileInputFiles", params).await {
                 return interrupted(cdp, element, action, &done, e);
             }
             done.push("files set");
@@ -187,7 +211,7 @@ pub(super) async fn act(
             let script = SELECT_JS
                 .replace("__REF__", &quote(element))
                 .replace("__WANT__", &quote(want));
-            let chosen = match cdp.evaluate(&script).await {
+            let chosen = match value_at(cdp, &place, &script).await {
                 Ok(chosen) => chosen,
                 Err(e @ DesktopError::DialogOpen(_)) => {
                     return interrupted(cdp, element, action, &["selected"], e);

@@ -86,7 +86,7 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "browser_snapshot",
-            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked). Frames of the page's own origin are read too: their elements carry the frame's number and browser_act works on them; a frame of another origin is listed in frames (crossOrigin) and needs the desktop tools.",
+            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked). The page's frames are read too, those of other origins included (listed in frames): their elements carry the frame's number and browser_act works on them.",
             json!({ "type": "object", "properties": {}, "additionalProperties": false }),
         ),
         tool(

@@ -8,7 +8,8 @@ use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxP
 /// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
 /// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
 /// opened, read and clicked (the click opens a dialog, named and answered), a workspace file
-/// is uploaded into it; the tools follow a second tab the bot opens.
+/// is uploaded into it, a button in a frame of another site is clicked; the tools follow a
+/// second tab the bot opens.
 pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     assert!(p.describe().capabilities.page_browser);
     let spec = MachineSpec {
@@ -18,12 +19,16 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         home_key: format!("h-pages-{name}"),
     };
     let machine = p.provision(&spec).await.unwrap();
-    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent = confirm('Sure?') ? 'Done' : 'Not'">Go</button><input type="file" aria-label="Attachment" onchange="document.title = 'Picked ' + this.files[0].size">"#;
+    let page = r#"<!doctype html><title>Inside</title><button onclick="this.textContent = confirm('Sure?') ? 'Done' : 'Not'">Go</button><input type="file" aria-label="Attachment" onchange="document.title = 'Picked ' + this.files[0].size"><iframe title="Other site" src="http://127.0.0.2:8123/inner.html" style="width:300px;height:80px"></iframe>"#;
     p.write_file(&machine, "site/index.html", page.as_bytes())
         .await
         .unwrap();
+    let inner = r#"<!doctype html><title>Inner</title><button onclick="this.textContent = 'Pressed'">Inner</button>"#;
+    p.write_file(&machine, "site/inner.html", inner.as_bytes())
+        .await
+        .unwrap();
     let serve = ExecRequest {
-        command: "setsid nohup python3 -m http.server 8123 --bind 127.0.0.1 --directory site \
+        command: "setsid nohup python3 -m http.server 8123 --bind 0.0.0.0 --directory site \
                   >/dev/null 2>&1 </dev/null & for i in $(seq 50); do \
                   python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8123))' \
                   2>/dev/null && exit 0; sleep 0.1; done; exit 1"
@@ -89,6 +94,27 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         .await
         .unwrap();
     assert_eq!(picked["title"], "Picked 5", "{picked}");
+    // A frame of another site, in a process of its own, is read and clicked through DevTools.
+    let in_frame = |snapshot: &serde_json::Value, name: &str| {
+        snapshot["elements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["frame"] == 0 && e["name"] == name)
+            .map(|e| e["ref"].as_str().unwrap().to_owned())
+    };
+    let inner = in_frame(&picked, "Inner").unwrap_or_else(|| panic!("no frame in {picked}"));
+    let press = BrowserCommand::Act {
+        element: inner,
+        action: "click".into(),
+        text: None,
+    };
+    p.browser(&machine, "bot-1", &press).await.unwrap();
+    let pressed = p
+        .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+        .await
+        .unwrap();
+    assert!(in_frame(&pressed, "Pressed").is_some(), "{pressed}");
 
     // A tab the bot opens in front is the one the tools read next.
     p.open(&machine, "bot-1", &format!("{url}?second"))

@@ -1,0 +1,230 @@
+//! Frames of other origins in the page tools. The page's own scripts cannot read such a frame,
+//! nor can the snapshot script in the page's isolated world; DevTools can: each is read in an
+//! isolated world made in the frame (through the tab's session, or through a session of the
+//! frame's own when it runs in a process of its own), with refs of its own (`s<n>f<k>e<i>`).
+//! An action on such a ref finds the element in the frame's world and offsets it by the frame's
+//! content box in the page, measured in the page's world; a frame that navigated, or was taken
+//! out of the page, makes its refs stale.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::DesktopError;
+use super::cdp::{Cdp, Place};
+use super::page::{MAX_ALL_OPTIONS, MAX_ELEMENTS, MAX_TEXT, SnapshotPart};
+
+/// Most frames of other origins one snapshot reads.
+pub const MAX_OTHER_ORIGINS: usize = 5;
+
+/// The frame element numbered `__K__` by snapshot `__N__`, while it is in the page.
+const FRAME_ELEMENT_JS: &str = r#"(() => { const s = window.__rakazo;
+  const f = s && s.n === __N__ && s.frames[__K__]; return f && f.isConnected ? f : null; })()"#;
+
+/// Where the content box of frame `__K__` of snapshot `__N__` starts in the page's viewport
+/// (through the frames of the page's origin it sits in), the frame scrolled into view first.
+const FRAME_ORIGIN_JS: &str = r#"(() => { const s = window.__rakazo;
+  const f = s && s.n === __N__ && s.frames[__K__];
+  if (!f || !f.isConnected) return { stale: true };
+  f.scrollIntoView({ block: 'nearest', inline: 'nearest' });
+  let x = 0, y = 0;
+  for (let el = f; ; ) {
+    const w = el.ownerDocument.defaultView;
+    if (!w) return { stale: true };
+    const r = el.getBoundingClientRect(), st = w.getComputedStyle(el);
+    x += r.left + el.clientLeft + parseFloat(st.paddingLeft);
+    y += r.top + el.clientTop + parseFloat(st.paddingTop);
+    if (w === window) return { stale: false, x, y };
+    el = w.frameElement;
+    if (!el || !el.isConnected) return { stale: true };
+  }
+})()"#;
+
+fn with_frame(script: &str, n: u64, k: u64) -> String {
+    script
+        .replace("__N__", &n.to_string())
+        .replace("__K__", &k.to_string())
+}
+
+/// The snapshot and frame numbers of a ref of a frame of another origin (`s<n>f<k>e<i>`).
+pub fn frame_ref(reference: &str) -> Option<(u64, u64)> {
+    let rest = reference.strip_prefix('s')?;
+    let (n, rest) = rest.split_once('f')?;
+    let (k, i) = rest.split_once('e')?;
+    i.parse::<u64>().ok()?;
+    Some((n.parse().ok()?, k.parse().ok()?))
+}
+
+/// Reads the frames of other origins snapshot `n` of the page listed (at most
+/// [`MAX_OTHER_ORIGINS`], within what the page's part left of the bounds) into `snapshot`:
+/// their elements and text, each frame's entry marked `read` with its address. A frame that
+/// cannot be read stays listed, marked `unread`. Only an open dialog stops the snapshot.
+pub async fn read_other_origins(
+    cdp: &mut Cdp,
+    n: u64,
+    snapshot: &mut Value,
+) -> Result<(), DesktopError> {
+    let others: Vec<u64> = snapshot["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["crossOrigin"] == true)
+        .filter_map(|f| f["frame"].as_u64())
+        .take(MAX_OTHER_ORIGINS)
+        .collect();
+    let mut read = HashMap::new();
+    for k in others {
+        match read_frame(cdp, n, k, snapshot).await {
+            Ok(Some(frame)) => {
+                read.insert(k, frame);
+            }
+            Ok(None) => mark(snapshot, k, "unread", json!(true)),
+            Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "page.frame_unread");
+                mark(snapshot, k, "unread", json!(true));
+            }
+        }
+    }
+    cdp.remember_frames(n, read);
+    Ok(())
+}
+
+fn mark(snapshot: &mut Value, k: u64, field: &str, value: Value) {
+    if let Some(entry) = snapshot["frames"]
+        .as_array_mut()
+        .and_then(|frames| frames.iter_mut().find(|f| f["frame"] == k))
+    {
+        entry[field] = value;
+    }
+}
+
+/// Reads frame `k` of snapshot `n` into `snapshot`; its id, `None` when the page no longer
+/// has it or nothing is left of the bounds.
+async fn read_frame(
+    cdp: &mut Cdp,
+    n: u64,
+    k: u64,
+    snapshot: &mut Value,
+) -> Result<Option<String>, DesktopError> {
+    let elements = snapshot["elements"].as_array().map_or(0, Vec::len);
+    let text = snapshot["text"].as_str().map_or(0, |t| t.chars().count());
+    let options: usize = snapshot["elements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["options"].as_array().map(Vec::len))
+        .sum();
+    if elements >= MAX_ELEMENTS && text >= MAX_TEXT {
+        return Ok(None);
+    }
+    let Some(frame) = frame_id(cdp, n, k).await? else {
+        return Ok(None);
+    };
+    let place = cdp.frame_place(&frame).await?;
+    let part = SnapshotPart {
+        n,
+        frame: Some(k),
+        elements: MAX_ELEMENTS.saturating_sub(elements),
+        text: MAX_TEXT.saturating_sub(text),
+        options: MAX_ALL_OPTIONS.saturating_sub(options),
+    };
+    let mut got = cdp.evaluate_at(&place, &part.script(), true).await?["value"].take();
+    if let (Some(all), Some(more)) = (
+        snapshot["elements"].as_array_mut(),
+        got["elements"].as_array_mut(),
+    ) {
+        all.append(more);
+    }
+    let joined = format!(
+        "{}{}",
+        snapshot["text"].as_str().unwrap_or_default(),
+        got["text"].as_str().unwrap_or_default()
+    );
+    snapshot["text"] = json!(joined);
+    if got["truncated"] == true {
+        snapshot["truncated"] = json!(true);
+    }
+    mark(snapshot, k, "url", got["url"].take());
+    mark(snapshot, k, "read", json!(true));
+    Ok(Some(frame))
+}
+
+/// The DevTools id of frame `k` of snapshot `n`, from its frame element.
+async fn frame_id(cdp: &mut Cdp, n: u64, k: u64) -> Result<Option<String>, DesktopError> {
+    let element = cdp
+        .evaluate_at(&Place::Page, &with_frame(FRAME_ELEMENT_JS, n, k), false)
+        .await?;
+    let Some(object) = element["objectId"].as_str() else {
+        return Ok(None);
+    };
+    let node = cdp
+        .call("DOM.describeNode", json!({ "objectId": object }))
+        .await;
+    let _ = cdp
+        .call("Runtime.releaseObject", json!({ "objectId": object }))
+        .await;
+    Ok(node?["node"]["frameId"].as_str().map(str::to_owned))
+}
+
+/// Where a ref's element is: the page, or the world of its frame of another origin with that
+/// frame's number in its snapshot. `None`: the ref's frame is not the last snapshot's, or is
+/// gone.
+pub async fn place_of(
+    cdp: &mut Cdp,
+    reference: &str,
+) -> Result<Option<(Place, Option<(u64, u64)>)>, DesktopError> {
+    let Some((n, k)) = frame_ref(reference) else {
+        return Ok(Some((Place::Page, None)));
+    };
+    let Some(frame) = cdp.snapshot_frame(n, k) else {
+        return Ok(None);
+    };
+    match cdp.frame_place(&frame).await {
+        Ok(place) => Ok(Some((place, Some((n, k))))),
+        Err(e @ DesktopError::DialogOpen(_)) => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Where frame `k` of snapshot `n` starts in the page's viewport; `None` when it is no
+/// longer in the page.
+pub async fn frame_origin(
+    cdp: &mut Cdp,
+    n: u64,
+    k: u64,
+) -> Result<Option<(f64, f64)>, DesktopError> {
+    let at = cdp
+        .evaluate_at(&Place::Page, &with_frame(FRAME_ORIGIN_JS, n, k), true)
+        .await?["value"]
+        .take();
+    if at["stale"] != false {
+        return Ok(None);
+    }
+    Ok(Some((
+        at["x"].as_f64().unwrap_or(0.0),
+        at["y"].as_f64().unwrap_or(0.0),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_refs_name_their_snapshot_and_frame() {
+        assert_eq!(frame_ref("s12f3e4"), Some((12, 3)));
+        assert_eq!(frame_ref("s12e4"), None);
+        assert_eq!(frame_ref("s12f3e"), None);
+        assert_eq!(frame_ref("sxf3e4"), None);
+        assert_eq!(
+            SnapshotPart {
+                frame: Some(3),
+                ..SnapshotPart::page(12)
+            }
+            .prefix(),
+            "s12f3e"
+        );
+        assert_eq!(SnapshotPart::page(12).prefix(), "s12e");
+    }
+}

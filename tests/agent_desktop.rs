@@ -95,6 +95,7 @@ const FRAMED: &str = r#"<!doctype html><html><head><title>Framed</title></head><
 const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><body style="margin:0">
 <p>Inner words</p><input placeholder="inner name">
 <button onclick="fetch('/typed?v=inner-' + document.querySelector('input').value)">Inner send</button>
+<button onclick="alert('From ' + location.host)">Inner alert</button>
 </body></html>"#;
 
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
@@ -789,9 +790,13 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
             .filter(|e| e["frame"] == k)
             .map(|e| e["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["inner name", "Inner send"], "frame {k}: {snap}");
+        assert_eq!(
+            names,
+            ["inner name", "Inner send", "Inner alert"],
+            "frame {k}: {snap}"
+        );
     }
-    assert_eq!(elements.len(), 7, "{snap}");
+    assert_eq!(elements.len(), 10, "{snap}");
     let text = snap["text"].as_str().unwrap();
     for k in 0..3 {
         assert!(
@@ -825,6 +830,16 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
     }
     assert_eq!(*typed.lock().unwrap(), ["inner-deep", "inner-far"]);
     assert_eq!(*typed_next_door.lock().unwrap(), ["inner-near"]);
+    // A frame's dialog is named in the click's answer and answered, in every frame's process.
+    for k in 0..3 {
+        let clicked = click_answer(&s, &run, fence, &in_frame(k, "Inner alert")).await;
+        let message = clicked["structuredContent"]["dialog"]["message"].as_str();
+        assert!(
+            message.is_some_and(|m| m.starts_with("From ")),
+            "frame {k}: {clicked}"
+        );
+        dismiss_or_accept(&s, &run, fence, true).await;
+    }
 
     // Frames taken out of the page make their refs stale: nothing is clicked.
     let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;

@@ -196,6 +196,26 @@ async fn go(runtime: &DesktopRuntime, site: &Fixture, bot: &str, path: &str) -> 
     seen
 }
 
+/// What every test here holds while it runs: its turn (one desktop test at a time), and a
+/// temporary directory whose processes are swept when the test ends, passed or not.
+struct Begun {
+    _sweep: Sweep,
+    dir: tempfile::TempDir,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// Waits for the test's turn, checks the desktop tools and makes its directory.
+async fn begin() -> Begun {
+    let serial = SERIAL.lock().await;
+    require_tools();
+    let dir = tempfile::tempdir().unwrap();
+    Begun {
+        _sweep: Sweep(dir.path().join("run")),
+        dir,
+        _serial: serial,
+    }
+}
+
 fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig {
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
     RuntimeConfig {
@@ -226,10 +246,8 @@ async fn gateway_greeting(port: u16, token: &str) -> Option<Vec<u8>> {
 
 #[tokio::test]
 async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let site = Fixture::start().await;
     let runtime = DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),
@@ -370,10 +388,8 @@ async fn bots_get_separate_browsers_profiles_survive_and_old_tokens_die() {
 
 #[tokio::test]
 async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let provider = DesktopProvider::new(DesktopProviderConfig {
         homes_root: dir.path().join("homes"),
         run_root: dir.path().join("run"),
@@ -464,10 +480,8 @@ impl CommandRunner for HeldBrowserStart {
 /// is held, bot A observes, acts and opens its screen again, and B's start then completes.
 #[tokio::test]
 async fn one_bots_tools_work_while_another_bots_desktop_starts() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let runner = Arc::new(HeldBrowserStart {
         inner: HostRunner::minimal(),
         bot: "bot-late",
@@ -557,10 +571,8 @@ impl CommandRunner for FlakyStop {
 
 #[tokio::test]
 async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let runner = Arc::new(FlakyStop {
         inner: HostRunner::minimal(),
         fail: AtomicBool::new(false),
@@ -595,10 +607,8 @@ async fn failed_teardown_keeps_the_slot_reserved_until_a_retry() {
 
 #[tokio::test]
 async fn a_fresh_screen_shows_its_browser_and_nothing_else() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let runtime = DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),
         runtime_config(dir.path(), 71, 0),
@@ -670,10 +680,8 @@ fn autogroup(pid: u32) -> Option<String> {
 
 #[tokio::test]
 async fn the_browser_and_window_manager_run_below_the_x_server() {
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let runtime = DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),
         runtime_config(dir.path(), 71, 0),
@@ -732,10 +740,8 @@ async fn devtools_through_the_gateway_reach_the_bots_browser_until_its_screen_cl
     use rakazo::desktop::{cdp::Cdp, gateway_stream, page};
     use rakazo_actors::provider::BrowserCommand;
 
-    let _serial = SERIAL.lock().await;
-    require_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().join("run"));
+    let begun = begin().await;
+    let dir = &begun.dir;
     let site = Fixture::start().await;
     let runtime = DesktopRuntime::new(
         Arc::new(HostRunner::minimal()),

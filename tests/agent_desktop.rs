@@ -98,6 +98,18 @@ const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><bo
 <button onclick="alert('From ' + location.host)">Inner alert</button>
 </body></html>"#;
 
+/// A page built of web components: its form lives in a component's open shadow root, with
+/// its style, and a button in a component inside that one.
+const COMPONENTS: &str = r#"<!doctype html><html><head><title>Components</title></head><body>
+<script>customElements.define('sign-up', class extends HTMLElement {
+  constructor() { super(); const root = this.attachShadow({ mode: 'open' });
+    root.innerHTML = '<style>p { color: teal }</style><p>Shadow words</p><input placeholder="email"><button>Join</button><more-help></more-help>';
+    root.querySelector('button').onclick = () => fetch('/typed?v=joined-' + root.querySelector('input').value); }
+});
+customElements.define('more-help', class extends HTMLElement {
+  constructor() { super(); this.attachShadow({ mode: 'open' }).innerHTML = '<button>Deeper</button>'; }
+});</script><sign-up></sign-up></body></html>"#;
+
 /// A fixture site on 127.0.0.1:0 that records the values posted to `/typed`.
 async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -131,6 +143,7 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                 let body = match path.split('?').next().unwrap_or_default() {
                     "/framed" => framed.as_str(),
                     "/inner" => INNER,
+                    "/components" => COMPONENTS,
                     "/" => PAGE,
                     "/slow" => "<!doctype html><title>Slow</title><p>late</p>",
                     "/form" => FORM,
@@ -859,6 +872,35 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(typed.lock().unwrap().len(), 2);
     assert_eq!(typed_next_door.lock().unwrap().len(), 1);
+}
+
+#[actix_rt::test]
+async fn page_tools_reach_into_web_components() {
+    let (s, site, typed, _, run, fence) = desktop_run().await;
+    let url = format!("{site}/components");
+    let page = open_and_snapshot(&s, &run, fence, &url, "Components").await;
+    let snap = &page["structuredContent"];
+    let text = snap["text"].as_str().unwrap();
+    assert!(text.contains("Shadow words"), "{snap}");
+    assert!(
+        !text.contains("teal"),
+        "a component's style is not text: {snap}"
+    );
+    let names: Vec<&str> = snap["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["email", "Join", "Deeper"], "{snap}");
+    let args = json!({ "ref": ref_named(&page, "email"), "action": "type", "text": "ada" });
+    tool(&s, &run, fence, "browser_act", args).await;
+    click_ref(&s, &run, fence, &ref_named(&page, "Join")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typed.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*typed.lock().unwrap(), ["joined-ada"]);
 }
 
 #[actix_rt::test]

@@ -94,7 +94,8 @@ pub const MAX_FRAMES: usize = 20;
 
 /// Snapshot script, given its settings (`cfg`, see [`SnapshotPart`]): numbers the elements in
 /// `window.__rakazo` of the isolated world, as snapshot `cfg.n`, with refs `cfg.prefix` and a
-/// number. The frames of the document's own origin are read too, as far as `cfg.depth`: their
+/// number; elements inside open shadow roots (web components) are found too. The frames of
+/// the document's own origin are read too, as far as `cfg.depth`: their
 /// elements carry the frame's number (`frame`), their text follows the document's, headed by
 /// it. A frame of another origin is listed (`crossOrigin`) and kept in `state.frames` by its
 /// number, for the caller to read through DevTools ([`super::page_frames`]): the page's own
@@ -109,15 +110,25 @@ const SNAPSHOT_JS: &str = r#"(cfg => {
   const state = window.__rakazo = window.__rakazo || {};
   state.n = cfg.n; state.prefix = cfg.prefix; state.refs = {}; state.frames = {};
   const items = [], frames = [], texts = [];
-  const addText = (doc, head) => {
-    const all = doc.body ? doc.body.innerText : '';
+  // A document's text, then its shadow roots' (which its own text leaves out).
+  const textOf = (doc, shadows) => [doc.body ? doc.body.innerText : '', ...shadows.map(root =>
+    Array.from(root.children).filter(c => !['STYLE', 'SCRIPT', 'TEMPLATE', 'LINK'].includes(c.tagName)
+      && c.getClientRects().length).map(c => c.innerText).join('\n'))].filter(t => t.trim()).join('\n');
+  const addText = (doc, head, shadows) => {
+    const all = textOf(doc, shadows);
     if (head && !all.trim()) return;
     const part = (head ? '\n\n' + head + '\n' : '') + all;
     if (part.length > textLeft) truncated = true;
     texts.push(part.slice(0, Math.max(textLeft, 0))); textLeft -= part.length;
   };
+  // A document and every open shadow root in it (closed ones are the page's own).
+  const roots = root => { const all = [root];
+    for (const el of root.querySelectorAll('*')) if (el.shadowRoot) all.push(...roots(el.shadowRoot));
+    return all; };
   const walk = (doc, frame, depth) => {
-    for (const el of doc.querySelectorAll(sel)) {
+    const all = roots(doc);
+    const found = what => all.flatMap(root => Array.from(root.querySelectorAll(what)));
+    for (const el of found(sel)) {
       if (items.length >= max) break;
       if (!visible(el)) continue;
       const ref = cfg.prefix + items.length;
@@ -141,8 +152,8 @@ const SNAPSHOT_JS: &str = r#"(cfg => {
       }
       items.push(item);
     }
-    if (frame !== null) addText(doc, '[frame ' + frame + ']');
-    for (const f of doc.querySelectorAll('iframe,frame')) {
+    addText(doc, frame === null ? null : '[frame ' + frame + ']', all.slice(1));
+    for (const f of found('iframe,frame')) {
       if (frames.length >= maxFrames) break;
       if (!visible(f)) continue;
       const entry = { frame: frames.length, name: named(f.getAttribute('title'), f.getAttribute('name')),
@@ -158,7 +169,6 @@ const SNAPSHOT_JS: &str = r#"(cfg => {
       walk(inner, entry.frame, depth + 1);
     }
   };
-  if (cfg.frame === null) addText(document, null);
   walk(document, cfg.frame, 0);
   return { url: location.href, title: document.title, text: texts.join(''), truncated,
            elements: items, frames };

@@ -86,7 +86,7 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "browser_snapshot",
-            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked). The page's frames are read too, those of other origins included (listed in frames): their elements carry the frame's number and browser_act works on them.",
+            "Read the active tab: bounded page text and up to 80 interactive elements with refs (password values masked), inside web components' open shadow roots too. The page's frames are read too, those of other origins included (listed in frames): their elements carry the frame's number and browser_act works on them.",
             json!({ "type": "object", "properties": {}, "additionalProperties": false }),
         ),
         tool(

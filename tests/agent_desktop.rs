@@ -261,6 +261,16 @@ fn ref_named(snap: &Value, name: &str) -> String {
         .to_owned()
 }
 
+/// The names of a snapshot's elements (its `structuredContent`), in order.
+fn element_names(snap: &Value) -> Vec<&str> {
+    snap["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect()
+}
+
 /// Clicks the element `reference` of the last page snapshot.
 async fn click_ref(s: &TestServer, run: &str, fence: i64, reference: &str) {
     click_answer(s, run, fence, reference).await;
@@ -471,12 +481,7 @@ async fn page_tools_act_on_the_tab_on_the_screen() {
     // A click on the tab on the screen reaches its page: the button is gone after it.
     click_ref(&s, &run, fence, &go).await;
     let after = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-    let names: Vec<&str> = after["structuredContent"]["elements"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    let names = element_names(&after["structuredContent"]);
     assert_eq!(names, ["user name", "password", "Go again"], "{after}");
     assert!(
         typed.lock().unwrap().is_empty(),
@@ -886,13 +891,7 @@ async fn page_tools_reach_into_web_components() {
         !text.contains("teal"),
         "a component's style is not text: {snap}"
     );
-    let names: Vec<&str> = snap["elements"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["email", "Join", "Deeper"], "{snap}");
+    assert_eq!(element_names(snap), ["email", "Join", "Deeper"], "{snap}");
     let args = json!({ "ref": ref_named(&page, "email"), "action": "type", "text": "ada" });
     tool(&s, &run, fence, "browser_act", args).await;
     click_ref(&s, &run, fence, &ref_named(&page, "Join")).await;

@@ -98,6 +98,14 @@ const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><bo
 <button onclick="alert('From ' + location.host)">Inner alert</button>
 </body></html>"#;
 
+/// A page with a frame of another site whose script keeps its process busy for 8 s.
+const BUSY: &str = r#"<!doctype html><html><head><title>Busy</title></head><body>
+<button>Still here</button>
+<iframe title="Spinner" src="http://localhost:__PORT__/spin"></iframe></body></html>"#;
+
+/// The busy frame.
+const SPIN: &str = "<!doctype html><p>spinning</p><script>const end = Date.now() + 8000; while (Date.now() < end) {}</script>";
+
 /// A page built of web components: its form lives in a component's open shadow root, with
 /// its style, and a button in a component inside that one.
 const COMPONENTS: &str = r#"<!doctype html><html><head><title>Components</title></head><body>
@@ -140,10 +148,13 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                 let framed = FRAMED
                     .replace("__PORT__", &port)
                     .replace("__OTHER__", other);
+                let busy = BUSY.replace("__PORT__", &port);
                 let body = match path.split('?').next().unwrap_or_default() {
                     "/framed" => framed.as_str(),
                     "/inner" => INNER,
                     "/components" => COMPONENTS,
+                    "/busy" => busy.as_str(),
+                    "/spin" => SPIN,
                     "/" => PAGE,
                     "/slow" => "<!doctype html><title>Slow</title><p>late</p>",
                     "/form" => FORM,
@@ -877,6 +888,23 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(typed.lock().unwrap().len(), 2);
     assert_eq!(typed_next_door.lock().unwrap().len(), 1);
+}
+
+#[actix_rt::test]
+async fn a_busy_frame_of_another_site_is_listed_unread_and_the_page_still_read() {
+    let (s, site, _, _, run, fence) = desktop_run().await;
+    let page = open_and_snapshot(&s, &run, fence, &format!("{site}/busy"), "Busy").await;
+    let mut snap = page["structuredContent"].clone();
+    // The frame may not be listed before it has a box: snapshots until it is.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while snap["frames"].as_array().is_none_or(Vec::is_empty) {
+        assert!(Instant::now() < deadline, "no frame in {snap}");
+        snap =
+            tool(&s, &run, fence, "browser_snapshot", json!({})).await["structuredContent"].clone();
+    }
+    assert_eq!(snap["frames"][0]["crossOrigin"], true, "{snap}");
+    assert_eq!(snap["frames"][0]["unread"], true, "{snap}");
+    assert_eq!(element_names(&snap), ["Still here"], "{snap}");
 }
 
 #[actix_rt::test]

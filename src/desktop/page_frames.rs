@@ -16,6 +16,9 @@ use super::page::{MAX_ALL_OPTIONS, MAX_ELEMENTS, MAX_TEXT, SnapshotPart};
 
 /// Most frames of other origins one snapshot reads.
 pub const MAX_OTHER_ORIGINS: usize = 5;
+/// How long one frame of another origin gets to be read: a frame in a process of its own may
+/// be busy (an advertisement's script) while the page answers.
+const FRAME_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The frame element numbered `__K__` by snapshot `__N__`, while it is in the page.
 const FRAME_ELEMENT_JS: &str = r#"(() => { const s = window.__rakazo;
@@ -58,7 +61,8 @@ pub fn frame_ref(reference: &str) -> Option<(u64, u64)> {
 /// Reads the frames of other origins snapshot `n` of the page listed (at most
 /// [`MAX_OTHER_ORIGINS`], within what the page's part left of the bounds) into `snapshot`:
 /// their elements and text, each frame's entry marked `read` with its address. A frame that
-/// cannot be read stays listed, marked `unread`. Only an open dialog stops the snapshot.
+/// cannot be read (gone, busy past [`FRAME_READ_TIMEOUT`]) stays listed, marked `unread`. Only
+/// an open dialog stops the snapshot.
 pub async fn read_other_origins(
     cdp: &mut Cdp,
     n: u64,
@@ -74,14 +78,20 @@ pub async fn read_other_origins(
         .collect();
     let mut read = HashMap::new();
     for k in others {
-        match read_frame(cdp, n, k, snapshot).await {
-            Ok(Some(frame)) => {
+        let outcome =
+            tokio::time::timeout(FRAME_READ_TIMEOUT, read_frame(cdp, n, k, snapshot)).await;
+        match outcome {
+            Ok(Ok(Some(frame))) => {
                 read.insert(k, frame);
             }
-            Ok(None) => mark(snapshot, k, "unread", json!(true)),
-            Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
-            Err(e) => {
+            Ok(Ok(None)) => mark(snapshot, k, "unread", json!(true)),
+            Ok(Err(e @ DesktopError::DialogOpen(_))) => return Err(e),
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "page.frame_unread");
+                mark(snapshot, k, "unread", json!(true));
+            }
+            Err(_) => {
+                tracing::debug!("page.frame_unread");
                 mark(snapshot, k, "unread", json!(true));
             }
         }

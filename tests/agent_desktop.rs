@@ -95,7 +95,7 @@ const FRAMED: &str = r#"<!doctype html><html><head><title>Framed</title></head><
 const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><body style="margin:0">
 <p>Inner words</p><input placeholder="inner name">
 <button onclick="fetch('/typed?v=inner-' + document.querySelector('input').value)">Inner send</button>
-<button onclick="alert('From ' + location.host)">Inner alert</button>
+<button onclick="alert('From ' + location.host)">Inner alert</button><a href="/inner?again">Again</a>
 </body></html>"#;
 
 /// A page with a frame of another site whose script keeps its process busy for 5 s.
@@ -821,11 +821,11 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
             .collect();
         assert_eq!(
             names,
-            ["inner name", "Inner send", "Inner alert"],
+            ["inner name", "Inner send", "Inner alert", "Again"],
             "frame {k}: {snap}"
         );
     }
-    assert_eq!(elements.len(), 10, "{snap}");
+    assert_eq!(elements.len(), 13, "{snap}");
     let text = snap["text"].as_str().unwrap();
     for k in 0..3 {
         assert!(
@@ -868,6 +868,32 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
             "frame {k}: {clicked}"
         );
         dismiss_or_accept(&s, &run, fence, true).await;
+    }
+
+    // A frame of another origin that loads another document is read again at once, in its
+    // process and in the page's.
+    for k in [1, 2] {
+        click_ref(&s, &run, fence, &in_frame(k, "Again")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+        let frames = &page["structuredContent"]["frames"];
+        for k in [1, 2] {
+            assert!(frames[k].get("unread").is_none(), "{page}");
+        }
+        if (1..3).all(|k| {
+            frames[k]["url"]
+                .as_str()
+                .is_some_and(|u| u.ends_with("?again"))
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the frames never loaded again: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // Frames taken out of the page make their refs stale: nothing is clicked.

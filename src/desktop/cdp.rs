@@ -29,6 +29,8 @@ const VISIBLE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a tab gets to take the page domain. A tab whose dialog opened before this
 /// connection attached never does while the dialog is open, and nothing says so.
 const ENABLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// What [`Cdp::evaluate_at`] says when a frame's world is gone: nothing ran.
+pub const FRAME_GONE: &str = "the frame's document is gone";
 /// How long the announcement of a frame's session is waited for, once the tab attaches its
 /// frames.
 const FRAME_ATTACH_WAIT: Duration = Duration::from_secs(2);
@@ -538,7 +540,7 @@ impl Cdp {
         let out = match self.call_at(place, "Runtime.evaluate", params).await {
             Err(e) if context_gone(&e) => {
                 self.tab.frame_worlds.retain(|_, (_, c)| c != context);
-                return Err(err("the frame is gone"));
+                return Err(err(FRAME_GONE));
             }
             out => out?,
         };
@@ -548,16 +550,6 @@ impl Cdp {
     /// Evaluate `expression` in the isolated world; its JSON value.
     pub async fn evaluate(&mut self, expression: &str) -> Result<Value, DesktopError> {
         Ok(self.evaluate_as(expression, true).await?["value"].take())
-    }
-
-    /// Evaluate `expression` in the isolated world; the id of the object it gives (a node),
-    /// `None` for `null` or `undefined`.
-    pub async fn evaluate_object(
-        &mut self,
-        expression: &str,
-    ) -> Result<Option<String>, DesktopError> {
-        let result = self.evaluate_as(expression, false).await?;
-        Ok(result["objectId"].as_str().map(str::to_owned))
     }
 
     /// Evaluate `expression` in the isolated world; the remote object it gives, by value or

@@ -131,7 +131,6 @@ async fn read_frame(
     let Some(frame) = frame_id(cdp, n, k).await? else {
         return Ok(None);
     };
-    let place = cdp.frame_place(&frame).await?;
     let part = SnapshotPart {
         n,
         frame: Some(k),
@@ -139,7 +138,20 @@ async fn read_frame(
         text: MAX_TEXT.saturating_sub(text),
         options: MAX_ALL_OPTIONS.saturating_sub(options),
     };
-    let mut got = cdp.evaluate_at(&place, &part.script(), true).await?["value"].take();
+    // A world kept from an earlier snapshot is gone once the frame has loaded another
+    // document: made again, once.
+    let mut got = Value::Null;
+    for attempt in 0..2 {
+        let place = cdp.frame_place(&frame).await?;
+        match cdp.evaluate_at(&place, &part.script(), true).await {
+            Ok(mut out) => {
+                got = out["value"].take();
+                break;
+            }
+            Err(e) if attempt == 0 && is_gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
     if let (Some(all), Some(more)) = (
         snapshot["elements"].as_array_mut(),
         got["elements"].as_array_mut(),
@@ -158,6 +170,14 @@ async fn read_frame(
     mark(snapshot, k, "url", got["url"].take());
     mark(snapshot, k, "read", json!(true));
     Ok(Some(frame))
+}
+
+/// Whether `e` says a frame's world was gone before ([`Cdp::evaluate_at`]) or went while a
+/// snapshot script ran there (the frame loaded another document): the script, which only
+/// reads, may run again.
+fn is_gone(e: &DesktopError) -> bool {
+    matches!(e, DesktopError::Browser(msg)
+        if msg == super::cdp::FRAME_GONE || msg.contains("Execution context was destroyed"))
 }
 
 /// The DevTools id of frame `k` of snapshot `n`, from its frame element.

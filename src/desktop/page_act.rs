@@ -13,22 +13,14 @@ use super::cdp::{Cdp, Place};
 /// Finds a ref of the current snapshot, or reports it stale. The point is in the page's
 /// viewport: an element of a frame is offset by each frame's content box up to the page (a
 /// frame taken out of the page makes its elements stale).
-const FIND_JS: &str = r#"(() => {
+const FIND_JS: &str = r#"(() => { __ORIGIN_FNS__
   const state = window.__rakazo; const ref = __REF__;
   const el = state && state.refs[ref];
   if (!el || !el.isConnected || !ref.startsWith(state.prefix)) return { stale: true };
   el.scrollIntoView({ block: 'center', inline: 'center' });
-  const r = el.getBoundingClientRect();
-  let x = r.left + r.width / 2, y = r.top + r.height / 2;
-  for (let w = el.ownerDocument.defaultView; w !== window; ) {
-    const f = w && w.frameElement;
-    if (!f || !f.isConnected) return { stale: true };
-    const fr = f.getBoundingClientRect(), s = f.ownerDocument.defaultView.getComputedStyle(f);
-    x += fr.left + f.clientLeft + parseFloat(s.paddingLeft);
-    y += fr.top + f.clientTop + parseFloat(s.paddingTop);
-    w = f.ownerDocument.defaultView;
-  }
-  return { stale: false, x, y, tag: el.tagName.toLowerCase() };
+  const r = el.getBoundingClientRect(), o = origin(el.ownerDocument.defaultView);
+  if (!o) return { stale: true };
+  return { stale: false, x: o.x + r.left + r.width / 2, y: o.y + r.top + r.height / 2, tag: el.tagName.toLowerCase() };
 })()"#;
 
 /// Chooses an option of a ref's select element by its value, else by its label, and tells the
@@ -100,7 +92,15 @@ pub(super) async fn act(
     let (place, frame) = super::page_frames::place_of(cdp, element)
         .await?
         .ok_or_else(stale)?;
-    let found = match value_at(cdp, &place, &FIND_JS.replace("__REF__", &quote(element))).await {
+    let found = match value_at(
+        cdp,
+        &place,
+        &FIND_JS
+            .replace("__ORIGIN_FNS__", super::page_frames::ORIGIN_FNS)
+            .replace("__REF__", &quote(element)),
+    )
+    .await
+    {
         Ok(found) => found,
         Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
         Err(_) if frame.is_some() => return Err(stale()),

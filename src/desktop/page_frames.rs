@@ -24,27 +24,32 @@ const FRAME_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3
 const FRAME_ELEMENT_JS: &str = r#"(() => { const s = window.__rakazo;
   const f = s && s.n === __N__ && s.frames[__K__]; return f && f.isConnected ? f : null; })()"#;
 
-/// Where the content box of frame `__K__` of snapshot `__N__` starts in the page's viewport
-/// (through the frames of the page's origin it sits in), the frame scrolled into view first.
-const FRAME_ORIGIN_JS: &str = r#"(() => { const s = window.__rakazo;
+/// Script functions shared by the page tools' lookups: `box(f)`, where frame element `f`'s
+/// content box starts in its own document's viewport (border and padding included), and
+/// `origin(w)`, where window `w`'s viewport starts in the page's, through the frames of the
+/// page's origin it sits in (`null` when one of them is out of the page).
+pub const ORIGIN_FNS: &str = r#"const box = f => { const r = f.getBoundingClientRect(), st = f.ownerDocument.defaultView.getComputedStyle(f);
+    return { x: r.left + f.clientLeft + parseFloat(st.paddingLeft), y: r.top + f.clientTop + parseFloat(st.paddingTop) }; };
+  const origin = w => { let x = 0, y = 0;
+    while (w !== window) { const f = w && w.frameElement; if (!f || !f.isConnected) return null;
+      const b = box(f); x += b.x; y += b.y; w = f.ownerDocument.defaultView; }
+    return { x, y }; };"#;
+
+/// Where the content box of frame `__K__` of snapshot `__N__` starts in the page's viewport,
+/// the frame scrolled into view first.
+const FRAME_ORIGIN_JS: &str = r#"(() => { __ORIGIN_FNS__ const s = window.__rakazo;
   const f = s && s.n === __N__ && s.frames[__K__];
   if (!f || !f.isConnected) return { stale: true };
   f.scrollIntoView({ block: 'nearest', inline: 'nearest' });
-  let x = 0, y = 0;
-  for (let el = f; ; ) {
-    const w = el.ownerDocument.defaultView;
-    if (!w) return { stale: true };
-    const r = el.getBoundingClientRect(), st = w.getComputedStyle(el);
-    x += r.left + el.clientLeft + parseFloat(st.paddingLeft);
-    y += r.top + el.clientTop + parseFloat(st.paddingTop);
-    if (w === window) return { stale: false, x, y };
-    el = w.frameElement;
-    if (!el || !el.isConnected) return { stale: true };
-  }
+  const o = origin(f.ownerDocument.defaultView);
+  if (!o) return { stale: true };
+  const b = box(f);
+  return { stale: false, x: o.x + b.x, y: o.y + b.y };
 })()"#;
 
 fn with_frame(script: &str, n: u64, k: u64) -> String {
     script
+        .replace("__ORIGIN_FNS__", ORIGIN_FNS)
         .replace("__N__", &n.to_string())
         .replace("__K__", &k.to_string())
 }

@@ -25,7 +25,10 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Whether serve should start its own supervisor for `config`.
 pub fn wanted(config: &Config) -> bool {
-    matches!(config.provider.as_str(), "docker" | "e2b-emulator") && !config.supervisor_configured
+    matches!(
+        config.provider.as_str(),
+        "docker" | "e2b-emulator" | "novita-emulator"
+    ) && !config.supervisor_configured
 }
 
 /// A running child supervisor; dropping it stops the child.

@@ -3,7 +3,7 @@
 //! runs on the real `e2b` adapter pointed at it, and the adapter's lifecycle holds when a
 //! sandbox is killed behind its back; the team-screens regression runs on it, the page tools
 //! reach a sandbox's browser through its screen gateway, and Novita's differences hold against
-//! its Novita mode.
+//! its Novita mode, its quarantine of a sandbox whose command's kill was not confirmed included.
 
 mod docker_support;
 mod gateway_pages;
@@ -290,18 +290,12 @@ async fn the_team_screens_regression() {
     team_screens::over_routes(&*provider(), DOMAIN, "http://127.0.0.1:").await;
 }
 
-/// Novita shares the adapter: against the emulator's Novita mode, a template the account
-/// lacks is a plain error with nothing else tried, ids carry a hyphen, stop pauses (confirmed
-/// by the state read back), reconnect resumes with the files kept, and destroy deletes a
-/// paused sandbox without resuming it.
-#[actix_rt::test]
-async fn novita_shares_the_adapter_with_its_differences() {
-    if !docker_ready() {
-        return;
-    }
-    use rakazo::emulators::e2b::State;
-    use rakazo_actors::provider::MachineSpec;
-    use std::sync::atomic::Ordering;
+/// An emulator of its own in Novita mode (on the shared supervisor), and a maker of Novita
+/// providers pointed at it for a template, each a process of its own.
+async fn novita_emulator() -> (
+    rakazo::emulators::e2b::Running,
+    impl Fn(&str) -> Arc<dyn SandboxProvider>,
+) {
     let shared = emulator();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let running = rakazo::emulators::e2b::start(
@@ -316,7 +310,7 @@ async fn novita_shares_the_adapter_with_its_differences() {
     .await
     .unwrap();
     let url = format!("http://{}", running.addr);
-    let novita = |template: &str| -> Arc<dyn SandboxProvider> {
+    let novita = move |template: &str| -> Arc<dyn SandboxProvider> {
         let adapter = E2b::new(E2bConfig {
             kind: "novita",
             vendor: Vendor::Novita,
@@ -329,12 +323,31 @@ async fn novita_shares_the_adapter_with_its_differences() {
         .unwrap();
         Arc::new(RemoteProvider::new(Arc::new(adapter), 0))
     };
-    let spec = MachineSpec {
-        computer_id: "c-novita".into(),
-        space_id: "s-novita".into(),
+    (running, novita)
+}
+
+fn novita_spec(name: &str) -> rakazo_actors::provider::MachineSpec {
+    rakazo_actors::provider::MachineSpec {
+        computer_id: format!("c-{name}"),
+        space_id: format!("s-{name}"),
         bot_id: None,
-        home_key: "h-novita".into(),
-    };
+        home_key: format!("h-{name}"),
+    }
+}
+
+/// Novita shares the adapter: against the emulator's Novita mode, a template the account
+/// lacks is a plain error with nothing else tried, ids carry a hyphen, stop pauses (confirmed
+/// by the state read back), reconnect resumes with the files kept, and destroy deletes a
+/// paused sandbox without resuming it.
+#[actix_rt::test]
+async fn novita_shares_the_adapter_with_its_differences() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo::emulators::e2b::State;
+    use std::sync::atomic::Ordering;
+    let (running, novita) = novita_emulator().await;
+    let spec = novita_spec("novita");
     let em = running.emulator.clone();
 
     // No template in the account: a plain error, no sandbox made from another one.
@@ -370,6 +383,123 @@ async fn novita_shares_the_adapter_with_its_differences() {
         other.reconnect(&m, &spec).await,
         Err(rakazo_actors::provider::ProviderError::MachineGone)
     );
+    running.stop().await;
+}
+
+/// A Novita command past its deadline whose kill envd never confirms (its process service
+/// unreachable): the kill is asked for again, then the sandbox is paused and quarantined. The
+/// call says the command may remain suspended; every later call on the machine, a reconnect
+/// included, is refused without resuming it; destroy deletes it, still without a resume.
+#[actix_rt::test]
+async fn a_novita_command_whose_kill_is_not_confirmed_quarantines_its_sandbox() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo::emulators::e2b::State;
+    use rakazo_actors::provider::{ExecRequest, ProviderError};
+    use std::sync::atomic::Ordering;
+    let (running, novita) = novita_emulator().await;
+    let spec = novita_spec("quarantine");
+    let em = running.emulator.clone();
+    let p = novita("rakazo-computer");
+    let m = p.provision(&spec).await.unwrap();
+    let exec = |command: &str| ExecRequest {
+        command: command.into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: std::time::Duration::from_secs(1),
+    };
+    // A kill envd confirms: the command times out, the machine stays in use.
+    let out = p.exec(&m, &exec("sleep 30")).await.unwrap();
+    assert!(out.timed_out, "{out:?}");
+    assert_eq!(p.exec(&m, &exec("echo up")).await.unwrap().stdout, "up\n");
+
+    em.signals_unavailable.store(true, Ordering::SeqCst);
+    let err = p.exec(&m, &exec("sleep 30")).await.unwrap_err();
+    let ProviderError::Quarantined(told) = &err else {
+        panic!("not quarantined: {err}");
+    };
+    assert!(told.contains("may remain suspended"), "{told}");
+    assert!(told.contains("was paused"), "{told}");
+    assert_eq!(em.get(&m.0).unwrap().state, State::Paused);
+    em.signals_unavailable.store(false, Ordering::SeqCst);
+
+    // Nothing reaches the machine again through this process, and nothing resumes it.
+    for refused in [
+        p.exec(&m, &exec("true")).await.map(|_| ()),
+        p.read_file(&m, "anything.txt").await.map(|_| ()),
+        p.reconnect(&m, &spec).await,
+    ] {
+        assert!(
+            matches!(refused, Err(ProviderError::Quarantined(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(em.get(&m.0).unwrap().state, State::Paused);
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 0);
+
+    // The replacement's teardown deletes it without a resume.
+    p.destroy(&m).await.unwrap();
+    assert!(em.get(&m.0).is_none());
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 0);
+    running.stop().await;
+}
+
+/// A Novita command whose caller stops waiting (its future dropped) and whose kill envd never
+/// confirms: the adapter asks again in the background, then pauses and quarantines the sandbox,
+/// and tells the provider's owner so when asked ([`SandboxProvider::quarantined`]).
+#[actix_rt::test]
+async fn a_cancelled_novita_command_whose_kill_is_not_confirmed_quarantines_its_sandbox() {
+    if !docker_ready() {
+        return;
+    }
+    use rakazo::emulators::e2b::State;
+    use rakazo_actors::provider::{ExecRequest, ProviderError};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let (running, novita) = novita_emulator().await;
+    let spec = novita_spec("cancelled");
+    let em = running.emulator.clone();
+    let p = novita("rakazo-computer");
+    let m = p.provision(&spec).await.unwrap();
+    let long = ExecRequest {
+        command: "sleep 60".into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(60),
+    };
+    em.signals_unavailable.store(true, Ordering::SeqCst);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), p.exec(&m, &long))
+            .await
+            .is_err(),
+        "the command ended on its own"
+    );
+    assert_eq!(
+        p.quarantined(&m),
+        None,
+        "not before the kills were asked for"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let told = loop {
+        if let Some(told) = p.quarantined(&m) {
+            break told;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never quarantined");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(told.contains("cancelled command"), "{told}");
+    assert!(told.contains("may remain suspended"), "{told}");
+    assert_eq!(em.get(&m.0).unwrap().state, State::Paused);
+    em.signals_unavailable.store(false, Ordering::SeqCst);
+    let refused = p.read_file(&m, "anything.txt").await;
+    assert!(
+        matches!(refused, Err(ProviderError::Quarantined(_))),
+        "{refused:?}"
+    );
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 0);
+    p.destroy(&m).await.unwrap();
+    assert_eq!(p.quarantined(&m), None);
     running.stop().await;
 }
 

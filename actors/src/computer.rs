@@ -294,6 +294,12 @@ impl ComputerActor {
         }
     }
 
+    /// Lets go of the machine without touching it (it was quarantined).
+    fn let_go(&mut self) {
+        self.machine = None;
+        self.running_since_ms = None;
+    }
+
     fn checkpoints(&mut self) -> Addr<CheckpointActor> {
         self.checkpoints
             .get_or_insert_with(|| CheckpointActor::new(self.id.clone(), self.rt.clone()).start())
@@ -409,11 +415,29 @@ impl ComputerActor {
                     let _ = computers.touch_at(&id, now).await;
                 }
                 apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
-                run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await
+                let mut res =
+                    run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await;
+                // A call given up on (its deadline's grace passed) may leave the provider to
+                // find the command's stop unconfirmed on its own.
+                if let Err(err) = &res
+                    && !is_quarantine(err)
+                    && let Some(why) = provider.quarantined(&machine)
+                {
+                    res = Err(DomainError::new(ErrorCode::ComputerQuarantined, why));
+                }
+                if res.as_ref().is_err_and(is_quarantine) {
+                    // Written before the caller hears of it, so no process resumes it after.
+                    quarantine(&rt, &id).await;
+                }
+                res
             }
             .into_actor(act)
         });
         Box::pin(fut.map(|res, act, ctx| match res {
+            Err(err) if is_quarantine(&err) => {
+                act.let_go();
+                Err(err)
+            }
             Err(err) if err.code == ErrorCode::MachineGone => {
                 tracing::warn!(event = "computer.machine_gone", computer.id = %act.id);
                 let rt = act.rt.clone();
@@ -515,11 +539,17 @@ impl Handler<SaveWorkspace> for ComputerActor {
         Box::pin(
             async move {
                 let Some(machine) = machine else {
+                    if reason == Reason::Shutdown {
+                        return Ok(None);
+                    }
+                    // A quarantined machine's work is not read: that would resume it.
+                    if Computers::new(rt.db.clone()).get(&id).await?.quarantined {
+                        return Err(DomainError::code(ErrorCode::ComputerQuarantined));
+                    }
                     // The owner elsewhere holds the machine: it checkpoints (shutdown drains
                     // only what this process holds).
-                    if reason != Reason::Shutdown
-                        && let Some(Owner::Elsewhere { address, .. }) =
-                            Owners::new(rt.db.clone()).holder(&id).await?
+                    if let Some(Owner::Elsewhere { address, .. }) =
+                        Owners::new(rt.db.clone()).holder(&id).await?
                     {
                         return match forward(&rt, address, &id, Remote::Save(reason)).await? {
                             RemoteOutput::Saved(outcome) => Ok(outcome),
@@ -571,12 +601,19 @@ impl Handler<Suspend> for ComputerActor {
                     None => return (None, Ok(false)),
                 };
                 let res = suspend(&rt, &id, &machine, reason, &checkpoints).await;
+                if res.as_ref().is_err_and(is_quarantine) {
+                    quarantine(&rt, &id).await;
+                }
                 (reconnected, res)
             }
             .into_actor(self)
             .map(move |(reconnected, res), act, _| {
                 if reason == EndReason::Stopped {
                     act.adopted = true;
+                }
+                if res.as_ref().is_err_and(is_quarantine) {
+                    act.let_go();
+                    return res.map(|_| ());
                 }
                 if matches!(res, Ok(true)) {
                     act.machine = None;
@@ -650,6 +687,20 @@ impl Handler<CheckIdle> for ComputerActor {
         };
         let rt = self.rt.clone();
         let id = self.id.clone();
+        // The provider quarantined the machine after its caller stopped waiting: let go of it.
+        if rt
+            .provider()
+            .is_ok_and(|p| p.quarantined(&machine).is_some())
+        {
+            self.let_go();
+            return Box::pin(
+                async move {
+                    quarantine(&rt, &id).await;
+                    Ok(None)
+                }
+                .into_actor(self),
+            );
+        }
         let since = self.running_since_ms;
         let agents = self.agents.clone();
         let addr = ctx.address();
@@ -879,6 +930,34 @@ fn lock_watch(watch: &Mutex<AgentWatch>) -> std::sync::MutexGuard<'_, AgentWatch
     watch.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Whether `err` says the machine was quarantined (a command's stop was not confirmed).
+fn is_quarantine(err: &DomainError) -> bool {
+    err.code == ErrorCode::ComputerQuarantined
+}
+
+/// Quarantines the computer's row ([`Computers::quarantine`]), tells its space and lets any
+/// process claim it: a recover or reset replaces its machine, nothing else reaches it.
+async fn quarantine(rt: &Runtime, id: &str) {
+    let computers = Computers::new(rt.db.clone());
+    if let Err(e) = computers.quarantine(id).await {
+        tracing::error!(
+            event = "computer.quarantine_failed",
+            computer.id = id,
+            code = e.code.as_str()
+        );
+        return;
+    }
+    tracing::warn!(event = "computer.quarantined", computer.id = id);
+    if let Ok(row) = computers.get(id).await {
+        rt.events.publish(
+            &row.space_id,
+            crate::events::Topic::ComputerState,
+            serde_json::json!({ "computerId": id, "state": "stopped", "quarantined": true }),
+        );
+    }
+    let _ = Owners::new(rt.db.clone()).release(id).await;
+}
+
 /// The provider's spec of a computer's machine.
 fn spec_of(row: &crate::entity::computer::Model) -> MachineSpec {
     MachineSpec {
@@ -893,7 +972,7 @@ fn spec_of(row: &crate::entity::computer::Model) -> MachineSpec {
 /// stopping: reconnect and finish the stop; it says stopped: nothing.
 async fn adopt_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult<Option<Acquired>> {
     let row = Computers::new(rt.db.clone()).get(id).await?;
-    if row.state == ComputerState::Stopped.as_str() {
+    if row.state == ComputerState::Stopped.as_str() || row.quarantined {
         return Ok(None);
     }
     let kind = rt.provider()?.describe().kind;
@@ -951,7 +1030,8 @@ async fn reconnect_for_stop(
 ) -> DomainResult<Option<Acquired>> {
     let computers = Computers::new(rt.db.clone());
     let row = computers.get(id).await?;
-    if row.state == ComputerState::Stopped.as_str() {
+    // A quarantined machine is paused (or pausing) and is never reconnected, not even to stop.
+    if row.state == ComputerState::Stopped.as_str() || row.quarantined {
         return Ok(None);
     }
     let provider = rt.provider()?;
@@ -999,6 +1079,9 @@ async fn acquire_machine(rt: &Runtime, id: &str, adopting: bool) -> DomainResult
     let kind = provider.describe().kind;
     let computers = Computers::new(rt.db.clone());
     let row = computers.get(id).await?;
+    if row.quarantined {
+        return Err(DomainError::code(ErrorCode::ComputerQuarantined));
+    }
     let spec = spec_of(&row);
     let same_kind = row.provider_kind.as_deref() == Some(kind.as_str());
     if let (Some(stored), true) = (row.provider_ref.clone(), same_kind) {

@@ -211,6 +211,8 @@ impl Computers {
                 computer::Column::ProviderRef,
                 Expr::value(Option::<String>::None),
             )
+            // No machine is left to keep from resuming.
+            .col_expr(computer::Column::Quarantined, Expr::value(false))
             .col_expr(
                 computer::Column::State,
                 Expr::value(ComputerState::Stopped.as_str()),
@@ -219,6 +221,26 @@ impl Computers {
             .filter(computer::Column::Id.eq(id))
             .exec(&self.db)
             .await?;
+        Ok(())
+    }
+
+    /// Quarantines a computer whose machine may hold a suspended command (its stop was not
+    /// confirmed): the row says stopped, with the machine's reference kept for the recover or
+    /// reset that replaces it, and the stretch at the provider is closed as `stopped` (the
+    /// machine was paused, or its idle timeout pauses it). Nothing reconnects a quarantined
+    /// computer ([`crate::computer`]); [`Self::forget_machine`] lifts the quarantine.
+    pub async fn quarantine(&self, id: &str) -> DomainResult<()> {
+        computer::Entity::update_many()
+            .col_expr(computer::Column::Quarantined, Expr::value(true))
+            .col_expr(
+                computer::Column::State,
+                Expr::value(ComputerState::Stopped.as_str()),
+            )
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(computer::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        self.close_runs(id, EndReason::Stopped).await?;
         Ok(())
     }
 

@@ -51,6 +51,9 @@ pub enum ErrorCode {
     ArchiveRejected,
     /// The provider does not offer this (for example live screens on the `fake` emulator).
     Unsupported,
+    /// A command's stop was not confirmed, so the computer was paused (or its pause asked
+    /// for) and is quarantined: nothing resumes it until a recover or reset replaces it.
+    ComputerQuarantined,
     /// The same visual action kept leaving the screen unchanged; use page tools or takeover.
     RepeatedNoOp,
     /// A page-browser ref is stale: the page changed since the snapshot (nothing was done).
@@ -90,6 +93,7 @@ impl ErrorCode {
             Self::TooLarge => "TOO_LARGE",
             Self::ArchiveRejected => "ARCHIVE_REJECTED",
             Self::Unsupported => "UNSUPPORTED",
+            Self::ComputerQuarantined => "COMPUTER_QUARANTINED",
             Self::RepeatedNoOp => "REPEATED_NO_OP",
             Self::StaleRef => "STALE_REF",
             Self::PageActionFailed => "PAGE_ACTION_FAILED",
@@ -114,7 +118,8 @@ impl ErrorCode {
             | Self::RunStateConflict
             | Self::RepeatedNoOp
             | Self::StaleRef
-            | Self::PageDialogOpen => 409,
+            | Self::PageDialogOpen
+            | Self::ComputerQuarantined => 409,
             Self::TooLarge => 413,
             Self::MultiScreenUnavailable
             | Self::NoProvider
@@ -140,6 +145,9 @@ impl ErrorCode {
             Self::ComputerReserved => "The computer is reserved for maintenance",
             Self::MachineGone => "The machine was lost; a replacement is starting",
             Self::ComputerUnavailable => "The computer is restarting; try again",
+            Self::ComputerQuarantined => {
+                "The computer is quarantined: recover or reset it to replace it from saved work"
+            }
             _ => "Request failed",
         }
     }

@@ -423,6 +423,11 @@ pub enum ProviderError {
     /// A JavaScript dialog blocks the page until it is answered (nothing was done).
     #[error("{0}")]
     DialogOpen(String),
+    /// A command's stop could not be confirmed: the machine was paused (or its pause asked
+    /// for) with the command possibly suspended in it, and must not be resumed until a
+    /// recover or reset replaces it. The computer is quarantined.
+    #[error("{0}")]
+    Quarantined(String),
     /// Any other failure; the machine may still be there.
     #[error("provider failure: {0}")]
     Failed(String),
@@ -442,6 +447,7 @@ impl From<ProviderError> for DomainError {
             ProviderError::StaleRef(_) => ErrorCode::StaleRef,
             ProviderError::PageAction(_) => ErrorCode::PageActionFailed,
             ProviderError::DialogOpen(_) => ErrorCode::PageDialogOpen,
+            ProviderError::Quarantined(_) => ErrorCode::ComputerQuarantined,
             ProviderError::Failed(_) => ErrorCode::ProviderFailed,
         };
         DomainError::new(code, err.to_string())
@@ -505,6 +511,14 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// The spare display stacks of this process's computers (for `/internal/health`);
     /// `None` when the provider keeps none.
     async fn warm_desktops(&self) -> Option<WarmDesktops> {
+        None
+    }
+
+    /// Why `machine` is quarantined when this provider quarantined it on its own (a command's
+    /// stop that went unconfirmed after its caller had stopped waiting); `None` otherwise. The
+    /// computer's actor asks after a failed call and at every idle check, and quarantines the
+    /// computer's row ([`ProviderError::Quarantined`]).
+    fn quarantined(&self, _machine: &ProviderRef) -> Option<String> {
         None
     }
 

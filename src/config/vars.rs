@@ -21,6 +21,7 @@ pub const PROVIDERS: &[&str] = &[
     "box",
     "novita",
     "e2b-emulator",
+    "novita-emulator",
     "daytona-emulator",
     "box-emulator",
     "desktop",
@@ -68,7 +69,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_PROVIDER",
         default: "docker",
         secret: false,
-        doc: "Where computers run: docker, e2b, novita, daytona, box, kubernetes, their offline emulators (e2b-emulator, daytona-emulator, box-emulator), desktop, fake or none.",
+        doc: "Where computers run: docker, e2b, novita, daytona, box, kubernetes, their offline emulators (e2b-emulator, novita-emulator, daytona-emulator, box-emulator), desktop, fake or none.",
     },
     Var {
         name: "SANDBOX_IDLE_MS",

@@ -170,23 +170,25 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 emulator_api: None,
             })
         }
-        "e2b-emulator" if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(
-            "SANDBOX_PROVIDER=e2b-emulator runs its sandboxes as Docker computers: it requires the supervisor (SANDBOX_SUPERVISOR_TOKEN)".into(),
-        )),
-        "e2b-emulator" => {
+        kind @ ("e2b-emulator" | "novita-emulator") if config.supervisor_token.as_ref().is_none_or(|t| t.0.is_empty()) => Ok(unavailable(format!(
+            "SANDBOX_PROVIDER={kind} runs its sandboxes as Docker computers: it requires the supervisor (SANDBOX_SUPERVISOR_TOKEN)"
+        ))),
+        kind @ ("e2b-emulator" | "novita-emulator") => {
+            // Novita's mode of the same emulator, behind the same adapter as Novita.
+            let (kind, novita) = if kind == "novita-emulator" { ("novita-emulator", true) } else { ("e2b-emulator", false) };
             let token = config.supervisor_token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("e2b-emulator: {e}"))?;
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("{kind}: {e}"))?;
             let running = crate::emulators::e2b::start(
                 listener,
                 crate::emulators::e2b::Settings {
                     supervisor_url: config.supervisor_url.clone(),
                     supervisor_token: token,
                     domain: crate::emulators::e2b::DOMAIN.into(),
-                    novita: false,
+                    novita,
                 },
             )
             .await
-            .map_err(|e| format!("SANDBOX_PROVIDER=e2b-emulator: {e}"))?;
+            .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))?;
             let url = format!("http://{}", running.addr);
             let emulator = running.emulator.clone();
             // The emulator serves as long as the process (its tasks are detached).
@@ -194,19 +196,19 @@ pub async fn build(config: &Config) -> Result<Built, String> {
             let api_key = format!("e2b_{}", crate::emulators::random_id(40));
             let emulator_api = EmulatorApi { url: url.clone(), key: api_key.clone() };
             let adapter = e2b::E2b::new(e2b::E2bConfig {
-                kind: "e2b-emulator",
-                vendor: e2b::Vendor::E2b,
+                kind,
+                vendor: if novita { e2b::Vendor::Novita } else { e2b::Vendor::E2b },
                 api_key,
                 domain: crate::emulators::e2b::DOMAIN.into(),
                 api_url: url.clone(),
                 sandbox_url: Some(url),
                 template: config.template.clone(),
             })
-            .map_err(|e| format!("SANDBOX_PROVIDER=e2b-emulator: {e}"))?;
+            .map_err(|e| format!("SANDBOX_PROVIDER={kind}: {e}"))?;
             let provider = remote::provider::RemoteProvider::new(Arc::new(adapter), config.team_screen_limit as usize).with_warm_stacks(config.desktop_warm_stacks);
             Ok(Built {
                 provider: Some(Arc::new(provider)),
-                status: ProviderStatus { sandbox: "e2b-emulator".into(), setup_error: None },
+                status: ProviderStatus { sandbox: kind.into(), setup_error: None },
                 fake: None,
                 e2b_emulator: Some(emulator),
                 emulator_api: Some(emulator_api),

@@ -24,7 +24,7 @@ pub fn computer_json(c: &computer::Model, caller: &Caller) -> Value {
         "id": c.id, "spaceId": c.space_id, "kind": c.kind, "botId": c.bot_id,
         "providerKind": c.provider_kind, "state": c.state, "revision": c.revision,
         "provisioningFence": c.provisioning_fence, "lastActiveAtMs": c.last_active_at_ms,
-        "pendingRestore": c.pending_restore_revision,
+        "pendingRestore": c.pending_restore_revision, "quarantined": c.quarantined,
     });
     if caller.bot_id().is_none() {
         v["homeKey"] = json!(c.home_key);

@@ -117,7 +117,7 @@ function onEvent({ topic, spaceId, data }) {
   if (topic === "maintenance.changed") { maintenance.onEvent(data); return; }
   if (topic === "computer.state") {
     const c = state.computers.get(data.computerId);
-    if (c) { c.state = data.state; c.stage = data.stage || null; renderComputers(); }
+    if (c) { c.state = data.state; c.stage = data.stage || null; c.quarantined = data.quarantined === true; renderComputers(); }
     for (const v of state.bots.values()) if (v.computerId === data.computerId) v.onComputerState(data.state);
     return;
   }
@@ -306,10 +306,12 @@ function renderComputers() {
   const list = $("computer-list");
   list.replaceChildren(...[...state.computers.values()].map((c) => {
     const preparing = c.state === "provisioning" && PREPARING[c.stage];
+    // Quarantined: a command's stop was not confirmed; only a recover or reset replaces it.
+    const shown = c.quarantined ? "quarantined: recover or reset it" : preparing ? `preparing: ${preparing}` : c.state;
     return el("li", { "data-computer": c.id },
       `${c.kind} computer `,
-      el("span", { class: "state", "data-state": c.state, "data-stage": preparing ? c.stage : null },
-        preparing ? `preparing: ${preparing}` : c.state),
+      el("span", { class: "state", "data-state": c.state, "data-stage": preparing ? c.stage : null,
+        "data-quarantined": c.quarantined ? "true" : null }, shown),
       maintenance.actions(c));
   }));
 }

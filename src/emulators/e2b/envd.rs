@@ -570,6 +570,12 @@ async fn send_signal(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
         return connect_error("invalid_argument", "unreadable request");
     };
+    if em
+        .signals_unavailable
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        return connect_error("unavailable", "the process service is unavailable");
+    }
     let Some(p) = find_process(&s, &msg["process"]) else {
         return connect_error("not_found", "process not found");
     };

@@ -116,6 +116,9 @@ pub struct Emulator {
     pub sandboxes: Mutex<HashMap<String, Sandbox>>,
     /// How many times a paused sandbox was resumed (test hook).
     pub resumes: std::sync::atomic::AtomicU64,
+    /// While set, envd answers `unavailable` to every signal, as when its process service
+    /// cannot be reached (test hook: a kill that is never confirmed).
+    pub signals_unavailable: std::sync::atomic::AtomicBool,
 }
 
 impl Emulator {
@@ -132,6 +135,7 @@ impl Emulator {
             machines,
             sandboxes: Mutex::new(HashMap::new()),
             resumes: Default::default(),
+            signals_unavailable: Default::default(),
         }))
     }
 

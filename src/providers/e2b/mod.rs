@@ -9,7 +9,8 @@
 //!   `MachineGone`;
 //! - envd (`X-Access-Token`, `E2b-Sandbox-Id`): `process.Process/Start` server-streaming
 //!   with its envelope framing ([`connect`]), `SendSignal` to kill a command whose deadline
-//!   passed or whose caller went away (an unconfirmed kill is an error and a log event),
+//!   passed or whose caller went away, asked again until confirmed ([`stop`]; still
+//!   unconfirmed, an error and a log event),
 //!   `/files` up (multipart) and down;
 //! - ports: `https://<port>-<id>.<domain>` (or, for the emulator, its address with that
 //!   `Host`), reached only through the remote provider's loopback forwarder.
@@ -17,12 +18,14 @@
 //! Novita ([`Vendor::Novita`], `SANDBOX_PROVIDER=novita`) speaks the same API at its own
 //! domain, with its differences: the template is required (no stock template is tried
 //! instead), a pause is confirmed by reading the sandbox's state back (retried), and sandbox
-//! ids carry a hyphen. Pause on idle and stop, resume on reconnect and destroy without a
-//! resume are what both do.
+//! ids carry a hyphen, and a command whose stop stays unconfirmed pauses the sandbox and
+//! quarantines it ([`stop`]). Pause on idle and stop, resume on reconnect and destroy without
+//! a resume are what both do.
 //!
 //! Errors never carry the vendor's host, key or tokens.
 
 pub mod connect;
+mod stop;
 
 use std::time::Duration;
 
@@ -119,9 +122,12 @@ impl std::fmt::Debug for Session {
 }
 
 /// The adapter.
+#[derive(Clone)]
 pub struct E2b {
     config: E2bConfig,
     http: reqwest::Client,
+    /// Novita sandboxes whose command's stop was not confirmed ([`stop`]).
+    quarantine: stop::Quarantine,
 }
 
 /// A reqwest failure without its URL (which names the vendor's host).
@@ -169,7 +175,11 @@ impl E2b {
             .no_proxy()
             .build()
             .map_err(|e| ProviderError::Failed(format!("E2B client: {e}")))?;
-        Ok(Self { config, http })
+        Ok(Self {
+            config,
+            http,
+            quarantine: stop::Quarantine::default(),
+        })
     }
 
     fn name(&self) -> &'static str {
@@ -436,19 +446,20 @@ impl Drop for KillOnDrop<'_> {
         let pid = self
             .pid
             .or_else(|| self.rx.as_ref().and_then(|rx| *rx.borrow()));
-        let Some(pid) = pid else {
-            tracing::warn!(sandbox.id = %session.id, "e2b.command.kill_unconfirmed");
-            return;
-        };
-        let e2b = E2b {
-            config: adapter.config.clone(),
-            http: adapter.http.clone(),
-        };
+        let e2b = adapter.clone();
         tokio::spawn(async move {
-            match e2b.kill_process(&session, pid).await {
-                Ok(_) => tracing::debug!("e2b.command.cancelled"),
-                Err(e) => tracing::warn!(error = %e, "e2b.command.kill_unconfirmed"),
-            }
+            let why = match pid {
+                Some(pid) => match e2b.kill_confirmed(&session, pid).await {
+                    Ok(()) | Err(ProviderError::MachineGone) => {
+                        tracing::debug!("e2b.command.cancelled");
+                        return;
+                    }
+                    Err(e) => format!("a cancelled command's kill was not confirmed: {e}"),
+                },
+                None => "a cancelled command never reported its process, so it could not be killed"
+                    .into(),
+            };
+            let _ = e2b.stop_unconfirmed(&session, &why).await;
         });
     }
 }
@@ -523,6 +534,8 @@ impl RemoteSandboxes for E2b {
 
     async fn connect(&self, id: &str) -> ProviderResult<Session> {
         check_id(id)?;
+        // A quarantined sandbox is never resumed by this process (its row says so for all).
+        self.refuse_quarantined(id)?;
         match self
             .control(
                 reqwest::Method::POST,
@@ -588,7 +601,10 @@ impl RemoteSandboxes for E2b {
             .control(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None)
             .await?
         {
-            (200..=299 | 404, _) => Ok(()),
+            (200..=299 | 404, _) => {
+                self.quarantine.clear(id);
+                Ok(())
+            }
             (status, _) => Err(ProviderError::Failed(format!(
                 "{} answered {status} to kill",
                 self.name()
@@ -597,6 +613,7 @@ impl RemoteSandboxes for E2b {
     }
 
     async fn run(&self, s: &Session, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
+        self.refuse_quarantined(&s.id)?;
         let envs: serde_json::Map<String, Value> = command
             .env
             .iter()
@@ -627,10 +644,7 @@ impl RemoteSandboxes for E2b {
         // deadline passes (or this call is dropped) the command is killed by that pid, waiting
         // up to a grace for it if the command has not reported it yet.
         let (pid_tx, mut pid_rx) = tokio::sync::watch::channel(None::<u64>);
-        let reader = E2b {
-            config: self.config.clone(),
-            http: self.http.clone(),
-        };
+        let reader = self.clone();
         let mut task = tokio::spawn(async move {
             let resp = request.send().await.map_err(|e| transport("envd", &e))?;
             match resp.status().as_u16() {
@@ -660,24 +674,27 @@ impl RemoteSandboxes for E2b {
         task.abort();
         guard.adapter = None;
         let Some(pid) = pid else {
-            tracing::warn!(sandbox.id = %s.id, "e2b.command.kill_unconfirmed");
-            return Err(ProviderError::Failed(
-                "the command passed its deadline without reporting its process, which could not be killed".into(),
-            ));
+            return Err(self
+                .stop_unconfirmed(
+                    s,
+                    "the command passed its deadline without reporting its process, which could not be killed",
+                )
+                .await);
         };
-        match self.kill_process(s, pid).await {
-            Ok(_) => Ok(ExecOutput {
+        match self.kill_confirmed(s, pid).await {
+            Ok(()) => Ok(ExecOutput {
                 exit_code: -1,
                 stdout: String::new(),
                 stderr: String::new(),
                 timed_out: true,
             }),
-            Err(e) => {
-                tracing::warn!(sandbox.id = %s.id, error = %e, "e2b.command.kill_unconfirmed");
-                Err(ProviderError::Failed(format!(
-                    "the command passed its deadline and its kill was not confirmed: {e}"
-                )))
-            }
+            Err(ProviderError::MachineGone) => Err(ProviderError::MachineGone),
+            Err(e) => Err(self
+                .stop_unconfirmed(
+                    s,
+                    &format!("the command passed its deadline and its kill was not confirmed: {e}"),
+                )
+                .await),
         }
     }
 
@@ -743,6 +760,10 @@ impl RemoteSandboxes for E2b {
             }
         }
         Ok(data)
+    }
+
+    fn quarantined(&self, id: &str) -> Option<String> {
+        self.quarantine.why(id)
     }
 
     fn port(&self, s: &Session, port: u16) -> PortEndpoint {

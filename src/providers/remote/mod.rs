@@ -114,6 +114,13 @@ pub trait RemoteSandboxes: Send + Sync + 'static {
     /// computer is used.
     fn ttl(&self) -> Duration;
 
+    /// Why sandbox `id` is quarantined (a command's stop was not confirmed, see
+    /// [`rakazo_actors::provider::ProviderError::Quarantined`]); `None` when it is not. Every
+    /// call on a quarantined sandbox is refused with that error.
+    fn quarantined(&self, _id: &str) -> Option<String> {
+        None
+    }
+
     /// Whether a machine can host more than one desktop (`multiScreen`). A vendor whose
     /// machines ship one desktop answers false: a second bot's graphical tools then get
     /// `MultiScreenUnavailable` while the first keeps its screen (never evicted for it).

@@ -224,15 +224,31 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
         env
     }
 
-    /// Runs `f` on the connected machine; a machine the vendor reports gone is forgotten.
+    /// Runs `f` on the connected machine; a machine the vendor reports gone is forgotten. A
+    /// quarantined machine is refused, and one that `f` quarantined (a command's stop was not
+    /// confirmed, whatever part of the runtime ran it) answers `Quarantined` and is forgotten
+    /// untouched: its screens are not closed, nothing runs on it again.
     async fn on<T, F, Fut>(&self, machine: &ProviderRef, f: F) -> ProviderResult<T>
     where
         F: FnOnce(Arc<Machine<V>>) -> Fut,
         Fut: std::future::Future<Output = ProviderResult<T>>,
     {
+        self.refuse_quarantined(machine).await?;
         let m = self.machine(machine).await?;
         let r = f(m).await;
+        if r.is_err() {
+            self.refuse_quarantined(machine).await?;
+        }
         self.forget_if_gone(machine, r).await
+    }
+
+    /// `Quarantined` (the machine forgotten) when the vendor quarantined `machine`.
+    async fn refuse_quarantined(&self, machine: &ProviderRef) -> ProviderResult<()> {
+        let Some(why) = self.vendor.quarantined(&machine.0) else {
+            return Ok(());
+        };
+        self.machines.lock().await.remove(&machine.0);
+        Err(ProviderError::Quarantined(why))
     }
 }
 
@@ -267,6 +283,10 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         self.vendor.health().await
     }
 
+    fn quarantined(&self, machine: &ProviderRef) -> Option<String> {
+        self.vendor.quarantined(&machine.0)
+    }
+
     async fn warm_desktops(&self) -> Option<rakazo_actors::provider::WarmDesktops> {
         let target = self.warm_stacks;
         if target == 0 {
@@ -293,6 +313,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
     }
 
     async fn reconnect(&self, machine: &ProviderRef, spec: &MachineSpec) -> ProviderResult<()> {
+        self.refuse_quarantined(machine).await?;
         if self.machines.lock().await.contains_key(&machine.0) {
             // Known and running here: confirm the vendor still has it and push its TTL.
             let m = self.machine(machine).await?;

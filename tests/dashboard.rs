@@ -1632,6 +1632,19 @@ async fn maintenance_pill_and_dialogs_in_headless_chromium() {
     cdp.wait_present("update completed", &updated, long).await;
     cdp.shot("16-updated").await;
 
+    // A computer quarantined meanwhile (a command's stop went unconfirmed) says so on its row,
+    // with what lifts it, once the page reads it again.
+    rows.quarantine(&a).await.unwrap();
+    cdp.call("Page.reload", json!({})).await;
+    cdp.wait_text(
+        "quarantined row",
+        &format!("[data-computer=\"{a}\"] .state[data-quarantined=true]"),
+        "quarantined: recover or reset it",
+        long,
+    )
+    .await;
+    cdp.shot("17-quarantined").await;
+
     let problems: Vec<&String> = cdp
         .logs
         .iter()

@@ -91,6 +91,22 @@ const FRAMED: &str = r#"<!doctype html><html><head><title>Framed</title></head><
 <iframe title="Next door" src="http://127.0.0.1:__OTHER__/inner" style="position:absolute;left:300px;top:520px;width:400px;height:100px;border:0;padding:11px"></iframe>
 </body></html>"#;
 
+/// A payment provider's frame of another site (the fixture by the name `localhost`) holding
+/// two forms of other origins: one of the page's site (a process apart from the provider's
+/// frame) and one of the provider's site on another port (the provider frame's process); the
+/// second fixture's port is given as `?other=`. Each frame has its own border and padding.
+const NESTED: &str = r#"<!doctype html><html><head><title>Nested</title></head><body>
+<button onclick="document.querySelector('iframe').remove()">Drop provider</button>
+<iframe title="Payment" src="http://localhost:__PORT__/middle?other=__OTHER__" style="position:absolute;left:100px;top:80px;width:700px;height:440px;border:5px solid;padding:10px"></iframe>
+</body></html>"#;
+
+/// The payment provider's frame of [`NESTED`].
+const MIDDLE: &str = r#"<!doctype html><html><head><title>Middle</title></head><body style="margin:0">
+<p>Middle words</p>
+<iframe title="Bank" src="http://127.0.0.1:__OTHER__/inner" style="position:absolute;left:20px;top:40px;width:600px;height:150px;border:3px solid;padding:4px"></iframe>
+<iframe title="Card" src="http://localhost:__OTHER__/inner" style="position:absolute;left:30px;top:230px;width:600px;height:150px;border:0;padding:9px"></iframe>
+</body></html>"#;
+
 /// The framed form: what it is given and sent goes to `/typed`.
 const INNER: &str = r#"<!doctype html><html><head><title>Inner</title></head><body style="margin:0">
 <p>Inner words</p><input placeholder="inner name">
@@ -144,13 +160,19 @@ async fn fixture() -> (String, Arc<Mutex<Vec<String>>>) {
                     // A page whose server answers late.
                     tokio::time::sleep(Duration::from_millis(1500)).await;
                 }
-                let other = path.strip_prefix("/framed?other=").unwrap_or_default();
+                let other = path.split_once("?other=").map_or("", |(_, o)| o);
                 let framed = FRAMED
                     .replace("__PORT__", &port)
                     .replace("__OTHER__", other);
+                let nested = NESTED
+                    .replace("__PORT__", &port)
+                    .replace("__OTHER__", other);
+                let middle = MIDDLE.replace("__OTHER__", other);
                 let busy = BUSY.replace("__PORT__", &port);
                 let body = match path.split('?').next().unwrap_or_default() {
                     "/framed" => framed.as_str(),
+                    "/nested" => nested.as_str(),
+                    "/middle" => middle.as_str(),
                     "/inner" => INNER,
                     "/components" => COMPONENTS,
                     "/busy" => busy.as_str(),
@@ -914,6 +936,97 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(typed.lock().unwrap().len(), 2);
     assert_eq!(typed_next_door.lock().unwrap().len(), 1);
+}
+
+/// Frames of other origins inside a frame of another site (a card form inside a payment
+/// provider's frame): listed as in that frame, read in their own worlds (one in the page's
+/// site's process, one in the provider's), typed into and clicked at the page's coordinates
+/// through two frames' borders and paddings, their dialogs answered; the provider's frame taken
+/// out of the page makes their refs stale.
+#[actix_rt::test]
+async fn page_tools_reach_frames_inside_a_frame_of_another_site() {
+    let (s, site, _, _, run, fence) = desktop_run().await;
+    let (next_door, typed_next_door) = fixture().await;
+    let other = next_door.rsplit(':').next().unwrap();
+    let url = format!("{site}/nested?other={other}");
+    let mut page = open_and_snapshot(&s, &run, fence, &url, "Nested").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = page["structuredContent"]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if text.matches("Inner words").count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frames never loaded: {page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        page = snapshot_of(&s, &run, fence, "Nested").await;
+    }
+    let snap = &page["structuredContent"];
+    let frames = snap["frames"].as_array().unwrap();
+    let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Payment", "Bank", "Card"], "{snap}");
+    let provider = frames[0]["frame"].as_u64().unwrap();
+    for frame in frames {
+        assert_eq!(frame["crossOrigin"], true, "{snap}");
+        assert_eq!(frame["read"], true, "{snap}");
+    }
+    for frame in &frames[1..] {
+        assert_eq!(frame["in"], provider, "{snap}");
+        assert!(frame["url"].as_str().unwrap().ends_with("/inner"), "{snap}");
+    }
+    let text = snap["text"].as_str().unwrap();
+    assert!(text.contains("Middle words"), "{text}");
+    let elements = snap["elements"].as_array().unwrap();
+    let in_frame = |k: &Value, name: &str| {
+        elements
+            .iter()
+            .find(|e| &e["frame"] == k && e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in frame {k}: {snap}"))["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    for (frame, word) in [(&frames[1], "bank"), (&frames[2], "card")] {
+        let k = &frame["frame"];
+        let args = json!({ "ref": in_frame(k, "inner name"), "action": "type", "text": word });
+        tool(&s, &run, fence, "browser_act", args).await;
+        click_ref(&s, &run, fence, &in_frame(k, "Inner send")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typed_next_door.lock().unwrap().len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        *typed_next_door.lock().unwrap(),
+        ["inner-bank", "inner-card"]
+    );
+    for frame in &frames[1..] {
+        let clicked =
+            click_answer(&s, &run, fence, &in_frame(&frame["frame"], "Inner alert")).await;
+        let message = clicked["structuredContent"]["dialog"]["message"].as_str();
+        assert!(message.is_some_and(|m| m.starts_with("From ")), "{clicked}");
+        dismiss_or_accept(&s, &run, fence, true).await;
+    }
+
+    // The provider's frame taken out of the page: the refs inside it are stale.
+    let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
+    let sends: Vec<String> = page["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "Inner send")
+        .map(|e| e["ref"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sends.len(), 2, "{page}");
+    click_ref(&s, &run, fence, &ref_named(&page, "Drop provider")).await;
+    for send in sends {
+        let args = json!({ "ref": send, "action": "click" });
+        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
+        assert_eq!(code, "STALE_REF", "{send}: {message}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(typed_next_door.lock().unwrap().len(), 2);
 }
 
 #[actix_rt::test]

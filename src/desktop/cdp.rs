@@ -338,8 +338,13 @@ impl Cdp {
     /// Keeps up with the attached tab's events (its documents, dialogs and downloads: see
     /// [`Tab::note`]).
     fn note(&mut self, v: &Value) {
-        if v["sessionId"].as_str() == Some(self.session.as_str()) {
+        let session = v["sessionId"].as_str();
+        if session == Some(self.session.as_str()) {
             self.tab.note(v["method"].as_str(), &v["params"]);
+        } else if session.is_some_and(|s| self.tab.auto_attached.contains(s)) {
+            // A frame in a process of its own attaching the frames below it.
+            self.tab
+                .note_frame_session(v["method"].as_str(), &v["params"]);
         }
     }
 
@@ -439,9 +444,14 @@ impl Cdp {
     }
 
     /// The isolated world of frame `frame` (an id) of the tab's current document, made on
-    /// first use: in the tab's session, or, for a frame that runs in a process of its own, in
-    /// a session attached to that frame.
-    pub async fn frame_place(&mut self, frame: &str) -> Result<Place, DesktopError> {
+    /// first use: in the tab's session, or in that of `via` (the world that lists the frame:
+    /// a frame of another site runs the frames of its own site in its process), or, for a
+    /// frame that runs in a process of its own, in a session attached to that frame.
+    pub async fn frame_place(
+        &mut self,
+        frame: &str,
+        via: Option<&Place>,
+    ) -> Result<Place, DesktopError> {
         if let Some((session, context)) = self.tab.frame_worlds.get(frame) {
             return Ok(Place::Frame {
                 session: session.clone(),
@@ -450,11 +460,35 @@ impl Cdp {
         }
         let params =
             json!({ "frameId": frame, "worldName": "rakazo", "grantUniveralAccess": false });
-        let (session, made) = match self.call("Page.createIsolatedWorld", params.clone()).await {
-            Ok(made) => (self.session.clone(), made),
-            Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
-            Err(_) => {
-                let session = self.frame_session(frame).await?;
+        let via = match via {
+            Some(Place::Frame { session, .. }) => Some(session.clone()),
+            _ => None,
+        };
+        let mut sessions = vec![self.session.clone()];
+        sessions.extend(via.clone());
+        let mut made = None;
+        for session in sessions {
+            match self
+                .send(
+                    Some(&session),
+                    "Page.createIsolatedWorld",
+                    params.clone(),
+                    COMMAND_TIMEOUT,
+                )
+                .await
+            {
+                Ok(world) => {
+                    made = Some((session, world));
+                    break;
+                }
+                Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let (session, made) = match made {
+            Some(made) => made,
+            None => {
+                let session = self.frame_session(frame, via.as_deref()).await?;
                 let made = self
                     .send(
                         Some(&session),
@@ -475,15 +509,36 @@ impl Cdp {
         Ok(Place::Frame { session, context })
     }
 
-    /// The session of frame `frame`, which runs in a process of its own: the tab's frames
-    /// of that kind are attached to it as they come (`Target.setAutoAttach`, asked once per
-    /// document), each announced with its session.
-    async fn frame_session(&mut self, frame: &str) -> Result<String, DesktopError> {
-        if !self.tab.auto_attach {
+    /// The session of frame `frame`, which runs in a process of its own: the frames of that
+    /// kind below the tab, and below `via` (the session of the frame that holds it, itself in
+    /// a process of its own), are attached as they come (`Target.setAutoAttach`, asked once
+    /// per document and session), each announced with its session.
+    async fn frame_session(
+        &mut self,
+        frame: &str,
+        via: Option<&str>,
+    ) -> Result<String, DesktopError> {
+        let tab = self.session.clone();
+        for session in std::iter::once(tab.as_str()).chain(via) {
+            if self.tab.auto_attached.contains(session) {
+                continue;
+            }
             let params =
                 json!({ "autoAttach": true, "waitForDebuggerOnStart": false, "flatten": true });
-            self.call("Target.setAutoAttach", params).await?;
-            self.tab.auto_attach = true;
+            // Noted first: the frames are announced on that session before its answer.
+            self.tab.auto_attached.insert(session.to_owned());
+            let asked = self
+                .send(
+                    Some(session),
+                    "Target.setAutoAttach",
+                    params,
+                    COMMAND_TIMEOUT,
+                )
+                .await;
+            if let Err(e) = asked {
+                self.tab.auto_attached.remove(session);
+                return Err(e);
+            }
         }
         let deadline = tokio::time::Instant::now() + FRAME_ATTACH_WAIT;
         loop {
@@ -498,14 +553,21 @@ impl Cdp {
     }
 
     /// Notes the frames of other origins snapshot `n` read, by their numbers in it.
-    pub fn remember_frames(&mut self, n: u64, frames: std::collections::HashMap<u64, String>) {
+    pub fn remember_frames(
+        &mut self,
+        n: u64,
+        frames: std::collections::HashMap<u64, super::cdp_tab::ReadFrame>,
+    ) {
         self.tab.snapshot_frames = Some((n, frames));
     }
 
-    /// The id of frame `k` of snapshot `n`, if that snapshot is the last and read it.
-    pub fn snapshot_frame(&self, n: u64, k: u64) -> Option<String> {
+    /// The frames of other origins snapshot `n` read, if it is the last snapshot.
+    pub fn snapshot_frames(
+        &self,
+        n: u64,
+    ) -> Option<std::collections::HashMap<u64, super::cdp_tab::ReadFrame>> {
         let (last, frames) = self.tab.snapshot_frames.as_ref()?;
-        (*last == n).then(|| frames.get(&k).cloned()).flatten()
+        (*last == n).then(|| frames.clone())
     }
 
     /// A command to the session of `place`.

@@ -31,14 +31,25 @@ pub(super) struct Tab {
     /// the session that reaches the frame (the tab's, or the frame's own when it runs in a
     /// process of its own) and the world's context.
     pub(super) frame_worlds: std::collections::HashMap<String, (String, i64)>,
-    /// The frames of other origins the last snapshot read: its number, and each frame's id
-    /// by its number in the snapshot.
-    pub(super) snapshot_frames: Option<(u64, std::collections::HashMap<u64, String>)>,
-    /// Whether the tab attaches its frames that run in processes of their own.
-    pub(super) auto_attach: bool,
+    /// The frames of other origins the last snapshot read: its number, and each frame by its
+    /// number in the snapshot.
+    pub(super) snapshot_frames: Option<(u64, std::collections::HashMap<u64, ReadFrame>)>,
+    /// The sessions (the tab's, and those of frames in processes of their own) that attach
+    /// the frames below them that run in processes of their own.
+    pub(super) auto_attached: std::collections::HashSet<String>,
     /// The sessions of the tab's frames that run in processes of their own, by frame id, as
     /// their attachments were announced.
     pub(super) frame_sessions: std::collections::HashMap<String, String>,
+}
+
+/// A frame of another origin a snapshot read: its DevTools id, and the frame of another origin
+/// whose world lists it (`None`: the page's).
+#[derive(Clone, Debug)]
+pub struct ReadFrame {
+    /// The frame's id.
+    pub id: String,
+    /// The frame whose world lists it.
+    pub owner: Option<u64>,
 }
 
 /// A download a tab began, as its events said.
@@ -108,6 +119,29 @@ pub(super) fn answers_with_dialog(method: &str) -> bool {
 }
 
 impl Tab {
+    /// Keeps up with the sessions of frames in processes of their own, as the tab or such a
+    /// frame (for the frames below it) attaches and detaches them.
+    pub(super) fn note_frame_session(&mut self, method: Option<&str>, params: &Value) {
+        match method {
+            Some("Target.attachedToTarget") => {
+                if let (Some(frame), Some(session)) = (
+                    params["targetInfo"]["targetId"].as_str(),
+                    params["sessionId"].as_str(),
+                ) {
+                    self.frame_sessions
+                        .insert(frame.to_owned(), session.to_owned());
+                }
+            }
+            Some("Target.detachedFromTarget") => {
+                let gone = params["sessionId"].as_str().unwrap_or_default();
+                self.frame_sessions.retain(|_, s| s != gone);
+                self.frame_worlds.retain(|_, (s, _)| s != gone);
+                self.auto_attached.remove(gone);
+            }
+            _ => {}
+        }
+    }
+
     /// Keeps up with an event of the tab: a new top document has no world yet and has not
     /// loaded.
     pub(super) fn note(&mut self, method: Option<&str>, params: &Value) {
@@ -124,19 +158,8 @@ impl Tab {
                 };
             }
             Some("Page.loadEventFired") => self.loaded = true,
-            Some("Target.attachedToTarget") => {
-                if let (Some(frame), Some(session)) = (
-                    params["targetInfo"]["targetId"].as_str(),
-                    params["sessionId"].as_str(),
-                ) {
-                    self.frame_sessions
-                        .insert(frame.to_owned(), session.to_owned());
-                }
-            }
-            Some("Target.detachedFromTarget") => {
-                let gone = params["sessionId"].as_str().unwrap_or_default();
-                self.frame_sessions.retain(|_, s| s != gone);
-                self.frame_worlds.retain(|_, (s, _)| s != gone);
+            Some("Target.attachedToTarget" | "Target.detachedFromTarget") => {
+                self.note_frame_session(method, params);
             }
             Some("Page.javascriptDialogOpening") => {
                 self.dialog = Some(PageDialog::from_event(params));

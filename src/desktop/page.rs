@@ -99,7 +99,8 @@ pub const MAX_FRAMES: usize = 20;
 /// elements carry the frame's number (`frame`), their text follows the document's, headed by
 /// it. A frame of another origin is listed (`crossOrigin`) and kept in `state.frames` by its
 /// number, for the caller to read through DevTools ([`super::page_frames`]): the page's own
-/// scripts cannot read it.
+/// scripts cannot read it. Frames are numbered from `cfg.frameBase` on, so the parts of one
+/// snapshot (the page, then each frame of another origin) never number two frames alike.
 const SNAPSHOT_JS: &str = r#"(cfg => {
   const max = cfg.max, maxDepth = cfg.depth, maxFrames = cfg.frames;
   let optionsLeft = cfg.allOptions, textLeft = cfg.text, truncated = false;
@@ -156,7 +157,7 @@ const SNAPSHOT_JS: &str = r#"(cfg => {
     for (const f of found('iframe,frame')) {
       if (frames.length >= maxFrames) break;
       if (!visible(f)) continue;
-      const entry = { frame: frames.length, name: named(f.getAttribute('title'), f.getAttribute('name')),
+      const entry = { frame: cfg.frameBase + frames.length, name: named(f.getAttribute('title'), f.getAttribute('name')),
         src: (f.getAttribute('src') || '').slice(0, 200) };
       if (frame !== null) entry.in = frame;
       frames.push(entry);
@@ -180,8 +181,12 @@ const SNAPSHOT_JS: &str = r#"(cfg => {
 pub struct SnapshotPart {
     /// The snapshot's number.
     pub n: u64,
-    /// The frame read (its number in the page's list), `None` for the page.
+    /// The frame read (its number in the snapshot's list), `None` for the page.
     pub frame: Option<u64>,
+    /// The number of the first frame this part lists (the frames listed before it).
+    pub frame_base: u64,
+    /// How many more frames it may list.
+    pub frames: usize,
     /// Elements, characters of text and select options it may add.
     pub elements: usize,
     /// See `elements`.
@@ -196,6 +201,8 @@ impl SnapshotPart {
         SnapshotPart {
             n,
             frame: None,
+            frame_base: 0,
+            frames: MAX_FRAMES,
             elements: MAX_ELEMENTS,
             text: MAX_TEXT,
             options: MAX_ALL_OPTIONS,
@@ -210,8 +217,8 @@ impl SnapshotPart {
         }
     }
 
-    /// The script that reads it. A frame of another origin is read alone: its own frames
-    /// are neither listed nor read.
+    /// The script that reads it. A frame of another origin is read as the page is: the frames
+    /// of its own origin inside it as well, and those of other origins listed.
     pub fn script(&self) -> String {
         let cfg = json!({
             "n": self.n,
@@ -221,8 +228,9 @@ impl SnapshotPart {
             "text": self.text,
             "allOptions": self.options,
             "options": MAX_OPTIONS,
-            "depth": if self.frame.is_some() { 0 } else { MAX_FRAME_DEPTH },
-            "frames": if self.frame.is_some() { 0 } else { MAX_FRAMES },
+            "depth": MAX_FRAME_DEPTH,
+            "frames": self.frames,
+            "frameBase": self.frame_base,
         });
         SNAPSHOT_JS.replace("__CFG__", &cfg.to_string())
     }

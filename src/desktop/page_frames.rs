@@ -2,17 +2,21 @@
 //! nor can the snapshot script in the page's isolated world; DevTools can: each is read in an
 //! isolated world made in the frame (through the tab's session, or through a session of the
 //! frame's own when it runs in a process of its own), with refs of its own (`s<n>f<k>e<i>`).
-//! An action on such a ref finds the element in the frame's world and offsets it by the frame's
-//! content box in the page, measured in the page's world; a frame that navigated, or was taken
-//! out of the page, makes its refs stale.
+//! Such a frame is read as the page is: the frames of its own origin inside it too, and those of
+//! other origins it holds are listed and read in turn (a card form's frame inside a payment
+//! provider's frame), each in a world of its own. An action on such a ref finds the element in
+//! the frame's world and offsets it by the frame's content box in the page: each frame's box
+//! measured in the world that lists it, added up to the page's; a frame that navigated, or was
+//! taken out of its document, makes its refs stale.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Value, json};
 
 use super::DesktopError;
 use super::cdp::{Cdp, Place};
-use super::page::{MAX_ALL_OPTIONS, MAX_ELEMENTS, MAX_TEXT, SnapshotPart};
+use super::cdp_tab::ReadFrame;
+use super::page::{MAX_ALL_OPTIONS, MAX_ELEMENTS, MAX_FRAMES, MAX_TEXT, SnapshotPart};
 
 /// Most frames of other origins one snapshot reads.
 pub const MAX_OTHER_ORIGINS: usize = 5;
@@ -63,31 +67,45 @@ pub fn frame_ref(reference: &str) -> Option<(u64, u64)> {
     Some((n.parse().ok()?, k.parse().ok()?))
 }
 
-/// Reads the frames of other origins snapshot `n` of the page listed (at most
-/// [`MAX_OTHER_ORIGINS`], within what the page's part left of the bounds) into `snapshot`:
-/// their elements and text, each frame's entry marked `read` with its address. A frame that
-/// cannot be read (gone, busy past [`FRAME_READ_TIMEOUT`]) stays listed, marked `unread`. Only
-/// an open dialog stops the snapshot.
+/// Reads the frames of other origins snapshot `n` of the page listed into `snapshot`, and the
+/// frames of other origins those list in turn, nearest first (at most [`MAX_OTHER_ORIGINS`]
+/// in all, within what the parts before left of the bounds): their elements and text, each
+/// frame's entry marked `read` with its address, and the frames each lists (with the number
+/// of the frame they are `in`). A frame that cannot be read (gone, busy past
+/// [`FRAME_READ_TIMEOUT`]) stays listed, marked `unread`. Only an open dialog stops the
+/// snapshot.
 pub async fn read_other_origins(
     cdp: &mut Cdp,
     n: u64,
     snapshot: &mut Value,
 ) -> Result<(), DesktopError> {
-    let others: Vec<u64> = snapshot["frames"]
-        .as_array()
+    // Each frame with the frame of another origin whose world lists it (`None`: the page's).
+    let mut due: VecDeque<(u64, Option<u64>)> = other_origins(snapshot, 0)
         .into_iter()
-        .flatten()
-        .filter(|f| f["crossOrigin"] == true)
-        .filter_map(|f| f["frame"].as_u64())
-        .take(MAX_OTHER_ORIGINS)
+        .map(|k| (k, None))
         .collect();
-    let mut read = HashMap::new();
-    for k in others {
-        let outcome =
-            tokio::time::timeout(FRAME_READ_TIMEOUT, read_frame(cdp, n, k, snapshot)).await;
+    let mut read: HashMap<u64, ReadFrame> = HashMap::new();
+    let mut tried = 0;
+    while let Some((k, owner)) = due.pop_front() {
+        if tried >= MAX_OTHER_ORIGINS {
+            break;
+        }
+        tried += 1;
+        // The frames this one lists are appended after these.
+        let before = snapshot["frames"].as_array().map_or(0, Vec::len);
+        let outcome = tokio::time::timeout(
+            FRAME_READ_TIMEOUT,
+            read_frame(cdp, n, k, owner, &read, snapshot),
+        )
+        .await;
         match outcome {
-            Ok(Ok(Some(frame))) => {
-                read.insert(k, frame);
+            Ok(Ok(Some(id))) => {
+                read.insert(k, ReadFrame { id, owner });
+                due.extend(
+                    other_origins(snapshot, before)
+                        .into_iter()
+                        .map(|j| (j, Some(k))),
+                );
             }
             Ok(Ok(None)) => mark(snapshot, k, "unread", json!(true)),
             Ok(Err(e @ DesktopError::DialogOpen(_))) => return Err(e),
@@ -105,6 +123,18 @@ pub async fn read_other_origins(
     Ok(())
 }
 
+/// The numbers of the frames of other origins in `snapshot`'s list from position `from` on.
+fn other_origins(snapshot: &Value, from: usize) -> Vec<u64> {
+    snapshot["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .skip(from)
+        .filter(|f| f["crossOrigin"] == true)
+        .filter_map(|f| f["frame"].as_u64())
+        .collect()
+}
+
 fn mark(snapshot: &mut Value, k: u64, field: &str, value: Value) {
     if let Some(entry) = snapshot["frames"]
         .as_array_mut()
@@ -114,16 +144,36 @@ fn mark(snapshot: &mut Value, k: u64, field: &str, value: Value) {
     }
 }
 
-/// Reads frame `k` of snapshot `n` into `snapshot`; its id, `None` when the page no longer
-/// has it or nothing is left of the bounds.
+/// Where the world is that lists frame `owner`'s frames: the page's, or that of a frame of
+/// another origin read before.
+async fn owner_place(
+    cdp: &mut Cdp,
+    owner: Option<u64>,
+    read: &HashMap<u64, ReadFrame>,
+) -> Result<Option<Place>, DesktopError> {
+    let Some(o) = owner else {
+        return Ok(Some(Place::Page));
+    };
+    let Some(frame) = read.get(&o) else {
+        return Ok(None);
+    };
+    let via = Box::pin(owner_place(cdp, frame.owner, read)).await?;
+    Ok(Some(cdp.frame_place(&frame.id, via.as_ref()).await?))
+}
+
+/// Reads frame `k` of snapshot `n`, listed by the world of `owner`, into `snapshot`; its id,
+/// `None` when its owner no longer has it or nothing is left of the bounds.
 async fn read_frame(
     cdp: &mut Cdp,
     n: u64,
     k: u64,
+    owner: Option<u64>,
+    read: &HashMap<u64, ReadFrame>,
     snapshot: &mut Value,
 ) -> Result<Option<String>, DesktopError> {
     let elements = snapshot["elements"].as_array().map_or(0, Vec::len);
     let text = snapshot["text"].as_str().map_or(0, |t| t.chars().count());
+    let listed = snapshot["frames"].as_array().map_or(0, Vec::len);
     let options: usize = snapshot["elements"]
         .as_array()
         .into_iter()
@@ -133,12 +183,17 @@ async fn read_frame(
     if elements >= MAX_ELEMENTS && text >= MAX_TEXT {
         return Ok(None);
     }
-    let Some(frame) = frame_id(cdp, n, k).await? else {
+    let Some(via) = owner_place(cdp, owner, read).await? else {
+        return Ok(None);
+    };
+    let Some(frame) = frame_id(cdp, &via, n, k).await? else {
         return Ok(None);
     };
     let part = SnapshotPart {
         n,
         frame: Some(k),
+        frame_base: listed as u64,
+        frames: MAX_FRAMES.saturating_sub(listed),
         elements: MAX_ELEMENTS.saturating_sub(elements),
         text: MAX_TEXT.saturating_sub(text),
         options: MAX_ALL_OPTIONS.saturating_sub(options),
@@ -147,7 +202,7 @@ async fn read_frame(
     // document: made again, once.
     let mut got = Value::Null;
     for attempt in 0..2 {
-        let place = cdp.frame_place(&frame).await?;
+        let place = cdp.frame_place(&frame, Some(&via)).await?;
         match cdp.evaluate_at(&place, &part.script(), true).await {
             Ok(mut out) => {
                 got = out["value"].take();
@@ -160,6 +215,12 @@ async fn read_frame(
     if let (Some(all), Some(more)) = (
         snapshot["elements"].as_array_mut(),
         got["elements"].as_array_mut(),
+    ) {
+        all.append(more);
+    }
+    if let (Some(all), Some(more)) = (
+        snapshot["frames"].as_array_mut(),
+        got["frames"].as_array_mut(),
     ) {
         all.append(more);
     }
@@ -185,19 +246,25 @@ fn is_gone(e: &DesktopError) -> bool {
         if msg == super::cdp::FRAME_GONE || msg.contains("Execution context was destroyed"))
 }
 
-/// The DevTools id of frame `k` of snapshot `n`, from its frame element.
-async fn frame_id(cdp: &mut Cdp, n: u64, k: u64) -> Result<Option<String>, DesktopError> {
+/// The DevTools id of frame `k` of snapshot `n`, from its frame element in the world `at`
+/// that listed it (the frame's node is described in that world's session).
+async fn frame_id(
+    cdp: &mut Cdp,
+    at: &Place,
+    n: u64,
+    k: u64,
+) -> Result<Option<String>, DesktopError> {
     let element = cdp
-        .evaluate_at(&Place::Page, &with_frame(FRAME_ELEMENT_JS, n, k), false)
+        .evaluate_at(at, &with_frame(FRAME_ELEMENT_JS, n, k), false)
         .await?;
     let Some(object) = element["objectId"].as_str() else {
         return Ok(None);
     };
     let node = cdp
-        .call("DOM.describeNode", json!({ "objectId": object }))
+        .call_at(at, "DOM.describeNode", json!({ "objectId": object }))
         .await;
     let _ = cdp
-        .call("Runtime.releaseObject", json!({ "objectId": object }))
+        .call_at(at, "Runtime.releaseObject", json!({ "objectId": object }))
         .await;
     Ok(node?["node"]["frameId"].as_str().map(str::to_owned))
 }
@@ -212,34 +279,51 @@ pub async fn place_of(
     let Some((n, k)) = frame_ref(reference) else {
         return Ok(Some((Place::Page, None)));
     };
-    let Some(frame) = cdp.snapshot_frame(n, k) else {
+    let Some(read) = cdp.snapshot_frames(n) else {
         return Ok(None);
     };
-    match cdp.frame_place(&frame).await {
-        Ok(place) => Ok(Some((place, Some((n, k))))),
-        Err(e @ DesktopError::DialogOpen(_)) => Err(e),
-        Err(_) => Ok(None),
-    }
+    let found = match owner_place(cdp, Some(k), &read).await {
+        Ok(place) => place,
+        Err(e @ DesktopError::DialogOpen(_)) => return Err(e),
+        Err(_) => None,
+    };
+    Ok(found.map(|place| (place, Some((n, k)))))
 }
 
-/// Where frame `k` of snapshot `n` starts in the page's viewport; `None` when it is no
-/// longer in the page.
+/// Where frame `k` of snapshot `n` starts in the page's viewport, each frame it is in scrolled
+/// into view; `None` when it, or a frame it is in, is no longer there.
 pub async fn frame_origin(
     cdp: &mut Cdp,
     n: u64,
     k: u64,
 ) -> Result<Option<(f64, f64)>, DesktopError> {
-    let at = cdp
-        .evaluate_at(&Place::Page, &with_frame(FRAME_ORIGIN_JS, n, k), true)
-        .await?["value"]
-        .take();
-    if at["stale"] != false {
+    let Some(read) = cdp.snapshot_frames(n) else {
         return Ok(None);
+    };
+    // From the frame up to the page: each frame's box in the world that lists it.
+    let (mut x, mut y) = (0.0, 0.0);
+    let mut frame = k;
+    loop {
+        let Some(owner) = read.get(&frame).map(|f| f.owner) else {
+            return Ok(None);
+        };
+        let Some(at) = owner_place(cdp, owner, &read).await? else {
+            return Ok(None);
+        };
+        let got = cdp
+            .evaluate_at(&at, &with_frame(FRAME_ORIGIN_JS, n, frame), true)
+            .await?["value"]
+            .take();
+        if got["stale"] != false {
+            return Ok(None);
+        }
+        x += got["x"].as_f64().unwrap_or(0.0);
+        y += got["y"].as_f64().unwrap_or(0.0);
+        match owner {
+            Some(o) => frame = o,
+            None => return Ok(Some((x, y))),
+        }
     }
-    Ok(Some((
-        at["x"].as_f64().unwrap_or(0.0),
-        at["y"].as_f64().unwrap_or(0.0),
-    )))
 }
 
 #[cfg(test)]

@@ -180,6 +180,68 @@ async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_u
     assert_ne!(machine().await.as_deref(), Some(old.as_str()));
 }
 
+/// A command whose caller gave up waiting (the actor's grace past its deadline ran out while
+/// envd was slow to answer the kills) is quarantined by the adapter in the background; the
+/// computer's actor finds it at its next look and quarantines the row.
+#[actix_rt::test]
+async fn a_novita_kill_unconfirmed_after_its_caller_gave_up_quarantines_the_computer() {
+    if !docker_ready() {
+        return;
+    }
+    let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+    let s = TestServer::start(
+        Backend::Sqlite,
+        &[
+            ("SANDBOX_PROVIDER", "novita-emulator"),
+            ("SANDBOX_SUPERVISOR_URL", &supervisor.url),
+            ("SANDBOX_SUPERVISOR_TOKEN", &supervisor.token),
+        ],
+    )
+    .await
+    .expect("the app starts");
+    let em = s.app.e2b_emulator.clone().expect("the emulator runs here");
+    let (space, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    s.exec(&run, fence, "true").await.unwrap();
+    let id = s.ok("computer.forBot", json!({ "botId": bots[0] })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Each kill answered late, and then not confirmed.
+    em.signal_delay_ms.store(4_000, Ordering::SeqCst);
+    em.signals_unavailable.store(true, Ordering::SeqCst);
+    let gave_up = s
+        .call(
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "command": "sleep 60", "timeoutMs": 1000 }),
+        )
+        .await;
+    assert_eq!(code(gave_up), "COMMAND_TIMEOUT");
+    let look = async || {
+        s.app
+            .registry
+            .computer(&id, &space)
+            .computer
+            .send(rakazo_actors::computer::CheckIdle)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while s.ok("computer.get", json!({ "computerId": id })).await["quarantined"] != true {
+        assert!(tokio::time::Instant::now() < deadline, "never quarantined");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        look().await;
+    }
+    let old = em.lock().keys().next().cloned().expect("one sandbox");
+    assert_eq!(em.get(&old).unwrap().state, State::Paused);
+    assert_eq!(
+        code(s.exec(&run, fence, "true").await),
+        "COMPUTER_QUARANTINED"
+    );
+    assert_eq!(em.resumes.load(Ordering::SeqCst), 0);
+}
+
 /// The row is the truth: a computer quarantined in the database (by a process that died since)
 /// is never reconnected by another, though its provider would resume the machine at once.
 async fn a_quarantined_row_keeps_every_process_from_resuming_the_machine(s: TestServer) {

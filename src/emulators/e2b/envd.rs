@@ -570,6 +570,10 @@ async fn send_signal(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
         return connect_error("invalid_argument", "unreadable request");
     };
+    let delay = em.signal_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
     if em
         .signals_unavailable
         .load(std::sync::atomic::Ordering::SeqCst)

@@ -119,6 +119,8 @@ pub struct Emulator {
     /// While set, envd answers `unavailable` to every signal, as when its process service
     /// cannot be reached (test hook: a kill that is never confirmed).
     pub signals_unavailable: std::sync::atomic::AtomicBool,
+    /// How long envd takes to answer a signal, in milliseconds (test hook: a slow network).
+    pub signal_delay_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Emulator {
@@ -136,6 +138,7 @@ impl Emulator {
             sandboxes: Mutex::new(HashMap::new()),
             resumes: Default::default(),
             signals_unavailable: Default::default(),
+            signal_delay_ms: Default::default(),
         }))
     }
 

@@ -672,30 +672,36 @@ impl RemoteSandboxes for E2b {
         let known = tokio::time::timeout(START_GRACE, pid_rx.wait_for(Option::is_some)).await;
         let pid = known.ok().and_then(|r| r.ok().and_then(|p| *p));
         task.abort();
-        guard.adapter = None;
-        let Some(pid) = pid else {
-            return Err(self
+        // The guard stays armed until the stop is settled: a caller that stops waiting
+        // meanwhile leaves the kill (and, unconfirmed, the quarantine) to the background.
+        (guard.pid, guard.rx, guard.task) = (pid, None, None);
+        let outcome = match pid {
+            None => Err(self
                 .stop_unconfirmed(
                     s,
                     "the command passed its deadline without reporting its process, which could not be killed",
                 )
-                .await);
-        };
-        match self.kill_confirmed(s, pid).await {
-            Ok(()) => Ok(ExecOutput {
-                exit_code: -1,
-                stdout: String::new(),
-                stderr: String::new(),
-                timed_out: true,
-            }),
-            Err(ProviderError::MachineGone) => Err(ProviderError::MachineGone),
-            Err(e) => Err(self
-                .stop_unconfirmed(
-                    s,
-                    &format!("the command passed its deadline and its kill was not confirmed: {e}"),
-                )
                 .await),
-        }
+            Some(pid) => match self.kill_confirmed(s, pid).await {
+                Ok(()) => Ok(ExecOutput {
+                    exit_code: -1,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    timed_out: true,
+                }),
+                Err(ProviderError::MachineGone) => Err(ProviderError::MachineGone),
+                Err(e) => Err(self
+                    .stop_unconfirmed(
+                        s,
+                        &format!(
+                            "the command passed its deadline and its kill was not confirmed: {e}"
+                        ),
+                    )
+                    .await),
+            },
+        };
+        guard.adapter = None;
+        outcome
     }
 
     async fn upload(&self, s: &Session, path: &str, data: Vec<u8>) -> ProviderResult<()> {

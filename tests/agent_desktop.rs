@@ -804,26 +804,60 @@ async fn page_tools_choose_an_option_of_a_select() {
     assert_eq!(*typed.lock().unwrap(), ["b", "a"]);
 }
 
+/// Opens `url` (titled `title`) and snapshots it until `forms` framed forms ([`INNER`]) are
+/// read: the frames load after the page. The last snapshot.
+async fn snapshot_with_frames(
+    s: &TestServer,
+    run: &str,
+    fence: i64,
+    url: &str,
+    title: &str,
+    forms: usize,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut page = open_and_snapshot(s, run, fence, url, title).await;
+    loop {
+        let text = page["structuredContent"]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if text.matches("Inner words").count() == forms {
+            return page;
+        }
+        assert!(Instant::now() < deadline, "the frames never loaded: {page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        page = snapshot_of(s, run, fence, title).await;
+    }
+}
+
+/// Clicks the page's button `drop`, which takes frames out of the page: the send buttons of
+/// the `forms` framed forms the snapshot before it listed are refused as stale (give a click
+/// that slipped through time to reach its server before the caller counts).
+async fn dropped_forms_are_stale(s: &TestServer, run: &str, fence: i64, drop: &str, forms: usize) {
+    let page = tool(s, run, fence, "browser_snapshot", json!({})).await;
+    let sends: Vec<String> = page["structuredContent"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "Inner send")
+        .map(|e| e["ref"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sends.len(), forms, "{page}");
+    click_ref(s, run, fence, &ref_named(&page, drop)).await;
+    for send in sends {
+        let args = json!({ "ref": send, "action": "click" });
+        let (code, message) = refused(s, run, fence, "browser_act", args).await;
+        assert_eq!(code, "STALE_REF", "{send}: {message}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
 #[actix_rt::test]
 async fn page_tools_read_and_act_in_frames_of_every_origin() {
     let (s, site, typed, _, run, fence) = desktop_run().await;
     let (next_door, typed_next_door) = fixture().await;
     let other = next_door.rsplit(':').next().unwrap();
-    // The frames load after the page: snapshots until all three are read.
-    let deadline = Instant::now() + Duration::from_secs(20);
     let url = format!("{site}/framed?other={other}");
-    let mut page = open_and_snapshot(&s, &run, fence, &url, "Framed").await;
-    loop {
-        let text = page["structuredContent"]["text"]
-            .as_str()
-            .unwrap_or_default();
-        if text.matches("Inner words").count() == 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the frames never loaded: {page}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        page = snapshot_of(&s, &run, fence, "Framed").await;
-    }
+    let page = snapshot_with_frames(&s, &run, fence, &url, "Framed", 3).await;
     let snap = &page["structuredContent"];
     let frames = snap["frames"].as_array().unwrap();
     let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
@@ -919,21 +953,7 @@ async fn page_tools_read_and_act_in_frames_of_every_origin() {
     }
 
     // Frames taken out of the page make their refs stale: nothing is clicked.
-    let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-    let elements = page["structuredContent"]["elements"].as_array().unwrap();
-    let sends: Vec<String> = elements
-        .iter()
-        .filter(|e| e["name"] == "Inner send")
-        .map(|e| e["ref"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(sends.len(), 3, "{page}");
-    click_ref(&s, &run, fence, &ref_named(&page, "Drop frames")).await;
-    for send in sends {
-        let args = json!({ "ref": send, "action": "click" });
-        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
-        assert_eq!(code, "STALE_REF", "{send}: {message}");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    dropped_forms_are_stale(&s, &run, fence, "Drop frames", 3).await;
     assert_eq!(typed.lock().unwrap().len(), 2);
     assert_eq!(typed_next_door.lock().unwrap().len(), 1);
 }
@@ -949,19 +969,7 @@ async fn page_tools_reach_frames_inside_a_frame_of_another_site() {
     let (next_door, typed_next_door) = fixture().await;
     let other = next_door.rsplit(':').next().unwrap();
     let url = format!("{site}/nested?other={other}");
-    let mut page = open_and_snapshot(&s, &run, fence, &url, "Nested").await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = page["structuredContent"]["text"]
-            .as_str()
-            .unwrap_or_default();
-        if text.matches("Inner words").count() == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the frames never loaded: {page}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        page = snapshot_of(&s, &run, fence, "Nested").await;
-    }
+    let page = snapshot_with_frames(&s, &run, fence, &url, "Nested", 2).await;
     let snap = &page["structuredContent"];
     let frames = snap["frames"].as_array().unwrap();
     let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
@@ -1010,22 +1018,7 @@ async fn page_tools_reach_frames_inside_a_frame_of_another_site() {
     }
 
     // The provider's frame taken out of the page: the refs inside it are stale.
-    let page = tool(&s, &run, fence, "browser_snapshot", json!({})).await;
-    let sends: Vec<String> = page["structuredContent"]["elements"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["name"] == "Inner send")
-        .map(|e| e["ref"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(sends.len(), 2, "{page}");
-    click_ref(&s, &run, fence, &ref_named(&page, "Drop provider")).await;
-    for send in sends {
-        let args = json!({ "ref": send, "action": "click" });
-        let (code, message) = refused(&s, &run, fence, "browser_act", args).await;
-        assert_eq!(code, "STALE_REF", "{send}: {message}");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    dropped_forms_are_stale(&s, &run, fence, "Drop provider", 2).await;
     assert_eq!(typed_next_door.lock().unwrap().len(), 2);
 }
 

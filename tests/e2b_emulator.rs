@@ -335,6 +335,32 @@ fn novita_spec(name: &str) -> rakazo_actors::provider::MachineSpec {
     }
 }
 
+/// A Novita emulator of its own, a Novita provider pointed at it and one sandbox it made.
+async fn novita_machine(
+    name: &str,
+) -> (
+    rakazo::emulators::e2b::Running,
+    Arc<dyn SandboxProvider>,
+    rakazo_actors::provider::MachineSpec,
+    rakazo_actors::provider::ProviderRef,
+) {
+    let (running, novita) = novita_emulator().await;
+    let spec = novita_spec(name);
+    let p = novita("rakazo-computer");
+    let m = p.provision(&spec).await.unwrap();
+    (running, p, spec, m)
+}
+
+/// A command for `secs` at most.
+fn command(command: &str, secs: u64) -> rakazo_actors::provider::ExecRequest {
+    rakazo_actors::provider::ExecRequest {
+        command: command.into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: std::time::Duration::from_secs(secs),
+    }
+}
+
 /// Novita shares the adapter: against the emulator's Novita mode, a template the account
 /// lacks is a plain error with nothing else tried, ids carry a hyphen, stop pauses (confirmed
 /// by the state read back), reconnect resumes with the files kept, and destroy deletes a
@@ -396,19 +422,11 @@ async fn a_novita_command_whose_kill_is_not_confirmed_quarantines_its_sandbox() 
         return;
     }
     use rakazo::emulators::e2b::State;
-    use rakazo_actors::provider::{ExecRequest, ProviderError};
+    use rakazo_actors::provider::ProviderError;
     use std::sync::atomic::Ordering;
-    let (running, novita) = novita_emulator().await;
-    let spec = novita_spec("quarantine");
+    let (running, p, spec, m) = novita_machine("quarantine").await;
     let em = running.emulator.clone();
-    let p = novita("rakazo-computer");
-    let m = p.provision(&spec).await.unwrap();
-    let exec = |command: &str| ExecRequest {
-        command: command.into(),
-        cwd: String::new(),
-        env: Vec::new(),
-        timeout: std::time::Duration::from_secs(1),
-    };
+    let exec = |c: &str| command(c, 1);
     // A kill envd confirms: the command times out, the machine stays in use.
     let out = p.exec(&m, &exec("sleep 30")).await.unwrap();
     assert!(out.timed_out, "{out:?}");
@@ -454,20 +472,12 @@ async fn a_cancelled_novita_command_whose_kill_is_not_confirmed_quarantines_its_
         return;
     }
     use rakazo::emulators::e2b::State;
-    use rakazo_actors::provider::{ExecRequest, ProviderError};
+    use rakazo_actors::provider::ProviderError;
     use std::sync::atomic::Ordering;
     use std::time::Duration;
-    let (running, novita) = novita_emulator().await;
-    let spec = novita_spec("cancelled");
+    let (running, p, _, m) = novita_machine("cancelled").await;
     let em = running.emulator.clone();
-    let p = novita("rakazo-computer");
-    let m = p.provision(&spec).await.unwrap();
-    let long = ExecRequest {
-        command: "sleep 60".into(),
-        cwd: String::new(),
-        env: Vec::new(),
-        timeout: Duration::from_secs(60),
-    };
+    let long = command("sleep 60", 60);
     em.signals_unavailable.store(true, Ordering::SeqCst);
     assert!(
         tokio::time::timeout(Duration::from_secs(2), p.exec(&m, &long))

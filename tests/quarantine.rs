@@ -11,11 +11,12 @@
 mod common;
 mod docker_support;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rakazo::config::DockerNetwork;
-use rakazo::emulators::e2b::State;
+use rakazo::emulators::e2b::{Emulator, State};
 use rakazo_actors::computers::Computers;
 use rakazo_actors::entity::{computer_run, maintenance_operation};
 use rakazo_actors::provider::ProviderRef;
@@ -51,13 +52,9 @@ async fn wait_done(s: &TestServer, id: &str) -> maintenance_operation::Model {
     }
 }
 
-#[actix_rt::test]
-async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_until_recovered() {
-    if !docker_ready() {
-        return;
-    }
-    // Dropped last: the supervisor removes every container of the test, passed or failed.
-    let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+/// The app on SQLite with `SANDBOX_PROVIDER=novita-emulator` on `supervisor`, and its
+/// emulator.
+async fn novita_server(supervisor: &TestSupervisor) -> (TestServer, Arc<Emulator>) {
     let s = TestServer::start(
         Backend::Sqlite,
         &[
@@ -68,8 +65,31 @@ async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_u
     )
     .await
     .expect("the app starts");
-    assert_eq!(s.health().await["sandbox"], "novita-emulator");
     let em = s.app.e2b_emulator.clone().expect("the emulator runs here");
+    (s, em)
+}
+
+/// One reconciler pass, now.
+async fn reconcile(s: &TestServer) {
+    s.app
+        .computer_reconciler
+        .as_ref()
+        .expect("this process runs the reconciler")
+        .send(ReconcileNow)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[actix_rt::test]
+async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_until_recovered() {
+    if !docker_ready() {
+        return;
+    }
+    // Dropped last: the supervisor removes every container of the test, passed or failed.
+    let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
+    let (s, em) = novita_server(&supervisor).await;
+    assert_eq!(s.health().await["sandbox"], "novita-emulator");
     let (_, bots) = s.space_with_bots(1, "private").await;
     let bot = &bots[0];
 
@@ -136,14 +156,7 @@ async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_u
         code(s.exec(&run, fence, "true").await),
         "COMPUTER_QUARANTINED"
     );
-    s.app
-        .computer_reconciler
-        .as_ref()
-        .expect("this process runs the reconciler")
-        .send(ReconcileNow)
-        .await
-        .unwrap()
-        .unwrap();
+    reconcile(&s).await;
     s.ok("computer.stop", json!({ "computerId": id })).await;
     let finished = s
         .ok(
@@ -189,17 +202,7 @@ async fn a_novita_kill_unconfirmed_after_its_caller_gave_up_quarantines_the_comp
         return;
     }
     let supervisor = TestSupervisor::start(DockerNetwork::Bridge);
-    let s = TestServer::start(
-        Backend::Sqlite,
-        &[
-            ("SANDBOX_PROVIDER", "novita-emulator"),
-            ("SANDBOX_SUPERVISOR_URL", &supervisor.url),
-            ("SANDBOX_SUPERVISOR_TOKEN", &supervisor.token),
-        ],
-    )
-    .await
-    .expect("the app starts");
-    let em = s.app.e2b_emulator.clone().expect("the emulator runs here");
+    let (s, em) = novita_server(&supervisor).await;
     let (space, bots) = s.space_with_bots(1, "private").await;
     let (run, fence) = s.start_run(&bots[0]).await;
     s.exec(&run, fence, "true").await.unwrap();
@@ -276,14 +279,7 @@ async fn a_quarantined_row_keeps_every_process_from_resuming_the_machine(s: Test
         code(s.exec(&run, fence, "true").await),
         "COMPUTER_QUARANTINED"
     );
-    s.app
-        .computer_reconciler
-        .as_ref()
-        .expect("this process runs the reconciler")
-        .send(ReconcileNow)
-        .await
-        .unwrap()
-        .unwrap();
+    reconcile(&s).await;
     s.ok("computer.stop", json!({ "computerId": id })).await;
     assert!(!fake.is_running(&machine), "resumed");
     s.ok(

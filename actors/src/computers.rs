@@ -206,22 +206,14 @@ impl Computers {
     /// Forget the machine of a computer torn down for a replacement: no reference is kept,
     /// so the next use provisions a new machine that imports the latest checkpoint.
     pub async fn forget_machine(&self, id: &str) -> DomainResult<()> {
-        computer::Entity::update_many()
+        let forgotten = computer::Entity::update_many()
             .col_expr(
                 computer::Column::ProviderRef,
                 Expr::value(Option::<String>::None),
             )
             // No machine is left to keep from resuming.
-            .col_expr(computer::Column::Quarantined, Expr::value(false))
-            .col_expr(
-                computer::Column::State,
-                Expr::value(ComputerState::Stopped.as_str()),
-            )
-            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
-            .filter(computer::Column::Id.eq(id))
-            .exec(&self.db)
-            .await?;
-        Ok(())
+            .col_expr(computer::Column::Quarantined, Expr::value(false));
+        self.mark_stopped(id, forgotten).await
     }
 
     /// Quarantines a computer whose machine may hold a suspended command (its stop was not
@@ -230,8 +222,20 @@ impl Computers {
     /// machine was paused, or its idle timeout pauses it). Nothing reconnects a quarantined
     /// computer ([`crate::computer`]); [`Self::forget_machine`] lifts the quarantine.
     pub async fn quarantine(&self, id: &str) -> DomainResult<()> {
-        computer::Entity::update_many()
-            .col_expr(computer::Column::Quarantined, Expr::value(true))
+        let quarantined = computer::Entity::update_many()
+            .col_expr(computer::Column::Quarantined, Expr::value(true));
+        self.mark_stopped(id, quarantined).await?;
+        self.close_runs(id, EndReason::Stopped).await?;
+        Ok(())
+    }
+
+    /// Runs `update` on computer `id`'s row, the row marked stopped as well.
+    async fn mark_stopped(
+        &self,
+        id: &str,
+        update: sea_orm::UpdateMany<computer::Entity>,
+    ) -> DomainResult<()> {
+        update
             .col_expr(
                 computer::Column::State,
                 Expr::value(ComputerState::Stopped.as_str()),
@@ -240,7 +244,6 @@ impl Computers {
             .filter(computer::Column::Id.eq(id))
             .exec(&self.db)
             .await?;
-        self.close_runs(id, EndReason::Stopped).await?;
         Ok(())
     }
 

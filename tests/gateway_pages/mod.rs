@@ -8,8 +8,8 @@ use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxP
 /// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
 /// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
 /// opened, read and clicked (the click opens a dialog, named and answered), a workspace file
-/// is uploaded into it, a button in a frame of another site is clicked; the tools follow a
-/// second tab the bot opens.
+/// is uploaded into it, a button in a frame of another site is clicked, and one in a frame of
+/// a third site inside that frame; the tools follow a second tab the bot opens.
 pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     assert!(p.describe().capabilities.page_browser);
     let spec = MachineSpec {
@@ -23,10 +23,11 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     p.write_file(&machine, "site/index.html", page.as_bytes())
         .await
         .unwrap();
-    let inner = r#"<!doctype html><title>Inner</title><button onclick="this.textContent = 'Pressed'">Inner</button>"#;
-    p.write_file(&machine, "site/inner.html", inner.as_bytes())
-        .await
-        .unwrap();
+    let inner = r#"<!doctype html><title>Inner</title><button onclick="this.textContent = 'Pressed'">Inner</button><iframe title="Third site" src="http://127.0.0.3:8123/deep.html" style="width:200px;height:40px"></iframe>"#;
+    let deep = r#"<!doctype html><title>Deep</title><button onclick="this.textContent = 'Deeper'">Deep</button>"#;
+    for (file, html) in [("site/inner.html", inner), ("site/deep.html", deep)] {
+        p.write_file(&machine, file, html.as_bytes()).await.unwrap();
+    }
     let serve = ExecRequest {
         command: "setsid nohup python3 -m http.server 8123 --bind 0.0.0.0 --directory site \
                   >/dev/null 2>&1 </dev/null & for i in $(seq 50); do \
@@ -95,26 +96,42 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
         .unwrap();
     assert_eq!(picked["title"], "Picked 5", "{picked}");
     // A frame of another site, in a process of its own, is read and clicked through DevTools.
-    let in_frame = |snapshot: &serde_json::Value, name: &str| {
+    let in_frame = |snapshot: &serde_json::Value, frame: u64, name: &str| {
         snapshot["elements"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|e| e["frame"] == 0 && e["name"] == name)
+            .find(|e| e["frame"] == frame && e["name"] == name)
             .map(|e| e["ref"].as_str().unwrap().to_owned())
     };
-    let inner = in_frame(&picked, "Inner").unwrap_or_else(|| panic!("no frame in {picked}"));
-    let press = BrowserCommand::Act {
-        element: inner,
+    let press = |element: String| BrowserCommand::Act {
+        element,
         action: "click".into(),
         text: None,
     };
-    p.browser(&machine, "bot-1", &press).await.unwrap();
-    let pressed = p
+    let inner = in_frame(&picked, 0, "Inner").unwrap_or_else(|| panic!("no frame in {picked}"));
+    p.browser(&machine, "bot-1", &press(inner)).await.unwrap();
+    // The third site's frame, inside the other site's (it may load after it).
+    let mut pressed = serde_json::Value::Null;
+    for _ in 0..50 {
+        pressed = p
+            .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+            .await
+            .unwrap();
+        if in_frame(&pressed, 1, "Deep").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(in_frame(&pressed, 0, "Pressed").is_some(), "{pressed}");
+    assert_eq!(pressed["frames"][1]["in"], 0, "{pressed}");
+    let deep = in_frame(&pressed, 1, "Deep").unwrap_or_else(|| panic!("no frame in {pressed}"));
+    p.browser(&machine, "bot-1", &press(deep)).await.unwrap();
+    let deeper = p
         .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
         .await
         .unwrap();
-    assert!(in_frame(&pressed, "Pressed").is_some(), "{pressed}");
+    assert!(in_frame(&deeper, 1, "Deeper").is_some(), "{deeper}");
 
     // A tab the bot opens in front is the one the tools read next.
     p.open(&machine, "bot-1", &format!("{url}?second"))

@@ -219,7 +219,7 @@ impl Computers {
     /// Quarantines a computer whose machine may hold a suspended command (its stop was not
     /// confirmed): the row says stopped, with the machine's reference kept for the recover or
     /// reset that replaces it, and the stretch at the provider is closed as `stopped` (the
-    /// machine was paused, or its idle timeout pauses it). Nothing reconnects a quarantined
+    /// machine was paused, or the vendor's lifetime for it, no longer pushed, ends it). Nothing reconnects a quarantined
     /// computer ([`crate::computer`]); [`Self::forget_machine`] lifts the quarantine.
     pub async fn quarantine(&self, id: &str) -> DomainResult<()> {
         let quarantined = computer::Entity::update_many()

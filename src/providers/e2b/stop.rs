@@ -74,7 +74,7 @@ impl E2b {
         let state = if paused {
             "paused"
         } else {
-            "asked to pause (not confirmed; its idle timeout pauses it at the latest)"
+            "asked to pause (not confirmed; its lifetime, no longer pushed, ends it within ten minutes at the latest)"
         };
         let told = format!(
             "{why}. The computer was {state} and is quarantined: the command may remain \

@@ -151,10 +151,26 @@ async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_u
         .unwrap();
     assert!(open.is_empty(), "{open:?}");
 
-    // Nothing resumes it: another tool call, a reconciler pass, a stop, the run's end.
+    // Nothing resumes it: another tool call, a reconciler pass, a stop, the run's end. The bot
+    // is told what it can do.
     assert_eq!(
         code(s.exec(&run, fence, "true").await),
         "COMPUTER_QUARANTINED"
+    );
+    let told = s
+        .ok(
+            "tools/call",
+            json!({ "runId": run, "fence": fence, "name": "list_files", "arguments": {} }),
+        )
+        .await;
+    assert_eq!(
+        told["structuredContent"]["error"]["code"], "COMPUTER_QUARANTINED",
+        "{told}"
+    );
+    assert_eq!(
+        told["content"][1]["text"],
+        rakazo::tools::QUARANTINED_HINT,
+        "{told}"
     );
     reconcile(&s).await;
     s.ok("computer.stop", json!({ "computerId": id })).await;

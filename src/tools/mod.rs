@@ -65,9 +65,17 @@ fn ok(content: Vec<Value>, structured: Value) -> Value {
 }
 
 fn failed(e: &DomainError) -> Value {
-    json!({ "content": [text(format!("{}: {}", e.code.as_str(), e.message))],
+    let mut content = vec![text(format!("{}: {}", e.code.as_str(), e.message))];
+    if e.code == ErrorCode::ComputerQuarantined {
+        // Only a person may recover or reset a computer; the bot can only say so.
+        content.push(text(QUARANTINED_HINT));
+    }
+    json!({ "content": content,
             "structuredContent": { "error": { "code": e.code.as_str(), "message": e.message } }, "isError": true })
 }
+
+/// What a bot is told to do about its quarantined computer.
+pub const QUARANTINED_HINT: &str = "No tool works on this computer until a person recovers or resets it: call request_takeover saying a command could not be stopped, or end your run.";
 
 fn args<T: for<'de> Deserialize<'de>>(v: Value) -> DomainResult<T> {
     crate::api::methods::params(v)

@@ -96,6 +96,13 @@ pub trait CommandRunner: Send + Sync + 'static {
         Ok(out.exit_code == 0)
     }
 
+    /// Whether scripts run on this host as this process's user, so that what a short script
+    /// would do to the machine's files and processes can be done here by system calls
+    /// ([`super::profile_local`]) without starting a process.
+    fn on_this_host(&self) -> bool {
+        false
+    }
+
     /// Whether `pid` is a live (not zombie) process.
     async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
         let out = self
@@ -428,6 +435,15 @@ impl Captured {
 impl CommandRunner for HostRunner {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
         self.run_in(script, &self.cwd, &[], timeout).await
+    }
+
+    fn on_this_host(&self) -> bool {
+        true
+    }
+
+    /// Read from `/proc` here: a returning bot's call asks this of its browser.
+    async fn is_running(&self, pid: u32) -> Result<bool, DesktopError> {
+        Ok(super::profile_local::alive(pid))
     }
 }
 

@@ -17,7 +17,8 @@
 //!   xdotool), for machines whose X server this process cannot reach.
 //! - [`files`]: workspace path checks and tar export/import for host workspaces.
 //! - [`warm`]: the spare desktops a runtime keeps ready for its next bots;
-//!   [`spare_profile`]: the profile a spare's browser starts on, handed over to a new bot.
+//!   [`spare_profile`]: the profile a spare's browser starts on, handed over to a new bot;
+//!   [`profile_local`]: the same readying and hand-over by system calls on this host.
 //! - [`provider`]: the `desktop` [`rakazo_actors::provider::SandboxProvider`] on the host.
 //!
 //! Architecture invariant: nothing here knows about HTTP, the database or leases. The caller
@@ -42,6 +43,7 @@ pub mod page;
 pub mod page_act;
 pub mod page_frames;
 pub mod png_bands;
+pub mod profile_local;
 pub mod provider;
 pub mod runtime;
 pub mod screen_commands;

@@ -39,6 +39,7 @@ use super::command::{
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::groups::DesktopGroups;
+use super::profile_local;
 use super::screen_commands::CommandScreen;
 use super::spare_profile;
 use super::warm::{WarmPool, WarmStatus};
@@ -659,11 +660,16 @@ impl DesktopRuntime {
                 let browser = spare.browser.is_some();
                 tokio::task::spawn_blocking(move || {
                     let x = x.lock().unwrap_or_else(|e| e.into_inner());
-                    x.conn
-                        .get_input_focus()
-                        .ok()
-                        .is_some_and(|c| c.reply().is_ok())
-                        && (!browser || browser_windows(&x).is_ok_and(|n| n > 0))
+                    // The browser's windows, when it has one, are asked of the X server: its
+                    // answer also says that it answers.
+                    if browser {
+                        browser_windows(&x).is_ok_and(|n| n > 0)
+                    } else {
+                        x.conn
+                            .get_input_focus()
+                            .ok()
+                            .is_some_and(|c| c.reply().is_ok())
+                    }
                 })
                 .await
                 .unwrap_or(false)
@@ -2011,12 +2017,34 @@ impl DesktopRuntime {
     /// port file of an earlier browser removed. Says whether the profile is new and whether
     /// browsers here run as root. With `spare`, the name of a taken spare desktop's profile,
     /// the same script hands that profile over to a bot without one
-    /// ([`spare_profile::handover_script`]) and says how that went.
+    /// ([`spare_profile::handover_script`]) and says how that went. On this host the same is
+    /// done by system calls ([`profile_local`]), the script only where that path declines.
     async fn prepare_profile(
         &self,
         bot_id: &str,
         spare: Option<(&str, &[u32])>,
     ) -> Result<Profile, DesktopError> {
+        if self.runner.on_this_host() {
+            let (workspace, bot) = (self.config.workspace.clone(), bot_id.to_owned());
+            let spare = spare.map(|(name, alive)| (name.to_owned(), alive.to_vec()));
+            let done = tokio::task::spawn_blocking(move || {
+                let spare = spare
+                    .as_ref()
+                    .map(|(name, alive)| profile_local::Spare { name, alive });
+                profile_local::prepare(&workspace, &bot, spare)
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(done) = done {
+                let as_root = *self.as_root.get_or_init(|| async { done.uid == 0 }).await;
+                return Ok(Profile {
+                    fresh: done.fresh,
+                    as_root,
+                    handover: done.handover,
+                });
+            }
+        }
         let profile = profile_dir(&self.config.workspace, bot_id);
         let p = shell_quote(&profile.to_string_lossy());
         // The spare's check and hand-over run in a subshell: they end with `exit`.
@@ -2460,32 +2488,30 @@ fn browser_windows(x: &XDisplay) -> Result<usize, DesktopError> {
         .map_err(x_err)?
         .reply()
         .map_err(x_err)?;
-    let mut count = 0;
+    // Every window's class and map state asked at once: one round trip for them all (a spare's
+    // check waits for these on a new bot's way to its desktop).
+    let mut asked = Vec::new();
     for window in reply.value32().into_iter().flatten() {
-        let Ok(class) = x
+        let class = x
             .conn
             .get_property(false, window, AtomEnum::WM_CLASS, AtomEnum::STRING, 0, 256)
-            .map_err(x_err)?
-            .reply()
-        else {
-            continue;
-        };
+            .map_err(x_err)?;
+        asked.push((class, x.conn.get_window_attributes(window).map_err(x_err)?));
+    }
+    let mut count = 0;
+    for (class, attributes) in asked {
         // WM_CLASS is "instance\0class\0"; Chromium's class is "Chromium".
-        let is_browser = class
-            .value
-            .split(|b| *b == 0)
-            .nth(1)
-            .is_some_and(|c| c.eq_ignore_ascii_case(b"chromium"));
-        if !is_browser {
-            continue;
-        }
-        let viewable = x
-            .conn
-            .get_window_attributes(window)
-            .map_err(x_err)?
+        let is_browser = class.reply().is_ok_and(|class| {
+            class
+                .value
+                .split(|b| *b == 0)
+                .nth(1)
+                .is_some_and(|c| c.eq_ignore_ascii_case(b"chromium"))
+        });
+        let viewable = attributes
             .reply()
             .is_ok_and(|a| a.map_state == MapState::VIEWABLE);
-        if viewable {
+        if is_browser && viewable {
             count += 1;
         }
     }

@@ -1,0 +1,315 @@
+//! Readying a bot's browser profile, and handing a spare's profile over, by system calls in this
+//! process: what the profile script does, for desktops on this host (no process starts).
+//!
+//! A new bot's desktop taken from a spare waits for exactly this work, and eight bots opening
+//! at once each ran a `bash` with `mv` and `ln` for it (about 5 ms of CPU each on the 2 cores
+//! of the reference machine). Here it is a dozen system calls.
+//!
+//! Every name is looked at and changed from the profiles directory, opened without following a
+//! link, and inside it without following one either: a link the bot planted under its
+//! profile's name, at `Default` or at a lock file is never gone through by this process (a
+//! planted lock link is removed as the link it is). Whatever this path does not expect (the
+//! profiles directory or the bot's profile being a link, an entry of another kind, an error)
+//! answers `None` before anything is changed, and the caller runs the script
+//! ([`super::spare_profile`]), a process of its own like the bot's programs, whose answers are
+//! the same.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+use super::browser::{LOCK_FILES, PROFILES_DIR};
+use super::spare_profile::{BOT_HAS_PROFILE, HANDED_OVER, LINK_FAILED, NOT_RENAMED, SPARE_GONE};
+
+/// What readying a profile found and did (the profile script's three answers).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Prepared {
+    /// The profile had no browser state yet (no `Default` directory).
+    pub fresh: bool,
+    /// The effective user id browsers here run as.
+    pub uid: u32,
+    /// How the hand-over of a spare's profile went, as the hand-over script's exit code;
+    /// `None`: none was asked for.
+    pub handover: Option<i32>,
+}
+
+/// A spare desktop whose profile a bot without one takes.
+pub struct Spare<'a> {
+    /// The spare profile's name in the profiles directory (a checked name).
+    pub name: &'a str,
+    /// The spare's processes: every one must run for the hand-over.
+    pub alive: &'a [u32],
+}
+
+/// What an entry of a directory is, seen without following a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    Missing,
+    Dir,
+    Other,
+}
+
+fn entry(dir: impl AsFd, name: &str) -> Result<Entry, Errno> {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => Ok(Entry::Dir),
+        Ok(_) => Ok(Entry::Other),
+        Err(Errno::NOENT) => Ok(Entry::Missing),
+        Err(e) => Err(e),
+    }
+}
+
+fn open_dir<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Whether process `pid` runs (a zombie or a dead one does not): its state, the first field
+/// after the last `)` of `/proc/<pid>/stat` (a process name may hold spaces and parentheses).
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// Readies `bot_id`'s profile under `workspace` as the profile script does: says whether it is
+/// fresh, removes the lock and port files an earlier browser left, hands `spare`'s profile
+/// over when the bot has none, and makes the profile's directory when it is missing. `None`:
+/// something this path does not handle was found before any change; run the script instead.
+pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Option<Prepared> {
+    let dir = workspace.join(PROFILES_DIR);
+    let profiles = match open_dir(rustix::fs::CWD, &dir) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => {
+            // The workspace's first profile: its directory is made as `mkdir -p` would.
+            std::fs::create_dir_all(&dir).ok()?;
+            open_dir(rustix::fs::CWD, &dir).ok()?
+        }
+        Err(_) => return None,
+    };
+    let (fresh, profile) = match entry(&profiles, bot_id).ok()? {
+        Entry::Missing => (true, None),
+        Entry::Dir => {
+            let profile = open_dir(&profiles, bot_id).ok()?;
+            match entry(&profile, "Default").ok()? {
+                Entry::Dir => (false, Some(profile)),
+                Entry::Missing => (true, Some(profile)),
+                Entry::Other => return None,
+            }
+        }
+        Entry::Other => return None,
+    };
+    if let Some(profile) = &profile {
+        for lock in LOCK_FILES {
+            match rustix::fs::unlinkat(profile, lock, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    let handover = spare.map(|spare| hand_over(&profiles, bot_id, fresh, &spare));
+    match rustix::fs::mkdirat(&profiles, bot_id, Mode::from_raw_mode(0o777)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(_) => return None,
+    }
+    Some(Prepared {
+        fresh,
+        uid,
+        handover,
+    })
+}
+
+/// [`super::spare_profile::handover_script`], in `profiles`.
+fn hand_over(profiles: &OwnedFd, bot_id: &str, fresh: bool, spare: &Spare<'_>) -> i32 {
+    if !spare.alive.iter().all(|pid| alive(*pid)) {
+        return SPARE_GONE;
+    }
+    if !fresh {
+        return BOT_HAS_PROFILE;
+    }
+    // The bot's empty profile directory goes; one holding anything stays the bot's.
+    if entry(profiles, bot_id) == Ok(Entry::Dir) {
+        let _ = rustix::fs::unlinkat(profiles, bot_id, AtFlags::REMOVEDIR);
+    }
+    if entry(profiles, bot_id) != Ok(Entry::Missing) {
+        return BOT_HAS_PROFILE;
+    }
+    // Never onto a name that appeared since it was looked at.
+    if rustix::fs::renameat_with(
+        profiles,
+        spare.name,
+        profiles,
+        bot_id,
+        RenameFlags::NOREPLACE,
+    )
+    .is_err()
+    {
+        let _ = rustix::fs::mkdirat(profiles, bot_id, Mode::from_raw_mode(0o777));
+        return NOT_RENAMED;
+    }
+    match rustix::fs::symlinkat(bot_id, profiles, spare.name) {
+        Ok(()) => HANDED_OVER,
+        Err(_) => LINK_FAILED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profiles(dir: &Path) -> std::path::PathBuf {
+        dir.join(PROFILES_DIR)
+    }
+
+    #[test]
+    fn a_first_profile_is_made_with_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let got = prepare(dir.path(), "bot-a", None).unwrap();
+        assert!(got.fresh);
+        assert_eq!(got.handover, None);
+        assert_eq!(got.uid, rustix::process::geteuid().as_raw());
+        assert!(profiles(dir.path()).join("bot-a").is_dir());
+    }
+
+    #[test]
+    fn an_existing_profile_loses_its_locks_and_keeps_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profiles(dir.path()).join("bot-a");
+        std::fs::create_dir_all(p.join("Default")).unwrap();
+        std::fs::write(p.join("Default/Cookies"), b"c").unwrap();
+        std::fs::write(p.join("DevToolsActivePort"), b"9222").unwrap();
+        std::os::unix::fs::symlink("host-123", p.join("SingletonLock")).unwrap();
+        let got = prepare(dir.path(), "bot-a", None).unwrap();
+        assert!(!got.fresh);
+        assert!(p.join("Default/Cookies").is_file());
+        assert!(p.join("DevToolsActivePort").symlink_metadata().is_err());
+        assert!(p.join("SingletonLock").symlink_metadata().is_err());
+    }
+
+    #[test]
+    fn a_new_bot_takes_the_spare_profile_and_the_old_path_still_reaches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profiles(dir.path());
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        std::fs::write(p.join(".spare-1/Default/Preferences"), b"{}").unwrap();
+        let me = std::process::id();
+        let spare = Spare {
+            name: ".spare-1",
+            alive: &[me],
+        };
+        let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
+        assert_eq!(got.handover, Some(HANDED_OVER));
+        assert!(got.fresh);
+        assert!(p.join("bot-a/Default/Preferences").is_file());
+        assert_eq!(
+            std::fs::read_link(p.join(".spare-1")).unwrap(),
+            Path::new("bot-a")
+        );
+    }
+
+    #[test]
+    fn a_spare_whose_processes_are_gone_is_not_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profiles(dir.path());
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        let spare = Spare {
+            name: ".spare-1",
+            alive: &[std::process::id(), 4_194_304],
+        };
+        let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
+        assert_eq!(got.handover, Some(SPARE_GONE));
+        assert!(p.join(".spare-1/Default").is_dir());
+        assert!(p.join("bot-a").is_dir());
+        assert!(!p.join("bot-a/Default").exists());
+    }
+
+    #[test]
+    fn a_bot_with_a_profile_keeps_it_and_the_spare_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profiles(dir.path());
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        std::fs::create_dir_all(p.join("bot-a/Default")).unwrap();
+        // A directory holding something but no `Default` is the bot's too.
+        std::fs::create_dir_all(p.join("bot-b")).unwrap();
+        std::fs::write(p.join("bot-b/Local State"), b"{}").unwrap();
+        for bot in ["bot-a", "bot-b"] {
+            let spare = Spare {
+                name: ".spare-1",
+                alive: &[],
+            };
+            let got = prepare(dir.path(), bot, Some(spare)).unwrap();
+            assert_eq!(got.handover, Some(BOT_HAS_PROFILE), "{bot}");
+        }
+        assert!(p.join(".spare-1/Default").is_dir());
+        assert!(p.join("bot-b/Local State").is_file());
+        // A lost spare profile renames nothing and leaves the bot an empty profile.
+        std::fs::remove_dir_all(p.join(".spare-1")).unwrap();
+        let spare = Spare {
+            name: ".spare-1",
+            alive: &[],
+        };
+        let got = prepare(dir.path(), "bot-c", Some(spare)).unwrap();
+        assert_eq!(got.handover, Some(NOT_RENAMED));
+        assert!(p.join("bot-c").is_dir());
+        assert!(p.join(".spare-1").symlink_metadata().is_err());
+    }
+
+    /// The bot controls everything under its profile: links it planted are never gone
+    /// through; where one stands in the way this path changes nothing and leaves the script
+    /// to answer.
+    #[test]
+    fn links_the_bot_planted_are_never_gone_through_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("SingletonLock");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::fs::create_dir(outside.path().join("Default")).unwrap();
+        let p = profiles(dir.path());
+        std::fs::create_dir_all(&p).unwrap();
+        // The bot's profile is a link to a directory elsewhere.
+        std::os::unix::fs::symlink(outside.path(), p.join("bot-a")).unwrap();
+        assert_eq!(prepare(dir.path(), "bot-a", None), None);
+        assert!(victim.is_file());
+        // `Default` is a link: nothing is removed through the profile either.
+        std::fs::create_dir(p.join("bot-b")).unwrap();
+        std::fs::write(p.join("bot-b/SingletonCookie"), b"c").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("Default"), p.join("bot-b/Default"))
+            .unwrap();
+        assert_eq!(prepare(dir.path(), "bot-b", None), None);
+        assert!(p.join("bot-b/SingletonCookie").is_file());
+        // A lock that is a link is removed as a link; what it points to stays.
+        std::fs::create_dir(p.join("bot-c")).unwrap();
+        std::os::unix::fs::symlink(&victim, p.join("bot-c/SingletonLock")).unwrap();
+        assert!(prepare(dir.path(), "bot-c", None).is_some());
+        assert!(victim.is_file());
+        // The profiles directory itself a link: the script's turn.
+        let other = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), other.path().join(PROFILES_DIR)).unwrap();
+        assert_eq!(prepare(other.path(), "bot-d", None), None);
+        assert!(!outside.path().join("bot-d").exists());
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive_and_a_running_process_is() {
+        assert!(alive(std::process::id()));
+        assert!(!alive(4_194_304));
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", zombie.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+            assert!(std::time::Instant::now() < deadline, "no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!alive(zombie.id()));
+        zombie.wait().unwrap();
+    }
+}

@@ -22,6 +22,7 @@ use rustix::io::Errno;
 
 use super::browser::{LOCK_FILES, PROFILES_DIR};
 use super::spare_profile::{BOT_HAS_PROFILE, HANDED_OVER, LINK_FAILED, NOT_RENAMED, SPARE_GONE};
+use crate::providers::beneath;
 
 /// What readying a profile found and did (the profile script's three answers).
 #[derive(Debug, PartialEq, Eq)]
@@ -60,13 +61,14 @@ fn entry(dir: impl AsFd, name: &str) -> Result<Entry, Errno> {
     }
 }
 
-fn open_dir<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+/// How directories are opened: never through a link at the last name.
+const DIR: OFlags = OFlags::DIRECTORY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::RDONLY)
+    .union(OFlags::CLOEXEC);
+
+fn open_dir(dir: impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(dir, name, DIR, Mode::empty())
 }
 
 /// Whether process `pid` runs (a zombie or a dead one does not): its state, the first field
@@ -85,13 +87,18 @@ pub fn alive(pid: u32) -> bool {
 /// over when the bot has none, and makes the profile's directory when it is missing. `None`:
 /// something this path does not handle was found before any change; run the script instead.
 pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Option<Prepared> {
-    let dir = workspace.join(PROFILES_DIR);
-    let profiles = match open_dir(rustix::fs::CWD, &dir) {
+    // The workspace is named by this process; its profiles directory is the bot's, opened
+    // as every workspace path is ([`beneath`]).
+    let root = rustix::fs::open(workspace, DIR, Mode::empty()).ok()?;
+    let profiles = match beneath::open_beneath(root.as_fd(), PROFILES_DIR, DIR, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => {
             // The workspace's first profile: its directory is made as `mkdir -p` would.
-            std::fs::create_dir_all(&dir).ok()?;
-            open_dir(rustix::fs::CWD, &dir).ok()?
+            match rustix::fs::mkdirat(&root, PROFILES_DIR, Mode::from_raw_mode(0o777)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(_) => return None,
+            }
+            beneath::open_beneath(root.as_fd(), PROFILES_DIR, DIR, Mode::empty()).ok()?
         }
         Err(_) => return None,
     };

@@ -10,7 +10,8 @@
 //! profile's name, at `Default` or at a lock file is never gone through by this process (a
 //! planted lock link is removed as the link it is). Whatever this path does not expect (the
 //! profiles directory or the bot's profile being a link, an entry of another kind, an error)
-//! answers `None` before anything is changed, and the caller runs the script
+//! answers `None` before the hand-over, having changed at most what the script then changes
+//! the same way (a lock file removed), and the caller runs the script
 //! ([`super::spare_profile`]), a process of its own like the bot's programs, whose answers are
 //! the same.
 
@@ -85,7 +86,8 @@ pub fn alive(pid: u32) -> bool {
 /// Readies `bot_id`'s profile under `workspace` as the profile script does: says whether it is
 /// fresh, removes the lock and port files an earlier browser left, hands `spare`'s profile
 /// over when the bot has none, and makes the profile's directory when it is missing. `None`:
-/// something this path does not handle was found before any change; run the script instead.
+/// something this path does not handle was found before the hand-over; run the script
+/// instead.
 pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Option<Prepared> {
     // The workspace is named by this process; its profiles directory is the bot's, opened
     // as every workspace path is ([`beneath`]).

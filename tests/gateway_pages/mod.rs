@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxProvider};
+use rakazo_actors::provider::{
+    BrowserCommand, ExecRequest, MachineSpec, ProviderRef, SandboxProvider,
+};
 
 /// DevTools goes through the sandbox's screen gateway (the vendor's port address, through the
 /// loopback forwarder) on a bridge of its own token. A page served inside the sandbox is
@@ -112,17 +114,7 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     let inner = in_frame(&picked, 0, "Inner").unwrap_or_else(|| panic!("no frame in {picked}"));
     p.browser(&machine, "bot-1", &press(inner)).await.unwrap();
     // The third site's frame, inside the other site's (it may load after it).
-    let mut pressed = serde_json::Value::Null;
-    for _ in 0..50 {
-        pressed = p
-            .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
-            .await
-            .unwrap();
-        if in_frame(&pressed, 1, "Deep").is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let pressed = snapshot_until(p, &machine, |s| in_frame(s, 1, "Deep").is_some()).await;
     assert!(in_frame(&pressed, 0, "Pressed").is_some(), "{pressed}");
     assert_eq!(pressed["frames"][1]["in"], 0, "{pressed}");
     let deep = in_frame(&pressed, 1, "Deep").unwrap_or_else(|| panic!("no frame in {pressed}"));
@@ -137,17 +129,27 @@ pub async fn through_the_gateway(p: &dyn SandboxProvider, name: &str) {
     p.open(&machine, "bot-1", &format!("{url}?second"))
         .await
         .unwrap();
-    let mut seen = serde_json::Value::Null;
+    let seen = snapshot_until(p, &machine, |s| s["url"] == format!("{url}?second")).await;
+    assert_eq!(seen["url"], format!("{url}?second"), "{seen}");
+    p.destroy(&machine).await.unwrap();
+}
+
+/// Bot 1's page snapshot once `ready` holds of it, or the last one taken within 10 s.
+async fn snapshot_until(
+    p: &dyn SandboxProvider,
+    machine: &ProviderRef,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut snapshot = serde_json::Value::Null;
     for _ in 0..50 {
-        seen = p
-            .browser(&machine, "bot-1", &BrowserCommand::Snapshot)
+        snapshot = p
+            .browser(machine, "bot-1", &BrowserCommand::Snapshot)
             .await
             .unwrap();
-        if seen["url"] == format!("{url}?second") {
+        if ready(&snapshot) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(seen["url"], format!("{url}?second"), "{seen}");
-    p.destroy(&machine).await.unwrap();
+    snapshot
 }

@@ -342,8 +342,17 @@ async fn a_process_changing_its_user_is_placed_all_the_same() {
             .env(TAG_VAR, &tag)
             .spawn()
             .unwrap();
-        // Only the child is scanned, so it is read at once, as a busy machine's scan may.
+        // Only the child is scanned, so it is read at once, as a busy machine's scan may: once
+        // it runs `setpriv` (before, it is this test's fork, whose environment has no tag yet;
+        // the runtime's spawn waits for the tag for that reason).
         let pid = child.id();
+        let cmdline = format!("/proc/{pid}/cmdline");
+        for _ in 0..1000 {
+            match std::fs::read(&cmdline) {
+                Ok(argv) if argv.starts_with(b"setpriv\0") || argv.starts_with(b"sleep\0") => break,
+                _ => std::thread::sleep(std::time::Duration::from_micros(200)),
+            }
+        }
         let moved = node.place_tagged(&tag, Some(&move || vec![pid])).unwrap();
         let inside = node.procs().unwrap().contains(&child.id());
         let _ = child.kill();

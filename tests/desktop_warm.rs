@@ -1,7 +1,9 @@
 //! Spare desktops (`SANDBOX_DESKTOP_WARM_STACKS`) against real Xvfb, fluxbox and Chromium: a
 //! new bot's desktop takes a spare with its running browser, whose profile becomes the bot's;
 //! a returning bot gets the stack and its own browser; nothing of an earlier bot reaches
-//! another, the pool refills in the background, and size 0 starts nothing.
+//! another, the pool refills in the background, and size 0 starts nothing. A spare's windows
+//! are watched by events, so taking it asks the X server nothing; a window gone, whoever
+//! took it away, sends the spare back to the full check.
 //!
 //! Needs the packages of `scripts/install-desktop-deps.sh`. Tests run one at a time.
 
@@ -13,6 +15,8 @@ use rakazo::desktop::command::{CommandRunner, HostRunner, TAG_VAR, sweep_script}
 use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
 
 mod windows;
+#[path = "xvfb/mod.rs"]
+mod xvfb;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -363,4 +367,102 @@ async fn on_the_command_path_a_spare_that_died_is_found_out_when_it_is_handed_ov
         "{:?}",
         spare_names(&profiles)
     );
+}
+
+/// The top-level windows of `conn`'s display that hold a Chromium client (the window manager's
+/// frames).
+fn browser_frames(conn: &x11rb::rust_connection::RustConnection) -> Vec<u32> {
+    windows::viewable_top_levels(conn)
+        .into_iter()
+        .filter(|t| t.classes.iter().any(|c| c.eq_ignore_ascii_case("chromium")))
+        .map(|t| t.window)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_spare_whose_browser_window_another_client_hid_is_not_handed_out() {
+    use x11rb::protocol::xproto::ConnectionExt as _;
+    use x11rb::wrapper::ConnectionExt as _;
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let profiles = dir.path().join("workspace/.browser-profiles");
+    let _sweep = Sweep(run.clone());
+    let runtime = Arc::new(DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        config(dir.path(), 206, 1),
+    ));
+    runtime.start_warm_pool();
+    until_ready(&runtime, 1).await;
+    // A process of the computer reaches the spare's display and hides its browser's window:
+    // the browser runs on, so only its windows tell.
+    let (xvfb, display) = our_xservers(&run).await[0];
+    let other = windows::connect_local(display);
+    let frames = browser_frames(&other);
+    assert_eq!(frames.len(), 1, "the spare shows its browser");
+    other.unmap_window(frames[0]).unwrap();
+    other.sync().unwrap();
+    let a = runtime.open_screen("bot-a", 0).await.unwrap();
+    assert_not_handed_out(&run, xvfb, a.display).await;
+    let browser = runtime.browser_pid("bot-a").await.unwrap();
+    assert_eq!(user_data_dir(browser), profiles.join("bot-a"));
+    runtime.shutdown().await.unwrap();
+}
+
+#[test]
+fn a_watched_display_tells_a_window_gone_without_asking_the_server() {
+    use x11rb::connection::Connection as _;
+    use x11rb::protocol::xproto::{ConnectionExt as _, CreateWindowAux, WindowClass};
+    use x11rb::wrapper::ConnectionExt as _;
+    let mut server = xvfb::Xvfb::start(470);
+    let mut x = rakazo::desktop::capture::XDisplay::connect(server.display).unwrap();
+    assert!(!x.windows_unchanged().unwrap(), "not watched yet");
+    let other = windows::connect_local(server.display);
+    let root = other.setup().roots[0].root;
+    let window = |conn: &x11rb::rust_connection::RustConnection| {
+        let id = conn.generate_id().unwrap();
+        conn.create_window(
+            0,
+            id,
+            root,
+            0,
+            0,
+            50,
+            50,
+            0,
+            WindowClass::INPUT_OUTPUT,
+            0,
+            &CreateWindowAux::new(),
+        )
+        .unwrap();
+        conn.map_window(id).unwrap();
+        conn.sync().unwrap();
+        id
+    };
+    let first = window(&other);
+    x.watch_windows().unwrap();
+    // A new window, drawn on and moved, is no window gone.
+    let second = window(&other);
+    other.configure_window(second, &Default::default()).unwrap();
+    other.sync().unwrap();
+    assert!(x.windows_unchanged().unwrap());
+    other.destroy_window(first).unwrap();
+    other.sync().unwrap();
+    assert!(
+        !x.windows_unchanged().unwrap(),
+        "a destroyed window is seen"
+    );
+    // Watched afresh, a hidden window is seen too; and a server that is gone is an error.
+    x.watch_windows().unwrap();
+    assert!(x.windows_unchanged().unwrap());
+    other.unmap_window(second).unwrap();
+    other.sync().unwrap();
+    assert!(
+        !x.windows_unchanged().unwrap(),
+        "an unmapped window is seen"
+    );
+    x.watch_windows().unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    assert!(x.windows_unchanged().is_err(), "the server's end is seen");
 }

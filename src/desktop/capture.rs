@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use x11rb::connection::{Connection, RequestConnection as _};
 use x11rb::protocol::Event;
 use x11rb::protocol::damage::{self, ConnectionExt as _, ReportLevel};
-use x11rb::protocol::xproto::{ConnectionExt as _, ImageFormat, ImageOrder, Window};
+use x11rb::protocol::xproto::{
+    ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat, ImageOrder, Window,
+};
 use x11rb::rust_connection::RustConnection;
 
 use rakazo_actors::provider::FrameSize;
@@ -55,6 +57,9 @@ pub struct XDisplay {
     /// The pixel buffer of a frame no longer kept, which the next capture fills: capturing
     /// allocates (and faults in) no screen's worth of fresh memory per frame.
     spare: Vec<u8>,
+    /// Top-level windows watched since [`Self::watch_windows`]: `Some(true)` once one of them
+    /// was unmapped, destroyed or reparented.
+    windows_changed: Option<bool>,
 }
 
 /// Whether captures go through memory shared with the X server.
@@ -188,7 +193,29 @@ impl XDisplay {
             shared: Shared::Untried,
             bands: BandPng::new(),
             spare: Vec::new(),
+            windows_changed: None,
         })
+    }
+
+    /// Has the server report every top-level window unmapped, destroyed or reparented from
+    /// now on, so [`Self::windows_unchanged`] can tell without asking it.
+    pub fn watch_windows(&mut self) -> Result<(), DesktopError> {
+        let events = ChangeWindowAttributesAux::new().event_mask(EventMask::SUBSTRUCTURE_NOTIFY);
+        self.conn
+            .change_window_attributes(self.root, &events)
+            .map_err(x_err)?
+            .check()
+            .map_err(x_err)?;
+        self.windows_changed = Some(false);
+        Ok(())
+    }
+
+    /// Whether no top-level window went away since [`Self::watch_windows`], read from the
+    /// events that arrived, without a round trip to the server. False when not watched, and
+    /// an error when the connection ended (the server is gone).
+    pub fn windows_unchanged(&mut self) -> Result<bool, DesktopError> {
+        self.take_damage()?;
+        Ok(self.windows_changed == Some(false))
     }
 
     /// Allows or forbids shared-memory capture on this connection (allowed by default; when
@@ -228,13 +255,20 @@ impl XDisplay {
         self.bands.deflated()
     }
 
-    /// Reads the damage reports that arrived; whether there were any. Each report re-arms the
+    /// Reads the damage reports that arrived, and notes watched windows that went away;
+    /// whether there were damage reports. Each report re-arms the
     /// damage object (reports come once per quiet-to-drawn change, so they never pile up).
     fn take_damage(&mut self) -> Result<bool, DesktopError> {
         let mut seen = false;
         while let Some(event) = self.conn.poll_for_event().map_err(x_err)? {
-            if matches!(event, Event::DamageNotify(_)) {
-                seen = true;
+            match event {
+                Event::DamageNotify(_) => seen = true,
+                Event::UnmapNotify(_) | Event::DestroyNotify(_) | Event::ReparentNotify(_) => {
+                    if let Some(changed) = &mut self.windows_changed {
+                        *changed = true;
+                    }
+                }
+                _ => {}
             }
         }
         if seen {

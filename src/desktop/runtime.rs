@@ -534,7 +534,11 @@ impl DesktopRuntime {
             Ok(profile) => self.start_browser(&mut screen, Some(profile)).await,
             Err(e) => Err(e),
         };
-        if let Err(e) = browser {
+        let ready = match browser {
+            Ok(()) => watch_spare(&screen).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
             let _ = self.stop_screen(&mut screen).await;
             return Err(e);
         }
@@ -652,12 +656,21 @@ impl DesktopRuntime {
     }
 
     /// Whether a spare's X server still answers and its browser still shows a window (on a
-    /// display reached through commands, left to [`Self::hand_over`]).
+    /// display reached through commands, left to [`Self::hand_over`]). While the server has
+    /// reported none of the spare's windows gone since it was ready ([`watch_spare`]) and its
+    /// connection is open, the answer needs no round trip; the hand-over still looks at its
+    /// processes.
     async fn spare_alive(&self, spare: &Screen) -> bool {
         match &spare.io {
             Some(Io::X(x)) => {
                 let x = x.clone();
                 let browser = spare.browser.is_some();
+                if browser
+                    && let Ok(mut watched) = x.try_lock()
+                    && watched.windows_unchanged().unwrap_or(false)
+                {
+                    return true;
+                }
                 tokio::task::spawn_blocking(move || {
                     let x = x.lock().unwrap_or_else(|e| e.into_inner());
                     // The browser's windows, when it has one, are asked of the X server: its
@@ -2466,6 +2479,29 @@ async fn connect_when_ready(
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
+
+/// Starts watching a ready spare's windows ([`XDisplay::watch_windows`]), then checks that its
+/// browser still shows one: from here on, taking the spare asks the X server nothing unless a
+/// window went away. A display reached through commands is not watched.
+async fn watch_spare(spare: &Screen) -> Result<(), DesktopError> {
+    let Some(Io::X(x)) = &spare.io else {
+        return Ok(());
+    };
+    let x = x.clone();
+    let shown = tokio::task::spawn_blocking(move || {
+        let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
+        x.watch_windows()?;
+        browser_windows(&x)
+    })
+    .await
+    .map_err(|e| DesktopError::X(e.to_string()))??;
+    if shown == 0 {
+        return Err(DesktopError::Stack(
+            "the spare's browser window went away as it started".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// How many browser windows are up: entries of the window manager's `_NET_CLIENT_LIST` whose

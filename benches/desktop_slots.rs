@@ -120,6 +120,7 @@ async fn spares_ready(rt: &DesktopRuntime, spares: usize) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
+    until_quiet().await;
     let status = rt.warm_status();
     println!(
         "{} spares ready hold {:.0} MiB PSS ({:.0} MiB each)",
@@ -127,6 +128,38 @@ async fn spares_ready(rt: &DesktopRuntime, spares: usize) {
         status.pss_kib as f64 / 1024.0,
         status.pss_kib as f64 / 1024.0 / status.ready.max(1) as f64
     );
+}
+
+/// Busy and total CPU time of the machine so far (`/proc/stat`, clock ticks).
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: idle and iowait are not busy.
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// Waits until the machine's CPUs are at most 10% busy over a quarter of a second (the spares'
+/// browsers finish what they do after their start), at most 30 s.
+async fn until_quiet() {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (busy, total) = cpu_ticks();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (busy2, total2) = cpu_ticks();
+        let share = (busy2 - busy) as f64 / (total2 - total).max(1) as f64;
+        if share <= 0.10 || Instant::now() > deadline {
+            return;
+        }
+    }
 }
 
 fn sweep(dir: &std::path::Path) {

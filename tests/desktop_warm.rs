@@ -412,11 +412,13 @@ async fn a_spare_whose_browser_window_another_client_hid_is_not_handed_out() {
 #[test]
 fn a_watched_display_tells_a_window_gone_without_asking_the_server() {
     use x11rb::connection::Connection as _;
-    use x11rb::protocol::xproto::{ConnectionExt as _, CreateWindowAux, WindowClass};
+    use x11rb::protocol::xproto::{
+        ConfigureWindowAux, ConnectionExt as _, CreateWindowAux, WindowClass,
+    };
     use x11rb::wrapper::ConnectionExt as _;
     let mut server = xvfb::Xvfb::start(470);
     let mut x = rakazo::desktop::capture::XDisplay::connect(server.display).unwrap();
-    assert!(!x.windows_unchanged().unwrap(), "not watched yet");
+    assert!(!x.end_window_watch().unwrap(), "not watched yet");
     let other = windows::connect_local(server.display);
     let root = other.setup().roots[0].root;
     let window = |conn: &x11rb::rust_connection::RustConnection| {
@@ -441,28 +443,33 @@ fn a_watched_display_tells_a_window_gone_without_asking_the_server() {
     };
     let first = window(&other);
     x.watch_windows().unwrap();
-    // A new window, drawn on and moved, is no window gone.
+    // A new window, moved, is no window gone.
     let second = window(&other);
-    other.configure_window(second, &Default::default()).unwrap();
+    let moved = ConfigureWindowAux::new().x(20);
+    other.configure_window(second, &moved).unwrap();
     other.sync().unwrap();
-    assert!(x.windows_unchanged().unwrap());
+    assert!(x.end_window_watch().unwrap());
+    assert!(!x.end_window_watch().unwrap(), "the watch ended");
+    x.watch_windows().unwrap();
     other.destroy_window(first).unwrap();
     other.sync().unwrap();
-    assert!(
-        !x.windows_unchanged().unwrap(),
-        "a destroyed window is seen"
-    );
-    // Watched afresh, a hidden window is seen too; and a server that is gone is an error.
+    assert!(!x.end_window_watch().unwrap(), "a destroyed window is seen");
     x.watch_windows().unwrap();
-    assert!(x.windows_unchanged().unwrap());
     other.unmap_window(second).unwrap();
     other.sync().unwrap();
+    assert!(!x.end_window_watch().unwrap(), "an unmapped window is seen");
+    // Once the watch ended, the server tells this connection nothing more of the windows.
+    other.map_window(second).unwrap();
+    other.destroy_window(second).unwrap();
+    other.sync().unwrap();
+    x.watch_windows().unwrap();
     assert!(
-        !x.windows_unchanged().unwrap(),
-        "an unmapped window is seen"
+        x.end_window_watch().unwrap(),
+        "nothing of the last watch is left"
     );
+    // A server that is gone is an error.
     x.watch_windows().unwrap();
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    assert!(x.windows_unchanged().is_err(), "the server's end is seen");
+    assert!(x.end_window_watch().is_err(), "the server's end is seen");
 }

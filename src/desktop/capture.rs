@@ -198,24 +198,36 @@ impl XDisplay {
     }
 
     /// Has the server report every top-level window unmapped, destroyed or reparented from
-    /// now on, so [`Self::windows_unchanged`] can tell without asking it.
+    /// now on, so [`Self::end_window_watch`] can tell without asking it.
     pub fn watch_windows(&mut self) -> Result<(), DesktopError> {
-        let events = ChangeWindowAttributesAux::new().event_mask(EventMask::SUBSTRUCTURE_NOTIFY);
-        self.conn
-            .change_window_attributes(self.root, &events)
-            .map_err(x_err)?
+        self.select_root_events(EventMask::SUBSTRUCTURE_NOTIFY)?
             .check()
             .map_err(x_err)?;
         self.windows_changed = Some(false);
         Ok(())
     }
 
-    /// Whether no top-level window went away since [`Self::watch_windows`], read from the
-    /// events that arrived, without a round trip to the server. False when not watched, and
-    /// an error when the connection ended (the server is gone).
-    pub fn windows_unchanged(&mut self) -> Result<bool, DesktopError> {
+    /// Ends the watch of [`Self::watch_windows`]: whether no top-level window went away while
+    /// it lasted, read from the events that arrived, without a round trip to the server. False
+    /// when nothing was watched, and an error when the connection ended (the server is gone).
+    pub fn end_window_watch(&mut self) -> Result<bool, DesktopError> {
         self.take_damage()?;
-        Ok(self.windows_changed == Some(false))
+        let unchanged = self.windows_changed.take() == Some(false);
+        self.select_root_events(EventMask::NO_EVENT)?;
+        self.conn.flush().map_err(x_err)?;
+        Ok(unchanged)
+    }
+
+    /// Sets the events this connection hears of on the root window (only the window watch
+    /// asks for any).
+    fn select_root_events(
+        &self,
+        mask: EventMask,
+    ) -> Result<x11rb::cookie::VoidCookie<'_, RustConnection>, DesktopError> {
+        let events = ChangeWindowAttributesAux::new().event_mask(mask);
+        self.conn
+            .change_window_attributes(self.root, &events)
+            .map_err(x_err)
     }
 
     /// Allows or forbids shared-memory capture on this connection (allowed by default; when

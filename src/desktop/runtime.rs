@@ -659,7 +659,7 @@ impl DesktopRuntime {
     /// display reached through commands, left to [`Self::hand_over`]). While the server has
     /// reported none of the spare's windows gone since it was ready ([`watch_spare`]) and its
     /// connection is open, the answer needs no round trip; the hand-over still looks at its
-    /// processes.
+    /// processes. The watch ends here: a taken desktop's windows are its bot's business.
     async fn spare_alive(&self, spare: &Screen) -> bool {
         match &spare.io {
             Some(Io::X(x)) => {
@@ -667,7 +667,7 @@ impl DesktopRuntime {
                 let browser = spare.browser.is_some();
                 if browser
                     && let Ok(mut watched) = x.try_lock()
-                    && watched.windows_unchanged().unwrap_or(false)
+                    && watched.end_window_watch().unwrap_or(false)
                 {
                     return true;
                 }

@@ -268,8 +268,8 @@ impl XDisplay {
     }
 
     /// Reads the damage reports that arrived, and notes watched windows that went away;
-    /// whether there were damage reports. Each report re-arms the
-    /// damage object (reports come once per quiet-to-drawn change, so they never pile up).
+    /// whether there were damage reports. Each report re-arms the damage object (reports come
+    /// once per quiet-to-drawn change, so they never pile up).
     fn take_damage(&mut self) -> Result<bool, DesktopError> {
         let mut seen = false;
         while let Some(event) = self.conn.poll_for_event().map_err(x_err)? {

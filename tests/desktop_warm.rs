@@ -92,6 +92,35 @@ async fn until_ready(runtime: &DesktopRuntime, ready: usize) {
     }
 }
 
+/// One test's runtime with its directory, the paths the test looks at, and the sweep of its
+/// processes (dropped after the runtime, before the directory).
+struct Warm {
+    runtime: Arc<DesktopRuntime>,
+    run: std::path::PathBuf,
+    profiles: std::path::PathBuf,
+    _sweep: Sweep,
+    _dir: tempfile::TempDir,
+}
+
+/// A runtime on displays from `first_display` keeping `spares` spare desktops (on the command
+/// path when `commands_only`), its pool started and every spare of it ready.
+async fn warm_runtime(first_display: u32, spares: usize, commands_only: bool) -> Warm {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut config = config(dir.path(), first_display, spares);
+    config.commands_only = commands_only;
+    let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
+    runtime.start_warm_pool();
+    until_ready(&runtime, spares).await;
+    Warm {
+        runtime,
+        profiles: dir.path().join("workspace/.browser-profiles"),
+        _sweep: Sweep(run.clone()),
+        run,
+        _dir: dir,
+    }
+}
+
 /// Whether the process runs (a zombie does not).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -128,16 +157,12 @@ fn spare_names(profiles: &Path) -> Vec<String> {
 #[tokio::test]
 async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let profiles = dir.path().join("workspace/.browser-profiles");
-    let _sweep = Sweep(run.clone());
-    let runtime = Arc::new(DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        config(dir.path(), 191, 1),
-    ));
-    runtime.start_warm_pool();
-    until_ready(&runtime, 1).await;
+    let Warm {
+        runtime,
+        run,
+        profiles,
+        ..
+    } = &warm_runtime(191, 1, false).await;
     let status = runtime.warm_status();
     assert_eq!((status.target, status.ready), (1, 1));
     // Its memory is read once it is ready, its browser's with it.
@@ -150,7 +175,7 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let spare = our_xservers(&run).await;
+    let spare = our_xservers(run).await;
     assert_eq!(
         spare.len(),
         1,
@@ -159,7 +184,7 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
     let (spare_pid, spare_display) = spare[0];
     // The spare runs a browser already, on a profile of no bot's.
     windows::assert_only_the_browser(&windows::connect_local(spare_display));
-    let spare_profile = spare_names(&profiles);
+    let spare_profile = spare_names(profiles);
     assert_eq!(spare_profile.len(), 1, "{spare_profile:?}");
 
     // Bot A, new, gets the spare: the same X server and the same browser, started before A
@@ -174,7 +199,7 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
         "the spare's browser runs on what is now A's profile"
     );
     assert!(profiles.join("bot-a/Default").is_dir());
-    assert!(our_xservers(&run).await.contains(&(spare_pid, a.display)));
+    assert!(our_xservers(run).await.contains(&(spare_pid, a.display)));
     windows::assert_only_the_browser(&windows::connect_local(a.display));
     let first = runtime.observe("bot-a").await.unwrap();
     assert!(
@@ -183,8 +208,8 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
     );
 
     // The pool refills in the background on another display, with a browser of its own.
-    until_ready(&runtime, 1).await;
-    let now = our_xservers(&run).await;
+    until_ready(runtime, 1).await;
+    let now = our_xservers(run).await;
     assert_eq!(now.len(), 2, "A's desktop and one new spare: {now:?}");
     let (refill_pid, refill_display) = *now.iter().find(|(p, _)| *p != spare_pid).unwrap();
     assert_ne!(refill_display, a.display);
@@ -221,7 +246,7 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
         "A's profile stays in the workspace"
     );
     assert_eq!(
-        spare_names(&profiles).len(),
+        spare_names(profiles).len(),
         1,
         "A's link is gone, the refill's profile is there"
     );
@@ -242,8 +267,8 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
 
     // A comes back later with its profile: the next spare's display stack, A's own browser on
     // A's profile, the spare's browser and profile gone.
-    until_ready(&runtime, 1).await;
-    let unowned: Vec<String> = spare_names(&profiles)
+    until_ready(runtime, 1).await;
+    let unowned: Vec<String> = spare_names(profiles)
         .into_iter()
         .filter(|n| !profiles.join(n).symlink_metadata().unwrap().is_symlink())
         .collect();
@@ -258,43 +283,36 @@ async fn a_new_bot_takes_a_spare_with_its_running_browser_and_the_pool_refills()
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "the replaced spare's profile is removed: {:?}",
-            spare_names(&profiles)
+            spare_names(profiles)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     runtime.shutdown().await.unwrap();
     assert!(
-        our_xservers(&run).await.is_empty(),
+        our_xservers(run).await.is_empty(),
         "shutdown stops the spares with the desktops"
     );
     assert!(
-        spare_names(&profiles).is_empty(),
+        spare_names(profiles).is_empty(),
         "no spare profile or link is left: {:?}",
-        spare_names(&profiles)
+        spare_names(profiles)
     );
 }
 
 #[tokio::test]
 async fn pool_size_zero_starts_nothing_ahead_and_desktops_open_as_before() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let _sweep = Sweep(run.clone());
-    let runtime = Arc::new(DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        config(dir.path(), 195, 0),
-    ));
-    runtime.start_warm_pool();
+    let Warm { runtime, run, .. } = &warm_runtime(195, 0, false).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(our_xservers(&run).await.is_empty(), "no spare started");
+    assert!(our_xservers(run).await.is_empty(), "no spare started");
     assert_eq!(runtime.warm_status().target, 0);
 
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
     windows::assert_only_the_browser(&windows::connect_local(a.display));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        our_xservers(&run).await.len(),
+        our_xservers(run).await.len(),
         1,
         "only A's own X server, no refill"
     );
@@ -326,18 +344,10 @@ async fn assert_not_handed_out(run: &Path, pid: u32, display: u32) {
 #[tokio::test]
 async fn a_spare_that_died_is_replaced_by_a_new_stack() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let _sweep = Sweep(run.clone());
-    let runtime = Arc::new(DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        config(dir.path(), 198, 1),
-    ));
-    runtime.start_warm_pool();
-    until_ready(&runtime, 1).await;
-    let pid = kill_the_spare(&run).await;
+    let Warm { runtime, run, .. } = &warm_runtime(198, 1, false).await;
+    let pid = kill_the_spare(run).await;
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
-    assert_not_handed_out(&run, pid, a.display).await;
+    assert_not_handed_out(run, pid, a.display).await;
     assert!(runtime.observe("bot-a").await.is_ok());
     runtime.shutdown().await.unwrap();
 }
@@ -345,27 +355,24 @@ async fn a_spare_that_died_is_replaced_by_a_new_stack() {
 #[tokio::test]
 async fn on_the_command_path_a_spare_that_died_is_found_out_when_it_is_handed_over() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let profiles = dir.path().join("workspace/.browser-profiles");
-    let _sweep = Sweep(run.clone());
-    let mut config = config(dir.path(), 202, 1);
-    config.commands_only = true;
-    let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
-    runtime.start_warm_pool();
-    until_ready(&runtime, 1).await;
-    let pid = kill_the_spare(&run).await;
+    let Warm {
+        runtime,
+        run,
+        profiles,
+        ..
+    } = &warm_runtime(202, 1, true).await;
+    let pid = kill_the_spare(run).await;
     // Bot A, new, would take the spare's browser: the hand-over finds it gone.
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
-    assert_not_handed_out(&run, pid, a.display).await;
+    assert_not_handed_out(run, pid, a.display).await;
     let browser = runtime.browser_pid("bot-a").await.unwrap();
     assert_eq!(user_data_dir(browser), profiles.join("bot-a"));
     assert!(runtime.observe("bot-a").await.is_ok());
     runtime.shutdown().await.unwrap();
     assert!(
-        spare_names(&profiles).is_empty(),
+        spare_names(profiles).is_empty(),
         "{:?}",
-        spare_names(&profiles)
+        spare_names(profiles)
     );
 }
 
@@ -384,26 +391,22 @@ async fn a_spare_whose_browser_window_another_client_hid_is_not_handed_out() {
     use x11rb::protocol::xproto::ConnectionExt as _;
     use x11rb::wrapper::ConnectionExt as _;
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let profiles = dir.path().join("workspace/.browser-profiles");
-    let _sweep = Sweep(run.clone());
-    let runtime = Arc::new(DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        config(dir.path(), 206, 1),
-    ));
-    runtime.start_warm_pool();
-    until_ready(&runtime, 1).await;
+    let Warm {
+        runtime,
+        run,
+        profiles,
+        ..
+    } = &warm_runtime(206, 1, false).await;
     // A process of the computer reaches the spare's display and hides its browser's window:
     // the browser runs on, so only its windows tell.
-    let (xvfb, display) = our_xservers(&run).await[0];
+    let (xvfb, display) = our_xservers(run).await[0];
     let other = windows::connect_local(display);
     let frames = browser_frames(&other);
     assert_eq!(frames.len(), 1, "the spare shows its browser");
     other.unmap_window(frames[0]).unwrap();
     other.sync().unwrap();
     let a = runtime.open_screen("bot-a", 0).await.unwrap();
-    assert_not_handed_out(&run, xvfb, a.display).await;
+    assert_not_handed_out(run, xvfb, a.display).await;
     let browser = runtime.browser_pid("bot-a").await.unwrap();
     assert_eq!(user_data_dir(browser), profiles.join("bot-a"));
     runtime.shutdown().await.unwrap();

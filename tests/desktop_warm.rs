@@ -461,7 +461,8 @@ fn a_watched_display_tells_a_window_gone_without_asking_the_server() {
     other.unmap_window(second).unwrap();
     other.sync().unwrap();
     assert!(!x.end_window_watch().unwrap(), "an unmapped window is seen");
-    // Once the watch ended, the server tells this connection nothing more of the windows.
+    // Windows gone around the end of a watch (the server may do another client's requests
+    // before the end reaches it) do not count against the next watch.
     other.map_window(second).unwrap();
     other.destroy_window(second).unwrap();
     other.sync().unwrap();

@@ -60,6 +60,9 @@ pub struct XDisplay {
     /// Top-level windows watched since [`Self::watch_windows`]: `Some(true)` once one of them
     /// was unmapped, destroyed or reparented.
     windows_changed: Option<bool>,
+    /// The sequence number of the request that began the watch: an event the server sent
+    /// before it took effect (late news of an earlier watch) does not count.
+    watch_from: u64,
 }
 
 /// Whether captures go through memory shared with the X server.
@@ -194,15 +197,17 @@ impl XDisplay {
             bands: BandPng::new(),
             spare: Vec::new(),
             windows_changed: None,
+            watch_from: 0,
         })
     }
 
     /// Has the server report every top-level window unmapped, destroyed or reparented from
     /// now on, so [`Self::end_window_watch`] can tell without asking it.
     pub fn watch_windows(&mut self) -> Result<(), DesktopError> {
-        self.select_root_events(EventMask::SUBSTRUCTURE_NOTIFY)?
-            .check()
-            .map_err(x_err)?;
+        let selected = self.select_root_events(EventMask::SUBSTRUCTURE_NOTIFY)?;
+        let from = selected.sequence_number();
+        selected.check().map_err(x_err)?;
+        self.watch_from = from;
         self.windows_changed = Some(false);
         Ok(())
     }
@@ -272,11 +277,16 @@ impl XDisplay {
     /// once per quiet-to-drawn change, so they never pile up).
     fn take_damage(&mut self) -> Result<bool, DesktopError> {
         let mut seen = false;
-        while let Some(event) = self.conn.poll_for_event().map_err(x_err)? {
+        while let Some((event, sequence)) =
+            self.conn.poll_for_event_with_sequence().map_err(x_err)?
+        {
             match event {
                 Event::DamageNotify(_) => seen = true,
                 Event::UnmapNotify(_) | Event::DestroyNotify(_) | Event::ReparentNotify(_) => {
-                    if let Some(changed) = &mut self.windows_changed {
+                    // An event carries the last request of ours the server had done.
+                    if let Some(changed) = &mut self.windows_changed
+                        && sequence >= self.watch_from
+                    {
                         *changed = true;
                     }
                 }

@@ -216,8 +216,10 @@ impl XDisplay {
     /// it lasted, read from the events that arrived, without a round trip to the server. False
     /// when nothing was watched, and an error when the connection ended (the server is gone).
     pub fn end_window_watch(&mut self) -> Result<bool, DesktopError> {
-        self.take_damage()?;
+        // The watch ends whatever the events say, even on a connection that ended.
+        let drained = self.take_damage();
         let unchanged = self.windows_changed.take() == Some(false);
+        drained?;
         self.select_root_events(EventMask::NO_EVENT)?;
         self.conn.flush().map_err(x_err)?;
         Ok(unchanged)

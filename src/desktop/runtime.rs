@@ -534,11 +534,10 @@ impl DesktopRuntime {
             Ok(profile) => self.start_browser(&mut screen, Some(profile)).await,
             Err(e) => Err(e),
         };
-        let ready = match browser {
-            Ok(()) => watch_spare(&screen).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = ready {
+        if browser.is_ok() {
+            watch_spare(&screen).await;
+        }
+        if let Err(e) = browser {
             let _ = self.stop_screen(&mut screen).await;
             return Err(e);
         }
@@ -2482,26 +2481,22 @@ async fn connect_when_ready(
 }
 
 /// Starts watching a ready spare's windows ([`XDisplay::watch_windows`]), then checks that its
-/// browser still shows one: from here on, taking the spare asks the X server nothing unless a
-/// window went away. A display reached through commands is not watched.
-async fn watch_spare(spare: &Screen) -> Result<(), DesktopError> {
+/// browser shows one: from here on, taking the spare asks the X server nothing unless a window
+/// went away. A spare whose browser window is not viewable right then (a busy machine, the
+/// window manager still at work), or whose watch failed, is left unwatched: taking it runs the
+/// full check. A display reached through commands is not watched.
+async fn watch_spare(spare: &Screen) {
     let Some(Io::X(x)) = &spare.io else {
-        return Ok(());
+        return;
     };
     let x = x.clone();
-    let shown = tokio::task::spawn_blocking(move || {
+    let _ = tokio::task::spawn_blocking(move || {
         let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
-        x.watch_windows()?;
-        browser_windows(&x)
+        if x.watch_windows().is_ok() && !browser_windows(&x).is_ok_and(|n| n > 0) {
+            let _ = x.end_window_watch();
+        }
     })
-    .await
-    .map_err(|e| DesktopError::X(e.to_string()))??;
-    if shown == 0 {
-        return Err(DesktopError::Stack(
-            "the spare's browser window went away as it started".into(),
-        ));
-    }
-    Ok(())
+    .await;
 }
 
 /// How many browser windows are up: entries of the window manager's `_NET_CLIENT_LIST` whose

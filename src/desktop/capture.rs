@@ -57,12 +57,17 @@ pub struct XDisplay {
     /// The pixel buffer of a frame no longer kept, which the next capture fills: capturing
     /// allocates (and faults in) no screen's worth of fresh memory per frame.
     spare: Vec<u8>,
-    /// Top-level windows watched since [`Self::watch_windows`]: `Some(true)` once one of them
-    /// was unmapped, destroyed or reparented.
-    windows_changed: Option<bool>,
-    /// The sequence number of the request that began the watch: an event the server sent
-    /// before it took effect (late news of an earlier watch) does not count.
-    watch_from: u64,
+    /// The watch of top-level windows begun by [`Self::watch_windows`], while it lasts.
+    window_watch: Option<WindowWatch>,
+}
+
+/// A watch of a display's top-level windows.
+struct WindowWatch {
+    /// The sequence number of the request that began it: an event the server sent before it
+    /// took effect (late news of an earlier watch) does not count.
+    from: u64,
+    /// Whether a window was unmapped, destroyed or reparented since.
+    changed: bool,
 }
 
 /// Whether captures go through memory shared with the X server.
@@ -196,8 +201,7 @@ impl XDisplay {
             shared: Shared::Untried,
             bands: BandPng::new(),
             spare: Vec::new(),
-            windows_changed: None,
-            watch_from: 0,
+            window_watch: None,
         })
     }
 
@@ -207,8 +211,10 @@ impl XDisplay {
         let selected = self.select_root_events(EventMask::SUBSTRUCTURE_NOTIFY)?;
         let from = selected.sequence_number();
         selected.check().map_err(x_err)?;
-        self.watch_from = from;
-        self.windows_changed = Some(false);
+        self.window_watch = Some(WindowWatch {
+            from,
+            changed: false,
+        });
         Ok(())
     }
 
@@ -218,7 +224,7 @@ impl XDisplay {
     pub fn end_window_watch(&mut self) -> Result<bool, DesktopError> {
         // The watch ends whatever the events say, even on a connection that ended.
         let drained = self.take_damage();
-        let unchanged = self.windows_changed.take() == Some(false);
+        let unchanged = self.window_watch.take().is_some_and(|w| !w.changed);
         drained?;
         self.select_root_events(EventMask::NO_EVENT)?;
         self.conn.flush().map_err(x_err)?;
@@ -286,10 +292,10 @@ impl XDisplay {
                 Event::DamageNotify(_) => seen = true,
                 Event::UnmapNotify(_) | Event::DestroyNotify(_) | Event::ReparentNotify(_) => {
                     // An event carries the last request of ours the server had done.
-                    if let Some(changed) = &mut self.windows_changed
-                        && sequence >= self.watch_from
+                    if let Some(watch) = &mut self.window_watch
+                        && sequence >= watch.from
                     {
-                        *changed = true;
+                        watch.changed = true;
                     }
                 }
                 _ => {}

@@ -10,7 +10,8 @@
 //! groups but without holding a starting desktop off the first CPU (`hold_starts`).
 //! `BENCH_ONLY=spares` takes the opening figures of the runtime's start without spares and with
 //! [`SPARES`] spare desktops ready (`SANDBOX_DESKTOP_WARM_STACKS`), for bots new to the
-//! computer, which take a spare's running browser.
+//! computer, which take a spare's running browser. Each opening's figures include the CPU
+//! time of this process and of its runtime thread.
 //!
 //! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`, and
 //! root for the desktop groups); `BENCH_ONLY=memory` takes only the memory figures,
@@ -169,8 +170,28 @@ fn sweep(dir: &std::path::Path) {
         .status();
 }
 
-/// Opens `bots` desktops on a fresh runtime, all at once or one after another; the wall time.
-async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup) -> Duration {
+/// CPU time this process (all its threads, ended ones too) and this thread (the runtime's,
+/// on the bench's current-thread runtime) have run so far.
+fn cpu_now() -> (Duration, Duration) {
+    use rustix::time::{ClockId, clock_gettime};
+    let of = |clock| {
+        let t = clock_gettime(clock);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    };
+    (of(ClockId::ProcessCPUTime), of(ClockId::ThreadCPUTime))
+}
+
+/// What an opening of desktops took: wall time, and the CPU time of this process and of its
+/// runtime thread.
+#[derive(Clone, Copy)]
+struct Opening {
+    wall: Duration,
+    cpu: Duration,
+    runtime_cpu: Duration,
+}
+
+/// Opens `bots` desktops on a fresh runtime, all at once or one after another.
+async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup) -> Opening {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime(dir.path(), first_display, setup);
     rt.start_warm_pool();
@@ -180,6 +201,7 @@ async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup
     if setup.spares > 0 {
         spares_ready(&rt, setup.spares).await;
     }
+    let (cpu, runtime_cpu) = cpu_now();
     let started = Instant::now();
     if together {
         let tasks: Vec<_> = (0..bots)
@@ -196,10 +218,15 @@ async fn open_many(bots: usize, together: bool, first_display: u32, setup: Setup
             rt.open_screen(&format!("bot-{i}"), i as u32).await.unwrap();
         }
     }
-    let took = started.elapsed();
+    let wall = started.elapsed();
+    let (cpu2, runtime_cpu2) = cpu_now();
     rt.shutdown().await.unwrap();
     sweep(dir.path());
-    took
+    Opening {
+        wall,
+        cpu: cpu2 - cpu,
+        runtime_cpu: runtime_cpu2 - runtime_cpu,
+    }
 }
 
 /// PSS in KiB of every desktop of a runtime, after each of [`MEMORY_DESKTOPS`] desktops
@@ -222,9 +249,9 @@ async fn memory(first_display: u32, setup: Setup) -> Vec<u64> {
 /// Figures of one way of starting desktops.
 #[derive(Default)]
 struct Figures {
-    one: Vec<Duration>,
-    eight: Vec<Duration>,
-    serial: Vec<Duration>,
+    one: Vec<Opening>,
+    eight: Vec<Opening>,
+    serial: Vec<Opening>,
     idle: Vec<Duration>,
     busy: Vec<Duration>,
     /// PSS KiB after each desktop, per round.
@@ -255,8 +282,12 @@ impl Figures {
     }
 
     fn report_opens(&mut self, name: &str) {
-        let one = percentile(&mut self.one, 0.5);
-        let eight = percentile(&mut self.eight, 0.5);
+        let median = |runs: &[Opening], of: fn(&Opening) -> Duration| {
+            let mut samples: Vec<Duration> = runs.iter().map(of).collect();
+            percentile(&mut samples, 0.5)
+        };
+        let one = median(&self.one, |o| o.wall);
+        let eight = median(&self.eight, |o| o.wall);
         // Two decimals: with spares ready an opening takes about a millisecond.
         println!("{name}: open 1 desktop: {:.2} ms", ms(one));
         println!(
@@ -264,8 +295,15 @@ impl Figures {
             ms(eight),
             ms(eight) / ms(one)
         );
+        for (what, runs) in [("1 desktop", &self.one), ("8 at once", &self.eight)] {
+            println!(
+                "{name}: CPU of this process opening {what}: {:.2} ms (its runtime thread {:.2} ms)",
+                ms(median(runs, |o| o.cpu)),
+                ms(median(runs, |o| o.runtime_cpu))
+            );
+        }
         if !self.serial.is_empty() {
-            let serial = percentile(&mut self.serial, 0.5);
+            let serial = median(&self.serial, |o| o.wall);
             println!(
                 "{name}: open 8 desktops one after another: {:.0} ms ({:.2}x one)",
                 ms(serial),
@@ -405,12 +443,17 @@ fn main() {
             let mut figures: [Figures; 2] = Default::default();
             for _ in 0..rounds {
                 for ((_, setup), f) in legs.iter().zip(figures.iter_mut()) {
+                    if setup.spares == 0 && std::env::var_os("XX_SKIP_PLAIN").is_some() {
+                        continue;
+                    }
                     f.one.push(open_many(1, true, 171, *setup).await);
                     f.eight.push(open_many(8, true, 171, *setup).await);
                 }
             }
             for ((name, _), f) in legs.iter().zip(figures.iter_mut()) {
-                f.report(name);
+                if !f.one.is_empty() {
+                    f.report(name);
+                }
             }
             return;
         }

@@ -74,13 +74,21 @@ fn open_dir(dir: impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
 
 /// Whether process `pid` runs (a zombie or a dead one does not): its state, the first field
 /// after the last `)` of `/proc/<pid>/stat` (a process name may hold spaces and parentheses).
+/// One read of the line's start is enough: the name is at most 15 bytes and what follows the
+/// state holds no parenthesis, so the last `) ` read is the name's end.
 pub fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    use std::io::Read;
+    let mut head = [0u8; 128];
+    let Ok(n) =
+        std::fs::File::open(format!("/proc/{pid}/stat")).and_then(|mut f| f.read(&mut head))
+    else {
         return false;
     };
-    stat.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-        .is_some_and(|state| state != 'Z' && state != 'X')
+    let head = &head[..n];
+    head.windows(2)
+        .rposition(|w| w == b") ")
+        .and_then(|end| head.get(end + 2))
+        .is_some_and(|&state| state != b'Z' && state != b'X')
 }
 
 /// Readies `bot_id`'s profile under `workspace` as the profile script does: says whether it is
@@ -125,10 +133,13 @@ pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Opti
         }
     }
     let uid = rustix::process::geteuid().as_raw();
-    let handover = spare.map(|spare| hand_over(&profiles, bot_id, fresh, &spare));
-    match rustix::fs::mkdirat(&profiles, bot_id, Mode::from_raw_mode(0o777)) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(_) => return None,
+    let handover =
+        spare.map(|spare| hand_over(&profiles, bot_id, fresh, profile.is_some(), &spare));
+    if handover != Some(HANDED_OVER) {
+        match rustix::fs::mkdirat(&profiles, bot_id, Mode::from_raw_mode(0o777)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(_) => return None,
+        }
     }
     Some(Prepared {
         fresh,
@@ -137,20 +148,28 @@ pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Opti
     })
 }
 
-/// [`super::spare_profile::handover_script`], in `profiles`.
-fn hand_over(profiles: &OwnedFd, bot_id: &str, fresh: bool, spare: &Spare<'_>) -> i32 {
+/// [`super::spare_profile::handover_script`], in `profiles`. `has_dir`: the bot's profile
+/// name was a directory when [`prepare`] looked (else there was nothing at it).
+fn hand_over(
+    profiles: &OwnedFd,
+    bot_id: &str,
+    fresh: bool,
+    has_dir: bool,
+    spare: &Spare<'_>,
+) -> i32 {
     if !spare.alive.iter().all(|pid| alive(*pid)) {
         return SPARE_GONE;
     }
     if !fresh {
         return BOT_HAS_PROFILE;
     }
-    // The bot's empty profile directory goes; one holding anything stays the bot's.
-    if entry(profiles, bot_id) == Ok(Entry::Dir) {
+    // The bot's empty profile directory goes; one holding anything stays the bot's. A name
+    // that was free needs no second look: the rename below never replaces what appeared.
+    if has_dir {
         let _ = rustix::fs::unlinkat(profiles, bot_id, AtFlags::REMOVEDIR);
-    }
-    if entry(profiles, bot_id) != Ok(Entry::Missing) {
-        return BOT_HAS_PROFILE;
+        if entry(profiles, bot_id) != Ok(Entry::Missing) {
+            return BOT_HAS_PROFILE;
+        }
     }
     // Never onto a name that appeared since it was looked at.
     if rustix::fs::renameat_with(
@@ -320,5 +339,29 @@ mod tests {
         }
         assert!(!alive(zombie.id()));
         zombie.wait().unwrap();
+    }
+
+    #[test]
+    fn a_name_that_looks_like_a_state_is_read_as_a_name() {
+        // The longest name the kernel keeps (15 bytes), parentheses and a zombie's state in it.
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join(") Z ) X (a) Z b");
+        std::fs::copy("/bin/sleep", &program).unwrap();
+        let mut sleeper = std::process::Command::new(&program)
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let stat = format!("/proc/{}/stat", sleeper.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains("(a) Z b) S")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the copy did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(alive(sleeper.id()));
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
     }
 }

@@ -343,10 +343,12 @@ mod tests {
 
     #[test]
     fn a_name_that_looks_like_a_state_is_read_as_a_name() {
-        // The longest name the kernel keeps (15 bytes), parentheses and a zombie's state in it.
+        // The longest name the kernel keeps (15 bytes), parentheses and a zombie's state in it:
+        // a process takes the name it was started by, here a link (a copy of the program
+        // could meet `ETXTBSY` while another test's child still holds it open for writing).
         let dir = tempfile::tempdir().unwrap();
         let program = dir.path().join(") Z ) X (a) Z b");
-        std::fs::copy("/bin/sleep", &program).unwrap();
+        std::os::unix::fs::symlink("/bin/sleep", &program).unwrap();
         let mut sleeper = std::process::Command::new(&program)
             .arg("30")
             .spawn()

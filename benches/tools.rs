@@ -16,9 +16,9 @@
 //!
 //! Run: `scripts/bench.sh tools`; `cargo bench --bench tools -- fake` runs the last leg alone,
 //! `-- spawn` only the start of a script by a server holding much memory, `-- page` only the
-//! page commands. The bench applies the
-//! server's allocator settings (`rakazo::malloc`) as `main` does; `RAKAZO_BENCH_MALLOC=default`
-//! leaves glibc's own, for the figure beside them.
+//! page commands, `-- observe` only the observations (`BENCH_ROUNDS` rounds, 50 unless set).
+//! The bench applies the server's allocator settings (`rakazo::malloc`) as `main` does;
+//! `RAKAZO_BENCH_MALLOC=default` leaves glibc's own, for the figure beside them.
 
 mod support;
 
@@ -205,6 +205,12 @@ fn main() {
     }
     // `cargo bench --bench tools -- page`: only the page commands.
     let only_page = std::env::args().skip(1).any(|a| a == "page");
+    // `cargo bench --bench tools -- observe`: only the observations (`BENCH_ROUNDS` of each).
+    let only_observe = std::env::args().skip(1).any(|a| a == "observe");
+    let observe_rounds = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS / 4);
     actix_rt::System::new().block_on(async {
         let Api { dir, app, base, token, http, started } = Api::start("desktop").await;
         let (run, fence) = (started["run"]["id"].clone(), started["lease"]["fence"].clone());
@@ -223,7 +229,7 @@ fn main() {
         let mut ws_binary = Ws::connect(&base, &token, true).await;
 
         let (mut raw, mut api, mut over_ws) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..if only_page { 0 } else { ROUNDS } {
+        for _ in 0..if only_page || only_observe { 0 } else { ROUNDS } {
             let t = Instant::now();
             provider.exec(&machine, &req).await.unwrap();
             raw.push(t.elapsed());
@@ -234,7 +240,7 @@ fn main() {
             ws_text.call("tools/call", call("shell", json!({ "command": "true" }))).await;
             over_ws.push(t.elapsed());
         }
-        if !only_page {
+        if !only_page && !only_observe {
             report("shell `true`, POST /rpc", raw.clone(), api);
             report("shell `true`, /rpc/ws", raw, over_ws);
             team_folder_prefix(provider.as_ref(), &machine).await;
@@ -261,8 +267,10 @@ fn main() {
         // repaints every 5 ms, but the browser draws at most one frame per 16.7 ms, so each
         // timed observe comes FRAME_PAUSE (not timed) after the last and these stay near zero.
         let mut unchanged = 0usize;
-        page_commands(provider.as_ref(), &machine, &dir.path().join("homes/raw-bench"), &page_url).await;
-        for _ in 0..if only_page { 0 } else { ROUNDS / 4 } {
+        if !only_observe {
+            page_commands(provider.as_ref(), &machine, &dir.path().join("homes/raw-bench"), &page_url).await;
+        }
+        for _ in 0..if only_page { 0 } else { observe_rounds } {
             tokio::time::sleep(FRAME_PAUSE).await;
             let t = Instant::now();
             provider.observe(&machine, "raw-bot").await.unwrap();
@@ -285,14 +293,14 @@ fn main() {
             binary_bytes += answer.to_string().len() + attached;
             unchanged += usize::from(attached == 0);
         }
-        let rounds = (ROUNDS / 4) as f64;
+        let rounds = observe_rounds as f64;
         if !only_page {
         println!(
             "bytes per observation: /rpc/ws base64 {:.0} KiB, /rpc/ws?images=binary {:.0} KiB",
             text_bytes as f64 / rounds / 1024.0,
             binary_bytes as f64 / rounds / 1024.0
         );
-        println!("observations through the API that found an unchanged screen: {unchanged} of {}", ROUNDS / 4 * 3);
+        println!("observations through the API that found an unchanged screen: {unchanged} of {}", observe_rounds * 3);
         report("computer_observe, POST /rpc", raw.clone(), api);
         report("computer_observe, /rpc/ws (base64)", raw.clone(), text);
         report("computer_observe, /rpc/ws?images=binary", raw, binary);
@@ -305,7 +313,7 @@ fn main() {
             .arg(rakazo::desktop::command::sweep_script(&format!("{}/", dir.path().join("run").display())))
             .status();
 
-        if !only_page {
+        if !only_page && !only_observe {
             shell_on_the_fake_provider().await;
         }
     });

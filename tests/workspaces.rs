@@ -373,3 +373,42 @@ async fn a_restore_on_a_stopped_desktop_computer_applies() {
         .unwrap();
     a_restore_on_a_stopped_computer_is_what_the_next_run_sees(s).await;
 }
+
+/// A restore left pending (its import failed) is applied by the next tool call on the running
+/// computer, before it acts, also when the bot's screen is held: `computer_observe` makes sure
+/// of the held screen without the computer's row and leaves the row's checks to its
+/// observation.
+#[actix_rt::test]
+async fn a_pending_restore_is_applied_before_an_observe_on_a_held_screen() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(&run, fence, "echo one > state.txt").await.unwrap();
+    let saved = finish(&s, &run, fence).await["checkpoint"]["saved"]
+        .as_i64()
+        .unwrap();
+    let (run, fence) = s.start_run(bot).await;
+    let observe =
+        json!({ "runId": run, "fence": fence, "name": "computer_observe", "arguments": {} });
+    let first = s.ok("tools/call", observe.clone()).await;
+    assert_eq!(first["isError"], false, "{first}");
+    s.exec(&run, fence, "echo two > state.txt").await.unwrap();
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    // As a restore whose import failed leaves it: the row names the revision to import.
+    computer::Entity::update_many()
+        .col_expr(computer::Column::PendingRestoreRevision, Expr::value(saved))
+        .filter(computer::Column::Id.eq(c["id"].as_str().unwrap()))
+        .exec(&s.app.db)
+        .await
+        .unwrap();
+
+    let again = s.ok("tools/call", observe).await;
+    assert_eq!(again["isError"], false, "{again}");
+    let got = s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    assert!(got["pendingRestore"].is_null(), "applied: {got}");
+    assert_eq!(
+        s.exec(&run, fence, "cat state.txt").await.unwrap()["stdout"],
+        "one\n"
+    );
+}

@@ -114,6 +114,23 @@ pub struct Call(pub Op);
 #[rtype(result = "DomainResult<OpOutput>")]
 pub struct CallRead(pub Op, pub Box<computer::Model>);
 
+/// [`Call`] without the computer's row: for an operation that comes just before another of the
+/// same tool call (the bot's held screen made sure of before its observation), whose own
+/// [`Call`] or [`CallRead`] then applies a pending restore and writes the use stamp.
+#[derive(Message)]
+#[rtype(result = "DomainResult<OpOutput>")]
+pub struct CallBeforeOp(pub Op);
+
+/// Where [`ComputerActor::call`] gets the computer's row for its checks.
+enum RowCheck {
+    /// Read it now.
+    Read,
+    /// The caller's copy, just read.
+    Given(Box<computer::Model>),
+    /// No check: the call's next operation makes it.
+    Skip,
+}
+
 /// Make sure a machine runs; answers its reference.
 #[derive(Message)]
 #[rtype(result = "DomainResult<ProviderRef>")]
@@ -359,7 +376,7 @@ impl Handler<Call> for ComputerActor {
     type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
 
     fn handle(&mut self, Call(op): Call, ctx: &mut Context<Self>) -> Self::Result {
-        self.call(op, None, ctx)
+        self.call(op, RowCheck::Read, ctx)
     }
 }
 
@@ -367,16 +384,24 @@ impl Handler<CallRead> for ComputerActor {
     type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
 
     fn handle(&mut self, CallRead(op, row): CallRead, ctx: &mut Context<Self>) -> Self::Result {
-        self.call(op, Some(*row), ctx)
+        self.call(op, RowCheck::Given(row), ctx)
+    }
+}
+
+impl Handler<CallBeforeOp> for ComputerActor {
+    type Result = ResponseActFuture<Self, DomainResult<OpOutput>>;
+
+    fn handle(&mut self, CallBeforeOp(op): CallBeforeOp, ctx: &mut Context<Self>) -> Self::Result {
+        self.call(op, RowCheck::Skip, ctx)
     }
 }
 
 impl ComputerActor {
-    /// Run `op` on the machine; `read`: the computer's row, if the caller has just read it.
+    /// Run `op` on the machine, after the checks `read` says how to make.
     fn call(
         &mut self,
         op: Op,
-        read: Option<computer::Model>,
+        read: RowCheck,
         ctx: &mut Context<Self>,
     ) -> ResponseActFuture<Self, DomainResult<OpOutput>> {
         if self.machine.is_none() {
@@ -405,16 +430,20 @@ impl ComputerActor {
                 let computers = Computers::new(rt.db.clone());
                 // A restore the machine has not taken yet (its import failed) comes first.
                 let row = match read {
-                    Some(row) => row,
-                    None => computers.get(&id).await?,
+                    RowCheck::Given(row) => Some(*row),
+                    RowCheck::Read => Some(computers.get(&id).await?),
+                    RowCheck::Skip => None,
                 };
-                // The use stamp is written only once it is older than the idle check's slack,
-                // so a stream of calls (most of them read-only) does not write on every call.
-                let now = rt.clock.now_ms();
-                if now.saturating_sub(row.last_active_at_ms) >= touch_slack_ms(&rt.settings) {
-                    let _ = computers.touch_at(&id, now).await;
+                if let Some(row) = row {
+                    // The use stamp is written only once it is older than the idle check's
+                    // slack, so a stream of calls (most of them read-only) does not write on
+                    // every call.
+                    let now = rt.clock.now_ms();
+                    if now.saturating_sub(row.last_active_at_ms) >= touch_slack_ms(&rt.settings) {
+                        let _ = computers.touch_at(&id, now).await;
+                    }
+                    apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
                 }
-                apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
                 let mut res =
                     run_op(provider.as_ref(), &machine, op, rt.settings.command_timeout).await;
                 // A call given up on (its deadline's grace passed) may leave the provider to

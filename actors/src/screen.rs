@@ -23,7 +23,7 @@ use sea_orm::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{new_id, now_ms};
-use crate::computer::{Call, ComputerActor, CurrentMachine, Op, OpOutput};
+use crate::computer::{Call, CallBeforeOp, ComputerActor, CurrentMachine, Op, OpOutput};
 use crate::entity::{computer, screen};
 use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::leases::{LeaseKind, Leases};
@@ -61,6 +61,13 @@ pub struct ScreenState {
 #[derive(Message)]
 #[rtype(result = "DomainResult<ScreenState>")]
 pub struct Open;
+
+/// [`Open`] for a tool call whose next operation on the computer follows at once: a held
+/// screen is made sure of without the computer's row, which that operation reads and checks
+/// (a pending restore, the use stamp).
+#[derive(Message)]
+#[rtype(result = "DomainResult<ScreenState>")]
+pub struct OpenBeforeOp;
 
 /// Tear the screen down (failed or canceled run, computer deletion).
 #[derive(Message)]
@@ -136,6 +143,7 @@ impl ScreenActor {
             revoker: self.revoker.clone(),
             slots: self.slots.clone(),
             siblings: self.siblings.clone(),
+            before_op: false,
         }
     }
 }
@@ -151,6 +159,8 @@ struct ScreenCtx {
     revoker: Arc<dyn ScreenRevoker>,
     slots: Arc<Slots>,
     siblings: Siblings,
+    /// An open for a tool call's next operation (see [`OpenBeforeOp`]).
+    before_op: bool,
 }
 
 impl Actor for ScreenActor {
@@ -304,12 +314,14 @@ impl ScreenCtx {
     /// The provider's screen of this bot on `slot` (started there if needed; its browser
     /// kept running). A provider never answers another slot: one whose side holds `slot`
     /// otherwise refuses.
-    async fn provider_open(&self, slot: u32) -> DomainResult<()> {
-        let OpOutput::Screen(info) = self
-            .computer
-            .send(Call(Op::OpenScreen(self.bot_id.clone(), slot)))
-            .await??
-        else {
+    async fn provider_open(&self, slot: u32, before_op: bool) -> DomainResult<()> {
+        let op = Op::OpenScreen(self.bot_id.clone(), slot);
+        let opened = if before_op {
+            self.computer.send(CallBeforeOp(op)).await??
+        } else {
+            self.computer.send(Call(op)).await??
+        };
+        let OpOutput::Screen(info) = opened else {
             return Err(DomainError::new(
                 ErrorCode::Internal,
                 "unexpected provider reply",
@@ -339,11 +351,11 @@ impl ScreenCtx {
     }
 
     /// Opens the screen, or returns the held one. A bot holding a screen needs no database
-    /// round trip (observe and act call this each time).
+    /// round trip when the call is [`OpenBeforeOp`] (observe and act call this each time).
     async fn open(&self) -> DomainResult<ScreenState> {
         let now = now_ms();
         if let Some(held) = self.slots.touch(&self.bot_id, now) {
-            self.provider_open(held.slot).await?;
+            self.provider_open(held.slot, self.before_op).await?;
             // Still held after the call (a new machine would have let every screen go).
             let still = self.slots.held(&self.bot_id);
             if still.is_some_and(|h| h.slot == held.slot && h.generation == held.generation) {
@@ -454,7 +466,9 @@ impl ScreenCtx {
                 Some(s) => s,
                 None => {
                     let n = self.slots.number(&self.bot_id);
-                    self.provider_open(n).await?;
+                    // A new slot is opened with the computer's row checked: its browser reads
+                    // the workspace.
+                    self.provider_open(n, false).await?;
                     started = true;
                     n
                 }
@@ -494,6 +508,7 @@ impl ScreenCtx {
     fn sibling(&self, bot_id: &str) -> ScreenCtx {
         ScreenCtx {
             bot_id: bot_id.to_owned(),
+            before_op: false,
             ..self.clone()
         }
     }
@@ -552,11 +567,13 @@ impl ScreenCtx {
     }
 }
 
-impl Handler<Open> for ScreenActor {
-    type Result = AtomicResponse<Self, DomainResult<ScreenState>>;
-
-    fn handle(&mut self, _: Open, _: &mut Context<Self>) -> Self::Result {
-        let ctx = self.ctx();
+impl ScreenActor {
+    /// [`Open`], or [`OpenBeforeOp`] when `before_op`.
+    fn opening(&mut self, before_op: bool) -> AtomicResponse<Self, DomainResult<ScreenState>> {
+        let ctx = ScreenCtx {
+            before_op,
+            ..self.ctx()
+        };
         AtomicResponse::new(Box::pin(
             async move {
                 ctx.run(ScreenOp::Open).await?.ok_or_else(|| {
@@ -565,6 +582,22 @@ impl Handler<Open> for ScreenActor {
             }
             .into_actor(self),
         ))
+    }
+}
+
+impl Handler<Open> for ScreenActor {
+    type Result = AtomicResponse<Self, DomainResult<ScreenState>>;
+
+    fn handle(&mut self, _: Open, _: &mut Context<Self>) -> Self::Result {
+        self.opening(false)
+    }
+}
+
+impl Handler<OpenBeforeOp> for ScreenActor {
+    type Result = AtomicResponse<Self, DomainResult<ScreenState>>;
+
+    fn handle(&mut self, _: OpenBeforeOp, _: &mut Context<Self>) -> Self::Result {
+        self.opening(true)
     }
 }
 

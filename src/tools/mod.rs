@@ -272,11 +272,13 @@ async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value
     }
 }
 
+/// The bot's screen, made sure of before the tool's operation on it, which comes next and
+/// checks the computer's row (so the held screen's own check needs no database read).
 async fn open_screen(ctx: &ToolCtx<'_>) -> DomainResult<screen::ScreenState> {
     ctx.app
         .registry
         .screen(&ctx.handle, &ctx.run.bot_id)
-        .send(screen::Open)
+        .send(screen::OpenBeforeOp)
         .await?
 }
 

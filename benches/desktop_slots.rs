@@ -10,8 +10,9 @@
 //! groups but without holding a starting desktop off the first CPU (`hold_starts`).
 //! `BENCH_ONLY=spares` takes the opening figures of the runtime's start without spares and with
 //! [`SPARES`] spare desktops ready (`SANDBOX_DESKTOP_WARM_STACKS`), for bots new to the
-//! computer, which take a spare's running browser. Each opening's figures include the CPU
-//! time of this process and of its runtime thread.
+//! computer, which take a spare's running browser (`BENCH_SKIP_COLD=1`: only the leg with
+//! spares). Each opening's figures include the CPU time of this process and of its runtime
+//! thread.
 //!
 //! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`, and
 //! root for the desktop groups); `BENCH_ONLY=memory` takes only the memory figures,
@@ -443,7 +444,7 @@ fn main() {
             let mut figures: [Figures; 2] = Default::default();
             for _ in 0..rounds {
                 for ((_, setup), f) in legs.iter().zip(figures.iter_mut()) {
-                    if setup.spares == 0 && std::env::var_os("XX_SKIP_PLAIN").is_some() {
+                    if setup.spares == 0 && std::env::var_os("BENCH_SKIP_COLD").is_some() {
                         continue;
                     }
                     f.one.push(open_many(1, true, 171, *setup).await);

@@ -2015,6 +2015,12 @@ impl DesktopRuntime {
             match (io, wm) {
                 (Ok(io), Ok(_)) => screen.io = Some(io),
                 (Err(e), _) | (_, Err(e)) => {
+                    if matches!(e, DesktopError::X(_)) {
+                        // Whether the server died or never answered in time, for whoever reads
+                        // the log after a failed start.
+                        let alive = self.runner.is_running(xvfb).await.ok();
+                        tracing::warn!(bot.id = bot_id, screen.display = screen.display, x_server.alive = ?alive, error = %e, "desktop.x_server.not_ready");
+                    }
                     let _ = self.stop_screen(&mut screen).await;
                     return Err(e);
                 }

@@ -22,6 +22,11 @@ impl Xvfb {
                     && !std::path::Path::new(&format!("/tmp/.X{n}-lock")).exists()
             })
             .expect("a free display number");
+        // Servers starting at once on a machine without the socket directory race to make
+        // it, and the one whose `mkdir` loses runs on without a socket: it is made first.
+        let _ = Command::new("mkdir")
+            .args(["-p", "-m", "1777", "/tmp/.X11-unix"])
+            .status();
         let child = Command::new("Xvfb")
             .args([
                 &format!(":{display}"),

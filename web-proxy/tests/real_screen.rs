@@ -132,6 +132,11 @@ fn start_desktop() -> Desktop {
         })
         .unwrap();
     let display = format!(":{n}");
+    // Servers starting at once on a machine without the socket directory race to make it,
+    // and the one whose `mkdir` loses runs on without a socket: it is made first.
+    let _ = Command::new("mkdir")
+        .args(["-p", "-m", "1777", "/tmp/.X11-unix"])
+        .status();
     procs.0.push(
         command("Xvfb")
             .args([&display, "-screen", "0", "1024x768x24", "-nolisten", "tcp"])

@@ -1911,11 +1911,11 @@ impl DesktopRuntime {
                 .displays
                 .claim()
                 .ok_or_else(|| DesktopError::Stack("no free X display number".into()))?;
-            // A live server owns this number (someone else's): keep it claimed and move on.
             // The socket directory is made first: an X server makes it itself when it is
             // missing, but of two servers starting at once on such a machine the one whose
             // `mkdir` loses the race runs on without any socket (Xtrans: "mkdir failed,
-            // errno = 17"), and nothing can connect to it.
+            // errno = 17"), and nothing can connect to it. Then, when a live server owns this
+            // number (someone else's), the number stays claimed and the search moves on.
             let check = format!(
                 "[ -d /tmp/.X11-unix ] || mkdir -p -m 1777 /tmp/.X11-unix 2>/dev/null\n\
                  lock=/tmp/.X{display}-lock\n\

@@ -241,6 +241,7 @@ async fn desktop_run() -> (
     String,
     i64,
 ) {
+    common::capture_logs();
     let s = TestServer::start(
         Backend::Sqlite,
         &[("SANDBOX_PROVIDER", "desktop"), ("RAKAZO_ENV", "test")],

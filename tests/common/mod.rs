@@ -17,6 +17,18 @@ pub mod gate;
 pub mod mcp;
 pub mod terminal;
 
+/// Sends the product's log events (`info` and up) to the running test's captured output,
+/// which the test harness prints only when the test fails: a rare failure then says which
+/// path the product took. Installed once per test binary; a binary that installs its own
+/// subscriber does not call this.
+pub fn capture_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_ansi(false)
+        .with_env_filter("warn,rakazo=info,rakazo_actors=info")
+        .try_init();
+}
+
 /// Which database a test runs on.
 #[derive(Clone, Copy, Debug)]
 pub enum Backend {

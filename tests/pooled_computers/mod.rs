@@ -61,6 +61,8 @@ async fn a_new_computer_claims_a_pooled_one_with_its_browser_running() {
     if !docker_ready() {
         return;
     }
+    // A desktop that did not take the spare's browser says why (`desktop.warm.*`).
+    super::common::capture_logs();
     let sup = TestSupervisor::start(DockerNetwork::None);
     let p = sup.pooled_provider(1, 1);
     p.start_pool();
@@ -111,7 +113,16 @@ async fn a_new_computer_claims_a_pooled_one_with_its_browser_running() {
         .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
         .map(|e| std::fs::read_link(e.path()).unwrap())
         .collect();
-    assert_eq!(spare_links.len(), 1, "{spare_links:?}");
+    let listed: Vec<_> = std::fs::read_dir(&profiles)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.file_name(), e.file_type().is_ok_and(|t| t.is_symlink())))
+        .collect();
+    assert_eq!(
+        spare_links.len(),
+        1,
+        "profiles (name, is a link): {listed:?}"
+    );
     assert_eq!(spare_links[0].file_name(), Some(std::ffi::OsStr::new(&bot)));
 
     // Files written in the computer are in its home, through a restart of the container.

@@ -20,9 +20,12 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
+use rustix::process::{Pid, Signal};
 
 use super::browser::{LOCK_FILES, PROFILES_DIR};
-use super::spare_profile::{BOT_HAS_PROFILE, HANDED_OVER, LINK_FAILED, NOT_RENAMED, SPARE_GONE};
+use super::spare_profile::{
+    BOT_HAS_PROFILE, HANDED_OVER, LINK_FAILED, NOT_RENAMED, SPARE_GONE, Spare,
+};
 use crate::providers::beneath;
 
 /// What readying a profile found and did (the profile script's three answers).
@@ -35,14 +38,6 @@ pub struct Prepared {
     /// How the hand-over of a spare's profile went, as the hand-over script's exit code;
     /// `None`: none was asked for.
     pub handover: Option<i32>,
-}
-
-/// A spare desktop whose profile a bot without one takes.
-pub struct Spare<'a> {
-    /// The spare profile's name in the profiles directory (a checked name).
-    pub name: &'a str,
-    /// The spare's processes: every one must run for the hand-over.
-    pub alive: &'a [u32],
 }
 
 /// What an entry of a directory is, seen without following a link.
@@ -171,6 +166,8 @@ fn hand_over(
             return BOT_HAS_PROFILE;
         }
     }
+    // The browser is held still until the link is made ([`super::spare_profile`]).
+    let _held = spare.browser.and_then(Held::stop);
     // Never onto a name that appeared since it was looked at.
     if rustix::fs::renameat_with(
         profiles,
@@ -187,6 +184,25 @@ fn hand_over(
     match rustix::fs::symlinkat(bot_id, profiles, spare.name) {
         Ok(()) => HANDED_OVER,
         Err(_) => LINK_FAILED,
+    }
+}
+
+/// A process group stopped (`SIGSTOP`) until this is dropped (`SIGCONT`).
+struct Held(Pid);
+
+impl Held {
+    /// Stops process group `group`; `None` when it cannot be (the hand-over goes on without
+    /// the hold, and a directory that appears at the spare's name makes the link fail).
+    fn stop(group: u32) -> Option<Self> {
+        let group = Pid::from_raw(i32::try_from(group).ok()?)?;
+        rustix::process::kill_process_group(group, Signal::STOP).ok()?;
+        Some(Self(group))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process_group(self.0, Signal::CONT);
     }
 }
 
@@ -233,6 +249,7 @@ mod tests {
         let spare = Spare {
             name: ".spare-1",
             alive: &[me],
+            browser: None,
         };
         let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
         assert_eq!(got.handover, Some(HANDED_OVER));
@@ -252,6 +269,7 @@ mod tests {
         let spare = Spare {
             name: ".spare-1",
             alive: &[std::process::id(), 4_194_304],
+            browser: None,
         };
         let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
         assert_eq!(got.handover, Some(SPARE_GONE));
@@ -273,6 +291,7 @@ mod tests {
             let spare = Spare {
                 name: ".spare-1",
                 alive: &[],
+                browser: None,
             };
             let got = prepare(dir.path(), bot, Some(spare)).unwrap();
             assert_eq!(got.handover, Some(BOT_HAS_PROFILE), "{bot}");
@@ -284,11 +303,41 @@ mod tests {
         let spare = Spare {
             name: ".spare-1",
             alive: &[],
+            browser: None,
         };
         let got = prepare(dir.path(), "bot-c", Some(spare)).unwrap();
         assert_eq!(got.handover, Some(NOT_RENAMED));
         assert!(p.join("bot-c").is_dir());
         assert!(p.join(".spare-1").symlink_metadata().is_err());
+    }
+
+    /// A browser that keeps opening its profile by the spare path through the hand-over is
+    /// held still while it moves, and runs again after.
+    #[test]
+    fn a_browser_still_writing_its_profile_is_held_while_it_moves() {
+        use crate::desktop::spare_profile::writer;
+        for round in 0..10 {
+            let dir = tempfile::tempdir().unwrap();
+            let p = profiles(dir.path());
+            let cache = p.join(".spare-1/Default/Cache");
+            std::fs::create_dir_all(&cache).unwrap();
+            let mut browser = writer::start(&cache);
+            let spare = Spare {
+                name: ".spare-1",
+                alive: &[browser.id()],
+                browser: Some(browser.id()),
+            };
+            let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
+            let state = writer::state(browser.id());
+            browser.kill().unwrap();
+            browser.wait().unwrap();
+            assert_eq!(got.handover, Some(HANDED_OVER), "round {round}");
+            assert_eq!(
+                std::fs::read_link(p.join(".spare-1")).unwrap(),
+                Path::new("bot-a")
+            );
+            assert_ne!(state, 'T', "round {round}: left stopped");
+        }
     }
 
     /// The bot controls everything under its profile: links it planted are never gone

@@ -605,7 +605,12 @@ impl DesktopRuntime {
         let takes_browser = profile.fresh && screen.browser.is_some();
         if outcome.is_none() && (takes_browser || unchecked) {
             let script = if takes_browser {
-                spare_profile::handover_script(&profiles, &spare, bot_id, &pids)
+                let taken = spare_profile::Spare {
+                    name: &spare,
+                    alive: &pids,
+                    browser: screen.browser,
+                };
+                spare_profile::handover_script(&profiles, bot_id, &taken)
             } else {
                 format!(
                     "{}exit {}\n",
@@ -981,9 +986,12 @@ impl DesktopRuntime {
                     tokio::join!(stack, self.prepare_profile(bot_id, None))
                 } else if let Some(spare) = self.take_spare(bot_id, Duration::ZERO).await {
                     let pids = spare.process_groups();
-                    let profile = self
-                        .prepare_profile(bot_id, Some((&spare.bot_id, &pids)))
-                        .await;
+                    let taken = spare_profile::Spare {
+                        name: &spare.bot_id,
+                        alive: &pids,
+                        browser: spare.browser,
+                    };
+                    let profile = self.prepare_profile(bot_id, Some(taken)).await;
                     (Ok(spare), profile)
                 } else {
                     let (reaped, profile) =
@@ -2038,22 +2046,26 @@ impl DesktopRuntime {
 
     /// Makes `bot_id`'s profile directory ready for a browser: created, the locks and DevTools
     /// port file of an earlier browser removed. Says whether the profile is new and whether
-    /// browsers here run as root. With `spare`, the name of a taken spare desktop's profile,
-    /// the same script hands that profile over to a bot without one
-    /// ([`spare_profile::handover_script`]) and says how that went. On this host the same is
-    /// done by system calls ([`profile_local`]), the script only where that path declines.
+    /// browsers here run as root. With `spare`, a taken spare desktop, the same script hands
+    /// its profile over to a bot without one ([`spare_profile::handover_script`]) and says how
+    /// that went. On this host the same is done by system calls ([`profile_local`]), the script
+    /// only where that path declines.
     async fn prepare_profile(
         &self,
         bot_id: &str,
-        spare: Option<(&str, &[u32])>,
+        spare: Option<spare_profile::Spare<'_>>,
     ) -> Result<Profile, DesktopError> {
         if self.runner.on_this_host() {
             let (workspace, bot) = (self.config.workspace.clone(), bot_id.to_owned());
-            let spare = spare.map(|(name, alive)| (name.to_owned(), alive.to_vec()));
+            let spare = spare.map(|s| (s.name.to_owned(), s.alive.to_vec(), s.browser));
             let done = tokio::task::spawn_blocking(move || {
                 let spare = spare
                     .as_ref()
-                    .map(|(name, alive)| profile_local::Spare { name, alive });
+                    .map(|(name, alive, browser)| spare_profile::Spare {
+                        name,
+                        alive,
+                        browser: *browser,
+                    });
                 profile_local::prepare(&workspace, &bot, spare)
             })
             .await
@@ -2071,13 +2083,18 @@ impl DesktopRuntime {
         let profile = profile_dir(&self.config.workspace, bot_id);
         let p = shell_quote(&profile.to_string_lossy());
         // The spare's check and hand-over run in a subshell: they end with `exit`.
-        let handover = spare.map(|(spare, pids)| {
+        let handover = spare.map(|spare| {
             let profiles = self.config.workspace.join(super::browser::PROFILES_DIR);
+            // Its processes are looked at first, then whether the bot has a profile.
+            let unchecked = spare_profile::Spare {
+                alive: &[],
+                ..spare
+            };
             format!(
                 "(\n{}[ -d {p}/Default ] && exit {}\n{}) >/dev/null 2>&1\necho \"handover $?\"\n",
-                spare_profile::alive_script(pids),
+                spare_profile::alive_script(spare.alive),
                 spare_profile::BOT_HAS_PROFILE,
-                spare_profile::handover_script(&profiles, spare, bot_id, &[]),
+                spare_profile::handover_script(&profiles, bot_id, &unchecked),
             )
         });
         // Builtins but where there is something to do: `rm` only when an earlier browser left

@@ -9,6 +9,14 @@
 //! down; the bot's next browser starts on the bot's own path. A bot with a profile of its own
 //! gets only the spare's display stack: the spare's browser is stopped and its profile removed.
 //!
+//! A spare's browser may still be opening parts of its profile when a bot takes it (Chromium
+//! opens some databases late), by the spare path. Between the rename and the link that path
+//! is missing, and such a write would make a new directory there: the running browser would
+//! then keep part of its state in it, apart from the bot's profile, and lose it with the
+//! spare's name at teardown. So the browser's process group is held still (`SIGSTOP`) from
+//! just before the rename until the link is made, and the link is never made inside a
+//! directory that appeared at that name.
+//!
 //! Spare profiles and the links are never archived ([`crate::stores::archive`]) and are
 //! removed with what an earlier process left ([`leftovers_script`]).
 
@@ -24,12 +32,23 @@ pub const HANDED_OVER: i32 = 0;
 pub const BOT_HAS_PROFILE: i32 = 3;
 /// Nothing was renamed (the bot's empty profile directory is back in place).
 pub const NOT_RENAMED: i32 = 4;
-/// A process of the spare (`alive` of [`handover_script`]) is gone: nothing was renamed, and
+/// A process of the spare ([`Spare::alive`]) is gone: nothing was renamed, and
 /// the spare's desktop is not to be used.
 pub const SPARE_GONE: i32 = 7;
 /// The profile was renamed but the link could not be made: the spare's browser lost its
 /// files and must stop; the bot's browser starts on the renamed (fresh) profile.
 pub const LINK_FAILED: i32 = 6;
+
+/// A spare desktop a bot takes, as the hand-over sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Spare<'a> {
+    /// The spare profile's name in the profiles directory (a checked name).
+    pub name: &'a str,
+    /// The spare's processes: every one must run for the hand-over.
+    pub alive: &'a [u32],
+    /// The process group of the spare's browser, held still while its profile moves.
+    pub browser: Option<u32>,
+}
 
 /// A new spare profile's name.
 pub fn spare_name() -> String {
@@ -42,25 +61,34 @@ pub fn is_spare(name: &str) -> bool {
     name.starts_with(SPARE_PROFILE_PREFIX)
 }
 
-/// The script that makes spare profile `spare` the profile of `bot` when `bot` has none (no
-/// directory, or an empty one), once every process of `alive` (the spare's) is seen running:
+/// The script that makes spare profile `spare.name` the profile of `bot` when `bot` has none
+/// (no directory, or an empty one), once every process of `spare.alive` is seen running:
 /// exits [`HANDED_OVER`], [`BOT_HAS_PROFILE`], [`NOT_RENAMED`], [`SPARE_GONE`] or
 /// [`LINK_FAILED`]. Both names are checked ids; `profiles` is the profiles directory.
 ///
 /// It runs on a new bot's way to its desktop, so it starts as few processes as it can: the
 /// checks are shell builtins, and on the common path (no directory under the bot's name yet)
-/// only `mv` and `ln` run. The spare's path is missing only between the rename and the link.
-pub fn handover_script(profiles: &Path, spare: &str, bot: &str, alive: &[u32]) -> String {
+/// only `mv` and `ln` run. The spare's path is missing only between the rename and the link,
+/// while its browser is held still (the module's doc); the hold ends with the script.
+pub fn handover_script(profiles: &Path, bot: &str, spare: &Spare<'_>) -> String {
     let dir = shell_quote(&profiles.to_string_lossy());
-    let (s, b) = (shell_quote(spare), shell_quote(bot));
+    let (s, b) = (shell_quote(spare.name), shell_quote(bot));
+    let hold = spare
+        .browser
+        .map(|group| {
+            format!(
+                "trap 'kill -CONT -- -{group} 2>/dev/null' EXIT\nkill -STOP -- -{group} 2>/dev/null\n"
+            )
+        })
+        .unwrap_or_default();
     format!(
         "{}[ -L {dir} ] && exit {NOT_RENAMED}\n\
          cd -- {dir} || exit {NOT_RENAMED}\n\
          if [ -d {b} ] && [ ! -L {b} ]; then rmdir -- {b} 2>/dev/null; fi\n\
          if [ -e {b} ] || [ -L {b} ]; then exit {BOT_HAS_PROFILE}; fi\n\
-         if ! mv -T -- {s} {b} 2>/dev/null; then mkdir -p -- {b}; exit {NOT_RENAMED}; fi\n\
-         ln -s -- {b} {s} || exit {LINK_FAILED}\n",
-        alive_script(alive)
+         {hold}if ! mv -T -- {s} {b} 2>/dev/null; then mkdir -p -- {b}; exit {NOT_RENAMED}; fi\n\
+         ln -sT -- {b} {s} || exit {LINK_FAILED}\n",
+        alive_script(spare.alive)
     )
 }
 
@@ -97,10 +125,58 @@ pub fn leftovers_script(profiles: &Path) -> String {
     )
 }
 
+/// A stand-in for a spare's browser still opening its profile, for the hand-over's tests.
+#[cfg(test)]
+pub(super) mod writer {
+    use std::path::Path;
+    use std::process::{Child, Command};
+    use std::time::{Duration, Instant};
+
+    /// A process group of its own (its id is the group's) that makes `dir` over and over, as
+    /// a browser opening a database makes its directory by the spare path; returns once it
+    /// runs its loop.
+    pub fn start(dir: &Path) -> Child {
+        use std::os::unix::process::CommandExt;
+        let ready = dir.with_extension("ready");
+        let child = Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys\nopen(sys.argv[2], 'w').close()\nwhile True:\n    try:\n        os.makedirs(sys.argv[1], exist_ok=True)\n    except OSError:\n        pass\n",
+            ])
+            .arg(dir)
+            .arg(&ready)
+            .process_group(0)
+            .spawn()
+            .expect("python3");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the writer did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    }
+
+    /// The process's state letter (`T`: stopped).
+    pub fn state(pid: u32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after = &stat[stat.rfind(") ").unwrap() + 2..];
+        after.chars().next().unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Command;
+
+    /// Spare `.spare-1` with processes `alive` and no browser to hold.
+    fn spare(alive: &[u32]) -> Spare<'_> {
+        Spare {
+            name: ".spare-1",
+            alive,
+            browser: None,
+        }
+    }
 
     fn run(script: &str) -> i32 {
         Command::new("bash")
@@ -127,10 +203,7 @@ mod tests {
         std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
         std::fs::write(p.join(".spare-1/Default/Preferences"), b"{}").unwrap();
         std::fs::create_dir(p.join("bot-a")).unwrap();
-        assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-a", &[])),
-            HANDED_OVER
-        );
+        assert_eq!(run(&handover_script(p, "bot-a", &spare(&[]))), HANDED_OVER);
         assert!(p.join("bot-a/Default/Preferences").is_file());
         assert!(p.join(".spare-1").symlink_metadata().unwrap().is_symlink());
         // What the running browser writes by its old path lands in the bot's profile.
@@ -143,6 +216,82 @@ mod tests {
         assert!(p.join("bot-a/Default/History").is_file());
     }
 
+    /// A browser that keeps opening its profile by the spare path through the hand-over: held
+    /// still, it never makes a directory at the spare's name between the rename and the link,
+    /// and it runs again after; its writes land in the bot's profile.
+    #[test]
+    fn a_browser_still_writing_its_profile_is_held_while_it_moves() {
+        for round in 0..10 {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path();
+            let cache = p.join(".spare-1/Default/Cache");
+            std::fs::create_dir_all(&cache).unwrap();
+            let mut browser = writer::start(&cache);
+            let taken = Spare {
+                name: ".spare-1",
+                alive: &[browser.id()],
+                browser: Some(browser.id()),
+            };
+            let code = run(&handover_script(p, "bot-a", &taken));
+            let state = writer::state(browser.id());
+            browser.kill().unwrap();
+            browser.wait().unwrap();
+            assert_eq!(code, HANDED_OVER, "round {round}");
+            assert_eq!(
+                std::fs::read_link(p.join(".spare-1")).unwrap(),
+                Path::new("bot-a"),
+                "round {round}"
+            );
+            assert!(p.join("bot-a/Default/Cache").is_dir());
+            assert_ne!(state, 'T', "round {round}: left stopped");
+        }
+    }
+
+    /// Where a directory appears at the spare's name after the rename, the link is not made
+    /// inside it: the hand-over says the link failed.
+    #[test]
+    fn a_link_is_never_made_inside_a_directory_at_the_spare_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
+        // `mv` is made to leave a directory behind at the old name.
+        let bin = tempfile::tempdir().unwrap();
+        let mv = bin.path().join("mv");
+        std::fs::write(&mv, "#!/bin/sh\n/bin/mv \"$@\" && mkdir .spare-1\n").unwrap();
+        std::fs::set_permissions(&mv, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let script = format!(
+            "PATH={}:$PATH\n{}",
+            bin.path().display(),
+            handover_script(p, "bot-a", &spare(&[]))
+        );
+        assert_eq!(run(&script), LINK_FAILED);
+        assert!(p.join("bot-a/Default").is_dir());
+        assert_eq!(std::fs::read_dir(p.join(".spare-1")).unwrap().count(), 0);
+    }
+
+    /// The hold ends however the hand-over ends.
+    #[test]
+    fn a_held_browser_runs_again_when_nothing_was_renamed() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let mut browser = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let taken = Spare {
+            name: ".spare-1",
+            alive: &[],
+            browser: Some(browser.id()),
+        };
+        // No spare profile to rename.
+        assert_eq!(run(&handover_script(p, "bot-a", &taken)), NOT_RENAMED);
+        assert_ne!(writer::state(browser.id()), 'T');
+        browser.kill().unwrap();
+        browser.wait().unwrap();
+    }
+
     #[test]
     fn a_spare_whose_processes_are_gone_is_not_handed_over() {
         let dir = tempfile::tempdir().unwrap();
@@ -150,12 +299,12 @@ mod tests {
         std::fs::create_dir_all(p.join(".spare-1/Default")).unwrap();
         let me = std::process::id();
         // No pid reaches the kernel's largest limit (2^22).
-        let script = handover_script(p, ".spare-1", "bot-a", &[me, 4_194_304]);
+        let script = handover_script(p, "bot-a", &spare(&[me, 4_194_304]));
         assert_eq!(run(&script), SPARE_GONE);
         assert!(p.join(".spare-1/Default").is_dir());
         assert!(!p.join("bot-a").exists());
         assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-a", &[me])),
+            run(&handover_script(p, "bot-a", &spare(&[me]))),
             HANDED_OVER
         );
     }
@@ -204,7 +353,7 @@ mod tests {
         std::fs::create_dir_all(p.join("bot-a")).unwrap();
         std::fs::write(p.join("bot-a/Saved Cookies.json"), b"[]").unwrap();
         assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-a", &[])),
+            run(&handover_script(p, "bot-a", &spare(&[]))),
             BOT_HAS_PROFILE
         );
         assert!(p.join("bot-a/Saved Cookies.json").is_file());
@@ -213,16 +362,13 @@ mod tests {
         std::fs::create_dir(p.join("elsewhere")).unwrap();
         std::os::unix::fs::symlink(p.join("elsewhere"), p.join("bot-b")).unwrap();
         assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-b", &[])),
+            run(&handover_script(p, "bot-b", &spare(&[]))),
             BOT_HAS_PROFILE
         );
         assert!(p.join(".spare-1/Default").is_dir());
         // A lost spare profile renames nothing and leaves the bot an empty profile.
         std::fs::remove_dir_all(p.join(".spare-1")).unwrap();
-        assert_eq!(
-            run(&handover_script(p, ".spare-1", "bot-c", &[])),
-            NOT_RENAMED
-        );
+        assert_eq!(run(&handover_script(p, "bot-c", &spare(&[]))), NOT_RENAMED);
         assert!(p.join("bot-c").is_dir());
         assert!(p.join(".spare-1.link").symlink_metadata().is_err());
     }

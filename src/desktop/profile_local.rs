@@ -9,9 +9,10 @@
 //! link, and inside it without following one either: a link the bot planted under its
 //! profile's name, at `Default` or at a lock file is never gone through by this process (a
 //! planted lock link is removed as the link it is). Whatever this path does not expect (the
-//! profiles directory or the bot's profile being a link, an entry of another kind, an error)
-//! answers `None` before the hand-over, having changed at most what the script then changes
-//! the same way (a lock file removed), and the caller runs the script
+//! profiles directory or the bot's profile being a link, an entry of another kind, an error, a
+//! filesystem that cannot swap two names) answers `None` before the hand-over takes effect,
+//! having changed at most what the script then changes the same way (a lock file removed),
+//! and the caller runs the script
 //! ([`super::spare_profile`]), a process of its own like the bot's programs, whose answers are
 //! the same.
 
@@ -20,12 +21,9 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
-use rustix::process::{Pid, Signal};
 
 use super::browser::{LOCK_FILES, PROFILES_DIR};
-use super::spare_profile::{
-    BOT_HAS_PROFILE, HANDED_OVER, LINK_FAILED, NOT_RENAMED, SPARE_GONE, Spare,
-};
+use super::spare_profile::{BOT_HAS_PROFILE, HANDED_OVER, NOT_RENAMED, SPARE_GONE, Spare};
 use crate::providers::beneath;
 
 /// What readying a profile found and did (the profile script's three answers).
@@ -128,8 +126,16 @@ pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Opti
         }
     }
     let uid = rustix::process::geteuid().as_raw();
-    let handover =
-        spare.map(|spare| hand_over(&profiles, bot_id, fresh, profile.is_some(), &spare));
+    let handover = match spare {
+        Some(spare) => Some(hand_over(
+            &profiles,
+            bot_id,
+            fresh,
+            profile.is_some(),
+            &spare,
+        )?),
+        None => None,
+    };
     if handover != Some(HANDED_OVER) {
         match rustix::fs::mkdirat(&profiles, bot_id, Mode::from_raw_mode(0o777)) {
             Ok(()) | Err(Errno::EXIST) => {}
@@ -143,66 +149,50 @@ pub fn prepare(workspace: &Path, bot_id: &str, spare: Option<Spare<'_>>) -> Opti
     })
 }
 
-/// [`super::spare_profile::handover_script`], in `profiles`. `has_dir`: the bot's profile
-/// name was a directory when [`prepare`] looked (else there was nothing at it).
+/// [`super::spare_profile::handover_script`], in `profiles`, without its hold: the spare's
+/// path reaches the profile at every moment, so its browser, which may still be opening parts
+/// of it by that path ([`super::spare_profile`]), is never stopped. A link to the bot's name is
+/// made at the bot's name first (it points to itself and nothing goes through it), then
+/// swapped with the spare's directory in one step (`RENAME_EXCHANGE`): the directory is the
+/// bot's profile, the link stands at the spare's name. `has_dir`: the bot's profile name was a
+/// directory when [`prepare`] looked (else there was nothing at it). `None`: the filesystem
+/// cannot swap names; nothing changed, and the script hands over instead.
 fn hand_over(
     profiles: &OwnedFd,
     bot_id: &str,
     fresh: bool,
     has_dir: bool,
     spare: &Spare<'_>,
-) -> i32 {
+) -> Option<i32> {
     if !spare.alive.iter().all(|pid| alive(*pid)) {
-        return SPARE_GONE;
+        return Some(SPARE_GONE);
     }
     if !fresh {
-        return BOT_HAS_PROFILE;
+        return Some(BOT_HAS_PROFILE);
     }
     // The bot's empty profile directory goes; one holding anything stays the bot's. A name
-    // that was free needs no second look: the rename below never replaces what appeared.
+    // that was free needs no second look: the link is never made over what appeared.
     if has_dir {
         let _ = rustix::fs::unlinkat(profiles, bot_id, AtFlags::REMOVEDIR);
         if entry(profiles, bot_id) != Ok(Entry::Missing) {
-            return BOT_HAS_PROFILE;
+            return Some(BOT_HAS_PROFILE);
         }
     }
-    // The browser is held still until the link is made ([`super::spare_profile`]).
-    let _held = spare.browser.and_then(Held::stop);
-    // Never onto a name that appeared since it was looked at.
-    if rustix::fs::renameat_with(
+    if rustix::fs::symlinkat(bot_id, profiles, bot_id).is_err() {
+        return Some(NOT_RENAMED);
+    }
+    match rustix::fs::renameat_with(
         profiles,
         spare.name,
         profiles,
         bot_id,
-        RenameFlags::NOREPLACE,
-    )
-    .is_err()
-    {
-        let _ = rustix::fs::mkdirat(profiles, bot_id, Mode::from_raw_mode(0o777));
-        return NOT_RENAMED;
-    }
-    match rustix::fs::symlinkat(bot_id, profiles, spare.name) {
-        Ok(()) => HANDED_OVER,
-        Err(_) => LINK_FAILED,
-    }
-}
-
-/// A process group stopped (`SIGSTOP`) until this is dropped (`SIGCONT`).
-struct Held(Pid);
-
-impl Held {
-    /// Stops process group `group`; `None` when it cannot be (the hand-over goes on without
-    /// the hold, and a directory that appears at the spare's name makes the link fail).
-    fn stop(group: u32) -> Option<Self> {
-        let group = Pid::from_raw(i32::try_from(group).ok()?)?;
-        rustix::process::kill_process_group(group, Signal::STOP).ok()?;
-        Some(Self(group))
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let _ = rustix::process::kill_process_group(self.0, Signal::CONT);
+        RenameFlags::EXCHANGE,
+    ) {
+        Ok(()) => Some(HANDED_OVER),
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(profiles, bot_id, AtFlags::empty());
+            (e != Errno::INVAL).then_some(NOT_RENAMED)
+        }
     }
 }
 
@@ -311,10 +301,10 @@ mod tests {
         assert!(p.join(".spare-1").symlink_metadata().is_err());
     }
 
-    /// A browser that keeps opening its profile by the spare path through the hand-over is
-    /// held still while it moves, and runs again after.
+    /// A browser that keeps opening its profile by the spare path through the hand-over always
+    /// reaches it: its writes land in the bot's profile, and it is never stopped.
     #[test]
-    fn a_browser_still_writing_its_profile_is_held_while_it_moves() {
+    fn a_browser_still_writing_its_profile_reaches_it_through_the_swap() {
         use crate::desktop::spare_profile::writer;
         for round in 0..10 {
             let dir = tempfile::tempdir().unwrap();
@@ -336,7 +326,8 @@ mod tests {
                 std::fs::read_link(p.join(".spare-1")).unwrap(),
                 Path::new("bot-a")
             );
-            assert_ne!(state, 'T', "round {round}: left stopped");
+            assert!(p.join("bot-a/Default/Cache").is_dir());
+            assert_ne!(state, 'T', "round {round}: stopped");
         }
     }
 

@@ -13,9 +13,10 @@
 //! opens some databases late), by the spare path. Between the rename and the link that path
 //! is missing, and such a write would make a new directory there: the running browser would
 //! then keep part of its state in it, apart from the bot's profile, and lose it with the
-//! spare's name at teardown. So the browser's process group is held still (`SIGSTOP`) from
-//! just before the rename until the link is made, and the link is never made inside a
-//! directory that appeared at that name.
+//! spare's name at teardown. So the script holds the browser's process group still
+//! (`SIGSTOP`) from just before the rename until the link is made, and never makes the link
+//! inside a directory that appeared at that name. On this host no hold is needed: the
+//! directory and a link are swapped in one step ([`super::profile_local`]).
 //!
 //! Spare profiles and the links are never archived ([`crate::stores::archive`]) and are
 //! removed with what an earlier process left ([`leftovers_script`]).

@@ -47,7 +47,8 @@ pub struct Spare<'a> {
     pub name: &'a str,
     /// The spare's processes: every one must run for the hand-over.
     pub alive: &'a [u32],
-    /// The process group of the spare's browser, held still while its profile moves.
+    /// The process group of the spare's browser, which the script holds still while its
+    /// profile moves (on this host the profile moves without a hold).
     pub browser: Option<u32>,
 }
 

@@ -305,30 +305,12 @@ mod tests {
     /// reaches it: its writes land in the bot's profile, and it is never stopped.
     #[test]
     fn a_browser_still_writing_its_profile_reaches_it_through_the_swap() {
-        use crate::desktop::spare_profile::writer;
-        for round in 0..10 {
-            let dir = tempfile::tempdir().unwrap();
-            let p = profiles(dir.path());
-            let cache = p.join(".spare-1/Default/Cache");
-            std::fs::create_dir_all(&cache).unwrap();
-            let mut browser = writer::start(&cache);
-            let spare = Spare {
-                name: ".spare-1",
-                alive: &[browser.id()],
-                browser: Some(browser.id()),
-            };
-            let got = prepare(dir.path(), "bot-a", Some(spare)).unwrap();
-            let state = writer::state(browser.id());
-            browser.kill().unwrap();
-            browser.wait().unwrap();
-            assert_eq!(got.handover, Some(HANDED_OVER), "round {round}");
-            assert_eq!(
-                std::fs::read_link(p.join(".spare-1")).unwrap(),
-                Path::new("bot-a")
-            );
-            assert!(p.join("bot-a/Default/Cache").is_dir());
-            assert_ne!(state, 'T', "round {round}: stopped");
-        }
+        crate::desktop::spare_profile::writer::hand_over_rounds(|workspace, spare| {
+            prepare(workspace, "bot-a", Some(spare))
+                .unwrap()
+                .handover
+                .unwrap()
+        });
     }
 
     /// The bot controls everything under its profile: links it planted are never gone

@@ -158,6 +158,38 @@ pub(super) mod writer {
         child
     }
 
+    /// Ten hand-overs of `.spare-1` to `bot-a` under the profiles directory of a new
+    /// workspace, each while a stand-in browser keeps making `.spare-1/Default/Cache`:
+    /// `hand_over` (given the workspace and the spare) must answer [`super::HANDED_OVER`]
+    /// every time, leave the link at the spare name and the stand-in's writes in the bot's
+    /// profile, and never leave the stand-in stopped.
+    pub fn hand_over_rounds(hand_over: impl Fn(&Path, super::Spare<'_>) -> i32) {
+        for round in 0..10 {
+            let workspace = tempfile::tempdir().unwrap();
+            let p = workspace.path().join(crate::desktop::browser::PROFILES_DIR);
+            let cache = p.join(".spare-1/Default/Cache");
+            std::fs::create_dir_all(&cache).unwrap();
+            let mut browser = start(&cache);
+            let spare = super::Spare {
+                name: ".spare-1",
+                alive: &[browser.id()],
+                browser: Some(browser.id()),
+            };
+            let code = hand_over(workspace.path(), spare);
+            let state = state(browser.id());
+            browser.kill().unwrap();
+            browser.wait().unwrap();
+            assert_eq!(code, super::HANDED_OVER, "round {round}");
+            assert_eq!(
+                std::fs::read_link(p.join(".spare-1")).unwrap(),
+                Path::new("bot-a"),
+                "round {round}"
+            );
+            assert!(p.join("bot-a/Default/Cache").is_dir(), "round {round}");
+            assert_ne!(state, 'T', "round {round}: left stopped");
+        }
+    }
+
     /// The process's state letter (`T`: stopped).
     pub fn state(pid: u32) -> char {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -223,30 +255,10 @@ mod tests {
     /// and it runs again after; its writes land in the bot's profile.
     #[test]
     fn a_browser_still_writing_its_profile_is_held_while_it_moves() {
-        for round in 0..10 {
-            let dir = tempfile::tempdir().unwrap();
-            let p = dir.path();
-            let cache = p.join(".spare-1/Default/Cache");
-            std::fs::create_dir_all(&cache).unwrap();
-            let mut browser = writer::start(&cache);
-            let taken = Spare {
-                name: ".spare-1",
-                alive: &[browser.id()],
-                browser: Some(browser.id()),
-            };
-            let code = run(&handover_script(p, "bot-a", &taken));
-            let state = writer::state(browser.id());
-            browser.kill().unwrap();
-            browser.wait().unwrap();
-            assert_eq!(code, HANDED_OVER, "round {round}");
-            assert_eq!(
-                std::fs::read_link(p.join(".spare-1")).unwrap(),
-                Path::new("bot-a"),
-                "round {round}"
-            );
-            assert!(p.join("bot-a/Default/Cache").is_dir());
-            assert_ne!(state, 'T', "round {round}: left stopped");
-        }
+        writer::hand_over_rounds(|workspace, spare| {
+            let profiles = workspace.join(crate::desktop::browser::PROFILES_DIR);
+            run(&handover_script(&profiles, "bot-a", &spare))
+        });
     }
 
     /// Where a directory appears at the spare's name after the rename, the link is not made

@@ -74,6 +74,7 @@ impl Machines {
                         environment: "test".into(),
                         limits,
                         warm_stacks: 0,
+                        start_nice: 0,
                     })
                     .unwrap(),
                 )

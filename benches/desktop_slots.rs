@@ -7,7 +7,9 @@
 //! ([`Launch::plain`]: every Chromium feature, GLX, the runtime's CPU priority), rounds
 //! alternating, so the two are compared in the same run; the runtime's start is taken once more
 //! with a control group per desktop, as the host provider runs it as root, and once with those
-//! groups but without holding a starting desktop off the first CPU (`hold_starts`).
+//! groups but without holding a starting desktop off the first CPU (`hold_starts`); the lowered
+//! starts are taken for good ([`Launch::lowered`]) and only while they last
+//! ([`Launch::lowered_while_starting`], root raising the desktop back once its browser is open).
 //! `BENCH_ONLY=spares` takes the opening figures of the runtime's start without spares and with
 //! [`SPARES`] spare desktops ready (`SANDBOX_DESKTOP_WARM_STACKS`), for bots new to the
 //! computer, which take a spare's running browser (`BENCH_SKIP_COLD=1`: only the leg with
@@ -480,8 +482,12 @@ fn main() {
                     spares: 0,
                 },
             ),
+            (
+                "lean, lowered while starting",
+                bare(Launch::lowered_while_starting()),
+            ),
         ];
-        let mut figures: [Figures; 5] = Default::default();
+        let mut figures: [Figures; 6] = Default::default();
         if memory_only {
             for _ in 0..rounds {
                 for ((_, setup), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {

@@ -18,6 +18,8 @@ fn provider() -> Arc<dyn SandboxProvider> {
             environment: "test".into(),
             limits: None,
             warm_stacks: 0,
+            // Its desktops start lowered and are raised back once open (as root).
+            start_nice: 10,
         })
         .unwrap();
         (dir, Arc::new(p))
@@ -38,6 +40,7 @@ fn production_refuses_the_desktop_provider() {
         environment: "production".into(),
         limits: None,
         warm_stacks: 0,
+        start_nice: 0,
     });
     assert!(refused.is_err());
 }

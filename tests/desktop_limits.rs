@@ -37,6 +37,7 @@ fn provider(dir: &std::path::Path, first_display: u32, limits: DesktopLimits) ->
         environment: "test".into(),
         limits: Some(limits),
         warm_stacks: 0,
+        start_nice: 0,
     })
     .unwrap()
 }

@@ -15,7 +15,7 @@ use rakazo::desktop::DesktopError;
 use rakazo::desktop::command::{CommandRunner, HostRunner, sweep_script};
 use rakazo::desktop::gateway::Policy;
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
-use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, ScreenHandle, Settle};
 use rakazo_actors::provider::{
     Action, Button, ExecOutput, ExecRequest, MachineSpec, ProviderError, SandboxProvider,
 };
@@ -398,6 +398,7 @@ async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
         environment: "test".into(),
         limits: None,
         warm_stacks: 0,
+        start_nice: 0,
     })
     .unwrap();
     let spec = MachineSpec {
@@ -640,27 +641,39 @@ async fn a_fresh_screen_shows_its_browser_and_nothing_else() {
     runtime.shutdown().await.unwrap();
 }
 
+/// Field `n` after the name (0: the state) of a `stat` file of `/proc` (a process name may
+/// hold spaces and parentheses); `None` once the process or thread is gone.
+fn stat_field(path: &str, n: usize) -> Option<i64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(n)?.parse().ok()
+}
+
 /// The nice value of `pid` (`/proc/<pid>/stat`, the 19th field).
 fn nice_of(pid: u32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 1..];
-    rest.split_whitespace().nth(16).unwrap().parse().unwrap()
+    stat_field(&format!("/proc/{pid}/stat"), 16).unwrap() as i32
 }
 
 /// `pid`'s parent (`/proc/<pid>/stat`, the 4th field).
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat_field(&format!("/proc/{pid}/stat"), 1).map(|p| p as u32)
+}
+
+/// The numbered entries of a `/proc` directory: its processes, or a process's threads.
+fn numbered(dir: &str) -> Vec<u32> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .collect()
 }
 
 /// The processes whose program is `comm` and whose environment names display `:display`.
 fn on_display(comm: &str, display: u32) -> Vec<u32> {
     let want = format!("DISPLAY=:{display}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+    numbered("/proc")
+        .into_iter()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
         })
@@ -678,25 +691,38 @@ fn autogroup(pid: u32) -> Option<String> {
         .map(|g| g.trim().to_string())
 }
 
+/// A runtime starting desktops as `launch` says, with bot-a's screen open on it (from display
+/// `first`), and the browser's pid.
+async fn opened_with(
+    dir: &Path,
+    first: u32,
+    launch: rakazo::desktop::browser::Launch,
+) -> (DesktopRuntime, ScreenHandle, u32) {
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(dir, first, 0),
+    )
+    .with_launch(launch);
+    let screen = runtime.open_screen("bot-a", 0).await.unwrap();
+    let browser = runtime.browser_pid("bot-a").await.unwrap();
+    (runtime, screen, browser)
+}
+
 #[tokio::test]
 async fn the_browser_and_window_manager_run_below_the_x_server() {
     let begun = begin().await;
-    let dir = &begun.dir;
-    let runtime = DesktopRuntime::new(
-        Arc::new(HostRunner::minimal()),
-        runtime_config(dir.path(), 71, 0),
+    let (runtime, screen, browser) = opened_with(
+        begun.dir.path(),
+        71,
+        rakazo::desktop::browser::Launch::lowered(),
     )
-    .with_launch(rakazo::desktop::browser::Launch::lowered());
-    let screen = runtime.open_screen("bot-a", 0).await.unwrap();
+    .await;
     let own = nice_of(std::process::id());
     let lowered = (own + i32::from(rakazo::desktop::browser::DESKTOP_NICE)).min(19);
-    let browser = runtime.browser_pid("bot-a").await.unwrap();
     assert_eq!(nice_of(browser), lowered, "the browser");
     // Its helpers (zygotes, renderers, services) inherit the priority.
-    let helpers: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+    let helpers: Vec<u32> = numbered("/proc")
+        .into_iter()
         .filter(|&pid| parent_of(pid) == Some(browser))
         .collect();
     assert!(!helpers.is_empty(), "the browser started no helper");
@@ -707,10 +733,8 @@ async fn the_browser_and_window_manager_run_below_the_x_server() {
     assert_eq!(wm.len(), 1, "{wm:?}");
     assert_eq!(nice_of(wm[0]), lowered, "the window manager");
     // The X server answers observe and act: it keeps the runtime's priority.
-    let xvfb: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+    let xvfb: Vec<u32> = numbered("/proc")
+        .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 c.split(|b| *b == 0).take(2).collect::<Vec<_>>()
@@ -729,6 +753,71 @@ async fn the_browser_and_window_manager_run_below_the_x_server() {
         assert!(browser_group.ends_with(&suffix), "{browser_group}");
         assert!(x_group.ends_with("nice 0"), "{x_group}");
     }
+    runtime.shutdown().await.unwrap();
+}
+
+/// The `stat` file of every thread of `pid` and of the processes whose parent it is.
+fn threads_of_tree(pid: u32) -> Vec<String> {
+    numbered("/proc")
+        .into_iter()
+        .filter(|&p| p == pid || parent_of(p) == Some(pid))
+        .flat_map(|p| {
+            numbered(&format!("/proc/{p}/task"))
+                .into_iter()
+                .map(move |t| format!("/proc/{p}/task/{t}/stat"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_desktop_lowered_while_it_starts_runs_at_the_runtimes_priority_once_open() {
+    use rakazo::desktop::priority_local::may_raise;
+    let begun = begin().await;
+    let (runtime, screen, browser) = opened_with(
+        begun.dir.path(),
+        76,
+        rakazo::desktop::browser::Launch::lowered_while_starting(),
+    )
+    .await;
+    let own = nice_of(std::process::id());
+    // Started lowered where the runtime can raise it back (a browser run by root then starts
+    // without the capability to raise its own threads); not lowered at all where it cannot.
+    let status = std::fs::read_to_string(format!("/proc/{browser}/status")).unwrap();
+    let bounding = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|uids| uids.split_whitespace().next() == Some("0"));
+    if root && may_raise() {
+        assert_eq!(bounding & (1 << 23), 0, "the browser started lowered");
+    }
+    let threads = threads_of_tree(browser);
+    assert!(threads.len() > 5, "{threads:?}");
+    for thread in threads {
+        // A thread may end while it is looked at.
+        if let Some(nice) = stat_field(&thread, 16) {
+            assert!(nice <= i64::from(own), "{thread}: nice {nice}");
+        }
+    }
+    // What the bot launches starts at the runtime's priority.
+    runtime
+        .launch("bot-a", vec!["sleep".into(), "30".into()])
+        .await
+        .unwrap();
+    let mut sleeps = Vec::new();
+    for _ in 0..100 {
+        sleeps = on_display("sleep", screen.display);
+        if !sleeps.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sleeps.len(), 1, "{sleeps:?}");
+    assert_eq!(nice_of(sleeps[0]), own, "the bot's program");
     runtime.shutdown().await.unwrap();
 }
 

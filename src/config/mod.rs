@@ -305,6 +305,9 @@ pub struct Config {
     pub desktop_limits: Option<crate::desktop::groups::DesktopLimits>,
     /// `SANDBOX_DESKTOP_WARM_STACKS`: spare desktops per computer.
     pub desktop_warm_stacks: usize,
+    /// `SANDBOX_DESKTOP_START_NICE`: how far below the runtime's priority a desktop on this
+    /// host without desktop groups starts (0 = not lowered).
+    pub desktop_start_nice: u8,
     /// `SANDBOX_DOCKER_WARM_COMPUTERS`: docker computers created ahead.
     pub docker_warm_computers: usize,
     /// `SANDBOX_COMMAND_TIMEOUT_MS`.
@@ -723,6 +726,7 @@ impl Config {
                 })
             },
             desktop_warm_stacks: s.number("SANDBOX_DESKTOP_WARM_STACKS", 16)? as usize,
+            desktop_start_nice: s.number("SANDBOX_DESKTOP_START_NICE", 19)? as u8,
             docker_warm_computers: s.number("SANDBOX_DOCKER_WARM_COMPUTERS", 16)? as usize,
             command_timeout: Duration::from_millis(
                 s.number("SANDBOX_COMMAND_TIMEOUT_MS", DAY_MS)?.max(1),

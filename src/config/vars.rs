@@ -156,6 +156,12 @@ pub const VARS: &[Var] = &[
         doc: "Spare desktops (Xvfb, window manager and a browser on a spare profile of no bot's) each computer keeps started for its next desktops, refilled in the background after one is taken: a bot with no browser profile yet takes the running browser, whose profile becomes its own; any other bot gets the display stack and its own browser. Each holds about 200 MiB (PSS, measured beside one open desktop; see BENCHMARKS.md) and is listed under warmDesktops in health (0, the default: none, every desktop starts its own).",
     },
     Var {
+        name: "SANDBOX_DESKTOP_START_NICE",
+        default: "0",
+        secret: false,
+        doc: "With SANDBOX_PROVIDER=desktop and no desktop groups (SANDBOX_DESKTOP_CPU_WEIGHT=0, or groups unavailable): how far below the runtime's CPU priority a desktop's browser and window manager run while the desktop starts, raised back once its browser is open (0 to 19; needs a runtime allowed to raise priorities, CAP_SYS_NICE, and is ignored without it). Running bots' screenshots stay quicker while another desktop starts; a desktop opening beside other CPU-heavy work opens slower (see BENCHMARKS.md). 0, the default: desktops start at the runtime's priority.",
+    },
+    Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",
         default: "300000",
         secret: false,

@@ -26,8 +26,10 @@ pub fn profile_dir(workspace: &Path, bot_id: &str) -> PathBuf {
 /// How much lower than the runtime's own the CPU priority of a desktop's programs (the
 /// browser, the window manager and what the bot launches) is in a lowered start
 /// ([`Launch::lowered`]); the X server, which answers every observe and action, keeps the
-/// runtime's priority. Desktops start at the runtime's priority by default: see ARCHITECTURE.md
-/// ("CPU priority of desktops") for what a lowered start costs and why it is not the default.
+/// runtime's priority. Desktops start at the runtime's priority by default; the host provider
+/// without desktop groups can lower a desktop while it starts (`SANDBOX_DESKTOP_START_NICE`,
+/// [`Launch::start_only`]): see ARCHITECTURE.md ("CPU priority of desktops") for what each
+/// costs.
 pub const DESKTOP_NICE: u8 = 10;
 
 /// Chromium features a bot's browser goes without (`--disable-features`).
@@ -86,6 +88,12 @@ pub struct Launch {
     /// OpenGL the browser, started with `--disable-gpu`, never uses); `false`: without only
     /// the first three features, and with GLX.
     pub lean: bool,
+    /// [`Self::nice`] holds only while the desktop starts: once its browser is open, the
+    /// browser's and the window manager's processes are raised back to the runtime's
+    /// priority, and the bot's programs start at it. Raising needs a runtime on the desktop's
+    /// host that may raise priorities ([`super::priority_local::may_raise`]); where it may
+    /// not, such a desktop is not lowered at all.
+    pub start_only: bool,
 }
 
 impl Default for Launch {
@@ -93,6 +101,7 @@ impl Default for Launch {
         Self {
             nice: 0,
             lean: true,
+            start_only: false,
         }
     }
 }
@@ -107,11 +116,22 @@ impl Launch {
         }
     }
 
+    /// The default start with the browser and the window manager [`DESKTOP_NICE`] below the
+    /// runtime's priority until the browser is open ([`Self::start_only`]).
+    pub fn lowered_while_starting() -> Self {
+        Self {
+            nice: DESKTOP_NICE,
+            start_only: true,
+            ..Self::default()
+        }
+    }
+
     /// The start before this trimming: priority of the runtime, every feature and GLX.
     pub fn plain() -> Self {
         Self {
             nice: 0,
             lean: false,
+            start_only: false,
         }
     }
 }

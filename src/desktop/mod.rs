@@ -43,6 +43,7 @@ pub mod page;
 pub mod page_act;
 pub mod page_frames;
 pub mod png_bands;
+pub mod priority_local;
 pub mod profile_local;
 pub mod provider;
 pub mod runtime;

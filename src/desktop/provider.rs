@@ -18,6 +18,7 @@ use rakazo_actors::provider::{
 };
 use tokio::sync::Mutex;
 
+use super::browser::Launch;
 use super::cgroup::Version;
 use super::command::{
     CommandRunner as _, HostRunner, SCRIPT_TIMEOUT, minimal_env, reap_script, sweep_script,
@@ -48,6 +49,10 @@ pub struct DesktopProviderConfig {
     pub limits: Option<DesktopLimits>,
     /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
     pub warm_stacks: usize,
+    /// `SANDBOX_DESKTOP_START_NICE`: how far below this process's CPU priority a desktop of a
+    /// machine without desktop groups runs while it starts (0 = not lowered; see
+    /// [`Launch::start_only`]).
+    pub start_nice: u8,
 }
 
 /// One host computer.
@@ -162,7 +167,19 @@ impl DesktopProvider {
             freeze_after: self.config.limits.and_then(|l| l.freeze_after),
             warm_stacks: self.config.warm_stacks,
         };
-        let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
+        // Without desktop groups nothing weighs a starting desktop against the running ones:
+        // its start may be lowered while it lasts instead (where this process may raise it
+        // back). With groups, a nice value would count only inside the desktop's own group.
+        let launch = match (&groups, self.config.start_nice) {
+            (None, nice @ 1..) => Launch {
+                nice: nice.min(19),
+                ..Launch::lowered_while_starting()
+            },
+            _ => Launch::default(),
+        };
+        let runtime = Arc::new(
+            DesktopRuntime::new(Arc::new(HostRunner::minimal()), config).with_launch(launch),
+        );
         runtime.start_freezer();
         runtime.start_warm_pool();
         forward_freezes(&runtime, self.freezes.clone(), machine.clone());
@@ -500,6 +517,7 @@ mod tests {
             environment: env.into(),
             limits: None,
             warm_stacks: 0,
+            start_nice: 0,
         }
     }
 

@@ -432,6 +432,33 @@ impl DesktopRuntime {
         self
     }
 
+    /// Whether a desktop's start is lowered only while it lasts: asked for, and this runtime
+    /// can raise the desktop back afterwards ([`Launch::start_only`]).
+    fn lowered_while_starting(&self) -> bool {
+        self.launch.start_only
+            && self.launch.nice > 0
+            && self.runner.on_this_host()
+            && super::priority_local::may_raise()
+    }
+
+    /// The nice value of a starting desktop's browser and window manager.
+    fn start_nice(&self) -> u8 {
+        if self.launch.start_only && !self.lowered_while_starting() {
+            0
+        } else {
+            self.launch.nice
+        }
+    }
+
+    /// The nice value of the programs a bot launches on its desktop.
+    fn program_nice(&self) -> u8 {
+        if self.launch.start_only {
+            0
+        } else {
+            self.launch.nice
+        }
+    }
+
     /// Starts the background filler of the spare display stacks, when any are configured:
     /// it starts spares until [`RuntimeConfig::warm_stacks`] are ready, then waits until one
     /// is taken. It never holds the slot table, so tool calls do not wait for it.
@@ -1231,7 +1258,7 @@ impl DesktopRuntime {
             env: self.env(&screen.tag, screen.display, &workspace),
             cwd: workspace,
             log: String::new(),
-            nice: self.launch.nice,
+            nice: self.program_nice(),
         };
         self.runner.spawn(&spec).await?;
         self.enter_group(screen).await;
@@ -2019,7 +2046,7 @@ impl DesktopRuntime {
                 argv: wm_argv(display),
                 env: self.env(&tag, display, &format!("{run_dir}/wm")),
                 log: format!("{run_dir}/wm-{display}.log"),
-                nice: self.launch.nice,
+                nice: self.start_nice(),
                 ..Default::default()
             };
             let wm = self.runner.spawn(&wm);
@@ -2147,7 +2174,25 @@ impl DesktopRuntime {
         let started = self.start_browser_held(screen, prepared).await;
         screen.starting = false;
         self.enter_group(screen).await;
+        if self.lowered_while_starting() {
+            self.raise_priority(screen).await;
+        }
         started
+    }
+
+    /// The browser and the window manager of a desktop whose start was lowered, back at the
+    /// runtime's priority ([`Launch::start_only`]).
+    async fn raise_priority(&self, screen: &Screen) {
+        let groups: Vec<u32> = screen.browser.iter().chain(&screen.wm).copied().collect();
+        let raised = tokio::task::spawn_blocking(move || super::priority_local::raise(&groups))
+            .await
+            .unwrap_or(0);
+        tracing::debug!(
+            screen.display = screen.display,
+            bot.id = %screen.bot_id,
+            threads = raised,
+            "desktop.priority.raised"
+        );
     }
 
     /// [`Self::start_browser`], while the group is held.
@@ -2164,7 +2209,7 @@ impl DesktopRuntime {
             None => self.prepare_profile(&screen.bot_id, None).await?,
         };
         let mut argv = Vec::new();
-        if as_root && self.launch.nice > 0 {
+        if as_root && self.start_nice() > 0 {
             // Chromium sets its threads' nice values itself (0, and -8 for the threads that
             // draw), which only a process allowed to raise priorities manages: a browser run
             // by root goes without that capability, so it stays below the X server like
@@ -2206,7 +2251,7 @@ impl DesktopRuntime {
             env,
             cwd: workspace.clone(),
             log: log.clone(),
-            nice: self.launch.nice,
+            nice: self.start_nice(),
         };
         let started = Instant::now();
         let bot_id = screen.bot_id.clone();

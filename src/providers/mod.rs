@@ -109,6 +109,7 @@ pub async fn build(config: &Config) -> Result<Built, String> {
                 environment: environment.into(),
                 limits: config.desktop_limits,
                 warm_stacks: config.desktop_warm_stacks,
+                start_nice: config.desktop_start_nice,
             })
             .map_err(|e| format!("SANDBOX_PROVIDER=desktop: {e}"))?;
             Ok(Built {

@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::sync::OnceLock;
 
 use rustix::process::{Pid, getpriority_process, setpriority_process};
 
@@ -18,15 +19,18 @@ use rustix::process::{Pid, getpriority_process, setpriority_process};
 const CAP_SYS_NICE: u32 = 23;
 
 /// Whether this process may raise other processes' CPU priority (`CAP_SYS_NICE` in its
-/// effective set, read from `/proc/self/status`).
+/// effective set, read once from `/proc/self/status`).
 pub fn may_raise() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+    static MAY: OnceLock<bool> = OnceLock::new();
+    *MAY.get_or_init(|| {
+        fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+                u64::from_str_radix(hex.trim(), 16).ok()
+            })
+            .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+    })
 }
 
 /// The process group and nice value of a process or thread, from its `stat` line (the fifth

@@ -19,7 +19,8 @@
 //! Run with `cargo bench --bench desktop_slots` (needs `scripts/install-desktop-deps.sh`, and
 //! root for the desktop groups); `BENCH_ONLY=memory` takes only the memory figures,
 //! `BENCH_ONLY=observe` only the observe figures, `BENCH_STARTS=N` observes through N other
-//! bots' starts (default: the rounds, at least 3).
+//! bots' starts (default: the rounds, at least 3), `BENCH_ONLY=open` only the opening figures;
+//! `RAKAZO_LOG` (for example `info`) prints the runtime's events.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -417,6 +418,11 @@ fn main() {
     let observe_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "observe");
     // `BENCH_ONLY=spares`: only the opening figures, without spares and with [`SPARES`].
     let spares_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "spares");
+    // `BENCH_ONLY=open`: only the opening figures of every start.
+    let open_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "open");
+    if let Ok(filter) = std::env::var("RAKAZO_LOG") {
+        rakazo::telemetry::init(&filter);
+    }
     // One thread is enough: captures and encodes run on the blocking pool, as in the API.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -509,6 +515,12 @@ fn main() {
             }
         }
 
+        if open_only {
+            for ((name, _), f) in launches.iter().zip(figures.iter_mut()) {
+                f.report(name);
+            }
+            return;
+        }
         // Observe of one bot, idle and while another bot's browser starts (on 171, 181, ...).
         let mut watched = Vec::new();
         for (i, (_, setup)) in launches.iter().enumerate() {

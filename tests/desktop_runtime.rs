@@ -821,6 +821,85 @@ async fn a_desktop_lowered_while_it_starts_runs_at_the_runtimes_priority_once_op
     runtime.shutdown().await.unwrap();
 }
 
+/// CPU-bound loops at normal priority in sessions of their own, one per CPU and one more;
+/// killed when dropped.
+struct BusyLoops(Vec<std::process::Child>);
+
+impl BusyLoops {
+    fn start() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self(
+            (0..=cpus)
+                .map(|_| {
+                    std::process::Command::new("setsid")
+                        .args(["sh", "-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Resolves once a browser on `display` that was seen lowered below `own` runs at `own`.
+async fn browser_raised(display: u32, own: i32) {
+    let mut seen_lowered = false;
+    loop {
+        for pid in on_display("chromium", display) {
+            match stat_field(&format!("/proc/{pid}/stat"), 16) {
+                Some(nice) if nice > i64::from(own) => seen_lowered = true,
+                Some(nice) if seen_lowered && nice == i64::from(own) => return,
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A start lowered while it lasts that CPU-bound work at normal priority starves is raised while
+/// it is still starting, not only once its browser is open.
+#[tokio::test]
+async fn a_desktop_start_starved_by_busy_work_is_raised_before_it_opens() {
+    use rakazo::desktop::priority_local::may_raise;
+    if !may_raise() {
+        eprintln!("a start is lowered only where the runtime may raise it: nothing to check");
+        return;
+    }
+    let begun = begin().await;
+    let runtime = DesktopRuntime::new(
+        Arc::new(HostRunner::minimal()),
+        runtime_config(begun.dir.path(), 77, 0),
+    )
+    .with_launch(rakazo::desktop::browser::Launch::lowered_while_starting());
+    let own = nice_of(std::process::id());
+    let busy = BusyLoops::start();
+    let open = runtime.open_screen("bot-a", 0);
+    tokio::pin!(open);
+    let raised_first = tokio::select! {
+        _ = browser_raised(77, own) => true,
+        opened = &mut open => {
+            opened.unwrap();
+            false
+        }
+    };
+    drop(busy);
+    assert!(
+        raised_first,
+        "the starved start stayed lowered until its desktop opened"
+    );
+    open.await.unwrap();
+    runtime.shutdown().await.unwrap();
+}
+
 /// DevTools through the screen gateway (how the page tools reach a machine whose sockets this
 /// process cannot dial): the route speaks to the bot's own browser, and once the bot's screen
 /// closes, its token reaches nothing and the open connection ends.

@@ -88,9 +88,10 @@ pub struct Launch {
     /// OpenGL the browser, started with `--disable-gpu`, never uses); `false`: without only
     /// the first three features, and with GLX.
     pub lean: bool,
-    /// [`Self::nice`] holds only while the desktop starts: once its browser is open, the
-    /// browser's and the window manager's processes are raised back to the runtime's
-    /// priority, and the bot's programs start at it. Raising needs a runtime on the desktop's
+    /// [`Self::nice`] holds only while the desktop starts: once its browser is open, or as
+    /// soon as its start is starved ([`super::priority_local::StartWatch`]), the browser's and
+    /// the window manager's processes are raised back to the runtime's priority, and the bot's
+    /// programs start at it. Raising needs a runtime on the desktop's
     /// host that may raise priorities ([`super::priority_local::may_raise`]); where it may
     /// not, such a desktop is not lowered at all.
     pub start_only: bool,

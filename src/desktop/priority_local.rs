@@ -8,10 +8,15 @@
 //! process's are touched, and only to this process's: never above the runtime's priority. A
 //! process of the bot cannot join those groups (each is a session's own group, and `setpgid`
 //! stays inside a session).
+//!
+//! A lowered start beside CPU-heavy work at normal priority would wait for that work to end, so
+//! a start is also watched while it lasts ([`StartWatch`]): once its browser waits for a CPU
+//! most of the time, it is raised at once.
 
 use std::collections::HashSet;
 use std::fs;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use rustix::process::{Pid, getpriority_process, setpriority_process};
 
@@ -99,6 +104,75 @@ pub fn raise(groups: &[u32]) -> usize {
     first + raise_pass(&groups, own)
 }
 
+/// How often a lowered start's browser is looked at for starvation.
+const STARVED_LOOK: Duration = Duration::from_millis(200);
+
+/// How long the thread `tid` has run on a CPU and how long it has waited for one, in
+/// nanoseconds (the first two fields of `/proc/<tid>/schedstat`).
+fn ran_and_waited(tid: u32) -> Option<(u64, u64)> {
+    let line = fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
+    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some((fields.next()??, fields.next()??))
+}
+
+/// Whether a thread that ran `ran` and waited to run `waited` during one look of `span` (all in
+/// nanoseconds) was starved: it waited for a CPU for half the look and for most of the time it
+/// could have run. A start beside a running bot's observations shares the CPUs and stays below
+/// both marks; beside CPU-bound work at normal priority it barely runs.
+fn starved(ran: u64, waited: u64, span: u64) -> bool {
+    waited >= span / 2 && waited >= 3 * ran
+}
+
+/// Resolves once the thread `leader` (a lowered browser's main thread) is starved ([`starved`]
+/// over one look), with `true`; with `false` once the thread is gone.
+async fn starving(leader: u32) -> bool {
+    let Some(mut last) = ran_and_waited(leader) else {
+        return false;
+    };
+    loop {
+        tokio::time::sleep(STARVED_LOOK).await;
+        let Some(now) = ran_and_waited(leader) else {
+            return false;
+        };
+        let (ran, waited) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+        if starved(ran, waited, STARVED_LOOK.as_nanos() as u64) {
+            return true;
+        }
+        last = now;
+    }
+}
+
+/// The watch over a lowered start: while it lasts, `groups` are raised ([`raise`]) as soon as
+/// the thread `leader` is starved. Dropping it ends the watch.
+pub struct StartWatch(tokio::task::JoinHandle<()>);
+
+impl StartWatch {
+    /// Watches the start of the desktop on `screen_display` (bot `bot_id`): `leader` is its browser's
+    /// main thread, `groups` the process groups its start lowered.
+    pub fn new(groups: Vec<u32>, leader: u32, screen_display: u32, bot_id: String) -> Self {
+        Self(tokio::spawn(async move {
+            if !starving(leader).await {
+                return;
+            }
+            let raised = tokio::task::spawn_blocking(move || raise(&groups))
+                .await
+                .unwrap_or(0);
+            tracing::info!(
+                screen.display = screen_display,
+                bot.id = %bot_id,
+                threads = raised,
+                "desktop.priority.raised_starved"
+            );
+        }))
+    }
+}
+
+impl Drop for StartWatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +205,73 @@ mod tests {
             ])
             .spawn()
             .unwrap()
+    }
+
+    #[test]
+    fn a_thread_is_starved_when_it_waits_most_of_a_look_and_barely_runs() {
+        let look = 200_000_000;
+        // Beside CPU-bound work at normal priority: runnable all the look, running a little.
+        assert!(starved(10_000_000, 190_000_000, look));
+        // Sharing the CPUs with a running bot: it ran more than it waited.
+        assert!(!starved(120_000_000, 80_000_000, look));
+        // Waiting most of the time it could run, but mostly asleep (idle, not starved).
+        assert!(!starved(5_000_000, 40_000_000, look));
+        // Waiting half the look, yet running as much as a third of it.
+        assert!(!starved(70_000_000, 110_000_000, look));
+    }
+
+    /// A process in a session of its own running `sh -c script` at `nice` (its scheduling
+    /// group too, where the kernel has them).
+    fn busy_session(nice: u8) -> std::process::Child {
+        Command::new("setsid")
+            .args([
+                "sh",
+                "-c",
+                &format!(
+                    "echo {nice} > /proc/self/autogroup 2>/dev/null; exec nice -n {nice} sh -c 'while :; do :; done'"
+                ),
+            ])
+            .spawn()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_starved_start_is_raised_while_it_lasts() {
+        if !may_raise() {
+            eprintln!("raising priorities needs CAP_SYS_NICE: checked only where it is held");
+            return;
+        }
+        let own = getpriority_process(None).unwrap();
+        let mut start = busy_session(15);
+        let pid = start.id();
+        // One CPU-bound loop at normal priority per CPU, and one more.
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut loops: Vec<_> = (0..=cpus).map(|_| busy_session(0)).collect();
+        // The shell that lowers itself, then the loop it becomes.
+        let mut lowered = false;
+        for _ in 0..200 {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.contains("(sh)") && group_and_nice(&stat).is_some_and(|(_, n)| n > own) {
+                lowered = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(lowered, "the start never ran lowered");
+        let _watch = StartWatch::new(vec![pid], pid, 0, "bot".into());
+        let mut raised = false;
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if nice_of(pid) == own {
+                raised = true;
+                break;
+            }
+        }
+        for child in loops.iter_mut().chain([&mut start]) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(raised, "a starved start stayed lowered");
     }
 
     #[test]

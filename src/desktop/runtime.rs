@@ -39,6 +39,7 @@ use super::command::{
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::groups::DesktopGroups;
+use super::priority_local::StartWatch;
 use super::profile_local;
 use super::screen_commands::CommandScreen;
 use super::spare_profile;
@@ -2258,10 +2259,21 @@ impl DesktopRuntime {
         // A browser that dies before its first window (seen under heavy load) gets one more
         // try; the error carries the last line of its log.
         let mut attempt = 0;
+        // A lowered start is watched while it lasts, and raised at once should it starve.
+        let mut _watch = None;
         let (io, cookies) = loop {
             attempt += 1;
             let pid = self.runner.spawn(&spec).await?;
             screen.browser = Some(pid);
+            if self.lowered_while_starting() {
+                let groups = [Some(pid), screen.wm].into_iter().flatten().collect();
+                _watch = Some(StartWatch::new(
+                    groups,
+                    pid,
+                    screen.display,
+                    screen.bot_id.clone(),
+                ));
+            }
             // Its group at once: the browser's start-up (its zygotes, network process, first
             // page) is most of a desktop's CPU and memory, and counts against the desktop's own
             // weight and ceiling.

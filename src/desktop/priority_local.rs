@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, getpriority_process, setpriority_process};
 
@@ -129,13 +129,17 @@ async fn starving(leader: u32) -> bool {
     let Some(mut last) = ran_and_waited(leader) else {
         return false;
     };
+    let mut looked = Instant::now();
     loop {
         tokio::time::sleep(STARVED_LOOK).await;
         let Some(now) = ran_and_waited(leader) else {
             return false;
         };
+        // The look as long as it really was: a sleep may end late on a busy machine.
+        let span = looked.elapsed().as_nanos() as u64;
+        looked = Instant::now();
         let (ran, waited) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
-        if starved(ran, waited, STARVED_LOOK.as_nanos() as u64) {
+        if starved(ran, waited, span) {
             return true;
         }
         last = now;
@@ -147,8 +151,8 @@ async fn starving(leader: u32) -> bool {
 pub struct StartWatch(tokio::task::JoinHandle<()>);
 
 impl StartWatch {
-    /// Watches the start of the desktop on `screen_display` (bot `bot_id`): `leader` is its browser's
-    /// main thread, `groups` the process groups its start lowered.
+    /// Watches the start of the desktop on `screen_display` (bot `bot_id`): `leader` is its
+    /// browser's main thread, `groups` the process groups its start lowered.
     pub fn new(groups: Vec<u32>, leader: u32, screen_display: u32, bot_id: String) -> Self {
         Self(tokio::spawn(async move {
             if !starving(leader).await {

@@ -244,20 +244,11 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
     let run_dir = dir.path().join("run");
-    let config = RuntimeConfig {
-        workspace: dir.path().join("workspace"),
-        run_dir: run_dir.clone(),
-        screen_limit: 0,
-        displays: DisplayPool::new(71),
-        gateway_port: 0,
-        settle: Settle::default(),
-        x11_socket_dir: None,
-        commands_only: false,
-        gateway_host: "127.0.0.1".into(),
-        groups: None,
-        freeze_after: None,
-        warm_stacks: 0,
-    };
+    let config = RuntimeConfig::on_host(
+        dir.path().join("workspace"),
+        run_dir.clone(),
+        DisplayPool::new(71),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

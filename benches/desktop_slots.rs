@@ -9,7 +9,9 @@
 //! with a control group per desktop, as the host provider runs it as root, and once with those
 //! groups but without holding a starting desktop off the first CPU (`hold_starts`); the lowered
 //! starts are taken for good ([`Launch::lowered`]) and only while they last
-//! ([`Launch::lowered_while_starting`], root raising the desktop back once its browser is open).
+//! ([`Launch::lowered_while_starting`], root raising the desktop back once its browser is open),
+//! and with groups, a starting desktop weighed in a low group until it is at work
+//! ([`rakazo::desktop::start_group`]).
 //! `BENCH_ONLY=spares` takes the opening figures of the runtime's start without spares and with
 //! [`SPARES`] spare desktops ready (`SANDBOX_DESKTOP_WARM_STACKS`), for bots new to the
 //! computer, which take a spare's running browser (`BENCH_SKIP_COLD=1`: only the leg with
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 use rakazo::desktop::browser::Launch;
 use rakazo::desktop::command::{HostRunner, sweep_script};
 use rakazo::desktop::groups::{DesktopGroups, DesktopLimits, HostGroups};
-use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig};
 
 mod support;
 
@@ -70,12 +72,15 @@ struct Setup {
     grouped: bool,
     /// With groups: a starting desktop is held off the first CPU while another is at work.
     hold_starts: bool,
+    /// With groups: how far below the runtime a starting desktop's group weighs until it is
+    /// at work (`SANDBOX_DESKTOP_START_NICE`, [`rakazo::desktop::start_group`]).
+    start_nice: u8,
     /// Spare desktops kept ready, every one of them ready before a measurement.
     spares: usize,
 }
 
 /// Desktop groups of a fresh machine, named after its directory.
-fn groups(dir: &std::path::Path, hold_starts: bool) -> Arc<dyn DesktopGroups> {
+fn groups(dir: &std::path::Path, hold_starts: bool, start_nice: u8) -> Arc<dyn DesktopGroups> {
     let name = format!(
         "bench-{}",
         dir.file_name()
@@ -89,7 +94,7 @@ fn groups(dir: &std::path::Path, hold_starts: bool) -> Arc<dyn DesktopGroups> {
         freeze_after: None,
         hold_starts,
     };
-    HostGroups::new(&name, limits).expect("desktop groups (run the bench as root)")
+    HostGroups::new(&name, limits, start_nice).expect("desktop groups (run the bench as root)")
 }
 
 fn runtime(dir: &std::path::Path, first_display: u32, setup: Setup) -> Arc<DesktopRuntime> {
@@ -98,18 +103,15 @@ fn runtime(dir: &std::path::Path, first_display: u32, setup: Setup) -> Arc<Deskt
         DesktopRuntime::new(
             Arc::new(HostRunner::minimal()),
             RuntimeConfig {
-                workspace: dir.join("workspace"),
-                run_dir: dir.join("run"),
-                screen_limit: 0,
-                displays: DisplayPool::new(first_display),
-                gateway_port: 0,
-                settle: Settle::default(),
-                x11_socket_dir: None,
-                commands_only: false,
-                gateway_host: "127.0.0.1".into(),
-                groups: setup.grouped.then(|| groups(dir, setup.hold_starts)),
-                freeze_after: None,
+                groups: setup
+                    .grouped
+                    .then(|| groups(dir, setup.hold_starts, setup.start_nice)),
                 warm_stacks: setup.spares,
+                ..RuntimeConfig::on_host(
+                    dir.join("workspace"),
+                    dir.join("run"),
+                    DisplayPool::new(first_display),
+                )
             },
         )
         .with_launch(setup.launch),
@@ -436,6 +438,7 @@ fn main() {
             launch,
             grouped: false,
             hold_starts: false,
+            start_nice: 0,
             spares: 0,
         };
         if spares_only {
@@ -476,6 +479,7 @@ fn main() {
                     launch: Launch::default(),
                     grouped: true,
                     hold_starts: false,
+                    start_nice: 0,
                     spares: 0,
                 },
             ),
@@ -485,6 +489,7 @@ fn main() {
                     launch: Launch::default(),
                     grouped: true,
                     hold_starts: true,
+                    start_nice: 0,
                     spares: 0,
                 },
             ),
@@ -492,8 +497,18 @@ fn main() {
                 "lean, lowered while starting",
                 bare(Launch::lowered_while_starting()),
             ),
+            (
+                "desktop groups, lowered while starting",
+                Setup {
+                    launch: Launch::default(),
+                    grouped: true,
+                    hold_starts: true,
+                    start_nice: rakazo::desktop::browser::DESKTOP_NICE,
+                    spares: 0,
+                },
+            ),
         ];
-        let mut figures: [Figures; 6] = Default::default();
+        let mut figures: [Figures; 7] = Default::default();
         if memory_only {
             for _ in 0..rounds {
                 for ((_, setup), f) in launches.iter().zip(figures.iter_mut()).step_by(2) {

@@ -8,12 +8,15 @@
 mod common;
 
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rakazo::desktop::cgroup::{Node, Phase, Usage, group_name, hold_for_phase};
-use rakazo::desktop::command::{TAG_VAR, sweep_script};
-use rakazo::desktop::groups::{DesktopLimits, host_parent};
+use rakazo::desktop::command::{HostRunner, TAG_VAR, sweep_script};
+use rakazo::desktop::groups::{DesktopLimits, HostGroups, host_parent};
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
+use rakazo::desktop::runtime::{DesktopRuntime, RuntimeConfig};
+use rakazo::desktop::start_group::{host_group, weigh_for_phase, weight_of_nice};
 use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -319,6 +322,247 @@ async fn a_starting_desktop_is_held_off_the_first_cpu_while_another_works() {
     work.remove().unwrap();
     start.remove().unwrap();
     scope.remove().unwrap();
+}
+
+/// The line of `/proc/<pid>/cgroup` for v1 hierarchy `controller`: the process's group there.
+fn group_in(pid: u32, controller: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// The children of process `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// While a desktop starts, the CPU part of its processes, and of what they fork meanwhile,
+/// weighs in the low group beside the runtime's own (its weight that of a thread ten steps
+/// below), while memory and freezer stay the desktop's; at work, every process is back in its
+/// own group.
+#[tokio::test]
+async fn a_starting_desktop_weighs_in_the_low_group_until_it_is_at_work() {
+    let _serial = SERIAL.lock().await;
+    let Some(low) = low_group() else {
+        return;
+    };
+    let node = host_parent()
+        .unwrap()
+        .child(&group_name(&format!("/weigh/{}", std::process::id())));
+    node.create().unwrap();
+    // A browser's start: a process that forks its helper a moment later.
+    let mut start = Command::new("sh")
+        .args(["-c", "sleep 0.5; sleep 60 & wait"])
+        .spawn()
+        .unwrap();
+    let pid = start.id();
+    node.place(pid).unwrap();
+    let own_cpu = group_in(pid, "cpu");
+    assert_eq!(weigh_for_phase(&node, &low, Phase::Starting).unwrap(), 1);
+    let low_cpu = group_in(pid, "cpu");
+    assert!(low_cpu.contains("/rakazo-start-"), "{low_cpu}");
+    assert_ne!(low_cpu, own_cpu);
+    let shares =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{low_cpu}/cpu.shares")).unwrap();
+    assert_eq!(
+        shares.trim(),
+        "102",
+        "a thread ten steps below weighs 110 of 1024"
+    );
+    assert!(
+        node.procs().unwrap().contains(&pid),
+        "the freezer moved too"
+    );
+    let name = group_name(&format!("/weigh/{}", std::process::id()));
+    for controller in ["memory", "freezer"] {
+        assert!(group_in(pid, controller).ends_with(&name), "{controller}");
+    }
+
+    let helper = loop {
+        if let Some(child) = children_of(pid).first() {
+            break *child;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        group_in(helper, "cpu"),
+        low_cpu,
+        "a helper is born where its parent weighs"
+    );
+    // Entered again while starting (as the runtime does once the window is up): nothing moves.
+    assert_eq!(weigh_for_phase(&node, &low, Phase::Starting).unwrap(), 0);
+
+    assert_eq!(weigh_for_phase(&node, &low, Phase::AtWork).unwrap(), 2);
+    for p in [pid, helper] {
+        assert_eq!(group_in(p, "cpu"), own_cpu);
+    }
+    assert!(
+        low.cpu_procs()
+            .unwrap()
+            .iter()
+            .all(|p| ![pid, helper].contains(p))
+    );
+
+    let _ = Command::new("kill").arg(helper.to_string()).status();
+    let _ = start.kill();
+    let _ = start.wait();
+    node.remove().unwrap();
+}
+
+/// A desktop of a runtime whose starts are lowered (`SANDBOX_DESKTOP_START_NICE` with desktop
+/// groups): its processes weigh in the low group while it starts, and none of them is left
+/// there once its screen is open.
+#[tokio::test]
+async fn a_lowered_desktop_start_leaves_the_low_group_once_open() {
+    let _serial = SERIAL.lock().await;
+    let Some(low) = low_group() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let (runtime, groups) = lowered_runtime(dir.path(), 211);
+    let seen_low = open_seeing_low(&runtime, "bot-a", &low).await;
+    assert!(seen_low, "the start never weighed in the low group");
+    let browser = runtime.browser_pid("bot-a").await.unwrap();
+    assert!(
+        low.cpu_procs().unwrap().is_empty(),
+        "a process stayed in the low group"
+    );
+    assert!(!group_in(browser, "cpu").contains("/rakazo-start-"));
+    runtime.shutdown().await.unwrap();
+    groups.remove_machine();
+}
+
+/// The product's log lines of this test binary (`info` and up), kept from its first call on.
+fn logged() -> &'static Mutex<Vec<u8>> {
+    static LINES: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LINES.get_or_init(|| {
+        let lines: &'static Mutex<Vec<u8>> = Box::leak(Box::default());
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter("warn,rakazo=info")
+            .with_writer(move || Lines(lines))
+            .try_init();
+        lines
+    })
+}
+
+struct Lines(&'static Mutex<Vec<u8>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A lowered start that CPU-bound work at normal priority starves is raised by its watch while
+/// it is still starting (the watch ends with the start), not only once its screen is open.
+#[tokio::test]
+async fn a_lowered_desktop_start_starved_by_busy_work_leaves_the_low_group_before_it_opens() {
+    let _serial = SERIAL.lock().await;
+    let Some(low) = low_group() else {
+        return;
+    };
+    let lines = logged();
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().join("run"));
+    let (runtime, groups) = lowered_runtime(dir.path(), 221);
+    // One CPU-bound loop at normal priority per CPU, and one more.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut loops: Vec<_> = (0..=cpus)
+        .map(|_| {
+            Command::new("setsid")
+                .args(["sh", "-c", "while :; do :; done"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let seen_low = open_seeing_low(&runtime, "starved", &low).await;
+    for child in &mut loops {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let said = String::from_utf8_lossy(&lines.lock().unwrap()).into_owned();
+    assert!(seen_low, "the start never weighed in the low group");
+    assert!(
+        said.lines()
+            .any(|l| l.contains("desktop.priority.raised_starved") && l.contains("bot.id=starved")),
+        "the starved start stayed low until its desktop opened: {said}"
+    );
+    assert!(low.cpu_procs().unwrap().is_empty());
+    runtime.shutdown().await.unwrap();
+    groups.remove_machine();
+}
+
+/// The low group starting desktops weigh in at ten steps below (`None`, said, with v2).
+fn low_group() -> Option<Node> {
+    let low = host_group(weight_of_nice(10)).unwrap();
+    if low.is_none() {
+        eprintln!("cgroup v2: a starting desktop keeps its group's weight; nothing to check");
+    }
+    low
+}
+
+/// Opens `bot`'s screen on `runtime`, looking every 20 ms meanwhile whether any process weighs
+/// in `low`; answers whether one was seen.
+async fn open_seeing_low(runtime: &DesktopRuntime, bot: &str, low: &Node) -> bool {
+    let open = runtime.open_screen(bot, 0);
+    tokio::pin!(open);
+    let mut seen_low = false;
+    loop {
+        tokio::select! {
+            opened = &mut open => {
+                opened.unwrap();
+                return seen_low;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                seen_low |= !low.cpu_procs().unwrap().is_empty();
+            }
+        }
+    }
+}
+
+/// A runtime of one machine with desktop groups whose starts weigh ten steps below this
+/// process's priority until they are at work.
+fn lowered_runtime(
+    dir: &std::path::Path,
+    first_display: u32,
+) -> (std::sync::Arc<DesktopRuntime>, std::sync::Arc<HostGroups>) {
+    let limits = DesktopLimits {
+        cpu_weight: 100,
+        memory_mb: 0,
+        freeze_after: None,
+        hold_starts: true,
+    };
+    let name = format!("lowered-{first_display}-{}", std::process::id());
+    let groups = HostGroups::new(&name, limits, 10).unwrap();
+    let config = RuntimeConfig {
+        groups: Some(groups.clone()),
+        ..common::desktop::runtime_config(dir, first_display)
+    };
+    let runtime = std::sync::Arc::new(DesktopRuntime::new(
+        std::sync::Arc::new(HostRunner::minimal()),
+        config,
+    ));
+    (runtime, groups)
 }
 
 /// A process caught between changing its user and starting its next program (its environment

@@ -15,13 +15,15 @@ use rakazo::desktop::DesktopError;
 use rakazo::desktop::command::{CommandRunner, HostRunner, sweep_script};
 use rakazo::desktop::gateway::Policy;
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
-use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, ScreenHandle, Settle};
+use rakazo::desktop::runtime::{DesktopRuntime, RuntimeConfig, ScreenHandle};
 use rakazo_actors::provider::{
     Action, Button, ExecOutput, ExecRequest, MachineSpec, ProviderError, SandboxProvider,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+#[path = "common/desktop.rs"]
+mod desktop_config;
 mod windows;
 
 /// One test at a time: each runs real browsers.
@@ -217,20 +219,9 @@ async fn begin() -> Begun {
 }
 
 fn runtime_config(dir: &Path, first_display: u32, limit: usize) -> RuntimeConfig {
-    std::fs::create_dir_all(dir.join("workspace")).unwrap();
     RuntimeConfig {
-        workspace: dir.join("workspace"),
-        run_dir: dir.join("run"),
         screen_limit: limit,
-        displays: DisplayPool::new(first_display),
-        gateway_port: 0,
-        settle: Settle::default(),
-        x11_socket_dir: None,
-        commands_only: false,
-        gateway_host: "127.0.0.1".into(),
-        groups: None,
-        freeze_after: None,
-        warm_stacks: 0,
+        ..desktop_config::runtime_config(dir, first_display)
     }
 }
 

@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::desktop::command::{CommandRunner, HostRunner, TAG_VAR, sweep_script};
-use rakazo::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
+use rakazo::desktop::runtime::{DesktopRuntime, RuntimeConfig};
 
+#[path = "common/desktop.rs"]
+mod desktop_config;
 mod windows;
 #[path = "xvfb/mod.rs"]
 mod xvfb;
@@ -34,20 +36,9 @@ impl Drop for Sweep {
 }
 
 fn config(dir: &Path, first_display: u32, warm_stacks: usize) -> RuntimeConfig {
-    std::fs::create_dir_all(dir.join("workspace")).unwrap();
     RuntimeConfig {
-        workspace: dir.join("workspace"),
-        run_dir: dir.join("run"),
-        screen_limit: 0,
-        displays: DisplayPool::new(first_display),
-        gateway_port: 0,
-        settle: Settle::default(),
-        x11_socket_dir: None,
-        commands_only: false,
-        gateway_host: "127.0.0.1".into(),
-        groups: None,
-        freeze_after: None,
         warm_stacks,
+        ..desktop_config::runtime_config(dir, first_display)
     }
 }
 

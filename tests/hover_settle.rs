@@ -37,18 +37,12 @@ async fn pointer_moves_return_the_hover_repaint() {
     let settle = Settle::default();
     assert!(settle.pointer_quiet <= settle.quiet);
     let config = RuntimeConfig {
-        workspace: dir.path().join("workspace"),
-        run_dir: run_dir.clone(),
-        screen_limit: 0,
-        displays: DisplayPool::new(410),
-        gateway_port: 0,
         settle,
-        x11_socket_dir: None,
-        commands_only: false,
-        gateway_host: "127.0.0.1".into(),
-        groups: None,
-        freeze_after: None,
-        warm_stacks: 0,
+        ..RuntimeConfig::on_host(
+            dir.path().join("workspace"),
+            run_dir.clone(),
+            DisplayPool::new(410),
+        )
     };
     let runtime = Arc::new(DesktopRuntime::new(Arc::new(HostRunner::minimal()), config));
     runtime.open_screen("hover", 0).await.expect("open screen");

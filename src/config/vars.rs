@@ -159,7 +159,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_DESKTOP_START_NICE",
         default: "0",
         secret: false,
-        doc: "With SANDBOX_PROVIDER=desktop and no desktop groups (SANDBOX_DESKTOP_CPU_WEIGHT=0, or groups unavailable): how far below the runtime's CPU priority a desktop's browser and window manager run while the desktop starts, raised back once its browser is open (0 to 19; needs a runtime allowed to raise priorities, CAP_SYS_NICE, and is ignored without it). Running bots' screenshots stay quicker while another desktop starts; a start that waits for a CPU most of the time (beside other CPU-heavy work) is raised at once, so it opens only a little slower (see BENCHMARKS.md). 0, the default: desktops start at the runtime's priority.",
+        doc: "With SANDBOX_PROVIDER=desktop: how far below the runtime's CPU priority a desktop runs while it starts, back at the runtime's once its browser is open (0 to 19). Without desktop groups (SANDBOX_DESKTOP_CPU_WEIGHT=0, or groups unavailable) its browser and window manager start at that nice value and are raised back (needs a runtime allowed to raise priorities, CAP_SYS_NICE; ignored without it); with desktop groups on cgroup v1 its CPU share is weighed in one group beside the runtime's own, of the weight of a thread at that nice value (cgroup v2: ignored). Running bots' screenshots stay quicker while another desktop starts; a start that waits for a CPU most of the time (beside other CPU-heavy work) is raised at once, so it opens only a little slower (see BENCHMARKS.md). 0, the default: desktops start at the runtime's priority.",
     },
     Var {
         name: "SANDBOX_COMMAND_TIMEOUT_MS",

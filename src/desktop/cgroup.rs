@@ -420,6 +420,28 @@ impl Node {
         Ok(())
     }
 
+    /// v1: the processes in the group's directory of the `cpu` hierarchy, which may differ from
+    /// [`Self::procs`] while a desktop starts ([`super::start_group`]).
+    pub fn cpu_procs(&self) -> GroupResult<Vec<u32>> {
+        Ok(self
+            .read("cpu", "cgroup.procs")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
+    }
+
+    /// v1: moves process `pid` (all its threads) into the group in the `cpu` hierarchy only (and
+    /// in `cpuacct` where the two are mounted together); one that is gone is not an error.
+    pub fn place_cpu(&self, pid: u32) -> GroupResult<()> {
+        let path = self.dir("cpu").join("cgroup.procs");
+        match std::fs::write(&path, pid.to_string()) {
+            Err(e) if e.raw_os_error() != Some(ESRCH) => {
+                Err(io_err("move a process into", &path, e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Moves every process carrying `tag` in [`TAG_VAR`], and every descendant of one (Chromium
     /// rewrites its helpers' environment area with their titles, so a zygote or renderer forked
     /// before the move shows no tag), into the group, among `candidates` (`None`: every process

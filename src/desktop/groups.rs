@@ -12,6 +12,7 @@ use rakazo_actors::provider::{DesktopFreeze, ProviderRef};
 use super::DesktopError;
 use super::cgroup::{self, GroupError, Limits, Node, Phase, Usage, Version};
 use super::runtime::DesktopRuntime;
+use super::start_group;
 
 /// Per-desktop control group settings (`SANDBOX_DESKTOP_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,10 @@ pub trait DesktopGroups: Send + Sync + std::fmt::Debug {
     async fn remove(&self, tag: &str) -> Result<(), DesktopError>;
     /// The memory ceiling in MiB (0 = none), for what a bot is told.
     fn memory_mb(&self) -> u64;
+    /// Whether a starting desktop is weighed low until it is at work ([`super::start_group`]).
+    fn lowers_starts(&self) -> bool {
+        false
+    }
 }
 
 /// Passes `runtime`'s freezes and thaws on to a provider's channel as `machine`'s, for as long
@@ -130,18 +135,27 @@ pub struct HostGroups {
     host: Node,
     machine: Node,
     limits: DesktopLimits,
+    /// Where a starting desktop's CPU part is weighed ([`super::start_group`]), if anywhere.
+    starting: Option<Node>,
 }
 
 impl HostGroups {
-    /// The groups of machine `name` (a short plain name), creating its group.
-    pub fn new(name: &str, limits: DesktopLimits) -> Result<Arc<Self>, GroupError> {
+    /// The groups of machine `name` (a short plain name), creating its group. With
+    /// `start_nice` above 0, a starting desktop weighs as a thread that many steps below this
+    /// process's priority until it is at work, where the host allows it ([`super::start_group`]).
+    pub fn new(name: &str, limits: DesktopLimits, start_nice: u8) -> Result<Arc<Self>, GroupError> {
         let host = host_parent()?;
         let machine = host.child(name);
         machine.create()?;
+        let starting = match start_nice {
+            0 => None,
+            nice => start_group::host_group(start_group::weight_of_nice(nice))?,
+        };
         Ok(Arc::new(Self {
             host,
             machine,
             limits,
+            starting,
         }))
     }
 
@@ -161,6 +175,7 @@ impl DesktopGroups for HostGroups {
     async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError> {
         let (node, limits, tag) = (self.node(tag), self.limits.limits(), tag.to_owned());
         let (host, hold) = (self.host.clone(), self.limits.hold_starts);
+        let starting = self.starting.clone();
         blocking(move || {
             node.create()?;
             node.set_limits(limits)?;
@@ -168,7 +183,11 @@ impl DesktopGroups for HostGroups {
                 // Host parent, machine, desktop.
                 cgroup::hold_for_phase(&node, &host, 2, phase);
             }
-            node.place_tagged(&tag, None).map(|_| ())
+            node.place_tagged(&tag, None)?;
+            match &starting {
+                Some(low) => start_group::weigh_for_phase(&node, low, phase).map(|_| ()),
+                None => Ok(()),
+            }
         })
         .await
     }
@@ -190,5 +209,9 @@ impl DesktopGroups for HostGroups {
 
     fn memory_mb(&self) -> u64 {
         self.limits.memory_mb
+    }
+
+    fn lowers_starts(&self) -> bool {
+        self.starting.is_some()
     }
 }

@@ -50,6 +50,8 @@ pub mod runtime;
 pub mod screen_commands;
 pub mod shared_image;
 pub mod spare_profile;
+pub mod start_group;
+pub mod start_watch;
 pub mod terminal;
 pub mod terminal_frames;
 pub mod warm;

@@ -10,13 +10,12 @@
 //! stays inside a session).
 //!
 //! A lowered start beside CPU-heavy work at normal priority would wait for that work to end, so
-//! a start is also watched while it lasts ([`StartWatch`]): once its browser waits for a CPU
-//! most of the time, it is raised at once.
+//! a start is also watched while it lasts ([`super::start_watch::StartWatch`]): once its browser
+//! waits for a CPU most of the time, it is raised at once.
 
 use std::collections::HashSet;
 use std::fs;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, getpriority_process, setpriority_process};
 
@@ -104,82 +103,17 @@ pub fn raise(groups: &[u32]) -> usize {
     first + raise_pass(&groups, own)
 }
 
-/// How often a lowered start's browser is looked at for starvation.
-const STARVED_LOOK: Duration = Duration::from_millis(200);
-
-/// How long the thread `tid` has run on a CPU and how long it has waited for one, in
-/// nanoseconds (the first two fields of `/proc/<tid>/schedstat`).
-fn ran_and_waited(tid: u32) -> Option<(u64, u64)> {
-    let line = fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
-    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
-    Some((fields.next()??, fields.next()??))
-}
-
-/// Whether a thread that ran `ran` and waited to run `waited` during one look of `span` (all in
-/// nanoseconds) was starved: it waited for a CPU for half the look and for most of the time it
-/// could have run. A start beside a running bot's observations shares the CPUs and stays below
-/// both marks; beside CPU-bound work at normal priority it barely runs.
-fn starved(ran: u64, waited: u64, span: u64) -> bool {
-    waited >= span / 2 && waited >= 3 * ran
-}
-
-/// Resolves once the thread `leader` (a lowered browser's main thread) is starved ([`starved`]
-/// over one look), with `true`; with `false` once the thread is gone.
-async fn starving(leader: u32) -> bool {
-    let Some(mut last) = ran_and_waited(leader) else {
-        return false;
-    };
-    let mut looked = Instant::now();
-    loop {
-        tokio::time::sleep(STARVED_LOOK).await;
-        let Some(now) = ran_and_waited(leader) else {
-            return false;
-        };
-        // The look as long as it really was: a sleep may end late on a busy machine.
-        let span = looked.elapsed().as_nanos() as u64;
-        looked = Instant::now();
-        let (ran, waited) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
-        if starved(ran, waited, span) {
-            return true;
-        }
-        last = now;
-    }
-}
-
-/// The watch over a lowered start: while it lasts, `groups` are raised ([`raise`]) as soon as
-/// the thread `leader` is starved. Dropping it ends the watch.
-pub struct StartWatch(tokio::task::JoinHandle<()>);
-
-impl StartWatch {
-    /// Watches the start of the desktop on `screen_display` (bot `bot_id`): `leader` is its
-    /// browser's main thread, `groups` the process groups its start lowered.
-    pub fn new(groups: Vec<u32>, leader: u32, screen_display: u32, bot_id: String) -> Self {
-        Self(tokio::spawn(async move {
-            if !starving(leader).await {
-                return;
-            }
-            let raised = tokio::task::spawn_blocking(move || raise(&groups))
-                .await
-                .unwrap_or(0);
-            tracing::info!(
-                screen.display = screen_display,
-                bot.id = %bot_id,
-                threads = raised,
-                "desktop.priority.raised_starved"
-            );
-        }))
-    }
-}
-
-impl Drop for StartWatch {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// [`raise`] on the blocking pool: what a lowered start's end or its starvation runs.
+pub async fn raise_off_thread(groups: Vec<u32>) -> usize {
+    tokio::task::spawn_blocking(move || raise(&groups))
+        .await
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::desktop::start_watch::StartWatch;
     use std::process::Command;
 
     #[test]
@@ -209,19 +143,6 @@ mod tests {
             ])
             .spawn()
             .unwrap()
-    }
-
-    #[test]
-    fn a_thread_is_starved_when_it_waits_most_of_a_look_and_barely_runs() {
-        let look = 200_000_000;
-        // Beside CPU-bound work at normal priority: runnable all the look, running a little.
-        assert!(starved(10_000_000, 190_000_000, look));
-        // Sharing the CPUs with a running bot: it ran more than it waited.
-        assert!(!starved(120_000_000, 80_000_000, look));
-        // Waiting most of the time it could run, but mostly asleep (idle, not starved).
-        assert!(!starved(5_000_000, 40_000_000, look));
-        // Waiting half the look, yet running as much as a third of it.
-        assert!(!starved(70_000_000, 110_000_000, look));
     }
 
     /// A process in a session of its own running `sh -c script` at `nice` (its scheduling
@@ -262,7 +183,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         assert!(lowered, "the start never ran lowered");
-        let _watch = StartWatch::new(vec![pid], pid, 0, "bot".into());
+        let _watch = StartWatch::new(pid, 0, "bot".into(), Box::pin(raise_off_thread(vec![pid])));
         let mut raised = false;
         for _ in 0..50 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;

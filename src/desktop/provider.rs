@@ -25,7 +25,7 @@ use super::command::{
 };
 use super::files::blocking;
 use super::groups::{DesktopGroups, DesktopLimits, HostGroups, forward_freezes, host_parent};
-use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig, Settle};
+use super::runtime::{DesktopRuntime, DisplayPool, REAP_GRACE, RuntimeConfig};
 use super::{check_id, files, shell_quote};
 
 /// The environments the provider agrees to run in (`RAKAZO_ENV`).
@@ -49,9 +49,10 @@ pub struct DesktopProviderConfig {
     pub limits: Option<DesktopLimits>,
     /// `SANDBOX_DESKTOP_WARM_STACKS`: spare display stacks per computer.
     pub warm_stacks: usize,
-    /// `SANDBOX_DESKTOP_START_NICE`: how far below this process's CPU priority a desktop of a
-    /// machine without desktop groups runs while it starts (0 = not lowered; see
-    /// [`Launch::start_only`]).
+    /// `SANDBOX_DESKTOP_START_NICE`: how far below this process's CPU priority a desktop runs
+    /// while it starts (0 = not lowered): by nice value without desktop groups
+    /// ([`Launch::start_only`]), by the weight of the group its CPU is weighed in with them
+    /// ([`super::start_group`]).
     pub start_nice: u8,
 }
 
@@ -143,33 +144,33 @@ impl DesktopProvider {
             return Err(ProviderError::MachineGone);
         }
         let groups = match (&self.groups, self.config.limits) {
-            (Ok(_), Some(limits)) => match HostGroups::new(&short_name(&machine.0), limits) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    tracing::warn!(error = %e, "desktop.limits.unavailable");
-                    None
+            (Ok(_), Some(limits)) => {
+                match HostGroups::new(&short_name(&machine.0), limits, self.config.start_nice) {
+                    Ok(g) => Some(g),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "desktop.limits.unavailable");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let config = RuntimeConfig {
-            workspace: home.clone(),
-            // Short: the gateway's unix sockets live below it (108-byte path limit).
-            run_dir: self.config.run_root.join(short_name(&machine.0)),
             screen_limit: self.config.screen_limit,
-            displays: self.displays.clone(),
-            gateway_port: 0,
-            settle: Settle::default(),
-            x11_socket_dir: None,
-            commands_only: false,
-            gateway_host: "127.0.0.1".into(),
             groups: groups.clone().map(|g| g as Arc<dyn DesktopGroups>),
             freeze_after: self.config.limits.and_then(|l| l.freeze_after),
             warm_stacks: self.config.warm_stacks,
+            // Short: the gateway's unix sockets live below it (108-byte path limit).
+            ..RuntimeConfig::on_host(
+                home.clone(),
+                self.config.run_root.join(short_name(&machine.0)),
+                self.displays.clone(),
+            )
         };
-        // Without desktop groups nothing weighs a starting desktop against the running ones:
-        // its start may be lowered while it lasts instead (where this process may raise it
-        // back). With groups, a nice value would count only inside the desktop's own group.
+        // A start lowered while it lasts: with desktop groups, by the group its CPU part is
+        // weighed in (`start_group`, given to `HostGroups` above), since a nice value would
+        // count only inside the desktop's own group; without, by nice value (where this process
+        // may raise it back).
         let launch = match (&groups, self.config.start_nice) {
             (None, nice @ 1..) => Launch {
                 nice: nice.min(19),

@@ -39,10 +39,10 @@ use super::command::{
 };
 use super::gateway::{Capability, Gateway, Policy};
 use super::groups::DesktopGroups;
-use super::priority_local::StartWatch;
 use super::profile_local;
 use super::screen_commands::CommandScreen;
 use super::spare_profile;
+use super::start_watch::StartWatch;
 use super::warm::{WarmPool, WarmStatus};
 use super::{DesktopError, check_id, shell_quote};
 
@@ -213,6 +213,28 @@ pub struct RuntimeConfig {
     /// desktops, refilled in the background once [`DesktopRuntime::start_warm_pool`] runs;
     /// 0 = none (`SANDBOX_DESKTOP_WARM_STACKS`).
     pub warm_stacks: usize,
+}
+
+impl RuntimeConfig {
+    /// A machine on this host: its workspace and private run directory, displays from
+    /// `displays`, a gateway on a free loopback port, this host's X sockets; no screen limit,
+    /// no control groups, no freezing, no spares (callers set what they need).
+    pub fn on_host(workspace: PathBuf, run_dir: PathBuf, displays: Arc<DisplayPool>) -> Self {
+        Self {
+            workspace,
+            run_dir,
+            screen_limit: 0,
+            displays,
+            gateway_port: 0,
+            settle: Settle::default(),
+            x11_socket_dir: None,
+            commands_only: false,
+            gateway_host: "127.0.0.1".into(),
+            groups: None,
+            freeze_after: None,
+            warm_stacks: 0,
+        }
+    }
 }
 
 /// A desktop was frozen or thawed (for the screen's row).
@@ -440,6 +462,25 @@ impl DesktopRuntime {
             && self.launch.nice > 0
             && self.runner.on_this_host()
             && super::priority_local::may_raise()
+    }
+
+    /// What raises a lowered start of `screen`'s browser `pid` at once, should it starve: its
+    /// browser's and window manager's process groups by nice value, or its desktop's control
+    /// group to its own weight. `None` for a start that is not lowered.
+    fn start_raise(
+        &self,
+        screen: &Screen,
+        pid: u32,
+    ) -> Option<Pin<Box<dyn Future<Output = usize> + Send>>> {
+        if self.lowered_while_starting() {
+            let groups = [Some(pid), screen.wm].into_iter().flatten().collect();
+            return Some(Box::pin(super::priority_local::raise_off_thread(groups)));
+        }
+        let groups = self.config.groups.clone().filter(|g| g.lowers_starts())?;
+        let tag = screen.tag.clone();
+        Some(Box::pin(async move {
+            usize::from(groups.enter(&tag, Phase::AtWork).await.is_ok())
+        }))
     }
 
     /// The nice value of a starting desktop's browser and window manager.
@@ -885,6 +926,17 @@ impl DesktopRuntime {
             Err(e) => {
                 tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.enter_failed")
             }
+        }
+    }
+
+    /// [`Self::enter_group`] during a start `watch` watches: once the start was found starved,
+    /// the screen enters as a desktop at work, then and from then on (the raise may have begun
+    /// before this entry, which would otherwise lower it again).
+    async fn enter_group_watched(&self, screen: &mut Screen, watch: &Option<StartWatch>) {
+        self.enter_group(screen).await;
+        if screen.starting && watch.as_ref().is_some_and(StartWatch::raised) {
+            screen.starting = false;
+            self.enter_group(screen).await;
         }
     }
 
@@ -2185,9 +2237,7 @@ impl DesktopRuntime {
     /// runtime's priority ([`Launch::start_only`]).
     async fn raise_priority(&self, screen: &Screen) {
         let groups: Vec<u32> = screen.browser.iter().chain(&screen.wm).copied().collect();
-        let raised = tokio::task::spawn_blocking(move || super::priority_local::raise(&groups))
-            .await
-            .unwrap_or(0);
+        let raised = super::priority_local::raise_off_thread(groups).await;
         tracing::debug!(
             screen.display = screen.display,
             bot.id = %screen.bot_id,
@@ -2265,19 +2315,13 @@ impl DesktopRuntime {
             attempt += 1;
             let pid = self.runner.spawn(&spec).await?;
             screen.browser = Some(pid);
-            if self.lowered_while_starting() {
-                let groups = [Some(pid), screen.wm].into_iter().flatten().collect();
-                _watch = Some(StartWatch::new(
-                    groups,
-                    pid,
-                    screen.display,
-                    screen.bot_id.clone(),
-                ));
-            }
+            _watch = self
+                .start_raise(screen, pid)
+                .map(|raise| StartWatch::new(pid, screen.display, screen.bot_id.clone(), raise));
             // Its group at once: the browser's start-up (its zygotes, network process, first
             // page) is most of a desktop's CPU and memory, and counts against the desktop's own
             // weight and ceiling.
-            self.enter_group(screen).await;
+            self.enter_group_watched(screen, &_watch).await;
             // The cookies saved at the last checkpoint or quit go back as soon as its DevTools
             // port answers, while its window is awaited (the cookie database itself is not in
             // the archive, so a restored profile has only these). The port file of an earlier
@@ -2356,7 +2400,7 @@ impl DesktopRuntime {
         // Meanwhile, the group again, for any process the first scan could not place (what it
         // forks from now on inherits the group), and the cookies.
         let grouped = async {
-            self.enter_group(screen).await;
+            self.enter_group_watched(screen, &_watch).await;
             cookies.await
         };
         let (settled_at, cookies_at) = tokio::join!(settled, grouped);

@@ -12,6 +12,7 @@ use rakazo::config::Config;
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
+pub mod desktop;
 #[path = "../gate/mod.rs"]
 pub mod gate;
 pub mod mcp;

@@ -363,9 +363,11 @@ async fn a_starting_desktop_weighs_in_the_low_group_until_it_is_at_work() {
         .unwrap()
         .child(&group_name(&format!("/weigh/{}", std::process::id())));
     node.create().unwrap();
-    // A browser's start: a process that forks its helper a moment later.
+    // A browser's start: a process that forks its helper once told to (it forks nothing
+    // before: `read` is the shell's own).
     let mut start = Command::new("sh")
-        .args(["-c", "sleep 0.5; sleep 60 & wait"])
+        .args(["-c", "read go; sleep 60 & wait"])
+        .stdin(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = start.id();
@@ -391,6 +393,8 @@ async fn a_starting_desktop_weighs_in_the_low_group_until_it_is_at_work() {
         assert!(group_in(pid, controller).ends_with(&name), "{controller}");
     }
 
+    use std::io::Write;
+    writeln!(start.stdin.as_mut().unwrap(), "go").unwrap();
     let helper = loop {
         if let Some(child) = children_of(pid).first() {
             break *child;

@@ -392,10 +392,14 @@ impl Node {
 
     /// The processes in the group.
     pub fn procs(&self) -> GroupResult<Vec<u32>> {
-        let controller = match self.version {
+        self.pids_in(match self.version {
             Version::V1 => "freezer",
             Version::V2 => "",
-        };
+        })
+    }
+
+    /// The processes in the group's directory of `controller`.
+    fn pids_in(&self, controller: &str) -> GroupResult<Vec<u32>> {
         Ok(self
             .read(controller, "cgroup.procs")?
             .lines()
@@ -406,11 +410,8 @@ impl Node {
     /// Moves process `pid` (all its threads) into the group; one that is gone is not an error.
     pub fn place(&self, pid: u32) -> GroupResult<()> {
         for dir in &self.dirs {
-            let path = dir.join("cgroup.procs");
-            match std::fs::write(&path, pid.to_string()) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(ESRCH) => return Ok(()),
-                Err(e) => return Err(io_err("move a process into", &path, e)),
+            if !move_into(dir, pid)? {
+                return Ok(());
             }
         }
         // The cpuset part is the best the machine allows (see `create_cpuset`).
@@ -423,23 +424,13 @@ impl Node {
     /// v1: the processes in the group's directory of the `cpu` hierarchy, which may differ from
     /// [`Self::procs`] while a desktop starts ([`super::start_group`]).
     pub fn cpu_procs(&self) -> GroupResult<Vec<u32>> {
-        Ok(self
-            .read("cpu", "cgroup.procs")?
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect())
+        self.pids_in("cpu")
     }
 
     /// v1: moves process `pid` (all its threads) into the group in the `cpu` hierarchy only (and
     /// in `cpuacct` where the two are mounted together); one that is gone is not an error.
     pub fn place_cpu(&self, pid: u32) -> GroupResult<()> {
-        let path = self.dir("cpu").join("cgroup.procs");
-        match std::fs::write(&path, pid.to_string()) {
-            Err(e) if e.raw_os_error() != Some(ESRCH) => {
-                Err(io_err("move a process into", &path, e))
-            }
-            _ => Ok(()),
-        }
+        move_into(&self.dir("cpu"), pid).map(drop)
     }
 
     /// Moves every process carrying `tag` in [`TAG_VAR`], and every descendant of one (Chromium
@@ -718,6 +709,16 @@ fn field(text: &str, name: &str) -> Option<u64> {
 
 /// `ESRCH` on Linux: the process is gone.
 const ESRCH: i32 = 3;
+
+/// Moves process `pid` into group directory `dir`; `false` when the process is gone.
+fn move_into(dir: &Path, pid: u32) -> GroupResult<bool> {
+    let path = dir.join("cgroup.procs");
+    match std::fs::write(&path, pid.to_string()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(ESRCH) => Ok(false),
+        Err(e) => Err(io_err("move a process into", &path, e)),
+    }
+}
 
 /// Every process id of this pid namespace.
 pub fn all_pids() -> Vec<u32> {

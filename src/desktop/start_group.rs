@@ -1,7 +1,7 @@
 //! A starting desktop weighed low against everything else on this host (cgroup v1): while its
 //! browser starts, the CPU part of its processes sits in one group beside this process's own,
 //! of a low weight, so the runtime's captures and the desktops at work keep the CPUs; once the
-//! desktop is at work, or its start starves ([`super::priority_local::StartWatch`]), the CPU part
+//! desktop is at work, or its start starves ([`super::start_watch::StartWatch`]), the CPU part
 //! goes back to the desktop's own group.
 //!
 //! A desktop's own group weighs only against the other desktops: the whole tree of desktop

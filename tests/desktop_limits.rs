@@ -11,12 +11,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rakazo::desktop::cgroup::{Node, Phase, Usage, group_name, hold_for_phase};
-use rakazo::desktop::command::{HostRunner, TAG_VAR, sweep_script};
+use rakazo::desktop::cgroup::{Node, Phase, Usage, Version, group_name, hold_for_phase};
+use rakazo::desktop::command::{CommandRunner, HostRunner, SpawnSpec, TAG_VAR, sweep_script};
 use rakazo::desktop::groups::{DesktopLimits, HostGroups, host_parent};
 use rakazo::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 use rakazo::desktop::runtime::{DesktopRuntime, RuntimeConfig};
-use rakazo::desktop::start_group::{host_group, weigh_for_phase, weight_of_nice};
+use rakazo::desktop::start_group::{host_group, joins_for_phase, weigh_for_phase, weight_of_nice};
 use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -611,6 +611,83 @@ async fn a_process_changing_its_user_is_placed_all_the_same() {
             "round {round}: moved {moved}, inside {inside}"
         );
     }
+    node.remove().unwrap();
+}
+
+/// A program started for a desktop on this host is born in the desktop's group: the script
+/// starting it joins the group first, so the program, and what it forks at once, are inside
+/// when the start returns, with no search by tag (it carries none); while the desktop starts
+/// with its starts lowered, only its CPU part is born in the low group. A group that refuses
+/// the script starts nothing.
+#[tokio::test]
+async fn a_spawned_program_and_what_it_forks_at_once_are_born_in_the_desktops_group() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("born-{}", std::process::id());
+    let node = host_parent().unwrap().child(&name);
+    node.create().unwrap();
+    let runner = HostRunner::minimal();
+    let spec = |join| SpawnSpec {
+        argv: ["sh", "-c", "sleep 60 & exec sleep 61"]
+            .map(String::from)
+            .into(),
+        join,
+        ..Default::default()
+    };
+    let forked = |pid: u32| {
+        for _ in 0..250 {
+            if let Some(child) = children_of(pid).first() {
+                return *child;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("process {pid} forked nothing");
+    };
+
+    let pid = runner.spawn(&spec(node.joins())).await.unwrap();
+    assert!(
+        node.procs().unwrap().contains(&pid),
+        "the program was born outside"
+    );
+    let child = forked(pid);
+    assert!(node.procs().unwrap().contains(&child));
+    if node.version() == Version::V1 {
+        for controller in ["cpu", "memory", "freezer"] {
+            assert!(group_in(pid, controller).ends_with(&name), "{controller}");
+        }
+    }
+    runner.stop(pid, Duration::from_millis(100)).await.unwrap();
+
+    if let Some(low) = low_group() {
+        let joins = joins_for_phase(&node, &low, Phase::Starting);
+        let pid = runner.spawn(&spec(joins)).await.unwrap();
+        let child = forked(pid);
+        for p in [pid, child] {
+            assert!(group_in(p, "cpu").contains("/rakazo-start-"), "{p}");
+            for controller in ["memory", "freezer"] {
+                assert!(group_in(p, controller).ends_with(&name), "{controller}");
+            }
+        }
+        assert_eq!(weigh_for_phase(&node, &low, Phase::AtWork).unwrap(), 2);
+        runner.stop(pid, Duration::from_millis(100)).await.unwrap();
+    }
+
+    let marker = dir.path().join("started");
+    let refused = SpawnSpec {
+        argv: vec!["touch".into(), marker.to_string_lossy().into_owned()],
+        join: host_parent()
+            .unwrap()
+            .child(&format!("{name}-missing"))
+            .joins(),
+        ..Default::default()
+    };
+    let err = runner.spawn(&refused).await.unwrap_err();
+    assert!(
+        err.to_string().contains("cannot join the control group"),
+        "{err}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!marker.exists(), "a program started outside its group");
     node.remove().unwrap();
 }
 

@@ -8,9 +8,12 @@
 //! can also be held to some of the machine's CPUs ([`Node::set_cpus`]); where it cannot, the
 //! group runs on every CPU as before.
 //!
-//! Processes are moved in by their [`TAG_VAR`] (every process of a desktop carries its
-//! screen's tag, and its children inherit both the tag and the group). Only the owner of the
-//! group files (root) can move a process or change a limit; a process inside never can.
+//! A process started for a desktop on this host joins the group before its program starts
+//! ([`Join`]), so it and everything it forks is born inside. Elsewhere (a machine reached
+//! through commands) processes are moved in by their [`TAG_VAR`] (every process of a desktop
+//! carries its screen's tag, and its children inherit both the tag and the group). Only the
+//! owner of the group files (root) can move a process or change a limit; a process inside
+//! never can.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -42,6 +45,17 @@ type GroupResult<T> = Result<T, GroupError>;
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> GroupError {
     GroupError(format!("{what} {}: {e}", path.display()))
+}
+
+/// One control-group file a process about to start writes its own pid into, so that it and
+/// everything it forks is born in that group ([`Node::joins`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Join {
+    /// The group directory's `cgroup.procs`.
+    pub procs: PathBuf,
+    /// Whether the start fails when the file refuses (a v1 cpuset part is the best the
+    /// machine allows, as in [`Node::place`]).
+    pub required: bool,
 }
 
 /// Which control group interface the machine has.
@@ -419,6 +433,30 @@ impl Node {
             let _ = std::fs::write(dir.join("cgroup.procs"), pid.to_string());
         }
         Ok(())
+    }
+
+    /// What a process about to start writes its pid into to be born in the group: the files
+    /// [`Self::place`] writes, in its order.
+    pub fn joins(&self) -> Vec<Join> {
+        let required = self.dirs.iter().map(|dir| Join {
+            procs: dir.join("cgroup.procs"),
+            required: true,
+        });
+        let cpuset = self.cpuset.iter().filter(|d| d.is_dir()).map(|dir| Join {
+            procs: dir.join("cgroup.procs"),
+            required: false,
+        });
+        required.chain(cpuset).collect()
+    }
+
+    /// v1: what a process about to start writes its pid into to have its CPU part born in the
+    /// group ([`Self::place_cpu`]); written after [`Self::joins`] of another group, it leaves
+    /// the process's other controllers there.
+    pub fn cpu_join(&self) -> Join {
+        Join {
+            procs: self.dir("cpu").join("cgroup.procs"),
+            required: true,
+        }
     }
 
     /// v1: the processes in the group's directory of the `cpu` hierarchy, which may differ from

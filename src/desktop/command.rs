@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use rakazo_actors::provider::ExecOutput;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::cgroup::Join;
 use super::{DesktopError, shell_quote};
 
 /// How long the short lifecycle scripts of the runtime may take.
@@ -36,6 +37,11 @@ pub struct SpawnSpec {
     /// unprivileged process can lower its priority but never raise it back, so this is for
     /// good, and every process it starts inherits it.
     pub nice: u8,
+    /// Control groups the process joins before its program starts, so that it and everything
+    /// it forks is born there: the script starting it writes its own pid into each file, in
+    /// order, and starts nothing when a required one refuses. Only for a machine whose group
+    /// files are this host's ([`CommandRunner::on_this_host`]).
+    pub join: Vec<Join>,
 }
 
 /// Runs shell scripts on the machine.
@@ -242,10 +248,30 @@ fn spawn_script(spec: &SpawnSpec) -> String {
         .map(|(k, v)| shell_quote(&format!("{k}={v}")))
         .collect();
     let argv: Vec<String> = spec.argv.iter().map(|a| shell_quote(a)).collect();
-    // A tagged program is waited for until it carries its tag (the fork runs with this shell's
-    // environment until `env` execs), so a control group's scan for the tag right after the
-    // spawn finds it.
-    let wait = if spec.env.iter().any(|(k, _)| k == TAG_VAR) {
+    // The script joins the groups first: the program, forked next, is born in them.
+    let join: String = spec
+        .join
+        .iter()
+        .map(|j| {
+            let file = shell_quote(&j.procs.to_string_lossy());
+            let refused = if j.required {
+                format!(
+                    " || {{ echo {} >&2; exit 5; }}",
+                    shell_quote(&format!(
+                        "cannot join the control group of {}",
+                        j.procs.display()
+                    ))
+                )
+            } else {
+                String::new()
+            };
+            format!("{{ echo $$ > {file}; }} 2>/dev/null{refused}\n")
+        })
+        .collect();
+    // A tagged program started outside its group is waited for until it carries its tag (the
+    // fork runs with this shell's environment until `env` execs), so a control group's scan
+    // for the tag right after the spawn finds it.
+    let wait = if spec.join.is_empty() && spec.env.iter().any(|(k, _)| k == TAG_VAR) {
         format!(
             "n=0; while [ $n -lt 400 ] && [ -e /proc/$pid ] && ! grep -qz '^{TAG_VAR}=' /proc/$pid/environ 2>/dev/null; do sleep 0.005; n=$((n+1)); done\n"
         )
@@ -255,7 +281,7 @@ fn spawn_script(spec: &SpawnSpec) -> String {
     // `setsid` is not a group leader here (no job control), so it calls setsid() itself and
     // execs: `$!` is the pid of the final program and of its new process group.
     format!(
-        "cd {cwd} || exit 1\nenv -i {env} setsid {lower}{argv} >{log} 2>&1 </dev/null &\npid=$!\n{wait}echo $pid",
+        "cd {cwd} || exit 1\n{join}env -i {env} setsid {lower}{argv} >{log} 2>&1 </dev/null &\npid=$!\n{wait}echo $pid",
         cwd = shell_quote(cwd),
         env = env.join(" "),
         lower = lower_priority(spec.nice),

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{DesktopFreeze, ProviderRef};
 
 use super::DesktopError;
-use super::cgroup::{self, GroupError, Limits, Node, Phase, Usage, Version};
+use super::cgroup::{self, GroupError, Join, Limits, Node, Phase, Usage, Version};
 use super::runtime::DesktopRuntime;
 use super::start_group;
 
@@ -44,6 +44,15 @@ pub trait DesktopGroups: Send + Sync + std::fmt::Debug {
     /// Creates the desktop's group with its limits if missing, gives it the CPUs of its
     /// `phase` ([`cgroup::hold_for_phase`]), and moves every process carrying `tag` into it.
     async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError>;
+    /// [`Self::enter`] for a desktop whose every process was born in its group: the group is
+    /// made ready for `phase` (created with its limits, its CPUs, what is in it weighed for
+    /// the phase) without looking for processes outside it. Answers the files a process
+    /// about to start for the desktop on this host joins the group by ([`Join`]); `None` where
+    /// this owner cannot place a process at birth, whose processes [`Self::enter`] finds by
+    /// their tag.
+    async fn prepare(&self, _tag: &str, _phase: Phase) -> Result<Option<Vec<Join>>, DesktopError> {
+        Ok(None)
+    }
     /// Freezes or thaws the desktop's processes.
     async fn set_frozen(&self, tag: &str, frozen: bool) -> Result<(), DesktopError>;
     /// CPU time, OOM kills and frozen state of the desktop's group.
@@ -168,11 +177,15 @@ impl HostGroups {
     pub fn remove_machine(&self) {
         let _ = self.machine.remove();
     }
-}
 
-#[async_trait]
-impl DesktopGroups for HostGroups {
-    async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError> {
+    /// Makes the group of the desktop tagged `tag` ready for `phase`, first moving in every
+    /// process carrying the tag when `search`; answers how a process about to start joins it.
+    async fn ready(
+        &self,
+        tag: &str,
+        phase: Phase,
+        search: bool,
+    ) -> Result<Vec<Join>, DesktopError> {
         let (node, limits, tag) = (self.node(tag), self.limits.limits(), tag.to_owned());
         let (host, hold) = (self.host.clone(), self.limits.hold_starts);
         let starting = self.starting.clone();
@@ -183,13 +196,29 @@ impl DesktopGroups for HostGroups {
                 // Host parent, machine, desktop.
                 cgroup::hold_for_phase(&node, &host, 2, phase);
             }
-            node.place_tagged(&tag, None)?;
+            if search {
+                node.place_tagged(&tag, None)?;
+            }
             match &starting {
-                Some(low) => start_group::weigh_for_phase(&node, low, phase).map(|_| ()),
-                None => Ok(()),
+                Some(low) => {
+                    start_group::weigh_for_phase(&node, low, phase)?;
+                    Ok(start_group::joins_for_phase(&node, low, phase))
+                }
+                None => Ok(node.joins()),
             }
         })
         .await
+    }
+}
+
+#[async_trait]
+impl DesktopGroups for HostGroups {
+    async fn enter(&self, tag: &str, phase: Phase) -> Result<(), DesktopError> {
+        self.ready(tag, phase, true).await.map(drop)
+    }
+
+    async fn prepare(&self, tag: &str, phase: Phase) -> Result<Option<Vec<Join>>, DesktopError> {
+        self.ready(tag, phase, false).await.map(Some)
     }
 
     async fn set_frozen(&self, tag: &str, frozen: bool) -> Result<(), DesktopError> {

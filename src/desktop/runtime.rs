@@ -32,7 +32,7 @@ use super::browser::{
     DevToolsAction, LOCK_FILES, Launch, chromium_args, devtools_script, profile_dir,
 };
 use super::capture::{XDisplay, x_err};
-use super::cgroup::Phase;
+use super::cgroup::{Join, Phase};
 use super::command::{
     CommandRunner, Readiness, SCRIPT_TIMEOUT, SpawnSpec, TAG_VAR, install_program, last_log_line,
     minimal_env, reap_script, sweep_script, wait_ready,
@@ -308,6 +308,9 @@ struct Screen {
     busy: Arc<AtomicUsize>,
     /// Its processes are in its control group.
     grouped: bool,
+    /// Every process of it was started in its control group ([`DesktopGroups::prepare`]), so
+    /// entering the group looks for none outside it.
+    born_grouped: bool,
     /// Its control group is frozen.
     frozen: bool,
     /// Its stack or browser is starting (see [`Phase::Starting`]).
@@ -478,8 +481,10 @@ impl DesktopRuntime {
         }
         let groups = self.config.groups.clone().filter(|g| g.lowers_starts())?;
         let tag = screen.tag.clone();
+        // The CPU part goes back to the desktop's own group; what is outside is left to the
+        // screen's next entry.
         Some(Box::pin(async move {
-            usize::from(groups.enter(&tag, Phase::AtWork).await.is_ok())
+            usize::from(groups.prepare(&tag, Phase::AtWork).await.is_ok())
         }))
     }
 
@@ -921,11 +926,51 @@ impl DesktopRuntime {
         let Some(groups) = &self.config.groups else {
             return;
         };
-        match groups.enter(&screen.tag, Phase::of(screen.starting)).await {
+        let phase = Phase::of(screen.starting);
+        let entered = if screen.born_grouped {
+            groups.prepare(&screen.tag, phase).await.map(drop)
+        } else {
+            groups.enter(&screen.tag, phase).await
+        };
+        match entered {
             Ok(()) => screen.grouped = true,
             Err(e) => {
                 tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.enter_failed")
             }
+        }
+    }
+
+    /// How a process about to start for the desktop tagged `tag` is born in its control group
+    /// as `phase` wants, where the group's owner can place it so on this host; `None` where it
+    /// cannot (the process is then found by its tag, [`Self::enter_group`]) or the group could
+    /// not be made ready (logged: the desktop runs without its limits).
+    async fn group_joins(&self, tag: &str, phase: Phase) -> Option<Vec<Join>> {
+        let groups = self
+            .config
+            .groups
+            .as_ref()
+            .filter(|_| self.runner.on_this_host())?;
+        match groups.prepare(tag, phase).await {
+            Ok(joins) => joins,
+            Err(e) => {
+                tracing::warn!(error = %e, "desktop.limits.enter_failed");
+                None
+            }
+        }
+    }
+
+    /// `spec`, started for `screen`, born in its control group where every process of the
+    /// screen is; a screen otherwise looks for its processes by their tag from then on.
+    async fn join_screen_group(&self, screen: &mut Screen, spec: &mut SpawnSpec) {
+        if !screen.born_grouped {
+            return;
+        }
+        match self
+            .group_joins(&screen.tag, Phase::of(screen.starting))
+            .await
+        {
+            Some(joins) => spec.join = joins,
+            None => screen.born_grouped = false,
         }
     }
 
@@ -1306,15 +1351,19 @@ impl DesktopRuntime {
         self.thaw(screen).await?;
         screen.last_used = Instant::now();
         let workspace = self.config.workspace.to_string_lossy().into_owned();
-        let spec = SpawnSpec {
+        let mut spec = SpawnSpec {
             argv,
             env: self.env(&screen.tag, screen.display, &workspace),
             cwd: workspace,
             log: String::new(),
             nice: self.program_nice(),
+            join: Vec::new(),
         };
+        self.join_screen_group(screen, &mut spec).await;
         self.runner.spawn(&spec).await?;
-        self.enter_group(screen).await;
+        if !screen.born_grouped {
+            self.enter_group(screen).await;
+        }
         Ok(())
     }
 
@@ -1481,6 +1530,7 @@ impl DesktopRuntime {
             DEVTOOLS_BRIDGE_SOURCE,
         )
         .await?;
+        let joins = self.group_joins(tag, Phase::AtWork).await;
         let pid = self
             .runner
             .spawn(&SpawnSpec {
@@ -1491,6 +1541,7 @@ impl DesktopRuntime {
                     port.to_string(),
                 ],
                 env: tagged_env(tag),
+                join: joins.clone().unwrap_or_default(),
                 ..Default::default()
             })
             .await?;
@@ -1508,7 +1559,8 @@ impl DesktopRuntime {
                 "the DevTools bridge did not start".into(),
             ));
         }
-        if let Some(groups) = &self.config.groups
+        if joins.is_none()
+            && let Some(groups) = &self.config.groups
             && let Err(e) = groups.enter(tag, Phase::AtWork).await
         {
             tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.enter_failed");
@@ -1970,8 +2022,32 @@ impl DesktopRuntime {
         env
     }
 
-    /// Starts Xvfb on a free display number and the window manager on it.
+    /// Starts Xvfb on a free display number and the window manager on it, both born in the
+    /// desktop's control group where its owner can place them so; a group made for a stack
+    /// that did not start is removed.
     async fn start_stack(&self, bot_id: &str) -> Result<Screen, DesktopError> {
+        let run_dir = self.config.run_dir.to_string_lossy();
+        let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
+        let joins = self.group_joins(&tag, Phase::Starting).await;
+        let started = self.start_stack_tagged(bot_id, &tag, joins.clone()).await;
+        if started.is_err()
+            && joins.is_some()
+            && let Some(groups) = &self.config.groups
+            && let Err(e) = groups.remove(&tag).await
+        {
+            tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.remove_failed");
+        }
+        started
+    }
+
+    /// [`Self::start_stack`] tagged `tag`, its processes joining `joins` (`None`: found by
+    /// their tag once started).
+    async fn start_stack_tagged(
+        &self,
+        bot_id: &str,
+        tag: &str,
+        joins: Option<Vec<Join>>,
+    ) -> Result<Screen, DesktopError> {
         let run_dir = self.config.run_dir.to_string_lossy().into_owned();
         // The run directory is made in the same script as the first display number's check
         // and the X server's start: two round trips fewer on a machine reached through its
@@ -1992,7 +2068,6 @@ impl DesktopRuntime {
                 .collect::<Vec<_>>()
                 .join(" "),
         ));
-        let tag = format!("{run_dir}/screen-{}", uuid::Uuid::new_v4().simple());
         for _ in 0..DISPLAY_SEARCH {
             let display = self
                 .config
@@ -2031,8 +2106,9 @@ impl DesktopRuntime {
             }
             let xvfb = SpawnSpec {
                 argv,
-                env: tagged_env(&tag),
+                env: tagged_env(tag),
                 log: format!("{run_dir}/xvfb-{display}.log"),
+                join: joins.clone().unwrap_or_default(),
                 ..Default::default()
             };
             // The check and the server's start are one script.
@@ -2061,7 +2137,7 @@ impl DesktopRuntime {
             };
             let mut screen = Screen {
                 bot_id: bot_id.to_string(),
-                tag: tag.clone(),
+                tag: tag.to_owned(),
                 display,
                 xvfb: Some(xvfb),
                 wm: None,
@@ -2069,7 +2145,8 @@ impl DesktopRuntime {
                 io: None,
                 last_used: Instant::now(),
                 busy: Arc::new(AtomicUsize::new(0)),
-                grouped: false,
+                grouped: joins.is_some(),
+                born_grouped: joins.is_some(),
                 starting: true,
                 frozen: false,
                 oom_seen: 0,
@@ -2097,9 +2174,10 @@ impl DesktopRuntime {
             // socket itself.
             let wm = SpawnSpec {
                 argv: wm_argv(display),
-                env: self.env(&tag, display, &format!("{run_dir}/wm")),
+                env: self.env(tag, display, &format!("{run_dir}/wm")),
                 log: format!("{run_dir}/wm-{display}.log"),
                 nice: self.start_nice(),
+                join: joins.clone().unwrap_or_default(),
                 ..Default::default()
             };
             let wm = self.runner.spawn(&wm);
@@ -2297,12 +2375,13 @@ impl DesktopRuntime {
         let run_dir = self.config.run_dir.to_string_lossy();
         env.push(("XDG_CONFIG_HOME".into(), format!("{run_dir}/xdg-config")));
         env.push(("XDG_CACHE_HOME".into(), format!("{run_dir}/xdg-cache")));
-        let spec = SpawnSpec {
+        let mut spec = SpawnSpec {
             argv,
             env,
             cwd: workspace.clone(),
             log: log.clone(),
             nice: self.start_nice(),
+            join: Vec::new(),
         };
         let started = Instant::now();
         let bot_id = screen.bot_id.clone();
@@ -2313,14 +2392,15 @@ impl DesktopRuntime {
         let mut _watch = None;
         let (io, cookies) = loop {
             attempt += 1;
+            self.join_screen_group(screen, &mut spec).await;
             let pid = self.runner.spawn(&spec).await?;
             screen.browser = Some(pid);
             _watch = self
                 .start_raise(screen, pid)
                 .map(|raise| StartWatch::new(pid, screen.display, screen.bot_id.clone(), raise));
-            // Its group at once: the browser's start-up (its zygotes, network process, first
-            // page) is most of a desktop's CPU and memory, and counts against the desktop's own
-            // weight and ceiling.
+            // Its group at once, where it was not born there: the browser's start-up (its
+            // zygotes, network process, first page) is most of a desktop's CPU and memory, and
+            // counts against the desktop's own weight and ceiling.
             self.enter_group_watched(screen, &_watch).await;
             // The cookies saved at the last checkpoint or quit go back as soon as its DevTools
             // port answers, while its window is awaited (the cookie database itself is not in
@@ -2398,7 +2478,8 @@ impl DesktopRuntime {
             Ok::<_, DesktopError>(started.elapsed().as_millis() as u64)
         };
         // Meanwhile, the group again, for any process the first scan could not place (what it
-        // forks from now on inherits the group), and the cookies.
+        // forks from now on inherits the group; none is left out of a screen whose processes
+        // are born in it), and the cookies.
         let grouped = async {
             self.enter_group_watched(screen, &_watch).await;
             cookies.await

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use super::cgroup::{self, GroupError, Limits, Node, Phase, Version};
+use super::cgroup::{self, GroupError, Join, Limits, Node, Phase, Version};
 
 /// Name of the low group, followed by this process's id.
 const PREFIX: &str = "rakazo-start-";
@@ -85,6 +85,17 @@ pub fn weigh_for_phase(node: &Node, low: &Node, phase: Phase) -> Result<usize, G
         moved += away.len();
     }
     Ok(moved)
+}
+
+/// What a process about to start for desktop `node` writes its pid into to be born where
+/// `phase` weighs it ([`weigh_for_phase`]): the desktop's own group, then, while it starts,
+/// `low` for its CPU part.
+pub fn joins_for_phase(node: &Node, low: &Node, phase: Phase) -> Vec<Join> {
+    let mut joins = node.joins();
+    if phase == Phase::Starting {
+        joins.push(low.cpu_join());
+    }
+    joins
 }
 
 #[cfg(test)]

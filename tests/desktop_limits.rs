@@ -305,6 +305,7 @@ async fn a_starting_desktop_is_held_off_the_first_cpu_while_another_works() {
     // The desktop at work keeps every CPU, and a held one does not hold it in turn.
     assert!(!hold_for_phase(&work, &scope, 1, Phase::Starting));
     assert_eq!(canonical(working.id()), all);
+    assert!(!hold_for_phase(&work, &scope, 1, Phase::AtWork));
 
     // Once at work, every CPU again.
     assert!(!hold_for_phase(&start, &scope, 1, Phase::AtWork));
@@ -321,6 +322,78 @@ async fn a_starting_desktop_is_held_off_the_first_cpu_while_another_works() {
     }
     work.remove().unwrap();
     start.remove().unwrap();
+    scope.remove().unwrap();
+}
+
+/// Starts are held only while they fit the CPUs they are held to: on 2 CPUs, one desktop
+/// starting beside one at work is held, two are not (the one held before is let go at its next
+/// entry), and one said to be starting never counts as at work, though it holds processes
+/// that no entry of its own has held yet (as when eight open at once).
+#[tokio::test]
+async fn starts_beyond_the_cpus_they_would_be_held_to_are_not_held() {
+    let _serial = SERIAL.lock().await;
+    let scope = host_parent()
+        .unwrap()
+        .child(&format!("crowd-{}", std::process::id()));
+    scope.create().unwrap();
+    let [work, first, second] =
+        ["work", "first", "second"].map(|n| scope.child(&group_name(&format!("/crowd/{n}"))));
+    let mut sleepers = Vec::new();
+    let mut occupy = |node: &Node| {
+        let sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+        node.place(sleeper.id()).unwrap();
+        sleepers.push(sleeper);
+    };
+    for node in [&work, &first, &second] {
+        node.create().unwrap();
+    }
+    let cpus = first
+        .parent_cpus()
+        .expect("the cpuset controller reaches desktop groups");
+    assert_eq!(cpus.len(), 2, "this test counts on two CPUs: {cpus:?}");
+
+    // Two say they start before their first process, as the host's desktops do: once both
+    // hold processes, neither is at work for the other.
+    assert!(!hold_for_phase(&first, &scope, 1, Phase::Starting));
+    assert!(!hold_for_phase(&second, &scope, 1, Phase::Starting));
+    occupy(&first);
+    occupy(&second);
+    assert!(!hold_for_phase(&first, &scope, 1, Phase::Starting));
+    assert!(!hold_for_phase(&second, &scope, 1, Phase::Starting));
+    // One at work: two starting would share the one CPU left to them, so neither is held.
+    occupy(&work);
+    assert!(!hold_for_phase(&work, &scope, 1, Phase::AtWork));
+    assert!(work.is_at_work());
+    assert!(!hold_for_phase(&first, &scope, 1, Phase::Starting));
+    // The second at work too: the first, alone starting, is held, then let go once a second
+    // start begins.
+    assert!(!hold_for_phase(&second, &scope, 1, Phase::AtWork));
+    assert!(hold_for_phase(&first, &scope, 1, Phase::Starting));
+    assert!(!hold_for_phase(&second, &scope, 1, Phase::Starting));
+    assert!(!hold_for_phase(&first, &scope, 1, Phase::Starting));
+
+    for sleeper in &mut sleepers {
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+    for node in [&work, &first, &second] {
+        node.remove().unwrap();
+    }
+    // A removed group is no longer said to be starting: a new one beside the one at work is
+    // held alone.
+    let (work, late) = (
+        scope.child(&group_name("/crowd/work-2")),
+        scope.child(&group_name("/crowd/late")),
+    );
+    work.create().unwrap();
+    late.create().unwrap();
+    let mut working = Command::new("sleep").arg("60").spawn().unwrap();
+    work.place(working.id()).unwrap();
+    assert!(hold_for_phase(&late, &scope, 1, Phase::Starting));
+    let _ = working.kill();
+    let _ = working.wait();
+    work.remove().unwrap();
+    late.remove().unwrap();
     scope.remove().unwrap();
 }
 

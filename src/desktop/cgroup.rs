@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::command::TAG_VAR;
@@ -603,6 +604,10 @@ impl Node {
     /// Thaws and removes the group once its processes are gone (they were stopped before);
     /// a group already gone is fine.
     pub fn remove(&self) -> GroupResult<()> {
+        starting_groups()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.dirs[0]);
         if !self.dir("freezer").exists() {
             return Ok(());
         }
@@ -683,26 +688,53 @@ impl Phase {
     }
 }
 
-/// Sets the CPUs of desktop group `node` for `phase`. A desktop starting while another under
-/// `scope` (its desktops `depth` levels down, see [`Node::desktops`]) is at work is held to
-/// every CPU of its parent but the first, which stays free for the desktop at work: its X
-/// server's captures and its bot's calls then never wait behind a starting browser. Alone, or
-/// at work, a desktop uses every CPU. On a machine of one CPU, or where the cpuset controller
-/// cannot be used, nothing is held. Answers whether the group is held.
+/// The desktop groups of this process said to be starting by their last [`hold_for_phase`],
+/// by their first directory: a group holds processes, and so reads as at work, from its first
+/// process on, before its own entry can hold it.
+fn starting_groups() -> &'static Mutex<HashSet<PathBuf>> {
+    static STARTING: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    STARTING.get_or_init(Mutex::default)
+}
+
+/// Sets the CPUs of desktop group `node` for `phase`, and keeps its phase for the others'
+/// decisions. A desktop starting while another under `scope` (its desktops `depth` levels
+/// down, see [`Node::desktops`]) is at work is held to every CPU of its parent but the first,
+/// which stays free for the desktop at work: its X server's captures and its bot's calls then
+/// never wait behind a starting browser. Only while the desktops starting under `scope`, this
+/// one included, are no more than the CPUs they are held to: more would share those CPUs and
+/// open later by more than the desktop at work gains (eight opened at once on 2 CPUs took 1.7
+/// times as long held, BENCHMARKS.md); a desktop held before is then let go at its next
+/// entry. Alone, or at work, a desktop uses every CPU. On a machine of one CPU, or where the
+/// cpuset controller cannot be used, nothing is held. Answers whether the group is held.
 pub fn hold_for_phase(node: &Node, scope: &Node, depth: usize, phase: Phase) -> bool {
+    let starting = {
+        let mut starting = starting_groups()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match phase {
+            Phase::Starting => starting.insert(node.dirs[0].clone()),
+            Phase::AtWork => starting.remove(&node.dirs[0]),
+        };
+        starting.clone()
+    };
     let held = match phase {
         Phase::AtWork => None,
         Phase::Starting => node
             .parent_cpus()
             .filter(|cpus| cpus.len() > 1)
-            .filter(|_| {
-                scope
+            .filter(|cpus| {
+                let others: Vec<Node> = scope
                     .desktops(depth)
-                    .iter()
-                    .any(|d| d != node && d.is_at_work())
-            })
-            .map(|cpus| cpus[1..].to_vec()),
-    };
+                    .into_iter()
+                    .filter(|d| d != node)
+                    .collect();
+                let (others_starting, others_at_work): (Vec<&Node>, Vec<&Node>) =
+                    others.iter().partition(|d| starting.contains(&d.dirs[0]));
+                others_starting.len() < cpus.len() - 1
+                    && others_at_work.iter().any(|d| d.is_at_work())
+            }),
+    }
+    .map(|cpus| cpus[1..].to_vec());
     match node.set_cpus(held.as_deref()) {
         Ok(()) => held.is_some(),
         Err(_) => false,

@@ -429,29 +429,65 @@ async fn screen_limit_refuses_while_shell_works_and_never_evicts_by_itself() {
     provider.stop(&machine).await.unwrap();
 }
 
-/// A host runner that holds one bot's browser start until the test lets it go.
-struct HeldBrowserStart {
+/// What a [`Held`] runner holds.
+enum Hold {
+    /// The start of the browser of the bot with this profile directory name.
+    BrowserStart(&'static str),
+    /// The first cookie save (the DevTools script a checkpoint runs) of this bot's browser.
+    CookieSave(&'static str),
+}
+
+/// A host runner that holds one step of a desktop until the test lets it go.
+struct Held {
     inner: HostRunner,
-    /// Profile directory name of the bot whose browser start is held.
-    bot: &'static str,
+    hold: Hold,
+    /// Set once the step was held: the same step later (a screen's stop saves too) runs at once.
+    held: AtomicBool,
     arrived: tokio::sync::Notify,
     release: tokio::sync::Notify,
 }
 
+impl Held {
+    fn new(hold: Hold) -> Arc<Self> {
+        Arc::new(Self {
+            inner: HostRunner::minimal(),
+            hold,
+            held: AtomicBool::new(false),
+            arrived: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Waits for the test's release the first time `this` step comes.
+    async fn maybe_hold(&self, this: bool) {
+        if this && !self.held.swap(true, Ordering::SeqCst) {
+            self.arrived.notify_one();
+            self.release.notified().await;
+        }
+    }
+}
+
 #[async_trait]
-impl CommandRunner for HeldBrowserStart {
+impl CommandRunner for Held {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        let save = match self.hold {
+            Hold::CookieSave(bot) => script.contains(&format!("/.browser-profiles/{bot}' save <<")),
+            Hold::BrowserStart(_) => false,
+        };
+        self.maybe_hold(save).await;
         self.inner.run(script, timeout).await
     }
 
     async fn spawn(&self, spec: &rakazo::desktop::command::SpawnSpec) -> Result<u32, DesktopError> {
         // The browser may be started through `setpriv` (as root): look past the first word.
-        let held = spec.argv.iter().any(|p| p == "chromium")
-            && spec.argv.iter().any(|a| a.contains(self.bot));
-        if held {
-            self.arrived.notify_one();
-            self.release.notified().await;
-        }
+        let start = match self.hold {
+            Hold::BrowserStart(bot) => {
+                spec.argv.iter().any(|p| p == "chromium")
+                    && spec.argv.iter().any(|a| a.contains(bot))
+            }
+            Hold::CookieSave(_) => false,
+        };
+        self.maybe_hold(start).await;
         self.inner.spawn(spec).await
     }
 
@@ -474,12 +510,7 @@ impl CommandRunner for HeldBrowserStart {
 async fn one_bots_tools_work_while_another_bots_desktop_starts() {
     let begun = begin().await;
     let dir = &begun.dir;
-    let runner = Arc::new(HeldBrowserStart {
-        inner: HostRunner::minimal(),
-        bot: "bot-late",
-        arrived: tokio::sync::Notify::new(),
-        release: tokio::sync::Notify::new(),
-    });
+    let runner = Held::new(Hold::BrowserStart("bot-late"));
     let runtime = Arc::new(DesktopRuntime::new(
         runner.clone(),
         runtime_config(dir.path(), 81, 0),
@@ -530,6 +561,56 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
             .png
             .starts_with(b"\x89PNG")
     );
+    runtime.shutdown().await.unwrap();
+}
+
+/// A checkpoint saving the browsers' state never holds up the bots' tools: while one bot's
+/// cookie save is held, both bots observe and act, and the save then completes.
+#[tokio::test]
+async fn the_bots_tools_work_while_a_checkpoint_saves_their_browsers() {
+    let begun = begin().await;
+    let dir = &begun.dir;
+    let runner = Held::new(Hold::CookieSave("bot-slow"));
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 85, 0),
+    ));
+    runtime.open_screen("bot-quick", 0).await.unwrap();
+    runtime.open_screen("bot-slow", 1).await.unwrap();
+    let exported = Arc::new(AtomicBool::new(false));
+    let saving = tokio::spawn({
+        let (runtime, exported) = (runtime.clone(), exported.clone());
+        async move {
+            runtime
+                .with_browser_state_saved(async move { exported.store(true, Ordering::SeqCst) })
+                .await
+        }
+    });
+    runner.arrived.notified().await;
+
+    // A hang guard, not a timing assertion: before the fix these waited for every save.
+    let guard = Duration::from_secs(120);
+    for bot in ["bot-quick", "bot-slow"] {
+        let frame = tokio::time::timeout(guard, runtime.observe(bot))
+            .await
+            .expect("observe waited behind a checkpoint's cookie save")
+            .unwrap();
+        assert!(frame.frame.png.starts_with(b"\x89PNG"));
+        let acted = tokio::time::timeout(guard, runtime.act(bot, &[Action::Wait { ms: 10 }]))
+            .await
+            .expect("act waited behind a checkpoint's cookie save")
+            .unwrap();
+        assert_eq!(acted.completed, 1);
+    }
+    assert!(!saving.is_finished(), "the save was held all along");
+    assert!(
+        !exported.load(Ordering::SeqCst),
+        "nothing is exported before the saves end"
+    );
+
+    runner.release.notify_one();
+    saving.await.unwrap().unwrap();
+    assert!(exported.load(Ordering::SeqCst));
     runtime.shutdown().await.unwrap();
 }
 

@@ -813,6 +813,19 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`); `None` for a
+/// process that is gone or a zombie. A pid and its start time name one process for good: a
+/// pid the kernel hands out again comes with a later start.
+pub fn started_at(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After `pid (comm)`: state is the first field, starttime the twentieth.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if matches!(*fields.first()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
 /// What process `pid`'s environment says of one entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Carries {
@@ -887,6 +900,26 @@ pub fn is_group_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_named_by_its_start_until_it_ends() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let started = started_at(child.id()).expect("a running child has a start time");
+        assert_eq!(started_at(child.id()), Some(started));
+        assert!(started_at(std::process::id()).is_some_and(|own| own <= started));
+        child.kill().unwrap();
+        // Killed but not yet reaped: a zombie names no running process.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while started_at(child.id()).is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(started_at(child.id()), None);
+        child.wait().unwrap();
+        assert_eq!(started_at(child.id()), None);
+    }
 
     #[test]
     fn reads_flat_keyed_fields() {

@@ -36,6 +36,7 @@ pub mod files;
 pub mod frame_scale;
 pub mod gateway;
 pub mod gateway_stream;
+pub mod group_notice;
 pub mod groups;
 pub mod input;
 pub mod keys;

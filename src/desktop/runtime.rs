@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,7 @@ use super::command::{
     minimal_env, reap_script, sweep_script, wait_ready,
 };
 use super::gateway::{Capability, Gateway, Policy};
+use super::group_notice::{GroupNotice, read_notice};
 use super::groups::DesktopGroups;
 use super::profile_local;
 use super::screen_commands::CommandScreen;
@@ -315,8 +316,8 @@ struct Screen {
     frozen: bool,
     /// Its stack or browser is starting (see [`Phase::Starting`]).
     starting: bool,
-    /// OOM kills in its group already told to the bot.
-    oom_seen: u64,
+    /// OOM kills in its group already told to the bot (raised by whichever call tells it).
+    oom_seen: Arc<AtomicU64>,
     /// When its browser was last seen running.
     browser_seen: Option<Instant>,
     /// The spare profile name its browser was started on, now a link to the bot's profile
@@ -985,22 +986,16 @@ impl DesktopRuntime {
         }
     }
 
-    /// What the bot must hear about its desktop's group since it last heard: processes the
-    /// OOM killer took at the memory ceiling (Chromium gives its renderers the first turn).
-    async fn group_notice(&self, screen: &mut Screen) -> Option<String> {
-        let groups = self.config.groups.as_ref().filter(|_| screen.grouped)?;
-        let usage = groups.usage(&screen.tag).await.ok()?;
-        if usage.oom_kills <= screen.oom_seen {
-            return None;
-        }
-        let lost = usage.oom_kills - screen.oom_seen;
-        screen.oom_seen = usage.oom_kills;
-        tracing::warn!(bot.id = %screen.bot_id, desktop.oom_kills = lost, "desktop.memory.ceiling_reached");
-        Some(format!(
-            "This desktop reached its memory ceiling ({} MiB) and lost {lost} browser process{} (a tab shows \"Aw, Snap!\" or closed): reload it or open a lighter page.",
-            groups.memory_mb(),
-            if lost == 1 { "" } else { "es" }
-        ))
+    /// How a call on `screen` learns what the bot must hear about its desktop's group, read
+    /// beside the call's own work ([`GroupNotice::read`]); `None` for a desktop without one.
+    fn group_notice(&self, screen: &Screen) -> Option<GroupNotice> {
+        let groups = self.config.groups.clone().filter(|_| screen.grouped)?;
+        Some(GroupNotice {
+            groups,
+            tag: screen.tag.clone(),
+            bot_id: screen.bot_id.clone(),
+            seen: screen.oom_seen.clone(),
+        })
     }
 
     /// The bot's screen, if one is open.
@@ -1580,26 +1575,28 @@ impl DesktopRuntime {
         size: FrameSize,
     ) -> Result<Observation, DesktopError> {
         let (io, _busy, notice) = self.use_screen(bot_id).await?;
+        // The group's counters are read while the screen is captured.
+        let notice = read_notice(notice);
         let x = match io {
             Io::X(x) => x,
             Io::Commands(c) => {
-                let mut observation = c.grab().await?;
+                let (grabbed, notice) = tokio::join!(c.grab(), notice);
+                let mut observation = grabbed?;
                 observation.frame = super::frame_scale::fit_png(observation.frame, size)?;
                 observation.frame.notice = notice;
                 return Ok(observation);
             }
         };
-        tokio::task::spawn_blocking(move || {
-            let shot = x
-                .lock()
+        let capture = tokio::task::spawn_blocking(move || {
+            x.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .frame_sized(size)?;
-            let mut observation = Observation::from(shot);
-            observation.frame.notice = notice;
-            Ok(observation)
-        })
-        .await
-        .map_err(|e| DesktopError::X(format!("capture task: {e}")))?
+                .frame_sized(size)
+        });
+        let (shot, notice) = tokio::join!(capture, notice);
+        let shot = shot.map_err(|e| DesktopError::X(format!("capture task: {e}")))??;
+        let mut observation = Observation::from(shot);
+        observation.frame.notice = notice;
+        Ok(observation)
     }
 
     /// [`Self::act_sized`] with a full-size screenshot.
@@ -1617,12 +1614,18 @@ impl DesktopRuntime {
         size: FrameSize,
     ) -> Result<ActResult, DesktopError> {
         let (io, _busy, notice) = self.use_screen(bot_id).await?;
+        // The group's counters are read while the batch runs.
+        let notice = read_notice(notice);
         let settle = self.config.settle;
         let x = match io {
             Io::X(x) => x,
             Io::Commands(c) => {
-                let (completed, error) = c.apply(actions).await;
-                let mut observation = c.settle(settle).await?;
+                let batch = async {
+                    let (completed, error) = c.apply(actions).await;
+                    Ok::<_, DesktopError>((completed, error, c.settle(settle).await?))
+                };
+                let (batch, notice) = tokio::join!(batch, notice);
+                let (completed, error, mut observation) = batch?;
                 observation.frame = super::frame_scale::fit_png(observation.frame, size)?;
                 observation.frame.notice = notice;
                 return Ok(ActResult {
@@ -1633,7 +1636,7 @@ impl DesktopRuntime {
             }
         };
         let actions = actions.to_vec();
-        tokio::task::spawn_blocking(move || {
+        let batch = tokio::task::spawn_blocking(move || {
             let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
             let (completed, error) = match x.apply_batch(&actions) {
                 Ok(()) => (actions.len(), None),
@@ -1658,26 +1661,28 @@ impl DesktopRuntime {
                 settle.quiet
             };
             let shot = x.settle_sized(react, quiet, settle.timeout, size)?;
-            Ok(ActResult {
-                completed,
-                error,
-                observation: {
-                    let mut observation = Observation::from(shot);
-                    observation.frame.notice = notice;
-                    observation
-                },
-            })
+            Ok::<_, DesktopError>((completed, error, shot))
+        });
+        let (batch, notice) = tokio::join!(batch, notice);
+        let (completed, error, shot) =
+            batch.map_err(|e| DesktopError::X(format!("input task: {e}")))??;
+        let mut observation = Observation::from(shot);
+        observation.frame.notice = notice;
+        Ok(ActResult {
+            completed,
+            error,
+            observation,
         })
-        .await
-        .map_err(|e| DesktopError::X(format!("input task: {e}")))?
     }
 
-    /// The display connection of the bot's screen, thawed, marked used and busy, with what
-    /// the bot must hear about its desktop.
+    /// The display connection of the bot's screen, thawed, marked used and busy, with how the
+    /// call learns what the bot must hear about its desktop. The table is let go before that
+    /// is read: a group's counters (a request to the supervisor for a container's desktop)
+    /// never hold up another bot's calls.
     async fn use_screen(
         &self,
         bot_id: &str,
-    ) -> Result<(Io, BusyGuard, Option<String>), DesktopError> {
+    ) -> Result<(Io, BusyGuard, Option<GroupNotice>), DesktopError> {
         let mut table = self.table.lock().await;
         let (_, screen) = table.active_mut(bot_id)?;
         screen.last_used = Instant::now();
@@ -1686,7 +1691,7 @@ impl DesktopRuntime {
             .io
             .clone()
             .ok_or_else(|| DesktopError::X("no display connection".into()))?;
-        let notice = self.group_notice(screen).await;
+        let notice = self.group_notice(screen);
         screen.busy.fetch_add(1, Ordering::SeqCst);
         Ok((io, BusyGuard(screen.busy.clone()), notice))
     }
@@ -1922,10 +1927,12 @@ impl DesktopRuntime {
         &self,
         export: impl std::future::Future<Output = T>,
     ) -> Result<T, DesktopError> {
-        let (written, running) = {
+        // Under the table lock only to thaw each browser and mark its screen busy (the
+        // freezer leaves a busy screen alone); the saves themselves run without it, so the
+        // bots' tools go on meanwhile.
+        let browsers: Vec<(String, BusyGuard)> = {
             let mut table = self.table.lock().await;
-            let mut written = 0usize;
-            let mut running = 0usize;
+            let mut browsers = Vec::new();
             for slot in &mut table.slots {
                 if let SlotState::Active(screen) = &mut slot.state
                     && screen.browser.is_some()
@@ -1934,15 +1941,23 @@ impl DesktopRuntime {
                     if let Err(e) = self.thaw(screen).await {
                         tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.freeze.thaw_failed");
                     }
-                    running += 1;
-                    if self.browser_devtools(screen, DevToolsAction::Save).await {
-                        written += 1;
-                    }
+                    screen.busy.fetch_add(1, Ordering::SeqCst);
+                    browsers.push((screen.bot_id.clone(), BusyGuard(screen.busy.clone())));
                 }
             }
-            tracing::info!(browsers = running, written, "desktop.browsers.state_saved");
-            (written, running)
+            browsers
         };
+        let running = browsers.len();
+        let saves = browsers
+            .iter()
+            .map(|(bot_id, _)| async move { self.devtools_of(bot_id, DevToolsAction::Save).await });
+        let written = futures_util::future::join_all(saves)
+            .await
+            .into_iter()
+            .filter(|w| *w)
+            .count();
+        drop(browsers);
+        tracing::info!(browsers = running, written, "desktop.browsers.state_saved");
         if written > 0 || running > 0 {
             // A file younger than the survey's window (a new snapshot, or what a browser
             // wrote a while after activity) is not vouched for, and the next checkpoint
@@ -2149,7 +2164,7 @@ impl DesktopRuntime {
                 born_grouped: joins.is_some(),
                 starting: true,
                 frozen: false,
-                oom_seen: 0,
+                oom_seen: Arc::default(),
                 browser_seen: None,
                 spare_link: None,
             };

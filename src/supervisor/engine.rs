@@ -126,6 +126,9 @@ pub struct Engine {
     desktops: Arc<Desktops>,
     /// Pooled containers' owners and claims.
     pool: Arc<PoolBook>,
+    /// The first process (pid, start time) of each running container a desktop request
+    /// named, so the requests of a desktop's every observe and act need no inspect.
+    init_pids: Arc<dashmap::DashMap<String, (u32, u64)>>,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -160,6 +163,7 @@ impl Engine {
             builds: None,
             guard,
             desktops: Arc::new(Desktops::detect()),
+            init_pids: Arc::default(),
         };
         // Installed at start; creates and health checks check it again.
         if let GuardState::Failed(why) = engine.egress().await {
@@ -193,16 +197,37 @@ impl Engine {
 
     /// The host process id of the running managed container `id`'s first process.
     async fn init_pid(&self, id: &str) -> Result<u32, EngineError> {
+        // The container's first process, seen before and still the same process: it runs
+        // for exactly as long as the container does.
+        if let Some(known) = self.init_pids.get(id).map(|k| *k)
+            && crate::desktop::cgroup::started_at(known.0) == Some(known.1)
+        {
+            return Ok(known.0);
+        }
         let raw = self
             .docker
             .inspect_container(id, None::<InspectContainerOptions>)
             .await?;
-        let info = to_info(&raw).ok_or(EngineError::Gone)?;
+        let Some(info) = to_info(&raw) else {
+            self.init_pids.remove(id);
+            return Err(EngineError::Gone);
+        };
         let pid = raw.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
         if !info.running || pid <= 0 {
+            self.init_pids.remove(id);
             return Err(EngineError::Gone);
         }
-        Ok(pid as u32)
+        let pid = pid as u32;
+        // Read after the engine named it: a process that ended meanwhile is not kept.
+        match crate::desktop::cgroup::started_at(pid) {
+            Some(started) => {
+                self.init_pids.insert(id.to_owned(), (pid, started));
+            }
+            None => {
+                self.init_pids.remove(id);
+            }
+        }
+        Ok(pid)
     }
 
     /// Runs `f` on the desktops of the running container `id` (its first process's pid).
@@ -648,6 +673,9 @@ impl Engine {
             )
             .await?;
         self.forget_pooled(&info.id, &info.home_key).await;
+        // Whatever name a desktop request gave it (and any other container gone meanwhile).
+        self.init_pids
+            .retain(|_, (pid, started)| crate::desktop::cgroup::started_at(*pid) == Some(*started));
         let x11 = PathBuf::from(&info.x11_dir);
         let _ = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(x11.with_extension("accounts"));

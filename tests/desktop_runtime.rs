@@ -435,6 +435,8 @@ enum Hold {
     BrowserStart(&'static str),
     /// The first cookie save (the DevTools script a checkpoint runs) of this bot's browser.
     CookieSave(&'static str),
+    /// The first VNC server a capability starts.
+    ViewerStart,
 }
 
 /// A host runner that holds one step of a desktop until the test lets it go.
@@ -472,7 +474,7 @@ impl CommandRunner for Held {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
         let save = match self.hold {
             Hold::CookieSave(bot) => script.contains(&format!("/.browser-profiles/{bot}' save <<")),
-            Hold::BrowserStart(_) => false,
+            _ => false,
         };
         self.maybe_hold(save).await;
         self.inner.run(script, timeout).await
@@ -485,6 +487,7 @@ impl CommandRunner for Held {
                 spec.argv.iter().any(|p| p == "chromium")
                     && spec.argv.iter().any(|a| a.contains(bot))
             }
+            Hold::ViewerStart => spec.argv.iter().any(|p| p == "x11vnc"),
             Hold::CookieSave(_) => false,
         };
         self.maybe_hold(start).await;
@@ -564,6 +567,24 @@ async fn one_bots_tools_work_while_another_bots_desktop_starts() {
     runtime.shutdown().await.unwrap();
 }
 
+/// Each of `bots` observes and acts while `held` is held (a hang guard, not a timing
+/// assertion).
+async fn tools_answer(runtime: &DesktopRuntime, bots: &[&str], held: &str) {
+    let guard = Duration::from_secs(120);
+    for bot in bots {
+        let frame = tokio::time::timeout(guard, runtime.observe(bot))
+            .await
+            .unwrap_or_else(|_| panic!("observe waited behind {held}"))
+            .unwrap();
+        assert!(frame.frame.png.starts_with(b"\x89PNG"));
+        let acted = tokio::time::timeout(guard, runtime.act(bot, &[Action::Wait { ms: 10 }]))
+            .await
+            .unwrap_or_else(|_| panic!("act waited behind {held}"))
+            .unwrap();
+        assert_eq!(acted.completed, 1);
+    }
+}
+
 /// A checkpoint saving the browsers' state never holds up the bots' tools: while one bot's
 /// cookie save is held, both bots observe and act, and the save then completes.
 #[tokio::test]
@@ -588,20 +609,13 @@ async fn the_bots_tools_work_while_a_checkpoint_saves_their_browsers() {
     });
     runner.arrived.notified().await;
 
-    // A hang guard, not a timing assertion: before the fix these waited for every save.
-    let guard = Duration::from_secs(120);
-    for bot in ["bot-quick", "bot-slow"] {
-        let frame = tokio::time::timeout(guard, runtime.observe(bot))
-            .await
-            .expect("observe waited behind a checkpoint's cookie save")
-            .unwrap();
-        assert!(frame.frame.png.starts_with(b"\x89PNG"));
-        let acted = tokio::time::timeout(guard, runtime.act(bot, &[Action::Wait { ms: 10 }]))
-            .await
-            .expect("act waited behind a checkpoint's cookie save")
-            .unwrap();
-        assert_eq!(acted.completed, 1);
-    }
+    // Before the fix these waited for every save.
+    tools_answer(
+        &runtime,
+        &["bot-quick", "bot-slow"],
+        "a checkpoint's cookie save",
+    )
+    .await;
     assert!(!saving.is_finished(), "the save was held all along");
     assert!(
         !exported.load(Ordering::SeqCst),
@@ -611,6 +625,86 @@ async fn the_bots_tools_work_while_a_checkpoint_saves_their_browsers() {
     runner.release.notify_one();
     saving.await.unwrap().unwrap();
     assert!(exported.load(Ordering::SeqCst));
+    runtime.shutdown().await.unwrap();
+}
+
+/// A person opening a bot's screen never holds up the bots' tools: while the VNC server of a
+/// capability starts, both bots observe and act; the capability then reaches the screen.
+#[tokio::test]
+async fn the_bots_tools_work_while_a_person_opens_a_screen() {
+    let begun = begin().await;
+    let dir = &begun.dir;
+    let runner = Held::new(Hold::ViewerStart);
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 87, 0),
+    ));
+    let watched = runtime.open_screen("bot-watched", 0).await.unwrap();
+    runtime.open_screen("bot-busy", 1).await.unwrap();
+    let granting = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.grant("bot-watched", Policy::View).await }
+    });
+    runner.arrived.notified().await;
+
+    // Before the fix these waited for the VNC server.
+    tools_answer(
+        &runtime,
+        &["bot-busy", "bot-watched"],
+        "a capability's VNC server",
+    )
+    .await;
+    assert!(!granting.is_finished(), "the VNC server was held all along");
+
+    runner.release.notify_one();
+    let cap = granting.await.unwrap().unwrap();
+    assert_eq!(
+        (cap.slot, cap.generation),
+        (watched.slot, watched.generation)
+    );
+    assert!(
+        gateway_greeting(cap.port, cap.token.expose())
+            .await
+            .is_some()
+    );
+    runtime.shutdown().await.unwrap();
+}
+
+/// A screen torn down while a capability's VNC server starts leaves no live capability: the
+/// grant is refused, and the slot's next screen, on the same display number, has none it
+/// did not grant.
+#[tokio::test]
+async fn a_capability_granted_while_its_screen_is_torn_down_is_refused_and_dead() {
+    let begun = begin().await;
+    let dir = &begun.dir;
+    let runner = Held::new(Hold::ViewerStart);
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 89, 0),
+    ));
+    let old = runtime.open_screen("bot-old", 0).await.unwrap();
+    let granting = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.grant("bot-old", Policy::Control).await }
+    });
+    runner.arrived.notified().await;
+    runtime.close_screen("bot-old").await.unwrap();
+    let new = runtime.open_screen("bot-new", 0).await.unwrap();
+    assert_eq!(new.slot, old.slot);
+    assert!(new.generation > old.generation);
+
+    runner.release.notify_one();
+    let refused = granting.await.unwrap();
+    assert!(refused.is_err(), "a grant outlived its screen: {refused:?}");
+    if new.display == old.display {
+        // The VNC server found a display there (the new screen's): the grant itself saw its
+        // screen gone.
+        assert!(
+            matches!(refused, Err(DesktopError::NoScreen)),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(runtime.gateway().live_count(old.slot).await, 0);
     runtime.shutdown().await.unwrap();
 }
 

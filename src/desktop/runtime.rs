@@ -1326,15 +1326,40 @@ impl DesktopRuntime {
             .count()
     }
 
-    /// Grants a view or control capability on the bot's screen through the gateway.
+    /// Grants a view or control capability on the bot's screen through the gateway. Its VNC
+    /// server starts without the slot table (the other bots' tools go on meanwhile), the
+    /// screen marked busy so it is not frozen under it; a screen torn down meanwhile gets no
+    /// capability: its slot's revocation may have run before this grant was recorded, so the
+    /// grant is revoked here and the caller told the screen is gone.
     pub async fn grant(&self, bot_id: &str, policy: Policy) -> Result<Capability, DesktopError> {
-        let mut table = self.table.lock().await;
-        let (i, screen) = table.active_mut(bot_id)?;
-        self.thaw(screen).await?;
-        let display = screen.display;
-        self.gateway
-            .grant(i as u32, table.slots[i].generation, display, policy)
-            .await
+        let (i, generation, display, _busy) = {
+            let mut table = self.table.lock().await;
+            let (i, screen) = table.active_mut(bot_id)?;
+            self.thaw(screen).await?;
+            screen.busy.fetch_add(1, Ordering::SeqCst);
+            let (busy, display) = (BusyGuard(screen.busy.clone()), screen.display);
+            (i, table.slots[i].generation, display, busy)
+        };
+        let cap = self
+            .gateway
+            .grant(i as u32, generation, display, policy)
+            .await?;
+        {
+            // A teardown moves the generation under this lock before it revokes the slot: one
+            // that began after this look revokes the grant itself.
+            let table = self.table.lock().await;
+            if table.slot_of(bot_id) == Some(i) && table.slots[i].generation == generation {
+                return Ok(cap);
+            }
+        }
+        tracing::info!(
+            screen.slot = i,
+            screen.generation = generation,
+            bot.id = bot_id,
+            "desktop.gateway.grant_outlived"
+        );
+        self.gateway.revoke(&cap.token).await?;
+        Err(DesktopError::NoScreen)
     }
 
     /// Starts a program on the bot's display (an app, or a file or URL handed to the bot's

@@ -801,26 +801,36 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// The fields of `/proc/<pid>/stat` after `pid (comm)`: the state first, the parent second,
+/// the flags seventh, the start time twentieth (a process name may hold spaces and
+/// parentheses, so the fields start after its last `)`). `None` for a process that is gone.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Whether a process state of `/proc/<pid>/stat` is a zombie's or a dead process's.
+fn is_dead_state(state: &str) -> bool {
+    matches!(state, "Z" | "X" | "x")
+}
+
 /// The parent of process `pid`.
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat_fields(pid)?.get(1)?.parse().ok()
 }
 
 /// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`); `None` for a
 /// process that is gone or a zombie. A pid and its start time name one process for good: a
 /// pid the kernel hands out again comes with a later start.
 pub fn started_at(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After `pid (comm)`: state is the first field, starttime the twentieth.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    if matches!(*fields.first()?, "Z" | "X" | "x") {
+    let fields = stat_fields(pid)?;
+    if is_dead_state(fields.first()?) {
         return None;
     }
     fields.get(19)?.parse().ok()
@@ -855,14 +865,9 @@ fn is_young_user_process(pid: u32) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
     /// The clock ticks `/proc` counts in (USER_HZ, the same on every Linux ABI).
     const USER_HZ: f64 = 100.0;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(fields) = stat_fields(pid) else {
         return false;
     };
-    // After `pid (comm)`: state is the first field, flags the seventh, starttime the twentieth.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return false;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
     let (Some(state), Some(flags), Some(start)) = (
         fields.first(),
         fields.get(6).and_then(|f| f.parse::<u64>().ok()),
@@ -873,7 +878,7 @@ fn is_young_user_process(pid: u32) -> bool {
     let uptime = std::fs::read_to_string("/proc/uptime")
         .ok()
         .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok());
-    !matches!(*state, "Z" | "X" | "x")
+    !is_dead_state(state)
         && flags & PF_KTHREAD == 0
         && uptime.is_some_and(|up| up - start / USER_HZ < UNSETTLED_AGE.as_secs_f64())
 }

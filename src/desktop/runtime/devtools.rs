@@ -134,14 +134,9 @@ impl DesktopRuntime {
         Ok(())
     }
 
-    /// Saves or loads the cookies of the screen's browser through its DevTools port; a failure
+    /// Saves or loads the cookies of `bot_id`'s browser through its DevTools port; a failure
     /// is logged, never fatal (the browser keeps running either way). Says whether a file was
     /// written.
-    pub(super) async fn browser_devtools(&self, screen: &Screen, action: DevToolsAction) -> bool {
-        self.devtools_of(&screen.bot_id, action).await
-    }
-
-    /// [`Self::browser_devtools`] of `bot_id`'s browser.
     pub(super) async fn devtools_of(&self, bot_id: &str, action: DevToolsAction) -> bool {
         let profile = profile_dir(&self.config.workspace, bot_id);
         // A load waits for the port of a browser that is still starting.

@@ -250,7 +250,7 @@ impl DesktopRuntime {
         let Some(pid) = screen.browser else {
             return Ok(());
         };
-        self.browser_devtools(screen, DevToolsAction::Save).await;
+        self.devtools_of(&screen.bot_id, DevToolsAction::Save).await;
         let profile = profile_dir(&self.config.workspace, &screen.bot_id);
         let closed = self
             .runner

@@ -437,6 +437,8 @@ enum Hold {
     CookieSave(&'static str),
     /// The first VNC server a capability starts.
     ViewerStart,
+    /// The first program a bot starts whose command line holds this word.
+    Program(&'static str),
 }
 
 /// A host runner that holds one step of a desktop until the test lets it go.
@@ -488,6 +490,7 @@ impl CommandRunner for Held {
                     && spec.argv.iter().any(|a| a.contains(bot))
             }
             Hold::ViewerStart => spec.argv.iter().any(|p| p == "x11vnc"),
+            Hold::Program(word) => spec.argv.iter().any(|a| a.contains(word)),
             Hold::CookieSave(_) => false,
         };
         self.maybe_hold(start).await;
@@ -705,6 +708,97 @@ async fn a_capability_granted_while_its_screen_is_torn_down_is_refused_and_dead(
         );
     }
     assert_eq!(runtime.gateway().live_count(old.slot).await, 0);
+    runtime.shutdown().await.unwrap();
+}
+
+/// Whether a process whose command line holds `word` runs on this host.
+async fn runs(word: &str) -> bool {
+    let out = tokio::process::Command::new("pgrep")
+        .args(["-f", word])
+        .output()
+        .await
+        .unwrap();
+    out.status.success()
+}
+
+/// A bot starting a program never holds up the bots' tools: while the program's start is
+/// held, both bots observe and act; it then starts on the bot's screen and goes with it.
+#[tokio::test]
+async fn the_bots_tools_work_while_a_bot_starts_a_program() {
+    let begun = begin().await;
+    let dir = &begun.dir;
+    let word = "rakazo-launch-held-95";
+    let runner = Held::new(Hold::Program(word));
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 95, 0),
+    ));
+    runtime.open_screen("bot-app", 0).await.unwrap();
+    runtime.open_screen("bot-other", 1).await.unwrap();
+    let launching = tokio::spawn({
+        let runtime = runtime.clone();
+        let argv = ["sh", "-c", &format!("sleep 300; : {word}")].map(String::from);
+        async move { runtime.launch("bot-app", argv.to_vec()).await }
+    });
+    runner.arrived.notified().await;
+
+    // Before the fix these waited for the program's start.
+    tools_answer(&runtime, &["bot-other", "bot-app"], "a program's start").await;
+    assert!(!launching.is_finished(), "the start was held all along");
+
+    runner.release.notify_one();
+    launching.await.unwrap().unwrap();
+    assert!(runs(word).await, "the program runs");
+    runtime.close_screen("bot-app").await.unwrap();
+    assert!(!runs(word).await, "the program went with its screen");
+    runtime.shutdown().await.unwrap();
+}
+
+/// A program whose start is under way when its screen is torn down never outlives the
+/// screen: the teardown waits for the start and sweeps it, and the slot's next screen, on the
+/// same display number, runs nothing of the old bot's; a start after the teardown is refused.
+#[tokio::test]
+async fn a_program_started_while_its_screen_is_torn_down_goes_with_it() {
+    let begun = begin().await;
+    let dir = &begun.dir;
+    let word = "rakazo-launch-held-97";
+    let runner = Held::new(Hold::Program(word));
+    let runtime = Arc::new(DesktopRuntime::new(
+        runner.clone(),
+        runtime_config(dir.path(), 97, 0),
+    ));
+    let old = runtime.open_screen("bot-old", 0).await.unwrap();
+    let argv = ["sh", "-c", &format!("sleep 300; : {word}")].map(String::from);
+    let launching = tokio::spawn({
+        let (runtime, argv) = (runtime.clone(), argv.to_vec());
+        async move { runtime.launch("bot-old", argv).await }
+    });
+    runner.arrived.notified().await;
+    let closing = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.close_screen("bot-old").await }
+    });
+    // The teardown has begun (the bot has no screen) and waits for the start.
+    while runtime.screen("bot-old").await.is_some() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!closing.is_finished(), "the teardown waits for the start");
+
+    runner.release.notify_one();
+    launching.await.unwrap().unwrap();
+    closing.await.unwrap().unwrap();
+    assert!(
+        !runs(word).await,
+        "a program outlived its screen's teardown"
+    );
+    let new = runtime.open_screen("bot-new", 0).await.unwrap();
+    assert_eq!(new.slot, old.slot);
+    assert!(!runs(word).await);
+    assert!(matches!(
+        runtime.launch("bot-old", argv.to_vec()).await,
+        Err(DesktopError::NoScreen)
+    ));
     runtime.shutdown().await.unwrap();
 }
 

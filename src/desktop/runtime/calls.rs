@@ -84,25 +84,57 @@ impl DesktopRuntime {
 
     /// Starts a program on the bot's display (an app, or a file or URL handed to the bot's
     /// browser), as the workspace user with the screen's environment; it is swept with the
-    /// screen.
+    /// screen. The program starts without the slot table (the other bots' tools go on
+    /// meanwhile), its screen marked busy so it is not frozen under it; a stop of the screen
+    /// waits for a start already under way, so nothing started here outlives the sweep.
     pub async fn launch(&self, bot_id: &str, argv: Vec<String>) -> Result<(), DesktopError> {
-        let mut table = self.table.lock().await;
-        let (_, screen) = table.active_mut(bot_id)?;
-        self.thaw(screen).await?;
-        screen.last_used = Instant::now();
-        let workspace = self.config.workspace.to_string_lossy().into_owned();
-        let mut spec = SpawnSpec {
-            argv,
-            env: self.env(&screen.tag, screen.display, &workspace),
-            cwd: workspace,
-            log: String::new(),
-            nice: self.program_nice(),
-            join: Vec::new(),
+        let (i, generation, tag, phase, born_grouped, retired, spec, _busy) = {
+            let mut table = self.table.lock().await;
+            let (i, screen) = table.active_mut(bot_id)?;
+            self.thaw(screen).await?;
+            screen.last_used = Instant::now();
+            let workspace = self.config.workspace.to_string_lossy().into_owned();
+            let mut spec = SpawnSpec {
+                argv,
+                env: self.env(&screen.tag, screen.display, &workspace),
+                cwd: workspace,
+                log: String::new(),
+                nice: self.program_nice(),
+                join: Vec::new(),
+            };
+            self.join_screen_group(screen, &mut spec).await;
+            screen.busy.fetch_add(1, Ordering::SeqCst);
+            let busy = BusyGuard(screen.busy.clone());
+            let (tag, phase) = (screen.tag.clone(), Phase::of(screen.starting));
+            let (born_grouped, retired) = (screen.born_grouped, screen.retired.clone());
+            let generation = table.slots[i].generation;
+            (i, generation, tag, phase, born_grouped, retired, spec, busy)
         };
-        self.join_screen_group(screen, &mut spec).await;
-        self.runner.spawn(&spec).await?;
-        if !screen.born_grouped {
-            self.enter_group(screen).await;
+        let entered = {
+            let retired = retired.read().await;
+            if *retired {
+                return Err(DesktopError::NoScreen);
+            }
+            self.runner.spawn(&spec).await?;
+            !born_grouped && self.enter_tagged(&tag, bot_id, phase, false).await
+        };
+        if entered {
+            let mut table = self.table.lock().await;
+            match table.slots.get_mut(i) {
+                Some(Slot {
+                    generation: g,
+                    state: SlotState::Active(screen),
+                }) if *g == generation => screen.grouped = true,
+                // Torn down since: its stop may have found no group to remove.
+                _ => {
+                    drop(table);
+                    if let Some(groups) = &self.config.groups
+                        && let Err(e) = groups.remove(&tag).await
+                    {
+                        tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.remove_failed")
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -168,19 +168,37 @@ impl DesktopRuntime {
     /// Moves the screen's processes into its control group (creating it); a failure is logged
     /// and the desktop runs without its limits.
     pub(super) async fn enter_group(&self, screen: &mut Screen) {
-        let Some(groups) = &self.config.groups else {
-            return;
-        };
         let phase = Phase::of(screen.starting);
-        let entered = if screen.born_grouped {
-            groups.prepare(&screen.tag, phase).await.map(drop)
+        if self
+            .enter_tagged(&screen.tag, &screen.bot_id, phase, screen.born_grouped)
+            .await
+        {
+            screen.grouped = true;
+        }
+    }
+
+    /// [`Self::enter_group`] for the desktop tagged `tag`, without its screen: whether its
+    /// processes are now in the group.
+    pub(super) async fn enter_tagged(
+        &self,
+        tag: &str,
+        bot_id: &str,
+        phase: Phase,
+        born_grouped: bool,
+    ) -> bool {
+        let Some(groups) = &self.config.groups else {
+            return false;
+        };
+        let entered = if born_grouped {
+            groups.prepare(tag, phase).await.map(drop)
         } else {
-            groups.enter(&screen.tag, phase).await
+            groups.enter(tag, phase).await
         };
         match entered {
-            Ok(()) => screen.grouped = true,
+            Ok(()) => true,
             Err(e) => {
-                tracing::warn!(bot.id = %screen.bot_id, error = %e, "desktop.limits.enter_failed")
+                tracing::warn!(bot.id = bot_id, error = %e, "desktop.limits.enter_failed");
+                false
             }
         }
     }

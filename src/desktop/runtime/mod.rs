@@ -329,6 +329,10 @@ struct Screen {
     starting: bool,
     /// OOM kills in its group already told to the bot (raised by whichever call tells it).
     oom_seen: Arc<AtomicU64>,
+    /// Held to read by each program a bot starts on it, without the slot table, and to write
+    /// once by its stop, which sets it: a program starts before the stop sweeps its
+    /// processes, or not at all ([`DesktopRuntime::launch`]).
+    retired: Arc<tokio::sync::RwLock<bool>>,
     /// When its browser was last seen running.
     browser_seen: Option<Instant>,
     /// The spare profile name its browser was started on, now a link to the bot's profile

@@ -138,6 +138,7 @@ impl DesktopRuntime {
                 starting: true,
                 frozen: false,
                 oom_seen: Arc::default(),
+                retired: Arc::default(),
                 browser_seen: None,
                 spare_link: None,
             };

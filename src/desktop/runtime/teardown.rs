@@ -188,6 +188,9 @@ impl DesktopRuntime {
     /// Stops a screen's processes, browser first (so it saves its session), clearing each pid
     /// once it is gone. The display number returns to the pool when all are gone.
     pub(super) async fn stop_screen(&self, screen: &mut Screen) -> Result<(), DesktopError> {
+        // A program starting on it finishes its start first (it is swept below); none starts
+        // after.
+        *screen.retired.write().await = true;
         // Frozen processes neither save their state nor die.
         self.thaw(screen).await?;
         screen.io = None;

@@ -1,6 +1,8 @@
 //! Per-desktop control groups benchmark: one bot's observe p95 idle and while another bot's
 //! desktop burns every core, with and without desktop groups side by side; and the time to
-//! thaw a frozen desktop (and its first observe after).
+//! thaw a frozen desktop (and its first observe after); and one bot's observe while another
+//! bot starts programs back to back (`launch_app`), with desktop groups (`BENCH_ONLY=launch`
+//! measures only that).
 //!
 //! Run as root with `cargo bench --bench desktop_groups` for the host `desktop` provider
 //! (needs the desktop packages and the cpu, cpuacct, memory and freezer controllers), or
@@ -131,14 +133,12 @@ fn team(name: &str) -> MachineSpec {
     }
 }
 
-async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLimits>) -> Pass {
-    let bench = machines.provider(first_display, limits);
-    let p = bench.provider();
-    let m = p.provision(&team("bench")).await.unwrap();
+/// A Team computer with the victim's screen, its page changing every 30 ms (so every observe
+/// has a new frame to capture and encode, drawn by the victim's own browser), and `other`'s.
+async fn victim_beside(p: &dyn SandboxProvider, name: &str, other: &str) -> ProviderRef {
+    let m = p.provision(&team(name)).await.unwrap();
     p.open_screen(&m, "victim", 0).await.unwrap();
-    p.open_screen(&m, "burner", 1).await.unwrap();
-    // The victim's page changes every 30 ms, so every observe has a new frame to capture and
-    // encode, drawn by the victim's own browser.
+    p.open_screen(&m, other, 1).await.unwrap();
     p.write_file(&m, "tick.html", TICK.as_bytes())
         .await
         .unwrap();
@@ -147,6 +147,13 @@ async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLim
     for _ in 0..5 {
         p.observe(&m, "victim").await.unwrap();
     }
+    m
+}
+
+async fn pass(machines: &Machines, first_display: u32, limits: Option<DesktopLimits>) -> Pass {
+    let bench = machines.provider(first_display, limits);
+    let p = bench.provider();
+    let m = victim_beside(p, "bench", "burner").await;
     let mut idle = observe_samples(p, &m).await;
     for _ in 0..BURNERS {
         p.launch(
@@ -203,6 +210,39 @@ async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duratio
     (wake, first, warm)
 }
 
+/// The victim's observe samples idle and while another bot on the computer starts short
+/// programs back to back, with desktop groups; and how many programs started meanwhile.
+async fn launches(
+    machines: &Machines,
+    limits: DesktopLimits,
+) -> (Vec<Duration>, Vec<Duration>, usize) {
+    let bench = machines.provider(151, Some(limits));
+    let p = bench.provider();
+    let m = victim_beside(p, "launch", "starter").await;
+    let idle = observe_samples(p, &m).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let starter = tokio::spawn({
+        let (bench, m, stop) = (bench.clone(), m.clone(), stop.clone());
+        async move {
+            let mut started = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                bench
+                    .provider()
+                    .launch(&m, "starter", &["true".into()])
+                    .await
+                    .unwrap();
+                started += 1;
+            }
+            started
+        }
+    });
+    let during = observe_samples(p, &m).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = starter.await.unwrap();
+    p.destroy(&m).await.unwrap();
+    (idle, during, started)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,11 +271,12 @@ async fn main() {
         freeze_after: None,
         hold_starts: true,
     };
+    let only_launch = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "launch");
     println!(
         "{}: victim observe p50/p95 ms, idle and with {BURNERS} busy loops in another desktop",
         if docker { "docker" } else { "host" }
     );
-    for round in 0..2 {
+    for round in (0..2).filter(|_| !only_launch) {
         let without = pass(&machines, 111 + round * 20, None).await;
         let with = pass(&machines, 121 + round * 20, Some(limits)).await;
         for (name, r) in [("no groups", without), ("desktop groups", with)] {
@@ -249,14 +290,20 @@ async fn main() {
             );
         }
     }
-    let (mut wake, mut first, mut warm) = thaw(&machines).await;
+    let (mut wake, mut first, mut warm) = if only_launch {
+        Default::default()
+    } else {
+        thaw(&machines).await
+    };
     println!("thaw of a frozen desktop, ms (p50 / p95 / max)");
     for (name, s) in [
         ("thaw only", &mut wake),
         ("first observe after freeze", &mut first),
         ("warm observe", &mut warm),
     ] {
-        let max = *s.iter().max().unwrap();
+        let Some(&max) = s.iter().max() else {
+            continue;
+        };
         println!(
             "  {name:27} {:6.1} / {:6.1} / {:6.1}",
             ms(percentile(s, 0.5)),
@@ -264,5 +311,14 @@ async fn main() {
             ms(max)
         );
     }
+    let (mut idle, mut during, started) = launches(&machines, limits).await;
+    println!(
+        "victim observe p50/p95 ms, idle {:6.1}/{:6.1}  while another bot started {started} programs {:6.1}/{:6.1}  p95 ratio {:4.2}x",
+        ms(percentile(&mut idle, 0.5)),
+        ms(percentile(&mut idle, 0.95)),
+        ms(percentile(&mut during, 0.5)),
+        ms(percentile(&mut during, 0.95)),
+        ms(percentile(&mut during, 0.95)) / ms(percentile(&mut idle, 0.95))
+    );
     cleanup();
 }

@@ -211,11 +211,11 @@ async fn thaw(machines: &Machines) -> (Vec<Duration>, Vec<Duration>, Vec<Duratio
 }
 
 /// The victim's observe samples idle and while another bot on the computer starts short
-/// programs back to back, with desktop groups; and how many programs started meanwhile.
+/// programs back to back, with desktop groups; and the time each start took.
 async fn launches(
     machines: &Machines,
     limits: DesktopLimits,
-) -> (Vec<Duration>, Vec<Duration>, usize) {
+) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
     let bench = machines.provider(151, Some(limits));
     let p = bench.provider();
     let m = victim_beside(p, "launch", "starter").await;
@@ -224,23 +224,24 @@ async fn launches(
     let starter = tokio::spawn({
         let (bench, m, stop) = (bench.clone(), m.clone(), stop.clone());
         async move {
-            let mut started = 0;
+            let mut starts = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let began = Instant::now();
                 bench
                     .provider()
                     .launch(&m, "starter", &["true".into()])
                     .await
                     .unwrap();
-                started += 1;
+                starts.push(began.elapsed());
             }
-            started
+            starts
         }
     });
     let during = observe_samples(p, &m).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let started = starter.await.unwrap();
+    let starts = starter.await.unwrap();
     p.destroy(&m).await.unwrap();
-    (idle, during, started)
+    (idle, during, starts)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -311,11 +312,13 @@ async fn main() {
             ms(max)
         );
     }
-    let (mut idle, mut during, started) = launches(&machines, limits).await;
+    let (mut idle, mut during, mut starts) = launches(&machines, limits).await;
     println!(
-        "victim observe p50/p95 ms, idle {:6.1}/{:6.1}  while another bot started {started} programs {:6.1}/{:6.1}  p95 ratio {:4.2}x",
+        "victim observe p50/p95 ms, idle {:6.1}/{:6.1}  while another bot started {} programs (p50 {:.1} ms each) {:6.1}/{:6.1}  p95 ratio {:4.2}x",
         ms(percentile(&mut idle, 0.5)),
         ms(percentile(&mut idle, 0.95)),
+        starts.len(),
+        ms(percentile(&mut starts, 0.5)),
         ms(percentile(&mut during, 0.5)),
         ms(percentile(&mut during, 0.95)),
         ms(percentile(&mut during, 0.95)) / ms(percentile(&mut idle, 0.95))

@@ -126,9 +126,20 @@ pub struct Engine {
     desktops: Arc<Desktops>,
     /// Pooled containers' owners and claims.
     pool: Arc<PoolBook>,
-    /// The first process (pid, start time) of each running container a desktop request
-    /// named, so the requests of a desktop's every observe and act need no inspect.
-    init_pids: Arc<dashmap::DashMap<String, (u32, u64)>>,
+    /// The first process of each running container a desktop request or an exec named, so
+    /// the requests of a desktop's every observe and act, and every script, need no inspect.
+    init_pids: Arc<dashmap::DashMap<String, InitProcess>>,
+}
+
+/// A running container's first process, as the engine named it.
+#[derive(Clone)]
+struct InitProcess {
+    /// Its host process id.
+    pid: u32,
+    /// Its start time (`/proc/<pid>/stat`): a pid handed out again never matches.
+    started: u64,
+    /// The container's full id.
+    id: String,
 }
 
 /// Accepts ids used in container names, labels and host paths.
@@ -197,12 +208,17 @@ impl Engine {
 
     /// The host process id of the running managed container `id`'s first process.
     async fn init_pid(&self, id: &str) -> Result<u32, EngineError> {
+        self.init_process(id).await.map(|p| p.pid)
+    }
+
+    /// The first process of the running managed container `id`, with the container's full id.
+    async fn init_process(&self, id: &str) -> Result<InitProcess, EngineError> {
         // The container's first process, seen before and still the same process: it runs
         // for exactly as long as the container does.
-        if let Some(known) = self.init_pids.get(id).map(|k| *k)
-            && crate::desktop::cgroup::started_at(known.0) == Some(known.1)
+        if let Some(known) = self.init_pids.get(id).map(|k| k.clone())
+            && crate::desktop::cgroup::started_at(known.pid) == Some(known.started)
         {
-            return Ok(known.0);
+            return Ok(known);
         }
         let raw = self
             .docker
@@ -219,15 +235,21 @@ impl Engine {
         }
         let pid = pid as u32;
         // Read after the engine named it: a process that ended meanwhile is not kept.
-        match crate::desktop::cgroup::started_at(pid) {
-            Some(started) => {
-                self.init_pids.insert(id.to_owned(), (pid, started));
+        let started = crate::desktop::cgroup::started_at(pid);
+        let known = InitProcess {
+            pid,
+            started: started.unwrap_or(0),
+            id: info.id,
+        };
+        match started {
+            Some(_) => {
+                self.init_pids.insert(id.to_owned(), known.clone());
             }
             None => {
                 self.init_pids.remove(id);
             }
         }
-        Ok(pid)
+        Ok(known)
     }
 
     /// Runs `f` on the desktops of the running container `id` (its first process's pid).
@@ -674,8 +696,9 @@ impl Engine {
             .await?;
         self.forget_pooled(&info.id, &info.home_key).await;
         // Whatever name a desktop request gave it (and any other container gone meanwhile).
-        self.init_pids
-            .retain(|_, (pid, started)| crate::desktop::cgroup::started_at(*pid) == Some(*started));
+        self.init_pids.retain(|_, known| {
+            crate::desktop::cgroup::started_at(known.pid) == Some(known.started)
+        });
         let x11 = PathBuf::from(&info.x11_dir);
         let _ = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(x11.with_extension("accounts"));
@@ -692,10 +715,10 @@ impl Engine {
         if !body.cwd.starts_with('/') {
             return Err(EngineError::Invalid("cwd must be absolute".into()));
         }
-        let info = self.inspect(id).await?;
-        if !info.running {
-            return Err(EngineError::Gone);
-        }
+        // A running managed container, known by its first process after the first exec (no
+        // inspect per script).
+        let container = self.init_process(id).await?.id;
+        let id = container.as_str();
         let timeout = Duration::from_millis(body.timeout_ms.max(1));
         let run_id = match &body.run_id {
             Some(id) => {
@@ -718,7 +741,7 @@ impl Engine {
         let exec = self
             .docker
             .create_exec(
-                &info.id,
+                id,
                 CreateExecOptions {
                     cmd: Some(cmd),
                     env: Some(env),
@@ -732,7 +755,7 @@ impl Engine {
             .await?;
         let mut guard = KillOnDrop {
             engine: Some(self.clone()),
-            container: info.id.clone(),
+            container: id.to_owned(),
             run_id,
         };
         let started = Instant::now();

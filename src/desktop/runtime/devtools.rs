@@ -57,12 +57,7 @@ impl DesktopRuntime {
         bot_id: &str,
     ) -> Result<(u16, String), DesktopError> {
         check_id(bot_id)?;
-        let file = self
-            .config
-            .workspace
-            .join(crate::desktop::browser::PROFILES_DIR)
-            .join(bot_id)
-            .join("DevToolsActivePort");
+        let file = self.profiles_dir().join(bot_id).join("DevToolsActivePort");
         let read = format!("head -c 4096 -- {}", shell_quote(&file.to_string_lossy()));
         let deadline = Instant::now() + DEVTOOLS_ENDPOINT_WAIT;
         loop {
@@ -216,12 +211,7 @@ impl DesktopRuntime {
     /// changed within the survey's window: a browser writes its profile a while after
     /// activity, and a file that young would keep the checkpoint from vouching for its piece.
     pub(super) async fn wait_for_quiet_profiles(&self) {
-        let profiles = self
-            .config
-            .workspace
-            .join(crate::desktop::browser::PROFILES_DIR)
-            .to_string_lossy()
-            .into_owned();
+        let profiles = self.profiles_dir().to_string_lossy().into_owned();
         let transient = crate::stores::archive::TRANSIENT
             .iter()
             .map(|n| format!("-name {}", shell_quote(n)))

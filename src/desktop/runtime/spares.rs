@@ -84,10 +84,7 @@ impl DesktopRuntime {
         let mut screen = match stack {
             Ok(screen) => screen,
             Err(e) => {
-                let profiles = self
-                    .config
-                    .workspace
-                    .join(crate::desktop::browser::PROFILES_DIR);
+                let profiles = self.profiles_dir();
                 let _ = self
                     .runner
                     .run(
@@ -165,10 +162,7 @@ impl DesktopRuntime {
         profile: Profile,
     ) -> Result<Handover, DesktopError> {
         let spare = std::mem::replace(&mut screen.bot_id, bot_id.to_owned());
-        let profiles = self
-            .config
-            .workspace
-            .join(crate::desktop::browser::PROFILES_DIR);
+        let profiles = self.profiles_dir();
         let pids = screen.process_groups();
         let mut outcome = profile.handover;
         // On the command path the spare's processes were not looked at when it was taken:

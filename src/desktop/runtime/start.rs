@@ -3,6 +3,13 @@
 use super::*;
 
 impl DesktopRuntime {
+    /// The directory of the bots' (and the spares') browser profiles in the workspace.
+    pub(super) fn profiles_dir(&self) -> PathBuf {
+        self.config
+            .workspace
+            .join(crate::desktop::browser::PROFILES_DIR)
+    }
+
     pub(super) fn env(&self, tag: &str, display: u32, home: &str) -> Vec<(String, String)> {
         let mut env = tagged_env(tag);
         env.push(("DISPLAY".into(), format!(":{display}")));
@@ -231,10 +238,7 @@ impl DesktopRuntime {
         let p = shell_quote(&profile.to_string_lossy());
         // The spare's check and hand-over run in a subshell: they end with `exit`.
         let handover = spare.map(|spare| {
-            let profiles = self
-                .config
-                .workspace
-                .join(crate::desktop::browser::PROFILES_DIR);
+            let profiles = self.profiles_dir();
             // Its processes are looked at first, then whether the bot has a profile.
             let unchecked = spare_profile::Spare {
                 alive: &[],

@@ -202,10 +202,7 @@ impl DesktopRuntime {
         // What left the process groups (crash handlers, dialogs, the DevTools bridge) goes by
         // its tag; the bridge's socket with it.
         // A spare's profile, or the link a hand-over left at its name, goes with it.
-        let profiles = self
-            .config
-            .workspace
-            .join(crate::desktop::browser::PROFILES_DIR);
+        let profiles = self.profiles_dir();
         let spare = [Some(&screen.bot_id), screen.spare_link.as_ref()]
             .into_iter()
             .flatten()
@@ -284,10 +281,7 @@ impl DesktopRuntime {
             .get_or_try_init(|| async {
                 let prefix = format!("{}/", self.config.run_dir.to_string_lossy());
                 // Then the spare profiles their browsers ran on.
-                let profiles = self
-                    .config
-                    .workspace
-                    .join(crate::desktop::browser::PROFILES_DIR);
+                let profiles = self.profiles_dir();
                 let out = self
                     .runner
                     .run(

@@ -3,7 +3,8 @@
 //! engine and the computer image (`scripts/build-computer-image.sh`); runs its own supervisor
 //! on 127.0.0.1:0. Both screen paths are measured: the shared X socket (direct) and the plain
 //! command path the remote providers take (capture helper and xdotool through exec). Results
-//! are recorded in `BENCHMARKS.md`.
+//! are recorded in `BENCHMARKS.md`. `BENCH_ONLY=exec`: scripts through the provider against
+//! the bare engine exec.
 
 mod support;
 
@@ -104,6 +105,72 @@ async fn container_pss_kib(p: &DockerProvider, m: &ProviderRef) -> u64 {
     out.stdout.trim().parse().unwrap_or(0)
 }
 
+/// `true` as one engine exec: create, start, read to the end, inspect.
+async fn bare_exec(docker: &bollard::Docker, container: &str) {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(vec!["true".to_string()]),
+                user: Some("1000:1000".into()),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.unwrap()
+    {
+        while output.next().await.is_some() {}
+    }
+    docker.inspect_exec(&exec.id).await.unwrap();
+}
+
+/// Scripts run back to back on one computer: `true` through the provider (as the `shell` tool
+/// runs it: the supervisor, then the container's exec agent) beside the same script as a bare
+/// engine exec (bollard: create, start, read to the end, inspect), in turns.
+async fn scripts(p: &DockerProvider) {
+    const SCRIPTS: usize = 200;
+    let m = p.provision(&spec("exec")).await.expect("provision");
+    let docker = bollard::Docker::connect_with_unix_defaults().expect("docker");
+    let request = ExecRequest {
+        command: "true".into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    // One of each first: the agent starts with the first script.
+    p.exec(&m, &request).await.unwrap();
+    bare_exec(&docker, &m.0).await;
+    let (mut ours, mut engine) = (Vec::new(), Vec::new());
+    for _ in 0..SCRIPTS {
+        let t = Instant::now();
+        let out = p.exec(&m, &request).await.unwrap();
+        ours.push(t.elapsed());
+        assert_eq!(out.exit_code, 0);
+        let t = Instant::now();
+        bare_exec(&docker, &m.0).await;
+        engine.push(t.elapsed());
+    }
+    let pct = |v: &mut Vec<Duration>, q: usize| {
+        v.sort();
+        ms(v[(v.len() * q / 100).min(v.len() - 1)])
+    };
+    let (o50, o95) = (pct(&mut ours, 50), pct(&mut ours, 95));
+    let (e50, e95) = (pct(&mut engine, 50), pct(&mut engine, 95));
+    println!("\n`true` run {SCRIPTS} times back to back, in turns:\n");
+    println!("| path | p50 ms | p95 ms |");
+    println!("| --- | ---: | ---: |");
+    println!("| the provider's exec (supervisor, exec agent) | {o50:.2} | {o95:.2} |");
+    println!("| a bare engine exec (bollard) | {e50:.2} | {e95:.2} |");
+    println!("ours / bare engine exec, p50: {:.2}x", o50 / e50);
+    p.destroy(&m).await.unwrap();
+}
+
 fn main() {
     let image = rakazo::image::default_image();
     if !rakazo::image::exists(&image) {
@@ -140,6 +207,11 @@ fn main() {
         };
         let p = provider(false);
         println!("docker bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)");
+        // `BENCH_ONLY=exec`: only scripts against the bare engine exec.
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("exec") {
+            scripts(&p).await;
+            return;
+        }
         // `BENCH_MEMORY_ONLY=1`: only the memory measure below.
         if std::env::var_os("BENCH_MEMORY_ONLY").is_none() {
             for (path, provider) in [("direct", &p), ("command path", &provider(true))] {

@@ -1,11 +1,12 @@
-//! Docker computers end to end: what `docker inspect` shows of a computer container, and the
-//! spec's Docker team-screens regression (parallel Chromium desktops in one container with
-//! networking disabled, a fixture site inside it, independent cookies per bot, profiles that
-//! persist after release, old gateway tokens refused after slot reuse). Skipped without a
-//! Docker engine or the computer image, except in CI.
+//! Docker computers end to end: what `docker inspect` shows of a computer container, their exec
+//! agent, and the spec's Docker team-screens regression (parallel Chromium desktops in one
+//! container with networking disabled, a fixture site inside it, independent cookies per bot,
+//! profiles that persist after release, old gateway tokens refused after slot reuse). Skipped
+//! without a Docker engine or the computer image, except in CI.
 
 mod common;
 mod docker_support;
+mod exec_agent;
 mod pooled_computers;
 mod team_screens;
 mod windows;

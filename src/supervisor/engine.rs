@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::desktops::Desktops;
 use super::egress::{Guard, GuardState};
+use super::exec_agent::{Agent, Agents, Ended};
 use super::pool::{LABEL_POOL_OWNER, PoolBook};
 use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
@@ -129,6 +130,8 @@ pub struct Engine {
     /// The first process of each running container a desktop request or an exec named, so
     /// the requests of a desktop's every observe and act, and every script, need no inspect.
     init_pids: Arc<dashmap::DashMap<String, InitProcess>>,
+    /// The exec agent of each running container a script was run in.
+    agents: Arc<Agents>,
 }
 
 /// A running container's first process, as the engine named it.
@@ -175,6 +178,7 @@ impl Engine {
             guard,
             desktops: Arc::new(Desktops::detect()),
             init_pids: Arc::default(),
+            agents: Arc::default(),
         };
         // Installed at start; creates and health checks check it again.
         if let GuardState::Failed(why) = engine.egress().await {
@@ -668,6 +672,7 @@ impl Engine {
     pub async fn stop(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
         let _ = self.thaw_desktops(&info.id).await;
+        self.agents.forget(&info.id);
         self.docker
             .stop_container(
                 &info.id,
@@ -685,6 +690,7 @@ impl Engine {
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
         let _ = self.thaw_desktops(&info.id).await;
+        self.agents.forget(&info.id);
         self.docker
             .remove_container(
                 &info.id,
@@ -727,6 +733,9 @@ impl Engine {
             }
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
+        if let Some(agent) = self.agents.get(&self.docker, id).await {
+            return self.exec_by_agent(agent, id, run_id, body, timeout).await;
+        }
         let secs = format!("{:.3}", timeout.as_secs_f64());
         let cmd = vec![
             "bash".to_string(),
@@ -757,6 +766,7 @@ impl Engine {
             engine: Some(self.clone()),
             container: id.to_owned(),
             run_id,
+            agent: None,
         };
         let started = Instant::now();
         let StartExecResults::Attached { mut output, .. } =
@@ -808,17 +818,72 @@ impl Engine {
         })
     }
 
+    /// [`Self::exec`] through the container's exec agent: `container` is its full id.
+    async fn exec_by_agent(
+        &self,
+        agent: Arc<Agent>,
+        container: &str,
+        run_id: String,
+        body: &ExecBody,
+        timeout: Duration,
+    ) -> Result<ExecResult, EngineError> {
+        let mut guard = KillOnDrop {
+            engine: Some(self.clone()),
+            container: container.to_owned(),
+            run_id,
+            agent: Some(agent.clone()),
+        };
+        let answered = tokio::time::timeout(
+            timeout + EXEC_GRACE,
+            agent.run(&guard.run_id, body, timeout),
+        )
+        .await;
+        match answered {
+            Ok(Ok(result)) => {
+                guard.engine = None;
+                Ok(result)
+            }
+            // The agent ended with the script under way (the bot killed it, or the container
+            // stopped): the guard kills the script by its pid file, the next script starts a
+            // new agent.
+            Ok(Err(Ended)) => {
+                agent.end();
+                self.init_process(container).await?;
+                tracing::warn!("supervisor.exec_agent.lost_script");
+                Err(EngineError::Engine(
+                    "the computer's script runner ended while the script ran".into(),
+                ))
+            }
+            // No answer past the deadline: the agent is stuck (stopped by the bot). It is
+            // given up and the guard kills the script by its pid file.
+            Err(_) => {
+                agent.end();
+                Ok(ExecResult {
+                    exit_code: -1,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    timed_out: true,
+                })
+            }
+        }
+    }
+
     /// Kills the process group of the exec `run_id` in the computer `id`, if it still runs.
     pub async fn kill(&self, id: &str, run_id: &str) -> Result<(), EngineError> {
         check_run_id(run_id)?;
         let info = self.inspect(id).await?;
+        if let Some(agent) = self.agents.running(&info.id)
+            && agent.kill(run_id).await.is_ok()
+        {
+            return Ok(());
+        }
         self.kill_run(&info.id, run_id).await;
         Ok(())
     }
 
     async fn kill_run(&self, container: &str, run_id: &str) {
         let script = format!(
-            "p=$(cat /tmp/.rakazo-exec/{run_id}/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; rm -rf /tmp/.rakazo-exec/{run_id}"
+            "for f in /dev/shm/.rakazo-exec/{run_id} /tmp/.rakazo-exec/{run_id}/pid; do p=$(cat $f 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; done; rm -rf /dev/shm/.rakazo-exec/{run_id} /tmp/.rakazo-exec/{run_id}"
         );
         let exec = self
             .docker
@@ -880,18 +945,28 @@ fn append_capped(buf: &mut Vec<u8>, data: &[u8]) {
     buf.extend_from_slice(&data[..data.len().min(room)]);
 }
 
-/// Kills an exec's process group unless disarmed (`engine = None`).
+/// Kills an exec's process group unless disarmed (`engine = None`): through the agent that
+/// runs it while that agent answers, else through an engine exec reading its pid file.
 struct KillOnDrop {
     engine: Option<Engine>,
     container: String,
     run_id: String,
+    agent: Option<Arc<Agent>>,
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(engine) = self.engine.take() {
             let (container, run_id) = (self.container.clone(), self.run_id.clone());
-            tokio::spawn(async move { engine.kill_run(&container, &run_id).await });
+            let agent = self.agent.take().filter(|a| a.alive());
+            tokio::spawn(async move {
+                if let Some(agent) = agent
+                    && agent.kill(&run_id).await.is_ok()
+                {
+                    return;
+                }
+                engine.kill_run(&container, &run_id).await
+            });
         }
     }
 }

@@ -8,6 +8,8 @@
 //! - [`wire`]: the JSON types of the API, shared with the provider's client.
 //! - [`engine`]: bollard; container shape (labels, mounts, ceilings, loopback-only port);
 //!   exec with deadline and kill; Docker errors translated at this edge.
+//! - [`exec_agent`]: each running computer's exec agent, one engine exec held open that runs
+//!   every script after the first (the engine exec stays the way in without one).
 //! - [`egress`]: the egress guard: the computers' own Docker network and the firewall rules
 //!   refusing private destinations, the host and other computers.
 //! - [`desktops`]: per-desktop control groups nested under a container's own (CPU weight,
@@ -18,6 +20,7 @@
 pub mod desktops;
 pub mod egress;
 pub mod engine;
+pub mod exec_agent;
 pub mod listen;
 pub mod pool;
 pub mod routes;

@@ -1,0 +1,275 @@
+# The exec agent: one long-lived process per Docker computer that runs the supervisor's scripts.
+#
+# Run as: python3 -I -S -c SOURCE rakazo-exec-agent (uid 1000, through one engine exec whose
+# stdin and stdout stay open). Each stdin line is a JSON request; each answer is one JSON line
+# on stdout, written when its script ends, so scripts run side by side:
+#   {"id": N, "run": HEX32, "script": S, "env": [[K, V], ...], "cwd": "/...", "timeout": SECS}
+#     -> {"id": N, "code": C, "timed_out": B, "out": BASE64, "err": BASE64}
+#   {"op": "kill", "run": HEX32}   kills that script's process group; no answer.
+# A script runs as `bash -c S` in a session of its own, stdin from /dev/null, its process group
+# killed at the deadline. Its output comes through pipes: the first MiB of each stream is
+# answered, the rest read and dropped. When the script's own process ends, what it wrote is
+# answered at once; background processes it left behind may go on writing, and that is read
+# and dropped until they end, so they never block, never get SIGPIPE and fill nothing.
+# The script's pid is kept in /dev/shm/.rakazo-exec/RUN while it runs, where the supervisor's
+# fallback kill finds it when the agent itself is gone. The first line written is
+# {"ready": 1}; at the end of stdin the agent waits for the scripts under way (their deadlines
+# still hold) and exits. Standard library only.
+
+import base64
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PID_DIR = "/dev/shm/.rakazo-exec"
+OUTPUT_CAP = 1 << 20
+CHUNK = 1 << 16
+PR_SET_DUMPABLE = 4
+
+out = sys.stdout.buffer
+out_lock = threading.Lock()
+running = {}
+# Runs killed before they started (the kill overtook the request): never started. Bounded.
+cancelled = {}
+running_lock = threading.Lock()
+
+
+def undumpable():
+    """Closes /proc/<pid>/fd, environ and ptrace to other uid-1000 processes (the bot's)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def send(answer):
+    line = (json.dumps(answer, separators=(",", ":")) + "\n").encode()
+    with out_lock:
+        try:
+            out.write(line)
+            out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Drain(threading.Thread):
+    """Reads and drops what background processes write to pipes whose script has ended."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ)
+        self.lock = threading.Lock()
+        self.new = []
+
+    def take(self, fd):
+        with self.lock:
+            self.new.append(fd)
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def run(self):
+        while True:
+            for key, _ in self.sel.select():
+                if key.fd == self.wake_r:
+                    os.read(self.wake_r, 4096)
+                    with self.lock:
+                        new, self.new = self.new, []
+                    for fd in new:
+                        self.sel.register(fd, selectors.EVENT_READ)
+                elif not os.read(key.fd, CHUNK):
+                    self.sel.unregister(key.fd)
+                    os.close(key.fd)
+
+
+drain = Drain()
+
+
+def exit_fd(child):
+    """A file descriptor that turns readable when `child` ends."""
+    try:
+        return os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        r, w = os.pipe()
+
+        def waiter():
+            child.wait()
+            os.write(w, b"x")
+            os.close(w)
+
+        threading.Thread(target=waiter, daemon=True).start()
+        return r
+
+
+def collect(child, streams, timeout):
+    """Reads the script's output until its process ends (killing its group at the deadline);
+    answers the exit code, whether the deadline passed, and the two outputs."""
+    kept = {fd: bytearray() for fd in streams}
+    ended = exit_fd(child)
+    sel = selectors.DefaultSelector()
+    sel.register(ended, selectors.EVENT_READ)
+    for fd in streams:
+        sel.register(fd, selectors.EVENT_READ)
+    open_fds = set(streams)
+    deadline = time.monotonic() + timeout
+    expired = False
+
+    def read(fd):
+        data = os.read(fd, CHUNK)
+        if not data:
+            open_fds.discard(fd)
+            return False
+        room = OUTPUT_CAP - len(kept[fd])
+        if room > 0:
+            kept[fd] += data[:room]
+        return True
+
+    done = False
+    while not done:
+        wait = None if expired else max(deadline - time.monotonic(), 0)
+        events = sel.select(wait)
+        if not expired and time.monotonic() >= deadline:
+            expired = True
+            kill_group(child.pid)
+        for key, _ in events:
+            if key.fd == ended:
+                done = True
+            elif not read(key.fd):
+                sel.unregister(key.fd)
+    sel.close()
+    os.close(ended)
+    # What the script wrote before it ended is in the pipes now (a pipe's buffer at most): take
+    # it without waiting, and no more than that if a background process writes on.
+    for fd in list(open_fds):
+        os.set_blocking(fd, False)
+        try:
+            for _ in range(16):
+                if not read(fd):
+                    break
+        except BlockingIOError:
+            pass
+        if fd in open_fds:
+            os.set_blocking(fd, True)
+    code = child.wait()
+    for fd in streams:
+        if fd in open_fds:
+            drain.take(fd)
+        else:
+            os.close(fd)
+    code = 128 - code if code < 0 else code
+    return code, expired, bytes(kept[streams[0]]), bytes(kept[streams[1]])
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+def run(req):
+    rid = req["run"]
+    answer = {"id": req["id"], "code": 137, "timed_out": False, "out": "", "err": ""}
+    with running_lock:
+        if cancelled.pop(rid, None):
+            send(answer)
+            return
+    env = dict(os.environ)
+    env.update((k, v) for k, v in req["env"])
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        child = subprocess.Popen(
+            ["bash", "-c", req["script"]],
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            cwd=req["cwd"],
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as e:
+        # As the engine answers an exec whose working directory it cannot enter.
+        for fd in (out_r, err_r):
+            os.close(fd)
+        answer["code"] = 126
+        answer["err"] = b64(
+            ("rakazo-exec: cannot run in %s: %s\n" % (req["cwd"], e.strerror)).encode()
+        )
+        send(answer)
+        return
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    pid_file = os.path.join(PID_DIR, rid)
+    with running_lock:
+        running[rid] = child.pid
+        if cancelled.pop(rid, None):
+            kill_group(child.pid)
+    try:
+        with open(pid_file, "w") as f:
+            f.write("%d\n" % child.pid)
+    except OSError:
+        pid_file = None
+    try:
+        code, expired, stdout, stderr = collect(child, [out_r, err_r], float(req["timeout"]))
+    finally:
+        with running_lock:
+            running.pop(rid, None)
+        if pid_file:
+            try:
+                os.unlink(pid_file)
+            except OSError:
+                pass
+    answer.update(code=code, timed_out=expired, out=b64(stdout), err=b64(stderr))
+    send(answer)
+
+
+def serve(req):
+    try:
+        run(req)
+    except Exception as e:  # a request the agent could not run still gets its answer
+        send({"id": req.get("id"), "error": type(e).__name__})
+
+
+def main():
+    undumpable()
+    try:
+        os.makedirs(PID_DIR, mode=0o700, exist_ok=True)
+    except OSError:
+        pass
+    drain.start()
+    send({"ready": 1})
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        if req.get("op") == "kill":
+            with running_lock:
+                pid = running.get(req.get("run"))
+                if not pid:
+                    cancelled[req.get("run")] = True
+                    while len(cancelled) > 1024:
+                        cancelled.pop(next(iter(cancelled)))
+            if pid:
+                kill_group(pid)
+            continue
+        threading.Thread(target=serve, args=(req,)).start()
+
+
+main()

@@ -54,7 +54,7 @@ pub trait CommandRunner: Send + Sync + 'static {
     /// Starts a process in its own session and process group, detached from the runner, and
     /// returns its pid (which is also its process group id).
     async fn spawn(&self, spec: &SpawnSpec) -> Result<u32, DesktopError> {
-        let out = self.run(&spawn_script(spec), SCRIPT_TIMEOUT).await?;
+        let out = self.run_spawn("", spec).await?;
         spawned_pid(spec, &out)
     }
 
@@ -66,13 +66,51 @@ pub trait CommandRunner: Send + Sync + 'static {
         before: &str,
         spec: &SpawnSpec,
     ) -> Result<Result<u32, ExecOutput>, DesktopError> {
-        let out = self
-            .run(&format!("{before}\n{}", spawn_script(spec)), SCRIPT_TIMEOUT)
-            .await?;
+        let out = self.run_spawn(&format!("{before}\n"), spec).await?;
         if out.exit_code != 0 {
             return Ok(Err(out));
         }
         spawned_pid(spec, &out).map(Ok)
+    }
+
+    /// Runs `before`, then the script that starts `spec`. A tagged program outside its group
+    /// must carry its tag before the answer (the group's scan for it comes next): where the
+    /// machine's exec sets the script's own environment, the script is given the tag, so the
+    /// program's fork carries it from the start; elsewhere the script waits for the exec.
+    async fn run_spawn(&self, before: &str, spec: &SpawnSpec) -> Result<ExecOutput, DesktopError> {
+        let tag = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == TAG_VAR)
+            .filter(|_| spec.join.is_empty());
+        match tag {
+            Some(tag) if self.sets_env() => {
+                let script = format!("{before}{}", spawn_script(spec, false));
+                self.run_with_env(&script, std::slice::from_ref(tag), SCRIPT_TIMEOUT)
+                    .await
+            }
+            _ => {
+                let script = format!("{before}{}", spawn_script(spec, tag.is_some()));
+                self.run(&script, SCRIPT_TIMEOUT).await
+            }
+        }
+    }
+
+    /// [`Self::run`] with `env` added to the script's own environment where the machine's exec
+    /// sets one ([`Self::sets_env`]); elsewhere `env` is not set.
+    async fn run_with_env(
+        &self,
+        script: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, DesktopError> {
+        let _ = env;
+        self.run(script, timeout).await
+    }
+
+    /// Whether [`Self::run_with_env`] starts the script with the environment it is given.
+    fn sets_env(&self) -> bool {
+        false
     }
 
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
@@ -231,7 +269,9 @@ fn spawned_pid(spec: &SpawnSpec, out: &ExecOutput) -> Result<u32, DesktopError> 
     })
 }
 
-fn spawn_script(spec: &SpawnSpec) -> String {
+/// The script that starts `spec` and prints its pid; with `wait_for_tag`, only once the
+/// program carries its [`TAG_VAR`].
+fn spawn_script(spec: &SpawnSpec, wait_for_tag: bool) -> String {
     let cwd = if spec.cwd.is_empty() {
         "/"
     } else {
@@ -271,7 +311,7 @@ fn spawn_script(spec: &SpawnSpec) -> String {
     // A tagged program started outside its group is waited for until it carries its tag (the
     // fork runs with this shell's environment until `env` execs), so a control group's scan
     // for the tag right after the spawn finds it.
-    let wait = if spec.join.is_empty() && spec.env.iter().any(|(k, _)| k == TAG_VAR) {
+    let wait = if wait_for_tag {
         format!(
             "n=0; while [ $n -lt 400 ] && [ -e /proc/$pid ] && ! grep -qz '^{TAG_VAR}=' /proc/$pid/environ 2>/dev/null; do sleep 0.005; n=$((n+1)); done\n"
         )
@@ -461,6 +501,19 @@ impl Captured {
 impl CommandRunner for HostRunner {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
         self.run_in(script, &self.cwd, &[], timeout).await
+    }
+
+    async fn run_with_env(
+        &self,
+        script: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, DesktopError> {
+        self.run_in(script, &self.cwd, env, timeout).await
+    }
+
+    fn sets_env(&self) -> bool {
+        true
     }
 
     fn on_this_host(&self) -> bool {
@@ -788,6 +841,54 @@ mod tests {
         assert!(runner.is_running(pid).await.unwrap());
         runner.stop(pid, Duration::from_millis(500)).await.unwrap();
         assert!(!runner.is_running(pid).await.unwrap());
+    }
+
+    /// A runner whose exec cannot set the script's environment.
+    struct NoEnv(HostRunner);
+
+    #[async_trait]
+    impl CommandRunner for NoEnv {
+        async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+            self.0.run(script, timeout).await
+        }
+    }
+
+    /// The group's scan for a tag comes right after a spawn: the program carries its tag by
+    /// then, given to the script (the fork inherits it) or waited for. Its environment reads
+    /// empty only while it is between two programs, which the scan waits out.
+    #[tokio::test]
+    async fn a_spawned_program_carries_its_tag_when_the_spawn_answers() {
+        let tagged = |n: usize| SpawnSpec {
+            argv: vec!["sleep".into(), "30".into()],
+            env: [
+                minimal_env(),
+                vec![(TAG_VAR.into(), format!("spawn-test-{n}"))],
+            ]
+            .concat(),
+            ..Default::default()
+        };
+        let host = HostRunner::minimal();
+        let runners: [&dyn CommandRunner; 2] = [&host, &NoEnv(HostRunner::minimal())];
+        for (r, runner) in runners.into_iter().enumerate() {
+            for n in 0..10 {
+                let pid = runner.spawn(&tagged(n)).await.unwrap();
+                // Read again while it is between two programs (empty), as the scan does.
+                let mut environ = Vec::new();
+                for _ in 0..100 {
+                    environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+                    if !environ.is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let want = format!("{TAG_VAR}=spawn-test-{n}");
+                assert!(
+                    environ.split(|&b| b == 0).any(|kv| kv == want.as_bytes()),
+                    "runner {r}, spawn {n}"
+                );
+                runner.stop(pid, Duration::from_millis(200)).await.unwrap();
+            }
+        }
     }
 
     #[tokio::test]

@@ -5,9 +5,10 @@
 //!
 //! The agent runs as uid 1000 like every script, so the bot can kill or stop it: a script under
 //! way then fails ([`Ended`]) or passes its deadline, the script is killed by the engine-exec
-//! path's pid file, and the next script starts a new agent. The agent makes itself undumpable,
-//! so the bot cannot open its pipes through `/proc`. A container without `python3` (an
-//! operator's own image) runs every script through the engine exec instead.
+//! path's pid file, and the next script starts a new agent. The agent makes itself undumpable
+//! as it starts, so from then on the bot cannot open its pipes through `/proc`. A container
+//! without `python3` (an operator's own image) runs every script through the engine exec
+//! instead.
 
 use std::pin::Pin;
 use std::sync::Arc;

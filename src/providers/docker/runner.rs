@@ -22,10 +22,21 @@ pub struct SupervisorRunner {
 #[async_trait]
 impl CommandRunner for SupervisorRunner {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.run_with_env(script, &[], timeout).await
+    }
+
+    async fn run_with_env(
+        &self,
+        script: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, DesktopError> {
+        let mut script_env = minimal_env();
+        script_env.extend_from_slice(env);
         let body = ExecBody {
             script: script.to_string(),
             cwd: "/".into(),
-            env: minimal_env(),
+            env: script_env,
             timeout_ms: timeout.as_millis() as u64,
             run_id: None,
         };
@@ -43,5 +54,10 @@ impl CommandRunner for SupervisorRunner {
             stderr: out.stderr,
             timed_out: out.timed_out,
         })
+    }
+
+    /// The engine's exec and the exec agent both start the script with the body's `env`.
+    fn sets_env(&self) -> bool {
+        true
     }
 }

@@ -3,9 +3,11 @@
 //! pipes or answer for it; a killed or stopped agent is replaced and its script killed; an
 //! image without `python3` runs scripts through the engine exec.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::config::DockerNetwork;
+use rakazo::providers::docker::DockerProvider;
 use rakazo_actors::provider::{ExecRequest, ProviderError, ProviderRef, SandboxProvider};
 
 use super::docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
@@ -32,6 +34,20 @@ async fn eventually(p: &dyn SandboxProvider, m: &ProviderRef, script: &str) -> b
     false
 }
 
+/// A Team Computer on a supervisor of its own, removed at the end.
+async fn computer() -> (
+    TestSupervisor,
+    Arc<DockerProvider>,
+    ProviderRef,
+    RemoveOnDrop,
+) {
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let m = p.provision(&team_spec()).await.unwrap();
+    let cleanup = RemoveOnDrop(m.0.clone());
+    (sup, p, m, cleanup)
+}
+
 async fn agent_pid(p: &dyn SandboxProvider, m: &ProviderRef) -> String {
     let (code, pid, _) = run(p, m, AGENT_PID).await;
     assert_eq!(code, 0, "an exec agent runs");
@@ -43,10 +59,7 @@ async fn scripts_run_through_one_agent_with_the_engine_execs_outcomes() {
     if !docker_ready() {
         return;
     }
-    let sup = TestSupervisor::start(DockerNetwork::None);
-    let p = sup.provider();
-    let m = p.provision(&team_spec()).await.unwrap();
-    let _cleanup = RemoveOnDrop(m.0.clone());
+    let (_sup, p, m, _cleanup) = computer().await;
     let pid = agent_pid(&*p, &m).await;
     assert!(!pid.is_empty() && !pid.contains('\n'), "one agent: {pid:?}");
     assert_eq!(
@@ -104,10 +117,7 @@ async fn the_bot_can_kill_the_agent_but_never_read_or_answer_through_its_pipes()
     if !docker_ready() {
         return;
     }
-    let sup = TestSupervisor::start(DockerNetwork::None);
-    let p = sup.provider();
-    let m = p.provision(&team_spec()).await.unwrap();
-    let _cleanup = RemoveOnDrop(m.0.clone());
+    let (_sup, p, m, _cleanup) = computer().await;
     let pid = agent_pid(&*p, &m).await;
 
     // The attacker's try: read the agent's requests, write an answer of its own, read its

@@ -593,6 +593,7 @@ impl Engine {
             .await?;
         self.docker.start_container(&created.id, None).await?;
         tracing::info!(container.name = %name, "supervisor.container.created");
+        self.start_agent(&created.id);
         self.inspect(&created.id).await
     }
 
@@ -664,8 +665,17 @@ impl Engine {
         if !info.running {
             self.docker.start_container(&info.id, None).await?;
             tracing::info!(container.name = %info.name, "supervisor.container.started");
+            self.start_agent(&info.id);
         }
         self.inspect(&info.id).await
+    }
+
+    /// Starts the exec agent of the container `id`, just started, in the background: its
+    /// interpreter's start overlaps what the caller does before its first script, which waits
+    /// for it.
+    fn start_agent(&self, id: &str) {
+        let (agents, docker, id) = (self.agents.clone(), self.docker.clone(), id.to_owned());
+        tokio::spawn(async move { agents.get(&docker, &id).await });
     }
 
     /// Stops a computer, keeping it (and its container layer) for a later start.

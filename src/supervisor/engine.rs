@@ -682,7 +682,6 @@ impl Engine {
     pub async fn stop(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
         let _ = self.thaw_desktops(&info.id).await;
-        self.agents.forget(&info.id);
         self.docker
             .stop_container(
                 &info.id,
@@ -692,6 +691,8 @@ impl Engine {
                 }),
             )
             .await?;
+        // Its agent ended with it (the scripts under way are told the machine is gone).
+        self.agents.forget(&info.id);
         tracing::info!(container.name = %info.name, "supervisor.container.stopped");
         Ok(())
     }
@@ -700,7 +701,6 @@ impl Engine {
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let info = self.inspect(id).await?;
         let _ = self.thaw_desktops(&info.id).await;
-        self.agents.forget(&info.id);
         self.docker
             .remove_container(
                 &info.id,
@@ -711,6 +711,7 @@ impl Engine {
             )
             .await?;
         self.forget_pooled(&info.id, &info.home_key).await;
+        self.agents.forget(&info.id);
         // Whatever name a desktop request gave it (and any other container gone meanwhile).
         self.init_pids.retain(|_, known| {
             crate::desktop::cgroup::started_at(known.pid) == Some(known.started)

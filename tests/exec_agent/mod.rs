@@ -1,7 +1,8 @@
 //! The exec agent of Docker computers: scripts run through one held engine exec, and the bot,
 //! which can signal the agent (both are uid 1000), can stop it or kill it but never read its
 //! pipes or answer for it; a killed or stopped agent is replaced and its script killed; an
-//! image without `python3` runs scripts through the engine exec.
+//! image without `python3` runs scripts through the engine exec; a script under way when its
+//! computer stops is told the machine is gone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -173,6 +174,25 @@ async fn the_bot_can_kill_the_agent_but_never_read_or_answer_through_its_pipes()
         eventually(&*p, &m, "! pgrep -f 'sleep [4]0'").await,
         "the stopped agent's script was killed"
     );
+}
+
+#[actix_rt::test]
+async fn a_script_under_way_when_its_computer_stops_is_told_the_machine_is_gone() {
+    if !docker_ready() {
+        return;
+    }
+    let (_sup, p, m, _cleanup) = computer().await;
+    agent_pid(&*p, &m).await;
+    let running = {
+        let (p, m) = (p.clone(), m.clone());
+        tokio::spawn(async move { p.exec(&m, &cmd("sleep 30")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    p.stop(&m).await.unwrap();
+    let out = running.await.unwrap();
+    assert_eq!(out.unwrap_err(), ProviderError::MachineGone);
+    assert!(started.elapsed() < Duration::from_secs(15));
 }
 
 #[actix_rt::test]

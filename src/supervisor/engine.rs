@@ -43,6 +43,8 @@ pub const OUTPUT_CAP: usize = 1 << 20;
 const STOP_GRACE_SECS: i32 = 10;
 /// Extra time past an exec's deadline before the supervisor kills it itself.
 const EXEC_GRACE: Duration = Duration::from_secs(5);
+/// How long a container whose exec agent ended is watched for its stop.
+const AGENT_END_SETTLE: Duration = Duration::from_secs(1);
 
 /// The seccomp profile of every computer (`config/computer-seccomp.json`): an allowlist (the
 /// default action refuses) built from Docker's default for a container without capabilities,
@@ -859,7 +861,7 @@ impl Engine {
             // new agent.
             Ok(Err(Ended)) => {
                 agent.end();
-                self.init_process(container).await?;
+                self.gone_with_its_agent(container).await?;
                 tracing::warn!("supervisor.exec_agent.lost_script");
                 Err(EngineError::Engine(
                     "the computer's script runner ended while the script ran".into(),
@@ -876,6 +878,27 @@ impl Engine {
                     timed_out: true,
                 })
             }
+        }
+    }
+
+    /// [`EngineError::Gone`] when the container `id`, whose agent just ended, is stopping or
+    /// gone. A stopping container's processes are killed as its first process ends, the agent
+    /// with them, a moment before the engine says it stopped: it is asked for up to
+    /// [`AGENT_END_SETTLE`].
+    async fn gone_with_its_agent(&self, id: &str) -> Result<(), EngineError> {
+        let until = Instant::now() + AGENT_END_SETTLE;
+        loop {
+            let raw = self
+                .docker
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await?;
+            if !to_info(&raw).is_some_and(|info| info.running) {
+                return Err(EngineError::Gone);
+            }
+            if Instant::now() >= until {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

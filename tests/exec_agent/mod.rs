@@ -102,13 +102,14 @@ async fn scripts_run_through_one_agent_with_the_engine_execs_outcomes() {
     let (_, out, _) = run(
         &*p,
         &m,
-        "(while true; do echo tick; date +%s%N > /tmp/ticker; sleep 0.05; done) & echo started",
+        "(n=0; while true; do echo tick; n=$((n+1)); echo $n > /tmp/ticker; sleep 0.05; done) & echo started",
     )
     .await;
     assert!(out.starts_with("started\n"), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
     let (_, first, _) = run(&*p, &m, "sleep 0.5; cat /tmp/ticker").await;
     let (_, second, _) = run(&*p, &m, "sleep 0.5; cat /tmp/ticker").await;
+    assert!(!second.is_empty(), "the background writer counts");
     assert_ne!(first, second, "the background writer still runs");
     run(&*p, &m, "pkill -f 'echo [t]ick'; true").await;
 }

@@ -1,7 +1,7 @@
 //! The exec agent of each running computer (`exec_agent.py`): one engine exec held open per
 //! container, over which the supervisor's scripts go as one JSON line each way. A script then
-//! costs a message and one process start in the container instead of an engine exec (about
-//! 27 ms) and the wrapper's seven process starts (about 11 ms).
+//! costs a message and one process start in the container instead of an engine exec (27 to
+//! 57 ms on the machines measured) and the wrapper's seven process starts.
 //!
 //! The agent runs as uid 1000 like every script, so the bot can kill or stop it: a script under
 //! way then fails ([`Ended`]) or passes its deadline, the script is killed by the engine-exec

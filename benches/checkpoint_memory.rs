@@ -7,7 +7,8 @@
 //! path, and the 1 GiB home exported whole (the path before streaming) for contrast.
 //! Run: `cargo bench --bench checkpoint_memory` (needs Docker and the computer image).
 
-use std::io::BufRead as _;
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,13 +58,8 @@ fn leg(mib: u64, whole: bool, kubeconfig: PathBuf) {
         let scratch = tempfile::tempdir().unwrap();
         let p = KubernetesProvider::new(KubernetesProviderConfig {
             settings: KubernetesSettings {
-                namespace: NAMESPACE.into(),
-                image: None,
-                cpu_request: "100m".into(),
-                cpu_limit: "2".into(),
-                memory_request: "256Mi".into(),
                 memory_limit: "4Gi".into(),
-                home_claim: None,
+                ..support::kubernetes::settings(NAMESPACE)
             },
             kubeconfig: Some(kubeconfig),
             stash_dir: scratch.path().join("stash"),
@@ -148,38 +144,14 @@ fn main() {
         leg(mib, args[i + 2] == "whole", PathBuf::from(&args[i + 3]));
         return;
     }
-    let scratch = tempfile::tempdir().unwrap();
-    let mut emulator = Command::new(env!("CARGO_BIN_EXE_rakazo"))
-        .args(["emulator", "kubernetes", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Its log shares its standard output: read up to the address, then drain the rest.
-    let mut lines = std::io::BufReader::new(emulator.stdout.take().unwrap()).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("listening on ").map(str::to_owned))
-        .expect("the emulator listens");
-    std::thread::spawn(move || lines.for_each(drop));
-    let kubeconfig = scratch.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: bench\n    namespace: {NAMESPACE}\ncurrent-context: emulator\nusers:\n- name: bench\n  user: {{}}\n"
-        ),
-    )
-    .unwrap();
+    let emulator = support::kubernetes::EmulatorProcess::start(NAMESPACE);
+    let kubeconfig = emulator.kubeconfig.clone();
     let legs = [(64, false), (1024, false), (1024, true)];
     let results: Vec<_> = legs
         .iter()
         .map(|(mib, whole)| run_leg(*mib, *whole, &kubeconfig))
         .collect();
-    let _ = Command::new("kill")
-        .args(["-INT", &emulator.id().to_string()])
-        .status();
-    let _ = emulator.wait();
+    drop(emulator);
     let results: Vec<serde_json::Value> = results
         .into_iter()
         .zip(legs)

@@ -8,11 +8,11 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo_actors::provider::{ExecRequest, MachineSpec, ProviderRef, SandboxProvider};
+use rakazo_actors::provider::{ExecRequest, ProviderRef, SandboxProvider};
 
 /// Provision-to-first-screenshot rounds.
 const ROUNDS: usize = 3;
@@ -20,72 +20,6 @@ const ROUNDS: usize = 3;
 const OBSERVES: usize = 20;
 /// Desktops opened in one container for the memory measure.
 const DESKTOPS: usize = 4;
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// Provision → open desktop → first screenshot, `ROUNDS` times, then observe latency on one
-/// desktop (p50 and p95 of `OBSERVES`).
-async fn first_screenshots(p: &DockerProvider, path: &str) {
-    println!("\n{path}:\n");
-    println!("| round | provision ms | open desktop ms | first observe ms | total ms |");
-    println!("| ---: | ---: | ---: | ---: | ---: |");
-    let mut totals = Vec::new();
-    for round in 1..=ROUNDS {
-        let s = spec("first");
-        let bot = s.bot_id.clone().unwrap();
-        let t0 = Instant::now();
-        let m = p.provision(&s).await.expect("provision");
-        let t1 = Instant::now();
-        p.open_screen(&m, &bot, 0).await.expect("open screen");
-        let t2 = Instant::now();
-        let frame = p.observe(&m, &bot).await.expect("observe");
-        let t3 = Instant::now();
-        assert!(frame.png.starts_with(b"\x89PNG"));
-        totals.push(t3 - t0);
-        println!(
-            "| {round} | {:.0} | {:.0} | {:.1} | **{:.0}** |",
-            ms(t1 - t0),
-            ms(t2 - t1),
-            ms(t3 - t2),
-            ms(t3 - t0)
-        );
-        if round == ROUNDS {
-            let mut times = Vec::new();
-            for _ in 0..OBSERVES {
-                let t = Instant::now();
-                p.observe(&m, &bot).await.expect("observe");
-                times.push(t.elapsed());
-            }
-            times.sort();
-            println!(
-                "observe on a live desktop: p50 {:.1} ms, p95 {:.1} ms",
-                ms(times[OBSERVES / 2]),
-                ms(times[OBSERVES * 95 / 100])
-            );
-        }
-        p.destroy(&m).await.unwrap();
-    }
-    totals.sort();
-    println!(
-        "provision → first screenshot: median {:.0} ms",
-        ms(totals[totals.len() / 2])
-    );
-}
-
-fn spec(tag: &str) -> MachineSpec {
-    let id = format!(
-        "bench-{tag}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    MachineSpec {
-        computer_id: id.clone(),
-        space_id: "bench".into(),
-        bot_id: Some(id.clone()),
-        home_key: id,
-    }
-}
 
 /// Total PSS in KiB of every process in the container (all run as uid 1000).
 async fn container_pss_kib(p: &DockerProvider, m: &ProviderRef) -> u64 {
@@ -140,52 +74,27 @@ async fn bare_exec(docker: &bollard::Docker, container: &str) {
 /// engine exec, in turns.
 async fn scripts(p: &DockerProvider) {
     const SCRIPTS: usize = 200;
-    let m = p.provision(&spec("exec")).await.expect("provision");
+    let m = p
+        .provision(&support::machine_spec("exec"))
+        .await
+        .expect("provision");
     let docker = bollard::Docker::connect_with_unix_defaults().expect("docker");
-    let request = ExecRequest {
-        command: "true".into(),
-        cwd: String::new(),
-        env: Vec::new(),
-        timeout: Duration::from_secs(30),
-    };
-    // One of each first: the agent starts with the first script.
-    p.exec(&m, &request).await.unwrap();
-    bare_exec(&docker, &m.0).await;
-    let (mut ours, mut engine) = (Vec::new(), Vec::new());
-    for _ in 0..SCRIPTS {
-        let t = Instant::now();
-        let out = p.exec(&m, &request).await.unwrap();
-        ours.push(t.elapsed());
-        assert_eq!(out.exit_code, 0);
-        let t = Instant::now();
-        bare_exec(&docker, &m.0).await;
-        engine.push(t.elapsed());
-    }
-    let pct = |v: &mut Vec<Duration>, q: usize| {
-        v.sort();
-        ms(v[(v.len() * q / 100).min(v.len() - 1)])
-    };
-    let (o50, o95) = (pct(&mut ours, 50), pct(&mut ours, 95));
-    let (e50, e95) = (pct(&mut engine, 50), pct(&mut engine, 95));
-    println!("\n`true` run {SCRIPTS} times back to back, in turns:\n");
-    println!("| path | p50 ms | p95 ms |");
-    println!("| --- | ---: | ---: |");
-    println!("| the provider's exec (supervisor, exec agent) | {o50:.2} | {o95:.2} |");
-    println!("| the same script as a bare engine exec (bollard) | {e50:.2} | {e95:.2} |");
-    println!("ours / bare engine exec, p50: {:.2}x", o50 / e50);
+    support::scripts_in_turns(
+        p,
+        &m,
+        SCRIPTS,
+        (
+            "the provider's exec (supervisor, exec agent)",
+            "the same script as a bare engine exec (bollard)",
+        ),
+        || bare_exec(&docker, &m.0),
+    )
+    .await;
     p.destroy(&m).await.unwrap();
 }
 
 fn main() {
-    let image = rakazo::image::default_image();
-    if !rakazo::image::exists(&image) {
-        eprintln!("docker bench: {image} is missing; run scripts/build-computer-image.sh");
-        std::process::exit(if std::env::var_os("CI").is_some() {
-            1
-        } else {
-            0
-        });
-    }
+    let image = support::require_image("docker");
     // `RAKAZO_LOG=info`: the runtime's events beside the tables (phases of a desktop's start).
     if let Ok(filter) = std::env::var("RAKAZO_LOG") {
         rakazo::telemetry::init(&filter);
@@ -220,12 +129,12 @@ fn main() {
         // `BENCH_MEMORY_ONLY=1`: only the memory measure below.
         if std::env::var_os("BENCH_MEMORY_ONLY").is_none() {
             for (path, provider) in [("direct", &p), ("command path", &provider(true))] {
-                first_screenshots(provider, path).await;
+                support::first_screenshots(provider, path, ROUNDS, OBSERVES).await;
             }
         }
 
         // Memory: one container, desktops added one by one.
-        let s = spec("memory");
+        let s = support::machine_spec("memory");
         let m = p.provision(&s).await.unwrap();
         let idle = container_pss_kib(&p, &m).await;
         println!("\n| desktops | container PSS MiB | added by the last desktop MiB |");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rakazo::app::App;
 use rakazo::config::{Config, DockerNetwork};
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo_actors::provider::{BrowserCommand, ExecRequest, MachineSpec, SandboxProvider};
+use rakazo_actors::provider::{BrowserCommand, ExecRequest, SandboxProvider};
 use serde_json::{Value, json};
 
 /// Provision-to-first-screenshot rounds per provider.
@@ -37,22 +37,9 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
     ms(v[((v.len() as f64 - 1.0) * p) as usize])
 }
 
-fn spec(tag: &str) -> MachineSpec {
-    let id = format!(
-        "bench-{tag}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    MachineSpec {
-        computer_id: id.clone(),
-        space_id: "bench".into(),
-        bot_id: Some(id.clone()),
-        home_key: id,
-    }
-}
-
 /// Provision → open desktop → first screenshot; the three stretches.
 async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
-    let s = spec("first");
+    let s = support::machine_spec("first");
     let bot = s.bot_id.clone().unwrap();
     let t0 = Instant::now();
     let m = p.provision(&s).await.expect("provision");
@@ -81,15 +68,7 @@ fn report(label: &str, raw: Vec<Duration>, rpc: Vec<Duration>) {
 }
 
 fn main() {
-    let image = rakazo::image::default_image();
-    if !rakazo::image::exists(&image) {
-        eprintln!("remote bench: {image} is missing; run scripts/build-computer-image.sh");
-        std::process::exit(if std::env::var_os("CI").is_some() {
-            1
-        } else {
-            0
-        });
-    }
+    let image = support::require_image("remote");
     let sup_dir = tempfile::tempdir().unwrap();
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let url = support::start_supervisor(
@@ -175,7 +154,7 @@ fn main() {
         // Warm up: the machine, the screen and the browser exist before timing.
         support::rpc(&http, &base, t, "tools/call", call("computer_observe", json!({}))).await;
         // Raw: the same provider, a separate sandbox with its own screen.
-        let raw_spec = spec("raw");
+        let raw_spec = support::machine_spec("raw");
         let machine = remote.provision(&raw_spec).await.unwrap();
         remote.open_screen(&machine, "raw-bot", 0).await.unwrap();
         let req = ExecRequest { command: "true".into(), cwd: String::new(), env: Vec::new(), timeout: Duration::from_secs(30) };
@@ -205,7 +184,7 @@ fn main() {
         report("`computer_observe`", raw, api);
 
         // Page commands: through the sandbox's gateway against a socket dialed directly.
-        let direct = docker.provision(&spec("page")).await.unwrap();
+        let direct = docker.provision(&support::machine_spec("page")).await.unwrap();
         docker.open_screen(&direct, "raw-bot", 0).await.unwrap();
         let snapshot = BrowserCommand::Snapshot;
         docker.browser(&direct, "raw-bot", &snapshot).await.unwrap();

@@ -13,26 +13,13 @@ use std::time::{Duration, Instant};
 
 use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
-use rakazo_actors::provider::{MachineSpec, ProviderRef, SandboxProvider};
+use rakazo_actors::provider::{ProviderRef, SandboxProvider};
 
 /// Rounds per setting.
 const ROUNDS: usize = 3;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn spec() -> MachineSpec {
-    let id = format!(
-        "bench-warm-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    MachineSpec {
-        computer_id: id.clone(),
-        space_id: "bench".into(),
-        bot_id: Some(id.clone()),
-        home_key: id,
-    }
 }
 
 /// Waits until the provider's pool of computers is full, each with its spare ready (at once
@@ -83,7 +70,7 @@ async fn open_and_look(p: &DockerProvider, m: &ProviderRef, bot: &str, slot: u32
 }
 
 async fn round(p: &DockerProvider) -> Round {
-    let s = spec();
+    let s = support::machine_spec("warm");
     let bot = s.bot_id.clone().unwrap();
     let t0 = Instant::now();
     let m = p.provision(&s).await.expect("provision");
@@ -116,15 +103,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let image = rakazo::image::default_image();
-    if !rakazo::image::exists(&image) {
-        eprintln!("warm pool bench: {image} is missing; run scripts/build-computer-image.sh");
-        std::process::exit(if std::env::var_os("CI").is_some() {
-            1
-        } else {
-            0
-        });
-    }
+    let image = support::require_image("warm pool");
     // `RAKAZO_LOG=info`: the runtime's events beside the tables (a desktop's phases).
     if let Ok(filter) = std::env::var("RAKAZO_LOG") {
         rakazo::telemetry::init(&filter);

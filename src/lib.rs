@@ -31,6 +31,7 @@ pub mod dashboard;
 pub mod db;
 pub mod desktop;
 pub mod emulators;
+pub mod exec_agent;
 pub mod forward;
 pub mod image;
 pub mod keyfile;

@@ -1,9 +1,12 @@
 //! The provider conformance suite for the `kubernetes` provider, through kube-rs against the
 //! kubernetes emulator (pods are real containers of the computer image); and what only this
-//! provider does: the pod it creates, a pod gone behind its back, stop and resume; and the
-//! team-screens regression and the page tools over the pods' gateway.
+//! provider does: the pod it creates, a pod gone behind its back, stop and resume; each pod's
+//! exec agent over one `pods/exec`; and the team-screens regression and the page tools over the
+//! pods' gateway.
 
 mod docker_support;
+#[path = "exec_agent/checks.rs"]
+mod exec_agent_checks;
 mod gateway_pages;
 mod kubernetes_support;
 mod team_screens;
@@ -12,6 +15,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use rakazo::providers::kubernetes::{KubernetesProvider, KubernetesProviderConfig};
 use rakazo_actors::conformance::{cmd, spec};
 use rakazo_actors::provider::{ProviderError, SandboxProvider};
 
@@ -93,6 +97,75 @@ async fn a_pod_deleted_behind_our_back_is_machine_gone() {
         ProviderError::MachineGone
     );
     assert_eq!(p.reconnect(&m, &s).await, Err(ProviderError::MachineGone));
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn scripts_in_a_pod_run_through_one_exec_agent() {
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&spec("agent")).await.unwrap();
+    exec_agent_checks::scripts_run_through_one_agent(&*p, &m).await;
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn the_bot_can_kill_a_pods_agent_but_never_read_or_answer_through_its_pipes() {
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&spec("agent-attack")).await.unwrap();
+    exec_agent_checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m).await;
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_script_under_way_when_its_pod_is_deleted_is_told_the_machine_is_gone() {
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&spec("agent-gone")).await.unwrap();
+    exec_agent_checks::agent_pid(&*p, &m).await;
+    let running = {
+        let (p, m) = (p.clone(), m.clone());
+        tokio::spawn(async move { p.exec(&m, &cmd("sleep 30")).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    pods()
+        .await
+        .delete(&m.0, &Default::default())
+        .await
+        .unwrap();
+    let out = running.await.unwrap();
+    assert_eq!(out.unwrap_err(), ProviderError::MachineGone);
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_pod_without_python_runs_scripts_through_a_pods_exec_each() {
+    if !docker_ready() {
+        return;
+    }
+    let image = exec_agent_checks::ImageWithoutPython::make();
+    let c = cluster();
+    let mut settings = kubernetes_support::settings();
+    settings.image = Some(image.0.clone());
+    let p = Arc::new(KubernetesProvider::new(KubernetesProviderConfig {
+        settings,
+        kubeconfig: Some(c.kubeconfig.clone()),
+        stash_dir: c.dir.join("stash"),
+        screen_limit: 0,
+        homes_root: c.dir.join("homes"),
+        warm_stacks: 0,
+    }));
+    let m = p.provision(&spec("nopython")).await.unwrap();
+    exec_agent_checks::scripts_run_without_python(&*p, &m).await;
     p.destroy(&m).await.unwrap();
 }
 

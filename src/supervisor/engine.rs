@@ -22,10 +22,11 @@ use sha2::{Digest, Sha256};
 
 use super::desktops::Desktops;
 use super::egress::{Guard, GuardState};
-use super::exec_agent::{Agent, Agents, Ended};
+use super::exec_agent::Agents;
 use super::pool::{LABEL_POOL_OWNER, PoolBook};
 use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
+use crate::exec_agent::{Agent, Outcome, Script, kill_script};
 
 /// Where the workspace is mounted in every computer (the home of user `rakazo`, uid 1000).
 pub const WORKSPACE: &str = "/home/rakazo";
@@ -846,38 +847,42 @@ impl Engine {
             run_id,
             agent: Some(agent.clone()),
         };
-        let answered = tokio::time::timeout(
-            timeout + EXEC_GRACE,
-            agent.run(&guard.run_id, body, timeout),
-        )
-        .await;
-        match answered {
-            Ok(Ok(result)) => {
+        let script = Script {
+            script: &body.script,
+            cwd: &body.cwd,
+            env: &body.env,
+        };
+        match agent
+            .run_within(&guard.run_id, &script, timeout, EXEC_GRACE)
+            .await
+        {
+            Outcome::Answered(out) => {
                 guard.engine = None;
-                Ok(result)
+                Ok(ExecResult {
+                    exit_code: out.exit_code,
+                    stdout: out.stdout,
+                    stderr: out.stderr,
+                    timed_out: out.timed_out,
+                })
             }
             // The agent ended with the script under way (the bot killed it, or the container
             // stopped): the guard kills the script by its pid file, the next script starts a
             // new agent.
-            Ok(Err(Ended)) => {
-                agent.end();
+            Outcome::Ended => {
                 self.gone_with_its_agent(container).await?;
                 tracing::warn!("supervisor.exec_agent.lost_script");
                 Err(EngineError::Engine(
                     "the computer's script runner ended while the script ran".into(),
                 ))
             }
-            // No answer past the deadline: the agent is stuck (stopped by the bot). It is
-            // given up and the guard kills the script by its pid file.
-            Err(_) => {
-                agent.end();
-                Ok(ExecResult {
-                    exit_code: -1,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    timed_out: true,
-                })
-            }
+            // No answer past the deadline: the agent is stuck (stopped by the bot); the guard
+            // kills the script by its pid file.
+            Outcome::Stuck => Ok(ExecResult {
+                exit_code: -1,
+                stdout: String::new(),
+                stderr: String::new(),
+                timed_out: true,
+            }),
         }
     }
 
@@ -916,9 +921,7 @@ impl Engine {
     }
 
     async fn kill_run(&self, container: &str, run_id: &str) {
-        let script = format!(
-            "for f in /dev/shm/.rakazo-exec/{run_id} /tmp/.rakazo-exec/{run_id}/pid; do p=$(cat $f 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; done; rm -rf /dev/shm/.rakazo-exec/{run_id} /tmp/.rakazo-exec/{run_id}"
-        );
+        let script = kill_script(run_id);
         let exec = self
             .docker
             .create_exec(

@@ -1,39 +1,21 @@
 //! The exec agent of Docker computers: scripts run through one held engine exec, and the bot,
 //! which can signal the agent (both are uid 1000), can stop it or kill it but never read its
-//! pipes or answer for it; a killed or stopped agent is replaced and its script killed; an
-//! image without `python3` runs scripts through the engine exec; a script under way when its
-//! computer stops is told the machine is gone.
+//! pipes or answer for it; a killed or stopped agent is replaced and its script killed
+//! ([`checks`], shared with Kubernetes pods); an image without `python3` runs scripts through
+//! the engine exec; a script under way when its computer stops is told the machine is gone.
+
+pub mod checks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::DockerProvider;
-use rakazo_actors::provider::{ExecRequest, ProviderError, ProviderRef, SandboxProvider};
+use rakazo_actors::provider::{ProviderError, ProviderRef, SandboxProvider};
 
 use super::docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
-use super::team_screens::{cmd, team_spec, unique};
-
-/// The agent's process id in the container, found by its command line (the pattern does not
-/// match the script that looks for it).
-const AGENT_PID: &str = "pgrep -f 'rakazo-exec-[a]gent'";
-
-async fn run(p: &dyn SandboxProvider, m: &ProviderRef, script: &str) -> (i32, String, String) {
-    let out = p.exec(m, &cmd(script)).await.expect(script);
-    (out.exit_code, out.stdout, out.stderr)
-}
-
-/// Whether `script` exits 0 within 10 s of tries (a kill sent on its own runs after the answer).
-async fn eventually(p: &dyn SandboxProvider, m: &ProviderRef, script: &str) -> bool {
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        if run(p, m, script).await.0 == 0 {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
+use super::team_screens::{cmd, team_spec};
+use checks::agent_pid;
 
 /// A Team Computer on a supervisor of its own, removed at the end.
 async fn computer() -> (
@@ -49,69 +31,13 @@ async fn computer() -> (
     (sup, p, m, cleanup)
 }
 
-async fn agent_pid(p: &dyn SandboxProvider, m: &ProviderRef) -> String {
-    let (code, pid, _) = run(p, m, AGENT_PID).await;
-    assert_eq!(code, 0, "an exec agent runs");
-    pid.trim().to_string()
-}
-
 #[actix_rt::test]
 async fn scripts_run_through_one_agent_with_the_engine_execs_outcomes() {
     if !docker_ready() {
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    let pid = agent_pid(&*p, &m).await;
-    assert!(!pid.is_empty() && !pid.contains('\n'), "one agent: {pid:?}");
-    assert_eq!(
-        run(&*p, &m, "echo out; echo err >&2; exit 3").await,
-        (3, "out\n".into(), "err\n".into())
-    );
-    assert_eq!(
-        agent_pid(&*p, &m).await,
-        pid,
-        "the same agent runs every script"
-    );
-    let mut env = cmd("echo \"$A $B\"; pwd");
-    env.env = vec![("A".into(), "1".into()), ("B".into(), "two words".into())];
-    env.cwd = "sub".into();
-    run(&*p, &m, "mkdir -p sub").await;
-    let out = p.exec(&m, &env).await.unwrap();
-    assert_eq!(out.stdout, "1 two words\n/home/rakazo/sub\n");
-
-    // Each stream is capped at 1 MiB; a script killed by a signal answers 128 + its number.
-    let (code, out, err) = run(&*p, &m, "yes | head -c 3000000; echo done >&2").await;
-    assert_eq!((code, out.len(), err.as_str()), (0, 1 << 20, "done\n"));
-    assert_eq!(run(&*p, &m, "kill -9 $$").await.0, 137);
-
-    // The deadline kills the script's whole process group, output flooding or not.
-    let mut flood = cmd("sleep 61 & while true; do echo spam; done");
-    flood.timeout = Duration::from_millis(500);
-    let started = Instant::now();
-    let out = p.exec(&m, &flood).await.unwrap();
-    assert!(out.timed_out && out.exit_code == -1, "{:?}", out.exit_code);
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(
-        eventually(&*p, &m, "! pgrep -f 'sleep [6]1'").await,
-        "the group went"
-    );
-
-    // A background process does not hold the answer back, and keeps writing to the script's
-    // output after the answer without being stopped by it.
-    let started = Instant::now();
-    let (_, out, _) = run(
-        &*p,
-        &m,
-        "(n=0; while true; do echo tick; n=$((n+1)); echo $n > /tmp/ticker; sleep 0.05; done) & echo started",
-    )
-    .await;
-    assert!(out.starts_with("started\n"), "{out:?}");
-    assert!(started.elapsed() < Duration::from_secs(5));
-    let (_, first, _) = run(&*p, &m, "sleep 0.5; cat /tmp/ticker").await;
-    let (_, second, _) = run(&*p, &m, "sleep 0.5; cat /tmp/ticker").await;
-    assert!(!second.is_empty(), "the background writer counts");
-    assert_ne!(first, second, "the background writer still runs");
-    run(&*p, &m, "pkill -f 'echo [t]ick'; true").await;
+    checks::scripts_run_through_one_agent(&*p, &m).await;
 }
 
 #[actix_rt::test]
@@ -120,61 +46,7 @@ async fn the_bot_can_kill_the_agent_but_never_read_or_answer_through_its_pipes()
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    let pid = agent_pid(&*p, &m).await;
-
-    // The attacker's try: read the agent's requests, write an answer of its own, read its
-    // environment. The agent is undumpable: /proc refuses all three.
-    let (_, out, _) = run(
-        &*p,
-        &m,
-        &format!(
-            "for f in fd/0 fd/1; do cat /proc/{pid}/$f >/dev/null 2>&1 & sleep 0.2; kill $! 2>/dev/null && echo READ-$f; \
-             echo '{{\"id\":99}}' 2>/dev/null > /proc/{pid}/$f && echo WROTE-$f; done; \
-             cat /proc/{pid}/environ >/dev/null 2>&1 && echo ENVIRON; ls /proc/{pid}/fd >/dev/null 2>&1 && echo FDS; echo checked"
-        ),
-    )
-    .await;
-    assert_eq!(out, "checked\n", "the agent's pipes are closed to the bot");
-
-    // Killed with a script under way: that script fails and is killed, the next gets a new
-    // agent.
-    let mut doomed =
-        cmd("touch /tmp/doomed-started; pkill -KILL -f 'rakazo-exec-[a]gent'; sleep 30");
-    doomed.timeout = Duration::from_secs(60);
-    let started = Instant::now();
-    let lost = p.exec(&m, &doomed).await;
-    assert!(
-        matches!(&lost, Err(e) if *e != ProviderError::MachineGone),
-        "a script whose agent was killed fails: {lost:?}"
-    );
-    assert!(started.elapsed() < Duration::from_secs(20));
-    let next = agent_pid(&*p, &m).await;
-    assert_ne!(next, pid, "a new agent");
-    assert!(
-        eventually(
-            &*p,
-            &m,
-            "test -e /tmp/doomed-started && ! pgrep -f 'sleep [3]0'"
-        )
-        .await,
-        "the lost script ran, and was killed"
-    );
-
-    // Stopped with a script under way: past the deadline that script times out, is killed,
-    // and the agent is given up.
-    let mut frozen = cmd("pkill -STOP -f 'rakazo-exec-[a]gent'; sleep 40");
-    frozen.timeout = Duration::from_millis(300);
-    let out = p.exec(&m, &frozen).await.unwrap();
-    assert!(out.timed_out);
-    let newest = agent_pid(&*p, &m).await;
-    assert!(
-        newest.lines().any(|l| l != next),
-        "a new agent beside the stopped one"
-    );
-    assert!(
-        eventually(&*p, &m, "! pgrep -f 'sleep [4]0'").await,
-        "the stopped agent's script was killed"
-    );
+    checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m).await;
 }
 
 #[actix_rt::test]
@@ -201,48 +73,11 @@ async fn an_image_without_python_runs_scripts_through_the_engine_exec() {
     if !docker_ready() {
         return;
     }
-    let base = rakazo::image::default_image();
-    let image = format!("rakazo-computer-test:{}", unique("nopython"));
-    let builder = unique("rakazo-nopython");
-    let docker = |args: &[&str]| {
-        let out = std::process::Command::new("docker")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "docker {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    docker(&[
-        "run",
-        "--user",
-        "0",
-        "--name",
-        &builder,
-        &base,
-        "sh",
-        "-c",
-        "rm -f /usr/bin/python3*",
-    ]);
-    docker(&["commit", &builder, &image]);
-    docker(&["rm", "-f", &builder]);
-    let sup = TestSupervisor::start_with_image(&image);
+    let image = checks::ImageWithoutPython::make();
+    let sup = TestSupervisor::start_with_image(&image.0);
     let p = sup.provider();
     let m = p.provision(&team_spec()).await.unwrap();
     let _cleanup = RemoveOnDrop(m.0.clone());
-    assert_eq!(
-        run(&*p, &m, "command -v python3 || echo none").await.1,
-        "none\n"
-    );
-    assert_eq!(
-        run(&*p, &m, "echo hi; exit 4").await,
-        (4, "hi\n".into(), String::new())
-    );
-    let mut slow: ExecRequest = cmd("sleep 30");
-    slow.timeout = Duration::from_millis(300);
-    assert!(p.exec(&m, &slow).await.unwrap().timed_out);
+    checks::scripts_run_without_python(&*p, &m).await;
     p.destroy(&m).await.unwrap();
-    docker(&["rmi", "-f", &image]);
 }

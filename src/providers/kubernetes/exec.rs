@@ -1,7 +1,10 @@
 //! Running programs in a computer pod through `pods/exec` (kube-rs over WebSockets): scripts
 //! with a deadline and captured output, and streamed transfers whose bytes pass through this
-//! process in bounded buffers, never whole.
+//! process in bounded buffers, never whole. Scripts go through the pod's exec agent
+//! ([`crate::exec_agent`], one `pods/exec` held open) while one runs there, else through a
+//! `pods/exec` each with the exec wrapper.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -13,10 +16,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::desktop::DesktopError;
 use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env};
+use crate::exec_agent::{Agent, AgentSlot, Channel, Outcome, Script, kill_script, stuck_output};
 use crate::supervisor::engine::EXEC_WRAPPER;
 
 /// Extra time an exec gets past the script's own deadline before it is abandoned.
 const EXEC_GRACE: Duration = Duration::from_secs(10);
+
+/// Buffer of the agent's standard input and output in this process.
+const AGENT_BUFFER: usize = 64 << 10;
 
 /// How `pods/exec` reaches one pod.
 #[derive(Clone)]
@@ -25,6 +32,8 @@ pub struct PodExec {
     pub api: Api<Pod>,
     /// The pod's name.
     pub pod: String,
+    /// The pod's exec agent, shared by the clones.
+    pub agent: Arc<AgentSlot>,
 }
 
 /// What an exec ended with.
@@ -85,6 +94,48 @@ async fn capped(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
 }
 
 impl PodExec {
+    /// How `pods/exec` reaches the pod `pod`.
+    pub fn new(api: Api<Pod>, pod: &str) -> Self {
+        Self {
+            api,
+            pod: pod.to_owned(),
+            agent: Arc::default(),
+        }
+    }
+
+    /// Starts the pod's exec agent in the background (a pod just attached): the interpreter's
+    /// start overlaps what comes before the first script, which waits for it.
+    pub fn start_agent_soon(&self) {
+        let exec = self.clone();
+        tokio::spawn(async move { exec.agent.get(|| exec.start_agent()).await });
+    }
+
+    /// Starts the pod's exec agent over a `pods/exec` held open (its standard error is not
+    /// asked for: nothing reads it).
+    async fn start_agent(&self) -> Result<Arc<Agent>, String> {
+        let params = AttachParams::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(false)
+            .max_stdin_buf_size(AGENT_BUFFER)
+            .max_stdout_buf_size(AGENT_BUFFER);
+        let mut proc = self
+            .api
+            .exec(&self.pod, crate::exec_agent::argv(), &params)
+            .await
+            .map_err(|e| provider_error(e).to_string())?;
+        let (Some(input), Some(output)) = (proc.stdin(), proc.stdout()) else {
+            return Err("the exec did not attach".into());
+        };
+        // The exec's handle is kept with the agent: dropping it ends the exec.
+        Agent::over(Channel {
+            input: Box::pin(input),
+            output: Box::pin(output),
+            keep: Box::new(proc),
+        })
+        .await
+    }
+
     /// Runs `argv` in the pod: `input` (if any) streamed to its stdin then closed, its stdout
     /// streamed to `output`; standard error is captured (capped).
     pub async fn stream(
@@ -166,6 +217,11 @@ impl PodExec {
         timeout: Duration,
     ) -> Result<ExecOutput, ProviderError> {
         let run_id = uuid::Uuid::new_v4().simple().to_string();
+        if let Some(agent) = self.agent.get(|| self.start_agent()).await {
+            return self
+                .script_by_agent(agent, run_id, &Script { script, cwd, env }, timeout)
+                .await;
+        }
         let mut argv = vec!["env".to_string(), "-i".into()];
         argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         argv.extend([
@@ -183,6 +239,7 @@ impl PodExec {
         let mut guard = KillOnDrop {
             exec: Some(self.clone()),
             run_id,
+            agent: None,
         };
         let started = Instant::now();
         let mut stdout = CappedWriter::default();
@@ -206,6 +263,40 @@ impl PodExec {
             stderr: ended.stderr,
             timed_out,
         })
+    }
+
+    /// [`Self::script`] through the pod's exec agent.
+    async fn script_by_agent(
+        &self,
+        agent: Arc<Agent>,
+        run_id: String,
+        script: &Script<'_>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, ProviderError> {
+        let mut guard = KillOnDrop {
+            exec: Some(self.clone()),
+            run_id,
+            agent: Some(agent.clone()),
+        };
+        match agent
+            .run_within(&guard.run_id, script, timeout, EXEC_GRACE)
+            .await
+        {
+            Outcome::Answered(out) => {
+                guard.exec = None;
+                Ok(out)
+            }
+            // The bot killed the agent, or the pod is going (the caller asks which): the guard
+            // kills the script by its pid file, the next script starts a new agent.
+            Outcome::Ended => {
+                tracing::warn!("kubernetes.exec_agent.lost_script");
+                Err(ProviderError::Failed(
+                    "the computer's script runner ended while the script ran".into(),
+                ))
+            }
+            // Stuck past the deadline (stopped by the bot): the guard kills the script.
+            Outcome::Stuck => Ok(stuck_output()),
+        }
     }
 }
 
@@ -239,22 +330,27 @@ impl AsyncWrite for CappedWriter {
     }
 }
 
-/// Kills an exec's process group in the pod unless disarmed.
+/// Kills an exec's process group in the pod unless disarmed (`exec = None`): through the agent
+/// that runs it while that agent answers, else through a `pods/exec` reading its pid file.
 struct KillOnDrop {
     exec: Option<PodExec>,
     run_id: String,
+    agent: Option<Arc<Agent>>,
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(exec) = self.exec.take() {
-            let script = format!(
-                "p=$(cat /tmp/.rakazo-exec/{id}/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; rm -rf /tmp/.rakazo-exec/{id}",
-                id = self.run_id
-            );
+            let run_id = self.run_id.clone();
+            let agent = self.agent.take().filter(|a| a.alive());
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
-                    let argv = vec!["bash".to_string(), "-c".into(), script];
+                    if let Some(agent) = agent
+                        && agent.kill(&run_id).await.is_ok()
+                    {
+                        return;
+                    }
+                    let argv = vec!["bash".to_string(), "-c".into(), kill_script(&run_id)];
                     let _ = exec.stream(argv, None, &mut tokio::io::sink()).await;
                 });
             }
@@ -269,10 +365,25 @@ pub struct PodRunner(pub PodExec);
 #[async_trait]
 impl CommandRunner for PodRunner {
     async fn run(&self, script: &str, timeout: Duration) -> Result<ExecOutput, DesktopError> {
+        self.run_with_env(script, &[], timeout).await
+    }
+
+    async fn run_with_env(
+        &self,
+        script: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<ExecOutput, DesktopError> {
+        let mut script_env = minimal_env();
+        script_env.extend_from_slice(env);
         self.0
-            .script(script, "/", &minimal_env(), timeout)
+            .script(script, "/", &script_env, timeout)
             .await
             .map_err(|e| DesktopError::Command(e.to_string()))
+    }
+
+    fn sets_env(&self) -> bool {
+        true
     }
 }
 

@@ -7,8 +7,10 @@
 //! - [`exec`]: scripts and streamed transfers through `pods/exec`.
 //!
 //! How the pieces reach the pod:
-//! - commands and the desktop runtime's scripts: `pods/exec` with the supervisor's exec wrapper
-//!   (deadline, process group, capped output);
+//! - commands and the desktop runtime's scripts: the pod's exec agent over one `pods/exec`
+//!   held open ([`crate::exec_agent`]), or where none runs (no `python3` in the image) a
+//!   `pods/exec` each with the supervisor's exec wrapper (deadline, process group, capped
+//!   output);
 //! - files: an in-pod helper (`pod_files.py`, sent with every call) that walks the home one
 //!   name at a time without following links;
 //! - workspace save and restore: one tar stream through `pods/exec` each way; stopping a
@@ -163,10 +165,7 @@ impl KubernetesProvider {
     }
 
     async fn pod_exec(&self, name: &str) -> ProviderResult<PodExec> {
-        Ok(PodExec {
-            api: self.api().await?,
-            pod: name.to_owned(),
-        })
+        Ok(PodExec::new(self.api().await?, name))
     }
 
     fn stash(&self, name: &str) -> PathBuf {
@@ -181,6 +180,7 @@ impl KubernetesProvider {
     }
 
     fn attach(&self, exec: PodExec, ip: String, home: Option<PathBuf>) -> Arc<Machine> {
+        exec.start_agent_soon();
         let config = RuntimeConfig {
             workspace: PathBuf::from(WORKSPACE),
             run_dir: PathBuf::from(RUN_DIR),

@@ -1,8 +1,9 @@
-# The exec agent: one long-lived process per Docker computer that runs the supervisor's scripts.
+# The exec agent: one long-lived process per computer (a Docker container or a Kubernetes pod)
+# that runs the scripts this process sends it.
 #
-# Run as: python3 -I -S -c SOURCE rakazo-exec-agent (uid 1000, through one engine exec whose
-# stdin and stdout stay open). Each stdin line is a JSON request; each answer is one JSON line
-# on stdout, written when its script ends, so scripts run side by side:
+# Run as: python3 -I -S -c SOURCE rakazo-exec-agent (uid 1000, through one engine exec or one
+# pods/exec whose stdin and stdout stay open). Each stdin line is a JSON request; each answer is
+# one JSON line on stdout, written when its script ends, so scripts run side by side:
 #   {"id": N, "run": HEX32, "script": S, "env": [[K, V], ...], "cwd": "/...", "timeout": SECS}
 #     -> {"id": N, "code": C, "timed_out": B, "out": BASE64, "err": BASE64}
 #   {"op": "kill", "run": HEX32}   kills that script's process group; no answer.
@@ -11,9 +12,9 @@
 # answered, the rest read and dropped. When the script's own process ends, what it wrote is
 # answered at once; background processes it left behind may go on writing, and that is read
 # and dropped until they end, so they never block, never get SIGPIPE and fill nothing.
-# The script's pid is kept in /dev/shm/.rakazo-exec/RUN while it runs, where the supervisor's
-# fallback kill finds it when the agent itself is gone. The first line written is
-# {"ready": 1}; at the end of stdin the agent waits for the scripts under way (their deadlines
+# The script's pid is kept in /dev/shm/.rakazo-exec/RUN while it runs, where the fallback kill
+# (one engine exec or pods/exec) finds it when the agent itself is gone. The first line written
+# is {"ready": 1}; at the end of stdin the agent waits for the scripts under way (their deadlines
 # still hold) and exits. Standard library only.
 
 import base64

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use rakazo::providers::kubernetes::{KubernetesProvider, KubernetesProviderConfig};
 use rakazo_actors::conformance::{cmd, spec};
-use rakazo_actors::provider::{ProviderError, SandboxProvider};
+use rakazo_actors::provider::{ProviderError, ProviderRef, SandboxProvider};
 
 use docker_support::docker_ready;
 use kubernetes_support::{NAMESPACE, cluster, provider};
@@ -166,6 +166,64 @@ async fn a_pod_without_python_runs_scripts_through_a_pods_exec_each() {
     }));
     let m = p.provision(&spec("nopython")).await.unwrap();
     exec_agent_checks::scripts_run_without_python(&*p, &m).await;
+    p.destroy(&m).await.unwrap();
+}
+
+/// Whether the bot's screen answers with a PNG.
+async fn observes(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) -> bool {
+    p.observe(m, bot).await.unwrap().png.starts_with(b"\x89PNG")
+}
+
+#[actix_rt::test]
+async fn a_pods_screen_is_read_by_one_capture_helper_kept_for_its_display() {
+    if !docker_ready() {
+        return;
+    }
+    // The helper's process, found by its command line (not the script that looks for it).
+    const HELPER: &str = "pgrep -f 'capture.* [s]erve'";
+    let p = provider();
+    let m = p.provision(&spec("capture")).await.unwrap();
+    let bot = "bot-capture";
+    p.open_screen(&m, bot, 0).await.unwrap();
+    let first = p.observe(&m, bot).await.unwrap();
+    assert!(first.png.starts_with(b"\x89PNG"));
+    let (code, pid, _) = exec_agent_checks::run(&*p, &m, HELPER).await;
+    assert_eq!(code, 0, "a capture helper runs");
+    let pid = pid.trim().to_owned();
+    assert!(
+        !pid.is_empty() && !pid.contains('\n'),
+        "one helper: {pid:?}"
+    );
+    let again = p.observe(&m, bot).await.unwrap();
+    assert_eq!((again.width, again.height), (first.width, first.height));
+    assert_eq!(
+        exec_agent_checks::run(&*p, &m, HELPER).await.1.trim(),
+        pid,
+        "the same helper reads every frame"
+    );
+
+    // The attacker's try: write a frame of its own into the helper's answers, or open its
+    // pipes. The helper is undumpable: /proc refuses.
+    let (_, out, _) = exec_agent_checks::run(
+        &*p,
+        &m,
+        &format!(
+            "echo '1 1 AAAA' 2>/dev/null > /proc/{pid}/fd/1 && echo WROTE; \
+             ls /proc/{pid}/fd >/dev/null 2>&1 && echo FDS; echo checked"
+        ),
+    )
+    .await;
+    assert_eq!(out, "checked\n", "the helper's pipes are closed to the bot");
+    assert!(observes(&*p, &m, bot).await);
+
+    // Killed by the bot: the next frame still comes (through a script), then a new helper.
+    exec_agent_checks::run(&*p, &m, "pkill -KILL -f 'capture.* [s]erve'; true").await;
+    for _ in 0..2 {
+        assert!(observes(&*p, &m, bot).await);
+    }
+    let (code, next, _) = exec_agent_checks::run(&*p, &m, HELPER).await;
+    assert_eq!(code, 0, "a new helper runs");
+    assert_ne!(next.trim(), pid, "a new helper");
     p.destroy(&m).await.unwrap();
 }
 

@@ -7,6 +7,11 @@
 # polling happens here, one command in all, not one command per look. Python's standard
 # library and the machine's libX11 only (ctypes); exits 2 with a reason on stderr when the
 # display cannot be read.
+#
+# As `capture_helper.py serve` it is an exec agent's helper: it keeps the display open and
+# answers each line it reads ("grab", or "settle FIRST_MS INTERVAL_MS TIMEOUT_MS") with one
+# line, "WIDTH HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of
+# its input, or when the display goes.
 
 import base64
 import ctypes
@@ -122,7 +127,39 @@ def settled(screen, first_ms, interval_ms, timeout_ms):
     return last
 
 
+def serve():
+    # Like the agent: the bot (the same uid) cannot write answers into its pipes through /proc.
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+    screen = Screen()
+    for line in sys.stdin:
+        words = line.split()
+        raw = None
+        if words[:1] == ["settle"]:
+            try:
+                first_ms, interval_ms, timeout_ms = (int(a) for a in words[1:4])
+                raw = settled(screen, first_ms, interval_ms, timeout_ms)
+            except ValueError:
+                sys.stdout.write("! usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS\n")
+        elif words == ["grab"]:
+            raw = screen.read()
+        else:
+            sys.stdout.write("! unknown request\n")
+        if raw is not None:
+            encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
+            if len(encoded) > MAX_OUTPUT:
+                sys.stdout.write("! the frame is too large for the command path\n")
+            else:
+                sys.stdout.write(f"{screen.width} {screen.height} {encoded.decode()}\n")
+        sys.stdout.flush()
+
+
 def main():
+    if sys.argv[1:2] == ["serve"]:
+        serve()
+        return
     screen = Screen()
     if sys.argv[1:2] == ["settle"]:
         try:

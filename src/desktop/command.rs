@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::cgroup::Join;
 use super::{DesktopError, shell_quote};
+use crate::exec_agent::Helper;
 
 /// How long the short lifecycle scripts of the runtime may take.
 pub const SCRIPT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -111,6 +112,19 @@ pub trait CommandRunner: Send + Sync + 'static {
     /// Whether [`Self::run_with_env`] starts the script with the environment it is given.
     fn sets_env(&self) -> bool {
         false
+    }
+
+    /// Asks the machine's long-lived `helper` one line, through a runner that keeps helpers
+    /// (a machine's exec agent): its answer line, or why there is none. `None` where this
+    /// runner keeps no helpers: the caller runs a script instead.
+    async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        let _ = (helper, line, timeout);
+        None
     }
 
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its

@@ -7,7 +7,9 @@
 //! same for the same pixels. A batch becomes one script of `xdotool` calls that reports how many
 //! actions completed, then the screen settles: the helper itself reads the screen until two
 //! reads in a row are the same, inside the machine, and prints only the last (one command for
-//! the whole wait, not one per look).
+//! the whole wait, not one per look). Where the runner keeps long-lived helpers (a Kubernetes
+//! pod's exec agent, [`CommandRunner::ask`]) the helper stays running per display with the
+//! display open, asked one line per frame, and no process starts per frame.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use super::command::{CommandRunner, SCRIPT_TIMEOUT, install_program};
 use super::keys::parse_combo;
 use super::runtime::{Observation, Settle};
 use super::{DesktopError, shell_quote};
+use crate::exec_agent::Helper;
 
 /// The capture helper program.
 pub const HELPER_SOURCE: &str = include_str!("capture_helper.py");
@@ -72,13 +75,42 @@ impl CommandScreen {
 
     /// A screenshot of the display.
     pub async fn grab(&self) -> Result<Observation, DesktopError> {
-        self.capture("", SCRIPT_TIMEOUT).await
+        self.capture("grab", SCRIPT_TIMEOUT).await
     }
 
-    /// Runs the capture helper with `args` and reads its frame.
-    async fn capture(&self, args: &str, timeout: Duration) -> Result<Observation, DesktopError> {
+    /// The capture helper kept running for this display by a runner that keeps helpers.
+    fn kept_helper(&self) -> Helper {
+        Helper {
+            key: format!("capture:{}", self.display),
+            argv: vec![
+                "python3".into(),
+                self.helper.to_string_lossy().into_owned(),
+                "serve".into(),
+            ],
+            env: vec![("DISPLAY".into(), format!(":{}", self.display))],
+        }
+    }
+
+    /// The capture helper's frame for `request` (`grab`, or `settle` and its times): asked of
+    /// the helper kept running for the display where the runner keeps one, else (and when that
+    /// fails) from the helper run as a script.
+    async fn capture(&self, request: &str, timeout: Duration) -> Result<Observation, DesktopError> {
+        if let Some(answer) = self.runner.ask(&self.kept_helper(), request, timeout).await {
+            match answer {
+                Ok(line) => {
+                    if let Some(reason) = line.strip_prefix("! ") {
+                        return Err(DesktopError::X(format!("capture helper: {reason}")));
+                    }
+                    let mut words = line.splitn(3, ' ');
+                    let size = [words.next(), words.next()].map(Option::unwrap_or_default);
+                    return observation(&size.join(" "), words.next().unwrap_or_default());
+                }
+                Err(e) => tracing::debug!(error = %e, "desktop.capture.kept_helper_failed"),
+            }
+        }
+        let args = request.strip_prefix("grab").unwrap_or(request);
         let script = format!(
-            "{} exec python3 {}{args}",
+            "{} exec python3 {} {args}",
             self.env(),
             shell_quote(&self.helper.to_string_lossy())
         );
@@ -91,23 +123,7 @@ impl CommandScreen {
         }
         let mut lines = out.stdout.lines();
         let size = lines.next().unwrap_or_default();
-        let (width, height) = size
-            .split_once(' ')
-            .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
-            .ok_or_else(|| DesktopError::X("capture helper printed no size".into()))?;
-        let png = base64::engine::general_purpose::STANDARD
-            .decode(lines.next().unwrap_or_default())
-            .map_err(|_| DesktopError::X("capture helper printed no image".into()))?;
-        Ok(Observation {
-            hash: frame_hash(&png),
-            frame: Frame {
-                png,
-                width,
-                height,
-                notice: None,
-                screen: None,
-            },
-        })
+        observation(size, lines.next().unwrap_or_default())
     }
 
     /// How many visible browser windows the display shows.
@@ -156,7 +172,7 @@ impl CommandScreen {
     pub async fn settle(&self, settle: Settle) -> Result<Observation, DesktopError> {
         // The helper polls inside the machine: one command, whatever the number of looks.
         let args = format!(
-            " settle {} {} {}",
+            "settle {} {} {}",
             settle.first_delay.as_millis(),
             settle.interval.as_millis(),
             settle.timeout.as_millis()
@@ -164,6 +180,27 @@ impl CommandScreen {
         self.capture(&args, settle.first_delay + settle.timeout + SCRIPT_TIMEOUT)
             .await
     }
+}
+
+/// The frame the capture helper printed: `size` ("WIDTH HEIGHT") and the base64 PNG.
+fn observation(size: &str, png: &str) -> Result<Observation, DesktopError> {
+    let (width, height) = size
+        .split_once(' ')
+        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+        .ok_or_else(|| DesktopError::X("capture helper printed no size".into()))?;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(png)
+        .map_err(|_| DesktopError::X("capture helper printed no image".into()))?;
+    Ok(Observation {
+        hash: frame_hash(&png),
+        frame: Frame {
+            png,
+            width,
+            height,
+            notice: None,
+            screen: None,
+        },
+    })
 }
 
 /// The `xdotool` call of one action on a `width` x `height` screen, or why it is invalid.

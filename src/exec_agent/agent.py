@@ -7,6 +7,14 @@
 #   {"id": N, "run": HEX32, "script": S, "env": [[K, V], ...], "cwd": "/...", "timeout": SECS}
 #     -> {"id": N, "code": C, "timed_out": B, "out": BASE64, "err": BASE64}
 #   {"op": "kill", "run": HEX32}   kills that script's process group; no answer.
+#   {"id": N, "op": "ask", "helper": KEY, "argv": [...], "env": [[K, V], ...], "line": S,
+#    "timeout": SECS}
+#     -> {"id": N, "code": 0, "out": BASE64 of the helper's answer line}, or a non-zero code and
+#        the helper's last words in "err" (timed_out when the deadline killed it).
+# A helper is a long-lived program of the agent's (one per KEY, started by the first ask in a
+# session of its own, stdin and stdout pipes) that answers each line it reads with one line; it
+# is asked one line at a time, started again after it ends, and ends with the agent (its stdin
+# closes).
 # A script runs as `bash -c S` in a session of its own, stdin from /dev/null, its process group
 # killed at the deadline. Its output comes through pipes: the first MiB of each stream is
 # answered, the rest read and dropped. When the script's own process ends, what it wrote is
@@ -178,6 +186,94 @@ def collect(child, streams, timeout):
     return code, expired, bytes(kept[streams[0]]), bytes(kept[streams[1]])
 
 
+# Helpers by key; each asked by one request at a time (its lock). Bounded.
+helpers = {}
+helpers_lock = threading.Lock()
+MAX_HELPERS = 64
+
+
+class Helper:
+    def __init__(self, argv, env):
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=env,
+            start_new_session=True,
+        )
+
+    def end(self):
+        """Kills the helper and reads its last words."""
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        try:
+            return self.proc.stderr.read(4096)
+        except (OSError, ValueError):
+            return b""
+        finally:
+            for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
+def helper_for(req):
+    """The live helper of the request's key, started if it has none."""
+    key = req["helper"]
+    with helpers_lock:
+        helper = helpers.get(key)
+        if helper is not None and helper.proc.poll() is None:
+            return helper
+        env = dict(os.environ)
+        env.update((k, v) for k, v in req["env"])
+        helper = Helper(req["argv"], env)
+        helpers.pop(key, None)
+        while len(helpers) >= MAX_HELPERS:
+            threading.Thread(target=helpers.pop(next(iter(helpers))).end).start()
+        helpers[key] = helper
+        return helper
+
+
+def ask(req):
+    answer = {"id": req["id"], "code": 0, "timed_out": False, "out": "", "err": ""}
+    try:
+        helper = helper_for(req)
+    except OSError as e:
+        answer.update(code=127, err=b64(("rakazo-exec: cannot start the helper: %s\n" % e.strerror).encode()))
+        send(answer)
+        return
+    with helper.lock:
+        expired = threading.Event()
+
+        def overdue():
+            expired.set()
+            kill_group(helper.proc.pid)
+
+        timer = threading.Timer(float(req["timeout"]), overdue)
+        timer.start()
+        try:
+            helper.proc.stdin.write(req["line"].encode() + b"\n")
+            helper.proc.stdin.flush()
+            line = helper.proc.stdout.readline(OUTPUT_CAP + 1)
+        except (OSError, ValueError):
+            line = b""
+        finally:
+            timer.cancel()
+        if line.endswith(b"\n"):
+            answer["out"] = b64(line[:-1])
+        else:
+            # Ended, killed at the deadline, or an answer past the cap: given up.
+            with helpers_lock:
+                if helpers.get(req["helper"]) is helper:
+                    del helpers[req["helper"]]
+            answer.update(code=1, timed_out=expired.is_set(), err=b64(helper.end()))
+    send(answer)
+
+
 def b64(data):
     return base64.b64encode(data).decode()
 
@@ -242,7 +338,10 @@ def run(req):
 
 def serve(req):
     try:
-        run(req)
+        if req.get("op") == "ask":
+            ask(req)
+        else:
+            run(req)
     except Exception as e:  # a request the agent could not run still gets its answer
         send({"id": req.get("id"), "error": type(e).__name__})
 

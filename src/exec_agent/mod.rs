@@ -60,6 +60,18 @@ pub struct Channel {
     pub keep: Box<dyn Send>,
 }
 
+/// A long-lived program an agent keeps for this process, asked one line at a time
+/// ([`Agent::ask`]): it answers each line it reads on its standard input with one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Helper {
+    /// Names the helper within its machine: the same key is the same process while it runs.
+    pub key: String,
+    /// Its command line (run in a session of its own, from `/`).
+    pub argv: Vec<String>,
+    /// What it gets beside the agent's environment.
+    pub env: Vec<(String, String)>,
+}
+
 /// A script for an agent.
 pub struct Script<'a> {
     /// `bash -c` this.
@@ -174,13 +186,8 @@ impl Agent {
         sent.await.map_err(|_| Ended)
     }
 
-    /// Runs `script` under `run_id`; the agent kills it at `timeout`.
-    pub async fn run(
-        &self,
-        run_id: &str,
-        script: &Script<'_>,
-        timeout: Duration,
-    ) -> Result<ExecOutput, Ended> {
+    /// Sends `request` (given its id here) and waits for its answer.
+    async fn request(&self, mut request: serde_json::Value) -> Result<ExecOutput, Ended> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.insert(id, tx);
@@ -189,15 +196,8 @@ impl Agent {
         if !self.alive() {
             return Err(Ended);
         }
-        let mut line = serde_json::to_vec(&serde_json::json!({
-            "id": id,
-            "run": run_id,
-            "script": script.script,
-            "env": script.env,
-            "cwd": script.cwd,
-            "timeout": timeout.as_secs_f64(),
-        }))
-        .map_err(|_| Ended)?;
+        request["id"] = id.into();
+        let mut line = serde_json::to_vec(&request).map_err(|_| Ended)?;
         line.push(b'\n');
         if self.send(line).await.is_err() {
             self.end();
@@ -221,6 +221,43 @@ impl Agent {
         })
     }
 
+    /// Runs `script` under `run_id`; the agent kills it at `timeout`.
+    pub async fn run(
+        &self,
+        run_id: &str,
+        script: &Script<'_>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, Ended> {
+        self.request(serde_json::json!({
+            "run": run_id,
+            "script": script.script,
+            "env": script.env,
+            "cwd": script.cwd,
+            "timeout": timeout.as_secs_f64(),
+        }))
+        .await
+    }
+
+    /// Asks the helper `helper` one `line`: its answer line as the output's `stdout` (exit code
+    /// 0), or the helper's last words (another code; `timed_out` when `timeout` passed). The
+    /// agent starts the helper if it has none, and gives up one that ended or ran late.
+    pub async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutput, Ended> {
+        self.request(serde_json::json!({
+            "op": "ask",
+            "helper": helper.key,
+            "argv": helper.argv,
+            "env": helper.env,
+            "line": line,
+            "timeout": timeout.as_secs_f64(),
+        }))
+        .await
+    }
+
     /// [`Self::run`], waiting at most `grace` past `timeout`; an agent that ended or is stuck
     /// is given up.
     pub async fn run_within(
@@ -239,6 +276,30 @@ impl Agent {
             Err(_) => {
                 self.end();
                 Outcome::Stuck
+            }
+        }
+    }
+
+    /// [`Self::ask`], waiting at most `grace` past `timeout`: the answer line, or why there is
+    /// none. An agent that ended or is stuck is given up.
+    pub async fn ask_within(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<String, String> {
+        match tokio::time::timeout(timeout + grace, self.ask(helper, line, timeout)).await {
+            Ok(Ok(out)) if out.exit_code == 0 => Ok(out.stdout),
+            Ok(Ok(out)) if out.timed_out => Err("the helper did not answer in time".into()),
+            Ok(Ok(out)) => Err(format!("the helper ended: {}", out.stderr.trim())),
+            Ok(Err(Ended)) => {
+                self.end();
+                Err("the script runner ended".into())
+            }
+            Err(_) => {
+                self.end();
+                Err("the script runner did not answer in time".into())
             }
         }
     }

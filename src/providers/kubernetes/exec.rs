@@ -16,7 +16,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::desktop::DesktopError;
 use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env};
-use crate::exec_agent::{Agent, AgentSlot, Channel, Outcome, Script, kill_script, stuck_output};
+use crate::exec_agent::{
+    Agent, AgentSlot, Channel, Helper, Outcome, Script, kill_script, stuck_output,
+};
 use crate::supervisor::engine::EXEC_WRAPPER;
 
 /// Extra time an exec gets past the script's own deadline before it is abandoned.
@@ -384,6 +386,22 @@ impl CommandRunner for PodRunner {
 
     fn sets_env(&self) -> bool {
         true
+    }
+
+    async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        let exec = &self.0;
+        let agent = exec.agent.get(|| exec.start_agent()).await?;
+        Some(
+            agent
+                .ask_within(helper, line, timeout, EXEC_GRACE)
+                .await
+                .map_err(DesktopError::Command),
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 # one JSON line on stdout, written when its script ends, so scripts run side by side:
 #   {"id": N, "run": HEX32, "script": S, "env": [[K, V], ...], "cwd": "/...", "timeout": SECS}
 #     -> {"id": N, "code": C, "timed_out": B, "out": BASE64, "err": BASE64}
+#     or {"id": N, "refused": REASON} when no process could start it (nothing ran).
 #   {"op": "kill", "run": HEX32}   kills that script's process group; no answer.
 #   {"id": N, "op": "ask", "helper": KEY, "argv": [...], "env": [[K, V], ...], "line": S,
 #    "timeout": SECS}
@@ -300,9 +301,13 @@ def run(req):
             start_new_session=True,
         )
     except OSError as e:
-        # As the engine answers an exec whose working directory it cannot enter.
         for fd in (out_r, err_r):
             os.close(fd)
+        if e.filename != req["cwd"]:
+            # No process to run it (the machine's process limit, say): refused, not run.
+            send({"id": req["id"], "refused": e.strerror or type(e).__name__})
+            return
+        # As the engine answers an exec whose working directory it cannot enter.
         answer["code"] = 126
         answer["err"] = b64(
             ("rakazo-exec: cannot run in %s: %s\n" % (req["cwd"], e.strerror)).encode()
@@ -369,7 +374,11 @@ def main():
             if pid:
                 kill_group(pid)
             continue
-        threading.Thread(target=serve, args=(req,)).start()
+        try:
+            threading.Thread(target=serve, args=(req,)).start()
+        except RuntimeError:
+            # No thread to run it (the machine's process limit): refused, the agent goes on.
+            send({"id": req.get("id"), "refused": "no thread to run it"})
 
 
 main()

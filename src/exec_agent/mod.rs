@@ -86,12 +86,24 @@ pub struct Script<'a> {
 #[derive(Debug)]
 pub struct Ended;
 
+/// Why a request got no outcome.
+#[derive(Debug)]
+pub enum Lost {
+    /// The agent ended (or was given up) before it answered.
+    Ended,
+    /// No process could start it (the machine's process limit, say): nothing ran, and the agent
+    /// goes on.
+    Refused(String),
+}
+
 /// What became of a script sent to an agent with [`Agent::run_within`].
 pub enum Outcome {
     /// The agent answered.
     Answered(ExecOutput),
     /// The agent ended with the script under way; it is given up.
     Ended,
+    /// No process could start the script; nothing ran, and the agent goes on.
+    Refused(String),
     /// No answer past the deadline and the grace: the agent is stuck (stopped by the bot) and
     /// given up; the script counts as timed out.
     Stuck,
@@ -112,6 +124,9 @@ struct Answer {
     /// Set when the agent could not run the request at all.
     #[serde(default)]
     error: Option<String>,
+    /// Set when no process could start the request (the agent goes on).
+    #[serde(default)]
+    refused: Option<String>,
 }
 
 /// One running agent.
@@ -187,25 +202,28 @@ impl Agent {
     }
 
     /// Sends `request` (given its id here) and waits for its answer.
-    async fn request(&self, mut request: serde_json::Value) -> Result<ExecOutput, Ended> {
+    async fn request(&self, mut request: serde_json::Value) -> Result<ExecOutput, Lost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.insert(id, tx);
         let _waiting = Waiting(self, id);
         // Checked after the waiter is in: an agent ending meanwhile has cleared it or is seen.
         if !self.alive() {
-            return Err(Ended);
+            return Err(Lost::Ended);
         }
         request["id"] = id.into();
-        let mut line = serde_json::to_vec(&request).map_err(|_| Ended)?;
+        let mut line = serde_json::to_vec(&request).map_err(|_| Lost::Ended)?;
         line.push(b'\n');
         if self.send(line).await.is_err() {
             self.end();
-            return Err(Ended);
+            return Err(Lost::Ended);
         }
-        let answer = rx.await.map_err(|_| Ended)?;
+        let answer = rx.await.map_err(|_| Lost::Ended)?;
+        if let Some(reason) = answer.refused {
+            return Err(Lost::Refused(reason));
+        }
         if answer.error.is_some() {
-            return Err(Ended);
+            return Err(Lost::Ended);
         }
         let text = |b64: &str| {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -227,7 +245,7 @@ impl Agent {
         run_id: &str,
         script: &Script<'_>,
         timeout: Duration,
-    ) -> Result<ExecOutput, Ended> {
+    ) -> Result<ExecOutput, Lost> {
         self.request(serde_json::json!({
             "run": run_id,
             "script": script.script,
@@ -246,7 +264,7 @@ impl Agent {
         helper: &Helper,
         line: &str,
         timeout: Duration,
-    ) -> Result<ExecOutput, Ended> {
+    ) -> Result<ExecOutput, Lost> {
         self.request(serde_json::json!({
             "op": "ask",
             "helper": helper.key,
@@ -269,7 +287,8 @@ impl Agent {
     ) -> Outcome {
         match tokio::time::timeout(timeout + grace, self.run(run_id, script, timeout)).await {
             Ok(Ok(output)) => Outcome::Answered(output),
-            Ok(Err(Ended)) => {
+            Ok(Err(Lost::Refused(reason))) => Outcome::Refused(reason),
+            Ok(Err(Lost::Ended)) => {
                 self.end();
                 Outcome::Ended
             }
@@ -293,7 +312,8 @@ impl Agent {
             Ok(Ok(out)) if out.exit_code == 0 => Ok(out.stdout),
             Ok(Ok(out)) if out.timed_out => Err("the helper did not answer in time".into()),
             Ok(Ok(out)) => Err(format!("the helper ended: {}", out.stderr.trim())),
-            Ok(Err(Ended)) => {
+            Ok(Err(Lost::Refused(reason))) => Err(format!("the helper cannot start: {reason}")),
+            Ok(Err(Lost::Ended)) => {
                 self.end();
                 Err("the script runner ended".into())
             }
@@ -499,6 +519,21 @@ mod tests {
         let (ran, ()) = tokio::join!(run, answer);
         let ran = ran.unwrap();
         assert_eq!((ran.exit_code, ran.stdout.as_str()), (3, "hi"));
+
+        // A script no process could start is refused; the agent goes on.
+        let run = agent.run_within("t", &script, Duration::from_secs(1), Duration::ZERO);
+        let refuse = async {
+            let mut line = String::new();
+            tokio::io::AsyncBufReadExt::read_line(&mut requests, &mut line)
+                .await
+                .unwrap();
+            let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let reply = format!("{{\"id\":{},\"refused\":\"no pids\"}}\n", req["id"]);
+            their_write.write_all(reply.as_bytes()).await.unwrap();
+        };
+        let (refused, ()) = tokio::join!(run, refuse);
+        assert!(matches!(refused, Outcome::Refused(r) if r == "no pids"));
+        assert!(agent.alive(), "a refusal leaves the agent running");
         drop(their_write);
         drop(requests);
         let lost = agent

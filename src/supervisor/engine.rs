@@ -875,6 +875,13 @@ impl Engine {
                     "the computer's script runner ended while the script ran".into(),
                 ))
             }
+            // Nothing ran: the guard has nothing to kill.
+            Outcome::Refused(reason) => {
+                guard.engine = None;
+                Err(EngineError::Engine(format!(
+                    "the computer cannot start the script: {reason}"
+                )))
+            }
             // No answer past the deadline: the agent is stuck (stopped by the bot); the guard
             // kills the script by its pid file.
             Outcome::Stuck => Ok(ExecResult {

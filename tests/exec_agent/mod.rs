@@ -81,3 +81,62 @@ async fn an_image_without_python_runs_scripts_through_the_engine_exec() {
     checks::scripts_run_without_python(&*p, &m).await;
     p.destroy(&m).await.unwrap();
 }
+
+/// The bot holds every process its computer may have (its threads count): a script sent then
+/// is refused with a clear error, nothing of it runs, and the agent goes on.
+#[actix_rt::test]
+async fn a_script_with_no_process_left_to_start_is_refused_and_the_agent_goes_on() {
+    if !docker_ready() {
+        return;
+    }
+    let (_sup, p, m, _cleanup) = computer().await;
+    let pid = agent_pid(&*p, &m).await;
+    // Threads (light, and counted by the pids limit) until none more can start, taking back
+    // every slot freed for 8 s; the script waits for the fill with builtins only.
+    let filler = r#"
+import threading, time
+threading.stack_size(65536)
+stop = threading.Event()
+deadline = time.monotonic() + 8
+n, full = 0, False
+while time.monotonic() < deadline and n < 5000:
+    try:
+        threading.Thread(target=stop.wait, daemon=True).start()
+        n += 1
+    except RuntimeError:
+        if not full:
+            open("/tmp/filled", "w").write("%d\n" % n)
+            full = True
+        time.sleep(0.01)
+if not full:
+    open("/tmp/filled", "w").write("unlimited\n")
+stop.set()
+"#;
+    let mut fill = cmd(&format!(
+        "rm -f /tmp/filled; setsid python3 -c {} </dev/null >/dev/null 2>&1 & \
+         while [ ! -e /tmp/filled ]; do :; done; read -r n < /tmp/filled; echo \"$n\"",
+        rakazo::desktop::shell_quote(filler)
+    ));
+    fill.timeout = Duration::from_secs(30);
+    let filled = p.exec(&m, &fill).await.unwrap().stdout;
+    if filled.trim() == "unlimited" {
+        eprintln!("skipped: the computer's pids limit is not enforced here");
+        return;
+    }
+    // The script's own shell has ended: the filler takes its slot back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = p.exec(&m, &cmd("touch /tmp/ran")).await;
+    assert!(
+        matches!(&refused, Err(ProviderError::Failed(e)) if e.contains("cannot start the script")),
+        "{refused:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(
+        checks::run(&*p, &m, "test -e /tmp/ran && echo ran; echo checked")
+            .await
+            .1,
+        "checked\n",
+        "nothing of the refused script ran"
+    );
+    assert_eq!(agent_pid(&*p, &m).await, pid, "the same agent goes on");
+}

@@ -296,6 +296,13 @@ impl PodExec {
                     "the computer's script runner ended while the script ran".into(),
                 ))
             }
+            // Nothing ran: the guard has nothing to kill.
+            Outcome::Refused(reason) => {
+                guard.exec = None;
+                Err(ProviderError::Failed(format!(
+                    "the computer cannot start the script: {reason}"
+                )))
+            }
             // Stuck past the deadline (stopped by the bot): the guard kills the script.
             Outcome::Stuck => Ok(stuck_output()),
         }

@@ -228,6 +228,75 @@ async fn a_pods_screen_is_read_by_one_capture_helper_kept_for_its_display() {
 }
 
 #[actix_rt::test]
+async fn a_pods_pointer_input_is_played_through_xtest_in_the_kept_helper() {
+    use rakazo_actors::provider::Action;
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&spec("xtest")).await.unwrap();
+    let bot = "bot-xtest";
+    p.open_screen(&m, bot, 0).await.unwrap();
+    let on_display = "export DISPLAY=:$(ls /tmp/.X11-unix | head -1 | tr -d X);";
+    let pointer = || async {
+        let script = format!("{on_display} xdotool getmouselocation | cut -d' ' -f1,2");
+        exec_agent_checks::run(&*p, &m, &script).await.1
+    };
+    // The most recent process id in the pod: how many processes a step started.
+    let last_pid = || async {
+        let out = exec_agent_checks::run(&*p, &m, "cut -d' ' -f5 /proc/loadavg").await;
+        out.1.trim().parse::<i64>().unwrap()
+    };
+    let moves = |points: &[(i32, i32)]| -> Vec<Action> {
+        points.iter().map(|&(x, y)| Action::Move { x, y }).collect()
+    };
+
+    let done = p
+        .act(&m, bot, &moves(&[(100, 200), (321, 123)]))
+        .await
+        .unwrap();
+    assert_eq!((done.completed, done.stopped), (2, None));
+    assert_eq!(pointer().await, "x:321 y:123\n");
+
+    // Ten moves start no process in the pod (xdotool would start ten).
+    let (a, b) = (last_pid().await, last_pid().await);
+    let ten: Vec<(i32, i32)> = (0..10).map(|i| (200 + 30 * i, 300)).collect();
+    p.act(&m, bot, &moves(&ten)).await.unwrap();
+    let c = last_pid().await;
+    assert!(
+        (c - b) - (b - a) < 5,
+        "processes started: {}",
+        (c - b) - (b - a)
+    );
+    assert_eq!(pointer().await, "x:470 y:300\n");
+
+    // An action off the screen stops the batch there, the ones before it done.
+    let stopped = p
+        .act(&m, bot, &moves(&[(10, 10), (99_999, 1), (20, 20)]))
+        .await
+        .unwrap();
+    assert_eq!(stopped.completed, 1);
+    assert!(
+        stopped
+            .stopped
+            .is_some_and(|s| s.reason.contains("outside"))
+    );
+    assert_eq!(pointer().await, "x:10 y:10\n");
+
+    // A batch with a key goes through xdotool, whole.
+    let keyed = vec![
+        Action::Move { x: 50, y: 60 },
+        Action::Key {
+            keys: "Escape".into(),
+        },
+    ];
+    let done = p.act(&m, bot, &keyed).await.unwrap();
+    assert_eq!((done.completed, done.stopped), (2, None));
+    assert_eq!(pointer().await, "x:50 y:60\n");
+    p.destroy(&m).await.unwrap();
+}
+
+#[actix_rt::test]
 async fn stop_saves_the_home_and_reconnect_brings_it_back_in_a_new_pod() {
     if !docker_ready() {
         return;

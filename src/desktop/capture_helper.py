@@ -11,7 +11,10 @@
 # As `capture_helper.py serve` it is an exec agent's helper: it keeps the display open and
 # answers each line it reads ("grab", or "settle FIRST_MS INTERVAL_MS TIMEOUT_MS") with one
 # line, "WIDTH HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of
-# its input, or when the display goes.
+# its input, or when the display goes. "input GROUP|GROUP|..." plays pointer input through
+# XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses and
+# "u B" releases button B, "w MS" waits), and answers how many groups were done; "! REASON"
+# when nothing was (no XTEST here).
 
 import base64
 import ctypes
@@ -127,6 +130,59 @@ def settled(screen, first_ms, interval_ms, timeout_ms):
     return last
 
 
+def xtest(screen):
+    """libXtst's fake input, or None where it is missing."""
+    if not hasattr(screen, "xtst"):
+        try:
+            t = ctypes.CDLL("libXtst.so.6")
+            t.XTestFakeMotionEvent.argtypes = [
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong,
+            ]
+            t.XTestFakeButtonEvent.argtypes = [
+                ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong,
+            ]
+            screen.x.XSync.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            screen.xtst = t
+        except (OSError, AttributeError):
+            screen.xtst = None
+    return screen.xtst
+
+
+def play(screen, groups):
+    """Plays the groups' steps in order; how many groups were done."""
+    t = xtest(screen)
+    if t is None:
+        return "! XTEST is not available"
+    done = 0
+    for group in groups.split("|"):
+        words = group.split()
+        try:
+            steps = []
+            i = 0
+            while i < len(words):
+                if words[i] == "m":
+                    steps.append(("m", int(words[i + 1]), int(words[i + 2])))
+                    i += 3
+                elif words[i] in ("d", "u", "w"):
+                    steps.append((words[i], int(words[i + 1])))
+                    i += 2
+                else:
+                    raise ValueError(words[i])
+        except (ValueError, IndexError):
+            return str(done)
+        for step in steps:
+            if step[0] == "m":
+                t.XTestFakeMotionEvent(screen.display, -1, step[1], step[2], 0)
+            elif step[0] == "w":
+                time.sleep(step[1] / 1000)
+                continue
+            else:
+                t.XTestFakeButtonEvent(screen.display, step[1], step[0] == "d", 0)
+            screen.x.XSync(screen.display, 0)
+        done += 1
+    return str(done)
+
+
 def serve():
     # Like the agent: the bot (the same uid) cannot write answers into its pipes through /proc.
     try:
@@ -145,6 +201,8 @@ def serve():
                 sys.stdout.write("! usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS\n")
         elif words == ["grab"]:
             raw = screen.read()
+        elif words[:1] == ["input"]:
+            sys.stdout.write(play(screen, line.strip()[len("input"):].strip()) + "\n")
         else:
             sys.stdout.write("! unknown request\n")
         if raw is not None:

@@ -9,7 +9,8 @@
 //! reads in a row are the same, inside the machine, and prints only the last (one command for
 //! the whole wait, not one per look). Where the runner keeps long-lived helpers (a Kubernetes
 //! pod's exec agent, [`CommandRunner::ask`]) the helper stays running per display with the
-//! display open, asked one line per frame, and no process starts per frame.
+//! display open, asked one line per frame, and no process starts per frame; it also plays
+//! batches of pointer actions through XTEST, one line per batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -138,6 +139,9 @@ impl CommandScreen {
 
     /// Applies `actions` in order: how many completed, and why the next one failed.
     pub async fn apply(&self, actions: &[Action]) -> (usize, Option<ActStop>) {
+        if let Some(applied) = self.apply_by_xtest(actions).await {
+            return applied;
+        }
         let mut script = format!("export {}\n", self.env());
         for (index, action) in actions.iter().enumerate() {
             match xdotool(action, self.width, self.height) {
@@ -166,6 +170,44 @@ impl CommandScreen {
             error = Some(ActStop::failed(format!("xdotool: {}", out.stderr.trim())));
         }
         (completed, error)
+    }
+
+    /// [`Self::apply`] through XTEST in the helper kept for the display, for a batch of pointer
+    /// actions and waits: one line, no process start per action. `None` when it cannot be (keys
+    /// or text in the batch, a runner that keeps no helpers, no XTEST there): nothing was
+    /// played, and the caller runs `xdotool`.
+    async fn apply_by_xtest(&self, actions: &[Action]) -> Option<(usize, Option<ActStop>)> {
+        let mut groups = Vec::new();
+        let mut invalid = None;
+        for action in actions {
+            let steps = pointer_steps(action)?;
+            if invalid.is_none() {
+                match check(action, self.width, self.height) {
+                    Ok(()) => groups.push(steps),
+                    Err(reason) => invalid = Some(reason),
+                }
+            }
+        }
+        if groups.is_empty() {
+            return Some((0, invalid.map(ActStop::invalid)));
+        }
+        let line = format!("input {}", groups.join("|"));
+        let answer = self
+            .runner
+            .ask(&self.kept_helper(), &line, SCRIPT_TIMEOUT + MAX_WAIT)
+            .await?;
+        let done = match answer {
+            Ok(line) if line.starts_with('!') => return None,
+            Ok(line) => line.trim().parse().unwrap_or(0),
+            // What was played before the helper went is not known: none counts as done.
+            Err(e) => return Some((0, Some(ActStop::failed(format!("input: {e}"))))),
+        };
+        let stop = if done < groups.len() {
+            Some(ActStop::failed("input: the helper stopped"))
+        } else {
+            invalid.map(ActStop::invalid)
+        };
+        Some((done, stop))
     }
 
     /// Polls until two consecutive frames are the same or time runs out; the last frame.
@@ -258,6 +300,40 @@ fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
     })
 }
 
+/// The XTEST steps of one pointer action or wait (see `capture_helper.py`); `None` for keys
+/// and text, which `xdotool` types.
+fn pointer_steps(action: &Action) -> Option<String> {
+    let press = |button: u8, times: u32| format!(" d {button} u {button}").repeat(times as usize);
+    Some(match action {
+        Action::Move { x, y } => format!("m {x} {y}"),
+        Action::Click {
+            x,
+            y,
+            button,
+            double,
+        } => format!(
+            "m {x} {y}{}",
+            press(button_number(*button), if *double { 2 } else { 1 })
+        ),
+        Action::Drag {
+            from_x,
+            from_y,
+            to_x,
+            to_y,
+        } => format!("m {from_x} {from_y} d 1 m {to_x} {to_y} u 1"),
+        Action::Scroll { x, y, dx, dy } => {
+            let mut steps = format!("m {x} {y}");
+            for (amount, negative, positive) in [(*dy, 4, 5), (*dx, 6, 7)] {
+                let button = if amount < 0 { negative } else { positive };
+                steps.push_str(&press(button, amount.unsigned_abs()));
+            }
+            steps
+        }
+        Action::Wait { ms } => format!("w {ms}"),
+        Action::Type { .. } | Action::Key { .. } => return None,
+    })
+}
+
 fn button_number(button: Button) -> u8 {
     match button {
         Button::Left => 1,
@@ -269,6 +345,40 @@ fn button_number(button: Button) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pointer_actions_become_xtest_steps() {
+        let steps = |a: Action| pointer_steps(&a);
+        assert_eq!(
+            steps(Action::Click {
+                x: 10,
+                y: 20,
+                button: Button::Right,
+                double: true
+            }),
+            Some("m 10 20 d 3 u 3 d 3 u 3".into())
+        );
+        assert_eq!(
+            steps(Action::Scroll {
+                x: 1,
+                y: 2,
+                dx: -1,
+                dy: 2
+            }),
+            Some("m 1 2 d 5 u 5 d 5 u 5 d 6 u 6".into())
+        );
+        assert_eq!(
+            steps(Action::Drag {
+                from_x: 1,
+                from_y: 2,
+                to_x: 3,
+                to_y: 4
+            }),
+            Some("m 1 2 d 1 m 3 4 u 1".into())
+        );
+        assert_eq!(steps(Action::Wait { ms: 5 }), Some("w 5".into()));
+        assert_eq!(steps(Action::Key { keys: "a".into() }), None);
+    }
 
     #[test]
     fn actions_become_xdotool_calls() {

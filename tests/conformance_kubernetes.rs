@@ -108,6 +108,18 @@ async fn scripts_in_a_pod_run_through_one_exec_agent() {
     let p = provider();
     let m = p.provision(&spec("agent")).await.unwrap();
     exec_agent_checks::scripts_run_through_one_agent(&*p, &m).await;
+    // A script gets exactly the environment it is given: nothing of the pod's own (the
+    // container's `HOSTNAME`, say) comes through the agent.
+    assert_eq!(
+        exec_agent_checks::run(
+            &*p,
+            &m,
+            "printenv HOSTNAME >/dev/null && echo leaked || echo clean"
+        )
+        .await
+        .1,
+        "clean\n"
+    );
     p.destroy(&m).await.unwrap();
 }
 

@@ -113,8 +113,13 @@ impl PodExec {
     }
 
     /// Starts the pod's exec agent over a `pods/exec` held open (its standard error is not
-    /// asked for: nothing reads it).
+    /// asked for: nothing reads it). It starts with the minimal environment only, so that a
+    /// script gets exactly the environment it is given, as through `env -i` without an agent
+    /// (nothing of the pod's own, such as what a kubelet adds, reaches the bot's scripts).
     async fn start_agent(&self) -> Result<Arc<Agent>, String> {
+        let mut argv = vec!["env".to_string(), "-i".into()];
+        argv.extend(minimal_env().iter().map(|(k, v)| format!("{k}={v}")));
+        argv.extend(crate::exec_agent::argv());
         let params = AttachParams::default()
             .stdin(true)
             .stdout(true)
@@ -123,7 +128,7 @@ impl PodExec {
             .max_stdout_buf_size(AGENT_BUFFER);
         let mut proc = self
             .api
-            .exec(&self.pod, crate::exec_agent::argv(), &params)
+            .exec(&self.pod, argv, &params)
             .await
             .map_err(|e| provider_error(e).to_string())?;
         let (Some(input), Some(output)) = (proc.stdin(), proc.stdout()) else {

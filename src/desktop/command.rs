@@ -616,6 +616,13 @@ pub fn minimal_env() -> Vec<(String, String)> {
     ]
 }
 
+/// A runtime script's environment: [`minimal_env`] and then `extra`.
+pub fn script_env(extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env = minimal_env();
+    env.extend_from_slice(extra);
+    env
+}
+
 /// The first executable file named `program` in the directories of `path` (`PATH`'s form).
 fn on_path(path: &str, program: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;

@@ -26,7 +26,7 @@ use super::exec_agent::Agents;
 use super::pool::{LABEL_POOL_OWNER, PoolBook};
 use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
 use crate::config::{DockerNetwork, DockerSettings};
-use crate::exec_agent::{Agent, Outcome, Script, kill_script};
+use crate::exec_agent::{Agent, Outcome, Script, kill_script, stuck_output};
 
 /// Where the workspace is mounted in every computer (the home of user `rakazo`, uid 1000).
 pub const WORKSPACE: &str = "/home/rakazo";
@@ -858,12 +858,7 @@ impl Engine {
         {
             Outcome::Answered(out) => {
                 guard.engine = None;
-                Ok(ExecResult {
-                    exit_code: out.exit_code,
-                    stdout: out.stdout,
-                    stderr: out.stderr,
-                    timed_out: out.timed_out,
-                })
+                Ok(out.into())
             }
             // The agent ended with the script under way (the bot killed it, or the container
             // stopped): the guard kills the script by its pid file, the next script starts a
@@ -884,12 +879,7 @@ impl Engine {
             }
             // No answer past the deadline: the agent is stuck (stopped by the bot); the guard
             // kills the script by its pid file.
-            Outcome::Stuck => Ok(ExecResult {
-                exit_code: -1,
-                stdout: String::new(),
-                stderr: String::new(),
-                timed_out: true,
-            }),
+            Outcome::Stuck => Ok(stuck_output().into()),
         }
     }
 

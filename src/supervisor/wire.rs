@@ -3,6 +3,7 @@
 //! Every route is under `/v1` and needs `Authorization: Bearer <SANDBOX_SUPERVISOR_TOKEN>`.
 //! Errors are `{"code": ..., "message": ...}` with a stable [`ErrorCode`].
 
+use rakazo_actors::provider::ExecOutput;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/computers`: create (replacing a stale container of the same name) and start.
@@ -98,6 +99,28 @@ pub struct ExecResult {
     pub stderr: String,
     /// Whether the deadline stopped it.
     pub timed_out: bool,
+}
+
+impl From<ExecOutput> for ExecResult {
+    fn from(out: ExecOutput) -> Self {
+        Self {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            timed_out: out.timed_out,
+        }
+    }
+}
+
+impl From<ExecResult> for ExecOutput {
+    fn from(out: ExecResult) -> Self {
+        Self {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            timed_out: out.timed_out,
+        }
+    }
 }
 
 /// Stable error codes of the supervisor API.

@@ -627,12 +627,7 @@ impl SandboxProvider for DockerProvider {
             Ok(out) => out,
             Err(e) => return Err(self.classify(machine, e).await),
         };
-        Ok(ExecOutput {
-            exit_code: out.exit_code,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            timed_out: out.timed_out,
-        })
+        Ok(out.into())
     }
 
     async fn list_files(

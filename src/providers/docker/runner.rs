@@ -8,7 +8,7 @@ use rakazo_actors::provider::{ExecOutput, ProviderError};
 
 use super::client::SupervisorClient;
 use crate::desktop::DesktopError;
-use crate::desktop::command::{CommandRunner, minimal_env};
+use crate::desktop::command::{CommandRunner, script_env};
 use crate::supervisor::wire::ExecBody;
 
 /// Runs scripts in one container.
@@ -31,12 +31,10 @@ impl CommandRunner for SupervisorRunner {
         env: &[(String, String)],
         timeout: Duration,
     ) -> Result<ExecOutput, DesktopError> {
-        let mut script_env = minimal_env();
-        script_env.extend_from_slice(env);
         let body = ExecBody {
             script: script.to_string(),
             cwd: "/".into(),
-            env: script_env,
+            env: script_env(env),
             timeout_ms: timeout.as_millis() as u64,
             run_id: None,
         };
@@ -48,12 +46,7 @@ impl CommandRunner for SupervisorRunner {
                 ProviderError::MachineGone => DesktopError::Command("machine gone".into()),
                 other => DesktopError::Command(other.to_string()),
             })?;
-        Ok(ExecOutput {
-            exit_code: out.exit_code,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            timed_out: out.timed_out,
-        })
+        Ok(out.into())
     }
 
     /// The engine's exec and the exec agent both start the script with the body's `env`.

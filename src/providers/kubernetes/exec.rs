@@ -15,7 +15,7 @@ use rakazo_actors::provider::{ExecOutput, ProviderError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::desktop::DesktopError;
-use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env};
+use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env, script_env};
 use crate::exec_agent::{
     Agent, AgentSlot, Channel, Helper, Outcome, Script, kill_script, stuck_output,
 };
@@ -388,10 +388,8 @@ impl CommandRunner for PodRunner {
         env: &[(String, String)],
         timeout: Duration,
     ) -> Result<ExecOutput, DesktopError> {
-        let mut script_env = minimal_env();
-        script_env.extend_from_slice(env);
         self.0
-            .script(script, "/", &script_env, timeout)
+            .script(script, "/", &script_env(env), timeout)
             .await
             .map_err(|e| DesktopError::Command(e.to_string()))
     }

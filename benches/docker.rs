@@ -4,7 +4,8 @@
 //! on 127.0.0.1:0. Both screen paths are measured: the shared X socket (direct) and the plain
 //! command path the remote providers take (capture helper and xdotool through exec). Results
 //! are recorded in `BENCHMARKS.md`. `BENCH_ONLY=exec`: scripts through the provider against
-//! the bare engine exec.
+//! the bare engine exec; `BENCH_ONLY=acts`: ten pointer moves with their settled frame on a
+//! live desktop, on both paths.
 
 mod support;
 
@@ -18,6 +19,8 @@ use rakazo_actors::provider::{ExecRequest, ProviderRef, SandboxProvider};
 const ROUNDS: usize = 3;
 /// Observes timed per path.
 const OBSERVES: usize = 20;
+/// Acts timed per path on a live desktop.
+const ACTS: usize = 20;
 /// Desktops opened in one container for the memory measure.
 const DESKTOPS: usize = 4;
 
@@ -124,6 +127,13 @@ fn main() {
         // `BENCH_ONLY=exec`: only scripts against the bare engine exec.
         if std::env::var("BENCH_ONLY").as_deref() == Ok("exec") {
             scripts(&p).await;
+            return;
+        }
+        // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame, on both paths.
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("acts") {
+            for (path, provider) in [("direct", &p), ("command path", &provider(true))] {
+                support::acts(provider, path, ACTS).await;
+            }
             return;
         }
         // `BENCH_MEMORY_ONLY=1`: only the memory measure below.

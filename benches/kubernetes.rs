@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::AttachParams;
 use rakazo::providers::kubernetes::{KubernetesProvider, KubernetesProviderConfig};
-use rakazo_actors::provider::{Action, SandboxProvider};
+use rakazo_actors::provider::SandboxProvider;
 use tokio::io::AsyncReadExt;
 
 const NAMESPACE: &str = "rakazo-bench";
@@ -63,35 +63,6 @@ async fn scripts(p: &KubernetesProvider, api: &Api<Pod>) {
     p.destroy(&m).await.unwrap();
 }
 
-/// Ten pointer moves and the settled frame after them, `ACTS` times on one live desktop.
-async fn acts(p: &KubernetesProvider) {
-    let s = support::machine_spec("act");
-    let bot = s.bot_id.clone().unwrap();
-    let m = p.provision(&s).await.expect("provision");
-    p.open_screen(&m, &bot, 0).await.expect("open screen");
-    let mut times = Vec::new();
-    for round in 0..ACTS {
-        let moves: Vec<Action> = (0..10)
-            .map(|i| Action::Move {
-                x: 100 + 40 * i + round as i32 % 2,
-                y: 300 + 10 * i,
-            })
-            .collect();
-        let t = std::time::Instant::now();
-        let outcome = p.act(&m, &bot, &moves).await.expect("act");
-        times.push(t.elapsed());
-        assert_eq!(outcome.completed, 10);
-    }
-    times.sort();
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "\nten pointer moves with the settled frame, {ACTS} times: p50 {:.1} ms, p95 {:.1} ms",
-        ms(times[ACTS / 2]),
-        ms(times[ACTS * 95 / 100])
-    );
-    p.destroy(&m).await.unwrap();
-}
-
 fn main() {
     let image = support::require_image("kubernetes");
     let emulator = support::kubernetes::EmulatorProcess::start(NAMESPACE);
@@ -116,7 +87,7 @@ fn main() {
         scripts(&p, &api).await;
         if std::env::var("BENCH_ONLY").as_deref() != Ok("exec") {
             support::first_screenshots(&*p, "command path (pods/exec)", ROUNDS, OBSERVES).await;
-            acts(&p).await;
+            support::acts(&*p, "command path (pods/exec)", ACTS).await;
         }
     });
     drop(emulator);

@@ -9,7 +9,8 @@
 //! (DevTools through a socket this process dials). Needs a Docker engine and the computer
 //! image. Results are recorded in `BENCHMARKS.md`.
 //!
-//! Run: `cargo bench --bench remote`.
+//! Run: `cargo bench --bench remote` (`BENCH_ONLY=acts`: only ten pointer moves with their
+//! settled frame on a live desktop of each provider).
 
 mod support;
 
@@ -25,6 +26,8 @@ use serde_json::{Value, json};
 
 /// Provision-to-first-screenshot rounds per provider.
 const ROUNDS: usize = 3;
+/// Acts timed per provider on a live desktop (`BENCH_ONLY=acts`).
+const ACTS: usize = 20;
 /// Tool-call rounds (`computer_observe`: a quarter of them).
 const CALLS: usize = 40;
 
@@ -104,6 +107,12 @@ fn main() {
             .unwrap(),
         );
         println!("remote bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)\n");
+        // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame on a live desktop.
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("acts") {
+            support::acts(docker.as_ref(), "docker direct", ACTS).await;
+            support::acts(remote.as_ref(), "e2b-emulator", ACTS).await;
+            return;
+        }
 
         // Provision to first screenshot, rounds alternating between the two providers.
         println!("| provider | round | provision ms | open desktop ms | first observe ms | total ms |");

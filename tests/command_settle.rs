@@ -1,6 +1,8 @@
-//! The command path's settle, against a real Xvfb: the in-computer capture helper reads the
-//! screen until two reads in a row are the same and prints only that frame, in one command for
-//! the whole wait, whatever the number of looks.
+//! The command path's settle, against a real Xvfb: the in-computer capture helper waits for the
+//! X server's reports of drawing to stop (or, on a server without DAMAGE, reads the screen until
+//! two reads in a row are the same) and prints only the settled frame, in one command for the
+//! whole wait; kept running by an exec agent, it answers a screen nothing was drawn on with its
+//! last frame, without reading the screen again.
 
 #[path = "xvfb/mod.rs"]
 mod xvfb;
@@ -14,15 +16,34 @@ use rakazo::desktop::DesktopError;
 use rakazo::desktop::command::{CommandRunner, HostRunner};
 use rakazo::desktop::runtime::Settle;
 use rakazo::desktop::screen_commands::CommandScreen;
+use rakazo::exec_agent::{Agent, Channel, Helper};
 use rakazo_actors::provider::ExecOutput;
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _};
 use xvfb::{Xvfb, pixel};
 
-/// The host runner, counting the scripts it runs.
+/// The host runner, counting the scripts it runs and the lines it asks; with an exec agent
+/// running here, it keeps helpers as a pod's agent does.
 struct Counting {
     inner: HostRunner,
+    agent: Option<Arc<Agent>>,
     runs: AtomicUsize,
+    asks: AtomicUsize,
+}
+
+impl Counting {
+    async fn new(keeps_helpers: bool) -> Arc<Self> {
+        let agent = match keeps_helpers {
+            true => Some(local_agent().await),
+            false => None,
+        };
+        Arc::new(Self {
+            inner: HostRunner::minimal(),
+            agent,
+            runs: AtomicUsize::new(0),
+            asks: AtomicUsize::new(0),
+        })
+    }
 }
 
 #[async_trait]
@@ -31,6 +52,49 @@ impl CommandRunner for Counting {
         self.runs.fetch_add(1, Ordering::SeqCst);
         self.inner.run(script, timeout).await
     }
+
+    async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        let agent = self.agent.as_ref()?;
+        self.asks.fetch_add(1, Ordering::SeqCst);
+        Some(
+            agent
+                .ask_within(helper, line, timeout, Duration::from_secs(5))
+                .await
+                .map_err(DesktopError::Command),
+        )
+    }
+}
+
+/// The exec agent, run here over its standard input and output.
+async fn local_agent() -> Arc<Agent> {
+    let argv = rakazo::exec_agent::argv();
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs the exec agent");
+    let (input, output) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+    Agent::over(Channel {
+        input: Box::pin(input),
+        output: Box::pin(output),
+        keep: Box::new(child),
+    })
+    .await
+    .expect("the exec agent starts")
+}
+
+/// Display `:display`'s screen through `runner`, the helper installed under `dir`.
+async fn connected(runner: &Arc<Counting>, dir: &std::path::Path, display: u32) -> CommandScreen {
+    CommandScreen::connect(runner.clone(), dir, display, Duration::from_secs(20))
+        .await
+        .expect("the helper reads the display")
 }
 
 /// Paints the root window `rgb` (24-bit TrueColor: the pixel value is the colour).
@@ -45,43 +109,43 @@ fn paint(conn: &impl Connection, root: u32, rgb: u32) {
     conn.get_input_focus().unwrap().reply().unwrap();
 }
 
-#[tokio::test]
-async fn the_helper_settles_inside_the_computer_in_one_command() {
-    let xvfb = Xvfb::start(440);
-    let dir = tempfile::tempdir().unwrap();
-    let runner = Arc::new(Counting {
-        inner: HostRunner::minimal(),
-        runs: AtomicUsize::new(0),
-    });
-    let screen = CommandScreen::connect(
-        runner.clone(),
-        dir.path(),
-        xvfb.display,
-        Duration::from_secs(20),
-    )
-    .await
-    .expect("the helper reads the display");
-
-    // The screen changes every 20 ms for a while, then stays red.
-    let (conn, n) = x11rb::connect(Some(&format!(":{}", xvfb.display))).unwrap();
+/// Paints display `:display` blue and green by turns every 20 ms for a while, then red.
+fn paint_for_a_while(display: u32) -> std::thread::JoinHandle<()> {
+    let (conn, n) = x11rb::connect(Some(&format!(":{display}"))).unwrap();
     let root = conn.setup().roots[n].root;
-    let painter = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         for i in 0..15u32 {
             paint(&conn, root, if i % 2 == 0 { 0x00_00ff } else { 0x00_ff00 });
             std::thread::sleep(Duration::from_millis(20));
         }
         paint(&conn, root, 0xff_0000);
-    });
+    })
+}
 
+/// Waits that settle only once the painting ended, whichever way the helper settles.
+fn patient() -> Settle {
+    Settle {
+        first_delay: Duration::ZERO,
+        interval: Duration::from_millis(400),
+        quiet: Duration::from_millis(400),
+        pointer_quiet: Duration::from_millis(400),
+        timeout: Duration::from_secs(20),
+    }
+}
+
+/// The settle of a screen painted for a while, on a server started with `extra`: one command
+/// for the whole wait, and the colour the painting ended with.
+async fn settles_in_one_command(first: u32, extra: &[&str]) {
+    let xvfb = Xvfb::start_with(first, extra);
+    let dir = tempfile::tempdir().unwrap();
+    let runner = Counting::new(false).await;
+    let screen = connected(&runner, dir.path(), xvfb.display).await;
+
+    let painter = paint_for_a_while(xvfb.display);
     let before = runner.runs.load(Ordering::SeqCst);
+    let wait = patient();
     let settled = screen
-        .settle(Settle {
-            first_delay: Duration::ZERO,
-            interval: Duration::from_millis(400),
-            quiet: Duration::from_millis(400),
-            pointer_quiet: Duration::from_millis(400),
-            timeout: Duration::from_secs(20),
-        })
+        .settle(wait, wait.first_delay, wait.quiet)
         .await
         .unwrap();
     assert_eq!(
@@ -97,4 +161,74 @@ async fn the_helper_settles_inside_the_computer_in_one_command() {
     // Still the same when looked at again: the settled frame is the screen.
     let again = screen.grab().await.unwrap();
     assert_eq!(again.hash, settled.hash);
+}
+
+#[tokio::test]
+async fn the_helper_settles_on_damage_inside_the_computer_in_one_command() {
+    settles_in_one_command(440, &[]).await;
+}
+
+#[tokio::test]
+async fn without_damage_the_helper_settles_by_polling_in_one_command() {
+    settles_in_one_command(470, &["-extension", "DAMAGE"]).await;
+}
+
+/// How many times the kept helper of `screen` read the screen.
+async fn reads(runner: &Counting, screen: &CommandScreen) -> u32 {
+    let answer = runner
+        .ask(&screen.kept_helper(), "reads", Duration::from_secs(5))
+        .await
+        .expect("the runner keeps helpers")
+        .expect("the helper answers");
+    answer.trim().parse().expect("a count")
+}
+
+#[tokio::test]
+async fn a_kept_helper_answers_an_undrawn_screen_with_its_last_frame() {
+    let xvfb = Xvfb::start(500);
+    let dir = tempfile::tempdir().unwrap();
+    let runner = Counting::new(true).await;
+    let screen = connected(&runner, dir.path(), xvfb.display).await;
+    let scripts = runner.runs.load(Ordering::SeqCst);
+    assert_eq!(reads(&runner, &screen).await, 1, "connecting read it once");
+
+    // Nothing drawn: the same frame, not read again.
+    let first = screen.grab().await.unwrap();
+    let again = screen.grab().await.unwrap();
+    assert_eq!(again.hash, first.hash);
+    assert_eq!(reads(&runner, &screen).await, 1);
+
+    // Drawn on: read again.
+    let (conn, n) = x11rb::connect(Some(&format!(":{}", xvfb.display))).unwrap();
+    let root = conn.setup().roots[n].root;
+    paint(&conn, root, 0x00_00ff);
+    let blue = screen.grab().await.unwrap();
+    assert_eq!(pixel(&blue.frame.png, 10, 10), [0, 0, 255]);
+    assert_eq!(reads(&runner, &screen).await, 2);
+
+    // A settle with nothing drawn answers the kept frame.
+    let wait = patient();
+    let quiet = screen
+        .settle(wait, Duration::ZERO, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(quiet.hash, blue.hash);
+    assert_eq!(reads(&runner, &screen).await, 2);
+
+    // A settle while the screen is painted: one line, and the colour the painting ended with.
+    let painter = paint_for_a_while(xvfb.display);
+    let asks = runner.asks.load(Ordering::SeqCst);
+    let settled = screen
+        .settle(wait, wait.first_delay, wait.quiet)
+        .await
+        .unwrap();
+    assert_eq!(runner.asks.load(Ordering::SeqCst) - asks, 1);
+    painter.join().unwrap();
+    assert_eq!(pixel(&settled.frame.png, 320, 240), [255, 0, 0]);
+    assert_eq!(reads(&runner, &screen).await, 3, "read once, when settled");
+    assert_eq!(
+        runner.runs.load(Ordering::SeqCst),
+        scripts,
+        "no script ran for a frame"
+    );
 }

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use rakazo::providers::kubernetes::{KubernetesProvider, KubernetesProviderConfig};
 use rakazo_actors::conformance::{cmd, spec};
-use rakazo_actors::provider::{ProviderError, ProviderRef, SandboxProvider};
+use rakazo_actors::provider::{ProviderError, SandboxProvider};
 
 use docker_support::docker_ready;
 use kubernetes_support::{NAMESPACE, cluster, provider};
@@ -181,130 +181,27 @@ async fn a_pod_without_python_runs_scripts_through_a_pods_exec_each() {
     p.destroy(&m).await.unwrap();
 }
 
-/// Whether the bot's screen answers with a PNG.
-async fn observes(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) -> bool {
-    p.observe(m, bot).await.unwrap().png.starts_with(b"\x89PNG")
-}
-
 #[actix_rt::test]
 async fn a_pods_screen_is_read_by_one_capture_helper_kept_for_its_display() {
     if !docker_ready() {
         return;
     }
-    // The helper's process, found by its command line (not the script that looks for it).
-    const HELPER: &str = "pgrep -f 'capture.* [s]erve'";
     let p = provider();
     let m = p.provision(&spec("capture")).await.unwrap();
-    let bot = "bot-capture";
-    p.open_screen(&m, bot, 0).await.unwrap();
-    let first = p.observe(&m, bot).await.unwrap();
-    assert!(first.png.starts_with(b"\x89PNG"));
-    let (code, pid, _) = exec_agent_checks::run(&*p, &m, HELPER).await;
-    assert_eq!(code, 0, "a capture helper runs");
-    let pid = pid.trim().to_owned();
-    assert!(
-        !pid.is_empty() && !pid.contains('\n'),
-        "one helper: {pid:?}"
-    );
-    let again = p.observe(&m, bot).await.unwrap();
-    assert_eq!((again.width, again.height), (first.width, first.height));
-    assert_eq!(
-        exec_agent_checks::run(&*p, &m, HELPER).await.1.trim(),
-        pid,
-        "the same helper reads every frame"
-    );
-
-    // The attacker's try: write a frame of its own into the helper's answers, or open its
-    // pipes. The helper is undumpable: /proc refuses.
-    let (_, out, _) = exec_agent_checks::run(
-        &*p,
-        &m,
-        &format!(
-            "echo '1 1 AAAA' 2>/dev/null > /proc/{pid}/fd/1 && echo WROTE; \
-             ls /proc/{pid}/fd >/dev/null 2>&1 && echo FDS; echo checked"
-        ),
-    )
-    .await;
-    assert_eq!(out, "checked\n", "the helper's pipes are closed to the bot");
-    assert!(observes(&*p, &m, bot).await);
-
-    // Killed by the bot: the next frame still comes (through a script), then a new helper.
-    exec_agent_checks::run(&*p, &m, "pkill -KILL -f 'capture.* [s]erve'; true").await;
-    for _ in 0..2 {
-        assert!(observes(&*p, &m, bot).await);
-    }
-    let (code, next, _) = exec_agent_checks::run(&*p, &m, HELPER).await;
-    assert_eq!(code, 0, "a new helper runs");
-    assert_ne!(next.trim(), pid, "a new helper");
+    p.open_screen(&m, "bot-capture", 0).await.unwrap();
+    exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-capture").await;
     p.destroy(&m).await.unwrap();
 }
 
 #[actix_rt::test]
 async fn a_pods_pointer_input_is_played_through_xtest_in_the_kept_helper() {
-    use rakazo_actors::provider::Action;
     if !docker_ready() {
         return;
     }
     let p = provider();
     let m = p.provision(&spec("xtest")).await.unwrap();
-    let bot = "bot-xtest";
-    p.open_screen(&m, bot, 0).await.unwrap();
-    let on_display = "export DISPLAY=:$(ls /tmp/.X11-unix | head -1 | tr -d X);";
-    let pointer = || async {
-        let script = format!("{on_display} xdotool getmouselocation | cut -d' ' -f1,2");
-        exec_agent_checks::run(&*p, &m, &script).await.1
-    };
-    // The most recent process id in the pod: how many processes a step started.
-    let last_pid = || async {
-        let out = exec_agent_checks::run(&*p, &m, "cut -d' ' -f5 /proc/loadavg").await;
-        out.1.trim().parse::<i64>().unwrap()
-    };
-    let moves = |points: &[(i32, i32)]| -> Vec<Action> {
-        points.iter().map(|&(x, y)| Action::Move { x, y }).collect()
-    };
-
-    let done = p
-        .act(&m, bot, &moves(&[(100, 200), (321, 123)]))
-        .await
-        .unwrap();
-    assert_eq!((done.completed, done.stopped), (2, None));
-    assert_eq!(pointer().await, "x:321 y:123\n");
-
-    // Ten moves start no process in the pod (xdotool would start ten).
-    let (a, b) = (last_pid().await, last_pid().await);
-    let ten: Vec<(i32, i32)> = (0..10).map(|i| (200 + 30 * i, 300)).collect();
-    p.act(&m, bot, &moves(&ten)).await.unwrap();
-    let c = last_pid().await;
-    assert!(
-        (c - b) - (b - a) < 5,
-        "processes started: {}",
-        (c - b) - (b - a)
-    );
-    assert_eq!(pointer().await, "x:470 y:300\n");
-
-    // An action off the screen stops the batch there, the ones before it done.
-    let stopped = p
-        .act(&m, bot, &moves(&[(10, 10), (99_999, 1), (20, 20)]))
-        .await
-        .unwrap();
-    assert_eq!(stopped.completed, 1);
-    assert!(
-        stopped
-            .stopped
-            .is_some_and(|s| s.reason.contains("outside"))
-    );
-    assert_eq!(pointer().await, "x:10 y:10\n");
-
-    // A batch with a key goes through xdotool, whole.
-    let keyed = vec![
-        Action::Move { x: 50, y: 60 },
-        Action::Key {
-            keys: "Escape".into(),
-        },
-    ];
-    let done = p.act(&m, bot, &keyed).await.unwrap();
-    assert_eq!((done.completed, done.stopped), (2, None));
-    assert_eq!(pointer().await, "x:50 y:60\n");
+    p.open_screen(&m, "bot-xtest", 0).await.unwrap();
+    exec_agent_checks::pointer_input_goes_through_xtest(&*p, &m, "bot-xtest").await;
     p.destroy(&m).await.unwrap();
 }
 

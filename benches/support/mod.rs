@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rakazo::config::{DockerNetwork, DockerSettings};
 use rakazo::supervisor::engine::{Engine, EngineSettings};
 use rakazo::supervisor::routes::State;
-use rakazo_actors::provider::{ExecRequest, MachineSpec, ProviderRef, SandboxProvider};
+use rakazo_actors::provider::{Action, ExecRequest, MachineSpec, ProviderRef, SandboxProvider};
 use serde_json::{Value, json};
 
 /// The computer image, built; `bench` stops (failing under CI) without it.
@@ -46,6 +46,35 @@ pub fn machine_spec(tag: &str) -> MachineSpec {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// Ten pointer moves and the settled frame after them (`computer_act`'s path), `rounds` times
+/// on one live desktop of `path`: p50 and p95.
+pub async fn acts(p: &dyn SandboxProvider, path: &str, rounds: usize) {
+    let s = machine_spec("act");
+    let bot = s.bot_id.clone().unwrap();
+    let m = p.provision(&s).await.expect("provision");
+    p.open_screen(&m, &bot, 0).await.expect("open screen");
+    let mut times = Vec::new();
+    for round in 0..rounds {
+        let moves: Vec<Action> = (0..10)
+            .map(|i| Action::Move {
+                x: 100 + 40 * i + round as i32 % 2,
+                y: 300 + 10 * i,
+            })
+            .collect();
+        let t = Instant::now();
+        let outcome = p.act(&m, &bot, &moves).await.expect("act");
+        times.push(t.elapsed());
+        assert_eq!(outcome.completed, 10);
+    }
+    times.sort();
+    println!(
+        "\n{path}: ten pointer moves with the settled frame, {rounds} times: p50 {:.1} ms, p95 {:.1} ms",
+        ms(times[rounds / 2]),
+        ms(times[rounds * 95 / 100])
+    );
+    p.destroy(&m).await.unwrap();
 }
 
 /// Provision → open desktop → first screenshot, `rounds` times, then observe latency on the

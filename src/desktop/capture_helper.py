@@ -1,23 +1,28 @@
 # The in-computer screenshot helper for machines whose X server Rakazo cannot reach directly.
 #
-# Run as: DISPLAY=:N python3 capture_helper.py [settle FIRST_MS INTERVAL_MS TIMEOUT_MS]
-# Prints "WIDTH HEIGHT" on the first line and the root window as a base64 PNG (RGB, 8 bits) on
-# the second. With `settle`, it first waits FIRST_MS, then reads the screen every INTERVAL_MS
-# until two reads in a row are the same or TIMEOUT_MS has passed, and prints the last read: the
-# polling happens here, one command in all, not one command per look. Python's standard
-# library and the machine's libX11 only (ctypes); exits 2 with a reason on stderr when the
-# display cannot be read.
+# Run as: DISPLAY=:N python3 capture_helper.py [settle FIRST_MS INTERVAL_MS TIMEOUT_MS [REACT_MS
+# QUIET_MS]]. Prints "WIDTH HEIGHT" on the first line and the root window as a base64 PNG (RGB,
+# 8 bits) on the second. With `settle`, it waits for the screen to settle first, inside the
+# machine: one command in all, not one command per look. Where the X server reports drawing
+# (the DAMAGE extension) and REACT_MS and QUIET_MS are given, the screen is settled once nothing
+# was drawn for QUIET_MS, but no sooner than REACT_MS after the start; otherwise it waits
+# FIRST_MS, then reads the screen every INTERVAL_MS until two reads in a row are the same. Either
+# way it gives up waiting after TIMEOUT_MS and prints the last read. Python's standard library
+# and the machine's libX11 (ctypes; libXdamage and libXtst where present); exits 2 with a reason
+# on stderr when the display cannot be read.
 #
 # As `capture_helper.py serve` it is an exec agent's helper: it keeps the display open and
-# answers each line it reads ("grab", or "settle FIRST_MS INTERVAL_MS TIMEOUT_MS") with one
-# line, "WIDTH HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of
-# its input, or when the display goes. "input GROUP|GROUP|..." plays pointer input through
-# XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses and
-# "u B" releases button B, "w MS" waits), and answers how many groups were done; "! REASON"
-# when nothing was (no XTEST here).
+# answers each line it reads ("grab", or "settle" and its times as above) with one line, "WIDTH
+# HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of its input, or
+# when the display goes. A screen nothing was drawn on since the last frame is answered with
+# that frame again, without reading or encoding it. "input GROUP|GROUP|..." plays pointer input
+# through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
+# and "u B" releases button B, "w MS" waits), and answers how many groups were done; "! REASON"
+# when nothing was (no XTEST here). "reads" answers how many times the screen was read.
 
 import base64
 import ctypes
+import select
 import struct
 import sys
 import time
@@ -25,6 +30,10 @@ import zlib
 
 ZPIXMAP = 2
 ALL_PLANES = 0xFFFFFFFF
+# XDamageReportNonEmpty: one report when a drawn-on screen was clean, re-armed by a subtract.
+DAMAGE_REPORT_NON_EMPTY = 3
+# sizeof(XEvent): a union of 24 longs.
+XEVENT_BYTES = 24 * ctypes.sizeof(ctypes.c_long)
 # Largest base64 frame printed: the command path caps what one command may print.
 MAX_OUTPUT = 1_000_000
 
@@ -81,9 +90,12 @@ class Screen:
         self.width = x.XDisplayWidth(self.display, 0)
         self.height = x.XDisplayHeight(self.display, 0)
         self.root = x.XDefaultRootWindow(self.display)
+        x.XSync.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.reads = 0
 
     def read(self):
         """The screen as BGRX rows without padding."""
+        self.reads += 1
         width, height = self.width, self.height
         image = self.x.XGetImage(self.display, self.root, 0, 0, width, height, ALL_PLANES, ZPIXMAP)
         if not image:
@@ -117,6 +129,87 @@ def png_of(raw, width, height):
     )
 
 
+class Damage:
+    """The X server's reports of drawing on the root window (the DAMAGE extension)."""
+
+    def __init__(self, screen):
+        lib = ctypes.CDLL("libXdamage.so.1")
+        lib.XDamageQueryExtension.argtypes = [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.XDamageQueryVersion.argtypes = lib.XDamageQueryExtension.argtypes
+        lib.XDamageCreate.restype = ctypes.c_ulong
+        lib.XDamageCreate.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int]
+        lib.XDamageSubtract.argtypes = [
+            ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+        ]
+        event_base, error_base = ctypes.c_int(), ctypes.c_int()
+        if not lib.XDamageQueryExtension(
+            screen.display, ctypes.byref(event_base), ctypes.byref(error_base)
+        ):
+            raise OSError("the X server has no DAMAGE extension")
+        major, minor = ctypes.c_int(1), ctypes.c_int(1)
+        if not lib.XDamageQueryVersion(screen.display, ctypes.byref(major), ctypes.byref(minor)):
+            raise OSError("the DAMAGE extension did not answer")
+        x = screen.x
+        x.XPending.argtypes = [ctypes.c_void_p]
+        x.XNextEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        x.XConnectionNumber.argtypes = [ctypes.c_void_p]
+        x.XFlush.argtypes = [ctypes.c_void_p]
+        self.lib, self.screen = lib, screen
+        self.notify = event_base.value  # + XDamageNotify, which is 0
+        self.fd = x.XConnectionNumber(screen.display)
+        self.event = ctypes.create_string_buffer(XEVENT_BYTES)
+        self.damage = lib.XDamageCreate(screen.display, screen.root, DAMAGE_REPORT_NON_EMPTY)
+        # Drawn on since the last frame (a new helper has no last frame).
+        self.dirty = True
+        x.XSync(screen.display, 0)
+
+    def take(self):
+        """Whether drawing was reported since the last look; re-arms the reports."""
+        x, display = self.screen.x, self.screen.display
+        seen = False
+        while x.XPending(display):
+            x.XNextEvent(display, self.event)
+            if struct.unpack_from("i", self.event.raw)[0] == self.notify:
+                seen = True
+        if seen:
+            self.dirty = True
+            self.lib.XDamageSubtract(display, self.damage, 0, 0)
+            x.XFlush(display)
+        return seen
+
+    def sync(self):
+        """After a round trip every report of drawing done before it has arrived."""
+        self.screen.x.XSync(self.screen.display, 0)
+        return self.take()
+
+    def quiet(self, react_ms, quiet_ms, timeout_ms):
+        """Waits until nothing was drawn for `quiet_ms`, but at least `react_ms` (time for an
+        application to answer input), at most `timeout_ms`."""
+        start = time.monotonic()
+        self.sync()
+        last_drawn = start
+        while True:
+            if self.take():
+                last_drawn = time.monotonic()
+            now = time.monotonic()
+            ready = max(start + react_ms / 1000, last_drawn + quiet_ms / 1000)
+            end = min(ready, start + timeout_ms / 1000)
+            if now >= end:
+                return
+            # Woken by the next report, or when the wait is over.
+            select.select([self.fd], [], [], end - now)
+
+
+def damage_of(screen):
+    """The screen's damage reports, or None where the X server or the machine has none."""
+    try:
+        return Damage(screen)
+    except (OSError, AttributeError):
+        return None
+
+
 def settled(screen, first_ms, interval_ms, timeout_ms):
     deadline = time.monotonic() + timeout_ms / 1000
     time.sleep(first_ms / 1000)
@@ -141,7 +234,6 @@ def xtest(screen):
             t.XTestFakeButtonEvent.argtypes = [
                 ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong,
             ]
-            screen.x.XSync.argtypes = [ctypes.c_void_p, ctypes.c_int]
             screen.xtst = t
         except (OSError, AttributeError):
             screen.xtst = None
@@ -183,6 +275,57 @@ def play(screen, groups):
     return str(done)
 
 
+SETTLE_USAGE = "usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS [REACT_MS QUIET_MS]"
+
+
+def settle_times(words):
+    """The times of a settle request: (first, interval, timeout, react and quiet or None)."""
+    times = [int(a) for a in words]
+    if len(times) not in (3, 5) or min(times) < 0:
+        raise ValueError(SETTLE_USAGE)
+    return times[0], times[1], times[2], (times[3:5] if len(times) == 5 else None)
+
+
+def settle_read(screen, damage, words):
+    """The screen read once it settled as `words` ask (see the top of this file)."""
+    first_ms, interval_ms, timeout_ms, by_damage = settle_times(words)
+    if damage is not None and by_damage is not None:
+        damage.quiet(by_damage[0], by_damage[1], timeout_ms)
+        return None
+    return settled(screen, first_ms, interval_ms, timeout_ms)
+
+
+class Frames:
+    """A kept display's frames: the last one is answered again while nothing is drawn."""
+
+    def __init__(self, screen):
+        self.screen = screen
+        self.damage = damage_of(screen)
+        self.kept = None
+
+    def line(self, raw=None):
+        """The answer line of the screen as it is now (`raw`: a read just made by polling)."""
+        screen, damage = self.screen, self.damage
+        keep = False
+        if raw is None:
+            if damage is not None:
+                damage.sync()
+                if not damage.dirty and self.kept is not None:
+                    return self.kept
+                # Reports from here on belong to the frame after this one.
+                damage.dirty = False
+                keep = True
+            raw = screen.read()
+        encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
+        self.kept = None
+        if len(encoded) > MAX_OUTPUT:
+            return "! the frame is too large for the command path"
+        line = f"{screen.width} {screen.height} {encoded.decode()}"
+        if keep:
+            self.kept = line
+        return line
+
+
 def serve():
     # Like the agent: the bot (the same uid) cannot write answers into its pipes through /proc.
     try:
@@ -190,27 +333,24 @@ def serve():
     except (OSError, AttributeError):
         pass
     screen = Screen()
+    frames = Frames(screen)
     for line in sys.stdin:
         words = line.split()
-        raw = None
         if words[:1] == ["settle"]:
             try:
-                first_ms, interval_ms, timeout_ms = (int(a) for a in words[1:4])
-                raw = settled(screen, first_ms, interval_ms, timeout_ms)
+                raw = settle_read(screen, frames.damage, words[1:])
+                answer = frames.line(raw)
             except ValueError:
-                sys.stdout.write("! usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS\n")
+                answer = "! " + SETTLE_USAGE
         elif words == ["grab"]:
-            raw = screen.read()
+            answer = frames.line()
         elif words[:1] == ["input"]:
-            sys.stdout.write(play(screen, line.strip()[len("input"):].strip()) + "\n")
+            answer = play(screen, line.strip()[len("input"):].strip())
+        elif words == ["reads"]:
+            answer = str(screen.reads)
         else:
-            sys.stdout.write("! unknown request\n")
-        if raw is not None:
-            encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
-            if len(encoded) > MAX_OUTPUT:
-                sys.stdout.write("! the frame is too large for the command path\n")
-            else:
-                sys.stdout.write(f"{screen.width} {screen.height} {encoded.decode()}\n")
+            answer = "! unknown request"
+        sys.stdout.write(answer + "\n")
         sys.stdout.flush()
 
 
@@ -219,13 +359,15 @@ def main():
         serve()
         return
     screen = Screen()
+    raw = None
     if sys.argv[1:2] == ["settle"]:
         try:
-            first_ms, interval_ms, timeout_ms = (int(a) for a in sys.argv[2:5])
+            times = settle_times(sys.argv[2:])
         except ValueError:
-            fail("usage: settle FIRST_MS INTERVAL_MS TIMEOUT_MS")
-        raw = settled(screen, first_ms, interval_ms, timeout_ms)
-    else:
+            fail(SETTLE_USAGE)
+        damage = damage_of(screen) if times[3] is not None else None
+        raw = settle_read(screen, damage, sys.argv[2:])
+    if raw is None:
         raw = screen.read()
     encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
     if len(encoded) > MAX_OUTPUT:

@@ -5,12 +5,14 @@
 //! The helper (`capture_helper.py`, Python's standard library and the machine's libX11) prints
 //! the root window as a base64 PNG; frames are compared by the hash of that PNG, which is the
 //! same for the same pixels. A batch becomes one script of `xdotool` calls that reports how many
-//! actions completed, then the screen settles: the helper itself reads the screen until two
-//! reads in a row are the same, inside the machine, and prints only the last (one command for
-//! the whole wait, not one per look). Where the runner keeps long-lived helpers (a Kubernetes
-//! pod's exec agent, [`CommandRunner::ask`]) the helper stays running per display with the
-//! display open, asked one line per frame, and no process starts per frame; it also plays
-//! batches of pointer actions through XTEST, one line per batch.
+//! actions completed, then the screen settles inside the machine, and the helper prints only
+//! the last frame (one command for the whole wait, not one per look): it waits for the X
+//! server's reports of drawing (DAMAGE) to stop, as the direct path does, or where the server
+//! has none reads the screen until two reads in a row are the same. Where the runner keeps
+//! long-lived helpers (a Kubernetes pod's exec agent, [`CommandRunner::ask`]) the helper stays
+//! running per display with the display open, asked one line per frame, and no process starts
+//! per frame; it answers a screen nothing was drawn on since its last frame with that frame,
+//! and plays batches of pointer actions through XTEST, one line per batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,8 +81,9 @@ impl CommandScreen {
         self.capture("grab", SCRIPT_TIMEOUT).await
     }
 
-    /// The capture helper kept running for this display by a runner that keeps helpers.
-    fn kept_helper(&self) -> Helper {
+    /// The capture helper kept running for this display by a runner that keeps helpers (asked
+    /// `reads`, it answers how many times it read the screen).
+    pub fn kept_helper(&self) -> Helper {
         Helper {
             key: format!("capture:{}", self.display),
             argv: vec![
@@ -210,17 +213,27 @@ impl CommandScreen {
         Some((done, stop))
     }
 
-    /// Polls until two consecutive frames are the same or time runs out; the last frame.
-    pub async fn settle(&self, settle: Settle) -> Result<Observation, DesktopError> {
-        // The helper polls inside the machine: one command, whatever the number of looks.
+    /// Waits for the screen to settle, inside the machine, and returns the last frame: settled
+    /// once nothing was drawn for `quiet`, but no sooner than `react`, where the X server
+    /// reports drawing (DAMAGE); otherwise once two frames `settle.interval` apart, the first
+    /// `settle.first_delay` from now, are the same. At most `settle.timeout` either way.
+    pub async fn settle(
+        &self,
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Result<Observation, DesktopError> {
+        // One command (or one line to the kept helper), whatever the number of looks.
         let args = format!(
-            "settle {} {} {}",
+            "settle {} {} {} {} {}",
             settle.first_delay.as_millis(),
             settle.interval.as_millis(),
-            settle.timeout.as_millis()
+            settle.timeout.as_millis(),
+            react.as_millis(),
+            quiet.as_millis()
         );
-        self.capture(&args, settle.first_delay + settle.timeout + SCRIPT_TIMEOUT)
-            .await
+        let longest = settle.first_delay.max(react) + settle.timeout;
+        self.capture(&args, longest + SCRIPT_TIMEOUT).await
     }
 }
 

@@ -258,13 +258,17 @@ impl Agent {
 
     /// Asks the helper `helper` one `line`: its answer line as the output's `stdout` (exit code
     /// 0), or the helper's last words (another code; `timed_out` when `timeout` passed). The
-    /// agent starts the helper if it has none, and gives up one that ended or ran late.
+    /// agent starts the helper if it has none, and gives up one that ended or ran late. A
+    /// `line` with a line end in it is refused: the helper would read it as two.
     pub async fn ask(
         &self,
         helper: &Helper,
         line: &str,
         timeout: Duration,
     ) -> Result<ExecOutput, Lost> {
+        if line.contains(['\n', '\r']) {
+            return Err(Lost::Refused("a helper is asked one line at a time".into()));
+        }
         self.request(serde_json::json!({
             "op": "ask",
             "helper": helper.key,
@@ -483,6 +487,17 @@ mod tests {
         )
     }
 
+    /// The next request the pretend agent reads.
+    async fn next_request(
+        requests: &mut tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    ) -> serde_json::Value {
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(requests, &mut line)
+            .await
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
     #[tokio::test]
     async fn an_agent_that_never_says_ready_is_refused() {
         let (channel, mut theirs) = channel();
@@ -504,11 +519,7 @@ mod tests {
         };
         let run = agent.run("r", &script, Duration::from_secs(1));
         let answer = async {
-            let mut line = String::new();
-            tokio::io::AsyncBufReadExt::read_line(&mut requests, &mut line)
-                .await
-                .unwrap();
-            let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let req = next_request(&mut requests).await;
             assert_eq!(req["script"], "true");
             let reply = format!(
                 "{{\"id\":{},\"code\":3,\"out\":\"aGk=\",\"err\":\"\"}}\n",
@@ -523,11 +534,7 @@ mod tests {
         // A script no process could start is refused; the agent goes on.
         let run = agent.run_within("t", &script, Duration::from_secs(1), Duration::ZERO);
         let refuse = async {
-            let mut line = String::new();
-            tokio::io::AsyncBufReadExt::read_line(&mut requests, &mut line)
-                .await
-                .unwrap();
-            let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let req = next_request(&mut requests).await;
             let reply = format!("{{\"id\":{},\"refused\":\"no pids\"}}\n", req["id"]);
             their_write.write_all(reply.as_bytes()).await.unwrap();
         };
@@ -541,5 +548,34 @@ mod tests {
             .await;
         assert!(matches!(lost, Outcome::Ended));
         assert!(!agent.alive());
+    }
+
+    #[tokio::test]
+    async fn a_line_with_a_line_end_is_never_sent_to_a_helper() {
+        let (channel, theirs) = channel();
+        let (their_read, mut their_write) = tokio::io::split(theirs);
+        their_write.write_all(b"{\"ready\":1}\n").await.unwrap();
+        let agent = Agent::over(channel).await.unwrap();
+        let helper = Helper {
+            key: "k".into(),
+            argv: vec!["cat".into()],
+            env: Vec::new(),
+        };
+        for line in ["grab\nreads", "grab\r"] {
+            let asked = agent.ask(&helper, line, Duration::from_secs(1)).await;
+            assert!(matches!(asked, Err(Lost::Refused(_))), "{line:?}");
+        }
+        assert!(agent.alive());
+        // Nothing reached the agent: the first request it reads is the next ask.
+        let mut requests = tokio::io::BufReader::new(their_read);
+        let ask = agent.ask(&helper, "grab", Duration::from_secs(1));
+        let answer = async {
+            let req = next_request(&mut requests).await;
+            assert_eq!(req["line"], "grab");
+            let reply = format!("{{\"id\":{},\"code\":0,\"out\":\"aGk=\"}}\n", req["id"]);
+            their_write.write_all(reply.as_bytes()).await.unwrap();
+        };
+        let (asked, ()) = tokio::join!(ask, answer);
+        assert_eq!(asked.unwrap().stdout, "hi");
     }
 }

@@ -24,9 +24,12 @@ use super::desktops::Desktops;
 use super::egress::{Guard, GuardState};
 use super::exec_agent::Agents;
 use super::pool::{LABEL_POOL_OWNER, PoolBook};
-use super::wire::{ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody, ExecResult};
+use super::wire::{
+    AskAnswer, AskBody, ComputerInfo, CreateComputer, DesktopEnter, DesktopUsage, ExecBody,
+    ExecResult,
+};
 use crate::config::{DockerNetwork, DockerSettings};
-use crate::exec_agent::{Agent, Outcome, Script, kill_script, stuck_output};
+use crate::exec_agent::{Agent, Helper, Outcome, Script, kill_script, stuck_output};
 
 /// Where the workspace is mounted in every computer (the home of user `rakazo`, uid 1000).
 pub const WORKSPACE: &str = "/home/rakazo";
@@ -833,6 +836,38 @@ impl Engine {
     }
 
     /// [`Self::exec`] through the container's exec agent: `container` is its full id.
+    /// Asks the helper `body.helper` of the running container `id` one line, through the
+    /// container's exec agent (see [`AskBody`]).
+    pub async fn ask(&self, id: &str, body: &AskBody) -> Result<AskAnswer, EngineError> {
+        if body.line.contains(['\n', '\r']) {
+            return Err(EngineError::Invalid("line must be one line".into()));
+        }
+        if body.helper.is_empty() || body.helper.len() > 128 || body.argv.is_empty() {
+            return Err(EngineError::Invalid(
+                "a helper needs a key and a command line".into(),
+            ));
+        }
+        let container = self.init_process(id).await?.id;
+        let Some(agent) = self.agents.get(&self.docker, &container).await else {
+            return Ok(AskAnswer::NoAgent);
+        };
+        let helper = Helper {
+            key: body.helper.clone(),
+            argv: body.argv.clone(),
+            env: body.env.clone(),
+        };
+        let timeout = Duration::from_millis(body.timeout_ms.max(1));
+        Ok(
+            match agent
+                .ask_within(&helper, &body.line, timeout, EXEC_GRACE)
+                .await
+            {
+                Ok(line) => AskAnswer::Answered { line },
+                Err(reason) => AskAnswer::Failed { reason },
+            },
+        )
+    }
+
     async fn exec_by_agent(
         &self,
         agent: Arc<Agent>,

@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::engine::{Engine, EngineError};
-use super::wire::{CreateComputer, CreatePooled, DesktopEnter, ErrorBody, ErrorCode, ExecBody};
+use super::wire::{
+    AskBody, CreateComputer, CreatePooled, DesktopEnter, ErrorBody, ErrorCode, ExecBody,
+};
 
 /// Largest request body (an exec script).
 pub const BODY_LIMIT: usize = 4 << 20;
@@ -52,6 +54,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/computers/{id}/stop", web::post().to(stop))
                 .route("/computers/{id}/exec", web::post().to(exec))
                 .route("/computers/{id}/exec/{run}/kill", web::post().to(kill))
+                .route("/computers/{id}/ask", web::post().to(ask))
                 .route(
                     "/computers/{id}/desktops/{desktop}",
                     web::put().to(desktop_enter),
@@ -254,6 +257,15 @@ async fn exec(
     body: web::Json<ExecBody>,
 ) -> Answer {
     Ok(HttpResponse::Ok().json(s.engine.exec(&id, &body).await?))
+}
+
+async fn ask(
+    _: Authorized,
+    s: web::Data<State>,
+    id: web::Path<String>,
+    body: web::Json<AskBody>,
+) -> Answer {
+    Ok(HttpResponse::Ok().json(s.engine.ask(&id, &body).await?))
 }
 
 async fn kill(_: Authorized, s: web::Data<State>, path: web::Path<(String, String)>) -> Answer {

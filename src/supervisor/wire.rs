@@ -123,6 +123,42 @@ impl From<ExecResult> for ExecOutput {
     }
 }
 
+/// `POST /v1/computers/{id}/ask`: one line to a long-lived helper the container's exec agent
+/// keeps (started as uid 1000 on the first ask, in a session of its own, and started again
+/// after it ends).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AskBody {
+    /// The helper's key: one helper runs per key.
+    pub helper: String,
+    /// The helper's command line, used when it is started.
+    pub argv: Vec<String>,
+    /// The helper's complete environment, used when it is started.
+    pub env: Vec<(String, String)>,
+    /// The line, without its line end.
+    pub line: String,
+    /// Deadline in milliseconds; the helper is killed when it passes without an answer.
+    pub timeout_ms: u64,
+}
+
+/// What came of an ask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "outcome")]
+pub enum AskAnswer {
+    /// The helper's answer line.
+    Answered {
+        /// The line, without its line end.
+        line: String,
+    },
+    /// No answer: the helper ended, ran late or could not start.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// The container runs no exec agent (an image without `python3`): no helper is kept.
+    NoAgent,
+}
+
 /// Stable error codes of the supervisor API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

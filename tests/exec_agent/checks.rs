@@ -1,7 +1,9 @@
 //! What every machine with an exec agent must show, whichever exec holds it (the Docker
 //! engine's, Kubernetes' `pods/exec`): scripts run through one agent with the same outcomes as
 //! without it, and the bot (uid 1000 like the agent) can stop it or kill it but never read its
-//! pipes or answer for it; a killed or stopped agent is replaced and its script killed.
+//! pipes or answer for it; a killed or stopped agent is replaced and its script killed. On the
+//! plain command path the agent keeps the capture helper: frames and pointer input need no
+//! process start.
 
 use std::time::{Duration, Instant};
 
@@ -215,4 +217,120 @@ pub async fn scripts_run_without_python(p: &dyn SandboxProvider, m: &ProviderRef
     let mut slow = cmd("sleep 30");
     slow.timeout = Duration::from_millis(300);
     assert!(p.exec(m, &slow).await.unwrap().timed_out);
+}
+
+/// Whether the bot's screen answers with a PNG.
+async fn observes(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) -> bool {
+    p.observe(m, bot).await.unwrap().png.starts_with(b"\x89PNG")
+}
+
+/// The frames of `bot`'s open screen on a plain command path come from one capture helper the
+/// agent keeps for its display; the bot cannot write into its answers, and a helper it kills
+/// is replaced (the frame in between comes through a script).
+pub async fn frames_come_from_one_kept_helper(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) {
+    // The helper's process, found by its command line (not the script that looks for it).
+    const HELPER: &str = "pgrep -f 'capture.* [s]erve'";
+    let first = p.observe(m, bot).await.unwrap();
+    assert!(first.png.starts_with(b"\x89PNG"));
+    let (code, pid, _) = run(p, m, HELPER).await;
+    assert_eq!(code, 0, "a capture helper runs");
+    let pid = pid.trim().to_owned();
+    assert!(
+        !pid.is_empty() && !pid.contains('\n'),
+        "one helper: {pid:?}"
+    );
+    let again = p.observe(m, bot).await.unwrap();
+    assert_eq!((again.width, again.height), (first.width, first.height));
+    assert_eq!(
+        run(p, m, HELPER).await.1.trim(),
+        pid,
+        "the same helper reads every frame"
+    );
+
+    // The attacker's try: write a frame of its own into the helper's answers, or open its
+    // pipes. The helper is undumpable: /proc refuses.
+    let (_, out, _) = run(
+        p,
+        m,
+        &format!(
+            "echo '1 1 AAAA' 2>/dev/null > /proc/{pid}/fd/1 && echo WROTE; \
+             ls /proc/{pid}/fd >/dev/null 2>&1 && echo FDS; echo checked"
+        ),
+    )
+    .await;
+    assert_eq!(out, "checked\n", "the helper's pipes are closed to the bot");
+    assert!(observes(p, m, bot).await);
+
+    // Killed by the bot: the next frame still comes (through a script), then a new helper.
+    run(p, m, "pkill -KILL -f 'capture.* [s]erve'; true").await;
+    for _ in 0..2 {
+        assert!(observes(p, m, bot).await);
+    }
+    let (code, next, _) = run(p, m, HELPER).await;
+    assert_eq!(code, 0, "a new helper runs");
+    assert_ne!(next.trim(), pid, "a new helper");
+}
+
+/// A batch of pointer moves on `bot`'s open screen on a plain command path is played through
+/// XTEST in the kept helper (no process started for it), stops at an action off the screen,
+/// and a batch with a key goes through `xdotool`, whole.
+pub async fn pointer_input_goes_through_xtest(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) {
+    use rakazo_actors::provider::Action;
+    let on_display = "export DISPLAY=:$(ls /tmp/.X11-unix | head -1 | tr -d X);";
+    let pointer = || async {
+        let script = format!("{on_display} xdotool getmouselocation | cut -d' ' -f1,2");
+        run(p, m, &script).await.1
+    };
+    // The most recent process id in the machine: how many processes a step started.
+    let last_pid = || async {
+        let out = run(p, m, "cut -d' ' -f5 /proc/loadavg").await;
+        out.1.trim().parse::<i64>().unwrap()
+    };
+    let moves = |points: &[(i32, i32)]| -> Vec<Action> {
+        points.iter().map(|&(x, y)| Action::Move { x, y }).collect()
+    };
+
+    let done = p
+        .act(m, bot, &moves(&[(100, 200), (321, 123)]))
+        .await
+        .unwrap();
+    assert_eq!((done.completed, done.stopped), (2, None));
+    assert_eq!(pointer().await, "x:321 y:123\n");
+
+    // Ten moves and their settled frame start no process in the machine (xdotool would start
+    // ten, a capture helper run as a script more).
+    let (a, b) = (last_pid().await, last_pid().await);
+    let ten: Vec<(i32, i32)> = (0..10).map(|i| (200 + 30 * i, 300)).collect();
+    p.act(m, bot, &moves(&ten)).await.unwrap();
+    let c = last_pid().await;
+    assert!(
+        (c - b) - (b - a) < 5,
+        "processes started: {}",
+        (c - b) - (b - a)
+    );
+    assert_eq!(pointer().await, "x:470 y:300\n");
+
+    // An action off the screen stops the batch there, the ones before it done.
+    let stopped = p
+        .act(m, bot, &moves(&[(10, 10), (99_999, 1), (20, 20)]))
+        .await
+        .unwrap();
+    assert_eq!(stopped.completed, 1);
+    assert!(
+        stopped
+            .stopped
+            .is_some_and(|s| s.reason.contains("outside"))
+    );
+    assert_eq!(pointer().await, "x:10 y:10\n");
+
+    // A batch with a key goes through xdotool, whole.
+    let keyed = vec![
+        Action::Move { x: 50, y: 60 },
+        Action::Key {
+            keys: "Escape".into(),
+        },
+    ];
+    let done = p.act(m, bot, &keyed).await.unwrap();
+    assert_eq!((done.completed, done.stopped), (2, None));
+    assert_eq!(pointer().await, "x:50 y:60\n");
 }

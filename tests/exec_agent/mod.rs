@@ -2,7 +2,8 @@
 //! which can signal the agent (both are uid 1000), can stop it or kill it but never read its
 //! pipes or answer for it; a killed or stopped agent is replaced and its script killed
 //! ([`checks`], shared with Kubernetes pods); an image without `python3` runs scripts through
-//! the engine exec; a script under way when its computer stops is told the machine is gone.
+//! the engine exec; a script under way when its computer stops is told the machine is gone. On
+//! the plain command path the agent keeps the capture helper (frames and pointer input).
 
 pub mod checks;
 
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use rakazo::config::DockerNetwork;
 use rakazo::providers::docker::DockerProvider;
+use rakazo::supervisor::engine::EngineError;
+use rakazo::supervisor::wire::AskBody;
 use rakazo_actors::provider::{ProviderError, ProviderRef, SandboxProvider};
 
 use super::docker_support::{RemoveOnDrop, TestSupervisor, docker_ready};
@@ -29,6 +32,52 @@ async fn computer() -> (
     let m = p.provision(&team_spec()).await.unwrap();
     let cleanup = RemoveOnDrop(m.0.clone());
     (sup, p, m, cleanup)
+}
+
+/// A Team Computer on the plain command path with `bot`'s screen open, on a supervisor of its
+/// own, removed at the end.
+async fn command_path_screen(
+    bot: &str,
+) -> (
+    TestSupervisor,
+    Arc<DockerProvider>,
+    ProviderRef,
+    RemoveOnDrop,
+) {
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.command_provider();
+    let m = p.provision(&team_spec()).await.unwrap();
+    let cleanup = RemoveOnDrop(m.0.clone());
+    p.open_screen(&m, bot, 0).await.unwrap();
+    (sup, p, m, cleanup)
+}
+
+#[actix_rt::test]
+async fn on_the_command_path_frames_come_from_one_capture_helper_the_agent_keeps() {
+    if !docker_ready() {
+        return;
+    }
+    let (sup, p, m, _cleanup) = command_path_screen("bot-capture").await;
+    checks::frames_come_from_one_kept_helper(&*p, &m, "bot-capture").await;
+    // A line with a line end would be two requests to the helper: the supervisor refuses it.
+    let two_lines = AskBody {
+        helper: "capture:0".into(),
+        argv: vec!["cat".into()],
+        env: Vec::new(),
+        line: "grab\nreads".into(),
+        timeout_ms: 1_000,
+    };
+    let asked = sup.engine().await.ask(&m.0, &two_lines).await;
+    assert!(matches!(asked, Err(EngineError::Invalid(_))));
+}
+
+#[actix_rt::test]
+async fn on_the_command_path_pointer_input_is_played_through_xtest_in_the_kept_helper() {
+    if !docker_ready() {
+        return;
+    }
+    let (_sup, p, m, _cleanup) = command_path_screen("bot-xtest").await;
+    checks::pointer_input_goes_through_xtest(&*p, &m, "bot-xtest").await;
 }
 
 #[actix_rt::test]

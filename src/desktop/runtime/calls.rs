@@ -263,9 +263,11 @@ impl DesktopRuntime {
         let x = match io {
             Io::X(x) => x,
             Io::Commands(c) => {
+                let (react, quiet) = settle.for_batch(actions);
                 let batch = async {
                     let (completed, error) = c.apply(actions).await;
-                    Ok::<_, DesktopError>((completed, error, c.settle(settle).await?))
+                    let settled = c.settle(settle, react, quiet).await?;
+                    Ok::<_, DesktopError>((completed, error, settled))
                 };
                 let (batch, notice) = tokio::join!(batch, notice);
                 let (completed, error, mut observation) = batch?;
@@ -293,16 +295,7 @@ impl DesktopRuntime {
                 }
                 Err(e) => (0, Some(ActStop::failed(e.to_string()))),
             };
-            let react = if actions.iter().any(answers_later) {
-                settle.first_delay
-            } else {
-                Duration::ZERO
-            };
-            let quiet = if actions.iter().all(|a| matches!(a, Action::Move { .. })) {
-                settle.pointer_quiet
-            } else {
-                settle.quiet
-            };
+            let (react, quiet) = settle.for_batch(&actions);
             let shot = x.settle_sized(react, quiet, settle.timeout, size)?;
             Ok::<_, DesktopError>((completed, error, shot))
         });

@@ -156,6 +156,25 @@ impl Default for Settle {
     }
 }
 
+impl Settle {
+    /// How a batch of `actions` waits where drawing is reported: `(react, quiet)`, the time
+    /// applications get to answer (none for a batch of pointer moves and waits) and the quiet
+    /// window (about a frame for a batch of moves only).
+    pub fn for_batch(&self, actions: &[Action]) -> (Duration, Duration) {
+        let react = if actions.iter().any(answers_later) {
+            self.first_delay
+        } else {
+            Duration::ZERO
+        };
+        let quiet = if actions.iter().all(|a| matches!(a, Action::Move { .. })) {
+            self.pointer_quiet
+        } else {
+            self.quiet
+        };
+        (react, quiet)
+    }
+}
+
 /// X display numbers of one host, shared by every runtime whose displays live there.
 #[derive(Debug)]
 pub struct DisplayPool {

@@ -450,7 +450,10 @@ impl DesktopRuntime {
                 .await
                 .map_err(|e| DesktopError::X(format!("settle task: {e}")))?
                 .map(drop),
-                Io::Commands(c) => c.settle(quiet).await.map(drop),
+                Io::Commands(c) => c
+                    .settle(quiet, quiet.first_delay, quiet.quiet)
+                    .await
+                    .map(drop),
             }?;
             Ok::<_, DesktopError>(started.elapsed().as_millis() as u64)
         };

@@ -8,8 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::supervisor::wire::{
-    ComputerInfo, CreateComputer, CreatePooled, DesktopEnter, DesktopUsage, ErrorBody, ErrorCode,
-    ExecBody, ExecResult, Health, ImageStatus, PoolRenewal,
+    AskAnswer, AskBody, ComputerInfo, CreateComputer, CreatePooled, DesktopEnter, DesktopUsage,
+    ErrorBody, ErrorCode, ExecBody, ExecResult, Health, ImageStatus, PoolRenewal,
 };
 
 /// How long a health check waits for the supervisor.
@@ -300,6 +300,20 @@ impl SupervisorClient {
             .await;
         guard.client = None;
         Self::some(result?)
+    }
+
+    /// Asks a helper kept by the exec agent of computer `id` one line (see [`AskBody`]).
+    pub async fn ask(&self, id: &str, body: &AskBody) -> ProviderResult<AskAnswer> {
+        let timeout = Duration::from_millis(body.timeout_ms) + EXEC_SLACK;
+        Self::some(
+            self.call(
+                reqwest::Method::POST,
+                &format!("/v1/computers/{}/ask", path_segment(id)?),
+                Some(body),
+                timeout,
+            )
+            .await?,
+        )
     }
 
     /// Creates desktop `name`'s control group in computer `id` with the limits in `body` and

@@ -1,5 +1,6 @@
 //! The desktop runtime's [`CommandRunner`] for docker computers: every script runs through
-//! the supervisor's exec, as uid 1000, with the runtime's minimal environment.
+//! the supervisor's exec, as uid 1000, with the runtime's minimal environment; helpers (the
+//! capture helper of the plain command path) are kept by the container's exec agent.
 
 use std::time::Duration;
 
@@ -9,7 +10,8 @@ use rakazo_actors::provider::{ExecOutput, ProviderError};
 use super::client::SupervisorClient;
 use crate::desktop::DesktopError;
 use crate::desktop::command::{CommandRunner, script_env};
-use crate::supervisor::wire::ExecBody;
+use crate::exec_agent::Helper;
+use crate::supervisor::wire::{AskAnswer, AskBody, ExecBody};
 
 /// Runs scripts in one container.
 pub struct SupervisorRunner {
@@ -52,5 +54,26 @@ impl CommandRunner for SupervisorRunner {
     /// The engine's exec and the exec agent both start the script with the body's `env`.
     fn sets_env(&self) -> bool {
         true
+    }
+
+    async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        let body = AskBody {
+            helper: helper.key.clone(),
+            argv: helper.argv.clone(),
+            env: script_env(&helper.env),
+            line: line.to_owned(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        Some(match self.client.ask(&self.container, &body).await {
+            Ok(AskAnswer::Answered { line }) => Ok(line),
+            Ok(AskAnswer::Failed { reason }) => Err(DesktopError::Command(reason)),
+            Ok(AskAnswer::NoAgent) => return None,
+            Err(e) => Err(DesktopError::Command(e.to_string())),
+        })
     }
 }

@@ -2,7 +2,8 @@
 //! X server's reports of drawing to stop (or, on a server without DAMAGE, reads the screen until
 //! two reads in a row are the same) and prints only the settled frame, in one command for the
 //! whole wait; kept running by an exec agent, it answers a screen nothing was drawn on with its
-//! last frame, without reading the screen again.
+//! last frame, without reading the screen again. Where no helper is kept, a batch of input and
+//! its settled frame are one command.
 
 #[path = "xvfb/mod.rs"]
 mod xvfb;
@@ -230,5 +231,47 @@ async fn a_kept_helper_answers_an_undrawn_screen_with_its_last_frame() {
         runner.runs.load(Ordering::SeqCst),
         scripts,
         "no script ran for a frame"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_and_its_settled_frame_are_one_command_where_no_helper_is_kept() {
+    use rakazo_actors::provider::Action;
+    let xvfb = Xvfb::start(530);
+    let dir = tempfile::tempdir().unwrap();
+    let runner = Counting::new(false).await;
+    let screen = connected(&runner, dir.path(), xvfb.display).await;
+    let wait = Settle::default();
+    let moves = |points: &[(i32, i32)]| -> Vec<Action> {
+        points.iter().map(|&(x, y)| Action::Move { x, y }).collect()
+    };
+
+    let before = runner.runs.load(Ordering::SeqCst);
+    let batch = moves(&[(10, 10), (300, 200)]);
+    let (react, quiet) = wait.for_batch(&batch);
+    let (completed, stopped, frame) = screen.act(&batch, wait, react, quiet).await.unwrap();
+    assert_eq!((completed, stopped.is_none()), (2, true));
+    assert_eq!(
+        runner.runs.load(Ordering::SeqCst) - before,
+        1,
+        "one command"
+    );
+    assert_eq!((frame.frame.width, frame.frame.height), (640, 480));
+    let (conn, n) = x11rb::connect(Some(&format!(":{}", xvfb.display))).unwrap();
+    let root = conn.setup().roots[n].root;
+    let pointer = conn.query_pointer(root).unwrap().reply().unwrap();
+    assert_eq!((pointer.root_x, pointer.root_y), (300, 200));
+
+    // An action off the screen stops the batch there; the frame still comes, in the same command.
+    let before = runner.runs.load(Ordering::SeqCst);
+    let batch = moves(&[(20, 20), (9_999, 1), (30, 30)]);
+    let (completed, stopped, frame) = screen.act(&batch, wait, react, quiet).await.unwrap();
+    assert_eq!(completed, 1);
+    assert!(stopped.is_some_and(|s| s.reason.contains("outside")));
+    assert!(frame.frame.png.starts_with(b"\x89PNG"));
+    assert_eq!(
+        runner.runs.load(Ordering::SeqCst) - before,
+        1,
+        "one command"
     );
 }

@@ -114,6 +114,11 @@ pub trait CommandRunner: Send + Sync + 'static {
         false
     }
 
+    /// Whether this runner keeps long-lived helpers ([`Self::ask`] answers).
+    fn keeps_helpers(&self) -> bool {
+        false
+    }
+
     /// Asks the machine's long-lived `helper` one line, through a runner that keeps helpers
     /// (a machine's exec agent): its answer line, or why there is none. `None` where this
     /// runner keeps no helpers: the caller runs a script instead.

@@ -12,7 +12,8 @@
 //! long-lived helpers (a Kubernetes pod's exec agent, [`CommandRunner::ask`]) the helper stays
 //! running per display with the display open, asked one line per frame, and no process starts
 //! per frame; it answers a screen nothing was drawn on since its last frame with that frame,
-//! and plays batches of pointer actions through XTEST, one line per batch.
+//! and plays batches of pointer actions through XTEST, one line per batch. Where none is kept,
+//! a batch and its settled frame are one command.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -140,11 +141,64 @@ impl CommandScreen {
         Ok(out.stdout.trim().parse().unwrap_or(0))
     }
 
-    /// Applies `actions` in order: how many completed, and why the next one failed.
-    pub async fn apply(&self, actions: &[Action]) -> (usize, Option<ActStop>) {
-        if let Some(applied) = self.apply_by_xtest(actions).await {
-            return applied;
+    /// Applies `actions` in order, then waits for the screen to settle (see [`Self::settle`]):
+    /// how many completed, why the next one failed, and the settled frame. Where the runner
+    /// keeps helpers, a batch of pointer actions is one line to the kept helper and the frame
+    /// another; elsewhere the batch and its settled frame are one command.
+    pub async fn act(
+        &self,
+        actions: &[Action],
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Result<(usize, Option<ActStop>, Observation), DesktopError> {
+        if let Some((completed, error)) = self.apply_by_xtest(actions).await {
+            return Ok((completed, error, self.settle(settle, react, quiet).await?));
         }
+        let batch = self.batch_script(actions);
+        if self.runner.keeps_helpers() {
+            let (completed, error) = match self.runner.run(&batch, SCRIPT_TIMEOUT + MAX_WAIT).await
+            {
+                Ok(out) => batch_outcome(&out.stdout, &out.stderr, actions.len()),
+                Err(e) => (0, Some(ActStop::failed(e.to_string()))),
+            };
+            return Ok((completed, error, self.settle(settle, react, quiet).await?));
+        }
+        // One command: the batch in a subshell (a failed action ends only it), a mark, then the
+        // helper's settled frame.
+        let script = format!(
+            "({batch})\necho {FRAME_MARK}\n{} exec python3 {} {}",
+            self.env(),
+            shell_quote(&self.helper.to_string_lossy()),
+            settle_args(settle, react, quiet)
+        );
+        let longest = SCRIPT_TIMEOUT + MAX_WAIT + settle.first_delay.max(react) + settle.timeout;
+        let out = self.runner.run(&script, longest + SCRIPT_TIMEOUT).await?;
+        let Some((batch_out, frame)) = out.stdout.split_once(&format!("{FRAME_MARK}\n")) else {
+            return Err(DesktopError::X(format!(
+                "the batch ended without its frame: {}",
+                out.stderr.trim()
+            )));
+        };
+        let (completed, error) = batch_outcome(batch_out, &out.stderr, actions.len());
+        if out.exit_code != 0 {
+            return Err(DesktopError::X(format!(
+                "capture helper: {}",
+                out.stderr.trim()
+            )));
+        }
+        let mut lines = frame.lines();
+        let size = lines.next().unwrap_or_default();
+        Ok((
+            completed,
+            error,
+            observation(size, lines.next().unwrap_or_default())?,
+        ))
+    }
+
+    /// The script of `xdotool` calls that applies `actions`, printing the count done after
+    /// each and `!REASON` for an action that cannot be.
+    fn batch_script(&self, actions: &[Action]) -> String {
         let mut script = format!("export {}\n", self.env());
         for (index, action) in actions.iter().enumerate() {
             match xdotool(action, self.width, self.height) {
@@ -157,22 +211,7 @@ impl CommandScreen {
                 }
             }
         }
-        let out = match self.runner.run(&script, SCRIPT_TIMEOUT + MAX_WAIT).await {
-            Ok(out) => out,
-            Err(e) => return (0, Some(ActStop::failed(e.to_string()))),
-        };
-        let mut completed = 0;
-        let mut error = None;
-        for line in out.stdout.lines() {
-            match line.strip_prefix('!') {
-                Some(reason) => error = Some(ActStop::invalid(reason)),
-                None => completed = line.trim().parse().unwrap_or(completed),
-            }
-        }
-        if error.is_none() && completed < actions.len() {
-            error = Some(ActStop::failed(format!("xdotool: {}", out.stderr.trim())));
-        }
-        (completed, error)
+        script
     }
 
     /// [`Self::apply`] through XTEST in the helper kept for the display, for a batch of pointer
@@ -224,17 +263,42 @@ impl CommandScreen {
         quiet: Duration,
     ) -> Result<Observation, DesktopError> {
         // One command (or one line to the kept helper), whatever the number of looks.
-        let args = format!(
-            "settle {} {} {} {} {}",
-            settle.first_delay.as_millis(),
-            settle.interval.as_millis(),
-            settle.timeout.as_millis(),
-            react.as_millis(),
-            quiet.as_millis()
-        );
+        let args = settle_args(settle, react, quiet);
         let longest = settle.first_delay.max(react) + settle.timeout;
         self.capture(&args, longest + SCRIPT_TIMEOUT).await
     }
+}
+
+/// Printed between a batch's counts and its frame when the two are one command.
+const FRAME_MARK: &str = "--rakazo-frame--";
+
+/// The helper's `settle` request for these waits (see [`CommandScreen::settle`]).
+fn settle_args(settle: Settle, react: Duration, quiet: Duration) -> String {
+    format!(
+        "settle {} {} {} {} {}",
+        settle.first_delay.as_millis(),
+        settle.interval.as_millis(),
+        settle.timeout.as_millis(),
+        react.as_millis(),
+        quiet.as_millis()
+    )
+}
+
+/// How many of `len` actions a batch script completed (its `stdout`), and why the next one
+/// failed.
+fn batch_outcome(stdout: &str, stderr: &str, len: usize) -> (usize, Option<ActStop>) {
+    let mut completed = 0;
+    let mut error = None;
+    for line in stdout.lines() {
+        match line.strip_prefix('!') {
+            Some(reason) => error = Some(ActStop::invalid(reason)),
+            None => completed = line.trim().parse().unwrap_or(completed),
+        }
+    }
+    if error.is_none() && completed < len {
+        error = Some(ActStop::failed(format!("xdotool: {}", stderr.trim())));
+    }
+    (completed, error)
 }
 
 /// The frame the capture helper printed: `size` ("WIDTH HEIGHT") and the base64 PNG.

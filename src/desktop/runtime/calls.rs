@@ -264,11 +264,7 @@ impl DesktopRuntime {
             Io::X(x) => x,
             Io::Commands(c) => {
                 let (react, quiet) = settle.for_batch(actions);
-                let batch = async {
-                    let (completed, error) = c.apply(actions).await;
-                    let settled = c.settle(settle, react, quiet).await?;
-                    Ok::<_, DesktopError>((completed, error, settled))
-                };
+                let batch = c.act(actions, settle, react, quiet);
                 let (batch, notice) = tokio::join!(batch, notice);
                 let (completed, error, mut observation) = batch?;
                 observation.frame = crate::desktop::frame_scale::fit_png(observation.frame, size)?;

@@ -56,6 +56,10 @@ impl CommandRunner for SupervisorRunner {
         true
     }
 
+    fn keeps_helpers(&self) -> bool {
+        true
+    }
+
     async fn ask(
         &self,
         helper: &Helper,

@@ -398,6 +398,10 @@ impl CommandRunner for PodRunner {
         true
     }
 
+    fn keeps_helpers(&self) -> bool {
+        true
+    }
+
     async fn ask(
         &self,
         helper: &Helper,

@@ -20,7 +20,9 @@ use rakazo::desktop::screen_commands::CommandScreen;
 use rakazo::exec_agent::{Agent, Channel, Helper};
 use rakazo_actors::provider::ExecOutput;
 use x11rb::connection::Connection;
-use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _};
+use x11rb::protocol::xproto::{
+    ChangeWindowAttributesAux, ConnectionExt as _, CreateGCAux, ImageFormat, Rectangle,
+};
 use xvfb::{Xvfb, pixel};
 
 /// The host runner, counting the scripts it runs and the lines it asks; with an exec agent
@@ -174,6 +176,41 @@ async fn without_damage_the_helper_settles_by_polling_in_one_command() {
     settles_in_one_command(470, &["-extension", "DAMAGE"]).await;
 }
 
+/// One row of `width` noisy BGRX pixels (a fixed xorshift sequence).
+fn noise_row(width: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..width * 4)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// The RGB colour of pixel `x` of a [`noise_row`].
+fn noise_pixel(row: &[u8], x: usize) -> [u8; 3] {
+    [row[x * 4 + 2], row[x * 4 + 1], row[x * 4]]
+}
+
+/// The image data of `png` inflated, the zlib stream's Adler-32 checked.
+fn inflate_checked(png: &[u8]) -> Vec<u8> {
+    let mut data = Vec::new();
+    let mut at = 8;
+    while at + 12 <= png.len() {
+        let len = u32::from_be_bytes(png[at..at + 4].try_into().unwrap()) as usize;
+        if &png[at + 4..at + 8] == b"IDAT" {
+            data.extend_from_slice(&png[at + 8..at + 8 + len]);
+        }
+        at += 12 + len;
+    }
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(&data[..]), &mut out)
+        .expect("one whole zlib stream, its checksum right");
+    out
+}
+
 /// How many times the kept helper of `screen` read the screen.
 async fn reads(runner: &Counting, screen: &CommandScreen) -> u32 {
     let answer = runner
@@ -207,14 +244,80 @@ async fn a_kept_helper_answers_an_undrawn_screen_with_its_last_frame() {
     assert_eq!(pixel(&blue.frame.png, 10, 10), [0, 0, 255]);
     assert_eq!(reads(&runner, &screen).await, 2);
 
+    // A screen whose rows are all one row of noise: each row's deflate refers back to the row
+    // above it, across bands too.
+    let gc = conn.generate_id().unwrap();
+    conn.create_gc(gc, root, &CreateGCAux::new().foreground(0xff_ff00))
+        .unwrap();
+    let noise = noise_row(640);
+    for top in (0..480).step_by(60) {
+        let rows: Vec<u8> = noise
+            .iter()
+            .copied()
+            .cycle()
+            .take(noise.len() * 60)
+            .collect();
+        conn.put_image(
+            ImageFormat::Z_PIXMAP,
+            root,
+            gc,
+            640,
+            60,
+            0,
+            top,
+            0,
+            24,
+            &rows,
+        )
+        .unwrap();
+    }
+    conn.get_input_focus().unwrap().reply().unwrap();
+    let noisy = screen.grab().await.unwrap();
+    assert_eq!(pixel(&noisy.frame.png, 110, 128), noise_pixel(&noise, 110));
+    assert_eq!(reads(&runner, &screen).await, 3);
+
+    // Rows 112 to 127, one band whole, drawn on: read again. The bands around it keep their
+    // encoding but the one after it, whose first row refers back into it, and the frame is the
+    // whole screen as it is.
+    let spot = Rectangle {
+        x: 100,
+        y: 112,
+        width: 20,
+        height: 16,
+    };
+    conn.poly_fill_rectangle(root, gc, &[spot]).unwrap();
+    conn.get_input_focus().unwrap().reply().unwrap();
+    let spotted = screen.grab().await.unwrap();
+    assert_eq!(pixel(&spotted.frame.png, 110, 120), [255, 255, 0]);
+    assert_eq!(pixel(&spotted.frame.png, 110, 127), [255, 255, 0]);
+    for (x, y) in [
+        (10, 10),
+        (99, 120),
+        (120, 120),
+        (110, 111),
+        (110, 128),
+        (600, 400),
+    ] {
+        assert_eq!(
+            pixel(&spotted.frame.png, x, y),
+            noise_pixel(&noise, x),
+            "({x}, {y})"
+        );
+    }
+    for frame in [&blue, &noisy, &spotted] {
+        let scanlines = inflate_checked(&frame.frame.png);
+        assert_eq!(scanlines.len(), 480 * (1 + 640 * 3));
+    }
+    assert_eq!(reads(&runner, &screen).await, 4);
+
     // A settle with nothing drawn answers the kept frame.
     let wait = patient();
     let quiet = screen
         .settle(wait, Duration::ZERO, Duration::from_millis(50))
         .await
         .unwrap();
-    assert_eq!(quiet.hash, blue.hash);
-    assert_eq!(reads(&runner, &screen).await, 2);
+    assert_eq!(quiet.hash, spotted.hash);
+    assert_eq!(reads(&runner, &screen).await, 4);
 
     // A settle while the screen is painted: one line, and the colour the painting ended with.
     let painter = paint_for_a_while(xvfb.display);
@@ -226,7 +329,7 @@ async fn a_kept_helper_answers_an_undrawn_screen_with_its_last_frame() {
     assert_eq!(runner.asks.load(Ordering::SeqCst) - asks, 1);
     painter.join().unwrap();
     assert_eq!(pixel(&settled.frame.png, 320, 240), [255, 0, 0]);
-    assert_eq!(reads(&runner, &screen).await, 3, "read once, when settled");
+    assert_eq!(reads(&runner, &screen).await, 5, "read once, when settled");
     assert_eq!(
         runner.runs.load(Ordering::SeqCst),
         scripts,

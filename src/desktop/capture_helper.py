@@ -18,7 +18,8 @@
 # that frame again, without reading or encoding it. "input GROUP|GROUP|..." plays pointer input
 # through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
 # and "u B" releases button B, "w MS" waits), and answers how many groups were done; "! REASON"
-# when nothing was (no XTEST here). "reads" answers how many times the screen was read.
+# when nothing was (no XTEST here). "reads" answers how many times the screen was read. Rows
+# whose pixels did not change since its last frame keep their deflated bytes (see Encoder).
 
 import base64
 import ctypes
@@ -113,20 +114,70 @@ class Screen:
         return raw
 
 
-def png_of(raw, width, height):
-    # BGRX (least significant byte first) to RGB.
-    rgb = bytearray(width * height * 3)
+# Rows per band: a band whose pixels did not change since the last frame keeps its encoding.
+BAND_ROWS = 16
+DEFLATE_LEVEL = 6
+
+
+def scanlines(raw, width, rows):
+    """BGRX rows (least significant byte first) as PNG scanlines: filter byte 0, then RGB."""
+    rgb = bytearray(width * rows * 3)
     rgb[0::3] = raw[2::4]
     rgb[1::3] = raw[1::4]
     rgb[2::3] = raw[0::4]
     row = width * 3
-    scanlines = b"".join(b"\0" + rgb[r * row:(r + 1) * row] for r in range(height))
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(scanlines, 6))
-        + chunk(b"IEND", b"")
-    )
+    return b"".join(b"\0" + rgb[r * row:(r + 1) * row] for r in range(rows))
+
+
+class Encoder:
+    """PNG frames of one screen. The image data is deflated by bands of rows, each ended on a
+    byte boundary (a full flush) and each primed with the band before it (a preset
+    dictionary: its matches may reach back into that band, as in one stream), so a band whose
+    pixels, and the pixels of the band before it, are the same as in the last frame reuses its
+    deflated bytes: only what changed is converted and deflated again."""
+
+    def __init__(self):
+        self.bands = []
+
+    def png(self, raw, width, height):
+        stride = width * 4
+        bands = []
+        adler = 1
+        changed = False
+        for i, top in enumerate(range(0, height, BAND_ROWS)):
+            rows = min(BAND_ROWS, height - top)
+            pixels = raw[top * stride:(top + rows) * stride]
+            old = self.bands[i] if i < len(self.bands) else None
+            same = old is not None and old[0] == pixels
+            if changed or not same:
+                scan = scanlines(pixels, width, rows)
+                if bands:
+                    deflate = zlib.compressobj(
+                        DEFLATE_LEVEL, zlib.DEFLATED, -15, zdict=bands[-1][1][-32768:]
+                    )
+                else:
+                    deflate = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15)
+                band = (pixels, scan, deflate.compress(scan) + deflate.flush(zlib.Z_FULL_FLUSH))
+            else:
+                band = old
+            adler = zlib.adler32(band[1], adler)
+            bands.append(band)
+            # The next band is primed with this one: encoded again when this one's pixels changed.
+            changed = not same
+        self.bands = bands
+        # A zlib stream: its header, the bands, an empty final block, the checksum.
+        data = b"\x78\x01" + b"".join(b[2] for b in bands) + b"\x03\x00" + struct.pack(">I", adler)
+        return (
+            b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", data)
+            + chunk(b"IEND", b"")
+        )
+
+
+def png_of(raw, width, height):
+    """One frame as PNG (RGB, 8 bits)."""
+    return Encoder().png(raw, width, height)
 
 
 class Damage:
@@ -302,6 +353,7 @@ class Frames:
         self.screen = screen
         self.damage = damage_of(screen)
         self.kept = None
+        self.encoder = Encoder()
 
     def line(self, raw=None):
         """The answer line of the screen as it is now (`raw`: a read just made by polling)."""
@@ -316,7 +368,7 @@ class Frames:
                 damage.dirty = False
                 keep = True
             raw = screen.read()
-        encoded = base64.b64encode(png_of(raw, screen.width, screen.height))
+        encoded = base64.b64encode(self.encoder.png(raw, screen.width, screen.height))
         self.kept = None
         if len(encoded) > MAX_OUTPUT:
             return "! the frame is too large for the command path"

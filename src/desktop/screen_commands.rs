@@ -214,8 +214,8 @@ impl CommandScreen {
         script
     }
 
-    /// [`Self::apply`] through XTEST in the helper kept for the display, for a batch of pointer
-    /// actions and waits: one line, no process start per action. `None` when it cannot be (keys
+    /// The batch of [`Self::act`] through XTEST in the helper kept for the display, for a batch
+    /// of pointer actions and waits: one line, no process start per action. `None` when it cannot be (keys
     /// or text in the batch, a runner that keeps no helpers, no XTEST there): nothing was
     /// played, and the caller runs `xdotool`.
     async fn apply_by_xtest(&self, actions: &[Action]) -> Option<(usize, Option<ActStop>)> {

@@ -835,7 +835,6 @@ impl Engine {
         })
     }
 
-    /// [`Self::exec`] through the container's exec agent: `container` is its full id.
     /// Asks the helper `body.helper` of the running container `id` one line, through the
     /// container's exec agent (see [`AskBody`]).
     pub async fn ask(&self, id: &str, body: &AskBody) -> Result<AskAnswer, EngineError> {
@@ -868,6 +867,7 @@ impl Engine {
         )
     }
 
+    /// [`Self::exec`] through the container's exec agent: `container` is its full id.
     async fn exec_by_agent(
         &self,
         agent: Arc<Agent>,

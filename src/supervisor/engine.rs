@@ -225,22 +225,38 @@ impl Engine {
     async fn init_process(&self, id: &str) -> Result<InitProcess, EngineError> {
         // The container's first process, seen before and still the same process: it runs
         // for exactly as long as the container does.
-        if let Some(known) = self.init_pids.get(id).map(|k| k.clone())
-            && crate::desktop::cgroup::started_at(known.pid) == Some(known.started)
-        {
-            return Ok(known);
+        if let Some(known) = self.init_pids.get(id).map(|k| k.clone()) {
+            if crate::desktop::cgroup::started_at(known.pid) == Some(known.started) {
+                return Ok(known);
+            }
+            // That process ended: the container stopped, restarted or was removed, perhaps
+            // behind the supervisor's back, and the agent it ran ended with it.
+            self.init_pids.remove(id);
+            self.agents.forget(&known.id);
         }
+        let gone = |e: bollard::errors::Error| {
+            if matches!(
+                e,
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                }
+            ) {
+                self.agents.forget(id);
+            }
+            EngineError::from(e)
+        };
         let raw = self
             .docker
             .inspect_container(id, None::<InspectContainerOptions>)
-            .await?;
+            .await
+            .map_err(gone)?;
         let Some(info) = to_info(&raw) else {
-            self.init_pids.remove(id);
             return Err(EngineError::Gone);
         };
         let pid = raw.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
         if !info.running || pid <= 0 {
-            self.init_pids.remove(id);
+            self.agents.forget(&info.id);
             return Err(EngineError::Gone);
         }
         let pid = pid as u32;
@@ -665,6 +681,12 @@ impl Engine {
         self.inspect(&id).await
     }
 
+    /// How many containers this engine holds an exec agent's slot for: only running ones
+    /// once a script or a removal has noticed the others gone.
+    pub fn agents_held(&self) -> usize {
+        self.agents.held()
+    }
+
     /// Starts a stopped computer (a running one stays as it is).
     pub async fn start(&self, id: &str) -> Result<ComputerInfo, EngineError> {
         let info = self.inspect(id).await?;
@@ -718,9 +740,14 @@ impl Engine {
             .await?;
         self.forget_pooled(&info.id, &info.home_key).await;
         self.agents.forget(&info.id);
-        // Whatever name a desktop request gave it (and any other container gone meanwhile).
+        // Whatever name a desktop request gave it (and any other container gone meanwhile,
+        // with its agent).
         self.init_pids.retain(|_, known| {
-            crate::desktop::cgroup::started_at(known.pid) == Some(known.started)
+            let running = crate::desktop::cgroup::started_at(known.pid) == Some(known.started);
+            if !running {
+                self.agents.forget(&known.id);
+            }
+            running
         });
         let x11 = PathBuf::from(&info.x11_dir);
         let _ = tokio::task::spawn_blocking(move || {

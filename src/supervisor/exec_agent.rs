@@ -85,6 +85,11 @@ impl Agents {
         self.slots.get(container)?.running()
     }
 
+    /// How many containers have an agent's slot here (running or not).
+    pub fn held(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Forgets the agent of a container that is stopped or removed.
     pub fn forget(&self, container: &str) {
         if let Some((_, slot)) = self.slots.remove(container) {

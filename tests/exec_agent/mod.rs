@@ -3,7 +3,8 @@
 //! pipes or answer for it; a killed or stopped agent is replaced and its script killed
 //! ([`checks`], shared with Kubernetes pods); an image without `python3` runs scripts through
 //! the engine exec; a script under way when its computer stops is told the machine is gone. On
-//! the plain command path the agent keeps the capture helper (frames and pointer input).
+//! the plain command path the agent keeps the capture helper (frames and pointer input). The
+//! agent of a container removed behind the supervisor's back is forgotten.
 
 pub mod checks;
 
@@ -197,4 +198,50 @@ stop.set()
     };
     assert_eq!(checked, "checked\n", "nothing of the refused script ran");
     assert_eq!(agent_pid(&*p, &m).await, pid, "the same agent goes on");
+}
+
+/// A container removed behind the supervisor's back leaves no agent behind: the next script
+/// there finds it gone, and a removal sweeps the agents of any others gone meanwhile.
+#[actix_rt::test]
+async fn the_agent_of_a_container_removed_behind_the_supervisors_back_is_forgotten() {
+    if !docker_ready() {
+        return;
+    }
+    let sup = TestSupervisor::start(DockerNetwork::None);
+    let p = sup.provider();
+    let engine = sup.engine().await;
+    let script = |s: &str| rakazo::supervisor::wire::ExecBody {
+        script: s.into(),
+        cwd: "/".into(),
+        env: Vec::new(),
+        timeout_ms: 10_000,
+        run_id: None,
+    };
+    let mut machines = Vec::new();
+    for _ in 0..3 {
+        let m = p.provision(&team_spec()).await.unwrap();
+        let out = engine.exec(&m.0, &script("echo up")).await.unwrap();
+        assert_eq!(out.stdout, "up\n");
+        machines.push((RemoveOnDrop(m.0.clone()), m));
+    }
+    assert_eq!(engine.agents_held(), 3);
+    let behind_the_back = |name: &str| {
+        let status = std::process::Command::new("docker")
+            .args(["rm", "-f", name])
+            .output()
+            .unwrap()
+            .status;
+        assert!(status.success());
+    };
+    // The next script finds its container gone.
+    behind_the_back(&machines[0].1.0);
+    assert!(matches!(
+        engine.exec(&machines[0].1.0, &script("true")).await,
+        Err(EngineError::Gone)
+    ));
+    assert_eq!(engine.agents_held(), 2);
+    // Never asked again: the next removal sweeps it.
+    behind_the_back(&machines[1].1.0);
+    engine.remove(&machines[2].1.0).await.unwrap();
+    assert_eq!(engine.agents_held(), 0);
 }

@@ -4,6 +4,8 @@
 //! sandbox is killed behind its back; the team-screens regression runs on it, the page tools
 //! reach a sandbox's browser through its screen gateway, and Novita's differences hold against
 //! its Novita mode, its quarantine of a sandbox whose command's kill was not confirmed included.
+//! A sandbox's exec agent runs attached (`stdin: true`, `SendInput`) and keeps the capture
+//! helper: frames and pointer moves start no command at the vendor.
 
 mod docker_support;
 mod gateway_pages;
@@ -22,6 +24,10 @@ use docker_support::{TestSupervisor, docker_ready};
 #[allow(clippy::duplicate_mod)]
 #[path = "gate/mod.rs"]
 mod gate;
+// Only the kept helper's checks apply here: the sandbox's scripts go through envd's `Start`.
+#[allow(dead_code)]
+#[path = "exec_agent/checks.rs"]
+mod exec_agent_checks;
 
 struct TestEmulator {
     url: String,
@@ -520,4 +526,58 @@ async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
         return;
     }
     gateway_pages::through_the_gateway(&*provider(), "e2b").await;
+}
+
+/// A sandbox's frames come from one capture helper kept by its exec agent, attached to this
+/// host through envd (`Start` with `stdin: true`, a `SendInput` per line): ten pointer moves
+/// and their settled frame are one line to it and start no command at the vendor, and the
+/// pointer lands where the last move put it.
+#[actix_rt::test]
+async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
+    use rakazo_actors::provider::Action;
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&team_screens::team_spec()).await.unwrap();
+    p.open_screen(&m, "bot-kept", 0).await.unwrap();
+    exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-kept").await;
+
+    let calls = || {
+        emulator()
+            .emulator
+            .lock()
+            .get(&m.0)
+            .map(|s| s.calls)
+            .unwrap()
+    };
+    p.observe(&m, "bot-kept").await.unwrap();
+    let before = calls();
+    let ten: Vec<Action> = (0..10)
+        .map(|i| Action::Move {
+            x: 200 + 30 * i,
+            y: 300,
+        })
+        .collect();
+    let done = p.act(&m, "bot-kept", &ten).await.unwrap();
+    assert_eq!((done.completed, done.stopped), (10, None));
+    assert!(done.frame.png.starts_with(b"\x89PNG"));
+    let after = calls();
+    assert_eq!(
+        after.starts, before.starts,
+        "no command started at the vendor"
+    );
+    assert_eq!(
+        after.inputs - before.inputs,
+        1,
+        "one line for the moves and their settled frame"
+    );
+    let (_, pointer, _) = exec_agent_checks::run(
+        &*p,
+        &m,
+        "export DISPLAY=:$(ls /tmp/.X11-unix | head -1 | tr -d X); xdotool getmouselocation | cut -d' ' -f1,2",
+    )
+    .await;
+    assert_eq!(pointer, "x:470 y:300\n");
+    p.destroy(&m).await.unwrap();
 }

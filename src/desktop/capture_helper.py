@@ -15,10 +15,13 @@
 # answers each line it reads ("grab", or "settle" and its times as above) with one line, "WIDTH
 # HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of its input, or
 # when the display goes. A screen nothing was drawn on since the last frame is answered with
-# that frame again, without reading or encoding it. "input GROUP|GROUP|..." plays pointer input
-# through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
-# and "u B" releases button B, "w MS" waits), and answers how many groups were done; "! REASON"
-# when nothing was (no XTEST here). "reads" answers how many times the screen was read. Rows
+# that frame again, without reading or encoding it. "act FIRST_MS INTERVAL_MS TIMEOUT_MS
+# REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer input through XTEST, each group one action
+# of space-separated steps ("m X Y" moves, "d B" presses and "u B" releases button B, "w MS"
+# waits), then settles the screen as "settle" would, and answers how many groups were done and
+# the frame, "DONE WIDTH HEIGHT BASE64": a batch and its frame are one round trip, where each
+# line crosses a network. It answers "! REASON" when nothing was played (no XTEST here).
+# "reads" answers how many times the screen was read. Rows
 # whose pixels did not change since its last frame keep their deflated bytes (see Encoder).
 
 import base64
@@ -396,8 +399,15 @@ def serve():
                 answer = "! " + SETTLE_USAGE
         elif words == ["grab"]:
             answer = frames.line()
-        elif words[:1] == ["input"]:
-            answer = play(screen, line.strip()[len("input"):].strip())
+        elif words[:1] == ["act"]:
+            times, _, groups = line.strip()[len("act"):].partition(";")
+            answer = play(screen, groups.strip())
+            if not answer.startswith("!"):
+                try:
+                    raw = settle_read(screen, frames.damage, times.split())
+                    answer += " " + frames.line(raw)
+                except ValueError:
+                    answer = "! " + SETTLE_USAGE
         elif words == ["reads"]:
             answer = str(screen.reads)
         else:

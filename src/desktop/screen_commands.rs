@@ -143,8 +143,9 @@ impl CommandScreen {
 
     /// Applies `actions` in order, then waits for the screen to settle (see [`Self::settle`]):
     /// how many completed, why the next one failed, and the settled frame. Where the runner
-    /// keeps helpers, a batch of pointer actions is one line to the kept helper and the frame
-    /// another; elsewhere the batch and its settled frame are one command.
+    /// keeps helpers, a batch of pointer actions and its settled frame are one line to the kept
+    /// helper, and another batch is a script and the frame a line; elsewhere the batch and its
+    /// settled frame are one command.
     pub async fn act(
         &self,
         actions: &[Action],
@@ -152,8 +153,8 @@ impl CommandScreen {
         react: Duration,
         quiet: Duration,
     ) -> Result<(usize, Option<ActStop>, Observation), DesktopError> {
-        if let Some((completed, error)) = self.apply_by_xtest(actions).await {
-            return Ok((completed, error, self.settle(settle, react, quiet).await?));
+        if let Some(acted) = self.act_by_xtest(actions, settle, react, quiet).await {
+            return acted;
         }
         let batch = self.batch_script(actions);
         if self.runner.keeps_helpers() {
@@ -214,11 +215,17 @@ impl CommandScreen {
         script
     }
 
-    /// The batch of [`Self::act`] through XTEST in the helper kept for the display, for a batch
-    /// of pointer actions and waits: one line, no process start per action. `None` when it cannot be (keys
-    /// or text in the batch, a runner that keeps no helpers, no XTEST there): nothing was
-    /// played, and the caller runs `xdotool`.
-    async fn apply_by_xtest(&self, actions: &[Action]) -> Option<(usize, Option<ActStop>)> {
+    /// [`Self::act`] through XTEST in the helper kept for the display, for a batch of pointer
+    /// actions and waits: the input and the settled frame in one line, no process start per
+    /// action. `None` when it cannot be (keys or text in the batch, a runner that keeps no
+    /// helpers, no XTEST there): nothing was played, and the caller runs `xdotool`.
+    async fn act_by_xtest(
+        &self,
+        actions: &[Action],
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Option<Result<(usize, Option<ActStop>, Observation), DesktopError>> {
         let mut groups = Vec::new();
         let mut invalid = None;
         for action in actions {
@@ -231,25 +238,52 @@ impl CommandScreen {
             }
         }
         if groups.is_empty() {
-            return Some((0, invalid.map(ActStop::invalid)));
+            let frame = self.settle(settle, react, quiet).await;
+            return Some(frame.map(|f| (0, invalid.map(ActStop::invalid), f)));
         }
-        let line = format!("input {}", groups.join("|"));
+        let times = settle_args(settle, react, quiet);
+        let line = format!(
+            "act {} ; {}",
+            times.trim_start_matches("settle "),
+            groups.join("|")
+        );
+        let longest = settle.first_delay.max(react) + settle.timeout;
         let answer = self
             .runner
-            .ask(&self.kept_helper(), &line, SCRIPT_TIMEOUT + MAX_WAIT)
+            .ask(
+                &self.kept_helper(),
+                &line,
+                SCRIPT_TIMEOUT + MAX_WAIT + longest,
+            )
             .await?;
-        let done = match answer {
+        let (done, frame) = match answer {
             Ok(line) if line.starts_with('!') => return None,
-            Ok(line) => line.trim().parse().unwrap_or(0),
-            // What was played before the helper went is not known: none counts as done.
-            Err(e) => return Some((0, Some(ActStop::failed(format!("input: {e}"))))),
+            Ok(line) => {
+                let (done, frame) = line.split_once(' ').unwrap_or((&line, ""));
+                let frame = match frame.strip_prefix("! ") {
+                    Some(reason) => Err(DesktopError::X(format!("capture helper: {reason}"))),
+                    None => {
+                        let mut words = frame.splitn(3, ' ');
+                        let size = [words.next(), words.next()].map(Option::unwrap_or_default);
+                        observation(&size.join(" "), words.next().unwrap_or_default())
+                    }
+                };
+                (done.trim().parse().unwrap_or(0), frame)
+            }
+            // What was played before the helper went is not known: none counts as done, and
+            // the frame comes as it would without the helper.
+            Err(e) => {
+                let stop = ActStop::failed(format!("input: {e}"));
+                let frame = self.settle(settle, react, quiet).await;
+                return Some(frame.map(|f| (0, Some(stop), f)));
+            }
         };
         let stop = if done < groups.len() {
             Some(ActStop::failed("input: the helper stopped"))
         } else {
             invalid.map(ActStop::invalid)
         };
-        Some((done, stop))
+        Some(frame.map(|f| (done, stop, f)))
     }
 
     /// Waits for the screen to settle, inside the machine, and returns the last frame: settled

@@ -22,6 +22,11 @@ const CHUNK: usize = 600 << 10;
 /// Bytes of a file per write (base64 in the script, which is one argument: under Linux's
 /// 128 KiB limit of a single argument).
 const WRITE_CHUNK: usize = 90_000;
+/// The poll of a spawned process where the machine has `python3` (see [`poll_script`]).
+const POLL_PROGRAM: &str = include_str!("poll_process.py");
+/// Bytes of output one poll by [`POLL_PROGRAM`] returns (base64 keeps them, and the lines
+/// around them, under the exec's 1 MiB output cap).
+const POLL_BUDGET: usize = 720 << 10;
 /// Deadline of the short bookkeeping scripts.
 const SCRIPT: Duration = Duration::from_secs(30);
 
@@ -45,6 +50,17 @@ pub struct Progress {
     pub exit: Option<i32>,
     /// Whether the process is still running.
     pub alive: bool,
+}
+
+/// What a [`Machines::write_stdin`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StdinWrite {
+    /// The bytes are in the process's stdin.
+    Written,
+    /// Its stdin was not kept open, or was closed.
+    NotOpen,
+    /// The process ended.
+    Ended,
 }
 
 /// The vendor emulators' machines, through one supervisor.
@@ -158,21 +174,36 @@ impl Machines {
 
     /// Starts `argv` detached in its own session and process group, in `cwd` (created if
     /// missing is not done: a missing directory fails the start), with the account's
-    /// environment plus `env`; stdin is empty. Waits up to `wait` for it to end, so that a
-    /// short command needs no further call.
+    /// environment plus `env`. Its stdin is empty, or with `stdin` a FIFO held open for
+    /// writing (by a `sleep` in its group) until [`Self::close_stdin`], fed by
+    /// [`Self::write_stdin`]. Waits up to `wait` for it to end (or print), so that a short
+    /// command needs no further call.
     pub async fn spawn(
         &self,
         container: &str,
         argv: &[String],
         cwd: &str,
         env: &[(String, String)],
+        stdin: bool,
         wait: Duration,
     ) -> ProviderResult<(Spawned, Progress)> {
         let dir = format!("{PROCS}/{}", uuid::Uuid::new_v4().simple());
         let args: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
+        // The holder opens the FIFO for writing in the background (the open waits for the
+        // process's open for reading); it ends with the process, or at a close.
+        let (fifo, hold, input, release) = if stdin {
+            (
+                format!("mkfifo {}/in || exit 90\n", shell_quote(&dir)),
+                "sleep 2147483647 >\"$0/in\" & echo $! >\"$0/holder\"; ",
+                "\"$0/in\"",
+                " kill $(cat \"$0/holder\" 2>/dev/null) 2>/dev/null;",
+            )
+        } else {
+            (String::new(), "", "/dev/null", "")
+        };
         let script = format!(
-            "umask 077; mkdir -p {dir} || exit 90\ncd {cwd} 2>/dev/null || exit 91\n\
-             setsid sh -c '\"$@\" >\"$0/out\" 2>\"$0/err\" </dev/null; echo $? >\"$0/exit.tmp\"; mv \"$0/exit.tmp\" \"$0/exit\"' {dir} {args} >/dev/null 2>&1 </dev/null &\n\
+            "umask 077; mkdir -p {dir} || exit 90\n{fifo}cd {cwd} 2>/dev/null || exit 91\n\
+             setsid sh -c '{hold}\"$@\" >\"$0/out\" 2>\"$0/err\" <{input}; echo $? >\"$0/exit.tmp\";{release} mv \"$0/exit.tmp\" \"$0/exit\"' {dir} {args} >/dev/null 2>&1 </dev/null &\n\
              echo $! >{dir}/pid\necho $!\n{poll}",
             dir = shell_quote(&dir),
             cwd = shell_quote(cwd),
@@ -215,6 +246,50 @@ impl Machines {
             .exec(container, &script, "/", &[], wait + SCRIPT)
             .await?;
         parse_progress(&out.stdout)
+    }
+
+    /// Writes `data` to the standard input of a process started with `stdin`.
+    pub async fn write_stdin(
+        &self,
+        container: &str,
+        p: &Spawned,
+        data: &[u8],
+    ) -> ProviderResult<StdinWrite> {
+        for chunk in data.chunks(WRITE_CHUNK) {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(chunk);
+            // A process that ended (or never read its stdin) would leave the write's open
+            // waiting for a reader: the write has a deadline of its own.
+            let script = format!(
+                "d={d}\n[ -e \"$d/exit\" ] && exit 3\nkill -0 {pid} 2>/dev/null || exit 3\n\
+                 h=$(cat \"$d/holder\" 2>/dev/null) && kill -0 \"$h\" 2>/dev/null || exit 4\n\
+                 base64 -d <<'EOF' | timeout 10 sh -c 'cat >\"$1\"' _ \"$d/in\" || exit 5\n{b64}\nEOF",
+                d = shell_quote(&p.dir),
+                pid = p.pid,
+            );
+            let out = self.script(container, &script).await?;
+            match out.exit_code {
+                0 => {}
+                3 => return Ok(StdinWrite::Ended),
+                4 => return Ok(StdinWrite::NotOpen),
+                _ => {
+                    return Err(ProviderError::Failed(format!(
+                        "writing to stdin: {}",
+                        out.stderr.trim().chars().take(200).collect::<String>()
+                    )));
+                }
+            }
+        }
+        Ok(StdinWrite::Written)
+    }
+
+    /// Closes the standard input of a process started with `stdin` (it reads its end); one
+    /// started without it, or closed before, is left as it is.
+    pub async fn close_stdin(&self, container: &str, p: &Spawned) -> ProviderResult<()> {
+        let script = format!(
+            "d={d}\nh=$(cat \"$d/holder\" 2>/dev/null) || exit 0\nrm -f \"$d/holder\"\nkill \"$h\" 2>/dev/null; exit 0",
+            d = shell_quote(&p.dir),
+        );
+        check(self.script(container, &script).await?)
     }
 
     /// Sends `signal` (`KILL`, `TERM`) to the process group of `pid`; false when no such
@@ -331,11 +406,13 @@ fn check(out: ExecResult) -> ProviderResult<()> {
 }
 
 /// Waits up to `wait` for new output or the end, then prints `<exit or -> <alive 0/1>`,
-/// the new stdout and the new stderr (base64, one line each, capped).
+/// the new stdout and the new stderr (base64, one line each, capped): with `python3` one
+/// process looking every 5 ms ([`POLL_PROGRAM`]), else a shell loop looking every 20 ms.
 fn poll_script(dir: &str, pid: &str, out_off: u64, err_off: u64, wait: Duration) -> String {
     let steps = (wait.as_millis() / 20).max(1);
     format!(
-        "d={d}; p={pid}; i=0\n\
+        "if command -v python3 >/dev/null; then exec python3 -I -S -c {program} {d} {pid} {out_off} {err_off} {secs:.3} {budget}; fi\n\
+         d={d}; p={pid}; i=0\n\
          while :; do\n\
            [ -e \"$d/exit\" ] && break\n\
            kill -0 \"$p\" 2>/dev/null || break\n\
@@ -350,10 +427,13 @@ fn poll_script(dir: &str, pid: &str, out_off: u64, err_off: u64, wait: Duration)
          echo \"$ex $al\"\n\
          tail -c +{o1} \"$d/out\" 2>/dev/null | head -c {cap} | base64 -w0; echo\n\
          tail -c +{o2} \"$d/err\" 2>/dev/null | head -c {cap} | base64 -w0; echo\n",
+        program = shell_quote(POLL_PROGRAM),
         d = shell_quote(dir),
+        secs = wait.as_secs_f64(),
         o1 = out_off + 1,
         o2 = err_off + 1,
         cap = CHUNK / 2,
+        budget = POLL_BUDGET,
     )
 }
 

@@ -41,6 +41,20 @@ pub fn argv() -> Vec<String> {
         .to_vec()
 }
 
+/// [`argv`] under `env -i` with the runtime's minimal environment only, so that a script gets
+/// exactly the environment it is given (nothing of the machine's own, such as what its exec
+/// adds).
+pub fn argv_in_minimal_env() -> Vec<String> {
+    let mut all = vec!["env".to_string(), "-i".into()];
+    all.extend(
+        crate::desktop::command::minimal_env()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    all.extend(argv());
+    all
+}
+
 /// A script that kills the process group of the script `run_id` by the pid it left (the
 /// agent's file, or the exec wrapper's), for when no agent answers. `run_id` is 32 hex digits.
 pub fn kill_script(run_id: &str) -> String {

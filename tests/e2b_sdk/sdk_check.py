@@ -53,6 +53,29 @@ try:
     check("killed is gone", bg.pid not in listed, listed)
     check("kill unknown pid", sbx.commands.kill(999999) is False)
 
+    # stdin kept open: lines sent one at a time are read as they come, and closing it ends
+    # the reader; a command started without it refuses input.
+    reader = sbx.commands.run(
+        "while read -r l; do echo \"got:$l\"; done; echo closed", background=True, stdin=True
+    )
+    sbx.commands.send_stdin(reader.pid, "one\n")
+    sbx.commands.send_stdin(reader.pid, b"two\n")
+    sbx.commands.close_stdin(reader.pid)
+    r = reader.wait()
+    check("stdin lines", r.stdout.split() == ["got:one", "got:two", "closed"], repr(r.stdout))
+    plain = sbx.commands.run("sleep 30", background=True)
+    try:
+        sbx.commands.send_stdin(plain.pid, "lost\n")
+        check("input without stdin refused", False, "no exception")
+    except SandboxException as e:
+        check("input without stdin refused", "stdin not enabled" in str(e), str(e))
+    sbx.commands.kill(plain.pid)
+    try:
+        sbx.commands.send_stdin(999999, "nobody\n")
+        check("input to unknown pid", False, "no exception")
+    except NotFoundException:
+        check("input to unknown pid", True)
+
     bg2 = sbx.commands.run("sleep 1; echo survived > /home/user/bg.txt", background=True)
     bg2.disconnect()
     time.sleep(2.5)

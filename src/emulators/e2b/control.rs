@@ -193,6 +193,7 @@ async fn create(
         env: body.env_vars.unwrap_or_default().into_iter().collect(),
         gateway_port: info.gateway_port,
         processes: HashMap::new(),
+        calls: Default::default(),
     };
     let answer = sandbox_json(&sandbox, &em.settings.domain);
     em.lock().insert(id.clone(), sandbox);

@@ -1,6 +1,6 @@
 //! envd, E2B's in-sandbox daemon, as the e2b-emulator serves it: `GET /health`, `GET` and
 //! `POST /files`, and Connect RPC (JSON codec) `process.Process/{Start, Connect, List,
-//! SendSignal}` and `filesystem.Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`.
+//! SendSignal, SendInput, CloseStdin}` and `filesystem.Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`.
 //!
 //! `Start` and `Connect` are server-streaming: the response is `application/connect+json`
 //! made of envelopes (flag byte, 4-byte big-endian length, JSON): `start` first, then `data`
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::{ENVD_PORT, Emulator, Process, Sandbox, State};
 use crate::desktop::shell_quote;
-use crate::emulators::machines::{Progress, Spawned};
+use crate::emulators::machines::{Progress, Spawned, StdinWrite};
 
 const FS_HELPER: &str = include_str!("fs_helper.py");
 /// Largest file `/files` serves.
@@ -36,6 +36,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/process.Process/Connect", web::post().to(connect))
         .route("/process.Process/List", web::post().to(list))
         .route("/process.Process/SendSignal", web::post().to(send_signal))
+        .route("/process.Process/SendInput", web::post().to(send_input))
+        .route("/process.Process/CloseStdin", web::post().to(close_stdin))
         .route("/process.Process/{method}", web::post().to(unimplemented))
         .route(
             "/filesystem.Filesystem/{method}",
@@ -334,12 +336,17 @@ async fn start(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> H
             .unwrap_or(50)
             .clamp(1, 3600),
     );
+    // `stdin: true` keeps the process's standard input open for `SendInput`.
+    let stdin = msg["stdin"].as_bool().unwrap_or(false);
     let first_wait = deadline.map_or(FIRST_WAIT, |d| {
         FIRST_WAIT.min(d.saturating_duration_since(Instant::now()) / 2)
     });
+    if let Some(sb) = em.lock().get_mut(&s.id) {
+        sb.calls.starts += 1;
+    }
     let (spawned, progress) = match em
         .machines
-        .spawn(&s.container, &argv, &cwd, &env, first_wait)
+        .spawn(&s.container, &argv, &cwd, &env, stdin, first_wait)
         .await
     {
         Ok(r) => r,
@@ -598,6 +605,77 @@ async fn send_signal(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes
             forget(&em, &s.id, p.spawned.pid);
             connect_error("not_found", "process not found")
         }
+        Err(e) => connect_error("unavailable", &e.to_string()),
+    }
+}
+
+/// The process a unary `process.Process` call names, or the Connect error to answer.
+fn unary_process(
+    em: &Emulator,
+    req: &HttpRequest,
+    body: &[u8],
+) -> Result<(Sandbox, Process, Value), Box<HttpResponse>> {
+    let s = sandbox(em, req)?;
+    let Ok(msg) = serde_json::from_slice::<Value>(body) else {
+        return Err(Box::new(connect_error(
+            "invalid_argument",
+            "unreadable request",
+        )));
+    };
+    let Some(p) = find_process(&s, &msg["process"]) else {
+        return Err(Box::new(connect_error("not_found", "process not found")));
+    };
+    Ok((s, p, msg))
+}
+
+/// `SendInput`: bytes for the standard input of a process started with `stdin: true`.
+async fn send_input(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+    let (s, p, msg) = match unary_process(&em, &req, &body) {
+        Ok(found) => found,
+        Err(r) => return *r,
+    };
+    let input = &msg["input"];
+    if input.get("pty").is_some() {
+        return connect_error(
+            "internal",
+            "error writing to tty: tty not assigned to process",
+        );
+    }
+    let Some(data) = input["stdin"]
+        .as_str()
+        .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+    else {
+        return connect_error("invalid_argument", "input.stdin must be base64 bytes");
+    };
+    if let Some(sb) = em.lock().get_mut(&s.id) {
+        sb.calls.inputs += 1;
+    }
+    match em
+        .machines
+        .write_stdin(&s.container, &p.spawned, &data)
+        .await
+    {
+        Ok(StdinWrite::Written) => HttpResponse::Ok().json(json!({})),
+        Ok(StdinWrite::NotOpen) => connect_error(
+            "failed_precondition",
+            "error writing to stdin: stdin not enabled or closed",
+        ),
+        Ok(StdinWrite::Ended) => {
+            forget(&em, &s.id, p.spawned.pid);
+            connect_error("not_found", "process not found")
+        }
+        Err(e) => connect_error("unavailable", &e.to_string()),
+    }
+}
+
+/// `CloseStdin`: the process reads the end of its standard input.
+async fn close_stdin(em: web::Data<Emulator>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+    let (s, p, _) = match unary_process(&em, &req, &body) {
+        Ok(found) => found,
+        Err(r) => return *r,
+    };
+    match em.machines.close_stdin(&s.container, &p.spawned).await {
+        Ok(()) => HttpResponse::Ok().json(json!({})),
         Err(e) => connect_error("unavailable", &e.to_string()),
     }
 }

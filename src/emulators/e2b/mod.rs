@@ -33,8 +33,9 @@ use actix_web::{App as ActixApp, HttpServer, web};
 use super::front::{PortRoutes, PortTarget};
 use super::machines::{Machines, Spawned};
 
-/// The envd version the emulator reports (>= 0.4.0: the default user is applied here).
-pub const ENVD_VERSION: &str = "0.4.2";
+/// The envd version the emulator reports (>= 0.4.0: the default user is applied here; >= 0.5.2:
+/// `CloseStdin`, which the SDK asks for only from that version).
+pub const ENVD_VERSION: &str = "0.5.2";
 /// envd's port.
 pub const ENVD_PORT: u16 = 49983;
 /// The screen gateway port computers publish.
@@ -104,6 +105,18 @@ pub struct Sandbox {
     pub gateway_port: Option<u16>,
     /// Processes started through envd, by pid.
     pub processes: HashMap<u32, Process>,
+    /// How many processes envd started, and how many `SendInput` calls it took (test hook:
+    /// what the vendor was asked to do).
+    pub calls: EnvdCalls,
+}
+
+/// Counts of envd calls on one sandbox ([`Sandbox::calls`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnvdCalls {
+    /// `Start` calls that started a process.
+    pub starts: u64,
+    /// `SendInput` calls.
+    pub inputs: u64,
 }
 
 /// The emulator's state.

@@ -10,7 +10,8 @@
 //! - envd (`X-Access-Token`, `E2b-Sandbox-Id`): `process.Process/Start` server-streaming
 //!   with its envelope framing ([`connect`]), `SendSignal` to kill a command whose deadline
 //!   passed or whose caller went away, asked again until confirmed ([`stop`]; still
-//!   unconfirmed, an error and a log event),
+//!   unconfirmed, an error and a log event), and a program attached to this host (`stdin:
+//!   true`, `SendInput`; [`attach`]) for the machine's exec agent,
 //!   `/files` up (multipart) and down;
 //! - ports: `https://<port>-<id>.<domain>` (or, for the emulator, its address with that
 //!   `Host`), reached only through the remote provider's loopback forwarder.
@@ -24,6 +25,7 @@
 //!
 //! Errors never carry the vendor's host, key or tokens.
 
+mod attach;
 pub mod connect;
 mod stop;
 
@@ -303,6 +305,35 @@ impl E2b {
             req = req.header("X-Access-Token", t);
         }
         req
+    }
+
+    /// A `process.Process/Start` of `command`'s script with `bash -c` (its standard input kept
+    /// open with `stdin`), server-streaming; without a deadline until one is added.
+    fn start_request(
+        &self,
+        s: &Session,
+        command: &RemoteCommand,
+        stdin: bool,
+    ) -> reqwest::RequestBuilder {
+        let envs: serde_json::Map<String, Value> = command
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        let body = connect::encode(
+            0,
+            &json!({
+                "process": {"cmd": "/bin/bash", "args": ["-c", command.script], "envs": envs, "cwd": command.cwd},
+                "stdin": stdin,
+            }),
+        );
+        self.envd(s, reqwest::Method::POST, "/process.Process/Start")
+            .header("Content-Type", "application/connect+json")
+            .header("Connect-Protocol-Version", "1")
+            .header("Connect-Content-Encoding", "identity")
+            .header("Connect-Accept-Encoding", "identity")
+            .header("Keepalive-Ping-Interval", "50")
+            .body(body)
     }
 
     /// `SendSignal` SIGKILL: `Ok(true)` killed, `Ok(false)` no such process (it ended).
@@ -614,32 +645,12 @@ impl RemoteSandboxes for E2b {
 
     async fn run(&self, s: &Session, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
         self.refuse_quarantined(&s.id)?;
-        let envs: serde_json::Map<String, Value> = command
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
-        let body = connect::encode(
-            0,
-            &json!({
-                "process": {"cmd": "/bin/bash", "args": ["-c", command.script], "envs": envs, "cwd": command.cwd},
-                "stdin": false,
-            }),
-        );
         let server_deadline = command.timeout + RUN_SLACK;
         let deadline = tokio::time::Instant::now() + command.timeout;
-        let request = self
-            .envd(s, reqwest::Method::POST, "/process.Process/Start")
-            .header("Content-Type", "application/connect+json")
-            .header("Connect-Protocol-Version", "1")
-            .header("Connect-Content-Encoding", "identity")
-            .header("Connect-Accept-Encoding", "identity")
-            .header("Keepalive-Ping-Interval", "50")
-            .header(
-                "Connect-Timeout-Ms",
-                server_deadline.as_millis().to_string(),
-            )
-            .body(body);
+        let request = self.start_request(s, command, false).header(
+            "Connect-Timeout-Ms",
+            server_deadline.as_millis().to_string(),
+        );
         // The stream is read by a task that reports the pid as soon as it is known: when the
         // deadline passes (or this call is dropped) the command is killed by that pid, waiting
         // up to a grace for it if the command has not reported it yet.
@@ -766,6 +777,19 @@ impl RemoteSandboxes for E2b {
             }
         }
         Ok(data)
+    }
+
+    fn attaches(&self) -> bool {
+        true
+    }
+
+    async fn attach(
+        &self,
+        s: &Session,
+        command: &RemoteCommand,
+    ) -> ProviderResult<crate::exec_agent::Channel> {
+        self.refuse_quarantined(&s.id)?;
+        attach::attach(self, s, command).await
     }
 
     fn quarantined(&self, id: &str) -> Option<String> {

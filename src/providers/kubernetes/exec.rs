@@ -15,7 +15,7 @@ use rakazo_actors::provider::{ExecOutput, ProviderError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::desktop::DesktopError;
-use crate::desktop::command::{CommandRunner, OUTPUT_CAP, minimal_env, script_env};
+use crate::desktop::command::{CommandRunner, OUTPUT_CAP, script_env};
 use crate::exec_agent::{
     Agent, AgentSlot, Channel, Helper, Outcome, Script, kill_script, stuck_output,
 };
@@ -117,9 +117,7 @@ impl PodExec {
     /// script gets exactly the environment it is given, as through `env -i` without an agent
     /// (nothing of the pod's own, such as what a kubelet adds, reaches the bot's scripts).
     async fn start_agent(&self) -> Result<Arc<Agent>, String> {
-        let mut argv = vec!["env".to_string(), "-i".into()];
-        argv.extend(minimal_env().iter().map(|(k, v)| format!("{k}={v}")));
-        argv.extend(crate::exec_agent::argv());
+        let argv = crate::exec_agent::argv_in_minimal_env();
         let params = AttachParams::default()
             .stdin(true)
             .stdout(true)

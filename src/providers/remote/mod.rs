@@ -173,4 +173,25 @@ pub trait RemoteSandboxes: Send + Sync + 'static {
 
     /// How this host reaches `port` of the sandbox.
     fn port(&self, session: &Self::Session, port: u16) -> PortEndpoint;
+
+    /// Whether [`Self::attach`] starts programs whose standard input stays open: then the
+    /// machine keeps an exec agent for its long-lived helpers (frames and pointer input
+    /// without a process start).
+    fn attaches(&self) -> bool {
+        false
+    }
+
+    /// Starts `command` (its `script` run with `bash -c`, no deadline) with its standard
+    /// input and output attached to this host, until the channel is dropped (which kills
+    /// it). Only where [`Self::attaches`].
+    async fn attach(
+        &self,
+        session: &Self::Session,
+        command: &RemoteCommand,
+    ) -> ProviderResult<crate::exec_agent::Channel> {
+        let _ = (session, command);
+        Err(rakazo_actors::provider::ProviderError::Unsupported(
+            format!("{} keeps no standard input open", self.kind()),
+        ))
+    }
 }

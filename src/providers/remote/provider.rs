@@ -76,10 +76,7 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
     }
 
     fn attach(&self, session: V::Session) -> Arc<Machine<V>> {
-        let runner = Arc::new(RemoteRunner {
-            vendor: self.vendor.clone(),
-            session: session.clone(),
-        });
+        let runner = Arc::new(RemoteRunner::new(self.vendor.clone(), session.clone()));
         let config = RuntimeConfig {
             workspace: PathBuf::from(&self.layout.workspace),
             run_dir: PathBuf::from(&self.layout.run_dir),

@@ -1,5 +1,9 @@
 //! The desktop runtime's [`CommandRunner`] on a vendor's sandbox: every runtime script goes
-//! through the vendor's run call, with the runtime's minimal environment.
+//! through the vendor's run call, with the runtime's minimal environment. Where the vendor
+//! keeps a program's standard input open ([`RemoteSandboxes::attaches`]), the machine's exec
+//! agent ([`crate::exec_agent`]) runs attached to this host and keeps the long-lived helpers
+//! (the capture helper of each display): a frame or a batch of pointer moves is a line to it,
+//! not a process start.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,8 +12,12 @@ use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, ProviderError};
 
 use super::{RemoteCommand, RemoteSandboxes};
-use crate::desktop::DesktopError;
 use crate::desktop::command::{CommandRunner, minimal_env};
+use crate::desktop::{DesktopError, shell_quote};
+use crate::exec_agent::{Agent, AgentSlot, Helper};
+
+/// How long past a helper's own deadline its agent may take to answer before it is given up.
+const AGENT_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs scripts in one sandbox.
 pub struct RemoteRunner<V: RemoteSandboxes> {
@@ -17,6 +25,44 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     pub vendor: Arc<V>,
     /// The connected sandbox.
     pub session: V::Session,
+    /// The machine's exec agent, attached where the vendor keeps standard input open.
+    pub agent: AgentSlot,
+}
+
+impl<V: RemoteSandboxes> RemoteRunner<V> {
+    /// A runner on `session`.
+    pub fn new(vendor: Arc<V>, session: V::Session) -> Self {
+        Self {
+            vendor,
+            session,
+            agent: AgentSlot::default(),
+        }
+    }
+
+    /// Starts the machine's exec agent attached to this host, with the minimal environment
+    /// only (as every runtime script gets it).
+    async fn start_agent(&self) -> Result<Arc<Agent>, String> {
+        let argv = crate::exec_agent::argv_in_minimal_env();
+        let script = format!(
+            "exec {}",
+            argv.iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let command = RemoteCommand {
+            script,
+            cwd: "/".into(),
+            env: Vec::new(),
+            timeout: Duration::ZERO,
+        };
+        let channel = self
+            .vendor
+            .attach(&self.session, &command)
+            .await
+            .map_err(|e| e.to_string())?;
+        Agent::over(channel).await
+    }
 }
 
 #[async_trait]
@@ -35,5 +81,27 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
                 ProviderError::MachineGone => DesktopError::Command("machine gone".into()),
                 other => DesktopError::Command(other.to_string()),
             })
+    }
+
+    fn keeps_helpers(&self) -> bool {
+        self.vendor.attaches()
+    }
+
+    async fn ask(
+        &self,
+        helper: &Helper,
+        line: &str,
+        timeout: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        if !self.vendor.attaches() {
+            return None;
+        }
+        let agent = self.agent.get(|| self.start_agent()).await?;
+        Some(
+            agent
+                .ask_within(helper, line, timeout, AGENT_GRACE)
+                .await
+                .map_err(DesktopError::Command),
+        )
     }
 }

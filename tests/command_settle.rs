@@ -25,13 +25,14 @@ use x11rb::protocol::xproto::{
 };
 use xvfb::{Xvfb, pixel};
 
-/// The host runner, counting the scripts it runs and the lines it asks; with an exec agent
-/// running here, it keeps helpers as a pod's agent does.
+/// The host runner, counting the scripts it runs, the lines it asks and the bytes answered;
+/// with an exec agent running here, it keeps helpers as a pod's agent does.
 struct Counting {
     inner: HostRunner,
     agent: Option<Arc<Agent>>,
     runs: AtomicUsize,
     asks: AtomicUsize,
+    answered: AtomicUsize,
 }
 
 impl Counting {
@@ -45,6 +46,7 @@ impl Counting {
             agent,
             runs: AtomicUsize::new(0),
             asks: AtomicUsize::new(0),
+            answered: AtomicUsize::new(0),
         })
     }
 }
@@ -64,12 +66,14 @@ impl CommandRunner for Counting {
     ) -> Option<Result<String, DesktopError>> {
         let agent = self.agent.as_ref()?;
         self.asks.fetch_add(1, Ordering::SeqCst);
-        Some(
-            agent
-                .ask_within(helper, line, timeout, Duration::from_secs(5))
-                .await
-                .map_err(DesktopError::Command),
-        )
+        let answer = agent
+            .ask_within(helper, line, timeout, Duration::from_secs(5))
+            .await
+            .map_err(DesktopError::Command);
+        if let Ok(line) = &answer {
+            self.answered.fetch_add(line.len(), Ordering::SeqCst);
+        }
+        Some(answer)
     }
 }
 
@@ -230,10 +234,28 @@ async fn a_kept_helper_answers_an_undrawn_screen_with_its_last_frame() {
     let scripts = runner.runs.load(Ordering::SeqCst);
     assert_eq!(reads(&runner, &screen).await, 1, "connecting read it once");
 
-    // Nothing drawn: the same frame, not read again.
+    // Nothing drawn: the same frame, not read again, nor sent again to the screen that has it
+    // (a few bytes name it); another caller of the same helper gets it whole.
     let first = screen.grab().await.unwrap();
+    let sent = runner.answered.load(Ordering::SeqCst);
     let again = screen.grab().await.unwrap();
     assert_eq!(again.hash, first.hash);
+    assert_eq!(again.frame.png, first.frame.png);
+    let resent = runner.answered.load(Ordering::SeqCst) - sent;
+    assert!(
+        resent < 64,
+        "{resent} bytes answered for a frame the screen has"
+    );
+    let sent = runner.answered.load(Ordering::SeqCst);
+    let other = connected(&runner, dir.path(), xvfb.display).await;
+    assert!(runner.answered.load(Ordering::SeqCst) - sent > first.frame.png.len());
+    assert_eq!(other.grab().await.unwrap().hash, first.hash);
+    assert_eq!(
+        runner.runs.load(Ordering::SeqCst),
+        scripts + 1,
+        "its install only"
+    );
+    let scripts = scripts + 1;
     assert_eq!(reads(&runner, &screen).await, 1);
 
     // Drawn on: read again.

@@ -12,20 +12,22 @@
 # on stderr when the display cannot be read.
 #
 # As `capture_helper.py serve` it is an exec agent's helper: it keeps the display open and
-# answers each line it reads ("grab", or "settle" and its times as above) with one line, "WIDTH
-# HEIGHT BASE64", or "! REASON" for a frame it cannot print; it ends at the end of its input, or
-# when the display goes. A screen nothing was drawn on since the last frame is answered with
-# that frame again, without reading or encoding it. "act FIRST_MS INTERVAL_MS TIMEOUT_MS
-# REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer input through XTEST, each group one action
-# of space-separated steps ("m X Y" moves, "d B" presses and "u B" releases button B, "w MS"
-# waits), then settles the screen as "settle" would, and answers how many groups were done and
-# the frame, "DONE WIDTH HEIGHT BASE64": a batch and its frame are one round trip, where each
-# line crosses a network. It answers "! REASON" when nothing was played (no XTEST here).
-# "reads" answers how many times the screen was read. Rows
+# answers each line it reads ("grab", or "settle" and its times as above) with one line, "SEQ
+# WIDTH HEIGHT BASE64" (SEQ numbers the frame), or "! REASON" for a frame it cannot print; it
+# ends at the end of its input, or when the display goes. A screen nothing was drawn on since
+# the last frame is answered with that frame again, without reading or encoding it, and as "SEQ
+# WIDTH HEIGHT =" to a request that begins "have SEQ " with its number: the caller has it. "act
+# FIRST_MS INTERVAL_MS TIMEOUT_MS REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer input
+# through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
+# and "u B" releases button B, "w MS" waits), then settles the screen as "settle" would, and
+# answers how many groups were done and the frame, "DONE SEQ WIDTH HEIGHT BASE64": a batch and
+# its frame are one round trip, where each line crosses a network. It answers "! REASON" when
+# nothing was played (no XTEST here). "reads" answers how many times the screen was read. Rows
 # whose pixels did not change since its last frame keep their deflated bytes (see Encoder).
 
 import base64
 import ctypes
+import os
 import select
 import struct
 import sys
@@ -350,35 +352,42 @@ def settle_read(screen, damage, words):
 
 
 class Frames:
-    """A kept display's frames: the last one is answered again while nothing is drawn."""
+    """A kept display's frames: the last one is answered again while nothing is drawn, and
+    not even sent again to a caller that has it. Frames are numbered from a random start, so
+    a number never names a frame of another helper."""
 
     def __init__(self, screen):
         self.screen = screen
         self.damage = damage_of(screen)
         self.kept = None
+        self.seq = int.from_bytes(os.urandom(6), "big")
         self.encoder = Encoder()
 
-    def line(self, raw=None):
-        """The answer line of the screen as it is now (`raw`: a read just made by polling)."""
+    def line(self, raw=None, have=None):
+        """The answer line of the screen as it is now (`raw`: a read just made by polling):
+        "SEQ WIDTH HEIGHT BASE64", or "SEQ WIDTH HEIGHT =" when it is frame `have` again."""
         screen, damage = self.screen, self.damage
         keep = False
         if raw is None:
             if damage is not None:
                 damage.sync()
                 if not damage.dirty and self.kept is not None:
-                    return self.kept
+                    if have == self.seq:
+                        return f"{self.seq} {screen.width} {screen.height} ="
+                    return f"{self.seq} {self.kept}"
                 # Reports from here on belong to the frame after this one.
                 damage.dirty = False
                 keep = True
             raw = screen.read()
         encoded = base64.b64encode(self.encoder.png(raw, screen.width, screen.height))
         self.kept = None
+        self.seq += 1
         if len(encoded) > MAX_OUTPUT:
             return "! the frame is too large for the command path"
         line = f"{screen.width} {screen.height} {encoded.decode()}"
         if keep:
             self.kept = line
-        return line
+        return f"{self.seq} {line}"
 
 
 def serve():
@@ -390,22 +399,27 @@ def serve():
     screen = Screen()
     frames = Frames(screen)
     for line in sys.stdin:
+        line = line.strip()
+        have = None
+        if line.startswith("have "):
+            _, number, line = (line.split(None, 2) + ["", ""])[:3]
+            have = int(number) if number.isdigit() else None
         words = line.split()
         if words[:1] == ["settle"]:
             try:
                 raw = settle_read(screen, frames.damage, words[1:])
-                answer = frames.line(raw)
+                answer = frames.line(raw, have)
             except ValueError:
                 answer = "! " + SETTLE_USAGE
         elif words == ["grab"]:
-            answer = frames.line()
+            answer = frames.line(None, have)
         elif words[:1] == ["act"]:
-            times, _, groups = line.strip()[len("act"):].partition(";")
+            times, _, groups = line[len("act"):].partition(";")
             answer = play(screen, groups.strip())
             if not answer.startswith("!"):
                 try:
                     raw = settle_read(screen, frames.damage, times.split())
-                    answer += " " + frames.line(raw)
+                    answer += " " + frames.line(raw, have)
                 except ValueError:
                     answer = "! " + SETTLE_USAGE
         elif words == ["reads"]:

@@ -9,14 +9,15 @@
 //! the last frame (one command for the whole wait, not one per look): it waits for the X
 //! server's reports of drawing (DAMAGE) to stop, as the direct path does, or where the server
 //! has none reads the screen until two reads in a row are the same. Where the runner keeps
-//! long-lived helpers (a Kubernetes pod's exec agent, [`CommandRunner::ask`]) the helper stays
-//! running per display with the display open, asked one line per frame, and no process starts
-//! per frame; it answers a screen nothing was drawn on since its last frame with that frame,
-//! and plays batches of pointer actions through XTEST, one line per batch. Where none is kept,
-//! a batch and its settled frame are one command.
+//! long-lived helpers (the exec agent of a pod, a Docker container or an E2B sandbox,
+//! [`CommandRunner::ask`]) the helper stays running per display with the display open, asked
+//! one line per frame, and no process starts per frame; it answers a screen nothing was drawn on
+//! since its last frame with that frame, by its number alone to the screen that has it, and
+//! plays a batch of pointer actions through XTEST and settles after it in one line. Where none
+//! is kept, a batch and its settled frame are one command.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -40,6 +41,9 @@ pub struct CommandScreen {
     helper: PathBuf,
     width: u32,
     height: u32,
+    /// The last frame the kept helper sent, by its number: a frame it answers as the one this
+    /// side has comes from here, not over the runner again.
+    last: std::sync::Mutex<Option<(u64, Observation)>>,
 }
 
 impl CommandScreen {
@@ -58,6 +62,7 @@ impl CommandScreen {
             helper,
             width: 0,
             height: 0,
+            last: std::sync::Mutex::new(None),
         };
         let started = Instant::now();
         loop {
@@ -100,18 +105,17 @@ impl CommandScreen {
     /// the helper kept running for the display where the runner keeps one, else (and when that
     /// fails) from the helper run as a script.
     async fn capture(&self, request: &str, timeout: Duration) -> Result<Observation, DesktopError> {
-        if let Some(answer) = self.runner.ask(&self.kept_helper(), request, timeout).await {
-            match answer {
-                Ok(line) => {
-                    if let Some(reason) = line.strip_prefix("! ") {
-                        return Err(DesktopError::X(format!("capture helper: {reason}")));
-                    }
-                    let mut words = line.splitn(3, ' ');
-                    let size = [words.next(), words.next()].map(Option::unwrap_or_default);
-                    return observation(&size.join(" "), words.next().unwrap_or_default());
-                }
-                Err(e) => tracing::debug!(error = %e, "desktop.capture.kept_helper_failed"),
+        for have in [true, false] {
+            let line = self.with_have(request, have);
+            match self.runner.ask(&self.kept_helper(), &line, timeout).await {
+                Some(Ok(answer)) => match self.kept_frame(&answer) {
+                    Err(Unknown) => continue,
+                    Ok(frame) => return frame,
+                },
+                Some(Err(e)) => tracing::debug!(error = %e, "desktop.capture.kept_helper_failed"),
+                None => {}
             }
+            break;
         }
         let args = request.strip_prefix("grab").unwrap_or(request);
         let script = format!(
@@ -129,6 +133,45 @@ impl CommandScreen {
         let mut lines = out.stdout.lines();
         let size = lines.next().unwrap_or_default();
         observation(size, lines.next().unwrap_or_default())
+    }
+
+    /// `request` to the kept helper, beginning `have SEQ ` with the number of the last frame
+    /// it sent here (when `have` and there is one), so that the same frame is not sent again.
+    fn with_have(&self, request: &str, have: bool) -> String {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        match last.as_ref() {
+            Some((seq, _)) if have => format!("have {seq} {request}"),
+            _ => request.to_owned(),
+        }
+    }
+
+    /// The frame of a kept helper's answer, "SEQ WIDTH HEIGHT BASE64" or "SEQ WIDTH HEIGHT ="
+    /// (the frame this side has, by its number), or "! REASON"; `Err(Unknown)` when the helper
+    /// named a frame this side no longer has (asked by another, meanwhile).
+    fn kept_frame(&self, answer: &str) -> Result<Result<Observation, DesktopError>, Unknown> {
+        if let Some(reason) = answer.strip_prefix("! ") {
+            return Ok(Err(DesktopError::X(format!("capture helper: {reason}"))));
+        }
+        let mut words = answer.splitn(4, ' ');
+        let seq = words.next().and_then(|w| w.parse::<u64>().ok());
+        let size = [words.next(), words.next()].map(Option::unwrap_or_default);
+        let (Some(seq), Some(png)) = (seq, words.next()) else {
+            return Ok(Err(DesktopError::X(
+                "capture helper printed no frame".into(),
+            )));
+        };
+        if png == "=" {
+            let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            return match last.as_ref() {
+                Some((kept, frame)) if *kept == seq => Ok(Ok(frame.clone())),
+                _ => Err(Unknown),
+            };
+        }
+        let frame = observation(&size.join(" "), png);
+        if let Ok(frame) = &frame {
+            *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some((seq, frame.clone()));
+        }
+        Ok(frame)
     }
 
     /// How many visible browser windows the display shows.
@@ -242,11 +285,12 @@ impl CommandScreen {
             return Some(frame.map(|f| (0, invalid.map(ActStop::invalid), f)));
         }
         let times = settle_args(settle, react, quiet);
-        let line = format!(
+        let request = format!(
             "act {} ; {}",
             times.trim_start_matches("settle "),
             groups.join("|")
         );
+        let line = self.with_have(&request, true);
         let longest = settle.first_delay.max(react) + settle.timeout;
         let answer = self
             .runner
@@ -260,13 +304,10 @@ impl CommandScreen {
             Ok(line) if line.starts_with('!') => return None,
             Ok(line) => {
                 let (done, frame) = line.split_once(' ').unwrap_or((&line, ""));
-                let frame = match frame.strip_prefix("! ") {
-                    Some(reason) => Err(DesktopError::X(format!("capture helper: {reason}"))),
-                    None => {
-                        let mut words = frame.splitn(3, ' ');
-                        let size = [words.next(), words.next()].map(Option::unwrap_or_default);
-                        observation(&size.join(" "), words.next().unwrap_or_default())
-                    }
+                let frame = match self.kept_frame(frame) {
+                    Ok(frame) => frame,
+                    // Played and settled: only the frame is asked for again.
+                    Err(Unknown) => self.grab().await,
                 };
                 (done.trim().parse().unwrap_or(0), frame)
             }
@@ -302,6 +343,9 @@ impl CommandScreen {
         self.capture(&args, longest + SCRIPT_TIMEOUT).await
     }
 }
+
+/// A kept helper named a frame this side does not have.
+struct Unknown;
 
 /// Printed between a batch's counts and its frame when the two are one command.
 const FRAME_MARK: &str = "--rakazo-frame--";

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use rakazo::config::DockerNetwork;
 use rakazo::emulators::e2b::{DOMAIN, Emulator, Settings};
 use rakazo::providers::e2b::{E2b, E2bConfig, Vendor};
+use rakazo::providers::remote::RemoteSandboxes as _;
 use rakazo::providers::remote::provider::RemoteProvider;
 use rakazo_actors::provider::SandboxProvider;
 
@@ -390,6 +391,20 @@ async fn novita_shares_the_adapter_with_its_differences() {
         "{err}"
     );
     assert!(em.lock().is_empty());
+
+    // Novita's envd is not known to keep a process's input open: no exec agent is attached
+    // there (E2B's is).
+    let config = |vendor| E2bConfig {
+        kind: "novita",
+        vendor,
+        api_key: "sk_novita_test".into(),
+        domain: DOMAIN.into(),
+        api_url: "http://127.0.0.1:9".into(),
+        sandbox_url: None,
+        template: "rakazo-computer".into(),
+    };
+    assert!(!E2b::new(config(Vendor::Novita)).unwrap().attaches());
+    assert!(E2b::new(config(Vendor::E2b)).unwrap().attaches());
 
     let p = novita("rakazo-computer");
     let m = p.provision(&spec).await.unwrap();

@@ -779,8 +779,10 @@ impl RemoteSandboxes for E2b {
         Ok(data)
     }
 
+    /// E2B's envd keeps a process's input open (`stdin: true`, `SendInput`). Novita's is not
+    /// known to: there a batch and its frame stay one command.
     fn attaches(&self) -> bool {
-        true
+        self.config.vendor == Vendor::E2b
     }
 
     async fn attach(

@@ -24,7 +24,9 @@
 # The script's pid is kept in /dev/shm/.rakazo-exec/RUN while it runs, where the fallback kill
 # (one engine exec or pods/exec) finds it when the agent itself is gone. The first line written
 # is {"ready": 1}; at the end of stdin the agent waits for the scripts under way (their deadlines
-# still hold) and exits. Standard library only.
+# still hold) and exits. With `--idle-exit SECS` after its name it also exits once no request
+# has been under way for SECS: where nothing closes its stdin when this process goes (envd keeps
+# an E2B sandbox's process input open), it does not outlive us for long. Standard library only.
 
 import base64
 import ctypes
@@ -48,6 +50,9 @@ running = {}
 # Runs killed before they started (the kill overtook the request): never started. Bounded.
 cancelled = {}
 running_lock = threading.Lock()
+# Requests under way, and when the last one came or ended (for `--idle-exit`).
+busy = {"count": 0, "since": time.monotonic()}
+busy_lock = threading.Lock()
 
 
 def undumpable():
@@ -349,6 +354,32 @@ def serve(req):
             run(req)
     except Exception as e:  # a request the agent could not run still gets its answer
         send({"id": req.get("id"), "error": type(e).__name__})
+    finally:
+        with busy_lock:
+            busy["count"] -= 1
+            busy["since"] = time.monotonic()
+
+
+def exit_when_idle(idle):
+    """Ends the agent once no request was under way for `idle` seconds."""
+    while True:
+        with busy_lock:
+            left = idle - (time.monotonic() - busy["since"])
+            if busy["count"] == 0 and left <= 0:
+                os._exit(0)
+            wait = min(max(left, 0.05), 1.0) if busy["count"] == 0 else 1.0
+        time.sleep(wait)
+
+
+def idle_exit_arg():
+    """SECS of `--idle-exit SECS`, or None."""
+    args = sys.argv[1:]
+    if "--idle-exit" in args[:-1]:
+        try:
+            return max(0.1, float(args[args.index("--idle-exit") + 1]))
+        except ValueError:
+            return None
+    return None
 
 
 def main():
@@ -358,8 +389,13 @@ def main():
     except OSError:
         pass
     drain.start()
+    idle = idle_exit_arg()
+    if idle is not None:
+        threading.Thread(target=exit_when_idle, args=(idle,), daemon=True).start()
     send({"ready": 1})
     for line in sys.stdin.buffer:
+        with busy_lock:
+            busy["since"] = time.monotonic()
         try:
             req = json.loads(line)
         except ValueError:
@@ -374,10 +410,14 @@ def main():
             if pid:
                 kill_group(pid)
             continue
+        with busy_lock:
+            busy["count"] += 1
         try:
             threading.Thread(target=serve, args=(req,)).start()
         except RuntimeError:
             # No thread to run it (the machine's process limit): refused, the agent goes on.
+            with busy_lock:
+                busy["count"] -= 1
             send({"id": req.get("id"), "refused": "no thread to run it"})
 
 

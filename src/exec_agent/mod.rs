@@ -564,6 +564,46 @@ mod tests {
         assert!(!agent.alive());
     }
 
+    /// The real agent, run here with `--idle-exit`: it never ends under a request, and ends
+    /// once none came for that long.
+    #[tokio::test]
+    async fn an_agent_told_to_exit_when_idle_waits_for_its_requests_then_exits() {
+        let mut argv = argv();
+        argv.extend(["--idle-exit".to_string(), "0.5".into()]);
+        let mut child = tokio::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs the exec agent");
+        let (input, output) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        let agent = Agent::over(Channel {
+            input: Box::pin(input),
+            output: Box::pin(output),
+            keep: Box::new(()),
+        })
+        .await
+        .unwrap();
+        let script = Script {
+            script: "sleep 1; echo slept",
+            cwd: "/",
+            env: &[("PATH".into(), "/usr/bin:/bin".into())],
+        };
+        let out = agent
+            .run(
+                "0123456789abcdef0123456789abcdef",
+                &script,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, "slept\n", "not ended under a request");
+        assert!(child.try_wait().unwrap().is_none());
+        let exited = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        assert!(exited.unwrap().unwrap().success(), "ended once idle");
+    }
+
     #[tokio::test]
     async fn a_line_with_a_line_end_is_never_sent_to_a_helper() {
         let (channel, theirs) = channel();

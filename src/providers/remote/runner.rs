@@ -5,8 +5,8 @@
 //! (the capture helper of each display): a frame or a batch of pointer moves is a line to it,
 //! not a process start.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, ProviderError};
@@ -18,6 +18,13 @@ use crate::exec_agent::{Agent, AgentSlot, Helper};
 
 /// How long past a helper's own deadline its agent may take to answer before it is given up.
 const AGENT_GRACE: Duration = Duration::from_secs(10);
+/// An attached agent ends itself once idle this long (`--idle-exit`): envd keeps its input
+/// open, so an agent whose process here went (killed, restarted) would otherwise stay, with its
+/// helpers, for the sandbox's life.
+const AGENT_IDLE_EXIT: Duration = Duration::from_secs(1800);
+/// An agent idle this long is replaced here before the next ask, so that no ask meets an agent
+/// ending itself.
+const AGENT_RETIRE: Duration = Duration::from_secs(900);
 
 /// Runs scripts in one sandbox.
 pub struct RemoteRunner<V: RemoteSandboxes> {
@@ -27,6 +34,8 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     pub session: V::Session,
     /// The machine's exec agent, attached where the vendor keeps standard input open.
     pub agent: AgentSlot,
+    /// When the agent was last asked.
+    asked: std::sync::Mutex<Instant>,
 }
 
 impl<V: RemoteSandboxes> RemoteRunner<V> {
@@ -36,13 +45,18 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
             vendor,
             session,
             agent: AgentSlot::default(),
+            asked: std::sync::Mutex::new(Instant::now()),
         }
     }
 
     /// Starts the machine's exec agent attached to this host, with the minimal environment
     /// only (as every runtime script gets it).
     async fn start_agent(&self) -> Result<Arc<Agent>, String> {
-        let argv = crate::exec_agent::argv_in_minimal_env();
+        let mut argv = crate::exec_agent::argv_in_minimal_env();
+        argv.extend([
+            "--idle-exit".to_string(),
+            AGENT_IDLE_EXIT.as_secs().to_string(),
+        ]);
         let script = format!(
             "exec {}",
             argv.iter()
@@ -95,6 +109,13 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
     ) -> Option<Result<String, DesktopError>> {
         if !self.vendor.attaches() {
             return None;
+        }
+        {
+            let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+            if asked.elapsed() > AGENT_RETIRE {
+                self.agent.end();
+            }
+            *asked = Instant::now();
         }
         let agent = self.agent.get(|| self.start_agent()).await?;
         Some(

@@ -17,7 +17,7 @@ use rakazo::desktop::DesktopError;
 use rakazo::desktop::command::{CommandRunner, HostRunner};
 use rakazo::desktop::runtime::Settle;
 use rakazo::desktop::screen_commands::CommandScreen;
-use rakazo::exec_agent::{Agent, Channel, Helper};
+use rakazo::exec_agent::{Agent, Helper};
 use rakazo_actors::provider::ExecOutput;
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{
@@ -79,22 +79,10 @@ impl CommandRunner for Counting {
 
 /// The exec agent, run here over its standard input and output.
 async fn local_agent() -> Arc<Agent> {
-    let argv = rakazo::exec_agent::argv();
-    let mut child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs the exec agent");
-    let (input, output) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
-    Agent::over(Channel {
-        input: Box::pin(input),
-        output: Box::pin(output),
-        keep: Box::new(child),
-    })
-    .await
-    .expect("the exec agent starts")
+    let (mut channel, child) =
+        rakazo::exec_agent::spawn_here(&[]).expect("python3 runs the exec agent");
+    channel.keep = Box::new(child);
+    Agent::over(channel).await.expect("the exec agent starts")
 }
 
 /// Display `:display`'s screen through `runner`, the helper installed under `dir`.

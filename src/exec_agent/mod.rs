@@ -55,6 +55,29 @@ pub fn argv_in_minimal_env() -> Vec<String> {
     all
 }
 
+/// The agent run on this host as a child process (`extra` after its name): the channel to
+/// it, and the child (killed when dropped). For this host's own tests and benchmarks: no
+/// provider runs scripts through an agent here.
+pub fn spawn_here(extra: &[&str]) -> std::io::Result<(Channel, tokio::process::Child)> {
+    let argv = argv();
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(std::io::Error::other("the agent's pipes were not made"));
+    };
+    let channel = Channel {
+        input: Box::pin(input),
+        output: Box::pin(output),
+        keep: Box::new(()),
+    };
+    Ok((channel, child))
+}
+
 /// A script that kills the process group of the script `run_id` by the pid it left (the
 /// agent's file, or the exec wrapper's), for when no agent answers. `run_id` is 32 hex digits.
 pub fn kill_script(run_id: &str) -> String {
@@ -568,23 +591,8 @@ mod tests {
     /// once none came for that long.
     #[tokio::test]
     async fn an_agent_told_to_exit_when_idle_waits_for_its_requests_then_exits() {
-        let mut argv = argv();
-        argv.extend(["--idle-exit".to_string(), "0.5".into()]);
-        let mut child = tokio::process::Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the exec agent");
-        let (input, output) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
-        let agent = Agent::over(Channel {
-            input: Box::pin(input),
-            output: Box::pin(output),
-            keep: Box::new(()),
-        })
-        .await
-        .unwrap();
+        let (channel, mut child) = spawn_here(&["--idle-exit", "0.5"]).expect("python3 runs it");
+        let agent = Agent::over(channel).await.unwrap();
         let script = Script {
             script: "sleep 1; echo slept",
             cwd: "/",

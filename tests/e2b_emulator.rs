@@ -546,7 +546,7 @@ async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
 /// A sandbox's frames come from one capture helper kept by its exec agent, attached to this
 /// host through envd (`Start` with `stdin: true`, a `SendInput` per line): ten pointer moves
 /// and their settled frame are one line to it and start no command at the vendor, and the
-/// pointer lands where the last move put it.
+/// pointer lands where the last move put it. An agent the bot kills is replaced.
 #[actix_rt::test]
 async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     use rakazo_actors::provider::Action;
@@ -557,6 +557,26 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     let m = p.provision(&team_screens::team_spec()).await.unwrap();
     p.open_screen(&m, "bot-kept", 0).await.unwrap();
     exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-kept").await;
+
+    // The agent killed by the bot: frames still come, and a new agent is attached (found by
+    // its `--idle-exit`: the emulator's own machine runs the supervisor's agent beside it).
+    const AGENT: &str = "pgrep -f '^python3 .*rakazo-exec-[a]gent --idle-exit'";
+    let (_, agent, _) = exec_agent_checks::run(&*p, &m, AGENT).await;
+    let agent = agent.trim().to_owned();
+    assert!(
+        !agent.is_empty() && !agent.contains('\n'),
+        "one agent: {agent:?}"
+    );
+    exec_agent_checks::run(&*p, &m, &format!("kill -KILL {agent}")).await;
+    for _ in 0..2 {
+        let frame = p.observe(&m, "bot-kept").await.unwrap();
+        assert!(frame.png.starts_with(b"\x89PNG"));
+    }
+    let (_, next, _) = exec_agent_checks::run(&*p, &m, AGENT).await;
+    assert!(
+        !next.trim().is_empty() && next.trim() != agent,
+        "a new agent: {next:?}"
+    );
 
     let calls = || {
         emulator()

@@ -546,7 +546,8 @@ async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
 /// A sandbox's frames come from one capture helper kept by its exec agent, attached to this
 /// host through envd (`Start` with `stdin: true`, a `SendInput` per line): ten pointer moves
 /// and their settled frame are one line to it and start no command at the vendor, and the
-/// pointer lands where the last move put it. An agent the bot kills is replaced.
+/// pointer lands where the last move put it. The agent's pipes are closed to the bot, and an
+/// agent the bot kills is replaced.
 #[actix_rt::test]
 async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     use rakazo_actors::provider::Action;
@@ -567,6 +568,16 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
         !agent.is_empty() && !agent.contains('\n'),
         "one agent: {agent:?}"
     );
+    let (_, out, _) = exec_agent_checks::run(
+        &*p,
+        &m,
+        &format!(
+            "echo '{{\"id\":1}}' 2>/dev/null > /proc/{agent}/fd/1 && echo WROTE; \
+             ls /proc/{agent}/fd >/dev/null 2>&1 && echo FDS; echo checked"
+        ),
+    )
+    .await;
+    assert_eq!(out, "checked\n", "the agent's pipes are closed to the bot");
     exec_agent_checks::run(&*p, &m, &format!("kill -KILL {agent}")).await;
     for _ in 0..2 {
         let frame = p.observe(&m, "bot-kept").await.unwrap();

@@ -33,7 +33,7 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     /// The connected sandbox.
     pub session: V::Session,
     /// The machine's exec agent, attached where the vendor keeps standard input open.
-    pub agent: AgentSlot,
+    agent: AgentSlot,
     /// When the agent was last asked.
     asked: std::sync::Mutex<Instant>,
 }

@@ -546,8 +546,8 @@ async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
 /// A sandbox's frames come from one capture helper kept by its exec agent, attached to this
 /// host through envd (`Start` with `stdin: true`, a `SendInput` per line): ten pointer moves
 /// and their settled frame are one line to it and start no command at the vendor, and the
-/// pointer lands where the last move put it. The agent's pipes are closed to the bot, and an
-/// agent the bot kills is replaced.
+/// pointer lands where the last move put it; a batch with a key is one line too. The agent's
+/// pipes are closed to the bot, and an agent the bot kills is replaced.
 #[actix_rt::test]
 async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     use rakazo_actors::provider::Action;
@@ -598,26 +598,32 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
             .unwrap()
     };
     p.observe(&m, "bot-kept").await.unwrap();
-    let before = calls();
-    let ten: Vec<Action> = (0..10)
-        .map(|i| Action::Move {
-            x: 200 + 30 * i,
-            y: 300,
-        })
-        .collect();
-    let done = p.act(&m, "bot-kept", &ten).await.unwrap();
-    assert_eq!((done.completed, done.stopped), (10, None));
-    assert!(done.frame.png.starts_with(b"\x89PNG"));
-    let after = calls();
-    assert_eq!(
-        after.starts, before.starts,
-        "no command started at the vendor"
-    );
-    assert_eq!(
-        after.inputs - before.inputs,
-        1,
-        "one line for the moves and their settled frame"
-    );
+    // A batch and its settled frame: no command started at the vendor, one line to the agent.
+    let one_line = |batch: Vec<Action>| {
+        let p = p.clone();
+        let m = m.clone();
+        async move {
+            let before = calls();
+            let done = p.act(&m, "bot-kept", &batch).await.unwrap();
+            assert_eq!((done.completed, done.stopped), (batch.len(), None));
+            assert!(done.frame.png.starts_with(b"\x89PNG"));
+            let after = calls();
+            assert_eq!(
+                after.starts, before.starts,
+                "no command started at the vendor"
+            );
+            assert_eq!(
+                after.inputs - before.inputs,
+                1,
+                "one line for the batch and its frame"
+            );
+        }
+    };
+    let ten = (0..10).map(|i| Action::Move {
+        x: 200 + 30 * i,
+        y: 300,
+    });
+    one_line(ten.collect()).await;
     let (_, pointer, _) = exec_agent_checks::run(
         &*p,
         &m,
@@ -625,5 +631,10 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     )
     .await;
     assert_eq!(pointer, "x:470 y:300\n");
+    // A batch with a key: its `xdotool` script run by the helper.
+    let key = Action::Key {
+        keys: "Escape".into(),
+    };
+    one_line(vec![Action::Move { x: 50, y: 60 }, key]).await;
     p.destroy(&m).await.unwrap();
 }

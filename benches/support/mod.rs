@@ -49,31 +49,54 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Ten pointer moves and the settled frame after them (`computer_act`'s path), `rounds` times
-/// on one live desktop of `path`: p50 and p95.
+/// on one live desktop of `path`, then a move and a key as many times: p50 and p95 of each.
 pub async fn acts(p: &dyn SandboxProvider, path: &str, rounds: usize) {
     let s = machine_spec("act");
     let bot = s.bot_id.clone().unwrap();
     let m = p.provision(&s).await.expect("provision");
     p.open_screen(&m, &bot, 0).await.expect("open screen");
-    let mut times = Vec::new();
-    for round in 0..rounds {
-        let moves: Vec<Action> = (0..10)
+    let timed = |what: &'static str, batch: fn(usize) -> Vec<Action>| {
+        let (m, bot) = (m.clone(), bot.clone());
+        async move {
+            let mut times = Vec::new();
+            for round in 0..rounds {
+                let actions = batch(round);
+                let t = Instant::now();
+                let outcome = p.act(&m, &bot, &actions).await.expect("act");
+                times.push(t.elapsed());
+                assert_eq!(outcome.completed, actions.len());
+            }
+            times.sort();
+            println!(
+                "{path}: {what} with the settled frame, {rounds} times: p50 {:.1} ms, p95 {:.1} ms",
+                ms(times[rounds / 2]),
+                ms(times[rounds * 95 / 100])
+            );
+        }
+    };
+    println!();
+    timed("ten pointer moves", |round| {
+        (0..10)
             .map(|i| Action::Move {
                 x: 100 + 40 * i + round as i32 % 2,
                 y: 300 + 10 * i,
             })
-            .collect();
-        let t = Instant::now();
-        let outcome = p.act(&m, &bot, &moves).await.expect("act");
-        times.push(t.elapsed());
-        assert_eq!(outcome.completed, 10);
-    }
-    times.sort();
-    println!(
-        "\n{path}: ten pointer moves with the settled frame, {rounds} times: p50 {:.1} ms, p95 {:.1} ms",
-        ms(times[rounds / 2]),
-        ms(times[rounds * 95 / 100])
-    );
+            .collect()
+    })
+    .await;
+    // A key goes through `xdotool` on the command path, where XTEST plays only the pointer.
+    timed("a move and a key", |round| {
+        vec![
+            Action::Move {
+                x: 200 + round as i32 % 2,
+                y: 200,
+            },
+            Action::Key {
+                keys: "shift".into(),
+            },
+        ]
+    })
+    .await;
     p.destroy(&m).await.unwrap();
 }
 

@@ -22,7 +22,11 @@
 # and "u B" releases button B, "w MS" waits), then settles the screen as "settle" would, and
 # answers how many groups were done and the frame, "DONE SEQ WIDTH HEIGHT BASE64": a batch and
 # its frame are one round trip, where each line crosses a network. It answers "! REASON" when
-# nothing was played (no XTEST here). "reads" answers how many times the screen was read. Rows
+# nothing was played (no XTEST here). "script DEADLINE_MS FIRST_MS INTERVAL_MS TIMEOUT_MS
+# REACT_MS QUIET_MS ; BASE64" runs the script (a batch of `xdotool` calls) with bash, killed at
+# the deadline, then settles, and answers "CODE OUT ERR SEQ WIDTH HEIGHT BASE64" (the script's
+# exit code and its streams in base64, "." when empty): a batch with keys or text and its frame
+# are one round trip too. "reads" answers how many times the screen was read. Rows
 # whose pixels did not change since its last frame keep their deflated bytes (see Encoder).
 
 import base64
@@ -30,6 +34,7 @@ import ctypes
 import os
 import select
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -296,6 +301,30 @@ def xtest(screen):
     return screen.xtst
 
 
+def run_script(encoded, timeout_s):
+    """Runs the base64 `encoded` script with bash (stdin empty, its own session, killed at
+    the deadline): "CODE OUT ERR", each stream base64 ("." when empty, at most 64 KiB)."""
+    try:
+        script = base64.b64decode(encoded, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return "! unreadable script"
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            start_new_session=True,
+        )
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        code, out, err = -1, e.stdout or b"", (e.stderr or b"") + b"\nthe batch's deadline passed"
+    except OSError as e:
+        return f"! the batch cannot start: {e.strerror}"
+    words = [base64.b64encode(data[:65536]).decode() or "." for data in (out, err)]
+    return f"{code} {words[0]} {words[1]}"
+
+
 def play(screen, groups):
     """Plays the groups' steps in order; how many groups were done."""
     t = xtest(screen)
@@ -422,6 +451,23 @@ def serve():
                     answer += " " + frames.line(raw, have)
                 except ValueError:
                     answer = "! " + SETTLE_USAGE
+        elif words[:1] == ["script"]:
+            times, _, encoded = line[len("script"):].partition(";")
+            words = times.split()
+            try:
+                deadline = int(words[0]) / 1000
+            except (ValueError, IndexError):
+                deadline = None
+            if deadline is None:
+                answer = "! usage: script DEADLINE_MS " + SETTLE_USAGE[len("usage: settle "):] + " ; BASE64"
+            else:
+                answer = run_script(encoded.strip(), deadline)
+                if not answer.startswith("!"):
+                    try:
+                        raw = settle_read(screen, frames.damage, words[1:])
+                        answer += " " + frames.line(raw, have)
+                    except ValueError:
+                        answer = "! " + SETTLE_USAGE
         elif words == ["reads"]:
             answer = str(screen.reads)
         else:

@@ -186,9 +186,9 @@ impl CommandScreen {
 
     /// Applies `actions` in order, then waits for the screen to settle (see [`Self::settle`]):
     /// how many completed, why the next one failed, and the settled frame. Where the runner
-    /// keeps helpers, a batch of pointer actions and its settled frame are one line to the kept
-    /// helper, and another batch is a script and the frame a line; elsewhere the batch and its
-    /// settled frame are one command.
+    /// keeps helpers, a batch and its settled frame are one line to the kept helper (pointer
+    /// actions through XTEST, others by the helper running their `xdotool` script); elsewhere
+    /// the batch and its settled frame are one command.
     pub async fn act(
         &self,
         actions: &[Action],
@@ -201,6 +201,12 @@ impl CommandScreen {
         }
         let batch = self.batch_script(actions);
         if self.runner.keeps_helpers() {
+            if let Some(acted) = self
+                .act_by_script(&batch, actions.len(), settle, react, quiet)
+                .await
+            {
+                return acted;
+            }
             let (completed, error) = match self.runner.run(&batch, SCRIPT_TIMEOUT + MAX_WAIT).await
             {
                 Ok(out) => batch_outcome(&out.stdout, &out.stderr, actions.len()),
@@ -284,21 +290,8 @@ impl CommandScreen {
             let frame = self.settle(settle, react, quiet).await;
             return Some(frame.map(|f| (0, invalid.map(ActStop::invalid), f)));
         }
-        let times = settle_args(settle, react, quiet);
-        let request = format!(
-            "act {} ; {}",
-            times.trim_start_matches("settle "),
-            groups.join("|")
-        );
-        let line = self.with_have(&request, true);
-        let longest = settle.first_delay.max(react) + settle.timeout;
         let answer = self
-            .runner
-            .ask(
-                &self.kept_helper(),
-                &line,
-                SCRIPT_TIMEOUT + MAX_WAIT + longest,
-            )
+            .ask_then_settle("act", &groups.join("|"), settle, react, quiet)
             .await?;
         let (done, frame) = match answer {
             Ok(line) if line.starts_with('!') => return None,
@@ -314,9 +307,8 @@ impl CommandScreen {
             // What was played before the helper went is not known: none counts as done, and
             // the frame comes as it would without the helper.
             Err(e) => {
-                let stop = ActStop::failed(format!("input: {e}"));
-                let frame = self.settle(settle, react, quiet).await;
-                return Some(frame.map(|f| (0, Some(stop), f)));
+                let reason = format!("input: {e}");
+                return Some(self.failed_batch(reason, settle, react, quiet).await);
             }
         };
         let stop = if done < groups.len() {
@@ -325,6 +317,88 @@ impl CommandScreen {
             invalid.map(ActStop::invalid)
         };
         Some(frame.map(|f| (done, stop, f)))
+    }
+
+    /// Asks the kept helper `HEAD TIMES ; TAIL`: a batch (`act` or `script`), then the settle
+    /// of these waits, the frame the screen has named by its number. `None` where the runner
+    /// keeps no helper.
+    async fn ask_then_settle(
+        &self,
+        head: &str,
+        tail: &str,
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Option<Result<String, DesktopError>> {
+        let times = settle_args(settle, react, quiet);
+        let request = format!("{head} {} ; {tail}", times.trim_start_matches("settle "));
+        let line = self.with_have(&request, true);
+        let longest = settle.first_delay.max(react) + settle.timeout;
+        let timeout = SCRIPT_TIMEOUT + MAX_WAIT + longest + SCRIPT_TIMEOUT;
+        self.runner.ask(&self.kept_helper(), &line, timeout).await
+    }
+
+    /// The outcome of a batch that failed for `reason` before anything of it is known to have
+    /// run (none counts as done, it is never played twice), with the frame as it settles.
+    async fn failed_batch(
+        &self,
+        reason: String,
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Result<(usize, Option<ActStop>, Observation), DesktopError> {
+        let frame = self.settle(settle, react, quiet).await?;
+        Ok((0, Some(ActStop::failed(reason)), frame))
+    }
+
+    /// [`Self::act`] of the `xdotool` script `batch` (of `len` actions) run by the helper kept
+    /// for the display, which then settles: one line. `None` where the runner keeps no helper
+    /// (nothing ran).
+    async fn act_by_script(
+        &self,
+        batch: &str,
+        len: usize,
+        settle: Settle,
+        react: Duration,
+        quiet: Duration,
+    ) -> Option<Result<(usize, Option<ActStop>, Observation), DesktopError>> {
+        let head = format!("script {}", (SCRIPT_TIMEOUT + MAX_WAIT).as_millis());
+        let encoded = base64::engine::general_purpose::STANDARD.encode(batch);
+        let answer = self
+            .ask_then_settle(&head, &encoded, settle, react, quiet)
+            .await?;
+        let line = match answer {
+            Ok(line) => line,
+            // Whether the batch ran before the helper went is not known: none counts as done.
+            Err(e) => {
+                let reason = format!("the batch: {e}");
+                return Some(self.failed_batch(reason, settle, react, quiet).await);
+            }
+        };
+        if let Some(reason) = line.strip_prefix("! ") {
+            let reason = format!("the batch: {reason}");
+            return Some(self.failed_batch(reason, settle, react, quiet).await);
+        }
+        let mut words = line.splitn(4, ' ');
+        let stream = |word: Option<&str>| {
+            let word = word.unwrap_or(".");
+            let bytes = match word {
+                "." => Vec::new(),
+                b64 => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap_or_default(),
+            };
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        // The exit code says no more than the counts the batch printed.
+        let _exit = words.next();
+        let (out, err) = (stream(words.next()), stream(words.next()));
+        let (completed, stop) = batch_outcome(&out, &err, len);
+        let frame = match self.kept_frame(words.next().unwrap_or_default()) {
+            Ok(frame) => frame,
+            Err(Unknown) => self.grab().await,
+        };
+        Some(frame.map(|f| (completed, stop, f)))
     }
 
     /// Waits for the screen to settle, inside the machine, and returns the last frame: settled

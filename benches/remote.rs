@@ -10,7 +10,8 @@
 //! image. Results are recorded in `BENCHMARKS.md`.
 //!
 //! Run: `cargo bench --bench remote` (`BENCH_ONLY=acts`: only ten pointer moves with their
-//! settled frame on a live desktop of each provider).
+//! settled frame on a live desktop of each provider; `BENCH_ONLY=exec`: only `shell`'s script
+//! through the provider in turns with envd's own `Start` of it).
 
 mod support;
 
@@ -38,6 +39,67 @@ fn ms(d: Duration) -> f64 {
 fn percentile(mut v: Vec<Duration>, p: f64) -> f64 {
     v.sort();
     ms(v[((v.len() as f64 - 1.0) * p) as usize])
+}
+
+/// Scripts timed per leg (`BENCH_ONLY=exec`).
+const SCRIPTS: usize = 100;
+
+/// `BENCH_ONLY=exec`: `shell`'s script on an E2B sandbox through the provider (the sandbox's
+/// exec agent, attached through envd) in turns with envd's own `Start` of the same script, what
+/// E2B's SDK sends for `commands.run` (the adapter's run call: a login `bash` per script).
+async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
+    use rakazo::emulators::e2b::{DOMAIN, Settings};
+    use rakazo::providers::e2b::{E2b, E2bConfig, Vendor};
+    use rakazo::providers::remote::provider::RemoteProvider;
+    use rakazo::providers::remote::{RemoteCommand, RemoteSandboxes};
+    let settings = Settings {
+        supervisor_url: supervisor_url.into(),
+        supervisor_token: supervisor_token.into(),
+        domain: DOMAIN.into(),
+        novita: false,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let running = rakazo::emulators::e2b::start(listener, settings)
+        .await
+        .unwrap();
+    let base = format!("http://{}", running.addr);
+    let vendor = Arc::new(
+        E2b::new(E2bConfig {
+            kind: "e2b-emulator",
+            vendor: Vendor::E2b,
+            api_key: "e2b_bench_key".into(),
+            domain: DOMAIN.into(),
+            api_url: base.clone(),
+            sandbox_url: Some(base),
+            template: "rakazo-computer".into(),
+        })
+        .unwrap(),
+    );
+    let p = RemoteProvider::new(vendor.clone(), 0);
+    let m = p.provision(&support::machine_spec("exec")).await.unwrap();
+    let session = vendor.connect(&m.0).await.unwrap();
+    let command = RemoteCommand {
+        script: "exec bash -lc true".into(),
+        cwd: "/".into(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    support::scripts_in_turns(
+        &p,
+        &m,
+        SCRIPTS,
+        (
+            "the provider's exec (the sandbox's exec agent)",
+            "the same script as envd's own `Start`",
+        ),
+        || async {
+            let out = vendor.run(&session, &command).await.unwrap();
+            assert_eq!(out.exit_code, 0);
+        },
+    )
+    .await;
+    p.destroy(&m).await.unwrap();
+    running.emulator.kill_all().await;
 }
 
 /// Provision → open desktop → first screenshot; the three stretches.
@@ -107,6 +169,10 @@ fn main() {
             .unwrap(),
         );
         println!("remote bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)\n");
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("exec") {
+            scripts_against_start(&url, &token).await;
+            return;
+        }
         // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame on a live desktop.
         if std::env::var("BENCH_ONLY").as_deref() == Ok("acts") {
             support::acts(docker.as_ref(), "docker direct", ACTS).await;

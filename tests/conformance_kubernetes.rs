@@ -107,7 +107,7 @@ async fn scripts_in_a_pod_run_through_one_exec_agent() {
     }
     let p = provider();
     let m = p.provision(&spec("agent")).await.unwrap();
-    exec_agent_checks::scripts_run_through_one_agent(&*p, &m).await;
+    exec_agent_checks::scripts_run_through_one_agent(&*p, &m, exec_agent_checks::AGENT).await;
     // A script gets exactly the environment it is given: nothing of the pod's own (the
     // container's `HOSTNAME`, say) comes through the agent.
     assert_eq!(
@@ -130,7 +130,12 @@ async fn the_bot_can_kill_a_pods_agent_but_never_read_or_answer_through_its_pipe
     }
     let p = provider();
     let m = p.provision(&spec("agent-attack")).await.unwrap();
-    exec_agent_checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m).await;
+    exec_agent_checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(
+        &*p,
+        &m,
+        exec_agent_checks::AGENT,
+    )
+    .await;
     p.destroy(&m).await.unwrap();
 }
 
@@ -141,7 +146,7 @@ async fn a_script_under_way_when_its_pod_is_deleted_is_told_the_machine_is_gone(
     }
     let p = provider();
     let m = p.provision(&spec("agent-gone")).await.unwrap();
-    exec_agent_checks::agent_pid(&*p, &m).await;
+    exec_agent_checks::agent_pid(&*p, &m, exec_agent_checks::AGENT).await;
     let running = {
         let (p, m) = (p.clone(), m.clone());
         tokio::spawn(async move { p.exec(&m, &cmd("sleep 30")).await })

@@ -25,7 +25,8 @@ use docker_support::{TestSupervisor, docker_ready};
 #[allow(clippy::duplicate_mod)]
 #[path = "gate/mod.rs"]
 mod gate;
-// Only the kept helper's checks apply here: the sandbox's scripts go through envd's `Start`.
+// The checks of an exec agent's scripts and kept helper; those of an image without `python3`
+// do not apply here.
 #[allow(dead_code)]
 #[path = "exec_agent/checks.rs"]
 mod exec_agent_checks;
@@ -543,6 +544,48 @@ async fn page_tools_reach_the_sandbox_browser_through_its_gateway() {
     gateway_pages::through_the_gateway(&*provider(), "e2b").await;
 }
 
+/// The attached agent's command line (`--idle-exit`): the emulator's own machine runs the
+/// supervisor's agent beside it.
+const ATTACHED_AGENT: &str = "^python3 .*rakazo-exec-[a]gent --idle-exit";
+
+/// What the emulator was asked for sandbox `m` so far.
+fn envd_calls(m: &rakazo_actors::provider::ProviderRef) -> rakazo::emulators::e2b::EnvdCalls {
+    emulator()
+        .emulator
+        .lock()
+        .get(&m.0)
+        .map(|s| s.calls)
+        .unwrap()
+}
+
+/// A sandbox's scripts, the runtime's and the bot's shell commands alike, go through its exec
+/// agent attached to this host: a line each (a `SendInput`), no command started at the vendor,
+/// with the outcomes of every exec agent. The agent's pipes are closed to the bot; an agent the
+/// bot kills or stops is replaced, and the script it had under way is killed by its pid file.
+#[actix_rt::test]
+async fn a_sandboxs_scripts_go_through_its_attached_agent() {
+    if !docker_ready() {
+        return;
+    }
+    let p = provider();
+    let m = p.provision(&team_screens::team_spec()).await.unwrap();
+    exec_agent_checks::agent_pid(&*p, &m, ATTACHED_AGENT).await;
+    let before = envd_calls(&m);
+    for _ in 0..3 {
+        assert_eq!(exec_agent_checks::run(&*p, &m, "true").await.0, 0);
+    }
+    let after = envd_calls(&m);
+    assert_eq!(
+        after.starts, before.starts,
+        "no command started at the vendor"
+    );
+    assert_eq!(after.inputs - before.inputs, 3, "a line per script");
+    exec_agent_checks::scripts_run_through_one_agent(&*p, &m, ATTACHED_AGENT).await;
+    exec_agent_checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m, ATTACHED_AGENT)
+        .await;
+    p.destroy(&m).await.unwrap();
+}
+
 /// A sandbox's frames come from one capture helper kept by its exec agent, attached to this
 /// host through envd (`Start` with `stdin: true`, a `SendInput` per line): ten pointer moves
 /// and their settled frame are one line to it and start no command at the vendor, and the
@@ -559,8 +602,7 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     p.open_screen(&m, "bot-kept", 0).await.unwrap();
     exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-kept").await;
 
-    // The agent killed by the bot: frames still come, and a new agent is attached (found by
-    // its `--idle-exit`: the emulator's own machine runs the supervisor's agent beside it).
+    // The agent killed by the bot: frames still come, and a new agent is attached.
     const AGENT: &str = "pgrep -f '^python3 .*rakazo-exec-[a]gent --idle-exit'";
     let (_, agent, _) = exec_agent_checks::run(&*p, &m, AGENT).await;
     let agent = agent.trim().to_owned();
@@ -578,7 +620,12 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     )
     .await;
     assert_eq!(out, "checked\n", "the agent's pipes are closed to the bot");
-    exec_agent_checks::run(&*p, &m, &format!("kill -KILL {agent}")).await;
+    // The script that kills it runs through it: it fails, the agent gone with it.
+    let kill = rakazo_actors::conformance::cmd(&format!("kill -KILL {agent}"));
+    assert!(
+        p.exec(&m, &kill).await.is_err(),
+        "the script's agent ended under it"
+    );
     for _ in 0..2 {
         let frame = p.observe(&m, "bot-kept").await.unwrap();
         assert!(frame.png.starts_with(b"\x89PNG"));
@@ -589,14 +636,7 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
         "a new agent: {next:?}"
     );
 
-    let calls = || {
-        emulator()
-            .emulator
-            .lock()
-            .get(&m.0)
-            .map(|s| s.calls)
-            .unwrap()
-    };
+    let calls = || envd_calls(&m);
     p.observe(&m, "bot-kept").await.unwrap();
     // A batch and its settled frame: no command started at the vendor, one line to the agent.
     let one_line = |batch: Vec<Action>| {

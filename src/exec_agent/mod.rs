@@ -1,5 +1,6 @@
 //! The exec agent of each running computer (`agent.py`): one exec held open per machine (an
-//! engine exec in a Docker container, a `pods/exec` in a Kubernetes pod), over which scripts go
+//! engine exec in a Docker container, a `pods/exec` in a Kubernetes pod, a process started by
+//! envd with its input kept open on an E2B sandbox), over which scripts go
 //! as one JSON line each way. A script then costs a message and one process start in the
 //! machine instead of a new exec and the exec wrapper's seven process starts.
 //!

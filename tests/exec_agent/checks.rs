@@ -1,5 +1,5 @@
 //! What every machine with an exec agent must show, whichever exec holds it (the Docker
-//! engine's, Kubernetes' `pods/exec`): scripts run through one agent with the same outcomes as
+//! engine's, Kubernetes' `pods/exec`, an E2B sandbox's attached process): scripts run through one agent with the same outcomes as
 //! without it, and the bot (uid 1000 like the agent) can stop it or kill it but never read its
 //! pipes or answer for it; a killed or stopped agent is replaced and its script killed. On the
 //! plain command path the agent keeps the capture helper: frames and pointer input need no
@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use rakazo_actors::conformance::cmd;
 use rakazo_actors::provider::{ProviderError, ProviderRef, SandboxProvider};
 
-/// The agent's process id in the machine, found by its command line (the pattern does not
-/// match the script that looks for it).
-const AGENT_PID: &str = "pgrep -f 'rakazo-exec-[a]gent'";
+/// The agent's command line, as `pgrep -f` finds it (`[a]`: not the script that looks for it).
+/// Where the machine runs another agent beside the one under test (an emulator's own), the
+/// test names its agent more closely.
+pub const AGENT: &str = "rakazo-exec-[a]gent";
 
 /// A script's exit code, standard output and standard error.
 pub async fn run(p: &dyn SandboxProvider, m: &ProviderRef, script: &str) -> (i32, String, String) {
@@ -32,33 +33,33 @@ async fn eventually(p: &dyn SandboxProvider, m: &ProviderRef, script: &str) -> b
     false
 }
 
-/// The pid of the machine's one agent.
-pub async fn agent_pid(p: &dyn SandboxProvider, m: &ProviderRef) -> String {
-    let (code, pid, _) = run(p, m, AGENT_PID).await;
+/// The pid of the machine's one agent whose command line matches `agent`.
+pub async fn agent_pid(p: &dyn SandboxProvider, m: &ProviderRef, agent: &str) -> String {
+    let (code, pid, _) = run(p, m, &format!("pgrep -f '{agent}'")).await;
     assert_eq!(code, 0, "an exec agent runs");
     pid.trim().to_string()
 }
 
 /// Scripts run through one agent, with the outcomes of the exec wrapper: exit codes, streams,
 /// environment and working directory, caps, signals, the deadline, background writers.
-pub async fn scripts_run_through_one_agent(p: &dyn SandboxProvider, m: &ProviderRef) {
-    let pid = agent_pid(p, m).await;
+pub async fn scripts_run_through_one_agent(p: &dyn SandboxProvider, m: &ProviderRef, agent: &str) {
+    let pid = agent_pid(p, m, agent).await;
     assert!(!pid.is_empty() && !pid.contains('\n'), "one agent: {pid:?}");
     assert_eq!(
         run(p, m, "echo out; echo err >&2; exit 3").await,
         (3, "out\n".into(), "err\n".into())
     );
     assert_eq!(
-        agent_pid(p, m).await,
+        agent_pid(p, m, agent).await,
         pid,
         "the same agent runs every script"
     );
     let mut env = cmd("echo \"$A $B\"; pwd");
     env.env = vec![("A".into(), "1".into()), ("B".into(), "two words".into())];
     env.cwd = "sub".into();
-    run(p, m, "mkdir -p sub").await;
+    let (_, home, _) = run(p, m, "mkdir -p sub && pwd").await;
     let out = p.exec(m, &env).await.unwrap();
-    assert_eq!(out.stdout, "1 two words\n/home/rakazo/sub\n");
+    assert_eq!(out.stdout, format!("1 two words\n{}/sub\n", home.trim()));
 
     // Each stream is capped at 1 MiB; a script killed by a signal answers 128 + its number.
     let (code, out, err) = run(p, m, "yes | head -c 3000000; echo done >&2").await;
@@ -100,8 +101,9 @@ pub async fn scripts_run_through_one_agent(p: &dyn SandboxProvider, m: &Provider
 pub async fn a_lost_agent_is_replaced_and_its_pipes_stay_closed(
     p: &dyn SandboxProvider,
     m: &ProviderRef,
+    agent: &str,
 ) {
-    let pid = agent_pid(p, m).await;
+    let pid = agent_pid(p, m, agent).await;
 
     // The attacker's try: read the agent's requests, write an answer of its own, read its
     // environment. The agent is undumpable: /proc refuses all three.
@@ -119,8 +121,9 @@ pub async fn a_lost_agent_is_replaced_and_its_pipes_stay_closed(
 
     // Killed with a script under way: that script fails and is killed, the next gets a new
     // agent.
-    let mut doomed =
-        cmd("touch /tmp/doomed-started; pkill -KILL -f 'rakazo-exec-[a]gent'; sleep 30");
+    let mut doomed = cmd(&format!(
+        "touch /tmp/doomed-started; pkill -KILL -f '{agent}'; sleep 30"
+    ));
     doomed.timeout = Duration::from_secs(60);
     let started = Instant::now();
     let lost = p.exec(m, &doomed).await;
@@ -129,7 +132,7 @@ pub async fn a_lost_agent_is_replaced_and_its_pipes_stay_closed(
         "a script whose agent was killed fails: {lost:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
-    let next = agent_pid(p, m).await;
+    let next = agent_pid(p, m, agent).await;
     assert_ne!(next, pid, "a new agent");
     assert!(
         eventually(
@@ -143,11 +146,11 @@ pub async fn a_lost_agent_is_replaced_and_its_pipes_stay_closed(
 
     // Stopped with a script under way: past the deadline that script times out, is killed,
     // and the agent is given up.
-    let mut frozen = cmd("pkill -STOP -f 'rakazo-exec-[a]gent'; sleep 40");
+    let mut frozen = cmd(&format!("pkill -STOP -f '{agent}'; sleep 40"));
     frozen.timeout = Duration::from_millis(300);
     let out = p.exec(m, &frozen).await.unwrap();
     assert!(out.timed_out);
-    let newest = agent_pid(p, m).await;
+    let newest = agent_pid(p, m, agent).await;
     assert!(
         newest.lines().any(|l| l != next),
         "a new agent beside the stopped one"

@@ -87,7 +87,7 @@ async fn scripts_run_through_one_agent_with_the_engine_execs_outcomes() {
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    checks::scripts_run_through_one_agent(&*p, &m).await;
+    checks::scripts_run_through_one_agent(&*p, &m, checks::AGENT).await;
 }
 
 #[actix_rt::test]
@@ -96,7 +96,7 @@ async fn the_bot_can_kill_the_agent_but_never_read_or_answer_through_its_pipes()
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m).await;
+    checks::a_lost_agent_is_replaced_and_its_pipes_stay_closed(&*p, &m, checks::AGENT).await;
 }
 
 #[actix_rt::test]
@@ -105,7 +105,7 @@ async fn a_script_under_way_when_its_computer_stops_is_told_the_machine_is_gone(
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    agent_pid(&*p, &m).await;
+    agent_pid(&*p, &m, checks::AGENT).await;
     let running = {
         let (p, m) = (p.clone(), m.clone());
         tokio::spawn(async move { p.exec(&m, &cmd("sleep 30")).await })
@@ -140,7 +140,7 @@ async fn a_script_with_no_process_left_to_start_is_refused_and_the_agent_goes_on
         return;
     }
     let (_sup, p, m, _cleanup) = computer().await;
-    let pid = agent_pid(&*p, &m).await;
+    let pid = agent_pid(&*p, &m, checks::AGENT).await;
     // Threads (light, and counted by the pids limit) until none more can start, taking back
     // every slot freed for 8 s; the script waits for the fill with builtins only.
     let filler = r#"
@@ -197,7 +197,11 @@ stop.set()
         }
     };
     assert_eq!(checked, "checked\n", "nothing of the refused script ran");
-    assert_eq!(agent_pid(&*p, &m).await, pid, "the same agent goes on");
+    assert_eq!(
+        agent_pid(&*p, &m, checks::AGENT).await,
+        pid,
+        "the same agent goes on"
+    );
 }
 
 /// A container removed behind the supervisor's back leaves no agent behind: the next script

@@ -128,9 +128,15 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         Ok(())
     }
 
-    /// The absolute path on the machine of a workspace directory (for a shell's cwd).
+    /// The absolute path on the machine of a workspace directory (for a shell's cwd): the
+    /// workspace itself without a look (a link the bot put in its place would only start the
+    /// bot's own shell where the bot may `cd` anyway), any other through the helper, which
+    /// follows no link.
     pub async fn dir(&self, rel: &str) -> ProviderResult<String> {
         let segs = segments(rel, true)?;
+        if segs.is_empty() {
+            return Ok(self.workspace.to_string());
+        }
         let out = self
             .helper(
                 "dir",

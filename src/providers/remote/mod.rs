@@ -54,7 +54,8 @@ pub struct RemoteCommand {
     pub script: String,
     /// Absolute working directory.
     pub cwd: String,
-    /// Environment variables set for the script (added to the vendor's defaults).
+    /// Environment variables set for the script: added to the vendor's defaults by its run
+    /// call, the whole environment through the machine's exec agent.
     pub env: Vec<(String, String)>,
     /// Deadline: when it passes the process is killed and `timed_out` is set.
     pub timeout: Duration,

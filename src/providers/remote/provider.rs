@@ -532,7 +532,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                 env,
                 timeout: request.timeout,
             };
-            self.vendor.run(&m.session, &command).await
+            m.runner.run_command(&command).await
         })
         .await
     }

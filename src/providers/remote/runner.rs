@@ -1,20 +1,21 @@
-//! The desktop runtime's [`CommandRunner`] on a vendor's sandbox: every runtime script goes
-//! through the vendor's run call, with the runtime's minimal environment. Where the vendor
-//! keeps a program's standard input open ([`RemoteSandboxes::attaches`]), the machine's exec
-//! agent ([`crate::exec_agent`]) runs attached to this host and keeps the long-lived helpers
-//! (the capture helper of each display): a frame or a batch of pointer moves is a line to it,
-//! not a process start.
+//! The desktop runtime's [`CommandRunner`] on a vendor's sandbox, with the runtime's minimal
+//! environment. Where the vendor keeps a program's standard input open
+//! ([`RemoteSandboxes::attaches`]), the machine's exec agent ([`crate::exec_agent`]) runs
+//! attached to this host: every script (the runtime's and the bot's shell commands) is a line
+//! to it and one `bash` in the machine, not a vendor call that starts a login shell, and it
+//! keeps the long-lived helpers (the capture helper of each display), so a frame or a batch of
+//! pointer moves is a line too. Elsewhere every script goes through the vendor's run call.
 
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rakazo_actors::provider::{ExecOutput, ProviderError};
+use rakazo_actors::provider::{ExecOutput, ProviderError, ProviderResult};
 
 use super::{RemoteCommand, RemoteSandboxes};
 use crate::desktop::command::{CommandRunner, minimal_env};
 use crate::desktop::{DesktopError, shell_quote};
-use crate::exec_agent::{Agent, AgentSlot, Helper};
+use crate::exec_agent::{Agent, AgentSlot, Helper, Outcome, Script, kill_script, stuck_output};
 
 /// How long past a helper's own deadline its agent may take to answer before it is given up.
 const AGENT_GRACE: Duration = Duration::from_secs(10);
@@ -22,9 +23,28 @@ const AGENT_GRACE: Duration = Duration::from_secs(10);
 /// open, so an agent whose process here went (killed, restarted) would otherwise stay, with its
 /// helpers, for the sandbox's life.
 const AGENT_IDLE_EXIT: Duration = Duration::from_secs(1800);
-/// An agent idle this long is replaced here before the next ask, so that no ask meets an agent
-/// ending itself.
+/// An agent idle this long is replaced here before the next request, so that no request
+/// meets an agent ending itself.
 const AGENT_RETIRE: Duration = Duration::from_secs(900);
+/// How long the script that kills a lost script's process group by its pid file may take.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// When the agent last had a request, and how many it has under way.
+struct AgentUse {
+    last: Instant,
+    under_way: usize,
+}
+
+/// A request under way at the agent, until dropped (the agent is never retired under it).
+struct UnderWay<'a>(&'a std::sync::Mutex<AgentUse>);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        let mut usage = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        usage.under_way -= 1;
+        usage.last = Instant::now();
+    }
+}
 
 /// Runs scripts in one sandbox.
 pub struct RemoteRunner<V: RemoteSandboxes> {
@@ -34,8 +54,8 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     pub session: V::Session,
     /// The machine's exec agent, attached where the vendor keeps standard input open.
     agent: AgentSlot,
-    /// When the agent was last asked.
-    asked: std::sync::Mutex<Instant>,
+    /// The agent's requests.
+    usage: std::sync::Mutex<AgentUse>,
 }
 
 impl<V: RemoteSandboxes> RemoteRunner<V> {
@@ -45,7 +65,10 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
             vendor,
             session,
             agent: AgentSlot::default(),
-            asked: std::sync::Mutex::new(Instant::now()),
+            usage: std::sync::Mutex::new(AgentUse {
+                last: Instant::now(),
+                under_way: 0,
+            }),
         }
     }
 
@@ -77,6 +100,110 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
             .map_err(|e| e.to_string())?;
         Agent::over(channel).await
     }
+
+    /// The attached agent with a request marked under way; `None` where the vendor attaches
+    /// nothing, or no agent can start (then for [`RETRY_AFTER`](crate::exec_agent::RETRY_AFTER)).
+    /// An agent idle for [`AGENT_RETIRE`] is replaced first.
+    async fn agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
+        if !self.vendor.attaches() {
+            return None;
+        }
+        let under_way = {
+            let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+            if usage.under_way == 0 && usage.last.elapsed() > AGENT_RETIRE {
+                self.agent.end();
+            }
+            usage.under_way += 1;
+            UnderWay(&self.usage)
+        };
+        let agent = self.agent.get(|| self.start_agent()).await?;
+        Some((agent, under_way))
+    }
+
+    /// Runs `command` in the sandbox: through the attached agent where there is one (killed at
+    /// its deadline, or when this call is dropped), through the vendor's run call otherwise.
+    /// `command.env` is then the script's whole environment. A script whose agent ended or
+    /// stopped answering is killed by the pid file it left (through the vendor's run call), and
+    /// the next script starts a new agent.
+    pub async fn run_command(&self, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
+        let Some((agent, _under_way)) = self.agent().await else {
+            return self.vendor.run(&self.session, command).await;
+        };
+        let mut guard = KillOnDrop {
+            armed: Some((self.vendor.clone(), self.session.clone(), agent.clone())),
+            run_id: uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let script = Script {
+            script: &command.script,
+            cwd: &command.cwd,
+            env: &command.env,
+        };
+        let outcome = agent
+            .run_within(&guard.run_id, &script, command.timeout, AGENT_GRACE)
+            .await;
+        guard.armed = None;
+        match outcome {
+            Outcome::Answered(out) => Ok(out),
+            Outcome::Refused(reason) => Err(ProviderError::Failed(format!(
+                "the computer cannot start the script: {reason}"
+            ))),
+            // The bot killed the agent, or the sandbox went: the script may still run.
+            Outcome::Ended => {
+                kill_lost(&*self.vendor, &self.session, &guard.run_id).await?;
+                tracing::warn!("remote.exec_agent.lost_script");
+                Err(ProviderError::Failed(
+                    "the computer's script runner ended while the script ran".into(),
+                ))
+            }
+            // No answer past the deadline: the agent is stopped (by the bot).
+            Outcome::Stuck => {
+                kill_lost(&*self.vendor, &self.session, &guard.run_id).await?;
+                Ok(stuck_output())
+            }
+        }
+    }
+}
+
+/// Kills the process group of the script `run_id` by the pid file it left, through the
+/// vendor's run call (its own stop rules apply).
+async fn kill_lost<V: RemoteSandboxes>(
+    vendor: &V,
+    session: &V::Session,
+    run_id: &str,
+) -> ProviderResult<()> {
+    let command = RemoteCommand {
+        script: kill_script(run_id),
+        cwd: "/".into(),
+        env: minimal_env(),
+        timeout: KILL_TIMEOUT,
+    };
+    vendor.run(session, &command).await.map(drop)
+}
+
+/// Kills a script sent to the agent whose caller stopped waiting: by a line to the agent while
+/// it runs, by its pid file otherwise.
+struct KillOnDrop<V: RemoteSandboxes> {
+    armed: Option<(Arc<V>, V::Session, Arc<Agent>)>,
+    run_id: String,
+}
+
+impl<V: RemoteSandboxes> Drop for KillOnDrop<V> {
+    fn drop(&mut self) {
+        let (Some((vendor, session, agent)), Ok(runtime)) =
+            (self.armed.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let run_id = std::mem::take(&mut self.run_id);
+        runtime.spawn(async move {
+            if agent.alive() && agent.kill(&run_id).await.is_ok() {
+                return;
+            }
+            if let Err(e) = kill_lost(&*vendor, &session, &run_id).await {
+                tracing::debug!(error = %e, "remote.exec_agent.kill_failed");
+            }
+        });
+    }
 }
 
 #[async_trait]
@@ -88,13 +215,10 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
             env: minimal_env(),
             timeout,
         };
-        self.vendor
-            .run(&self.session, &command)
-            .await
-            .map_err(|e| match e {
-                ProviderError::MachineGone => DesktopError::Command("machine gone".into()),
-                other => DesktopError::Command(other.to_string()),
-            })
+        self.run_command(&command).await.map_err(|e| match e {
+            ProviderError::MachineGone => DesktopError::Command("machine gone".into()),
+            other => DesktopError::Command(other.to_string()),
+        })
     }
 
     fn keeps_helpers(&self) -> bool {
@@ -107,17 +231,7 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
         line: &str,
         timeout: Duration,
     ) -> Option<Result<String, DesktopError>> {
-        if !self.vendor.attaches() {
-            return None;
-        }
-        {
-            let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
-            if asked.elapsed() > AGENT_RETIRE {
-                self.agent.end();
-            }
-            *asked = Instant::now();
-        }
-        let agent = self.agent.get(|| self.start_agent()).await?;
+        let (agent, _under_way) = self.agent().await?;
         Some(
             agent
                 .ask_within(helper, line, timeout, AGENT_GRACE)

@@ -8,7 +8,8 @@
 //! parameters that reach it. Everything else is shared and lives here:
 //!
 //! - [`runner`]: the desktop runtime's [`crate::desktop::command::CommandRunner`] over the
-//!   vendor's run call, so every bot display (its own Xvfb, browser profile, x11vnc per
+//!   vendor's run call, or over the machine's exec agent where the vendor keeps a process's
+//!   input open (every script, the bot's shell commands too), so every bot display (its own Xvfb, browser profile, x11vnc per
 //!   capability behind the one token gateway) is the same runtime Docker uses;
 //! - [`files`]: workspace files through the command path: paths confined to the workspace on
 //!   the machine by a helper that opens every segment without following links; whole-workspace

@@ -9,8 +9,9 @@
 //!
 //! - [`runner`]: the desktop runtime's [`crate::desktop::command::CommandRunner`] over the
 //!   vendor's run call, or over the machine's exec agent where the vendor keeps a process's
-//!   input open (every script, the bot's shell commands too), so every bot display (its own Xvfb, browser profile, x11vnc per
-//!   capability behind the one token gateway) is the same runtime Docker uses;
+//!   input open (every script, the bot's shell commands too), so every bot display (its own
+//!   Xvfb, browser profile, x11vnc per capability behind the one token gateway) is the same
+//!   runtime Docker uses;
 //! - [`files`]: workspace files through the command path: paths confined to the workspace on
 //!   the machine by a helper that opens every segment without following links; whole-workspace
 //!   export and import as a tar stream with the archive rules of [`crate::stores::archive`]

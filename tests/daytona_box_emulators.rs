@@ -6,10 +6,15 @@
 //! live through the protected host URL), a machine destroyed behind the API's back is gone,
 //! the box-emulator's wire rules (idempotent create, `noEnv`, delete confirmation, file roots,
 //! error envelope, host URLs that refuse a missing or foreign token), and the plain setup
-//! errors of a missing key.
+//! errors of a missing key; on each, frames and pointer input come from one capture helper kept
+//! by an exec agent reached through the screen gateway.
 
 mod box_support;
 mod docker_support;
+// The kept helper's checks; these vendors' scripts go through their own run call.
+#[allow(dead_code)]
+#[path = "exec_agent/checks.rs"]
+mod exec_agent_checks;
 mod gateway_pages;
 mod team_screens;
 
@@ -106,6 +111,40 @@ fn spec(name: &str) -> MachineSpec {
     }
 }
 
+/// The agent listening behind the screen gateway (`--listen`), found by its command line.
+const LISTENING_AGENT: &str = "pgrep -f '^python3 .*rakazo-exec-[a]gent --listen'";
+
+/// `bot`'s frames and pointer input on a machine of a vendor that keeps no process's input
+/// open come from one capture helper kept by an exec agent listening on a socket of the
+/// screen gateway's directory, reached through the gateway with every line sealed: no process
+/// starts for ten moves and their frame; an agent the bot kills is replaced, frames coming
+/// meanwhile through scripts.
+async fn frames_come_through_an_agent_behind_the_gateway(p: &dyn SandboxProvider, bot: &str) {
+    let m = p.provision(&team_screens::team_spec()).await.unwrap();
+    p.open_screen(&m, bot, 0).await.unwrap();
+    exec_agent_checks::frames_come_from_one_kept_helper(p, &m, bot).await;
+    exec_agent_checks::pointer_input_goes_through_xtest(p, &m, bot).await;
+    let (code, agent, _) = exec_agent_checks::run(p, &m, LISTENING_AGENT).await;
+    let agent = agent.trim().to_owned();
+    assert!(code == 0 && !agent.contains('\n'), "one agent: {agent:?}");
+    exec_agent_checks::run(p, &m, &format!("kill -KILL {agent}")).await;
+    for _ in 0..2 {
+        assert!(
+            p.observe(&m, bot)
+                .await
+                .unwrap()
+                .png
+                .starts_with(b"\x89PNG")
+        );
+    }
+    let (_, next, _) = exec_agent_checks::run(p, &m, LISTENING_AGENT).await;
+    assert!(
+        !next.trim().is_empty() && next.trim() != agent,
+        "a new agent: {next:?}"
+    );
+    p.destroy(&m).await.unwrap();
+}
+
 mod daytona {
     use super::*;
 
@@ -134,6 +173,14 @@ mod daytona {
         }
         gateway_pages::through_the_gateway(&*provider(), "daytona").await;
     }
+
+    #[actix_rt::test]
+    async fn frames_and_pointer_input_go_through_an_agent_behind_the_gateway() {
+        if !docker_ready() {
+            return;
+        }
+        frames_come_through_an_agent_behind_the_gateway(&*provider(), "bot-kept").await;
+    }
 }
 
 mod boat {
@@ -153,6 +200,14 @@ mod boat {
             return;
         }
         gateway_pages::through_the_gateway(&*provider(), "box").await;
+    }
+
+    #[actix_rt::test]
+    async fn frames_and_pointer_input_go_through_an_agent_behind_the_gateway() {
+        if !docker_ready() {
+            return;
+        }
+        frames_come_through_an_agent_behind_the_gateway(&*provider(), "bot-kept").await;
     }
 
     /// Box's one desktop is live: the first bot's view and control routes give an RFB

@@ -26,14 +26,25 @@
 # is {"ready": 1}; at the end of stdin the agent waits for the scripts under way (their deadlines
 # still hold) and exits. With `--idle-exit SECS` after its name it also exits once no request
 # has been under way for SECS: where nothing closes its stdin when this process goes (envd keeps
-# an E2B sandbox's process input open), it does not outlive us for long. Standard library only.
+# an E2B sandbox's process input open), it does not outlive us for long.
+# With `--listen PATH` (machines whose vendor keeps no process's input open) it speaks over the
+# first connection to the unix socket PATH (in the screen gateway's directory, so the gateway
+# carries it) instead: it prints a fresh 32-byte key in hex on stdout for the command that
+# started it, leaves that command (a session of its own, standard streams on /dev/null), takes
+# one connection and removes PATH. Every line each way then begins with its HMAC-SHA256 in hex
+# and a space, over "q" (requests) or "a" (answers), the line's number in its direction (8 bytes,
+# big-endian, from 0) and the line: whoever else reaches the socket (the bot, the same uid, can)
+# can neither send a request nor put an answer in the agent's place. A line whose MAC is wrong
+# ends the agent. Standard library only.
 
 import base64
 import ctypes
+import hmac
 import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +54,9 @@ PID_DIR = "/dev/shm/.rakazo-exec"
 OUTPUT_CAP = 1 << 20
 CHUNK = 1 << 16
 PR_SET_DUMPABLE = 4
+
+# How long a listening agent waits for its one connection.
+ACCEPT_WITHIN = 30
 
 out = sys.stdout.buffer
 out_lock = threading.Lock()
@@ -371,19 +385,98 @@ def exit_when_idle(idle):
         time.sleep(wait)
 
 
+def arg(name):
+    """The value after `name` among the arguments, or None."""
+    args = sys.argv[1:]
+    if name in args[:-1]:
+        return args[args.index(name) + 1]
+    return None
+
+
 def idle_exit_arg():
     """SECS of `--idle-exit SECS`, or None."""
-    args = sys.argv[1:]
-    if "--idle-exit" in args[:-1]:
+    value = arg("--idle-exit")
+    try:
+        return None if value is None else max(0.1, float(value))
+    except ValueError:
+        return None
+
+
+def mac(key, direction, number, line):
+    return hmac.digest(key, direction + number.to_bytes(8, "big") + line, "sha256").hex().encode()
+
+
+class SealedOut:
+    """The answers' side of a listening agent's connection: each line sealed with its MAC."""
+
+    def __init__(self, conn, key):
+        self.file = conn.makefile("wb")
+        self.key = key
+        self.number = 0
+
+    def write(self, line):
+        body = line.rstrip(b"\n")
+        self.file.write(mac(self.key, b"a", self.number, body) + b" " + body + b"\n")
+        self.number += 1
+
+    def flush(self):
+        self.file.flush()
+
+
+def sealed_lines(conn, key):
+    """The requests of a listening agent's connection, each checked against its MAC; a line
+    whose MAC is wrong ends the agent."""
+    number = 0
+    for line in conn.makefile("rb"):
+        sealed, _, body = line.rstrip(b"\n").partition(b" ")
+        if not hmac.compare_digest(sealed, mac(key, b"q", number, body)):
+            os._exit(3)
+        number += 1
+        yield body
+
+
+def listen(path):
+    """Listens on `path`, hands the key to the starting command and leaves it; the requests of
+    the one connection (see the header)."""
+    global out
+    key = os.urandom(32)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    old = os.umask(0o077)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.umask(old)
+    server.listen(1)
+    if os.fork():
+        sys.stdout.write(key.hex() + "\n")
+        sys.stdout.flush()
+        os._exit(0)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    server.settimeout(ACCEPT_WITHIN)
+    try:
+        conn, _ = server.accept()
+    except OSError:
+        os._exit(0)
+    finally:
         try:
-            return max(0.1, float(args[args.index("--idle-exit") + 1]))
-        except ValueError:
-            return None
-    return None
+            os.unlink(path)
+        except OSError:
+            pass
+        server.close()
+    conn.settimeout(None)
+    out = SealedOut(conn, key)
+    return sealed_lines(conn, key)
 
 
 def main():
     undumpable()
+    path = arg("--listen")
+    lines = listen(path) if path else sys.stdin.buffer
     try:
         os.makedirs(PID_DIR, mode=0o700, exist_ok=True)
     except OSError:
@@ -393,7 +486,7 @@ def main():
     if idle is not None:
         threading.Thread(target=exit_when_idle, args=(idle,), daemon=True).start()
     send({"ready": 1})
-    for line in sys.stdin.buffer:
+    for line in lines:
         with busy_lock:
             busy["since"] = time.monotonic()
         try:

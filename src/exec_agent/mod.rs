@@ -12,6 +12,8 @@
 //! machine without `python3` (an operator's own image) runs every script through its exec
 //! instead, and a new agent is tried after [`RETRY_AFTER`].
 
+pub mod sealed;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

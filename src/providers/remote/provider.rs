@@ -17,7 +17,6 @@ use rakazo_actors::provider::{
 use tokio::sync::Mutex;
 
 use super::files::RemoteFiles;
-use super::forward::Forwarder;
 use super::runner::RemoteRunner;
 use super::{Layout, RemoteCommand, RemoteSandboxes};
 use crate::desktop::command::{CommandRunner, SCRIPT_TIMEOUT, minimal_env};
@@ -33,8 +32,6 @@ struct Machine<V: RemoteSandboxes> {
     session: V::Session,
     runner: Arc<RemoteRunner<V>>,
     runtime: Arc<DesktopRuntime>,
-    /// The loopback forwarder to the screen gateway, made on first use.
-    gateway: Mutex<Option<Forwarder>>,
     /// When the sandbox's TTL was last pushed.
     refreshed: std::sync::Mutex<Instant>,
     /// The workspace helper's path on the machine, once installed.
@@ -93,12 +90,12 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
             warm_stacks: self.warm_stacks,
         };
         let runtime = Arc::new(DesktopRuntime::new(runner.clone(), config));
+        runner.serve(&runtime);
         runtime.start_warm_pool();
         Arc::new(Machine {
             session,
             runner,
             runtime,
-            gateway: Mutex::new(None),
             refreshed: std::sync::Mutex::new(Instant::now()),
             helper: tokio::sync::OnceCell::new(),
             pages: PageSessions::default(),
@@ -202,14 +199,7 @@ impl<V: RemoteSandboxes> RemoteProvider<V> {
 
     /// The local port of the forwarder to the machine's screen gateway.
     async fn gateway_port(&self, m: &Machine<V>) -> ProviderResult<u16> {
-        let mut gateway = m.gateway.lock().await;
-        if let Some(f) = gateway.as_ref() {
-            return Ok(f.port());
-        }
-        let f = Forwarder::start(self.vendor.port(&m.session, self.layout.gateway_port)).await?;
-        let port = f.port();
-        *gateway = Some(f);
-        Ok(port)
+        m.runner.gateway_port().await
     }
 
     /// The environment of the workspace user's shells: nothing of the server's own.

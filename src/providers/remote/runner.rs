@@ -1,21 +1,32 @@
 //! The desktop runtime's [`CommandRunner`] on a vendor's sandbox, with the runtime's minimal
-//! environment. Where the vendor keeps a program's standard input open
-//! ([`RemoteSandboxes::attaches`]), the machine's exec agent ([`crate::exec_agent`]) runs
-//! attached to this host: every script (the runtime's and the bot's shell commands) is a line
-//! to it and one `bash` in the machine, not a vendor call that starts a login shell, and it
-//! keeps the long-lived helpers (the capture helper of each display), so a frame or a batch of
-//! pointer moves is a line too. Elsewhere every script goes through the vendor's run call.
-
-use std::sync::{Arc, PoisonError};
+//! environment, and the machine's exec agent ([`crate::exec_agent`]), which keeps the
+//! long-lived helpers (the capture helper of each display), so a frame or a batch of pointer
+//! moves is a line to it, not a process start:
+//!
+//! - where the vendor keeps a program's standard input open ([`RemoteSandboxes::attaches`]),
+//!   the agent runs attached to this host and every script goes through it too (the runtime's
+//!   and the bot's shell commands): a line and one `bash` in the machine, not a vendor call that
+//!   starts a login shell;
+//! - elsewhere the agent listens on a socket in the screen gateway's directory, started by the
+//!   vendor's run call that hands back its key, and is reached through the gateway, every line
+//!   sealed with that key ([`crate::exec_agent::sealed`]); scripts go through the vendor's run
+//!   call (the gateway itself is started by them).
+use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rakazo_actors::provider::{ExecOutput, ProviderError, ProviderResult};
 
+use super::forward::Forwarder;
 use super::{RemoteCommand, RemoteSandboxes};
 use crate::desktop::command::{CommandRunner, minimal_env};
+use crate::desktop::gateway::Token;
+use crate::desktop::gateway_stream;
+use crate::desktop::runtime::DesktopRuntime;
 use crate::desktop::{DesktopError, shell_quote};
-use crate::exec_agent::{Agent, AgentSlot, Helper, Outcome, Script, kill_script, stuck_output};
+use crate::exec_agent::{
+    Agent, AgentSlot, Helper, Outcome, READY_WITHIN, Script, kill_script, sealed, stuck_output,
+};
 
 /// How long past a helper's own deadline its agent may take to answer before it is given up.
 const AGENT_GRACE: Duration = Duration::from_secs(10);
@@ -56,6 +67,10 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     agent: AgentSlot,
     /// The agent's requests.
     usage: std::sync::Mutex<AgentUse>,
+    /// The desktop runtime over this runner, whose screen gateway carries a listening agent.
+    desktop: OnceLock<Weak<DesktopRuntime>>,
+    /// The loopback forwarder to the machine's screen gateway, made on first use.
+    gateway: tokio::sync::Mutex<Option<Forwarder>>,
 }
 
 impl<V: RemoteSandboxes> RemoteRunner<V> {
@@ -69,26 +84,98 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
                 last: Instant::now(),
                 under_way: 0,
             }),
+            desktop: OnceLock::new(),
+            gateway: tokio::sync::Mutex::new(None),
         }
     }
 
-    /// Starts the machine's exec agent attached to this host, with the minimal environment
-    /// only (as every runtime script gets it).
-    async fn start_agent(&self) -> Result<Arc<Agent>, String> {
+    /// Tells the runner the desktop runtime it serves (whose screen gateway carries the agent
+    /// where the vendor attaches nothing).
+    pub fn serve(&self, runtime: &Arc<DesktopRuntime>) {
+        let _ = self.desktop.set(Arc::downgrade(runtime));
+    }
+
+    /// The local port of the loopback forwarder to the machine's screen gateway.
+    pub async fn gateway_port(&self) -> ProviderResult<u16> {
+        let mut gateway = self.gateway.lock().await;
+        if let Some(f) = gateway.as_ref() {
+            return Ok(f.port());
+        }
+        let port = self.vendor.layout().gateway_port;
+        let f = Forwarder::start(self.vendor.port(&self.session, port)).await?;
+        let port = f.port();
+        *gateway = Some(f);
+        Ok(port)
+    }
+
+    /// The agent's command line as a script, with its arguments after its name.
+    fn agent_script(extra: &[String]) -> String {
         let mut argv = crate::exec_agent::argv_in_minimal_env();
+        argv.extend_from_slice(extra);
         argv.extend([
             "--idle-exit".to_string(),
             AGENT_IDLE_EXIT.as_secs().to_string(),
         ]);
-        let script = format!(
+        format!(
             "exec {}",
             argv.iter()
                 .map(|a| shell_quote(a))
                 .collect::<Vec<_>>()
                 .join(" ")
-        );
+        )
+    }
+
+    /// Starts the machine's exec agent: attached where the vendor keeps standard input open,
+    /// listening behind the screen gateway elsewhere.
+    async fn start_agent(&self) -> Result<Arc<Agent>, String> {
+        if self.vendor.attaches() {
+            self.start_attached_agent().await
+        } else {
+            self.start_listening_agent().await
+        }
+    }
+
+    /// Starts the agent on a socket of the screen gateway's directory (named by a fresh
+    /// token, as a capability's is), takes the key it hands to the vendor's run call, and
+    /// reaches it through the gateway.
+    async fn start_listening_agent(&self) -> Result<Arc<Agent>, String> {
+        let runtime = self
+            .desktop
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or("no desktop runtime on this machine")?;
+        let gateway = runtime.gateway();
+        gateway.ensure_started().await.map_err(|e| e.to_string())?;
+        let token = Token::fresh();
+        let socket = gateway.socket_of(&token).to_string_lossy().into_owned();
         let command = RemoteCommand {
-            script,
+            script: Self::agent_script(&["--listen".into(), socket]),
+            cwd: "/".into(),
+            env: Vec::new(),
+            timeout: READY_WITHIN,
+        };
+        let out = self
+            .vendor
+            .run(&self.session, &command)
+            .await
+            .map_err(|e| e.to_string())?;
+        let key = (out.exit_code == 0)
+            .then(|| sealed::key_from_hex(&out.stdout))
+            .flatten()
+            .ok_or("the exec agent did not start")?;
+        let port = self.gateway_port().await.map_err(|e| e.to_string())?;
+        let upstream = format!("http://127.0.0.1:{port}");
+        let stream = gateway_stream::connect(&upstream, token.expose())
+            .await
+            .map_err(|e| e.to_string())?;
+        Agent::over(sealed::channel(stream, key)).await
+    }
+
+    /// Starts the machine's exec agent attached to this host, with the minimal environment
+    /// only (as every runtime script gets it).
+    async fn start_attached_agent(&self) -> Result<Arc<Agent>, String> {
+        let command = RemoteCommand {
+            script: Self::agent_script(&[]),
             cwd: "/".into(),
             env: Vec::new(),
             timeout: Duration::ZERO,
@@ -101,13 +188,10 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
         Agent::over(channel).await
     }
 
-    /// The attached agent with a request marked under way; `None` where the vendor attaches
-    /// nothing, or no agent can start (then for [`RETRY_AFTER`](crate::exec_agent::RETRY_AFTER)).
-    /// An agent idle for [`AGENT_RETIRE`] is replaced first.
+    /// The machine's agent with a request marked under way; `None` when no agent can start
+    /// (then for [`RETRY_AFTER`](crate::exec_agent::RETRY_AFTER)). An agent idle for
+    /// [`AGENT_RETIRE`] is replaced first.
     async fn agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
-        if !self.vendor.attaches() {
-            return None;
-        }
         let under_way = {
             let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
             if usage.under_way == 0 && usage.last.elapsed() > AGENT_RETIRE {
@@ -126,7 +210,11 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
     /// stopped answering is killed by the pid file it left (through the vendor's run call), and
     /// the next script starts a new agent.
     pub async fn run_command(&self, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
-        let Some((agent, _under_way)) = self.agent().await else {
+        let attached = match self.vendor.attaches() {
+            true => self.agent().await,
+            false => None,
+        };
+        let Some((agent, _under_way)) = attached else {
             return self.vendor.run(&self.session, command).await;
         };
         let mut guard = KillOnDrop {
@@ -222,7 +310,7 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
     }
 
     fn keeps_helpers(&self) -> bool {
-        self.vendor.attaches()
+        true
     }
 
     async fn ask(

@@ -10,7 +10,8 @@
 //! image. Results are recorded in `BENCHMARKS.md`.
 //!
 //! Run: `cargo bench --bench remote` (`BENCH_ONLY=acts`: only ten pointer moves with their
-//! settled frame on a live desktop of each provider; `BENCH_ONLY=exec`: only `shell`'s script
+//! settled frame on a live desktop of each provider, the daytona-emulator's and the
+//! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script
 //! through the provider in turns with envd's own `Start` of it).
 
 mod support;
@@ -102,6 +103,63 @@ async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
     running.emulator.kill_all().await;
 }
 
+/// A provider over the daytona-emulator and one over the box-emulator, both in this process on
+/// the bench's supervisor.
+fn daytona_and_box(
+    supervisor_url: &str,
+    supervisor_token: &str,
+) -> (Arc<dyn SandboxProvider>, Arc<dyn SandboxProvider>) {
+    use rakazo::emulators::machines::Machines;
+    use rakazo::emulators::{boat as boat_emu, daytona as daytona_emu};
+    use rakazo::providers::boat::adapter::{Boat, BoatConfig};
+    use rakazo::providers::daytona::adapter::{Daytona, DaytonaConfig};
+    use rakazo::providers::remote::provider::RemoteProvider;
+    const KEY: &str = "bench-key";
+    let d = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    let daytona = format!("http://{}", d.local_addr().unwrap());
+    let boat = format!("http://{}", b.local_addr().unwrap());
+    let dm = Machines::new(supervisor_url, supervisor_token, "daytona").unwrap();
+    let bm = Machines::new(supervisor_url, supervisor_token, "user").unwrap();
+    let de = daytona_emu::DaytonaEmulator::new(
+        dm,
+        daytona_emu::Settings {
+            base_url: daytona.clone(),
+            key: Some(KEY.into()),
+            minute: Duration::from_secs(60),
+        },
+    );
+    let be = boat_emu::BoatEmulator::new(
+        bm,
+        boat_emu::Settings {
+            base_url: boat.clone(),
+            key: Some(KEY.into()),
+            snapshot_retention: Duration::from_secs(3600),
+        },
+    );
+    actix_rt::spawn(daytona_emu::serve(d, de).unwrap());
+    actix_rt::spawn(boat_emu::serve(b, be).unwrap());
+    let daytona = Daytona::new(DaytonaConfig {
+        kind: "daytona-emulator",
+        api_url: format!("{daytona}/api"),
+        api_key: KEY.into(),
+        target: "us".into(),
+        snapshot: String::new(),
+        idle: Duration::from_secs(600),
+    })
+    .unwrap();
+    let boat = Boat::new(BoatConfig {
+        kind: "box-emulator",
+        api_url: format!("{boat}/api/v1"),
+        api_key: KEY.into(),
+    })
+    .unwrap();
+    (
+        Arc::new(RemoteProvider::new(Arc::new(daytona), 0)),
+        Arc::new(RemoteProvider::new(Arc::new(boat), 0)),
+    )
+}
+
 /// Provision → open desktop → first screenshot; the three stretches.
 async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
     let s = support::machine_spec("first");
@@ -177,6 +235,9 @@ fn main() {
         if std::env::var("BENCH_ONLY").as_deref() == Ok("acts") {
             support::acts(docker.as_ref(), "docker direct", ACTS).await;
             support::acts(remote.as_ref(), "e2b-emulator", ACTS).await;
+            let (daytona, boat) = daytona_and_box(&url, &token);
+            support::acts(daytona.as_ref(), "daytona-emulator", ACTS).await;
+            support::acts(boat.as_ref(), "box-emulator", ACTS).await;
             return;
         }
 

@@ -671,7 +671,7 @@ async fn a_sandboxs_frames_and_pointer_moves_go_through_its_attached_agent() {
     )
     .await;
     assert_eq!(pointer, "x:470 y:300\n");
-    // A batch with a key: its `xdotool` script run by the helper.
+    // A batch with a key: played through XTEST by the helper too.
     let key = Action::Key {
         keys: "Escape".into(),
     };

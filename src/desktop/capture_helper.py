@@ -19,7 +19,10 @@
 # WIDTH HEIGHT =" to a request that begins "have SEQ " with its number: the caller has it. "act
 # FIRST_MS INTERVAL_MS TIMEOUT_MS REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer input
 # through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
-# and "u B" releases button B, "w MS" waits), then settles the screen as "settle" would, and
+# and "u B" releases button B, "w MS" waits; "p K" presses and "r K" releases the key of keysym
+# K, "t K" taps it, with Shift where the keysym needs it; a keysym missing from the keyboard map
+# is bound to a spare keycode first, as the direct path and `xdotool type` do), then settles the
+# screen as "settle" would, and
 # answers how many groups were done and the frame, "DONE SEQ WIDTH HEIGHT BASE64": a batch and
 # its frame are one round trip, where each line crosses a network. It answers "! REASON" when
 # nothing was played (no XTEST here). "script DEADLINE_MS FIRST_MS INTERVAL_MS TIMEOUT_MS
@@ -295,6 +298,9 @@ def xtest(screen):
             t.XTestFakeButtonEvent.argtypes = [
                 ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong,
             ]
+            t.XTestFakeKeyEvent.argtypes = [
+                ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong,
+            ]
             screen.xtst = t
         except (OSError, AttributeError):
             screen.xtst = None
@@ -325,37 +331,126 @@ def run_script(encoded, timeout_s):
     return f"{code} {words[0]} {words[1]}"
 
 
+# Keysym of the left Shift key.
+SHIFT_L = 0xFFE1
+# Key steps played between two waits for the server.
+KEY_STEPS_PER_SYNC = 64
+
+
+class Keymap:
+    """The server's keyboard map: the keycode of a keysym and whether Shift is needed; a keysym
+    it lacks is bound to a keycode bound to nothing (round robin)."""
+
+    def __init__(self, screen):
+        x, display = screen.x, screen.display
+        x.XDisplayKeycodes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        x.XGetKeyboardMapping.restype = ctypes.POINTER(ctypes.c_ulong)
+        x.XGetKeyboardMapping.argtypes = [
+            ctypes.c_void_p, ctypes.c_ubyte, ctypes.c_int, ctypes.c_void_p,
+        ]
+        x.XChangeKeyboardMapping.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ]
+        low, high, per = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        x.XDisplayKeycodes(display, ctypes.byref(low), ctypes.byref(high))
+        count = high.value - low.value + 1
+        mapping = x.XGetKeyboardMapping(display, low.value, count, ctypes.byref(per))
+        self.screen, self.min, self.per = screen, low.value, max(per.value, 1)
+        self.syms = [mapping[i] for i in range(count * self.per)] if mapping else []
+        if mapping:
+            x.XFree(mapping)
+        rows = [self.syms[i:i + self.per] for i in range(0, len(self.syms), self.per)]
+        self.spare = [self.min + i for i, row in enumerate(rows) if not any(row)]
+        self.next_spare = 0
+
+    def find(self, keysym):
+        for level in range(min(2, self.per)):
+            for i in range(len(self.syms) // self.per):
+                if self.syms[i * self.per + level] == keysym:
+                    return self.min + i, level == 1
+        return None
+
+    def code(self, keysym):
+        """(keycode, Shift needed), binding a spare keycode when the map lacks `keysym`."""
+        found = self.find(keysym)
+        if found:
+            return found
+        if not self.spare:
+            raise ValueError("no spare keycode")
+        code = self.spare[self.next_spare % len(self.spare)]
+        self.next_spare += 1
+        row = [keysym if i < 2 else 0 for i in range(self.per)]
+        start = (code - self.min) * self.per
+        self.syms[start:start + self.per] = row
+        x, display = self.screen.x, self.screen.display
+        x.XChangeKeyboardMapping(display, code, self.per, (ctypes.c_ulong * self.per)(*row), 1)
+        x.XSync(display, 0)
+        # Clients reload their map on MappingNotify; give them a moment before the key arrives.
+        time.sleep(0.02)
+        return code, False
+
+
+def parse_steps(group):
+    """The steps of one group: (kind, numbers...)."""
+    words, steps, i = group.split(), [], 0
+    while i < len(words):
+        if words[i] == "m":
+            steps.append(("m", int(words[i + 1]), int(words[i + 2])))
+            i += 3
+        elif words[i] in ("d", "u", "w", "p", "r", "t"):
+            steps.append((words[i], int(words[i + 1])))
+            i += 2
+        else:
+            raise ValueError(words[i])
+    return steps
+
+
 def play(screen, groups):
     """Plays the groups' steps in order; how many groups were done."""
     t = xtest(screen)
     if t is None:
         return "! XTEST is not available"
+    display = screen.display
     done = 0
     for group in groups.split("|"):
-        words = group.split()
         try:
-            steps = []
-            i = 0
-            while i < len(words):
-                if words[i] == "m":
-                    steps.append(("m", int(words[i + 1]), int(words[i + 2])))
-                    i += 3
-                elif words[i] in ("d", "u", "w"):
-                    steps.append((words[i], int(words[i + 1])))
-                    i += 2
-                else:
-                    raise ValueError(words[i])
+            steps = parse_steps(group)
         except (ValueError, IndexError):
             return str(done)
-        for step in steps:
-            if step[0] == "m":
-                t.XTestFakeMotionEvent(screen.display, -1, step[1], step[2], 0)
-            elif step[0] == "w":
-                time.sleep(step[1] / 1000)
-                continue
-            else:
-                t.XTestFakeButtonEvent(screen.display, step[1], step[0] == "d", 0)
-            screen.x.XSync(screen.display, 0)
+        keys = 0
+        try:
+            for step in steps:
+                kind = step[0]
+                if kind == "m":
+                    t.XTestFakeMotionEvent(display, -1, step[1], step[2], 0)
+                elif kind == "w":
+                    screen.x.XSync(display, 0)
+                    time.sleep(step[1] / 1000)
+                    continue
+                elif kind in ("d", "u"):
+                    t.XTestFakeButtonEvent(display, step[1], kind == "d", 0)
+                else:
+                    if not hasattr(screen, "keymap"):
+                        screen.keymap = Keymap(screen)
+                    code, shift = screen.keymap.code(step[1])
+                    if kind == "t":
+                        shift_code = screen.keymap.code(SHIFT_L)[0] if shift else None
+                        if shift_code:
+                            t.XTestFakeKeyEvent(display, shift_code, True, 0)
+                        t.XTestFakeKeyEvent(display, code, True, 0)
+                        t.XTestFakeKeyEvent(display, code, False, 0)
+                        if shift_code:
+                            t.XTestFakeKeyEvent(display, shift_code, False, 0)
+                    else:
+                        t.XTestFakeKeyEvent(display, code, kind == "p", 0)
+                    keys += 1
+                    if keys % KEY_STEPS_PER_SYNC:
+                        continue
+                screen.x.XSync(display, 0)
+        except ValueError:
+            screen.x.XSync(display, 0)
+            return str(done)
+        screen.x.XSync(display, 0)
         done += 1
     return str(done)
 

@@ -22,7 +22,7 @@ use super::keys::{char_keysym, parse_combo, sym};
 
 pub use super::action_rules::{MAX_SCROLL, MAX_TYPE_CHARS, MAX_WAIT};
 /// Pause after a key combination with modifiers (shortcuts move focus asynchronously).
-const SHORTCUT_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const SHORTCUT_PAUSE: Duration = Duration::from_millis(50);
 /// Pointer steps of a drag, so applications see the motion between press and release.
 const DRAG_STEPS: i32 = 8;
 /// Pause between drag steps.

@@ -26,7 +26,8 @@ use rakazo_actors::provider::{ActStop, Action, Button, Frame};
 use super::action_rules::{MAX_WAIT, check};
 use super::capture::frame_hash;
 use super::command::{CommandRunner, SCRIPT_TIMEOUT, install_program};
-use super::keys::parse_combo;
+use super::input::SHORTCUT_PAUSE;
+use super::keys::{char_keysym, parse_combo};
 use super::runtime::{Observation, Settle};
 use super::{DesktopError, shell_quote};
 use crate::exec_agent::Helper;
@@ -264,10 +265,10 @@ impl CommandScreen {
         script
     }
 
-    /// [`Self::act`] through XTEST in the helper kept for the display, for a batch of pointer
-    /// actions and waits: the input and the settled frame in one line, no process start per
-    /// action. `None` when it cannot be (keys or text in the batch, a runner that keeps no
-    /// helpers, no XTEST there): nothing was played, and the caller runs `xdotool`.
+    /// [`Self::act`] through XTEST in the helper kept for the display: the input and the
+    /// settled frame in one line, no process start per action. `None` when it cannot be (a
+    /// runner that keeps no helpers, no XTEST there): nothing was played, and the caller runs
+    /// `xdotool`.
     async fn act_by_xtest(
         &self,
         actions: &[Action],
@@ -278,7 +279,7 @@ impl CommandScreen {
         let mut groups = Vec::new();
         let mut invalid = None;
         for action in actions {
-            let steps = pointer_steps(action)?;
+            let steps = xtest_steps(action);
             if invalid.is_none() {
                 match check(action, self.width, self.height) {
                     Ok(()) => groups.push(steps),
@@ -529,11 +530,13 @@ fn xdotool(action: &Action, width: u32, height: u32) -> Result<String, String> {
     })
 }
 
-/// The XTEST steps of one pointer action or wait (see `capture_helper.py`); `None` for keys
-/// and text, which `xdotool` types.
-fn pointer_steps(action: &Action) -> Option<String> {
+/// The XTEST steps of one action (see `capture_helper.py`), played as the direct path plays
+/// it: keys and text by keysym, a combination's modifiers held around its last key and a
+/// short pause after a shortcut. A combination that does not parse has none (`check` refuses
+/// it before).
+fn xtest_steps(action: &Action) -> String {
     let press = |button: u8, times: u32| format!(" d {button} u {button}").repeat(times as usize);
-    Some(match action {
+    match action {
         Action::Move { x, y } => format!("m {x} {y}"),
         Action::Click {
             x,
@@ -559,8 +562,27 @@ fn pointer_steps(action: &Action) -> Option<String> {
             steps
         }
         Action::Wait { ms } => format!("w {ms}"),
-        Action::Type { .. } | Action::Key { .. } => return None,
-    })
+        Action::Type { text } => text
+            .chars()
+            .map(|c| format!("t {}", char_keysym(c)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Action::Key { keys } => {
+            let Some((last, mods)) = parse_combo(keys).ok().and_then(|syms| {
+                let (last, mods) = syms.split_last()?;
+                Some((*last, mods.to_vec()))
+            }) else {
+                return String::new();
+            };
+            let mut steps: Vec<String> = mods.iter().map(|m| format!("p {m}")).collect();
+            steps.push(format!("t {last}"));
+            steps.extend(mods.iter().rev().map(|m| format!("r {m}")));
+            if !mods.is_empty() {
+                steps.push(format!("w {}", SHORTCUT_PAUSE.as_millis()));
+            }
+            steps.join(" ")
+        }
+    }
 }
 
 fn button_number(button: Button) -> u8 {
@@ -576,8 +598,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pointer_actions_become_xtest_steps() {
-        let steps = |a: Action| pointer_steps(&a);
+    fn actions_become_xtest_steps() {
+        let steps = |a: Action| xtest_steps(&a);
         assert_eq!(
             steps(Action::Click {
                 x: 10,
@@ -585,7 +607,7 @@ mod tests {
                 button: Button::Right,
                 double: true
             }),
-            Some("m 10 20 d 3 u 3 d 3 u 3".into())
+            "m 10 20 d 3 u 3 d 3 u 3"
         );
         assert_eq!(
             steps(Action::Scroll {
@@ -594,7 +616,7 @@ mod tests {
                 dx: -1,
                 dy: 2
             }),
-            Some("m 1 2 d 5 u 5 d 5 u 5 d 6 u 6".into())
+            "m 1 2 d 5 u 5 d 5 u 5 d 6 u 6"
         );
         assert_eq!(
             steps(Action::Drag {
@@ -603,10 +625,29 @@ mod tests {
                 to_x: 3,
                 to_y: 4
             }),
-            Some("m 1 2 d 1 m 3 4 u 1".into())
+            "m 1 2 d 1 m 3 4 u 1"
         );
-        assert_eq!(steps(Action::Wait { ms: 5 }), Some("w 5".into()));
-        assert_eq!(steps(Action::Key { keys: "a".into() }), None);
+        assert_eq!(steps(Action::Wait { ms: 5 }), "w 5");
+        // Keys by keysym: a shortcut's modifiers held around its last key, then a pause.
+        assert_eq!(steps(Action::Key { keys: "a".into() }), "t 97");
+        assert_eq!(
+            steps(Action::Key {
+                keys: "ctrl+shift+Tab".into()
+            }),
+            "p 65507 p 65505 t 65289 r 65505 r 65507 w 50"
+        );
+        assert_eq!(
+            steps(Action::Type {
+                text: "A\n€".into()
+            }),
+            "t 65 t 65293 t 16785580"
+        );
+        assert_eq!(
+            steps(Action::Key {
+                keys: "nosuchkey".into()
+            }),
+            ""
+        );
     }
 
     #[test]

@@ -276,7 +276,7 @@ pub async fn frames_come_from_one_kept_helper(p: &dyn SandboxProvider, m: &Provi
 
 /// A batch of pointer moves on `bot`'s open screen on a plain command path is played through
 /// XTEST in the kept helper (no process started for it), stops at an action off the screen,
-/// and a batch with a key goes through `xdotool`, whole.
+/// and keys and text go through XTEST too.
 pub async fn pointer_input_goes_through_xtest(p: &dyn SandboxProvider, m: &ProviderRef, bot: &str) {
     use rakazo_actors::provider::Action;
     let on_display = "export DISPLAY=:$(ls /tmp/.X11-unix | head -1 | tr -d X);";
@@ -327,13 +327,36 @@ pub async fn pointer_input_goes_through_xtest(p: &dyn SandboxProvider, m: &Provi
     assert_eq!(pointer().await, "x:10 y:10\n");
 
     // A batch with a key goes through xdotool, whole.
+    // Keys and text go through XTEST too: a batch with a key, a shortcut and typed text starts
+    // no process, and a character missing from the keyboard map is bound to a spare keycode
+    // (as the direct path does; `xdotool` would start processes and restore the map).
+    let snowmen = format!("{on_display} xkbcomp -xkb \"$DISPLAY\" - 2>/dev/null | grep -c U2603");
+    assert_eq!(
+        run(p, m, &snowmen).await.1,
+        "0\n",
+        "no snowman in the map yet"
+    );
     let keyed = vec![
         Action::Move { x: 50, y: 60 },
         Action::Key {
             keys: "Escape".into(),
         },
+        Action::Key {
+            keys: "ctrl+shift+Escape".into(),
+        },
+        Action::Type {
+            text: "a☃".into()
+        },
     ];
+    let (a, b) = (last_pid().await, last_pid().await);
     let done = p.act(m, bot, &keyed).await.unwrap();
-    assert_eq!((done.completed, done.stopped), (2, None));
+    let c = last_pid().await;
+    assert_eq!((done.completed, done.stopped), (4, None));
+    assert!(
+        (c - b) - (b - a) < 5,
+        "processes started: {}",
+        (c - b) - (b - a)
+    );
     assert_eq!(pointer().await, "x:50 y:60\n");
+    assert_ne!(run(p, m, &snowmen).await.1, "0\n", "the snowman was bound");
 }

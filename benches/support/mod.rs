@@ -49,7 +49,8 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Ten pointer moves and the settled frame after them (`computer_act`'s path), `rounds` times
-/// on one live desktop of `path`, then a move and a key as many times: p50 and p95 of each.
+/// on one live desktop of `path`, then a move and a key, then 40 typed characters, as many
+/// times: p50 and p95 of each.
 pub async fn acts(p: &dyn SandboxProvider, path: &str, rounds: usize) {
     let s = machine_spec("act");
     let bot = s.bot_id.clone().unwrap();
@@ -95,6 +96,12 @@ pub async fn acts(p: &dyn SandboxProvider, path: &str, rounds: usize) {
                 keys: "shift".into(),
             },
         ]
+    })
+    .await;
+    timed("typing 40 characters", |round| {
+        vec![Action::Type {
+            text: format!("{round:02} the quick brown fox jumps over a dog."),
+        }]
     })
     .await;
     p.destroy(&m).await.unwrap();

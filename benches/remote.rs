@@ -11,8 +11,9 @@
 //!
 //! Run: `cargo bench --bench remote` (`BENCH_ONLY=acts`: only ten pointer moves with their
 //! settled frame on a live desktop of each provider, the daytona-emulator's and the
-//! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script
-//! through the provider in turns with envd's own `Start` of it).
+//! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script through the provider in turns
+//! with envd's own `Start` of it, and on a Daytona computer with the toolbox's own
+//! `process/execute`).
 
 mod support;
 
@@ -22,7 +23,10 @@ use std::time::{Duration, Instant};
 
 use rakazo::app::App;
 use rakazo::config::{Config, DockerNetwork};
+use rakazo::providers::boat::adapter::Boat;
+use rakazo::providers::daytona::adapter::Daytona;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
+use rakazo::providers::remote::provider::RemoteProvider;
 use rakazo_actors::provider::{BrowserCommand, ExecRequest, SandboxProvider};
 use serde_json::{Value, json};
 
@@ -51,7 +55,6 @@ const SCRIPTS: usize = 100;
 async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
     use rakazo::emulators::e2b::{DOMAIN, Settings};
     use rakazo::providers::e2b::{E2b, E2bConfig, Vendor};
-    use rakazo::providers::remote::provider::RemoteProvider;
     use rakazo::providers::remote::{RemoteCommand, RemoteSandboxes};
     let settings = Settings {
         supervisor_url: supervisor_url.into(),
@@ -103,17 +106,13 @@ async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
     running.emulator.kill_all().await;
 }
 
-/// A provider over the daytona-emulator and one over the box-emulator, both in this process on
-/// the bench's supervisor.
-fn daytona_and_box(
-    supervisor_url: &str,
-    supervisor_token: &str,
-) -> (Arc<dyn SandboxProvider>, Arc<dyn SandboxProvider>) {
+/// The `daytona` adapter on a daytona-emulator and the `box` adapter on a box-emulator, both
+/// in this process on the bench's supervisor.
+fn daytona_and_box(supervisor_url: &str, supervisor_token: &str) -> (Arc<Daytona>, Arc<Boat>) {
     use rakazo::emulators::machines::Machines;
     use rakazo::emulators::{boat as boat_emu, daytona as daytona_emu};
-    use rakazo::providers::boat::adapter::{Boat, BoatConfig};
-    use rakazo::providers::daytona::adapter::{Daytona, DaytonaConfig};
-    use rakazo::providers::remote::provider::RemoteProvider;
+    use rakazo::providers::boat::adapter::BoatConfig;
+    use rakazo::providers::daytona::adapter::DaytonaConfig;
     const KEY: &str = "bench-key";
     let d = TcpListener::bind("127.0.0.1:0").unwrap();
     let b = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -154,10 +153,42 @@ fn daytona_and_box(
         api_key: KEY.into(),
     })
     .unwrap();
-    (
-        Arc::new(RemoteProvider::new(Arc::new(daytona), 0)),
-        Arc::new(RemoteProvider::new(Arc::new(boat), 0)),
+    (Arc::new(daytona), Arc::new(boat))
+}
+
+/// `BENCH_ONLY=exec` on a Daytona computer: `shell`'s script through the provider, once its
+/// first screen started the agent behind the gateway, in turns with the same script as the
+/// toolbox's own `process/execute` (the adapter's run call).
+async fn daytona_scripts_against_execute(vendor: Arc<Daytona>) {
+    use rakazo::providers::remote::{RemoteCommand, RemoteSandboxes};
+    let p = RemoteProvider::new(vendor.clone(), 0);
+    let spec = support::machine_spec("exec-daytona");
+    let bot = spec.bot_id.clone().unwrap();
+    let m = p.provision(&spec).await.unwrap();
+    p.open_screen(&m, &bot, 0).await.unwrap();
+    p.observe(&m, &bot).await.unwrap();
+    let session = vendor.connect(&m.0).await.unwrap();
+    let command = RemoteCommand {
+        script: "exec bash -lc true".into(),
+        cwd: "/".into(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    support::scripts_in_turns(
+        &p,
+        &m,
+        SCRIPTS,
+        (
+            "the provider's exec (the agent behind the gateway)",
+            "the same script as the toolbox's `process/execute`",
+        ),
+        || async {
+            let out = vendor.run(&session, &command).await.unwrap();
+            assert_eq!(out.exit_code, 0);
+        },
     )
+    .await;
+    p.destroy(&m).await.unwrap();
 }
 
 /// Provision → open desktop → first screenshot; the three stretches.
@@ -229,6 +260,7 @@ fn main() {
         println!("remote bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)\n");
         if std::env::var("BENCH_ONLY").as_deref() == Ok("exec") {
             scripts_against_start(&url, &token).await;
+            daytona_scripts_against_execute(daytona_and_box(&url, &token).0).await;
             return;
         }
         // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame on a live desktop.
@@ -236,8 +268,9 @@ fn main() {
             support::acts(docker.as_ref(), "docker direct", ACTS).await;
             support::acts(remote.as_ref(), "e2b-emulator", ACTS).await;
             let (daytona, boat) = daytona_and_box(&url, &token);
-            support::acts(daytona.as_ref(), "daytona-emulator", ACTS).await;
-            support::acts(boat.as_ref(), "box-emulator", ACTS).await;
+            let daytona = RemoteProvider::new(daytona, 0);
+            support::acts(&daytona, "daytona-emulator", ACTS).await;
+            support::acts(&RemoteProvider::new(boat, 0), "box-emulator", ACTS).await;
             return;
         }
 

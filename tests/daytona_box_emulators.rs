@@ -114,20 +114,39 @@ fn spec(name: &str) -> MachineSpec {
 /// The agent listening behind the screen gateway (`--listen`), found by its command line.
 const LISTENING_AGENT: &str = "pgrep -f '^python3 .*rakazo-exec-[a]gent --listen'";
 
+/// The command line of a script's parent: the listening agent's when the script went through
+/// it (the emulator's own machine runs the supervisor's agent too, whose source names
+/// `--listen`).
+const PARENT: &str = "tr '\\0' ' ' < /proc/$PPID/cmdline";
+/// What the listening agent's command line has and no other's.
+const LISTENING: &str = "rakazo-exec-agent --listen";
+
 /// `bot`'s frames and pointer input on a machine of a vendor that keeps no process's input
 /// open come from one capture helper kept by an exec agent listening on a socket of the
 /// screen gateway's directory, reached through the gateway with every line sealed: no process
-/// starts for ten moves and their frame; an agent the bot kills is replaced, frames coming
-/// meanwhile through scripts.
+/// starts for ten moves and their frame, and scripts go through that agent too once it runs;
+/// an agent the bot kills is replaced, frames coming meanwhile through scripts.
 async fn frames_come_through_an_agent_behind_the_gateway(p: &dyn SandboxProvider, bot: &str) {
     let m = p.provision(&team_screens::team_spec()).await.unwrap();
+    let parent = exec_agent_checks::run(p, &m, PARENT).await.1;
+    assert!(!parent.contains(LISTENING), "no agent yet");
     p.open_screen(&m, bot, 0).await.unwrap();
     exec_agent_checks::frames_come_from_one_kept_helper(p, &m, bot).await;
     exec_agent_checks::pointer_input_goes_through_xtest(p, &m, bot).await;
+    let parent = exec_agent_checks::run(p, &m, PARENT).await.1;
+    assert!(
+        parent.contains("--listen"),
+        "scripts through the agent: {parent:?}"
+    );
     let (code, agent, _) = exec_agent_checks::run(p, &m, LISTENING_AGENT).await;
     let agent = agent.trim().to_owned();
     assert!(code == 0 && !agent.contains('\n'), "one agent: {agent:?}");
-    exec_agent_checks::run(p, &m, &format!("kill -KILL {agent}")).await;
+    // The script that kills it runs through it: it fails, the agent gone with it.
+    let kill = rakazo_actors::conformance::cmd(&format!("kill -KILL {agent}"));
+    assert!(
+        p.exec(&m, &kill).await.is_err(),
+        "the script's agent ended under it"
+    );
     for _ in 0..2 {
         assert!(
             p.observe(&m, bot)

@@ -8,9 +8,10 @@
 //!   and the bot's shell commands): a line and one `bash` in the machine, not a vendor call that
 //!   starts a login shell;
 //! - elsewhere the agent listens on a socket in the screen gateway's directory, started by the
-//!   vendor's run call that hands back its key, and is reached through the gateway, every line
-//!   sealed with that key ([`crate::exec_agent::sealed`]); scripts go through the vendor's run
-//!   call (the gateway itself is started by them).
+//!   vendor's run call that hands back its key for the first screen helper, and is reached
+//!   through the gateway, every line sealed with that key ([`crate::exec_agent::sealed`]);
+//!   while it runs, scripts go through it too, and through the vendor's run call before (the
+//!   gateway itself is started by them).
 use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -204,17 +205,28 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
         Some((agent, under_way))
     }
 
-    /// Runs `command` in the sandbox: through the attached agent where there is one (killed at
-    /// its deadline, or when this call is dropped), through the vendor's run call otherwise.
-    /// `command.env` is then the script's whole environment. A script whose agent ended or
-    /// stopped answering is killed by the pid file it left (through the vendor's run call), and
-    /// the next script starts a new agent.
+    /// The listening agent if one runs now, with a request marked under way. None is started
+    /// for a script: starting one takes the screen gateway, whose own start runs scripts.
+    fn running_agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
+        let agent = self.agent.running()?;
+        let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        usage.under_way += 1;
+        Some((agent, UnderWay(&self.usage)))
+    }
+
+    /// Runs `command` in the sandbox: through the machine's agent (killed at its deadline, or
+    /// when this call is dropped), where the vendor attaches it (started for the script when
+    /// none runs) or where one listens behind the gateway already (started by the first
+    /// screen helper); through the vendor's run call otherwise. `command.env` is then the
+    /// script's whole environment. A script whose agent ended or stopped answering is killed
+    /// by the pid file it left (through the vendor's run call), and a new agent is started by
+    /// the next request that starts one.
     pub async fn run_command(&self, command: &RemoteCommand) -> ProviderResult<ExecOutput> {
-        let attached = match self.vendor.attaches() {
+        let agent = match self.vendor.attaches() {
             true => self.agent().await,
-            false => None,
+            false => self.running_agent(),
         };
-        let Some((agent, _under_way)) = attached else {
+        let Some((agent, _under_way)) = agent else {
             return self.vendor.run(&self.session, command).await;
         };
         let mut guard = KillOnDrop {

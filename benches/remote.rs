@@ -27,7 +27,7 @@ use rakazo::providers::boat::adapter::Boat;
 use rakazo::providers::daytona::adapter::Daytona;
 use rakazo::providers::docker::{DockerProvider, DockerProviderConfig};
 use rakazo::providers::remote::provider::RemoteProvider;
-use rakazo_actors::provider::{BrowserCommand, ExecRequest, SandboxProvider};
+use rakazo_actors::provider::{BrowserCommand, ExecRequest, ProviderRef, SandboxProvider};
 use serde_json::{Value, json};
 
 /// Provision-to-first-screenshot rounds per provider.
@@ -55,7 +55,6 @@ const SCRIPTS: usize = 100;
 async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
     use rakazo::emulators::e2b::{DOMAIN, Settings};
     use rakazo::providers::e2b::{E2b, E2bConfig, Vendor};
-    use rakazo::providers::remote::{RemoteCommand, RemoteSandboxes};
     let settings = Settings {
         supervisor_url: supervisor_url.into(),
         supervisor_token: supervisor_token.into(),
@@ -81,29 +80,35 @@ async fn scripts_against_start(supervisor_url: &str, supervisor_token: &str) {
     );
     let p = RemoteProvider::new(vendor.clone(), 0);
     let m = p.provision(&support::machine_spec("exec")).await.unwrap();
+    let labels = (
+        "the provider's exec (the sandbox's exec agent)",
+        "the same script as envd's own `Start`",
+    );
+    against_the_vendors_run(&p, &m, &*vendor, labels).await;
+    p.destroy(&m).await.unwrap();
+    running.emulator.kill_all().await;
+}
+
+/// `shell`'s script through `p` on `m`, in turns with the same script as `vendor`'s own run
+/// call.
+async fn against_the_vendors_run<V: rakazo::providers::remote::RemoteSandboxes>(
+    p: &RemoteProvider<V>,
+    m: &ProviderRef,
+    vendor: &V,
+    labels: (&str, &str),
+) {
     let session = vendor.connect(&m.0).await.unwrap();
-    let command = RemoteCommand {
+    let command = rakazo::providers::remote::RemoteCommand {
         script: "exec bash -lc true".into(),
         cwd: "/".into(),
         env: Vec::new(),
         timeout: Duration::from_secs(30),
     };
-    support::scripts_in_turns(
-        &p,
-        &m,
-        SCRIPTS,
-        (
-            "the provider's exec (the sandbox's exec agent)",
-            "the same script as envd's own `Start`",
-        ),
-        || async {
-            let out = vendor.run(&session, &command).await.unwrap();
-            assert_eq!(out.exit_code, 0);
-        },
-    )
+    support::scripts_in_turns(p, m, SCRIPTS, labels, || async {
+        let out = vendor.run(&session, &command).await.unwrap();
+        assert_eq!(out.exit_code, 0);
+    })
     .await;
-    p.destroy(&m).await.unwrap();
-    running.emulator.kill_all().await;
 }
 
 /// The `daytona` adapter on a daytona-emulator and the `box` adapter on a box-emulator, both
@@ -160,34 +165,17 @@ fn daytona_and_box(supervisor_url: &str, supervisor_token: &str) -> (Arc<Daytona
 /// first screen started the agent behind the gateway, in turns with the same script as the
 /// toolbox's own `process/execute` (the adapter's run call).
 async fn daytona_scripts_against_execute(vendor: Arc<Daytona>) {
-    use rakazo::providers::remote::{RemoteCommand, RemoteSandboxes};
     let p = RemoteProvider::new(vendor.clone(), 0);
     let spec = support::machine_spec("exec-daytona");
     let bot = spec.bot_id.clone().unwrap();
     let m = p.provision(&spec).await.unwrap();
     p.open_screen(&m, &bot, 0).await.unwrap();
     p.observe(&m, &bot).await.unwrap();
-    let session = vendor.connect(&m.0).await.unwrap();
-    let command = RemoteCommand {
-        script: "exec bash -lc true".into(),
-        cwd: "/".into(),
-        env: Vec::new(),
-        timeout: Duration::from_secs(30),
-    };
-    support::scripts_in_turns(
-        &p,
-        &m,
-        SCRIPTS,
-        (
-            "the provider's exec (the agent behind the gateway)",
-            "the same script as the toolbox's `process/execute`",
-        ),
-        || async {
-            let out = vendor.run(&session, &command).await.unwrap();
-            assert_eq!(out.exit_code, 0);
-        },
-    )
-    .await;
+    let labels = (
+        "the provider's exec (the agent behind the gateway)",
+        "the same script as the toolbox's `process/execute`",
+    );
+    against_the_vendors_run(&p, &m, &*vendor, labels).await;
     p.destroy(&m).await.unwrap();
 }
 

@@ -359,6 +359,25 @@ async fn novita_machine(
     (running, p, spec, m)
 }
 
+/// Novita's envd keeps no process's input open: its sandbox's exec agent listens behind the
+/// screen gateway instead (as on Daytona and Box), keeps the capture helper there, and runs
+/// the sandbox's scripts once it runs.
+#[actix_rt::test]
+async fn a_novita_sandboxs_frames_come_through_an_agent_behind_its_gateway() {
+    if !docker_ready() {
+        return;
+    }
+    let (_running, p, _, m) = novita_machine("kept").await;
+    p.open_screen(&m, "bot-kept", 0).await.unwrap();
+    exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-kept").await;
+    let parent = exec_agent_checks::run(&*p, &m, "tr '\\0' ' ' < /proc/$PPID/cmdline").await;
+    assert!(
+        parent.1.contains("rakazo-exec-agent --listen"),
+        "scripts through the listening agent"
+    );
+    p.destroy(&m).await.unwrap();
+}
+
 /// A command for `secs` at most.
 fn command(command: &str, secs: u64) -> rakazo_actors::provider::ExecRequest {
     rakazo_actors::provider::ExecRequest {

@@ -12,6 +12,7 @@
 //!   through the gateway, every line sealed with that key ([`crate::exec_agent::sealed`]);
 //!   while it runs, scripts go through it too, and through the vendor's run call before (the
 //!   gateway itself is started by them).
+
 use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,9 +32,10 @@ use crate::exec_agent::{
 
 /// How long past a helper's own deadline its agent may take to answer before it is given up.
 const AGENT_GRACE: Duration = Duration::from_secs(10);
-/// An attached agent ends itself once idle this long (`--idle-exit`): envd keeps its input
-/// open, so an agent whose process here went (killed, restarted) would otherwise stay, with its
-/// helpers, for the sandbox's life.
+/// An agent ends itself once idle this long (`--idle-exit`): envd keeps an attached agent's
+/// input open, and a listening agent's connection may stay half open, so an agent whose
+/// process here went (killed, restarted) would otherwise stay, with its helpers, for the
+/// sandbox's life.
 const AGENT_IDLE_EXIT: Duration = Duration::from_secs(1800);
 /// An agent idle this long is replaced here before the next request, so that no request
 /// meets an agent ending itself.

@@ -338,8 +338,9 @@ KEY_STEPS_PER_SYNC = 64
 
 
 class Keymap:
-    """The server's keyboard map: the keycode of a keysym and whether Shift is needed; a keysym
-    it lacks is bound to a keycode bound to nothing (round robin)."""
+    """The server's keyboard map: the keycode of a keysym and whether Shift is needed (the
+    first keycode with it unshifted, else the first with it shifted); a keysym it lacks is bound
+    to a keycode bound to nothing (round robin)."""
 
     def __init__(self, screen):
         x, display = screen.x, screen.display
@@ -355,33 +356,32 @@ class Keymap:
         x.XDisplayKeycodes(display, ctypes.byref(low), ctypes.byref(high))
         count = high.value - low.value + 1
         mapping = x.XGetKeyboardMapping(display, low.value, count, ctypes.byref(per))
-        self.screen, self.min, self.per = screen, low.value, max(per.value, 1)
-        self.syms = [mapping[i] for i in range(count * self.per)] if mapping else []
+        self.screen, self.per = screen, max(per.value, 1)
+        syms = [mapping[i] for i in range(count * self.per)] if mapping else []
         if mapping:
             x.XFree(mapping)
-        rows = [self.syms[i:i + self.per] for i in range(0, len(self.syms), self.per)]
-        self.spare = [self.min + i for i, row in enumerate(rows) if not any(row)]
-        self.next_spare = 0
-
-    def find(self, keysym):
+        rows = [syms[i:i + self.per] for i in range(0, len(syms), self.per)]
+        self.codes = {}
         for level in range(min(2, self.per)):
-            for i in range(len(self.syms) // self.per):
-                if self.syms[i * self.per + level] == keysym:
-                    return self.min + i, level == 1
-        return None
+            for i, row in enumerate(rows):
+                if row[level]:
+                    self.codes.setdefault(row[level], (low.value + i, level == 1))
+        self.spare = [low.value + i for i, row in enumerate(rows) if not any(row)]
+        self.next_spare = 0
 
     def code(self, keysym):
         """(keycode, Shift needed), binding a spare keycode when the map lacks `keysym`."""
-        found = self.find(keysym)
+        found = self.codes.get(keysym)
         if found:
             return found
         if not self.spare:
             raise ValueError("no spare keycode")
         code = self.spare[self.next_spare % len(self.spare)]
         self.next_spare += 1
+        for old in [sym for sym, (c, _) in self.codes.items() if c == code]:
+            del self.codes[old]
+        self.codes[keysym] = (code, False)
         row = [keysym if i < 2 else 0 for i in range(self.per)]
-        start = (code - self.min) * self.per
-        self.syms[start:start + self.per] = row
         x, display = self.screen.x, self.screen.display
         x.XChangeKeyboardMapping(display, code, self.per, (ctypes.c_ulong * self.per)(*row), 1)
         x.XSync(display, 0)

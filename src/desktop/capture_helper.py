@@ -17,8 +17,8 @@
 # ends at the end of its input, or when the display goes. A screen nothing was drawn on since
 # the last frame is answered with that frame again, without reading or encoding it, and as "SEQ
 # WIDTH HEIGHT =" to a request that begins "have SEQ " with its number: the caller has it. "act
-# FIRST_MS INTERVAL_MS TIMEOUT_MS REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer input
-# through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
+# FIRST_MS INTERVAL_MS TIMEOUT_MS REACT_MS QUIET_MS ; GROUP|GROUP|..." plays pointer and key
+# input through XTEST, each group one action of space-separated steps ("m X Y" moves, "d B" presses
 # and "u B" releases button B, "w MS" waits; "p K" presses and "r K" releases the key of keysym
 # K, "t K" taps it, with Shift where the keysym needs it; a keysym missing from the keyboard map
 # is bound to a spare keycode first, as the direct path and `xdotool type` do), then settles the
@@ -28,8 +28,8 @@
 # nothing was played (no XTEST here). "script DEADLINE_MS FIRST_MS INTERVAL_MS TIMEOUT_MS
 # REACT_MS QUIET_MS ; BASE64" runs the script (a batch of `xdotool` calls) with bash, killed at
 # the deadline, then settles, and answers "CODE OUT ERR SEQ WIDTH HEIGHT BASE64" (the script's
-# exit code and its streams in base64, "." when empty): a batch with keys or text and its frame
-# are one round trip too. "reads" answers how many times the screen was read. Rows
+# exit code and its streams in base64, "." when empty): where the X server has no XTEST, a
+# batch and its frame are one round trip too. "reads" answers how many times the screen was read. Rows
 # whose pixels did not change since its last frame keep their deflated bytes (see Encoder).
 
 import base64

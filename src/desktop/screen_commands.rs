@@ -9,11 +9,11 @@
 //! the last frame (one command for the whole wait, not one per look): it waits for the X
 //! server's reports of drawing (DAMAGE) to stop, as the direct path does, or where the server
 //! has none reads the screen until two reads in a row are the same. Where the runner keeps
-//! long-lived helpers (the exec agent of a pod, a Docker container or an E2B sandbox,
+//! long-lived helpers (the exec agent of a pod, a Docker container or any remote sandbox,
 //! [`CommandRunner::ask`]) the helper stays running per display with the display open, asked
 //! one line per frame, and no process starts per frame; it answers a screen nothing was drawn on
 //! since its last frame with that frame, by its number alone to the screen that has it, and
-//! plays a batch of pointer actions through XTEST and settles after it in one line. Where none
+//! plays a batch (pointer, keys and text) through XTEST and settles after it in one line. Where none
 //! is kept, a batch and its settled frame are one command.
 
 use std::path::PathBuf;
@@ -187,9 +187,9 @@ impl CommandScreen {
 
     /// Applies `actions` in order, then waits for the screen to settle (see [`Self::settle`]):
     /// how many completed, why the next one failed, and the settled frame. Where the runner
-    /// keeps helpers, a batch and its settled frame are one line to the kept helper (pointer
-    /// actions through XTEST, others by the helper running their `xdotool` script); elsewhere
-    /// the batch and its settled frame are one command.
+    /// keeps helpers, a batch and its settled frame are one line to the kept helper (played
+    /// through XTEST, or by the helper running the batch's `xdotool` script where the machine
+    /// has no XTEST); elsewhere the batch and its settled frame are one command.
     pub async fn act(
         &self,
         actions: &[Action],

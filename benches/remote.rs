@@ -12,8 +12,8 @@
 //! Run: `cargo bench --bench remote` (`BENCH_ONLY=acts`: only ten pointer moves with their
 //! settled frame on a live desktop of each provider, the daytona-emulator's and the
 //! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script through the provider in turns
-//! with envd's own `Start` of it, and on a Daytona computer with the toolbox's own
-//! `process/execute`).
+//! with envd's own `Start` of it, and on Daytona and Box computers with no screen with the
+//! vendor's own run call).
 
 mod support;
 
@@ -161,21 +161,44 @@ fn daytona_and_box(supervisor_url: &str, supervisor_token: &str) -> (Arc<Daytona
     (Arc::new(daytona), Arc::new(boat))
 }
 
-/// `BENCH_ONLY=exec` on a Daytona computer: `shell`'s script through the provider, once its
-/// first screen started the agent behind the gateway, in turns with the same script as the
-/// toolbox's own `process/execute` (the adapter's run call).
-async fn daytona_scripts_against_execute(vendor: Arc<Daytona>) {
+/// `BENCH_ONLY=exec` on a computer of a vendor that keeps no input open (Daytona, Box) with
+/// no screen: `shell`'s script through the provider, once the bot's first one started the
+/// agent behind the gateway in the background, in turns with the same script as the vendor's
+/// own run call (the toolbox's `process/execute`, Box's exec).
+async fn scripts_only_against_the_vendors_run<V: rakazo::providers::remote::RemoteSandboxes>(
+    vendor: Arc<V>,
+    name: &str,
+) {
     let p = RemoteProvider::new(vendor.clone(), 0);
-    let spec = support::machine_spec("exec-daytona");
-    let bot = spec.bot_id.clone().unwrap();
-    let m = p.provision(&spec).await.unwrap();
-    p.open_screen(&m, &bot, 0).await.unwrap();
-    p.observe(&m, &bot).await.unwrap();
+    let m = p
+        .provision(&support::machine_spec(&format!("exec-{name}")))
+        .await
+        .unwrap();
+    let parent = ExecRequest {
+        command: "tr '\\0' ' ' < /proc/$PPID/cmdline".into(),
+        cwd: String::new(),
+        env: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while !p
+        .exec(&m, &parent)
+        .await
+        .unwrap()
+        .stdout
+        .contains("--listen")
+    {
+        assert!(
+            Instant::now() < until,
+            "no agent behind the gateway on {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let labels = (
-        "the provider's exec (the agent behind the gateway)",
-        "the same script as the toolbox's `process/execute`",
+        format!("{name}: the provider's exec, no screen (the agent behind the gateway)"),
+        format!("{name}: the same script as the vendor's own run call"),
     );
-    against_the_vendors_run(&p, &m, &*vendor, labels).await;
+    against_the_vendors_run(&p, &m, &*vendor, (&labels.0, &labels.1)).await;
     p.destroy(&m).await.unwrap();
 }
 
@@ -248,7 +271,9 @@ fn main() {
         println!("remote bench ({image}, Xvfb 1280x800x24 + fluxbox + Chromium per desktop)\n");
         if std::env::var("BENCH_ONLY").as_deref() == Ok("exec") {
             scripts_against_start(&url, &token).await;
-            daytona_scripts_against_execute(daytona_and_box(&url, &token).0).await;
+            let (daytona, boat) = daytona_and_box(&url, &token);
+            scripts_only_against_the_vendors_run(daytona, "daytona").await;
+            scripts_only_against_the_vendors_run(boat, "box").await;
             return;
         }
         // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame on a live desktop.

@@ -11,11 +11,13 @@
 
 mod box_support;
 mod docker_support;
-// The kept helper's checks; these vendors' scripts go through their own run call.
+// The kept helper's checks; the scripts' checks run on E2B's attached agent.
 #[allow(dead_code)]
 #[path = "exec_agent/checks.rs"]
 mod exec_agent_checks;
 mod gateway_pages;
+#[path = "exec_agent/listening.rs"]
+mod listening;
 mod team_screens;
 
 use std::sync::{Arc, OnceLock};
@@ -111,36 +113,42 @@ fn spec(name: &str) -> MachineSpec {
     }
 }
 
-/// The agent listening behind the screen gateway (`--listen`), found by its command line.
-const LISTENING_AGENT: &str = "pgrep -f '^python3 .*rakazo-exec-[a]gent --listen'";
-
-/// The command line of a script's parent: the listening agent's when the script went through
-/// it (the emulator's own machine runs the supervisor's agent too, whose source names
-/// `--listen`).
-const PARENT: &str = "tr '\\0' ' ' < /proc/$PPID/cmdline";
-/// What the listening agent's command line has and no other's.
-const LISTENING: &str = "rakazo-exec-agent --listen";
-
 /// `bot`'s frames and pointer input on a machine of a vendor that keeps no process's input
 /// open come from one capture helper kept by an exec agent listening on a socket of the
 /// screen gateway's directory, reached through the gateway with every line sealed: no process
-/// starts for ten moves and their frame, and scripts go through that agent too once it runs;
-/// an agent the bot kills is replaced, frames coming meanwhile through scripts.
+/// starts for ten moves and their frame. The bot's first shell command (through the vendor's
+/// run call) starts that agent in the background, and scripts go through it once it runs,
+/// before any screen; the first screen's helper is kept by the same agent. An agent the bot
+/// kills is replaced, frames coming meanwhile through scripts.
 async fn frames_come_through_an_agent_behind_the_gateway(p: &dyn SandboxProvider, bot: &str) {
     let m = p.provision(&team_screens::team_spec()).await.unwrap();
-    let parent = exec_agent_checks::run(p, &m, PARENT).await.1;
-    assert!(!parent.contains(LISTENING), "no agent yet");
+    let parent = exec_agent_checks::run(p, &m, listening::PARENT).await.1;
+    assert!(!parent.contains(listening::LISTENING), "no agent yet");
+    assert!(
+        listening::scripts_reach_it(p, &m).await,
+        "scripts through the agent started by the first"
+    );
+    let (code, _, _) = exec_agent_checks::run(p, &m, "pgrep -x Xvfb").await;
+    assert_ne!(code, 0, "no display started for scripts");
+    let (_, first, _) =
+        exec_agent_checks::run(p, &m, &format!("pgrep -f '{}'", listening::AGENT)).await;
     p.open_screen(&m, bot, 0).await.unwrap();
     exec_agent_checks::frames_come_from_one_kept_helper(p, &m, bot).await;
     exec_agent_checks::pointer_input_goes_through_xtest(p, &m, bot).await;
-    let parent = exec_agent_checks::run(p, &m, PARENT).await.1;
+    let parent = exec_agent_checks::run(p, &m, listening::PARENT).await.1;
     assert!(
         parent.contains("--listen"),
         "scripts through the agent: {parent:?}"
     );
-    let (code, agent, _) = exec_agent_checks::run(p, &m, LISTENING_AGENT).await;
+    let (code, agent, _) =
+        exec_agent_checks::run(p, &m, &format!("pgrep -f '{}'", listening::AGENT)).await;
     let agent = agent.trim().to_owned();
     assert!(code == 0 && !agent.contains('\n'), "one agent: {agent:?}");
+    assert_eq!(
+        agent,
+        first.trim(),
+        "the screen's helper kept by the same agent"
+    );
     // The script that kills it runs through it: it fails, the agent gone with it.
     let kill = rakazo_actors::conformance::cmd(&format!("kill -KILL {agent}"));
     assert!(
@@ -156,7 +164,8 @@ async fn frames_come_through_an_agent_behind_the_gateway(p: &dyn SandboxProvider
                 .starts_with(b"\x89PNG")
         );
     }
-    let (_, next, _) = exec_agent_checks::run(p, &m, LISTENING_AGENT).await;
+    let (_, next, _) =
+        exec_agent_checks::run(p, &m, &format!("pgrep -f '{}'", listening::AGENT)).await;
     assert!(
         !next.trim().is_empty() && next.trim() != agent,
         "a new agent: {next:?}"

@@ -30,6 +30,8 @@ mod gate;
 #[allow(dead_code)]
 #[path = "exec_agent/checks.rs"]
 mod exec_agent_checks;
+#[path = "exec_agent/listening.rs"]
+mod listening;
 
 struct TestEmulator {
     url: String,
@@ -370,9 +372,9 @@ async fn a_novita_sandboxs_frames_come_through_an_agent_behind_its_gateway() {
     let (_running, p, _, m) = novita_machine("kept").await;
     p.open_screen(&m, "bot-kept", 0).await.unwrap();
     exec_agent_checks::frames_come_from_one_kept_helper(&*p, &m, "bot-kept").await;
-    let parent = exec_agent_checks::run(&*p, &m, "tr '\\0' ' ' < /proc/$PPID/cmdline").await;
+    let parent = exec_agent_checks::run(&*p, &m, listening::PARENT).await;
     assert!(
-        parent.1.contains("rakazo-exec-agent --listen"),
+        parent.1.contains(listening::LISTENING),
         "scripts through the listening agent"
     );
     p.destroy(&m).await.unwrap();
@@ -457,6 +459,8 @@ async fn novita_shares_the_adapter_with_its_differences() {
 /// unreachable): the kill is asked for again, then the sandbox is paused and quarantined. The
 /// call says the command may remain suspended; every later call on the machine, a reconnect
 /// included, is refused without resuming it; destroy deletes it, still without a resume.
+/// Scripts go through envd while no exec agent runs: before the one the first script started
+/// in the background runs, and after the bot killed it.
 #[actix_rt::test]
 async fn a_novita_command_whose_kill_is_not_confirmed_quarantines_its_sandbox() {
     if !docker_ready() {
@@ -472,6 +476,9 @@ async fn a_novita_command_whose_kill_is_not_confirmed_quarantines_its_sandbox() 
     let out = p.exec(&m, &exec("sleep 30")).await.unwrap();
     assert!(out.timed_out, "{out:?}");
     assert_eq!(p.exec(&m, &exec("echo up")).await.unwrap().stdout, "up\n");
+    assert!(listening::scripts_reach_it(&*p, &m).await);
+    let kill = exec(&format!("pkill -KILL -f '{}'", listening::AGENT));
+    assert!(p.exec(&m, &kill).await.is_err(), "the script's agent ended");
 
     em.signals_unavailable.store(true, Ordering::SeqCst);
     let err = p.exec(&m, &exec("sleep 30")).await.unwrap_err();

@@ -10,6 +10,10 @@
 
 mod common;
 mod docker_support;
+// What a listening agent's script shows; its provider-level wait does not apply here.
+#[allow(dead_code)]
+#[path = "exec_agent/listening.rs"]
+mod listening;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -99,6 +103,29 @@ async fn wait_quarantined(s: &TestServer, id: &str, space: &str) {
     }
 }
 
+/// Waits for `run`'s scripts to go through the exec agent listening behind the screen gateway,
+/// then kills it by a script (which fails with it).
+async fn agent_killed(s: &TestServer, run: &str, fence: i64) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = s.exec(run, fence, listening::PARENT).await.unwrap();
+        if out["stdout"]
+            .as_str()
+            .unwrap()
+            .contains(listening::LISTENING)
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "no agent: {out}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kill = format!("pkill -KILL -f '{}'", listening::AGENT);
+    assert!(
+        s.exec(run, fence, &kill).await.is_err(),
+        "the script's agent ended"
+    );
+}
+
 #[actix_rt::test]
 async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_until_recovered() {
     if !docker_ready() {
@@ -129,11 +156,13 @@ async fn a_novita_computer_whose_command_kill_is_unconfirmed_stays_quarantined_u
             .map(str::to_owned)
     };
 
-    // A command past its deadline whose kill envd never confirms.
+    // A command past its deadline whose kill envd never confirms. Scripts go through the
+    // exec agent once the first one started it; after the bot killed it, through envd.
     let (run, fence) = s.start_run(bot).await;
     s.exec(&run, fence, "echo unsaved > lost.txt")
         .await
         .unwrap();
+    agent_killed(&s, &run, fence).await;
     let old = machine().await.expect("a machine runs");
     em.signals_unavailable.store(true, Ordering::SeqCst);
     let refused = s

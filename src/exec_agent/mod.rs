@@ -484,6 +484,19 @@ impl AgentSlot {
         }
     }
 
+    /// Whether [`get`](Self::get) would start an agent now: none runs, none is starting, and
+    /// the last failed start (if any) is [`RETRY_AFTER`] old.
+    pub fn may_start(&self) -> bool {
+        let Ok(state) = self.0.try_lock() else {
+            return false;
+        };
+        match &*state {
+            State::Ready(agent) => !agent.alive(),
+            State::Unavailable(since) => since.elapsed() >= RETRY_AFTER,
+            State::None => true,
+        }
+    }
+
     /// The agent if one is running now (none is started).
     pub fn running(&self) -> Option<Arc<Agent>> {
         let state = self.0.try_lock().ok()?;
@@ -613,6 +626,30 @@ mod tests {
         assert!(child.try_wait().unwrap().is_none());
         let exited = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         assert!(exited.unwrap().unwrap().success(), "ended once idle");
+    }
+
+    /// A slot may start an agent when it has none, not while one starts or runs, not within
+    /// [`RETRY_AFTER`] of a failed start, and again once its agent ended.
+    #[tokio::test]
+    async fn a_slot_may_start_an_agent_only_when_none_runs_or_starts() {
+        let slot = AgentSlot::default();
+        assert!(slot.may_start());
+        let (channel, mut theirs) = channel();
+        theirs.write_all(b"{\"ready\":1}\n").await.unwrap();
+        let started = slot.get(|| async {
+            assert!(!slot.may_start(), "not while one starts");
+            Agent::over(channel).await
+        });
+        let agent = started.await.expect("started");
+        assert!(!slot.may_start(), "not while one runs");
+        agent.end();
+        assert!(slot.may_start(), "again once it ended");
+        assert!(
+            slot.get(|| async { Err("no python3".into()) })
+                .await
+                .is_none()
+        );
+        assert!(!slot.may_start(), "not right after a failed start");
     }
 
     #[tokio::test]

@@ -524,6 +524,15 @@ impl DesktopRuntime {
     pub fn gateway(&self) -> &Gateway {
         &self.gateway
     }
+
+    /// The machine's screen gateway, started if it is not running; what an earlier server
+    /// left in the run directory is stopped first, as before a first screen (that sweep
+    /// would otherwise take a gateway started before it).
+    pub async fn started_gateway(&self) -> Result<&Gateway, DesktopError> {
+        self.reap_leftovers().await?;
+        self.gateway.ensure_started().await?;
+        Ok(&self.gateway)
+    }
 }
 
 /// What became of a taken spare desktop ([`DesktopRuntime::hand_over`]).

@@ -522,6 +522,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
                 env,
                 timeout: request.timeout,
             };
+            m.runner.start_agent_soon();
             m.runner.run_command(&command).await
         })
         .await

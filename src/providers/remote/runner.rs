@@ -8,10 +8,11 @@
 //!   and the bot's shell commands): a line and one `bash` in the machine, not a vendor call that
 //!   starts a login shell;
 //! - elsewhere the agent listens on a socket in the screen gateway's directory, started by the
-//!   vendor's run call that hands back its key for the first screen helper, and is reached
-//!   through the gateway, every line sealed with that key ([`crate::exec_agent::sealed`]);
-//!   while it runs, scripts go through it too, and through the vendor's run call before (the
-//!   gateway itself is started by them).
+//!   vendor's run call that hands back its key, for the first screen helper or in the
+//!   background at the bot's first shell command, and is reached through the gateway, every
+//!   line sealed with that key ([`crate::exec_agent::sealed`]); while it runs, scripts go
+//!   through it too, and through the vendor's run call before (the gateway itself is started
+//!   by them).
 
 use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -147,8 +148,7 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
             .get()
             .and_then(Weak::upgrade)
             .ok_or("no desktop runtime on this machine")?;
-        let gateway = runtime.gateway();
-        gateway.ensure_started().await.map_err(|e| e.to_string())?;
+        let gateway = runtime.started_gateway().await.map_err(|e| e.to_string())?;
         let token = Token::fresh();
         let socket = gateway.socket_of(&token).to_string_lossy().into_owned();
         let command = RemoteCommand {
@@ -195,25 +195,44 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
     /// (then for [`RETRY_AFTER`](crate::exec_agent::RETRY_AFTER)). An agent idle for
     /// [`AGENT_RETIRE`] is replaced first.
     async fn agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
-        let under_way = {
-            let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
-            if usage.under_way == 0 && usage.last.elapsed() > AGENT_RETIRE {
-                self.agent.end();
-            }
-            usage.under_way += 1;
-            UnderWay(&self.usage)
-        };
+        let under_way = self.under_way();
         let agent = self.agent.get(|| self.start_agent()).await?;
         Some((agent, under_way))
     }
 
-    /// The listening agent if one runs now, with a request marked under way. None is started
-    /// for a script: starting one takes the screen gateway, whose own start runs scripts.
-    fn running_agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
-        let agent = self.agent.running()?;
+    /// Marks a request under way at the agent, first giving up an agent idle for
+    /// [`AGENT_RETIRE`] with nothing under way (so no request meets one ending itself).
+    fn under_way(&self) -> UnderWay<'_> {
         let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        if usage.under_way == 0 && usage.last.elapsed() > AGENT_RETIRE {
+            self.agent.end();
+        }
         usage.under_way += 1;
-        Some((agent, UnderWay(&self.usage)))
+        UnderWay(&self.usage)
+    }
+
+    /// The listening agent if one runs now, with a request marked under way. None is started
+    /// here for a script: starting one takes the screen gateway, whose own start runs scripts
+    /// (see [`start_agent_soon`](Self::start_agent_soon)).
+    fn running_agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
+        let under_way = self.under_way();
+        let agent = self.agent.running()?;
+        Some((agent, under_way))
+    }
+
+    /// Starts the listening agent in the background when none runs or is starting (and the
+    /// last failed start is old enough), so that a computer used only for scripts has its
+    /// scripts go through it too, from the first one that finds it running. The script that
+    /// asked goes on through the vendor's run call meanwhile; where the vendor attaches the
+    /// agent, the script itself starts it.
+    pub fn start_agent_soon(self: &Arc<Self>) {
+        if self.vendor.attaches() || !self.agent.may_start() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            drop(me.agent().await);
+        });
     }
 
     /// Runs `command` in the sandbox: through the machine's agent (killed at its deadline, or

@@ -533,13 +533,19 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         machine: &ProviderRef,
         path: &str,
     ) -> ProviderResult<Vec<FileEntry>> {
-        self.on(machine, |m| async move { self.files(&m).list(path).await })
-            .await
+        self.on(machine, |m| async move {
+            m.runner.start_agent_soon();
+            self.files(&m).list(path).await
+        })
+        .await
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
-        self.on(machine, |m| async move { self.files(&m).read(path).await })
-            .await
+        self.on(machine, |m| async move {
+            m.runner.start_agent_soon();
+            self.files(&m).read(path).await
+        })
+        .await
     }
 
     async fn write_file(
@@ -549,6 +555,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         data: &[u8],
     ) -> ProviderResult<()> {
         self.on(machine, |m| async move {
+            m.runner.start_agent_soon();
             self.files(&m).write(path, data).await
         })
         .await

@@ -9,10 +9,10 @@
 //!   starts a login shell;
 //! - elsewhere the agent listens on a socket in the screen gateway's directory, started by the
 //!   vendor's run call that hands back its key, for the first screen helper or in the
-//!   background at the bot's first shell command or file tool, and is reached through the gateway, every
-//!   line sealed with that key ([`crate::exec_agent::sealed`]); while it runs, scripts go
-//!   through it too, and through the vendor's run call before (the gateway itself is started
-//!   by them).
+//!   background at the bot's first shell command or file tool, and is reached through the
+//!   gateway, every line sealed with that key ([`crate::exec_agent::sealed`]); while it runs,
+//!   scripts go through it too, and through the vendor's run call before (the gateway itself
+//!   is started by them).
 
 use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};

@@ -98,6 +98,46 @@ pub async fn files_round_trip(p: Arc<dyn SandboxProvider>) {
     p.destroy(&m).await.unwrap();
 }
 
+/// Entries of the folder [`a_large_folder_lists_whole`] fills: with their 90-byte names,
+/// a listing of more than a megabyte, past what a provider keeps of one command's output.
+pub const LARGE_FOLDER: usize = 12_000;
+
+/// A folder whose listing is larger than one command's output lists whole.
+pub async fn a_large_folder_lists_whole(p: Arc<dyn SandboxProvider>) {
+    let m = machine(p.as_ref(), "large-folder").await;
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_ustar();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o755);
+    dir.set_size(0);
+    archive
+        .append_data(&mut dir, "big/", std::io::empty())
+        .unwrap();
+    for i in 0..LARGE_FOLDER {
+        let mut file = tar::Header::new_ustar();
+        file.set_entry_type(tar::EntryType::Regular);
+        file.set_mode(0o644);
+        file.set_size(0);
+        let name = format!("big/entry-{i:084}");
+        archive
+            .append_data(&mut file, name, std::io::empty())
+            .unwrap();
+    }
+    p.import_workspace(&m, &archive.into_inner().unwrap())
+        .await
+        .unwrap();
+    let listed = p.list_files(&m, "big").await.unwrap();
+    assert_eq!(listed.len(), LARGE_FOLDER);
+    let last = format!("entry-{:084}", LARGE_FOLDER - 1);
+    assert!(listed.iter().all(|e| e.kind == "file" && e.size == 0));
+    assert!(
+        listed
+            .iter()
+            .any(|e| e.name == last && e.path == format!("big/{last}"))
+    );
+    p.destroy(&m).await.unwrap();
+}
+
 /// Paths outside the workspace are refused.
 pub async fn files_refuse_escapes(p: Arc<dyn SandboxProvider>) {
     let m = machine(p.as_ref(), "paths").await;
@@ -597,7 +637,7 @@ macro_rules! conformance_suite {
     ($make:expr, gate = $gate:expr) => {
         $crate::conformance_suite!(@tests $make; $gate;
             describes_itself, exec_runs_commands, exec_times_out, files_round_trip,
-            files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
+            a_large_folder_lists_whole, files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
             unchanged_workspace_is_not_exported_again, lifecycle, screens,
             observe_and_act);
     };

@@ -19,6 +19,10 @@ use serde::Serialize;
 use crate::config::{Config, Environment};
 use crate::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 
+/// Largest listing of one workspace folder accepted from a machine reached by commands (bigger
+/// than one command's kept output, so those providers bring a large one by another way).
+pub const MAX_LISTING: usize = 16 << 20;
+
 /// What the deployment's provider is, as `/internal/health` reports it.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -312,9 +312,27 @@ impl PodExec {
     }
 }
 
-/// Keeps the first [`OUTPUT_CAP`] bytes written to it and drops the rest.
-#[derive(Default)]
-pub struct CappedWriter(pub Vec<u8>);
+/// Keeps the first bytes written to it, up to its cap ([`OUTPUT_CAP`] by default), and drops
+/// the rest.
+pub struct CappedWriter(pub Vec<u8>, usize);
+
+impl Default for CappedWriter {
+    fn default() -> Self {
+        Self::with_cap(OUTPUT_CAP)
+    }
+}
+
+impl CappedWriter {
+    /// A writer that keeps up to `cap` bytes.
+    pub fn with_cap(cap: usize) -> Self {
+        Self(Vec::new(), cap)
+    }
+
+    /// Whether bytes were dropped (or the cap was reached exactly).
+    pub fn full(&self) -> bool {
+        self.0.len() >= self.1
+    }
+}
 
 impl AsyncWrite for CappedWriter {
     fn poll_write(
@@ -322,7 +340,7 @@ impl AsyncWrite for CappedWriter {
         _: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        let room = OUTPUT_CAP.saturating_sub(self.0.len());
+        let room = self.1.saturating_sub(self.0.len());
         self.0.extend_from_slice(&buf[..buf.len().min(room)]);
         std::task::Poll::Ready(Ok(buf.len()))
     }

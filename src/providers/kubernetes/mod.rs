@@ -859,9 +859,12 @@ impl SandboxProvider for KubernetesProvider {
         if let Some(home) = m.home.clone() {
             return blocking(move || host_files::list(&home, &rel)).await;
         }
-        let mut out = exec::CappedWriter::default();
+        let mut out = exec::CappedWriter::with_cap(super::MAX_LISTING);
         if let Err(e) = self.files(&m, "list", &rel, None, &mut out).await {
             return Err(self.classify(machine, e).await);
+        }
+        if out.full() {
+            return Err(ProviderError::Failed("listing too large".into()));
         }
         let bad = || ProviderError::Failed("the computer's file listing is malformed".into());
         let mut entries = Vec::new();

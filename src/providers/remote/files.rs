@@ -13,6 +13,7 @@ use crate::desktop::DesktopError;
 use crate::desktop::command::{CommandRunner, SCRIPT_TIMEOUT, install_program};
 use crate::desktop::files::MAX_READ_BYTES;
 use crate::desktop::shell_quote;
+use crate::providers::MAX_LISTING;
 use crate::providers::workspace_path::segments;
 use crate::stores::archive::{self, Limits, TRANSIENT};
 
@@ -21,8 +22,9 @@ const HELPER: &str = include_str!("workspace_helper.py");
 /// How long a whole-workspace export or import may take on the machine.
 const ARCHIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Largest listing accepted from the machine.
-const MAX_LISTING: u64 = 16 << 20;
+/// Largest listing the helper prints; a larger one comes through a transfer file, since a
+/// script's kept output ends at [`OUTPUT_CAP`](crate::desktop::command::OUTPUT_CAP).
+const INLINE_LISTING: usize = 512 << 10;
 
 /// The workspace of one remote sandbox.
 pub struct RemoteFiles<'a, V: RemoteSandboxes> {
@@ -154,18 +156,24 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         Ok(path.to_string())
     }
 
-    /// Lists a workspace directory; links are listed, never followed.
+    /// Lists a workspace directory; links are listed, never followed. A listing larger than
+    /// [`INLINE_LISTING`] is written to a transfer file and downloaded.
     pub async fn list(&self, rel: &str) -> ProviderResult<Vec<FileEntry>> {
         let segs = segments(rel, true)?;
-        let out = self
-            .helper(
-                "list",
-                serde_json::json!({"path": segs}),
-                SCRIPT_TIMEOUT,
-                rel,
-            )
-            .await?;
-        if out.len() as u64 > MAX_LISTING {
+        let dest = self.transfer_path();
+        let args = serde_json::json!({"path": segs, "dest": dest, "inline": INLINE_LISTING});
+        let mut out = self.helper("list", args, SCRIPT_TIMEOUT, rel).await?;
+        if out.is_empty() {
+            let data = self
+                .vendor
+                .download(self.session, &dest, MAX_LISTING as u64)
+                .await;
+            self.remove(&dest).await;
+            out = String::from_utf8(data?).map_err(|_| {
+                ProviderError::Failed("the machine answered an unreadable listing".into())
+            })?;
+        }
+        if out.len() > MAX_LISTING {
             return Err(ProviderError::Failed("listing too large".into()));
         }
         #[derive(serde::Deserialize)]

@@ -63,7 +63,14 @@ def op_list():
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         k = kind(st)
         out.append({"name": name, "kind": k, "size": st.st_size if k == "file" else 0})
-    print(json.dumps(out))
+    listing = json.dumps(out)
+    if len(listing) <= ARGS["inline"]:
+        print(listing)
+        return
+    # Too large for a script's kept output: written to the transfer file, nothing printed.
+    os.makedirs(os.path.dirname(ARGS["dest"]), mode=0o700, exist_ok=True)
+    with open(ARGS["dest"], "x") as dst:
+        dst.write(listing)
 
 
 def open_file(segs):

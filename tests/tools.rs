@@ -702,6 +702,59 @@ async fn every_bad_action_says_its_code_and_reason() {
     }
 }
 
+/// `list_files` shows a folder's first 1000 entries by name and says how many it has, so a
+/// huge folder does not fill the model's context; a smaller one comes whole.
+#[actix_rt::test]
+async fn a_large_folder_is_listed_in_part_with_its_total() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let names: Vec<String> = (0..1005).rev().map(|i| format!("f{i:04}")).collect();
+    let made = tool(
+        &s,
+        &run,
+        fence,
+        "shell",
+        json!({ "command": format!("mkdir big && cd big && touch {}", names.join(" ")) }),
+    )
+    .await;
+    assert_eq!(made["structuredContent"]["exitCode"], 0, "{made}");
+    let listed = tool(&s, &run, fence, "list_files", json!({ "path": "big" })).await;
+    let out = &listed["structuredContent"];
+    let entries = out["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), rakazo::tools::MAX_LISTED);
+    assert_eq!(
+        (out["total"].as_u64(), out["truncated"].as_bool()),
+        (Some(1005), Some(true))
+    );
+    assert_eq!(
+        (entries[0]["name"].as_str(), entries[999]["name"].as_str()),
+        (Some("f0000"), Some("f0999"))
+    );
+    let shown = listed["content"][0]["text"].as_str().unwrap();
+    assert!(
+        shown.ends_with("for the rest.") && shown.contains("... and 5 more (1005 entries"),
+        "{shown}"
+    );
+    assert!(!shown.contains("f1000"), "{shown}");
+
+    tool(
+        &s,
+        &run,
+        fence,
+        "shell",
+        json!({ "command": "mkdir small && touch small/a small/b" }),
+    )
+    .await;
+    let small = tool(&s, &run, fence, "list_files", json!({ "path": "small" })).await;
+    let out = &small["structuredContent"];
+    assert_eq!(
+        (out["total"].as_u64(), out["truncated"].as_bool()),
+        (Some(2), Some(false))
+    );
+    assert_eq!(small["content"][0]["text"], "a 0\nb 0");
+}
+
 #[actix_rt::test]
 async fn team_paths_mean_the_bots_folder_in_every_tool() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();

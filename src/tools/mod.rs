@@ -31,6 +31,9 @@ use crate::providers::workspace_path;
 
 /// Largest file `read_file` and `attach_file` return.
 pub const MAX_READ_BYTES: usize = 8 * 1024 * 1024;
+/// Entries of a folder `list_files` shows (the first, by name): a larger listing would fill
+/// the model's context.
+pub const MAX_LISTED: usize = 1000;
 /// Output kept from each stream of a shell command.
 const SHELL_TAIL_BYTES: usize = 16 * 1024;
 
@@ -746,11 +749,14 @@ async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
             ));
         }
     };
+    let total = entries.len();
+    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    entries.truncate(MAX_LISTED);
     for e in &mut entries {
         e.path = ctx.shown(&e.path);
     }
     let path = ctx.shown(&path);
-    let lines: Vec<String> = entries
+    let mut lines: Vec<String> = entries
         .iter()
         .map(|e| {
             format!(
@@ -761,9 +767,16 @@ async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
             )
         })
         .collect();
+    let truncated = total > MAX_LISTED;
+    if truncated {
+        lines.push(format!(
+            "... and {} more ({total} entries in all, listed by name): list a subfolder, or use shell (ls with a pattern, find) for the rest.",
+            total - MAX_LISTED
+        ));
+    }
     Ok(ok(
         vec![text(lines.join("\n"))],
-        json!({ "path": path, "entries": entries }),
+        json!({ "path": path, "entries": entries, "total": total, "truncated": truncated }),
     ))
 }
 

@@ -70,7 +70,7 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "list_files",
-            "List a workspace folder.",
+            "List a workspace folder (its first 1000 entries by name; `total` says how many it has).",
             json!({ "type": "object", "additionalProperties": false, "properties": { "path": path.clone() } }),
         ),
         tool(

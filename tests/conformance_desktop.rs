@@ -44,3 +44,32 @@ fn production_refuses_the_desktop_provider() {
     });
     assert!(refused.is_err());
 }
+
+/// A folder of more than `MAX_LISTED_ENTRIES` names (the bot makes them) is refused with
+/// `TooLarge`, read no further; its parent still lists.
+#[actix_rt::test]
+async fn a_folder_past_the_listing_limit_is_refused() {
+    use rakazo::providers::beneath::MAX_LISTED_ENTRIES;
+    use rakazo_actors::conformance::{cmd, spec};
+    use rakazo_actors::provider::ProviderError;
+    let p = provider();
+    let m = p.provision(&spec("listing-limit")).await.unwrap();
+    let make = format!(
+        "mkdir huge && cd huge && python3 -c 'import os\nfor i in range({}): os.close(os.open(str(i), os.O_CREAT | os.O_WRONLY))'",
+        MAX_LISTED_ENTRIES + 1
+    );
+    assert_eq!(p.exec(&m, &cmd(&make)).await.unwrap().exit_code, 0);
+    let refused = p.list_files(&m, "huge").await;
+    assert!(
+        matches!(&refused, Err(ProviderError::TooLarge(why)) if why.contains("use shell")),
+        "{refused:?}"
+    );
+    assert!(
+        p.list_files(&m, "")
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.name == "huge")
+    );
+    p.destroy(&m).await.unwrap();
+}

@@ -242,11 +242,15 @@ impl Beneath {
 
     /// Lists the directory at `path`, in name order; entries are never followed (links are
     /// `link`, fifos, sockets and devices `other`).
+    /// A folder of more than [`MAX_LISTED_ENTRIES`] is refused, read no further.
     pub fn list(&self, path: &str) -> Result<Vec<FileEntry>, ProviderError> {
         let prefix = segments(path, true)?.join("/");
         let fd = self.open_at(&prefix, DIR_FLAGS, Mode::empty())?;
+        let listing = listing_within(&fd, MAX_LISTED_ENTRIES)
+            .map_err(|e| from_errno(&prefix, e))?
+            .ok_or_else(|| ProviderError::TooLarge(crate::providers::LISTING_TOO_LARGE.into()))?;
         let mut entries = Vec::new();
-        for (name, stat) in entries_of(&fd).map_err(|e| from_errno(&prefix, e))? {
+        for (name, stat) in listing.entries {
             let kind = Kind::of(&stat);
             let path = if prefix.is_empty() {
                 name.clone()
@@ -391,11 +395,27 @@ pub struct Listing {
 
 /// The entries of an open directory ([`entries_of`]) and the names it cannot give.
 pub fn listing_of(dir: &OwnedFd) -> Result<Listing, Errno> {
+    Ok(listing_within(dir, usize::MAX)?.expect("no limit"))
+}
+
+/// Entries of one folder a listing for a tool or a person reads at most ([`Beneath::list`]):
+/// the bot makes the folders, and a folder of millions would be held here whole.
+pub const MAX_LISTED_ENTRIES: usize = 100_000;
+
+/// [`listing_of`], or `None` as soon as the directory shows more than `max` names.
+pub fn listing_within(dir: &OwnedFd, max: usize) -> Result<Option<Listing>, Errno> {
     let mut entries = Vec::new();
     let mut unnamed = Vec::new();
     let mut read = rustix::fs::Dir::read_from(dir)?;
     while let Some(entry) = read.read() {
         let entry = entry?;
+        if entries.len() + unnamed.len() == max {
+            // One more name than `max` (`.` and `..` are not counted).
+            if !matches!(entry.file_name().to_bytes(), b"." | b"..") {
+                return Ok(None);
+            }
+            continue;
+        }
         let Ok(name) = entry.file_name().to_str() else {
             unnamed.push(entry.file_name().to_string_lossy().into_owned());
             continue;
@@ -412,7 +432,7 @@ pub fn listing_of(dir: &OwnedFd) -> Result<Listing, Errno> {
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     unnamed.sort();
-    Ok(Listing { entries, unnamed })
+    Ok(Some(Listing { entries, unnamed }))
 }
 
 /// Connects to the unix socket `name` in `dir`, a directory the computer can write to (its
@@ -494,6 +514,25 @@ mod tests {
         std::fs::create_dir_all(root.join("a")).unwrap();
         std::fs::write(dir.path().join("secret"), b"outside").unwrap();
         (dir, root)
+    }
+
+    /// A listing within a limit reads every name up to it, and gives up at one more.
+    #[test]
+    fn a_listing_past_its_limit_is_given_up() {
+        let (_dir, root) = home();
+        for name in ["b", "c", "d"] {
+            std::fs::write(root.join(name), b"").unwrap();
+        }
+        let fd = rustix::fs::open(&root, DIR_FLAGS, Mode::empty()).unwrap();
+        let names = |l: Listing| l.entries.into_iter().map(|e| e.0).collect::<Vec<_>>();
+        let whole = listing_within(&fd, 4)
+            .unwrap()
+            .expect("four names fit four");
+        assert_eq!(names(whole), ["a", "b", "c", "d"]);
+        let fd = rustix::fs::open(&root, DIR_FLAGS, Mode::empty()).unwrap();
+        assert!(listing_within(&fd, 3).unwrap().is_none());
+        let fd = rustix::fs::open(&root, DIR_FLAGS, Mode::empty()).unwrap();
+        assert_eq!(names(listing_of(&fd).unwrap()).len(), 4);
     }
 
     #[test]

@@ -23,6 +23,10 @@ use crate::desktop::provider::{DesktopProvider, DesktopProviderConfig};
 /// than one command's kept output, so those providers bring a large one by another way).
 pub const MAX_LISTING: usize = 16 << 20;
 
+/// What a folder too large to list is refused with (`TOO_LARGE`).
+pub const LISTING_TOO_LARGE: &str =
+    "the folder is too large to list: list a subfolder, or use shell (ls with a pattern, find)";
+
 /// What the deployment's provider is, as `/internal/health` reports it.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

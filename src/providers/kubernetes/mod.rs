@@ -864,7 +864,7 @@ impl SandboxProvider for KubernetesProvider {
             return Err(self.classify(machine, e).await);
         }
         if out.full() {
-            return Err(ProviderError::Failed("listing too large".into()));
+            return Err(ProviderError::TooLarge(super::LISTING_TOO_LARGE.into()));
         }
         let bad = || ProviderError::Failed("the computer's file listing is malformed".into());
         let mut entries = Vec::new();

@@ -174,7 +174,9 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
             })?;
         }
         if out.len() > MAX_LISTING {
-            return Err(ProviderError::Failed("listing too large".into()));
+            return Err(ProviderError::TooLarge(
+                crate::providers::LISTING_TOO_LARGE.into(),
+            ));
         }
         #[derive(serde::Deserialize)]
         struct Entry {

@@ -761,8 +761,9 @@ impl RemoteSandboxes for E2b {
                 )));
             }
         }
+        let too_large = || ProviderError::TooLarge(path.chars().take(200).collect());
         if resp.content_length().is_some_and(|n| n > limit) {
-            return Err(ProviderError::Failed("file too large".into()));
+            return Err(too_large());
         }
         let mut data = Vec::new();
         while let Some(chunk) = resp
@@ -773,7 +774,7 @@ impl RemoteSandboxes for E2b {
             let chunk: bytes::Bytes = chunk;
             data.extend_from_slice(&chunk);
             if data.len() as u64 > limit {
-                return Err(ProviderError::Failed("file too large".into()));
+                return Err(too_large());
             }
         }
         Ok(data)

@@ -163,20 +163,23 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         let dest = self.transfer_path();
         let args = serde_json::json!({"path": segs, "dest": dest, "inline": INLINE_LISTING});
         let mut out = self.helper("list", args, SCRIPT_TIMEOUT, rel).await?;
+        let too_large = || ProviderError::TooLarge(crate::providers::LISTING_TOO_LARGE.into());
         if out.is_empty() {
             let data = self
                 .vendor
                 .download(self.session, &dest, MAX_LISTING as u64)
                 .await;
             self.remove(&dest).await;
-            out = String::from_utf8(data?).map_err(|_| {
+            let data = match data {
+                Err(ProviderError::TooLarge(_)) => return Err(too_large()),
+                other => other?,
+            };
+            out = String::from_utf8(data).map_err(|_| {
                 ProviderError::Failed("the machine answered an unreadable listing".into())
             })?;
         }
         if out.len() > MAX_LISTING {
-            return Err(ProviderError::TooLarge(
-                crate::providers::LISTING_TOO_LARGE.into(),
-            ));
+            return Err(too_large());
         }
         #[derive(serde::Deserialize)]
         struct Entry {

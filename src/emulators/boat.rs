@@ -450,7 +450,11 @@ impl BoatEmulator {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "emulator.box.create_failed");
-                    this.set_state(&sid, State::Error, Some("provisioning failed".into()));
+                    this.set_state(
+                        &sid,
+                        State::Error,
+                        Some(format!("provisioning failed: {e}")),
+                    );
                 }
             }
             if let Some(sb) = this.lock().get_mut(&sid) {

@@ -393,7 +393,7 @@ impl DaytonaEmulator {
                     tracing::warn!(error = %e, "emulator.daytona.create_failed");
                     (
                         State::Error,
-                        Some("the machine could not be created".to_string()),
+                        Some(format!("the machine could not be created: {e}")),
                     )
                 }
             };

@@ -176,7 +176,7 @@ async fn create(
             tracing::warn!(error = %e, "emulator.e2b.create_failed");
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "failed to create the sandbox",
+                &format!("failed to create the sandbox: {e}"),
             );
         }
     };

@@ -48,7 +48,7 @@ const SECOND: &str = r#"<!doctype html><html><head><title>Second</title></head><
 const DIALOGS: &str = r#"<!doctype html><html><head><title>Dialogs</title></head><body>
 <button onclick="document.title = confirm('Delete it?') ? 'Deleted' : 'Kept'">Confirm</button>
 <button onclick="document.title = 'Hello ' + prompt('Your name?', 'nobody')">Prompt</button>
-<button onclick="setTimeout(() => { alert('Later'); document.title = 'Alerted'; }, 300)">Later</button>
+<button onclick="setTimeout(() => { alert('Later'); document.title = 'Alerted'; }, 1000)">Later</button>
 </body></html>"#;
 
 /// A page that asks before it is left (a form with unsaved changes).
@@ -654,7 +654,7 @@ async fn page_tools_answer_the_pages_dialogs() {
         clicked["structuredContent"]["dialog"].is_null(),
         "{clicked}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let (code, message) = refused(&s, &run, fence, "browser_snapshot", json!({})).await;
     assert_eq!(code, "PAGE_DIALOG_OPEN");
     assert!(message.contains("Later"), "{message}");

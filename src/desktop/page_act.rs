@@ -4,6 +4,7 @@
 //! page interrupts is answered with the dialog and what was done.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -53,6 +54,20 @@ async fn value_at(cdp: &mut Cdp, place: &Place, expression: &str) -> Result<Valu
 
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// Longest wait for the page to answer after its input (see [`after_input`]).
+const INPUT_FENCE: Duration = Duration::from_secs(1);
+
+/// After input the page handles on its main thread (a click, keys, text): one round trip to
+/// the element's document, queued behind that handling, so a dialog its handler opened is
+/// known before the answer (the browser may answer the input itself first). A page still
+/// busy after [`INPUT_FENCE`] is left to the next call, which finds its dialog.
+async fn after_input(cdp: &mut Cdp, place: &Place) -> Result<(), DesktopError> {
+    match tokio::time::timeout(INPUT_FENCE, cdp.evaluate_at(place, "0", true)).await {
+        Ok(Err(e @ DesktopError::DialogOpen(_))) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// The answer of an action interrupted by `e` after its `done` steps: a dialog the page opened
@@ -130,6 +145,9 @@ pub(super) async fn act(
                 }
                 done.push(kind);
             }
+            if let Err(e) = after_input(cdp, &place).await {
+                return interrupted(cdp, element, action, &done, e);
+            }
         }
         "type" => {
             let text = text.ok_or_else(|| DesktopError::Browser("type needs text".into()))?;
@@ -147,10 +165,16 @@ pub(super) async fn act(
                 )));
             }
             done.push("focused");
-            if let Err(e) = cdp.call("Input.insertText", json!({ "text": text })).await {
+            // At the element's place: a frame in a process of its own takes the text through
+            // its own session, whichever frame the browser last saw focused.
+            let typed = cdp.call_at(&place, "Input.insertText", json!({ "text": text }));
+            if let Err(e) = typed.await {
                 return interrupted(cdp, element, action, &done, e);
             }
             done.push("typed");
+            if let Err(e) = after_input(cdp, &place).await {
+                return interrupted(cdp, element, action, &done, e);
+            }
         }
         "press" => {
             let key = text.unwrap_or("Enter");
@@ -173,10 +197,13 @@ pub(super) async fn act(
                         ev["text"] = json!("\r");
                     }
                 }
-                if let Err(e) = cdp.call("Input.dispatchKeyEvent", ev).await {
+                if let Err(e) = cdp.call_at(&place, "Input.dispatchKeyEvent", ev).await {
                     return interrupted(cdp, element, action, &done, e);
                 }
                 done.push(kind);
+            }
+            if let Err(e) = after_input(cdp, &place).await {
+                return interrupted(cdp, element, action, &done, e);
             }
         }
         "upload" => {

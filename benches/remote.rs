@@ -13,7 +13,8 @@
 //! settled frame on a live desktop of each provider, the daytona-emulator's and the
 //! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script through the provider in turns
 //! with envd's own `Start` of it, and on Daytona and Box computers with no screen with the
-//! vendor's own run call).
+//! vendor's own run call; `BENCH_ONLY=listing`: a large folder's first 1000 entries by name
+//! against its whole listing, on Docker and each vendor's emulator).
 
 mod support;
 
@@ -202,6 +203,55 @@ async fn scripts_only_against_the_vendors_run<V: rakazo::providers::remote::Remo
     p.destroy(&m).await.unwrap();
 }
 
+/// Entries of the folder listed by `BENCH_ONLY=listing`.
+const LISTED: usize = 50_000;
+/// Listings timed per leg (`BENCH_ONLY=listing`).
+const LISTINGS: usize = 10;
+
+/// `BENCH_ONLY=listing`: what `list_files` asks of a provider for a folder of [`LISTED`]
+/// entries with 90-byte names, its first 1000 by name (`list_files_first`), in turns with the
+/// whole listing the tool read before and kept the first 1000 of.
+async fn first_entries_against_the_whole_listing(p: &dyn SandboxProvider, name: &str) {
+    use rakazo_actors::provider::ListingPage;
+    let m = p
+        .provision(&support::machine_spec(&format!("listing-{name}")))
+        .await
+        .unwrap();
+    let make = format!(
+        "python3 -c \"import os; os.makedirs('big'); [open('big/entry-%084d' % i, 'w').close() for i in range({LISTED})]\""
+    );
+    let made = p
+        .exec(
+            &m,
+            &ExecRequest {
+                command: make,
+                cwd: String::new(),
+                env: Vec::new(),
+                timeout: Duration::from_secs(120),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.exit_code, 0, "{}", made.stderr);
+    let (mut first, mut whole) = (Vec::new(), Vec::new());
+    for _ in 0..LISTINGS {
+        let t = Instant::now();
+        let page = p.list_files_first(&m, "big", 1000).await.unwrap();
+        first.push(t.elapsed());
+        assert_eq!((page.entries.len(), page.total), (1000, LISTED));
+        let t = Instant::now();
+        let page = ListingPage::first_by_name(p.list_files(&m, "big").await.unwrap(), 1000);
+        whole.push(t.elapsed());
+        assert_eq!((page.entries.len(), page.total), (1000, LISTED));
+    }
+    let (f50, w50) = (percentile(first, 0.5), percentile(whole, 0.5));
+    println!(
+        "| {name} | {f50:.1} ms | {w50:.1} ms | {:.2}x |",
+        f50 / w50.max(1e-9)
+    );
+    p.destroy(&m).await.unwrap();
+}
+
 /// Provision → open desktop → first screenshot; the three stretches.
 async fn first_screenshot(p: &dyn SandboxProvider) -> [Duration; 3] {
     let s = support::machine_spec("first");
@@ -274,6 +324,20 @@ fn main() {
             let (daytona, boat) = daytona_and_box(&url, &token);
             scripts_only_against_the_vendors_run(daytona, "daytona").await;
             scripts_only_against_the_vendors_run(boat, "box").await;
+            return;
+        }
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("listing") {
+            println!(
+                "| provider | first 1000 of {LISTED}, p50 | whole listing, first 1000 kept, p50 | ratio |"
+            );
+            println!("| --- | ---: | ---: | ---: |");
+            first_entries_against_the_whole_listing(docker.as_ref(), "docker").await;
+            first_entries_against_the_whole_listing(remote.as_ref(), "e2b-emulator").await;
+            let (daytona, boat) = daytona_and_box(&url, &token);
+            let daytona = RemoteProvider::new(daytona, 0);
+            first_entries_against_the_whole_listing(&daytona, "daytona-emulator").await;
+            first_entries_against_the_whole_listing(&RemoteProvider::new(boat, 0), "box-emulator")
+                .await;
             return;
         }
         // `BENCH_ONLY=acts`: only ten pointer moves with their settled frame on a live desktop.

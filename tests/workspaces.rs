@@ -412,3 +412,69 @@ async fn a_pending_restore_is_applied_before_an_observe_on_a_held_screen() {
         "one\n"
     );
 }
+
+/// The Files window lists a folder's first entries by name and says how many it holds, on a
+/// running computer and from the stored copy of a stopped one; a number out of range is
+/// refused.
+#[actix_rt::test]
+async fn the_files_window_lists_a_folders_first_entries_and_its_total() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    for name in ["c", "a", "b"] {
+        s.exec(&run, fence, &format!("echo {name} > {name}.txt"))
+            .await
+            .unwrap();
+    }
+    let names = |listed: &serde_json::Value| -> Vec<String> {
+        listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let listed = s
+        .ok(
+            "files.list",
+            json!({ "botId": bot, "path": "", "first": 2 }),
+        )
+        .await;
+    assert_eq!(names(&listed), ["a.txt", "b.txt"], "{listed}");
+    assert_eq!(
+        (listed["total"].as_u64(), listed["truncated"].as_bool()),
+        (Some(3), Some(true))
+    );
+    let whole = s
+        .ok("files.list", json!({ "botId": bot, "path": "" }))
+        .await;
+    assert_eq!(names(&whole), ["a.txt", "b.txt", "c.txt"], "{whole}");
+    assert_eq!(whole["truncated"], false);
+    for first in [0, 100_001] {
+        let err = s
+            .call(
+                "files.list",
+                json!({ "botId": bot, "path": "", "first": first }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.1, "INVALID_PARAMS", "first {first}");
+    }
+    finish(&s, &run, fence).await;
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    let stored = s
+        .ok(
+            "files.list",
+            json!({ "botId": bot, "path": "", "first": 1 }),
+        )
+        .await;
+    assert_eq!(stored["live"], false, "{stored}");
+    assert_eq!(names(&stored), ["a.txt"]);
+    assert_eq!(
+        (stored["total"].as_u64(), stored["truncated"].as_bool()),
+        (Some(3), Some(true))
+    );
+}

@@ -34,7 +34,7 @@ use crate::leases::{LeaseKey, LeaseKind, Leases};
 use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, FrameSize,
-    MachineSpec, ProviderError, ProviderRef, ScreenInfo,
+    ListingPage, MachineSpec, ProviderError, ProviderRef, ScreenInfo,
 };
 use crate::runs::Runs;
 use crate::runtime::Runtime;
@@ -59,6 +59,8 @@ pub enum Op {
     Exec(ExecRequest),
     /// List a workspace directory.
     ListFiles(String),
+    /// The first entries of a workspace directory by name, and how many it holds.
+    ListFirst(String, usize),
     /// Read a workspace file.
     ReadFile(String),
     /// Write a workspace file.
@@ -89,6 +91,8 @@ pub enum OpOutput {
     Exec(ExecOutput),
     /// From `ListFiles`.
     Files(Vec<FileEntry>),
+    /// From `ListFirst`.
+    Page(ListingPage),
     /// From `ReadFile`.
     Bytes(Vec<u8>),
     /// From `OpenScreen`.
@@ -1238,6 +1242,9 @@ async fn run_op(
             }
         }
         Op::ListFiles(path) => OpOutput::Files(provider.list_files(machine, &path).await?),
+        Op::ListFirst(path, first) => {
+            OpOutput::Page(provider.list_files_first(machine, &path, first).await?)
+        }
         Op::ReadFile(path) => OpOutput::Bytes(provider.read_file(machine, &path).await?),
         Op::WriteFile(path, data) => {
             provider.write_file(machine, &path, &data).await?;

@@ -135,6 +135,52 @@ pub async fn a_large_folder_lists_whole(p: Arc<dyn SandboxProvider>) {
             .iter()
             .any(|e| e.name == last && e.path == format!("big/{last}"))
     );
+    // Its first entries by name, and how many it holds.
+    let page = p.list_files_first(&m, "big", 1000).await.unwrap();
+    assert_eq!(page.total, LARGE_FOLDER);
+    let names: Vec<String> = (0..1000).map(|i| format!("entry-{i:084}")).collect();
+    let shown: Vec<&String> = page.entries.iter().map(|e| &e.name).collect();
+    assert_eq!(shown, names.iter().collect::<Vec<_>>());
+    assert!(
+        page.entries
+            .iter()
+            .all(|e| e.kind == "file" && e.size == 0 && e.path == format!("big/{}", e.name))
+    );
+    let whole = p
+        .list_files_first(&m, "big", LARGE_FOLDER + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (whole.entries.len(), whole.total),
+        (LARGE_FOLDER, LARGE_FOLDER)
+    );
+    p.destroy(&m).await.unwrap();
+}
+
+/// A name that is not UTF-8, which no workspace path can name, is left out of the listing of
+/// its folder, and the folder's other entries are listed (where the computer has `python3` to
+/// make such a name; the bot can make it anyway).
+pub async fn a_name_no_path_can_hold_is_left_out_of_its_listing(p: Arc<dyn SandboxProvider>) {
+    let m = machine(p.as_ref(), "unnamed").await;
+    p.write_file(&m, "odd/kept.txt", b"kept\n").await.unwrap();
+    let _ = p
+        .exec(
+            &m,
+            &cmd("python3 -c 'open(b\"odd/bad\\xffname\", \"w\").close()'"),
+        )
+        .await;
+    let count = "python3 -c 'import os; print(len(os.listdir(b\"odd\")))'";
+    if let Ok(counted) = p.exec(&m, &cmd(count)).await
+        && counted.exit_code == 0
+    {
+        assert_eq!(counted.stdout, "2\n", "the name was made beside kept.txt");
+    }
+    let listed = p.list_files(&m, "odd").await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["kept.txt"]);
+    let page = p.list_files_first(&m, "odd", 10).await.unwrap();
+    assert_eq!(page.entries, listed);
+    assert_eq!(page.total, 1);
     p.destroy(&m).await.unwrap();
 }
 
@@ -637,7 +683,8 @@ macro_rules! conformance_suite {
     ($make:expr, gate = $gate:expr) => {
         $crate::conformance_suite!(@tests $make; $gate;
             describes_itself, exec_runs_commands, exec_times_out, files_round_trip,
-            a_large_folder_lists_whole, files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
+            a_large_folder_lists_whole, a_name_no_path_can_hold_is_left_out_of_its_listing,
+            files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
             unchanged_workspace_is_not_exported_again, lifecycle, screens,
             observe_and_act);
     };

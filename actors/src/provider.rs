@@ -106,6 +106,33 @@ pub struct FileEntry {
     pub size: u64,
 }
 
+/// The first entries of a directory by name, and how many it holds
+/// ([`SandboxProvider::list_files_first`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListingPage {
+    /// The first entries in name order.
+    pub entries: Vec<FileEntry>,
+    /// How many entries the directory holds.
+    pub total: usize,
+}
+
+impl ListingPage {
+    /// The first `first` of `entries` by name, and their number: the rest is never sorted.
+    pub fn first_by_name(mut entries: Vec<FileEntry>, first: usize) -> Self {
+        let total = entries.len();
+        if total > first {
+            if first == 0 {
+                entries.clear();
+            } else {
+                entries.select_nth_unstable_by(first - 1, |a, b| a.name.cmp(&b.name));
+                entries.truncate(first);
+            }
+        }
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Self { entries, total }
+    }
+}
+
 /// The spare display stacks a provider keeps started on its computers for their next
 /// desktops (for `/internal/health`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -676,6 +703,18 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// List a directory of the workspace.
     async fn list_files(&self, machine: &ProviderRef, path: &str)
     -> ProviderResult<Vec<FileEntry>>;
+    /// The first `first` entries of a workspace directory by name, and how many it holds: a
+    /// provider that can leave the rest unread past their names (their sizes and kinds)
+    /// answers this without listing the whole directory.
+    async fn list_files_first(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        first: usize,
+    ) -> ProviderResult<ListingPage> {
+        let entries = self.list_files(machine, path).await?;
+        Ok(ListingPage::first_by_name(entries, first))
+    }
     /// Read a workspace file.
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>>;
     /// Write a workspace file, creating parent directories.
@@ -747,5 +786,33 @@ pub trait SandboxProvider: Send + Sync + 'static {
             .await
             .map_err(|e| ProviderError::Failed(format!("transfer: {e}")))?;
         self.import_workspace(machine, &archive).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> FileEntry {
+        FileEntry {
+            name: name.into(),
+            path: format!("d/{name}"),
+            kind: "file".into(),
+            size: 1,
+        }
+    }
+
+    #[test]
+    fn a_page_keeps_the_first_entries_by_name_and_counts_them_all() {
+        let names = ["k", "b", "z", "a", "m", "c"];
+        let all = || names.iter().map(|n| entry(n)).collect::<Vec<_>>();
+        let page = ListingPage::first_by_name(all(), 3);
+        let shown: Vec<&str> = page.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!((shown, page.total), (vec!["a", "b", "c"], 6));
+        let whole = ListingPage::first_by_name(all(), 10);
+        assert_eq!(whole.entries.len(), 6);
+        assert!(whole.entries.windows(2).all(|w| w[0].name < w[1].name));
+        let none = ListingPage::first_by_name(all(), 0);
+        assert_eq!((none.entries.len(), none.total), (0, 6));
     }
 }

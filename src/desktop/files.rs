@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rakazo_actors::provider::{FileEntry, ProviderError, WorkspaceExport};
+use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError, WorkspaceExport};
 
 use rakazo_actors::home_store::StoreError;
 
@@ -39,6 +39,11 @@ pub fn resolve(root: &Path, rel: &str) -> Result<PathBuf, ProviderError> {
 /// Lists a directory of the home; links are listed, never followed.
 pub fn list(root: &Path, rel: &str) -> Result<Vec<FileEntry>, ProviderError> {
     Beneath::open(root)?.list(rel)
+}
+
+/// The first `first` entries of a directory of the home by name, and how many it holds.
+pub fn list_first(root: &Path, rel: &str, first: usize) -> Result<ListingPage, ProviderError> {
+    Beneath::open(root)?.list_first(rel, first)
 }
 
 /// Reads a regular file of the home.

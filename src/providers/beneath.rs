@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use rakazo_actors::provider::{FileEntry, ProviderError};
+use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
@@ -54,6 +54,31 @@ fn shown(path: &str) -> String {
 
 fn rejected(path: &str, why: &str) -> ProviderError {
     ProviderError::PathRejected(format!("{}: {why}", shown(path)))
+}
+
+/// A folder's listing past [`MAX_LISTED_ENTRIES`].
+fn listing_too_large() -> ProviderError {
+    ProviderError::TooLarge(crate::providers::LISTING_TOO_LARGE.into())
+}
+
+/// The entry `name` of the folder `prefix` as a listing shows it, by its `stat` (not
+/// followed).
+fn listed(prefix: &str, name: String, stat: &Stat) -> FileEntry {
+    let kind = Kind::of(stat);
+    let path = if prefix.is_empty() {
+        name.clone()
+    } else {
+        format!("{prefix}/{name}")
+    };
+    FileEntry {
+        name,
+        path,
+        kind: kind.listed().into(),
+        size: match kind {
+            Kind::File | Kind::Linked => Meta::of(stat).size,
+            _ => 0,
+        },
+    }
 }
 
 /// The error a path's open gave, as the port says it.
@@ -248,26 +273,38 @@ impl Beneath {
         let fd = self.open_at(&prefix, DIR_FLAGS, Mode::empty())?;
         let listing = listing_within(&fd, MAX_LISTED_ENTRIES)
             .map_err(|e| from_errno(&prefix, e))?
-            .ok_or_else(|| ProviderError::TooLarge(crate::providers::LISTING_TOO_LARGE.into()))?;
-        let mut entries = Vec::new();
-        for (name, stat) in listing.entries {
-            let kind = Kind::of(&stat);
-            let path = if prefix.is_empty() {
-                name.clone()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            entries.push(FileEntry {
-                name,
-                path,
-                kind: kind.listed().into(),
-                size: match kind {
-                    Kind::File | Kind::Linked => Meta::of(&stat).size,
-                    _ => 0,
-                },
-            });
+            .ok_or_else(listing_too_large)?;
+        Ok(listing
+            .entries
+            .into_iter()
+            .map(|(name, stat)| listed(&prefix, name, &stat))
+            .collect())
+    }
+
+    /// The first `first` entries of the directory at `path` by name ([`Self::list`]), and
+    /// how many it holds: every name is read, only the entries kept are looked at.
+    pub fn list_first(&self, path: &str, first: usize) -> Result<ListingPage, ProviderError> {
+        let prefix = segments(path, true)?.join("/");
+        let fd = self.open_at(&prefix, DIR_FLAGS, Mode::empty())?;
+        let (mut names, _) = names_within(&fd, MAX_LISTED_ENTRIES)
+            .map_err(|e| from_errno(&prefix, e))?
+            .ok_or_else(listing_too_large)?;
+        let total = names.len();
+        if total > first && first > 0 {
+            names.select_nth_unstable(first - 1);
         }
-        Ok(entries)
+        names.truncate(first);
+        names.sort_unstable();
+        let mut entries = Vec::with_capacity(names.len());
+        for name in names {
+            match rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => entries.push(listed(&prefix, name, &stat)),
+                // Removed since its name was read.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(from_errno(&prefix, e)),
+            }
+        }
+        Ok(ListingPage { entries, total })
     }
 
     /// Writes the regular file at `path`, creating it and its missing parent directories;
@@ -404,27 +441,13 @@ pub const MAX_LISTED_ENTRIES: usize = 100_000;
 
 /// [`listing_of`], or `None` as soon as the directory shows more than `max` names.
 pub fn listing_within(dir: &OwnedFd, max: usize) -> Result<Option<Listing>, Errno> {
-    let mut entries = Vec::new();
-    let mut unnamed = Vec::new();
-    let mut read = rustix::fs::Dir::read_from(dir)?;
-    while let Some(entry) = read.read() {
-        let entry = entry?;
-        if entries.len() + unnamed.len() == max {
-            // One more name than `max` (`.` and `..` are not counted).
-            if !matches!(entry.file_name().to_bytes(), b"." | b"..") {
-                return Ok(None);
-            }
-            continue;
-        }
-        let Ok(name) = entry.file_name().to_str() else {
-            unnamed.push(entry.file_name().to_string_lossy().into_owned());
-            continue;
-        };
-        if name == "." || name == ".." {
-            continue;
-        }
-        match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => entries.push((name.to_owned(), stat)),
+    let Some((names, mut unnamed)) = names_within(dir, max)? else {
+        return Ok(None);
+    };
+    let mut entries = Vec::with_capacity(names.len());
+    for name in names {
+        match rustix::fs::statat(dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => entries.push((name, stat)),
             // Removed since the listing.
             Err(Errno::NOENT) => continue,
             Err(e) => return Err(e),
@@ -433,6 +456,31 @@ pub fn listing_within(dir: &OwnedFd, max: usize) -> Result<Option<Listing>, Errn
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     unnamed.sort();
     Ok(Some(Listing { entries, unnamed }))
+}
+
+/// A directory's names: the UTF-8 ones, and the others shown lossily.
+type Names = (Vec<String>, Vec<String>);
+
+/// The names of an open directory, in no order; `None` as soon as it shows more than `max`
+/// (`.` and `..` are not counted).
+fn names_within(dir: &OwnedFd, max: usize) -> Result<Option<Names>, Errno> {
+    let (mut named, mut unnamed) = (Vec::new(), Vec::new());
+    let mut read = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = read.read() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if matches!(name.to_bytes(), b"." | b"..") {
+            continue;
+        }
+        if named.len() + unnamed.len() == max {
+            return Ok(None);
+        }
+        match name.to_str() {
+            Ok(name) => named.push(name.to_owned()),
+            Err(_) => unnamed.push(name.to_string_lossy().into_owned()),
+        }
+    }
+    Ok(Some((named, unnamed)))
 }
 
 /// Connects to the unix socket `name` in `dir`, a directory the computer can write to (its
@@ -533,6 +581,37 @@ mod tests {
         assert!(listing_within(&fd, 3).unwrap().is_none());
         let fd = rustix::fs::open(&root, DIR_FLAGS, Mode::empty()).unwrap();
         assert_eq!(names(listing_of(&fd).unwrap()).len(), 4);
+    }
+
+    #[test]
+    fn a_folders_first_entries_are_looked_at_and_the_rest_counted() {
+        let (_dir, root) = home();
+        std::fs::create_dir(root.join("many")).unwrap();
+        for name in ["e", "c", "a", "d", "b"] {
+            std::fs::write(root.join("many").join(name), name.repeat(3)).unwrap();
+        }
+        std::fs::create_dir(root.join("many/aa")).unwrap();
+        symlink("/", root.join("many/ab")).unwrap();
+        let beneath = Beneath::open(&root).unwrap();
+        let page = beneath.list_first("many", 4).unwrap();
+        assert_eq!(page.total, 7);
+        let shown: Vec<(&str, &str, u64)> = page
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), e.kind.as_str(), e.size))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("many/a", "file", 3),
+                ("many/aa", "dir", 0),
+                ("many/ab", "link", 0),
+                ("many/b", "file", 3)
+            ]
+        );
+        let whole = beneath.list_first("many", 100).unwrap();
+        assert_eq!(whole.entries, beneath.list("many").unwrap());
+        assert!(beneath.list_first("many", 0).unwrap().entries.is_empty());
     }
 
     #[test]

@@ -14,7 +14,9 @@ use base64::Engine;
 use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, CallRead, Op, OpOutput};
 use rakazo_actors::entity::{computer, run};
-use rakazo_actors::provider::{ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize};
+use rakazo_actors::provider::{
+    ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize, ListingPage,
+};
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
@@ -737,21 +739,21 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
 async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
     let path = ctx.path(&path, true)?;
-    let mut entries = match ctx.op(Op::ListFiles(path.clone())).await {
-        Ok(OpOutput::Files(entries)) => entries,
-        // The bot's own folder before anything was put in it.
-        Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => Vec::new(),
-        Err(e) => return Err(e),
-        Ok(_) => {
-            return Err(DomainError::new(
-                ErrorCode::Internal,
-                "unexpected provider reply",
-            ));
-        }
-    };
-    let total = entries.len();
-    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    entries.truncate(MAX_LISTED);
+    let ListingPage { mut entries, total } =
+        match ctx.op(Op::ListFirst(path.clone(), MAX_LISTED)).await {
+            Ok(OpOutput::Page(page)) => page,
+            // The bot's own folder before anything was put in it.
+            Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => {
+                ListingPage::default()
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {
+                return Err(DomainError::new(
+                    ErrorCode::Internal,
+                    "unexpected provider reply",
+                ));
+            }
+        };
     for e in &mut entries {
         e.path = ctx.shown(&e.path);
     }

@@ -6,13 +6,14 @@ use base64::Engine;
 use rakazo_actors::activity;
 use rakazo_actors::computer::{Call, CurrentMachine, Op, OpOutput};
 use rakazo_actors::leases::{LeaseKey, Leases};
-use rakazo_actors::provider::ProviderError;
+use rakazo_actors::provider::{ListingPage, ProviderError};
 use rakazo_actors::{DomainError, DomainResult, ErrorCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::computers::{handle, of_bot};
 use super::{Ctx, access};
+use crate::providers::beneath::MAX_LISTED_ENTRIES;
 use crate::providers::workspace_path::normalize;
 
 /// Largest file the Files window previews or uploads.
@@ -56,27 +57,52 @@ async fn running(
     Ok((c, live))
 }
 
-/// `files.list {botId, path}`: a folder of the bot's computer, also when it is stopped.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ListPath {
+    bot_id: String,
+    #[serde(default)]
+    path: String,
+    first: Option<usize>,
+}
+
+/// Entries `files.list` gives of a folder unless asked for another number.
+const BROWSED: usize = 5000;
+
+/// `files.list {botId, path, first?}`: a folder of the bot's computer, also when it is
+/// stopped: its first `first` entries by name (5000 unless given, at most
+/// [`MAX_LISTED_ENTRIES`]) and how many it holds (`total`, `truncated`).
 pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
-    let p: FilePath = super::params(params)?;
+    let p: ListPath = super::params(params)?;
+    let first = p.first.unwrap_or(BROWSED);
+    if !(1..=MAX_LISTED_ENTRIES).contains(&first) {
+        return Err(DomainError::invalid(format!(
+            "first must be between 1 and {MAX_LISTED_ENTRIES}"
+        )));
+    }
     let (c, live) = running(ctx, &p.bot_id).await?;
-    let entries = if live {
+    let page = if live {
         match handle(ctx, &c)
             .computer
-            .send(Call(Op::ListFiles(p.path.clone())))
+            .send(Call(Op::ListFirst(p.path.clone(), first)))
             .await??
         {
-            OpOutput::Files(e) => e,
-            _ => Vec::new(),
+            OpOutput::Page(page) => page,
+            _ => ListingPage::default(),
         }
     } else {
-        ctx.app
+        let entries = ctx
+            .app
             .runtime()
             .homes
             .list_latest(&c.home_key, &p.path)
-            .await?
+            .await?;
+        ListingPage::first_by_name(entries, first)
     };
-    Ok(json!({ "path": p.path, "live": live, "entries": entries }))
+    Ok(json!({
+        "path": p.path, "live": live, "entries": page.entries,
+        "total": page.total, "truncated": page.total > first,
+    }))
 }
 
 /// `files.read {botId, path}`: preview a file (text or base64), also when stopped.

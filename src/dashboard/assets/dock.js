@@ -86,6 +86,10 @@ class FilesWindow {
           el("span", {}, e.kind === "dir" ? `${e.name}/` : e.name),
           el("span", { class: "size" }, e.kind === "dir" ? "" : human(e.size))))));
       if (!r.entries.length) this.list.append(el("li", { class: "muted" }, "This folder is empty."));
+      if (r.truncated) {
+        this.list.append(el("li", { class: "muted", "data-role": "more" },
+          `${r.total - r.entries.length} more not shown: the first ${r.entries.length} of ${r.total} by name. Use the terminal for the rest.`));
+      }
     } catch (e) {
       this.say(e.message, true);
     } finally {

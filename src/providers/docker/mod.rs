@@ -35,8 +35,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
-    ExecRequest, FileEntry, Frame, FrameSize, MachineSpec, Preparation, ProviderError, ProviderRef,
-    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ExecRequest, FileEntry, Frame, FrameSize, ListingPage, MachineSpec, Preparation, ProviderError,
+    ProviderRef, ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute,
+    WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -638,6 +639,17 @@ impl SandboxProvider for DockerProvider {
         let home = Self::home(&*self.machine(machine).await?)?;
         let path = path.to_string();
         blocking(move || files::list(&home, &path)).await
+    }
+
+    async fn list_files_first(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        first: usize,
+    ) -> ProviderResult<ListingPage> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        let path = path.to_string();
+        blocking(move || files::list_first(&home, &path, first)).await
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {

@@ -167,12 +167,25 @@ pub fn parse_simple(src: &str, env: &BTreeMap<String, String>) -> Result<Simple,
                 i += 2;
             }
             '>' | '<' => {
+                // A file descriptor's number only right before `>` (`2>&1`); `echo 1 > f`
+                // prints 1.
+                let fd = match cur.as_deref() {
+                    Some("1" | "2") if c == '>' => cur.take(),
+                    _ => None,
+                };
                 words.extend(cur.take());
-                let mut op = String::from(c);
+                let mut op = fd.unwrap_or_default();
+                op.push(c);
                 i += 1;
-                while i < chars.len() && matches!(chars[i], '>' | '&' | '1' | '2') && op.len() < 3 {
-                    op.push(chars[i]);
+                if c == '>' && chars.get(i) == Some(&'>') {
+                    op.push('>');
                     i += 1;
+                } else if c == '>'
+                    && chars.get(i) == Some(&'&')
+                    && matches!(chars.get(i + 1), Some('1' | '2'))
+                {
+                    op.extend(&chars[i..i + 2]);
+                    i += 2;
                 }
                 words.push(op);
             }
@@ -183,32 +196,22 @@ pub fn parse_simple(src: &str, env: &BTreeMap<String, String>) -> Result<Simple,
         }
     }
     words.extend(cur.take());
-    // Redirections: a word before `>` that is `1` or `2` is an fd number.
+    // Redirections, each an operator word (with its file descriptor's number, if any).
     let mut simple = Simple::default();
-    let mut it = words.into_iter().peekable();
+    let mut it = words.into_iter();
     while let Some(w) = it.next() {
         match w.as_str() {
-            ">" | ">>" => {
+            ">" | ">>" | "1>" | "1>>" => {
                 let target = it.next().ok_or("missing redirection target")?;
-                simple.stdout_to = Some((target, w == ">>"));
+                simple.stdout_to = Some((target, w.ends_with(">>")));
             }
             "<" => simple.stdin_from = Some(it.next().ok_or("missing redirection source")?),
-            ">&2" => simple.stdout_to_stderr = true,
-            ">&1" => {}
-            "2" | "1" if it.peek().is_some_and(|n| n.starts_with('>')) => {
-                let op = it.next().unwrap_or_default();
-                match (w.as_str(), op.as_str()) {
-                    ("2", ">&1") => simple.stderr_to_stdout = true,
-                    ("1", ">&2") => simple.stdout_to_stderr = true,
-                    ("1", ">" | ">>") => {
-                        simple.stdout_to = Some((it.next().ok_or("missing target")?, op == ">>"))
-                    }
-                    // stderr to a file: the emulator discards it.
-                    ("2", ">" | ">>") => {
-                        it.next();
-                    }
-                    _ => return Err(format!("unsupported redirection {w}{op}")),
-                }
+            ">&2" | "1>&2" => simple.stdout_to_stderr = true,
+            ">&1" | "1>&1" | "2>&2" => {}
+            "2>&1" => simple.stderr_to_stdout = true,
+            // stderr to a file: the emulator discards it.
+            "2>" | "2>>" => {
+                it.next().ok_or("missing redirection target")?;
             }
             _ => simple.argv.push(w),
         }
@@ -581,6 +584,14 @@ mod tests {
             "cat: missing: No such file or directory\n"
         );
         assert_eq!(run(&mut t, "echo x > ../../etc/passwd").2, 1);
+        // A digit apart from `>` is an argument, one right before it a file descriptor.
+        run(
+            &mut t,
+            "echo 1 > one; echo 2 > two; echo 3 1> three; echo 4 2> four",
+        );
+        assert_eq!(run(&mut t, "cat one two three four").0, "1\n2\n3\n");
+        assert_eq!(run(&mut t, "echo e 1>&2").1, "e\n");
+        assert_eq!(run(&mut t, "cat missing 2>>log").0, "");
     }
 
     #[test]

@@ -45,8 +45,9 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult,
-    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, Skipped, WorkspaceExport,
+    FileEntry, Frame, FrameSize, ListingPage, MachineSpec, ProviderError, ProviderRef,
+    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, Skipped,
+    WorkspaceExport,
 };
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -895,6 +896,22 @@ impl SandboxProvider for KubernetesProvider {
             });
         }
         Ok(entries)
+    }
+
+    async fn list_files_first(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        first: usize,
+    ) -> ProviderResult<ListingPage> {
+        let m = self.machine(machine).await?;
+        if let Some(home) = m.home.clone() {
+            let rel = segments(path, true)?.join("/");
+            return blocking(move || host_files::list_first(&home, &rel, first)).await;
+        }
+        // The pod's own listing is read whole, up to its limit.
+        let entries = self.list_files(machine, path).await?;
+        Ok(ListingPage::first_by_name(entries, first))
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {

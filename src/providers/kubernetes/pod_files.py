@@ -73,6 +73,10 @@ def op_list(segs):
     out = sys.stdout
     for name in sorted(os.listdir(fd)):
         try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            continue  # not UTF-8: no workspace path can name it
+        try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             continue

@@ -5,7 +5,9 @@
 //! with caps, exported archives pass the restore rules of [`crate::stores::archive`] before
 //! they are used.
 
-use rakazo_actors::provider::{FileEntry, ProviderError, ProviderResult, Skipped, WorkspaceExport};
+use rakazo_actors::provider::{
+    FileEntry, ListingPage, ProviderError, ProviderResult, Skipped, WorkspaceExport,
+};
 use rakazo_actors::workspace::{Piece, Workspace};
 
 use super::RemoteSandboxes;
@@ -160,8 +162,38 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
     /// [`INLINE_LISTING`] is written to a transfer file and downloaded.
     pub async fn list(&self, rel: &str) -> ProviderResult<Vec<FileEntry>> {
         let segs = segments(rel, true)?;
+        let out = self.listing(rel, serde_json::json!({"path": segs})).await?;
+        let entries: Vec<Listed> = serde_json::from_str(&out).map_err(|_| unreadable())?;
+        listed(&segs, entries)
+    }
+
+    /// The first `first` entries of a workspace directory by name, and how many it holds:
+    /// the machine reads every name and looks only at the entries kept.
+    pub async fn list_first(&self, rel: &str, first: usize) -> ProviderResult<ListingPage> {
+        let segs = segments(rel, true)?;
+        let args = serde_json::json!({"path": segs, "first": first});
+        #[derive(serde::Deserialize)]
+        struct Page {
+            entries: Vec<Listed>,
+            total: usize,
+        }
+        let page: Page =
+            serde_json::from_str(&self.listing(rel, args).await?).map_err(|_| unreadable())?;
+        if page.entries.len() > first || page.total < page.entries.len() {
+            return Err(unreadable());
+        }
+        Ok(ListingPage {
+            entries: listed(&segs, page.entries)?,
+            total: page.total,
+        })
+    }
+
+    /// The helper's listing of a directory (`args`: its path and what else the listing
+    /// takes), downloaded when it was too large for the script's output.
+    async fn listing(&self, rel: &str, mut args: serde_json::Value) -> ProviderResult<String> {
         let dest = self.transfer_path();
-        let args = serde_json::json!({"path": segs, "dest": dest, "inline": INLINE_LISTING});
+        args["dest"] = dest.clone().into();
+        args["inline"] = INLINE_LISTING.into();
         let mut out = self.helper("list", args, SCRIPT_TIMEOUT, rel).await?;
         let too_large = || ProviderError::TooLarge(crate::providers::LISTING_TOO_LARGE.into());
         if out.is_empty() {
@@ -174,48 +206,12 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
                 Err(ProviderError::TooLarge(_)) => return Err(too_large()),
                 other => other?,
             };
-            out = String::from_utf8(data).map_err(|_| {
-                ProviderError::Failed("the machine answered an unreadable listing".into())
-            })?;
+            out = String::from_utf8(data).map_err(|_| unreadable())?;
         }
         if out.len() > MAX_LISTING {
             return Err(too_large());
         }
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            name: String,
-            kind: String,
-            size: u64,
-        }
-        let entries: Vec<Entry> = serde_json::from_str(&out).map_err(|_| {
-            ProviderError::Failed("the machine answered an unreadable listing".into())
-        })?;
-        let base = segs.join("/");
-        entries
-            .into_iter()
-            .map(|e| {
-                segments(&e.name, false)
-                    .ok()
-                    .filter(|s| s.len() == 1)
-                    .ok_or_else(|| {
-                        ProviderError::Failed("the machine listed an impossible name".into())
-                    })?;
-                let kind = match e.kind.as_str() {
-                    "file" | "dir" | "link" => e.kind,
-                    _ => "other".into(),
-                };
-                Ok(FileEntry {
-                    path: if base.is_empty() {
-                        e.name.clone()
-                    } else {
-                        format!("{base}/{}", e.name)
-                    },
-                    name: e.name,
-                    size: if kind == "file" { e.size } else { 0 },
-                    kind,
-                })
-            })
-            .collect()
+        Ok(out)
     }
 
     /// Reads a workspace file.
@@ -361,4 +357,47 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         }
         done.map(drop)
     }
+}
+
+/// An entry as the helper lists it.
+#[derive(serde::Deserialize)]
+struct Listed {
+    name: String,
+    kind: String,
+    size: u64,
+}
+
+fn unreadable() -> ProviderError {
+    ProviderError::Failed("the machine answered an unreadable listing".into())
+}
+
+/// The helper's entries of the folder `segs` as the port gives them: whatever the machine
+/// says, a name stays one name below the folder.
+fn listed(segs: &[String], entries: Vec<Listed>) -> ProviderResult<Vec<FileEntry>> {
+    let base = segs.join("/");
+    entries
+        .into_iter()
+        .map(|e| {
+            segments(&e.name, false)
+                .ok()
+                .filter(|s| s.len() == 1)
+                .ok_or_else(|| {
+                    ProviderError::Failed("the machine listed an impossible name".into())
+                })?;
+            let kind = match e.kind.as_str() {
+                "file" | "dir" | "link" => e.kind,
+                _ => "other".into(),
+            };
+            Ok(FileEntry {
+                path: if base.is_empty() {
+                    e.name.clone()
+                } else {
+                    format!("{base}/{}", e.name)
+                },
+                name: e.name,
+                size: if kind == "file" { e.size } else { 0 },
+                kind,
+            })
+        })
+        .collect()
 }

@@ -11,8 +11,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, FrameSize, MachineSpec, ProviderError, ProviderRef, ProviderResult,
-    SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    FileEntry, Frame, FrameSize, ListingPage, MachineSpec, ProviderError, ProviderRef,
+    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -536,6 +536,19 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         self.on(machine, |m| async move {
             m.runner.start_agent_soon();
             self.files(&m).list(path).await
+        })
+        .await
+    }
+
+    async fn list_files_first(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        first: usize,
+    ) -> ProviderResult<ListingPage> {
+        self.on(machine, |m| async move {
+            m.runner.start_agent_soon();
+            self.files(&m).list_first(path, first).await
         })
         .await
     }

@@ -2,7 +2,7 @@
 # Usage: python3 helper.py ROOT OP ARGS_JSON. Every path is a list of segments under ROOT,
 # each opened relative to its parent without following links; fifos, sockets, devices and
 # files with another hard link are refused. Exit 3: not found; 4: refused; 5: other failure.
-import json, os, stat, sys, tarfile
+import heapq, json, os, stat, sys, tarfile
 
 ROOT, OP, ARGS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 PROFILES = ".browser-profiles"
@@ -58,12 +58,25 @@ def op_dir():
 
 def op_list():
     fd = open_dir(ARGS["path"])
+    names = []
+    for name in os.listdir(fd):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            continue  # not UTF-8: no workspace path can name it
+        names.append(name)
+    total, first = len(names), ARGS.get("first")
+    # Code point order is the order of the names' UTF-8 bytes, as the caller sorts them.
+    names = sorted(names) if first is None else heapq.nsmallest(first, names)
     out = []
-    for name in sorted(os.listdir(fd)):
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed since its name was read
         k = kind(st)
         out.append({"name": name, "kind": k, "size": st.st_size if k == "file" else 0})
-    listing = json.dumps(out)
+    listing = json.dumps(out if first is None else {"entries": out, "total": total})
     if len(listing) <= ARGS["inline"]:
         print(listing)
         return

@@ -61,8 +61,8 @@ pub enum Op {
     ListFiles(String),
     /// The first entries of a workspace directory by name, and how many it holds.
     ListFirst(String, usize),
-    /// Read a workspace file.
-    ReadFile(String),
+    /// Read a workspace file of at most so many bytes (a larger one is `TOO_LARGE`).
+    ReadFile(String, u64),
     /// Write a workspace file.
     WriteFile(String, Vec<u8>),
     /// Open (or get) a bot's screen on a display slot (numbered by the computer's slot table).
@@ -1245,7 +1245,9 @@ async fn run_op(
         Op::ListFirst(path, first) => {
             OpOutput::Page(provider.list_files_first(machine, &path, first).await?)
         }
-        Op::ReadFile(path) => OpOutput::Bytes(provider.read_file(machine, &path).await?),
+        Op::ReadFile(path, max) => {
+            OpOutput::Bytes(provider.read_file_within(machine, &path, max).await?)
+        }
         Op::WriteFile(path, data) => {
             provider.write_file(machine, &path, &data).await?;
             OpOutput::Done

@@ -157,6 +157,36 @@ pub async fn a_large_folder_lists_whole(p: Arc<dyn SandboxProvider>) {
     p.destroy(&m).await.unwrap();
 }
 
+/// A read given a size is refused with `TooLarge` for a larger file, and gives a file of that
+/// size whole.
+pub async fn a_read_past_its_size_is_refused(p: Arc<dyn SandboxProvider>) {
+    let m = machine(p.as_ref(), "read-within").await;
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+    p.write_file(&m, "sized/data.bin", &data).await.unwrap();
+    assert!(
+        matches!(
+            p.read_file_within(&m, "sized/data.bin", 2999).await,
+            Err(ProviderError::TooLarge(_))
+        ),
+        "a file one byte past the size is refused"
+    );
+    let read = p
+        .read_file_within(&m, "sized/data.bin", 3000)
+        .await
+        .unwrap();
+    assert_eq!(read, data);
+    // A sparse file of 1 GiB the bot made (where its shell has `truncate`): refused by its
+    // size, never read into this process.
+    let made = p.exec(&m, &cmd("truncate -s 1G sized/huge")).await;
+    if made.is_ok_and(|o| o.exit_code == 0) {
+        assert!(matches!(
+            p.read_file(&m, "sized/huge").await,
+            Err(ProviderError::TooLarge(_))
+        ));
+    }
+    p.destroy(&m).await.unwrap();
+}
+
 /// A name that is not UTF-8, which no workspace path can name, is left out of the listing of
 /// its folder, and the folder's other entries are listed (where the computer has `python3` to
 /// make such a name; the bot can make it anyway).
@@ -684,6 +714,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $make; $gate;
             describes_itself, exec_runs_commands, exec_times_out, files_round_trip,
             a_large_folder_lists_whole, a_name_no_path_can_hold_is_left_out_of_its_listing,
+            a_read_past_its_size_is_refused,
             files_refuse_escapes, planted_links_are_refused, workspace_moves_between_machines,
             unchanged_workspace_is_not_exported_again, lifecycle, screens,
             observe_and_act);

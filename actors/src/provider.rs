@@ -460,6 +460,14 @@ pub enum ProviderError {
     Failed(String),
 }
 
+impl ProviderError {
+    /// A workspace file larger than the `max` bytes a read was given.
+    pub fn file_too_large(path: &str, max: u64) -> Self {
+        let path: String = path.chars().take(200).collect();
+        Self::TooLarge(format!("{path}: larger than {max} bytes"))
+    }
+}
+
 impl From<ProviderError> for DomainError {
     fn from(err: ProviderError) -> Self {
         let code = match &err {
@@ -717,6 +725,20 @@ pub trait SandboxProvider: Send + Sync + 'static {
     }
     /// Read a workspace file.
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>>;
+    /// Read a workspace file of at most `max` bytes: a larger one is refused with `TooLarge`
+    /// ([`ProviderError::file_too_large`]), where the provider can tell, before it is read.
+    async fn read_file_within(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        max: u64,
+    ) -> ProviderResult<Vec<u8>> {
+        let data = self.read_file(machine, path).await?;
+        if data.len() as u64 > max {
+            return Err(ProviderError::file_too_large(path, max));
+        }
+        Ok(data)
+    }
     /// Write a workspace file, creating parent directories.
     async fn write_file(
         &self,

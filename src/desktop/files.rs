@@ -48,7 +48,13 @@ pub fn list_first(root: &Path, rel: &str, first: usize) -> Result<ListingPage, P
 
 /// Reads a regular file of the home.
 pub fn read(root: &Path, rel: &str) -> Result<Vec<u8>, ProviderError> {
-    Beneath::open(root)?.read(rel, MAX_READ_BYTES)
+    read_within(root, rel, MAX_READ_BYTES)
+}
+
+/// Reads a regular file of the home of at most `max` bytes (and [`MAX_READ_BYTES`]): a
+/// larger one is refused by its size, unread.
+pub fn read_within(root: &Path, rel: &str, max: u64) -> Result<Vec<u8>, ProviderError> {
+    Beneath::open(root)?.read(rel, max.min(MAX_READ_BYTES))
 }
 
 /// Writes a file of the home, creating parent directories; never through a link. With

@@ -487,6 +487,17 @@ impl SandboxProvider for DesktopProvider {
         blocking(move || files::read(&home, &path)).await
     }
 
+    async fn read_file_within(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        max: u64,
+    ) -> ProviderResult<Vec<u8>> {
+        let home = self.machine(machine).await?.home.clone();
+        let path = path.to_string();
+        blocking(move || files::read_within(&home, &path, max)).await
+    }
+
     async fn write_file(
         &self,
         machine: &ProviderRef,

@@ -250,7 +250,7 @@ impl Beneath {
     /// larger file is `TooLarge`).
     pub fn read(&self, path: &str, cap: u64) -> Result<Vec<u8>, ProviderError> {
         let OpenFile { file, stat } = self.open_file(path)?;
-        let too_large = || ProviderError::TooLarge(format!("file is larger than {cap} bytes"));
+        let too_large = || ProviderError::file_too_large(path, cap);
         let size = Meta::of(&stat).size;
         if size > cap {
             return Err(too_large());

@@ -597,39 +597,32 @@ struct PathArgs {
 async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Value> {
     let PathArgs { path } = args(a)?;
     let path = ctx.path(&path, false)?;
-    let listing = ctx.op(Op::ListFiles(parent(&path).to_owned())).await;
-    if let Ok(OpOutput::Files(entries)) = &listing
-        && let Some(e) = entries.iter().find(|e| e.path == path)
-        && e.size as usize > MAX_READ_BYTES
+    // A file past the limit is refused by its size where the provider can tell, unread.
+    let bytes = match ctx
+        .op(Op::ReadFile(path.clone(), MAX_READ_BYTES as u64))
+        .await
     {
-        let err = DomainError::new(
-            ErrorCode::TooLarge,
-            format!("{path} is {} bytes; the limit is 8 MiB", e.size),
-        );
-        if attach {
-            ctx.record(
-                "attach_file",
-                format!("attach {path}"),
-                None,
-                Some(e.size as i64),
-                Some(err.message.clone()),
-            )
-            .await;
+        Ok(OpOutput::Bytes(bytes)) => bytes,
+        Ok(_) => {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                "unexpected provider reply",
+            ));
         }
-        return Err(err);
-    }
-    let OpOutput::Bytes(bytes) = ctx.op(Op::ReadFile(path.clone())).await? else {
-        return Err(DomainError::new(
-            ErrorCode::Internal,
-            "unexpected provider reply",
-        ));
+        Err(e) if e.code == ErrorCode::TooLarge => {
+            let err = DomainError::new(
+                ErrorCode::TooLarge,
+                format!("{} is larger than 8 MiB", ctx.shown(&path)),
+            );
+            if attach {
+                let line = format!("attach {path}");
+                ctx.record("attach_file", line, None, None, Some(err.message.clone()))
+                    .await;
+            }
+            return Err(err);
+        }
+        Err(e) => return Err(e),
     };
-    if bytes.len() > MAX_READ_BYTES {
-        return Err(DomainError::new(
-            ErrorCode::TooLarge,
-            format!("{path} is larger than 8 MiB"),
-        ));
-    }
     let size = bytes.len();
     if attach {
         ctx.record(

@@ -112,9 +112,16 @@ pub async fn read_file(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let bytes = if live {
         match handle(ctx, &c)
             .computer
-            .send(Call(Op::ReadFile(p.path.clone())))
-            .await??
-        {
+            .send(Call(Op::ReadFile(p.path.clone(), MAX_FILE_BYTES as u64)))
+            .await
+            .map_err(DomainError::from)?
+            .map_err(|e| {
+                if e.code == ErrorCode::TooLarge {
+                    DomainError::new(ErrorCode::TooLarge, "the file is larger than 8 MiB")
+                } else {
+                    e
+                }
+            })? {
             OpOutput::Bytes(b) => b,
             _ => Vec::new(),
         }

@@ -658,6 +658,17 @@ impl SandboxProvider for DockerProvider {
         blocking(move || files::read(&home, &path)).await
     }
 
+    async fn read_file_within(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        max: u64,
+    ) -> ProviderResult<Vec<u8>> {
+        let home = Self::home(&*self.machine(machine).await?)?;
+        let path = path.to_string();
+        blocking(move || files::read_within(&home, &path, max)).await
+    }
+
     async fn write_file(
         &self,
         machine: &ProviderRef,

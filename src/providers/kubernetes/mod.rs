@@ -405,6 +405,20 @@ impl KubernetesProvider {
         input: Option<&mut (dyn AsyncRead + Unpin + Send)>,
         output: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> ProviderResult<()> {
+        self.files_within(m, op, path, None, input, output).await
+    }
+
+    /// [`Self::files`] with the most bytes a read gives: a larger file is refused with
+    /// `TooLarge`, read no further.
+    async fn files_within(
+        &self,
+        m: &Machine,
+        op: &str,
+        path: &str,
+        limit: Option<u64>,
+        input: Option<&mut (dyn AsyncRead + Unpin + Send)>,
+        output: &mut (dyn AsyncWrite + Unpin + Send),
+    ) -> ProviderResult<()> {
         let argv = vec![
             "python3".to_string(),
             "-c".into(),
@@ -412,6 +426,7 @@ impl KubernetesProvider {
             op.into(),
             path.into(),
             TRANSIENT.join("\n"),
+            limit.map(|l| l.to_string()).unwrap_or_default(),
         ];
         let timeout = if op == "export" {
             EXPORT_TIMEOUT
@@ -427,6 +442,10 @@ impl KubernetesProvider {
                 "the path is a link, a special file or a file with several names".into(),
             )),
             4 => Err(ProviderError::NotFound(path.chars().take(200).collect())),
+            5 => Err(ProviderError::file_too_large(
+                path,
+                limit.unwrap_or_default(),
+            )),
             code => Err(ProviderError::Failed(format!(
                 "file {op} ended with {code}: {}",
                 ended
@@ -915,14 +934,29 @@ impl SandboxProvider for KubernetesProvider {
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
+        self.read_file_within(machine, path, host_files::MAX_READ_BYTES)
+            .await
+    }
+
+    async fn read_file_within(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        max: u64,
+    ) -> ProviderResult<Vec<u8>> {
         let rel = segments(path, false)?.join("/");
+        let max = max.min(host_files::MAX_READ_BYTES);
         let m = self.machine(machine).await?;
         if let Some(home) = m.home.clone() {
-            return blocking(move || host_files::read(&home, &rel)).await;
+            return blocking(move || host_files::read_within(&home, &rel, max)).await;
         }
-        let mut out = Vec::new();
-        match self.files(&m, "read", &rel, None, &mut out).await {
-            Ok(()) => Ok(out),
+        let mut out = exec::CappedWriter::with_cap(max as usize + 1);
+        match self
+            .files_within(&m, "read", &rel, Some(max), None, &mut out)
+            .await
+        {
+            Ok(()) if out.0.len() as u64 > max => Err(ProviderError::file_too_large(&rel, max)),
+            Ok(()) => Ok(out.0),
             Err(e) => Err(self.classify(machine, e).await),
         }
     }

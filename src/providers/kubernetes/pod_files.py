@@ -5,7 +5,8 @@
 #
 # OP: list (JSON lines on stdout), read (bytes on stdout), write (bytes from stdin), export (a
 # tar of the home's directories and regular files on stdout), clear (empty the home).
-# Exit codes: 0 done, 3 the path is refused, 4 not found.
+# Exit codes: 0 done, 3 the path is refused, 4 not found, 5 the file is larger than the
+# limit a read was given (argv[4]).
 import json
 import os
 import stat
@@ -27,6 +28,14 @@ class Refused(Exception):
 
 class Missing(Exception):
     pass
+
+
+class TooLarge(Exception):
+    pass
+
+
+# The most bytes a read gives (argv[4], when given): a larger file is refused, read no further.
+LIMIT = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else None
 
 
 def open_dir(parent, name):
@@ -109,12 +118,18 @@ def op_read(segs):
         raise Refused("")
     fd = walk(segs[:-1])
     f = open_file(fd, segs[-1])
+    if LIMIT is not None and os.fstat(f).st_size > LIMIT:
+        raise TooLarge()
     out = sys.stdout.buffer
-    while True:
-        chunk = os.read(f, 1 << 16)
+    # A file that grows meanwhile is cut one byte past the limit: the caller refuses it then.
+    left = None if LIMIT is None else LIMIT + 1
+    while left is None or left > 0:
+        chunk = os.read(f, 1 << 16 if left is None else min(1 << 16, left))
         if not chunk:
             break
         out.write(chunk)
+        if left is not None:
+            left -= len(chunk)
 
 
 def op_write(segs):
@@ -263,6 +278,8 @@ def main():
         sys.exit(3)
     except Missing:
         sys.exit(4)
+    except TooLarge:
+        sys.exit(5)
 
 
 main()

@@ -102,6 +102,7 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
                 "{what}: {}",
                 stderr.trim()
             ))),
+            6 => Err(ProviderError::TooLarge(what)),
             _ => Err(ProviderError::Failed(format!(
                 "workspace {op}: {}",
                 stderr.trim().chars().take(300).collect::<String>()
@@ -214,24 +215,34 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         Ok(out)
     }
 
-    /// Reads a workspace file.
-    pub async fn read(&self, rel: &str) -> ProviderResult<Vec<u8>> {
+    /// Reads a workspace file of at most `max` bytes (and [`MAX_READ_BYTES`]): a larger one
+    /// is refused by its size in the machine, unread.
+    pub async fn read(&self, rel: &str, max: u64) -> ProviderResult<Vec<u8>> {
         let segs = segments(rel, false)?;
+        let max = max.min(MAX_READ_BYTES);
         self.prepare_transfer().await?;
         let dest = self.transfer_path();
-        self.helper(
-            "read",
-            serde_json::json!({"path": segs, "dest": dest, "limit": MAX_READ_BYTES}),
-            SCRIPT_TIMEOUT,
-            rel,
-        )
-        .await?;
-        let data = self
-            .vendor
-            .download(self.session, &dest, MAX_READ_BYTES)
+        let copied = self
+            .helper(
+                "read",
+                serde_json::json!({"path": segs, "dest": dest, "limit": max}),
+                SCRIPT_TIMEOUT,
+                rel,
+            )
             .await;
+        if let Err(e) = copied {
+            self.remove(&dest).await;
+            return Err(match e {
+                ProviderError::TooLarge(_) => ProviderError::file_too_large(rel, max),
+                e => e,
+            });
+        }
+        let data = self.vendor.download(self.session, &dest, max).await;
         self.remove(&dest).await;
-        data
+        match data {
+            Err(ProviderError::TooLarge(_)) => Err(ProviderError::file_too_large(rel, max)),
+            data => data,
+        }
     }
 
     /// Writes a workspace file, creating parent directories; never through a link.

@@ -20,6 +20,7 @@ use super::files::RemoteFiles;
 use super::runner::RemoteRunner;
 use super::{Layout, RemoteCommand, RemoteSandboxes};
 use crate::desktop::command::{CommandRunner, SCRIPT_TIMEOUT, minimal_env};
+use crate::desktop::files::MAX_READ_BYTES;
 use crate::desktop::gateway_stream;
 use crate::desktop::page::PageSessions;
 use crate::desktop::runtime::{DesktopRuntime, DisplayPool, RuntimeConfig, Settle};
@@ -554,9 +555,18 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
+        self.read_file_within(machine, path, MAX_READ_BYTES).await
+    }
+
+    async fn read_file_within(
+        &self,
+        machine: &ProviderRef,
+        path: &str,
+        max: u64,
+    ) -> ProviderResult<Vec<u8>> {
         self.on(machine, |m| async move {
             m.runner.start_agent_soon();
-            self.files(&m).read(path).await
+            self.files(&m).read(path, max).await
         })
         .await
     }

@@ -1,7 +1,8 @@
 # Workspace files on a remote computer, for Rakazo's remote provider (src/providers/remote).
 # Usage: python3 helper.py ROOT OP ARGS_JSON. Every path is a list of segments under ROOT,
 # each opened relative to its parent without following links; fifos, sockets, devices and
-# files with another hard link are refused. Exit 3: not found; 4: refused; 5: other failure.
+# files with another hard link are refused. Exit 3: not found; 4: refused; 5: other failure;
+# 6: a file larger than the read's limit.
 import heapq, json, os, stat, sys, tarfile
 
 ROOT, OP, ARGS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -104,7 +105,7 @@ def open_file(segs):
 def op_read():
     f, st = open_file(ARGS["path"])
     if st.st_size > ARGS["limit"]:
-        fail(4, "file too large")
+        fail(6, "file too large")
     with os.fdopen(f, "rb") as src, open(ARGS["dest"], "wb") as dst:
         dst.write(src.read(ARGS["limit"] + 1))
 

@@ -396,6 +396,65 @@ impl KubernetesProvider {
         Ok(self.machine(machine).await?.ip.clone())
     }
 
+    /// The pod helper's listing of the folder `rel`: whole, or its first `first` entries by
+    /// name and how many it holds (the helper then looks at only those).
+    async fn pod_listing(
+        &self,
+        machine: &ProviderRef,
+        m: &Machine,
+        rel: &str,
+        first: Option<usize>,
+    ) -> ProviderResult<ListingPage> {
+        let mut out = exec::CappedWriter::with_cap(super::MAX_LISTING);
+        let listed = self
+            .files_within(m, "list", rel, first.map(|f| f as u64), None, &mut out)
+            .await;
+        if let Err(e) = listed {
+            return Err(self.classify(machine, e).await);
+        }
+        if out.full() {
+            return Err(ProviderError::TooLarge(super::LISTING_TOO_LARGE.into()));
+        }
+        let bad = || ProviderError::Failed("the computer's file listing is malformed".into());
+        let (mut entries, mut total) = (Vec::new(), None);
+        for line in out.0.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let v: serde_json::Value = serde_json::from_slice(line).map_err(|_| bad())?;
+            if let Some(n) = v["total"].as_u64() {
+                total = Some(n as usize);
+                continue;
+            }
+            let field = |k: &str| v[k].as_str().map(str::to_owned).ok_or_else(bad);
+            let kind = field("kind")?;
+            if !["dir", "file", "link", "other"].contains(&kind.as_str()) {
+                return Err(bad());
+            }
+            let name = field("name")?;
+            let path = field("path")?;
+            // Whatever the pod says, a name stays one name below the listed folder.
+            segments(&path, false).map_err(|_| bad())?;
+            let expected = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            if name.contains('/') || path != expected {
+                return Err(bad());
+            }
+            entries.push(FileEntry {
+                name,
+                path,
+                kind,
+                size: v["size"].as_u64().unwrap_or(0),
+            });
+        }
+        let total = match (first, total) {
+            (None, _) => entries.len(),
+            (Some(first), Some(total)) if entries.len() <= first.min(total) => total,
+            _ => return Err(bad()),
+        };
+        Ok(ListingPage { entries, total })
+    }
+
     /// Runs the in-pod file helper.
     async fn files(
         &self,
@@ -879,42 +938,7 @@ impl SandboxProvider for KubernetesProvider {
         if let Some(home) = m.home.clone() {
             return blocking(move || host_files::list(&home, &rel)).await;
         }
-        let mut out = exec::CappedWriter::with_cap(super::MAX_LISTING);
-        if let Err(e) = self.files(&m, "list", &rel, None, &mut out).await {
-            return Err(self.classify(machine, e).await);
-        }
-        if out.full() {
-            return Err(ProviderError::TooLarge(super::LISTING_TOO_LARGE.into()));
-        }
-        let bad = || ProviderError::Failed("the computer's file listing is malformed".into());
-        let mut entries = Vec::new();
-        for line in out.0.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let v: serde_json::Value = serde_json::from_slice(line).map_err(|_| bad())?;
-            let field = |k: &str| v[k].as_str().map(str::to_owned).ok_or_else(bad);
-            let kind = field("kind")?;
-            if !["dir", "file", "link", "other"].contains(&kind.as_str()) {
-                return Err(bad());
-            }
-            let name = field("name")?;
-            let path = field("path")?;
-            // Whatever the pod says, a name stays one name below the listed folder.
-            segments(&path, false).map_err(|_| bad())?;
-            let expected = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
-            if name.contains('/') || path != expected {
-                return Err(bad());
-            }
-            entries.push(FileEntry {
-                name,
-                path,
-                kind,
-                size: v["size"].as_u64().unwrap_or(0),
-            });
-        }
-        Ok(entries)
+        Ok(self.pod_listing(machine, &m, &rel, None).await?.entries)
     }
 
     async fn list_files_first(
@@ -928,9 +952,8 @@ impl SandboxProvider for KubernetesProvider {
             let rel = segments(path, true)?.join("/");
             return blocking(move || host_files::list_first(&home, &rel, first)).await;
         }
-        // The pod's own listing is read whole, up to its limit.
-        let entries = self.list_files(machine, path).await?;
-        Ok(ListingPage::first_by_name(entries, first))
+        let rel = segments(path, true)?.join("/");
+        self.pod_listing(machine, &m, &rel, Some(first)).await
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {

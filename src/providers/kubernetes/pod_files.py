@@ -7,6 +7,7 @@
 # tar of the home's directories and regular files on stdout), clear (empty the home).
 # Exit codes: 0 done, 3 the path is refused, 4 not found, 5 the file is larger than the
 # limit a read was given (argv[4]).
+import heapq
 import json
 import os
 import stat
@@ -34,7 +35,8 @@ class TooLarge(Exception):
     pass
 
 
-# The most bytes a read gives (argv[4], when given): a larger file is refused, read no further.
+# The most bytes a read gives, or the most entries a listing looks at (argv[4], when given): a
+# larger file is refused, read no further.
 LIMIT = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else None
 
 
@@ -80,11 +82,17 @@ def kind(st):
 def op_list(segs):
     fd = walk(segs)
     out = sys.stdout
-    for name in sorted(os.listdir(fd)):
+    names = []
+    for name in os.listdir(fd):
         try:
             name.encode("utf-8")
         except UnicodeEncodeError:
             continue  # not UTF-8: no workspace path can name it
+        names.append(name)
+    total = len(names)
+    # With a limit (argv[4]), the first entries by name and, last, how many there are.
+    names = sorted(names) if LIMIT is None else heapq.nsmallest(LIMIT, names)
+    for name in names:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -96,6 +104,8 @@ def op_list(segs):
             "kind": k,
             "size": st.st_size if k == "file" else 0,
         }) + "\n")
+    if LIMIT is not None:
+        out.write(json.dumps({"total": total}) + "\n")
 
 
 def open_file(fd, name):

@@ -231,7 +231,7 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
             )
             .await;
         if let Err(e) = copied {
-            self.remove(&dest).await;
+            // The helper refuses before it makes the transfer file.
             return Err(match e {
                 ProviderError::TooLarge(_) => ProviderError::file_too_large(rel, max),
                 e => e,

@@ -120,17 +120,23 @@ impl ListingPage {
     /// The first `first` of `entries` by name, and their number: the rest is never sorted.
     pub fn first_by_name(mut entries: Vec<FileEntry>, first: usize) -> Self {
         let total = entries.len();
-        if total > first {
-            if first == 0 {
-                entries.clear();
-            } else {
-                entries.select_nth_unstable_by(first - 1, |a, b| a.name.cmp(&b.name));
-                entries.truncate(first);
-            }
-        }
-        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        keep_first(&mut entries, first, |a, b| a.name.cmp(&b.name));
         Self { entries, total }
     }
+}
+
+/// Keeps the first `first` of `items` in the order `cmp` gives, sorted; the rest is dropped
+/// unsorted.
+pub fn keep_first<T>(
+    items: &mut Vec<T>,
+    first: usize,
+    cmp: impl Fn(&T, &T) -> std::cmp::Ordering + Copy,
+) {
+    if items.len() > first && first > 0 {
+        items.select_nth_unstable_by(first - 1, cmp);
+    }
+    items.truncate(first);
+    items.sort_unstable_by(cmp);
 }
 
 /// The spare display stacks a provider keeps started on its computers for their next

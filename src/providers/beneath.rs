@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError};
+use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError, keep_first};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
@@ -290,11 +290,7 @@ impl Beneath {
             .map_err(|e| from_errno(&prefix, e))?
             .ok_or_else(listing_too_large)?;
         let total = names.len();
-        if total > first && first > 0 {
-            names.select_nth_unstable(first - 1);
-        }
-        names.truncate(first);
-        names.sort_unstable();
+        keep_first(&mut names, first, String::cmp);
         let mut entries = Vec::with_capacity(names.len());
         for name in names {
             match rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {

@@ -79,12 +79,13 @@ pub async fn scripts_run_through_one_agent(p: &dyn SandboxProvider, m: &Provider
     );
 
     // A background process does not hold the answer back, and keeps writing to the script's
-    // output after the answer without being stopped by it.
+    // output after the answer without being stopped by it. Its count is renamed into place, so
+    // a read never lands between the file's truncation and its write.
     let started = Instant::now();
     let (_, out, _) = run(
         p,
         m,
-        "(n=0; while true; do echo tick; n=$((n+1)); echo $n > /tmp/ticker; sleep 0.05; done) & echo started",
+        "(n=0; while true; do echo tick; n=$((n+1)); echo $n > /tmp/ticker.n; mv /tmp/ticker.n /tmp/ticker; sleep 0.05; done) & echo started",
     )
     .await;
     assert!(out.starts_with("started\n"), "{out:?}");

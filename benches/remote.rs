@@ -212,7 +212,7 @@ const LISTINGS: usize = 10;
 /// entries with 90-byte names, its first 1000 by name (`list_files_first`), in turns with the
 /// whole listing the tool read before and kept the first 1000 of.
 async fn first_entries_against_the_whole_listing(p: &dyn SandboxProvider, name: &str) {
-    use rakazo_actors::provider::ListingPage;
+    use rakazo_actors::provider::{ListingPage, ListingRange};
     let m = p
         .provision(&support::machine_spec(&format!("listing-{name}")))
         .await
@@ -236,11 +236,17 @@ async fn first_entries_against_the_whole_listing(p: &dyn SandboxProvider, name: 
     let (mut first, mut whole) = (Vec::new(), Vec::new());
     for _ in 0..LISTINGS {
         let t = Instant::now();
-        let page = p.list_files_first(&m, "big", 1000).await.unwrap();
+        let page = p
+            .list_files_first(&m, "big", &ListingRange::first(1000))
+            .await
+            .unwrap();
         first.push(t.elapsed());
         assert_eq!((page.entries.len(), page.total), (1000, LISTED));
         let t = Instant::now();
-        let page = ListingPage::first_by_name(p.list_files(&m, "big").await.unwrap(), 1000);
+        let page = ListingPage::of(
+            p.list_files(&m, "big").await.unwrap(),
+            &ListingRange::first(1000),
+        );
         whole.push(t.elapsed());
         assert_eq!((page.entries.len(), page.total), (1000, LISTED));
     }

@@ -1070,14 +1070,17 @@ async fn page_tools_upload_a_workspace_file_into_a_file_input() {
     tool(&s, &run, fence, "write_file", notes).await;
     let page = open_and_snapshot(&s, &run, fence, &format!("{site}/upload"), "Upload").await;
     let upload = |page: &Value, name: &str, file: &str| json!({ "ref": ref_named(page, name), "action": "upload", "text": file });
-    // A path that leaves the workspace, a missing file, a link and an element that takes no
-    // file are refused, and nothing reaches the page.
-    let link = json!({ "command": "ln -s /etc/hostname link.txt" });
+    // A path that leaves the workspace, a missing file (also one whose name begins another's),
+    // a link, a folder and an element that takes no file are refused, and nothing reaches the
+    // page.
+    let link = json!({ "command": "ln -s /etc/hostname link.txt && mkdir folder" });
     tool(&s, &run, fence, "shell", link).await;
     for (element, file, want) in [
         ("Attachment", "../../../etc/passwd", "PATH_REJECTED"),
         ("Attachment", "missing.txt", "NOT_FOUND"),
+        ("Attachment", "notes", "NOT_FOUND"),
         ("Attachment", "link.txt", "PATH_REJECTED"),
+        ("Attachment", "folder", "PATH_REJECTED"),
         ("Send", "notes.txt", "PAGE_ACTION_FAILED"),
     ] {
         let args = upload(&page, element, file);

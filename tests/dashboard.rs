@@ -625,6 +625,53 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     .await;
     cdp.shot("05-activity-live").await;
 
+    // A folder larger than a page comes a page at a time: the next page from where the first
+    // ended, and back.
+    let made = s
+        .call_as(
+            &bot_token,
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "cwd": "uploads",
+                    "command": "mkdir many && cd many && seq -f f%05.0f 0 5000 | xargs touch" }),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(made["exitCode"], 0, "{made}");
+    let many = format!("{card} [data-entry$=\"uploads/many\"]");
+    cdp.wait_present("large folder", &many, long).await;
+    cdp.click(&many).await;
+    let more = format!("{card} [data-role=more]");
+    cdp.wait_text(
+        "first page",
+        &more,
+        "5000 of 5001 entries by name, the first.",
+        long,
+    )
+    .await;
+    cdp.wait_present(
+        "first entry",
+        &format!("{card} [data-entry$=\"many/f00000\"]"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-action=next-page]")).await;
+    cdp.wait_text(
+        "next page",
+        &more,
+        "1 of 5001 entries by name, from f05000.",
+        long,
+    )
+    .await;
+    cdp.wait_present(
+        "last entry",
+        &format!("{card} [data-entry$=\"many/f05000\"]"),
+        long,
+    )
+    .await;
+    cdp.click(&format!("{card} [data-action=first-page]")).await;
+    cdp.wait_text("first page again", &more, "the first.", long)
+        .await;
+
     // 6. Release, then taking control while the bot runs says "Stop the bot first".
     cdp.click(&format!("{card} [data-action=release]")).await;
     cdp.wait_data("released", &card, "control", "none", long)

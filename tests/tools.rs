@@ -702,8 +702,9 @@ async fn every_bad_action_says_its_code_and_reason() {
     }
 }
 
-/// `list_files` shows a folder's first 1000 entries by name and says how many it has, so a
-/// huge folder does not fill the model's context; a smaller one comes whole.
+/// `list_files` shows a folder's first 1000 entries by name, says how many it has and where
+/// the next page starts, so a huge folder does not fill the model's context and can still be
+/// read to its end; a smaller one comes whole.
 #[actix_rt::test]
 async fn a_large_folder_is_listed_in_part_with_its_total() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
@@ -732,11 +733,30 @@ async fn a_large_folder_is_listed_in_part_with_its_total() {
         (Some("f0000"), Some("f0999"))
     );
     let shown = listed["content"][0]["text"].as_str().unwrap();
+    assert_eq!(out["next"], "f1000");
     assert!(
-        shown.ends_with("for the rest.") && shown.contains("... and 5 more (1005 entries"),
+        shown.contains("(1005 in the folder") && shown.contains("from \"f1000\" for the next"),
         "{shown}"
     );
-    assert!(!shown.contains("f1000"), "{shown}");
+    assert!(!shown.contains("f1000 0"), "{shown}");
+    let rest = tool(
+        &s,
+        &run,
+        fence,
+        "list_files",
+        json!({ "path": "big", "from": "f1000" }),
+    )
+    .await;
+    let out = &rest["structuredContent"];
+    assert_eq!(out["entries"].as_array().unwrap().len(), 5, "{rest}");
+    assert_eq!(
+        (out["truncated"].as_bool(), &out["next"]),
+        (Some(false), &json!(null))
+    );
+    assert_eq!(
+        rest["content"][0]["text"],
+        "f1000 0\nf1001 0\nf1002 0\nf1003 0\nf1004 0"
+    );
 
     tool(
         &s,

@@ -417,7 +417,7 @@ async fn a_pending_restore_is_applied_before_an_observe_on_a_held_screen() {
 /// running computer and from the stored copy of a stopped one; a number out of range is
 /// refused.
 #[actix_rt::test]
-async fn the_files_window_lists_a_folders_first_entries_and_its_total() {
+async fn the_files_window_lists_a_folder_page_by_page_with_its_total() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
     let (_, bots) = s.space_with_bots(1, "private").await;
     let bot = &bots[0];
@@ -446,6 +446,30 @@ async fn the_files_window_lists_a_folders_first_entries_and_its_total() {
         (listed["total"].as_u64(), listed["truncated"].as_bool()),
         (Some(3), Some(true))
     );
+    assert_eq!(listed["next"], "c.txt");
+    // The next page starts where the last one said.
+    let rest = s
+        .ok(
+            "files.list",
+            json!({ "botId": bot, "path": "", "first": 2, "from": listed["next"] }),
+        )
+        .await;
+    assert_eq!(names(&rest), ["c.txt"], "{rest}");
+    assert_eq!(
+        (rest["truncated"].as_bool(), &rest["next"]),
+        (Some(false), &json!(null))
+    );
+    // `from` is a name, never a path.
+    for from in ["../a.txt", "x/y", &"n".repeat(256)] {
+        let err = s
+            .call(
+                "files.list",
+                json!({ "botId": bot, "path": "", "from": from }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.1, "INVALID_PARAMS", "from {from}");
+    }
     let whole = s
         .ok("files.list", json!({ "botId": bot, "path": "" }))
         .await;
@@ -476,5 +500,15 @@ async fn the_files_window_lists_a_folders_first_entries_and_its_total() {
     assert_eq!(
         (stored["total"].as_u64(), stored["truncated"].as_bool()),
         (Some(3), Some(true))
+    );
+    let stored = s
+        .ok(
+            "files.list",
+            json!({ "botId": bot, "path": "", "first": 1, "from": "b" }),
+        )
+        .await;
+    assert_eq!(
+        (names(&stored), &stored["next"]),
+        (vec!["b.txt".to_string()], &json!("c.txt"))
     );
 }

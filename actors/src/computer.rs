@@ -34,7 +34,7 @@ use crate::leases::{LeaseKey, LeaseKind, Leases};
 use crate::owners::{Owner, Owners, Remote, RemoteOutput};
 use crate::provider::{
     ActOutcome, Action, BrowserCommand, ExecOutput, ExecRequest, FileEntry, Frame, FrameSize,
-    ListingPage, MachineSpec, ProviderError, ProviderRef, ScreenInfo,
+    ListingPage, ListingRange, MachineSpec, ProviderError, ProviderRef, ScreenInfo,
 };
 use crate::runs::Runs;
 use crate::runtime::Runtime;
@@ -59,8 +59,8 @@ pub enum Op {
     Exec(ExecRequest),
     /// List a workspace directory.
     ListFiles(String),
-    /// The first entries of a workspace directory by name, and how many it holds.
-    ListFirst(String, usize),
+    /// A page of a workspace directory's entries by name, and how many it holds.
+    ListFirst(String, ListingRange),
     /// Read a workspace file of at most so many bytes (a larger one is `TOO_LARGE`).
     ReadFile(String, u64),
     /// Write a workspace file.
@@ -1242,8 +1242,8 @@ async fn run_op(
             }
         }
         Op::ListFiles(path) => OpOutput::Files(provider.list_files(machine, &path).await?),
-        Op::ListFirst(path, first) => {
-            OpOutput::Page(provider.list_files_first(machine, &path, first).await?)
+        Op::ListFirst(path, range) => {
+            OpOutput::Page(provider.list_files_first(machine, &path, &range).await?)
         }
         Op::ReadFile(path, max) => {
             OpOutput::Bytes(provider.read_file_within(machine, &path, max).await?)

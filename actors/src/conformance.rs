@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::provider::{
-    Action, Button, ExecRequest, MachineSpec, ProviderError, ProviderRef, SandboxProvider,
-    WorkspaceExport,
+    Action, Button, ExecRequest, ListingRange, MachineSpec, ProviderError, ProviderRef,
+    SandboxProvider, WorkspaceExport,
 };
 use crate::workspace::Piece;
 
@@ -136,7 +136,10 @@ pub async fn a_large_folder_lists_whole(p: Arc<dyn SandboxProvider>) {
             .any(|e| e.name == last && e.path == format!("big/{last}"))
     );
     // Its first entries by name, and how many it holds.
-    let page = p.list_files_first(&m, "big", 1000).await.unwrap();
+    let page = p
+        .list_files_first(&m, "big", &ListingRange::first(1000))
+        .await
+        .unwrap();
     assert_eq!(page.total, LARGE_FOLDER);
     let names: Vec<String> = (0..1000).map(|i| format!("entry-{i:084}")).collect();
     let shown: Vec<&String> = page.entries.iter().map(|e| &e.name).collect();
@@ -146,13 +149,40 @@ pub async fn a_large_folder_lists_whole(p: Arc<dyn SandboxProvider>) {
             .iter()
             .all(|e| e.kind == "file" && e.size == 0 && e.path == format!("big/{}", e.name))
     );
-    let whole = p
-        .list_files_first(&m, "big", LARGE_FOLDER + 1)
+    assert_eq!(page.next.as_deref(), Some(&*format!("entry-{:084}", 1000)));
+    // The next page starts where this one ended; a page from a name holds that entry first.
+    let next = p
+        .list_files_first(&m, "big", &ListingRange::from(page.next.unwrap(), 1000))
+        .await
+        .unwrap();
+    let names: Vec<String> = (1000..2000).map(|i| format!("entry-{i:084}")).collect();
+    let shown: Vec<&String> = next.entries.iter().map(|e| &e.name).collect();
+    assert_eq!(shown, names.iter().collect::<Vec<_>>());
+    assert_eq!(next.next.as_deref(), Some(&*format!("entry-{:084}", 2000)));
+    let one = p
+        .list_files_first(&m, "big", &ListingRange::from(last.clone(), 1))
         .await
         .unwrap();
     assert_eq!(
-        (whole.entries.len(), whole.total),
-        (LARGE_FOLDER, LARGE_FOLDER)
+        (one.entries.len(), one.total, one.next),
+        (1, LARGE_FOLDER, None)
+    );
+    assert_eq!(
+        (one.entries[0].name.as_str(), one.entries[0].kind.as_str()),
+        (last.as_str(), "file")
+    );
+    let past = p
+        .list_files_first(&m, "big", &ListingRange::from(format!("{last}-"), 1))
+        .await
+        .unwrap();
+    assert_eq!((past.entries.len(), past.next), (0, None));
+    let whole = p
+        .list_files_first(&m, "big", &ListingRange::first(LARGE_FOLDER + 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (whole.entries.len(), whole.total, whole.next),
+        (LARGE_FOLDER, LARGE_FOLDER, None)
     );
     p.destroy(&m).await.unwrap();
 }
@@ -208,7 +238,10 @@ pub async fn a_name_no_path_can_hold_is_left_out_of_its_listing(p: Arc<dyn Sandb
     let listed = p.list_files(&m, "odd").await.unwrap();
     let names: Vec<&str> = listed.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["kept.txt"]);
-    let page = p.list_files_first(&m, "odd", 10).await.unwrap();
+    let page = p
+        .list_files_first(&m, "odd", &ListingRange::first(10))
+        .await
+        .unwrap();
     assert_eq!(page.entries, listed);
     assert_eq!(page.total, 1);
     p.destroy(&m).await.unwrap();

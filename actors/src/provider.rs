@@ -106,28 +106,96 @@ pub struct FileEntry {
     pub size: u64,
 }
 
-/// The first entries of a directory by name, and how many it holds
+/// Which entries of a directory a listing page holds: the first `first` by name among those
+/// whose names sort at or after `from` (the empty name: from the start).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListingRange {
+    /// The name the page starts at: a directory's entry of this name is on it.
+    pub from: String,
+    /// The most entries the page holds.
+    pub first: usize,
+}
+
+impl ListingRange {
+    /// A directory's first `first` entries by name.
+    pub fn first(first: usize) -> Self {
+        Self {
+            from: String::new(),
+            first,
+        }
+    }
+
+    /// The `first` entries by name at or after `from`.
+    pub fn from(from: impl Into<String>, first: usize) -> Self {
+        Self {
+            from: from.into(),
+            first,
+        }
+    }
+
+    /// Keeps the items of this page from `items` (named by `name`), sorted, and answers the
+    /// name of the first item past it: the rest is dropped unsorted.
+    pub fn keep<T>(&self, items: &mut Vec<T>, name: impl Fn(&T) -> &str + Copy) -> Option<String> {
+        items.retain(|item| name(item) >= self.from.as_str());
+        keep_first(items, self.first.saturating_add(1), |a, b| {
+            name(a).cmp(name(b))
+        });
+        if items.len() > self.first {
+            items.pop().map(|item| name(&item).to_owned())
+        } else {
+            None
+        }
+    }
+
+    /// Whether a page a machine answered is one of this range: no more entries than asked
+    /// or than it counts, in name order from `from` on, and the next page's name past them
+    /// (a name, never a path).
+    pub fn holds(&self, entries: &[FileEntry], next: Option<&str>, total: usize) -> bool {
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        let in_order = names.windows(2).all(|w| w[0] < w[1]);
+        let next_fits = next.is_none_or(|n| {
+            !n.is_empty() && !n.contains('/') && names.last().is_none_or(|last| *last < n)
+        });
+        names.len() <= self.first.min(total)
+            && in_order
+            && names
+                .first()
+                .copied()
+                .or(next)
+                .is_none_or(|n| n >= self.from.as_str())
+            && next_fits
+    }
+}
+
+/// A page of a directory's entries by name, and how many it holds
 /// ([`SandboxProvider::list_files_first`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListingPage {
-    /// The first entries in name order.
+    /// The page's entries in name order.
     pub entries: Vec<FileEntry>,
     /// How many entries the directory holds.
     pub total: usize,
+    /// The name of the first entry past the page, where one is: the next page starts there.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 impl ListingPage {
-    /// The first `first` of `entries` by name, and their number: the rest is never sorted.
-    pub fn first_by_name(mut entries: Vec<FileEntry>, first: usize) -> Self {
+    /// The page `range` names of `entries`, and their number: the rest is never sorted.
+    pub fn of(mut entries: Vec<FileEntry>, range: &ListingRange) -> Self {
         let total = entries.len();
-        keep_first(&mut entries, first, |a, b| a.name.cmp(&b.name));
-        Self { entries, total }
+        let next = range.keep(&mut entries, |e| e.name.as_str());
+        Self {
+            entries,
+            total,
+            next,
+        }
     }
 }
 
 /// Keeps the first `first` of `items` in the order `cmp` gives, sorted; the rest is dropped
 /// unsorted.
-pub fn keep_first<T>(
+fn keep_first<T>(
     items: &mut Vec<T>,
     first: usize,
     cmp: impl Fn(&T, &T) -> std::cmp::Ordering + Copy,
@@ -717,17 +785,17 @@ pub trait SandboxProvider: Send + Sync + 'static {
     /// List a directory of the workspace.
     async fn list_files(&self, machine: &ProviderRef, path: &str)
     -> ProviderResult<Vec<FileEntry>>;
-    /// The first `first` entries of a workspace directory by name, and how many it holds: a
-    /// provider that can leave the rest unread past their names (their sizes and kinds)
-    /// answers this without listing the whole directory.
+    /// A page of a workspace directory's entries by name (`range`), how many it holds and
+    /// where the next page starts: a provider that can leave the rest unread past their names
+    /// (their sizes and kinds) answers this without listing the whole directory.
     async fn list_files_first(
         &self,
         machine: &ProviderRef,
         path: &str,
-        first: usize,
+        range: &ListingRange,
     ) -> ProviderResult<ListingPage> {
         let entries = self.list_files(machine, path).await?;
-        Ok(ListingPage::first_by_name(entries, first))
+        Ok(ListingPage::of(entries, range))
     }
     /// Read a workspace file.
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>>;
@@ -831,16 +899,54 @@ mod tests {
     }
 
     #[test]
+    fn a_page_a_machine_answers_is_held_to_its_range() {
+        let page = |names: &[&str]| names.iter().map(|n| entry(n)).collect::<Vec<_>>();
+        let range = ListingRange::from("b", 2);
+        assert!(range.holds(&page(&["b", "c"]), Some("d"), 9));
+        assert!(range.holds(&page(&[]), None, 9));
+        // Too many, more than it counts, out of order, before its name, a next page that
+        // does not follow or is a path.
+        assert!(!range.holds(&page(&["b", "c", "d"]), None, 9));
+        assert!(!range.holds(&page(&["b", "c"]), None, 1));
+        assert!(!range.holds(&page(&["c", "b"]), None, 9));
+        assert!(!range.holds(&page(&["a", "c"]), None, 9));
+        assert!(!range.holds(&page(&[]), Some("a"), 9));
+        assert!(!range.holds(&page(&["b", "c"]), Some("c"), 9));
+        assert!(!range.holds(&page(&["b"]), Some("x/../y"), 9));
+        assert!(!range.holds(&page(&["b"]), Some(""), 9));
+    }
+
+    #[test]
     fn a_page_keeps_the_first_entries_by_name_and_counts_them_all() {
         let names = ["k", "b", "z", "a", "m", "c"];
         let all = || names.iter().map(|n| entry(n)).collect::<Vec<_>>();
-        let page = ListingPage::first_by_name(all(), 3);
-        let shown: Vec<&str> = page.entries.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!((shown, page.total), (vec!["a", "b", "c"], 6));
-        let whole = ListingPage::first_by_name(all(), 10);
-        assert_eq!(whole.entries.len(), 6);
+        let shown = |page: &ListingPage| -> Vec<String> {
+            page.entries.iter().map(|e| e.name.clone()).collect()
+        };
+        let page = ListingPage::of(all(), &ListingRange::first(3));
+        assert_eq!(
+            (shown(&page), page.total),
+            (vec!["a".to_string(), "b".into(), "c".into()], 6)
+        );
+        assert_eq!(page.next.as_deref(), Some("k"));
+        let whole = ListingPage::of(all(), &ListingRange::first(10));
+        assert_eq!((whole.entries.len(), whole.next), (6, None));
         assert!(whole.entries.windows(2).all(|w| w[0].name < w[1].name));
-        let none = ListingPage::first_by_name(all(), 0);
+        let none = ListingPage::of(all(), &ListingRange::first(0));
         assert_eq!((none.entries.len(), none.total), (0, 6));
+        assert_eq!(none.next.as_deref(), Some("a"));
+
+        // A page starts at its name, there or not; the next page where the last one ended.
+        let next = ListingPage::of(all(), &ListingRange::from("k", 2));
+        assert_eq!(
+            (shown(&next), next.next.as_deref()),
+            (vec!["k".to_string(), "m".into()], Some("z"))
+        );
+        let between = ListingPage::of(all(), &ListingRange::from("d", 1));
+        assert_eq!((shown(&between), between.total), (vec!["k".to_string()], 6));
+        let last = ListingPage::of(all(), &ListingRange::from("z", 5));
+        assert_eq!((shown(&last), last.next), (vec!["z".to_string()], None));
+        let past = ListingPage::of(all(), &ListingRange::from("zz", 5));
+        assert_eq!((past.entries.len(), past.total, past.next), (0, 6, None));
     }
 }

@@ -8,7 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError, WorkspaceExport};
+use rakazo_actors::provider::{
+    FileEntry, ListingPage, ListingRange, ProviderError, WorkspaceExport,
+};
 
 use rakazo_actors::home_store::StoreError;
 
@@ -41,9 +43,13 @@ pub fn list(root: &Path, rel: &str) -> Result<Vec<FileEntry>, ProviderError> {
     Beneath::open(root)?.list(rel)
 }
 
-/// The first `first` entries of a directory of the home by name, and how many it holds.
-pub fn list_first(root: &Path, rel: &str, first: usize) -> Result<ListingPage, ProviderError> {
-    Beneath::open(root)?.list_first(rel, first)
+/// A page of a directory of the home by name (`range`), and how many entries it holds.
+pub fn list_first(
+    root: &Path,
+    rel: &str,
+    range: &ListingRange,
+) -> Result<ListingPage, ProviderError> {
+    Beneath::open(root)?.list_first(rel, range)
 }
 
 /// Reads a regular file of the home.

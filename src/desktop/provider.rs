@@ -13,8 +13,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, DesktopFreeze, ExecOutput,
-    ExecRequest, FileEntry, Frame, FrameSize, ListingPage, MachineSpec, ProviderError, ProviderRef,
-    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    ExecRequest, FileEntry, Frame, FrameSize, ListingPage, ListingRange, MachineSpec,
+    ProviderError, ProviderRef, ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy,
+    ScreenRoute, WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -474,11 +475,11 @@ impl SandboxProvider for DesktopProvider {
         &self,
         machine: &ProviderRef,
         path: &str,
-        first: usize,
+        range: &ListingRange,
     ) -> ProviderResult<ListingPage> {
         let home = self.machine(machine).await?.home.clone();
-        let path = path.to_string();
-        blocking(move || files::list_first(&home, &path, first)).await
+        let (path, range) = (path.to_string(), range.clone());
+        blocking(move || files::list_first(&home, &path, &range)).await
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {

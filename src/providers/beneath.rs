@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use rakazo_actors::provider::{FileEntry, ListingPage, ProviderError, keep_first};
+use rakazo_actors::provider::{FileEntry, ListingPage, ListingRange, ProviderError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
@@ -281,16 +281,20 @@ impl Beneath {
             .collect())
     }
 
-    /// The first `first` entries of the directory at `path` by name ([`Self::list`]), and
-    /// how many it holds: every name is read, only the entries kept are looked at.
-    pub fn list_first(&self, path: &str, first: usize) -> Result<ListingPage, ProviderError> {
+    /// The page `range` names of the directory at `path` by name ([`Self::list`]), and how
+    /// many it holds: every name is read, only the entries kept are looked at.
+    pub fn list_first(
+        &self,
+        path: &str,
+        range: &ListingRange,
+    ) -> Result<ListingPage, ProviderError> {
         let prefix = segments(path, true)?.join("/");
         let fd = self.open_at(&prefix, DIR_FLAGS, Mode::empty())?;
         let (mut names, _) = names_within(&fd, MAX_LISTED_ENTRIES)
             .map_err(|e| from_errno(&prefix, e))?
             .ok_or_else(listing_too_large)?;
         let total = names.len();
-        keep_first(&mut names, first, String::cmp);
+        let next = range.keep(&mut names, String::as_str);
         let mut entries = Vec::with_capacity(names.len());
         for name in names {
             match rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
@@ -300,7 +304,11 @@ impl Beneath {
                 Err(e) => return Err(from_errno(&prefix, e)),
             }
         }
-        Ok(ListingPage { entries, total })
+        Ok(ListingPage {
+            entries,
+            total,
+            next,
+        })
     }
 
     /// Writes the regular file at `path`, creating it and its missing parent directories;
@@ -589,7 +597,7 @@ mod tests {
         std::fs::create_dir(root.join("many/aa")).unwrap();
         symlink("/", root.join("many/ab")).unwrap();
         let beneath = Beneath::open(&root).unwrap();
-        let page = beneath.list_first("many", 4).unwrap();
+        let page = beneath.list_first("many", &ListingRange::first(4)).unwrap();
         assert_eq!(page.total, 7);
         let shown: Vec<(&str, &str, u64)> = page
             .entries
@@ -605,9 +613,27 @@ mod tests {
                 ("many/b", "file", 3)
             ]
         );
-        let whole = beneath.list_first("many", 100).unwrap();
+        assert_eq!(page.next.as_deref(), Some("c"));
+        let whole = beneath
+            .list_first("many", &ListingRange::first(100))
+            .unwrap();
         assert_eq!(whole.entries, beneath.list("many").unwrap());
-        assert!(beneath.list_first("many", 0).unwrap().entries.is_empty());
+        assert!(
+            beneath
+                .list_first("many", &ListingRange::first(0))
+                .unwrap()
+                .entries
+                .is_empty()
+        );
+        // A page from a link's name holds the link, not followed.
+        let link = beneath
+            .list_first("many", &ListingRange::from("ab", 1))
+            .unwrap();
+        let shown = (link.entries[0].path.as_str(), link.entries[0].kind.as_str());
+        assert_eq!(
+            (shown, link.next.as_deref()),
+            (("many/ab", "link"), Some("b"))
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rakazo_actors::activity::{self, Command};
 use rakazo_actors::computer::{Call, CallRead, Op, OpOutput};
 use rakazo_actors::entity::{computer, run};
 use rakazo_actors::provider::{
-    ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize, ListingPage,
+    ActStop, Action, BrowserCommand, ExecRequest, Frame, FrameSize, ListingPage, ListingRange,
 };
 use rakazo_actors::registry::ComputerHandle;
 use rakazo_actors::runs::Runs;
@@ -660,16 +660,22 @@ async fn read_file(ctx: &ToolCtx<'_>, a: Value, attach: bool) -> DomainResult<Va
 }
 
 /// The workspace path of a file an upload names (as the agent writes paths): a regular file
-/// as the workspace's listing shows it (a link is refused, never followed).
+/// as the workspace's listing shows it (a link is refused, never followed). Only its own
+/// entry of its folder is looked at.
 async fn upload_file(ctx: &ToolCtx<'_>, path: &str) -> DomainResult<String> {
     let path = ctx.path(path, false)?;
-    let OpOutput::Files(entries) = ctx.op(Op::ListFiles(parent(&path).to_owned())).await? else {
+    let name = &path[path.rfind('/').map_or(0, |i| i + 1)..];
+    let range = ListingRange::from(name, 1);
+    let OpOutput::Page(page) = ctx
+        .op(Op::ListFirst(parent(&path).to_owned(), range))
+        .await?
+    else {
         return Err(DomainError::new(
             ErrorCode::Internal,
             "unexpected provider reply",
         ));
     };
-    match entries.iter().find(|e| e.path == path) {
+    match page.entries.first().filter(|e| e.path == path) {
         Some(e) if e.kind == "file" => Ok(path),
         Some(e) => Err(DomainError::new(
             ErrorCode::PathRejected,
@@ -729,24 +735,51 @@ async fn write_file(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
     ))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    from: String,
+}
+
+/// The most bytes of a name a listing's page may start at (a file name's most, on Linux).
+const MAX_NAME_BYTES: usize = 255;
+
+/// The page of a listing that starts at the name `from` ("": the folder's first entries) and
+/// holds at most `first` entries; `from` is a name, never a path.
+pub fn listing_range(from: String, first: usize) -> DomainResult<ListingRange> {
+    if from.len() > MAX_NAME_BYTES || from.contains(['/', '\0']) {
+        return Err(DomainError::invalid(format!(
+            "from must be a name of at most {MAX_NAME_BYTES} bytes, without / or NUL"
+        )));
+    }
+    Ok(ListingRange::from(from, first))
+}
+
 async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
-    let PathArgs { path } = args(a)?;
+    let ListArgs { path, from } = args(a)?;
     let path = ctx.path(&path, true)?;
-    let ListingPage { mut entries, total } =
-        match ctx.op(Op::ListFirst(path.clone(), MAX_LISTED)).await {
-            Ok(OpOutput::Page(page)) => page,
-            // The bot's own folder before anything was put in it.
-            Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => {
-                ListingPage::default()
-            }
-            Err(e) => return Err(e),
-            Ok(_) => {
-                return Err(DomainError::new(
-                    ErrorCode::Internal,
-                    "unexpected provider reply",
-                ));
-            }
-        };
+    let range = listing_range(from, MAX_LISTED)?;
+    let ListingPage {
+        mut entries,
+        total,
+        next,
+    } = match ctx.op(Op::ListFirst(path.clone(), range)).await {
+        Ok(OpOutput::Page(page)) => page,
+        // The bot's own folder before anything was put in it.
+        Err(e) if e.code == ErrorCode::NotFound && ctx.team && path == ctx.base() => {
+            ListingPage::default()
+        }
+        Err(e) => return Err(e),
+        Ok(_) => {
+            return Err(DomainError::new(
+                ErrorCode::Internal,
+                "unexpected provider reply",
+            ));
+        }
+    };
     for e in &mut entries {
         e.path = ctx.shown(&e.path);
     }
@@ -762,16 +795,16 @@ async fn list_files(ctx: &ToolCtx<'_>, a: Value) -> DomainResult<Value> {
             )
         })
         .collect();
-    let truncated = total > MAX_LISTED;
-    if truncated {
+    if let Some(next) = &next {
         lines.push(format!(
-            "... and {} more ({total} entries in all, listed by name): list a subfolder, or use shell (ls with a pattern, find) for the rest.",
-            total - MAX_LISTED
+            "... more entries follow ({total} in the folder, listed by name): list_files with from {} for the next {MAX_LISTED}, or use shell (ls with a pattern, find).",
+            serde_json::to_string(next).unwrap_or_default()
         ));
     }
+    let truncated = next.is_some();
     Ok(ok(
         vec![text(lines.join("\n"))],
-        json!({ "path": path, "entries": entries, "total": total, "truncated": truncated }),
+        json!({ "path": path, "entries": entries, "total": total, "truncated": truncated, "next": next }),
     ))
 }
 

@@ -70,8 +70,9 @@ pub fn definitions() -> Vec<Value> {
         ),
         tool(
             "list_files",
-            "List a workspace folder (its first 1000 entries by name; `total` says how many it has).",
-            json!({ "type": "object", "additionalProperties": false, "properties": { "path": path.clone() } }),
+            "List a workspace folder: 1000 entries by name, from the name `from` on when given; `total` says how many it has, `next` the name to list from for the entries that follow.",
+            json!({ "type": "object", "additionalProperties": false, "properties": {
+                "path": path.clone(), "from": { "type": "string", "maxLength": 255 } } }),
         ),
         tool(
             "attach_file",

@@ -64,14 +64,17 @@ struct ListPath {
     #[serde(default)]
     path: String,
     first: Option<usize>,
+    #[serde(default)]
+    from: String,
 }
 
 /// Entries `files.list` gives of a folder unless asked for another number.
 const BROWSED: usize = 5000;
 
-/// `files.list {botId, path, first?}`: a folder of the bot's computer, also when it is
-/// stopped: its first `first` entries by name (5000 unless given, at most
-/// [`MAX_LISTED_ENTRIES`]) and how many it holds (`total`, `truncated`).
+/// `files.list {botId, path, first?, from?}`: a folder of the bot's computer, also when it
+/// is stopped: its first `first` entries by name (5000 unless given, at most
+/// [`MAX_LISTED_ENTRIES`]) from the name `from` on, how many it holds (`total`) and, where
+/// more follow, the name the next page starts at (`next`, `truncated`).
 pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: ListPath = super::params(params)?;
     let first = p.first.unwrap_or(BROWSED);
@@ -80,11 +83,12 @@ pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             "first must be between 1 and {MAX_LISTED_ENTRIES}"
         )));
     }
+    let range = crate::tools::listing_range(p.from, first)?;
     let (c, live) = running(ctx, &p.bot_id).await?;
     let page = if live {
         match handle(ctx, &c)
             .computer
-            .send(Call(Op::ListFirst(p.path.clone(), first)))
+            .send(Call(Op::ListFirst(p.path.clone(), range)))
             .await??
         {
             OpOutput::Page(page) => page,
@@ -97,11 +101,11 @@ pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
             .homes
             .list_latest(&c.home_key, &p.path)
             .await?;
-        ListingPage::first_by_name(entries, first)
+        ListingPage::of(entries, &range)
     };
     Ok(json!({
         "path": p.path, "live": live, "entries": page.entries,
-        "total": page.total, "truncated": page.total > first,
+        "total": page.total, "truncated": page.next.is_some(), "next": page.next,
     }))
 }
 

@@ -25,6 +25,7 @@ class FilesWindow {
   constructor(bot) {
     this.bot = bot;
     this.path = "";
+    this.from = "";
     this.live = false;
     this.selected = null;
     this.timer = null;
@@ -71,13 +72,18 @@ class FilesWindow {
     this.uploadHint.hidden = mine;
   }
 
-  cd(path) { this.path = path; this.selected = null; this.preview.replaceChildren(); this.refresh(); }
+  cd(path) { this.path = path; this.from = ""; this.selected = null; this.preview.replaceChildren(); this.refresh(); }
+  /** Shows the folder's page that starts at the name `from` ("": its first entries). */
+  page(from) { this.from = from; this.refresh(); }
 
   async refresh() {
-    if (this.busy) return;
+    // A refresh asked for while one is under way (another folder, another page) follows it.
+    if (this.busy) { this.again = true; return; }
     this.busy = true;
+    this.again = false;
     try {
-      const r = await rpc("files.list", { botId: this.bot.bot.id, path: this.path });
+      const page = this.from ? { from: this.from } : {};
+      const r = await rpc("files.list", { botId: this.bot.bot.id, path: this.path, ...page });
       this.live = r.live;
       this.root.dataset.live = String(r.live);
       this.pathLabel.textContent = `/${this.path}${r.live ? "" : " (stored copy)"}`;
@@ -85,15 +91,20 @@ class FilesWindow {
         el("button", { "data-entry": e.path, "data-kind": e.kind, onclick: () => (e.kind === "dir" ? this.cd(e.path) : this.open(e)) },
           el("span", {}, e.kind === "dir" ? `${e.name}/` : e.name),
           el("span", { class: "size" }, e.kind === "dir" ? "" : human(e.size))))));
-      if (!r.entries.length) this.list.append(el("li", { class: "muted" }, "This folder is empty."));
-      if (r.truncated) {
+      if (!r.entries.length) this.list.append(el("li", { class: "muted" }, this.from ? "No entries from here on." : "This folder is empty."));
+      if (r.truncated || this.from) {
+        // A large folder comes a page at a time, by name; the page is kept across refreshes.
+        const where = this.from ? `from ${this.from}` : "the first";
         this.list.append(el("li", { class: "muted", "data-role": "more" },
-          `${r.total - r.entries.length} more not shown: the first ${r.entries.length} of ${r.total} by name. Use the terminal for the rest.`));
+          `${r.entries.length} of ${r.total} entries by name, ${where}. `,
+          this.from ? el("button", { "data-action": "first-page", onclick: () => this.page("") }, "First page") : null,
+          r.next ? el("button", { "data-action": "next-page", onclick: () => this.page(r.next) }, "Next page") : null));
       }
     } catch (e) {
       this.say(e.message, true);
     } finally {
       this.busy = false;
+      if (this.again) this.refresh();
     }
   }
 

@@ -45,8 +45,8 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, FrameSize, ListingPage, MachineSpec, ProviderError, ProviderRef,
-    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, Skipped,
+    FileEntry, Frame, FrameSize, ListingPage, ListingRange, MachineSpec, ProviderError,
+    ProviderRef, ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, Skipped,
     WorkspaceExport,
 };
 use sha2::Digest as _;
@@ -396,18 +396,23 @@ impl KubernetesProvider {
         Ok(self.machine(machine).await?.ip.clone())
     }
 
-    /// The pod helper's listing of the folder `rel`: whole, or its first `first` entries by
-    /// name and how many it holds (the helper then looks at only those).
+    /// The pod helper's listing of the folder `rel`: whole, or the page `range` names, how
+    /// many entries it holds and where the next page starts (the helper then looks at only the
+    /// page's entries).
     async fn pod_listing(
         &self,
         machine: &ProviderRef,
         m: &Machine,
         rel: &str,
-        first: Option<usize>,
+        range: Option<&ListingRange>,
     ) -> ProviderResult<ListingPage> {
         let mut out = exec::CappedWriter::with_cap(super::MAX_LISTING);
+        let args = match range {
+            Some(r) => vec![r.first.to_string(), r.from.clone()],
+            None => Vec::new(),
+        };
         let listed = self
-            .files_within(m, "list", rel, first.map(|f| f as u64), None, &mut out)
+            .files_within(m, "list", rel, &args, None, &mut out)
             .await;
         if let Err(e) = listed {
             return Err(self.classify(machine, e).await);
@@ -416,11 +421,12 @@ impl KubernetesProvider {
             return Err(ProviderError::TooLarge(super::LISTING_TOO_LARGE.into()));
         }
         let bad = || ProviderError::Failed("the computer's file listing is malformed".into());
-        let (mut entries, mut total) = (Vec::new(), None);
+        let (mut entries, mut total, mut next) = (Vec::new(), None, None);
         for line in out.0.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let v: serde_json::Value = serde_json::from_slice(line).map_err(|_| bad())?;
             if let Some(n) = v["total"].as_u64() {
                 total = Some(n as usize);
+                next = v["next"].as_str().map(str::to_owned);
                 continue;
             }
             let field = |k: &str| v[k].as_str().map(str::to_owned).ok_or_else(bad);
@@ -447,12 +453,16 @@ impl KubernetesProvider {
                 size: v["size"].as_u64().unwrap_or(0),
             });
         }
-        let total = match (first, total) {
+        let total = match (range, total) {
             (None, _) => entries.len(),
-            (Some(first), Some(total)) if entries.len() <= first.min(total) => total,
+            (Some(r), Some(total)) if r.holds(&entries, next.as_deref(), total) => total,
             _ => return Err(bad()),
         };
-        Ok(ListingPage { entries, total })
+        Ok(ListingPage {
+            entries,
+            total,
+            next,
+        })
     }
 
     /// Runs the in-pod file helper.
@@ -464,17 +474,17 @@ impl KubernetesProvider {
         input: Option<&mut (dyn AsyncRead + Unpin + Send)>,
         output: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> ProviderResult<()> {
-        self.files_within(m, op, path, None, input, output).await
+        self.files_within(m, op, path, &[], input, output).await
     }
 
-    /// [`Self::files`] with the most bytes a read gives: a larger file is refused with
-    /// `TooLarge`, read no further.
+    /// [`Self::files`] with the helper's bounds (`args`): a read's most bytes (a larger file
+    /// is refused with `TooLarge`, read no further), a listing page's size and first name.
     async fn files_within(
         &self,
         m: &Machine,
         op: &str,
         path: &str,
-        limit: Option<u64>,
+        args: &[String],
         input: Option<&mut (dyn AsyncRead + Unpin + Send)>,
         output: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> ProviderResult<()> {
@@ -485,8 +495,8 @@ impl KubernetesProvider {
             op.into(),
             path.into(),
             TRANSIENT.join("\n"),
-            limit.map(|l| l.to_string()).unwrap_or_default(),
         ];
+        let argv = [argv, args.to_vec()].concat();
         let timeout = if op == "export" {
             EXPORT_TIMEOUT
         } else {
@@ -501,10 +511,7 @@ impl KubernetesProvider {
                 "the path is a link, a special file or a file with several names".into(),
             )),
             4 => Err(ProviderError::NotFound(path.chars().take(200).collect())),
-            5 => Err(ProviderError::file_too_large(
-                path,
-                limit.unwrap_or_default(),
-            )),
+            5 => Err(ProviderError::TooLarge(format!("{op}: past its bound"))),
             code => Err(ProviderError::Failed(format!(
                 "file {op} ended with {code}: {}",
                 ended
@@ -945,15 +952,15 @@ impl SandboxProvider for KubernetesProvider {
         &self,
         machine: &ProviderRef,
         path: &str,
-        first: usize,
+        range: &ListingRange,
     ) -> ProviderResult<ListingPage> {
         let m = self.machine(machine).await?;
-        if let Some(home) = m.home.clone() {
-            let rel = segments(path, true)?.join("/");
-            return blocking(move || host_files::list_first(&home, &rel, first)).await;
-        }
         let rel = segments(path, true)?.join("/");
-        self.pod_listing(machine, &m, &rel, Some(first)).await
+        if let Some(home) = m.home.clone() {
+            let range = range.clone();
+            return blocking(move || host_files::list_first(&home, &rel, &range)).await;
+        }
+        self.pod_listing(machine, &m, &rel, Some(range)).await
     }
 
     async fn read_file(&self, machine: &ProviderRef, path: &str) -> ProviderResult<Vec<u8>> {
@@ -975,11 +982,12 @@ impl SandboxProvider for KubernetesProvider {
         }
         let mut out = exec::CappedWriter::with_cap(max as usize + 1);
         match self
-            .files_within(&m, "read", &rel, Some(max), None, &mut out)
+            .files_within(&m, "read", &rel, &[max.to_string()], None, &mut out)
             .await
         {
             Ok(()) if out.0.len() as u64 > max => Err(ProviderError::file_too_large(&rel, max)),
             Ok(()) => Ok(out.0),
+            Err(ProviderError::TooLarge(_)) => Err(ProviderError::file_too_large(&rel, max)),
             Err(e) => Err(self.classify(machine, e).await),
         }
     }

@@ -6,7 +6,7 @@
 # OP: list (JSON lines on stdout), read (bytes on stdout), write (bytes from stdin), export (a
 # tar of the home's directories and regular files on stdout), clear (empty the home).
 # Exit codes: 0 done, 3 the path is refused, 4 not found, 5 the file is larger than the
-# limit a read was given (argv[4]).
+# limit a read was given (argv[4]). A listing given argv[4] (and argv[5]) is one page.
 import heapq
 import json
 import os
@@ -38,6 +38,8 @@ class TooLarge(Exception):
 # The most bytes a read gives, or the most entries a listing looks at (argv[4], when given): a
 # larger file is refused, read no further.
 LIMIT = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else None
+# The name a listing's page starts at (argv[5]): its entries are the first LIMIT from there on.
+FROM = sys.argv[5] if len(sys.argv) > 5 else ""
 
 
 def open_dir(parent, name):
@@ -89,9 +91,15 @@ def op_list(segs):
         except UnicodeEncodeError:
             continue  # not UTF-8: no workspace path can name it
         names.append(name)
-    total = len(names)
-    # With a limit (argv[4]), the first entries by name and, last, how many there are.
-    names = sorted(names) if LIMIT is None else heapq.nsmallest(LIMIT, names)
+    total, nxt = len(names), None
+    # With a limit (argv[4]), one page by name and, last, how many there are and the name
+    # the next page starts at. Code point order is the order of the names' UTF-8 bytes.
+    if LIMIT is None:
+        names = sorted(names)
+    else:
+        names = heapq.nsmallest(LIMIT + 1, (n for n in names if n >= FROM))
+        if len(names) > LIMIT:
+            nxt = names.pop()
     for name in names:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -105,7 +113,7 @@ def op_list(segs):
             "size": st.st_size if k == "file" else 0,
         }) + "\n")
     if LIMIT is not None:
-        out.write(json.dumps({"total": total}) + "\n")
+        out.write(json.dumps({"total": total, "next": nxt}) + "\n")
 
 
 def open_file(fd, name):

@@ -6,7 +6,7 @@
 //! they are used.
 
 use rakazo_actors::provider::{
-    FileEntry, ListingPage, ProviderError, ProviderResult, Skipped, WorkspaceExport,
+    FileEntry, ListingPage, ListingRange, ProviderError, ProviderResult, Skipped, WorkspaceExport,
 };
 use rakazo_actors::workspace::{Piece, Workspace};
 
@@ -168,24 +168,27 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         listed(&segs, entries)
     }
 
-    /// The first `first` entries of a workspace directory by name, and how many it holds:
-    /// the machine reads every name and looks only at the entries kept.
-    pub async fn list_first(&self, rel: &str, first: usize) -> ProviderResult<ListingPage> {
+    /// A page of a workspace directory by name (`range`), how many entries it holds and where
+    /// the next page starts: the machine reads every name and looks only at the page's.
+    pub async fn list_first(&self, rel: &str, range: &ListingRange) -> ProviderResult<ListingPage> {
         let segs = segments(rel, true)?;
-        let args = serde_json::json!({"path": segs, "first": first});
+        let args = serde_json::json!({"path": segs, "first": range.first, "from": range.from});
         #[derive(serde::Deserialize)]
         struct Page {
             entries: Vec<Listed>,
             total: usize,
+            next: Option<String>,
         }
         let page: Page =
             serde_json::from_str(&self.listing(rel, args).await?).map_err(|_| unreadable())?;
-        if page.entries.len() > first || page.total < page.entries.len() {
+        let entries = listed(&segs, page.entries)?;
+        if !range.holds(&entries, page.next.as_deref(), page.total) {
             return Err(unreadable());
         }
         Ok(ListingPage {
-            entries: listed(&segs, page.entries)?,
+            entries,
             total: page.total,
+            next: page.next,
         })
     }
 

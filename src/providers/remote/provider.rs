@@ -11,8 +11,9 @@ use std::time::Instant;
 use async_trait::async_trait;
 use rakazo_actors::provider::{
     ActOutcome, Action, BrowserCommand, Capabilities, Description, ExecOutput, ExecRequest,
-    FileEntry, Frame, FrameSize, ListingPage, MachineSpec, ProviderError, ProviderRef,
-    ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute, WorkspaceExport,
+    FileEntry, Frame, FrameSize, ListingPage, ListingRange, MachineSpec, ProviderError,
+    ProviderRef, ProviderResult, SandboxProvider, ScreenInfo, ScreenPolicy, ScreenRoute,
+    WorkspaceExport,
 };
 use tokio::sync::Mutex;
 
@@ -545,11 +546,11 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
         &self,
         machine: &ProviderRef,
         path: &str,
-        first: usize,
+        range: &ListingRange,
     ) -> ProviderResult<ListingPage> {
         self.on(machine, |m| async move {
             m.runner.start_agent_soon();
-            self.files(&m).list_first(path, first).await
+            self.files(&m).list_first(path, range).await
         })
         .await
     }

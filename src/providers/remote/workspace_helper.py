@@ -66,9 +66,16 @@ def op_list():
         except UnicodeEncodeError:
             continue  # not UTF-8: no workspace path can name it
         names.append(name)
-    total, first = len(names), ARGS.get("first")
-    # Code point order is the order of the names' UTF-8 bytes, as the caller sorts them.
-    names = sorted(names) if first is None else heapq.nsmallest(first, names)
+    total, first, nxt = len(names), ARGS.get("first"), None
+    # One page: the first entries by name from "from" on, and the name the next one starts
+    # at. Code point order is the order of the names' UTF-8 bytes, as the caller sorts them.
+    if first is None:
+        names = sorted(names)
+    else:
+        start = ARGS.get("from", "")
+        names = heapq.nsmallest(first + 1, (n for n in names if n >= start))
+        if len(names) > first:
+            nxt = names.pop()
     out = []
     for name in names:
         try:
@@ -77,7 +84,8 @@ def op_list():
             continue  # removed since its name was read
         k = kind(st)
         out.append({"name": name, "kind": k, "size": st.st_size if k == "file" else 0})
-    listing = json.dumps(out if first is None else {"entries": out, "total": total})
+    page = {"entries": out, "total": total, "next": nxt}
+    listing = json.dumps(out if first is None else page)
     if len(listing) <= ARGS["inline"]:
         print(listing)
         return

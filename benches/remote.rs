@@ -13,8 +13,9 @@
 //! settled frame on a live desktop of each provider, the daytona-emulator's and the
 //! box-emulator's too; `BENCH_ONLY=exec`: only `shell`'s script through the provider in turns
 //! with envd's own `Start` of it, and on Daytona and Box computers with no screen with the
-//! vendor's own run call; `BENCH_ONLY=listing`: a large folder's first 1000 entries by name
-//! against its whole listing, on Docker and each vendor's emulator).
+//! vendor's own run call; `BENCH_ONLY=listing`: a large folder's first 1000 entries by name,
+//! a read in it and one entry looked up by name, each against its whole listing, on Docker
+//! and each vendor's emulator).
 
 mod support;
 
@@ -263,12 +264,31 @@ async fn first_entries_against_the_whole_listing(p: &dyn SandboxProvider, name: 
         p.read_file(&m, &file).await.unwrap();
         listed_then_read.push(t.elapsed());
     }
+    // `browser_act`'s upload check of one of them: its own entry (a page of one from its
+    // name), against the whole listing searched for it, as the check did before.
+    let entry = &file["big/".len()..];
+    let (mut own, mut searched) = (Vec::new(), Vec::new());
+    for _ in 0..LISTINGS {
+        let t = Instant::now();
+        let page = p
+            .list_files_first(&m, "big", &ListingRange::from(entry, 1))
+            .await
+            .unwrap();
+        own.push(t.elapsed());
+        assert_eq!(page.entries[0].path, file);
+        let t = Instant::now();
+        let listed = p.list_files(&m, "big").await.unwrap();
+        assert!(listed.iter().any(|e| e.path == file));
+        searched.push(t.elapsed());
+    }
     let (f50, w50) = (percentile(first, 0.5), percentile(whole, 0.5));
     let (r50, l50) = (percentile(read, 0.5), percentile(listed_then_read, 0.5));
+    let (o50, s50) = (percentile(own, 0.5), percentile(searched, 0.5));
     println!(
-        "| {name} | {f50:.1} ms | {w50:.1} ms | {:.2}x | {r50:.1} ms | {l50:.1} ms | {:.2}x |",
+        "| {name} | {f50:.1} ms | {w50:.1} ms | {:.2}x | {r50:.1} ms | {l50:.1} ms | {:.2}x | {o50:.1} ms | {s50:.1} ms | {:.2}x |",
         f50 / w50.max(1e-9),
-        r50 / l50.max(1e-9)
+        r50 / l50.max(1e-9),
+        o50 / s50.max(1e-9)
     );
     p.destroy(&m).await.unwrap();
 }
@@ -349,9 +369,9 @@ fn main() {
         }
         if std::env::var("BENCH_ONLY").as_deref() == Ok("listing") {
             println!(
-                "| provider | first 1000 of {LISTED}, p50 | whole listing, first 1000 kept, p50 | ratio | read_file in it, p50 | listing + read, p50 | ratio |"
+                "| provider | first 1000 of {LISTED}, p50 | whole listing, first 1000 kept, p50 | ratio | read_file in it, p50 | listing + read, p50 | ratio | upload's check: own entry, p50 | whole listing searched, p50 | ratio |"
             );
-            println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+            println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
             first_entries_against_the_whole_listing(docker.as_ref(), "docker").await;
             first_entries_against_the_whole_listing(remote.as_ref(), "e2b-emulator").await;
             let (daytona, boat) = daytona_and_box(&url, &token);

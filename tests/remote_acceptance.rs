@@ -222,6 +222,12 @@ async fn scenario(vendor: &str) {
     let mut shown = None;
     for _ in 0..40 {
         let seen = ok_tool(&s, &run, fence, "computer_observe", json!({})).await;
+        // A screen unchanged since the last look comes without its image (the model keeps
+        // the last one): still not the page.
+        if seen["structuredContent"]["unchanged"] == true {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
         let (px, png) = middle_pixel(&seen);
         if near(px, BUTTON) {
             shown = Some(seen);

@@ -145,6 +145,35 @@ async fn idle_suspension_claims_the_computer_before_it_exports() {
     assert_eq!(stretches(&s, &u.id).await, [Some("idle".into()), None]);
 }
 
+/// A person looking at files (the Files window lists and previews every few seconds) does
+/// not hold an idle computer awake: once it stops, the window shows the stored copy.
+#[actix_rt::test]
+async fn a_person_looking_at_files_does_not_hold_an_idle_computer_awake() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let u = up(&s, 1, "private").await;
+    s.exec(&u.run, u.fence, "echo kept > kept.txt")
+        .await
+        .unwrap();
+    finish(&s, &u).await;
+    let bot = &u.bots[0];
+    for minute in 0..11 {
+        advance(&s, MIN);
+        let listed = s
+            .ok("files.list", json!({ "botId": bot, "path": "" }))
+            .await;
+        assert_eq!(listed["live"], true, "minute {minute}: {listed}");
+        s.ok("files.read", json!({ "botId": bot, "path": "kept.txt" }))
+            .await;
+    }
+    check(&s, &u).await;
+    assert_eq!(state(&s, &u.id).await, "stopped", "idle for 11 minutes");
+    assert_eq!(stretches(&s, &u.id).await, [Some("idle".into())]);
+    let stored = s
+        .ok("files.read", json!({ "botId": bot, "path": "kept.txt" }))
+        .await;
+    assert_eq!(stored["text"], "kept\n", "{stored}");
+}
+
 #[actix_rt::test]
 async fn a_takeover_request_holds_a_non_billing_computer_for_thirty_minutes() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();

@@ -82,6 +82,10 @@ pub enum Op {
     Open(String, String),
     /// A page-browser command on a bot's browser.
     Browser(String, BrowserCommand),
+    /// An operation a person asks for to look at the workspace (the Files window): done as
+    /// asked, without counting as the computer's use, so an open window does not hold an
+    /// otherwise idle computer awake (when it stops, the window shows the stored copy).
+    Look(Box<Op>),
 }
 
 /// What an [`Op`] returned.
@@ -443,7 +447,10 @@ impl ComputerActor {
                     // slack, so a stream of calls (most of them read-only) does not write on
                     // every call.
                     let now = rt.clock.now_ms();
-                    if now.saturating_sub(row.last_active_at_ms) >= touch_slack_ms(&rt.settings) {
+                    let used = !matches!(op, Op::Look(_));
+                    if used
+                        && now.saturating_sub(row.last_active_at_ms) >= touch_slack_ms(&rt.settings)
+                    {
                         let _ = computers.touch_at(&id, now).await;
                     }
                     apply_pending_restore(&rt, provider.as_ref(), &row, &machine).await?;
@@ -1233,6 +1240,7 @@ async fn run_op(
     max_timeout: Duration,
 ) -> DomainResult<OpOutput> {
     Ok(match op {
+        Op::Look(op) => return Box::pin(run_op(provider, machine, *op, max_timeout)).await,
         Op::Exec(mut req) => {
             req.timeout = req.timeout.min(max_timeout);
             let deadline = req.timeout + EXEC_GRACE;

@@ -88,7 +88,10 @@ pub async fn list_files(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let page = if live {
         match handle(ctx, &c)
             .computer
-            .send(Call(Op::ListFirst(p.path.clone(), range)))
+            .send(Call(Op::Look(Box::new(Op::ListFirst(
+                p.path.clone(),
+                range,
+            )))))
             .await??
         {
             OpOutput::Page(page) => page,
@@ -116,7 +119,10 @@ pub async fn read_file(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let bytes = if live {
         match handle(ctx, &c)
             .computer
-            .send(Call(Op::ReadFile(p.path.clone(), MAX_FILE_BYTES as u64)))
+            .send(Call(Op::Look(Box::new(Op::ReadFile(
+                p.path.clone(),
+                MAX_FILE_BYTES as u64,
+            )))))
             .await
             .map_err(DomainError::from)?
             .map_err(|e| {

@@ -843,8 +843,9 @@ enum Carries {
     Yes,
     /// It does not, or the process is gone, a kernel thread or a zombie.
     No,
-    /// It reads empty in a process started moments ago: one that changed its user is not
-    /// readable until its next program is loaded, so it is read again.
+    /// It reads empty or cut short in a process started moments ago: one that changed its
+    /// user is not readable until its next program is loaded, and one caught loading its next
+    /// program may read in part, so it is read again.
     Unsettled,
 }
 
@@ -853,10 +854,16 @@ fn carries(pid: u32, entry: &str) -> Carries {
     match std::fs::read(format!("/proc/{pid}/environ")) {
         Err(_) => Carries::No,
         Ok(env) if env.split(|b| *b == 0).any(|v| v == entry.as_bytes()) => Carries::Yes,
-        Ok(env) if !env.is_empty() => Carries::No,
+        Ok(env) if environ_whole(&env) => Carries::No,
         Ok(_) if is_young_user_process(pid) => Carries::Unsettled,
         Ok(_) => Carries::No,
     }
+}
+
+/// Whether a process's environment as read is whole: it ends with its last entry's NUL. One
+/// read while the process loads its next program can be empty or end inside an entry.
+pub fn environ_whole(env: &[u8]) -> bool {
+    env.last() == Some(&0)
 }
 
 /// Whether `pid` is a live user-space process started less than [`UNSETTLED_AGE`] ago.
@@ -905,6 +912,14 @@ pub fn is_group_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_read_in_part_is_not_taken_for_whole() {
+        assert!(environ_whole(b"PATH=/usr/bin\0LANG=C.UTF-8\0"));
+        // Read while the process loads its next program: empty, or ending inside an entry.
+        assert!(!environ_whole(b""));
+        assert!(!environ_whole(b"PATH=/usr/local/bin:/usr/bin:/bi"));
+    }
 
     #[test]
     fn a_process_is_named_by_its_start_until_it_ends() {

@@ -898,13 +898,13 @@ mod tests {
         for (r, runner) in runners.into_iter().enumerate() {
             for n in 0..10 {
                 let pid = runner.spawn(&tagged(n)).await.unwrap();
-                // Read again while it is between two programs (empty), as the scan does (on
-                // a busy machine a process can sit in an exec for a while).
+                // Read again while it is between two programs (empty or cut short), as the
+                // scan does (on a busy machine a process can sit in an exec for a while).
                 let mut environ = Vec::new();
                 let deadline = std::time::Instant::now() + Duration::from_secs(2);
                 while std::time::Instant::now() < deadline {
                     environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-                    if !environ.is_empty() {
+                    if crate::desktop::cgroup::environ_whole(&environ) {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(1));

@@ -57,8 +57,10 @@ pub struct ProxyConfig {
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`ProxyConfig::max_client_message_bytes`].
 pub const DEFAULT_MAX_CLIENT_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-/// Default [`ProxyConfig::max_upstream_message_bytes`].
-pub const DEFAULT_MAX_UPSTREAM_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Default [`ProxyConfig::max_upstream_message_bytes`]: the computer serves its gateway, and
+/// every message it sends may wait in a socket's send queue (32 messages) while a viewer reads
+/// slowly. Its servers send at most 64 KiB at once (websockify's reads, the terminal's frames).
+pub const DEFAULT_MAX_UPSTREAM_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Default [`ProxyConfig::upstream_read_buffer_bytes`].
 pub const DEFAULT_UPSTREAM_READ_BUFFER_BYTES: usize = 16 * 1024;
 
@@ -348,12 +350,22 @@ fn clean_tail(tail: &str) -> Option<&str> {
 }
 
 async fn add_slash(req: HttpRequest) -> HttpResponse {
-    // Relative to `/screen/<capability>`, the last segment names the directory.
+    // Relative to `/screen/<capability>`, the last segment names the directory. It comes from
+    // whoever sent the link: only a capability's characters go back, and always as a path
+    // (`./`), so no `/screen/https:elsewhere` sends a browser off this origin.
     let last = req.path().rsplit('/').next().unwrap_or_default();
+    let plain = last
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~'));
+    if last.is_empty() || !plain {
+        let mut builder = HttpResponse::NotFound();
+        common_headers(&mut builder);
+        return builder.finish();
+    }
     let mut builder = HttpResponse::PermanentRedirect();
     common_headers(&mut builder);
     builder
-        .insert_header((header::LOCATION, format!("{last}/")))
+        .insert_header((header::LOCATION, format!("./{last}/")))
         .finish()
 }
 

@@ -168,7 +168,21 @@ async fn the_packaged_viewer_is_served_never_the_computers_pages() {
         .unwrap();
     assert_eq!(resp.status(), 308);
     assert_screen_headers(resp.headers());
-    assert_eq!(resp.headers()["location"], format!("{token}/").as_str());
+    assert_eq!(resp.headers()["location"], format!("./{token}/").as_str());
+    // A link that names another place is no way off this origin.
+    for elsewhere in [
+        "http:evil.example",
+        "https:%2F%2Fevil.example",
+        "%5Cevil.example",
+    ] {
+        let resp = no_redirect
+            .get(format!("http://{}/screen/{elsewhere}", f.proxy))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{elsewhere}");
+        assert!(resp.headers().get("location").is_none(), "{elsewhere}");
+    }
 }
 
 #[actix_rt::test]
@@ -646,6 +660,32 @@ async fn an_upstream_close_reaches_the_browser_and_ends_its_connection() {
         closed_and_nothing_after(&mut ws).await.as_deref(),
         Some("bye")
     );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while f.gateway.send(CountSockets).await.unwrap() != 0 {
+        assert!(Instant::now() < deadline, "socket still registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A bot that serves its own gateway and sends a message larger than any screen server's
+/// loses the socket: the message is not held for the browser, nor passed on to it.
+#[actix_rt::test]
+async fn an_upstream_message_past_the_limit_ends_the_socket_and_never_reaches_the_browser() {
+    use futures_util::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let f = fixture_on(&format!("{BIG_PREFIX}-sock3t_for-tests"));
+    let mut ws = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, b"RFB 003.008\n");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("the socket stayed open")
+        {
+            Some(Ok(Message::Binary(b))) => panic!("a {} byte message came through", b.len()),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+            Some(Ok(_)) => {}
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(2);
     while f.gateway.send(CountSockets).await.unwrap() != 0 {
         assert!(Instant::now() < deadline, "socket still registered");

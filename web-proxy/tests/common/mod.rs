@@ -205,11 +205,16 @@ pub const FLOOD_PREFIX: &str = "flood";
 /// its greeting, as a screen that goes away.
 pub const CLOSING_PREFIX: &str = "closing";
 
+/// A socket token starting so has the fake gateway send one 2 MiB message after its greeting:
+/// a bot that serves its own gateway.
+pub const BIG_PREFIX: &str = "big";
+
 /// A fake websockify run by the bot: any plain HTTP GET answers [`BOT_PAGE`] (recorded), and
 /// `/websockify?token=` greets with `RFB 003.008\n`, records what it receives, and echoes a
 /// frame `ack` after each message.
 /// A token starting with [`FLOOD_PREFIX`] gets a stream of `frame` messages instead, one
-/// starting with [`CLOSING_PREFIX`] a close after the greeting.
+/// starting with [`CLOSING_PREFIX`] a close after the greeting, one starting with
+/// [`BIG_PREFIX`] a 2 MiB message.
 pub fn start_fake_gateway(token: &str) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let token = token.to_string();
@@ -266,6 +271,9 @@ async fn fake_websockify(
             };
             let _ = session.close(Some(reason)).await;
             return;
+        }
+        if presented.starts_with(BIG_PREFIX) {
+            let _ = session.binary(vec![7u8; 2 << 20]).await;
         }
         if presented.starts_with(FLOOD_PREFIX) {
             // Frames without pause until the socket goes, like a busy screen.

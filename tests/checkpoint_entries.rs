@@ -1,7 +1,8 @@
 //! Checkpoints a bot cannot block: entries the store cannot hold (a 5,000-byte path, a name
 //! that is not UTF-8) are skipped and reported in `run.finish` and the activity feed while the
-//! rest is saved; a checkpoint that does fail marks the run failed and never keeps a computer
-//! from idle suspension. On host (`desktop`) computers, whose homes are real directories.
+//! rest is saved; a home past the limits is refused before it is read; a checkpoint that does
+//! fail marks the run failed and never keeps a computer from idle suspension. On host
+//! (`desktop`) computers, whose homes are real directories.
 
 mod common;
 
@@ -89,6 +90,37 @@ async fn a_long_path_and_a_name_that_is_not_utf8_are_skipped_and_reported() {
         s.exec(&run, fence, "cat keep.txt; ls").await.unwrap()["stdout"],
         format!("kept\nkeep.txt\n{}\n", "x".repeat(200))
     );
+}
+
+/// A file of a terabyte that takes no disk (`truncate`), far past the 4 GiB a file may be:
+/// the checkpoint is refused from the walk, before a byte is read (reading it would take the
+/// API process's memory), and the next checkpoint without it is saved.
+#[actix_rt::test]
+async fn a_sparse_file_past_the_limit_is_refused_before_it_is_read() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "desktop")])
+        .await
+        .unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(&run, fence, "echo kept > keep.txt; truncate -s 1T huge.bin")
+        .await
+        .unwrap();
+    let done = finish(&s, &run, fence).await;
+    assert_eq!(done["run"]["state"], "failed", "{done}");
+    let checkpoint = &done["checkpoint"];
+    assert_eq!(checkpoint["code"], "ARCHIVE_REJECTED", "{checkpoint}");
+    assert!(
+        checkpoint["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"huge.bin\" is larger than 4294967296 bytes"),
+        "{checkpoint}"
+    );
+    let (run, fence) = s.start_run(bot).await;
+    s.exec(&run, fence, "rm huge.bin").await.unwrap();
+    let done = finish(&s, &run, fence).await;
+    assert_eq!(done["checkpoint"]["saved"], 1, "{done}");
 }
 
 #[actix_rt::test]

@@ -505,7 +505,7 @@ async fn pieces_the_last_revision_holds_are_named_not_stored_again() {
     // Files older than the window a stamp withholds, as a workspace between runs is.
     let settle = || std::thread::sleep(std::time::Duration::from_millis(2100));
     settle();
-    let pack = |since| match pack_pieces(&root, since).unwrap() {
+    let pack = |since| match pack_pieces(&root, since, Limits::default()).unwrap() {
         Packed::Pieces(workspace, baseline, _) => (workspace, baseline),
         Packed::Unchanged => panic!("unchanged"),
     };

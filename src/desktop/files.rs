@@ -98,9 +98,11 @@ pub(crate) async fn export_consistent(
 /// fingerprint is the pack's [`archive::Baseline`].
 pub fn export_since(root: &Path, since: Option<&str>) -> Result<WorkspaceExport, ProviderError> {
     let since = since.map(archive::Baseline::parse);
-    match archive::pack_pieces(root, since.as_ref())
-        .map_err(|e: ArchiveError| ProviderError::Failed(format!("export: {e}")))?
-    {
+    let packed = archive::pack_pieces(root, since.as_ref(), Limits::default());
+    match packed.map_err(|e| match e {
+        ArchiveError::Refused(why) => ProviderError::ArchiveRejected(why),
+        ArchiveError::Io(e) => ProviderError::Failed(format!("export: {e}")),
+    })? {
         archive::Packed::Unchanged => Ok(WorkspaceExport::Unchanged),
         archive::Packed::Pieces(workspace, baseline, skipped) => Ok(WorkspaceExport::Archive {
             workspace,

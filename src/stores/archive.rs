@@ -12,6 +12,7 @@
 //! `.browser-profiles` (files with the same names elsewhere are kept) and the profiles of spare
 //! desktops there, and reports names it cannot store.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -19,7 +20,7 @@ use rakazo_actors::provider::{ProviderError, Skipped};
 use rakazo_actors::workspace::{ARCHIVE_END, Piece, Workspace};
 use rustix::fs::Stat;
 
-use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, listing_of};
+use crate::providers::beneath::{Beneath, Kind, Meta, OpenFile, listing_within};
 use crate::providers::workspace_path::segments;
 
 /// The folder holding per-bot browser profiles.
@@ -84,6 +85,16 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The most bytes an archive within these limits takes: its files' bytes, and for each
+    /// entry a header, a long name or extended header (a path is at most
+    /// [`MAX_PATH_BYTES`]) and padding; then the end, padded to a whole record.
+    pub fn max_archive_bytes(&self) -> u64 {
+        let per_entry = 512 + (512 + MAX_PATH_BYTES as u64 + 512) + 512;
+        self.max_total_bytes + self.max_entries as u64 * per_entry + 20 * 512
+    }
+}
+
 /// Why an archive was refused or could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -136,9 +147,10 @@ struct Left {
     special: u64,
 }
 
-/// A file with more than one hard link, as a walk finds it: its link count and the names
-/// found (with their `stat`).
-type Linked = (u64, Vec<(String, Stat)>);
+/// A file with more than one hard link, as a walk finds it: its link count, the names found
+/// (with their `stat`), and each name's folder (device and inode) and last segment: a folder
+/// renamed during the walk shows the same name twice, under two paths.
+type Linked = (u64, Vec<(String, Stat)>, BTreeSet<(u64, u64, String)>);
 
 /// Calls `f` for every directory and regular file under `root` that belongs in a workspace
 /// archive: parents before children, siblings in name order, then the files with more than one
@@ -147,15 +159,20 @@ type Linked = (u64, Vec<(String, Stat)>);
 /// host file) and transient browser files are left out, and a directory replaced by anything
 /// else since it was seen is skipped; names the store cannot hold (not UTF-8, a path past
 /// [`MAX_PATH_BYTES`]) and folders that cannot be read are left out and added to `skipped`.
+///
+/// The bot makes the tree: a walk that has listed more than twice `max_entries` names (links
+/// and special files included) is refused before it holds more.
 fn visit(
     root: &Beneath,
+    max_entries: usize,
     skipped: &mut Vec<Skipped>,
     mut f: impl FnMut(Found<'_>) -> Result<(), ArchiveError>,
 ) -> Result<Left, ArchiveError> {
     let mut left = Left::default();
+    let mut names_left = max_entries.saturating_mul(2);
     // Files with another hard link, by device and inode: their link count and the names the
     // walk found. All names found means no name is outside the workspace.
-    let mut linked: std::collections::BTreeMap<(u64, u64), Linked> = Default::default();
+    let mut linked: BTreeMap<(u64, u64), Linked> = Default::default();
     let mut stack: Vec<Vec<String>> = vec![Vec::new()];
     while let Some(rel) = stack.pop() {
         let dir = match root.dir(&rel.join("/")) {
@@ -173,8 +190,9 @@ fn visit(
             }
             Err(e) => return Err(e.into()),
         };
-        let listing = match listing_of(&dir) {
-            Ok(listing) => listing,
+        let listing = match listing_within(&dir, names_left) {
+            Ok(Some(listing)) => listing,
+            Ok(None) => return Err(too_many(max_entries)),
             Err(e) if !rel.is_empty() => {
                 let kind = std::io::Error::from(e).kind();
                 skip(
@@ -186,6 +204,9 @@ fn visit(
             }
             Err(e) => return Err(std::io::Error::from(e).into()),
         };
+        names_left -= listing.entries.len() + listing.unnamed.len();
+        // The folder's device and inode, once a file with another hard link needs it.
+        let mut folder: Option<(u64, u64)> = None;
         for raw in listing.unnamed {
             let mut path = rel.clone();
             path.push(raw);
@@ -220,9 +241,22 @@ fn visit(
             }
             if kind == Kind::Linked {
                 let m = Meta::of(&stat);
-                let (_, names) = linked
-                    .entry((m.dev, m.ino))
-                    .or_insert((m.nlink, Vec::new()));
+                let folder = match folder {
+                    Some(folder) => folder,
+                    None => {
+                        let at = Meta::of(&rustix::fs::fstat(&dir).map_err(std::io::Error::from)?);
+                        *folder.insert((at.dev, at.ino))
+                    }
+                };
+                let (_, names, places) =
+                    linked
+                        .entry((m.dev, m.ino))
+                        .or_insert((m.nlink, Vec::new(), BTreeSet::new()));
+                places.insert((
+                    folder.0,
+                    folder.1,
+                    child.last().cloned().unwrap_or_default(),
+                ));
                 names.push((path, stat));
                 continue;
             }
@@ -237,8 +271,8 @@ fn visit(
         }
     }
     let mut kept = Vec::new();
-    for (nlink, names) in linked.into_values() {
-        if names.len() as u64 == nlink {
+    for (nlink, names, places) in linked.into_values() {
+        if places.len() as u64 == nlink {
             kept.extend(names);
         } else {
             left.hard_links += names.len() as u64;
@@ -281,51 +315,102 @@ pub fn pack(root: &Path) -> Result<Vec<u8>, ArchiveError> {
     let beneath = Beneath::open(root)?;
     let mut builder = tar::Builder::new(Vec::new());
     let mut found = Vec::new();
-    visit(&beneath, &mut Vec::new(), |f| {
+    let limits = Limits::default();
+    visit(&beneath, limits.max_entries, &mut Vec::new(), |f| {
         let m = Meta::of(f.stat);
-        found.push((f.path.to_owned(), f.dir, (m.dev, m.ino)));
+        let file = (!f.dir).then_some(Seen {
+            id: (m.dev, m.ino),
+            size: m.size,
+        });
+        found.push((f.path.to_owned(), file));
         Ok(())
     })?;
-    for (path, dir, id) in found {
-        append(
-            &mut builder,
-            &beneath,
-            &path,
-            dir,
-            Some(id),
-            &mut Vec::new(),
-        )?;
+    for (path, file) in found {
+        append(&mut builder, &beneath, &path, file, &mut Vec::new())?;
     }
     Ok(builder.into_inner()?)
 }
 
-/// Appends one directory or regular file to an archive, the same way every time. A file is
-/// opened beneath the root again, never through a link; one that is gone is left out, and one
-/// that is no longer the file the walk found (`expected`: device and inode) or that this
-/// process may not read is left out and added to `skipped`. Answers whether the entry is what
-/// the survey saw.
+/// A regular file as the walk found it.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    /// Device and inode.
+    id: (u64, u64),
+    /// Its size then.
+    size: u64,
+}
+
+/// The refusal of a tree or archive of more than `max` entries.
+fn too_many(max: usize) -> ArchiveError {
+    ArchiveError::Refused(format!("more than {max} entries"))
+}
+
+/// What a walk or archive has held so far, against its [`Limits`].
+#[derive(Debug)]
+struct Tally {
+    limits: Limits,
+    entries: u64,
+    file_bytes: u64,
+}
+
+impl Tally {
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            entries: 0,
+            file_bytes: 0,
+        }
+    }
+
+    /// One more entry; a file of `size` bytes (`None` for a directory) named `path`.
+    fn add(&mut self, path: &str, size: Option<u64>) -> Result<(), ArchiveError> {
+        let refuse = |why: String| ArchiveError::Refused(why);
+        self.entries += 1;
+        if self.entries > self.limits.max_entries as u64 {
+            return Err(too_many(self.limits.max_entries));
+        }
+        let Some(size) = size else {
+            return Ok(());
+        };
+        if size > self.limits.max_file_bytes {
+            return Err(refuse(format!(
+                "{path:?} is larger than {} bytes",
+                self.limits.max_file_bytes
+            )));
+        }
+        self.file_bytes += size;
+        if self.file_bytes > self.limits.max_total_bytes {
+            return Err(refuse(format!(
+                "more than {} bytes in total",
+                self.limits.max_total_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Appends one directory (`file` is `None`) or regular file to an archive, the same way every
+/// time. A file is opened beneath the root again, never through a link; one that is gone is
+/// left out, and one that is no longer the file the walk found or that this process may not
+/// read is left out and added to `skipped`. At most the size the walk saw is read: a file
+/// grown since keeps that size here. Answers whether the entry is what the survey saw.
 fn append(
     builder: &mut tar::Builder<Vec<u8>>,
     root: &Beneath,
     path: &str,
-    dir: bool,
-    expected: Option<(u64, u64)>,
+    file: Option<Seen>,
     skipped: &mut Vec<Skipped>,
 ) -> Result<bool, ArchiveError> {
     builder.mode(tar::HeaderMode::Deterministic);
     let mut h = tar::Header::new_gnu();
-    if dir {
+    let Some(seen) = file else {
         h.set_entry_type(tar::EntryType::Directory);
         h.set_mode(0o755);
         h.set_size(0);
         builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
         return Ok(true);
-    }
-    let open = match expected {
-        Some(id) => root.open_surveyed(path, id),
-        None => root.open_file(path),
     };
-    let OpenFile { file, stat } = match open {
+    let OpenFile { file, stat } = match root.open_surveyed(path, seen.id) {
         Ok(open) => open,
         Err(ProviderError::NotFound(_)) => return Ok(false),
         Err(ProviderError::PathRejected(why)) => {
@@ -335,19 +420,17 @@ fn append(
         }
         Err(e) => return Err(e.into()),
     };
-    let meta = Meta::of(&stat);
-    let len = meta.size;
+    let len = Meta::of(&stat).size.min(seen.size);
     let mut data = Vec::with_capacity(len as usize);
     file.take(len).read_to_end(&mut data)?;
     // Shortened while read: the entry keeps the size its header says.
-    let whole = data.len() as u64 == len;
+    let whole = data.len() as u64 == seen.size;
     data.resize(len as usize, 0);
     h.set_entry_type(tar::EntryType::Regular);
     h.set_mode(0o644);
     h.set_size(len);
     builder.append_data(&mut h, path, data.as_slice())?;
-    let same = expected.is_none_or(|e| e == (meta.dev, meta.ino));
-    Ok(whole && same)
+    Ok(whole)
 }
 
 /// How recent a change may be for a fingerprint to vouch for it: file times come from a coarse
@@ -406,9 +489,8 @@ fn tar_bytes(path: &str, size: u64) -> u64 {
 /// One entry of a [`Survey`].
 struct Surveyed {
     path: String,
-    dir: bool,
-    /// Device and inode, for files.
-    id: Option<(u64, u64)>,
+    /// How the walk found it, for files.
+    file: Option<Seen>,
     /// What identifies its bytes: path and, for files, device, inode, size and times.
     line: String,
     /// Changed too recently to vouch for.
@@ -425,20 +507,22 @@ struct Survey {
 }
 
 impl Survey {
-    fn take(root: &Beneath, racy_window_ns: i128) -> Result<Self, ArchiveError> {
+    /// The walk of `root`, refused as soon as it breaks `limits`: nothing is read then.
+    fn take(root: &Beneath, racy_window_ns: i128, limits: Limits) -> Result<Self, ArchiveError> {
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
         let mut entries = Vec::new();
         let mut skipped = Vec::new();
-        visit(root, &mut skipped, |found| {
+        let mut tally = Tally::new(limits);
+        visit(root, limits.max_entries, &mut skipped, |found| {
             if found.dir {
+                tally.add(found.path, None)?;
                 entries.push(Surveyed {
                     line: format!("d {}\n", found.path),
                     archive_bytes: tar_bytes(&format!("{}/", found.path), 0),
                     path: found.path.to_owned(),
-                    dir: true,
-                    id: None,
+                    file: None,
                     racy: false,
                 });
                 return Ok(());
@@ -446,13 +530,16 @@ impl Survey {
             let m = Meta::of(found.stat);
             let (mtime, ctime) = (m.mtime_ns, m.ctime_ns);
             let (dev, ino, len) = (m.dev, m.ino, m.size);
+            tally.add(found.path, Some(len))?;
             entries.push(Surveyed {
                 line: format!("f {} {dev} {ino} {len} {mtime} {ctime}\n", found.path),
                 archive_bytes: tar_bytes(found.path, len),
                 racy: started - mtime.max(ctime) < racy_window_ns,
                 path: found.path.to_owned(),
-                dir: false,
-                id: Some((dev, ino)),
+                file: Some(Seen {
+                    id: (dev, ino),
+                    size: len,
+                }),
             });
             Ok(())
         })?;
@@ -542,18 +629,24 @@ pub enum Packed {
 
 /// Packs `root` into pieces ([`Cutter`]). A piece whose stamp the `since` baseline holds is
 /// named by stamp, not read; a piece with an entry too recent to vouch for has no stamp.
-/// The tree is surveyed before it is read, so a change made during the pack shows next time.
-pub fn pack_pieces(root: &Path, since: Option<&Baseline>) -> Result<Packed, ArchiveError> {
-    pack_pieces_within(root, since, RACY_WINDOW_NS)
+/// The tree is surveyed before it is read, so a change made during the pack shows next time;
+/// a tree that breaks `limits` is refused then, before any of it is read.
+pub fn pack_pieces(
+    root: &Path,
+    since: Option<&Baseline>,
+    limits: Limits,
+) -> Result<Packed, ArchiveError> {
+    pack_pieces_within(root, since, RACY_WINDOW_NS, limits)
 }
 
 fn pack_pieces_within(
     root: &Path,
     since: Option<&Baseline>,
     racy_window_ns: i128,
+    limits: Limits,
 ) -> Result<Packed, ArchiveError> {
     let root = Beneath::open(root)?;
-    let survey = Survey::take(&root, racy_window_ns)?;
+    let survey = Survey::take(&root, racy_window_ns, limits)?;
     let mut digest = survey.digest();
     if digest.is_some() && since.is_some_and(|s| s.digest == digest) {
         return Ok(Packed::Unchanged);
@@ -581,7 +674,7 @@ fn pack_pieces_within(
         let mut builder = tar::Builder::new(Vec::with_capacity(expected as usize + 1024));
         let mut as_surveyed = true;
         for e in entries {
-            as_surveyed &= append(&mut builder, &root, &e.path, e.dir, e.id, &mut unread)?;
+            as_surveyed &= append(&mut builder, &root, &e.path, e.file, &mut unread)?;
         }
         // Changed since the survey: neither this piece nor the tree is vouched for.
         if !as_surveyed {
@@ -756,48 +849,38 @@ fn walk(
     reuse: Option<&Path>,
 ) -> Result<Counts, ArchiveError> {
     let refuse = |why: String| ArchiveError::Refused(why);
-    let mut seen = std::collections::HashSet::new();
-    let mut total = 0u64;
-    let mut entries = 0u64;
+    let mut tree = Tree::default();
+    let mut tally = Tally::new(limits);
     let mut reader = tar::Archive::new(archive);
-    for (count, entry) in reader
-        .entries()
-        .map_err(|e| refuse(e.to_string()))?
-        .enumerate()
-    {
-        if count >= limits.max_entries {
-            return Err(refuse(format!("more than {} entries", limits.max_entries)));
-        }
-        entries += 1;
+    for entry in reader.entries().map_err(|e| refuse(e.to_string()))? {
         let mut entry = entry.map_err(|e| refuse(format!("unreadable entry: {e}")))?;
         let raw = String::from_utf8(entry.path_bytes().into_owned())
             .map_err(|_| refuse("path is not UTF-8".into()))?;
         let rel = segments(&raw, false).map_err(|e| refuse(format!("{raw:?}: {e}")))?;
+        // The size the reader goes by: an extended header's, where there is one. Packing
+        // never writes one, and a size of at most `max_file_bytes` always fits the header,
+        // so one that differs is an archive meant to read one way and be counted another.
+        let size = entry.size();
+        if entry.header().entry_size().ok() != Some(size) {
+            return Err(refuse(format!("{raw:?}: its sizes disagree")));
+        }
         let target = dest.map(|d| rel.iter().fold(d.to_path_buf(), |p, s| p.join(s)));
         match entry.header().entry_type() {
             tar::EntryType::Directory => {
+                tally.add(&raw, None)?;
+                if size != 0 {
+                    return Err(refuse(format!("{raw:?}: a folder with data")));
+                }
+                tree.folder(&rel)
+                    .map_err(|why| refuse(format!("{raw:?}: {why}")))?;
                 if let Some(target) = &target {
                     std::fs::create_dir_all(target)?;
                 }
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let size = entry.header().size().map_err(|e| refuse(e.to_string()))?;
-                if size > limits.max_file_bytes {
-                    return Err(refuse(format!(
-                        "{raw:?} is larger than {} bytes",
-                        limits.max_file_bytes
-                    )));
-                }
-                total += size;
-                if total > limits.max_total_bytes {
-                    return Err(refuse(format!(
-                        "more than {} bytes in total",
-                        limits.max_total_bytes
-                    )));
-                }
-                if !seen.insert(rel.join("/")) {
-                    return Err(refuse(format!("{raw:?} appears twice")));
-                }
+                tally.add(&raw, Some(size))?;
+                tree.file(&rel)
+                    .map_err(|why| refuse(format!("{raw:?}: {why}")))?;
                 if let Some(parent) = target.as_deref().and_then(Path::parent) {
                     std::fs::create_dir_all(parent)?;
                 }
@@ -822,9 +905,59 @@ fn walk(
         }
     }
     Ok(Counts {
-        entries,
-        file_bytes: total,
+        entries: tally.entries,
+        file_bytes: tally.file_bytes,
     })
+}
+
+/// The paths an archive has named so far: one path is a folder or a file, never both, and a
+/// file is named once.
+#[derive(Default)]
+struct Tree {
+    folders: std::collections::HashSet<String>,
+    files: std::collections::HashSet<String>,
+}
+
+impl Tree {
+    /// `rel`'s parents are folders (as unpacking makes them): none of them may be a file.
+    fn parents(&mut self, rel: &[String]) -> Result<(), &'static str> {
+        let mut path = String::new();
+        for segment in &rel[..rel.len().saturating_sub(1)] {
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(segment);
+            if self.files.contains(&path) {
+                return Err("inside a file");
+            }
+            if !self.folders.contains(&path) {
+                self.folders.insert(path.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn folder(&mut self, rel: &[String]) -> Result<(), &'static str> {
+        self.parents(rel)?;
+        let path = rel.join("/");
+        if self.files.contains(&path) {
+            return Err("a file and a folder");
+        }
+        self.folders.insert(path);
+        Ok(())
+    }
+
+    fn file(&mut self, rel: &[String]) -> Result<(), &'static str> {
+        self.parents(rel)?;
+        let path = rel.join("/");
+        if self.folders.contains(&path) {
+            return Err("a folder and a file");
+        }
+        if !self.files.insert(path) {
+            return Err("appears twice");
+        }
+        Ok(())
+    }
 }
 
 /// Cuts archive bytes (whole entries, perhaps followed by the end blocks) into pieces by the
@@ -922,6 +1055,176 @@ mod tests {
         out
     }
 
+    fn small() -> Limits {
+        Limits {
+            max_total_bytes: 10 << 20,
+            max_file_bytes: 4 << 20,
+            max_entries: 8,
+        }
+    }
+
+    fn refusal(packed: Result<Packed, ArchiveError>) -> String {
+        match packed {
+            Err(ArchiveError::Refused(why)) => why,
+            Err(e) => panic!("not refused: {e}"),
+            Ok(_) => panic!("packed"),
+        }
+    }
+
+    /// What the bot can make with a few commands is judged by the walk: nothing is read (a
+    /// terabyte that takes no disk would be a terabyte in memory) and the refusal says why.
+    #[test]
+    fn a_home_past_the_limits_is_refused_from_the_walk_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let huge = std::fs::File::create(root.join("huge.bin")).unwrap();
+        huge.set_len(1 << 40).unwrap();
+        let why = refusal(pack_pieces(root, None, small()));
+        assert_eq!(why, "\"huge.bin\" is larger than 4194304 bytes");
+        huge.set_len(4 << 20).unwrap();
+        std::fs::write(root.join("more.bin"), vec![1u8; 3 << 20]).unwrap();
+        std::fs::File::create(root.join("most.bin"))
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let why = refusal(pack_pieces(root, None, small()));
+        assert_eq!(why, "more than 10485760 bytes in total");
+        std::fs::remove_file(root.join("most.bin")).unwrap();
+        assert!(pack_pieces(root, None, small()).is_ok());
+        for i in 0..7 {
+            std::fs::write(root.join(format!("f{i}")), b"").unwrap();
+        }
+        assert_eq!(
+            refusal(pack_pieces(root, None, small())),
+            "more than 8 entries"
+        );
+        std::fs::remove_file(root.join("f6")).unwrap();
+        // A folder of more names than twice the limit is refused while it is listed.
+        std::fs::create_dir(root.join("many")).unwrap();
+        for i in 0..20 {
+            std::os::unix::fs::symlink("/", root.join(format!("many/l{i}"))).unwrap();
+        }
+        assert_eq!(
+            refusal(pack_pieces(root, None, small())),
+            "more than 8 entries"
+        );
+    }
+
+    /// A file that grew after the walk saw it is read only to the size the walk saw.
+    #[test]
+    fn a_file_grown_after_the_walk_keeps_the_size_the_walk_saw() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("grows.txt"), b"0123456789").unwrap();
+        let root = Beneath::open(dir.path()).unwrap();
+        let stat = rustix::fs::stat(dir.path().join("grows.txt")).unwrap();
+        let m = Meta::of(&stat);
+        let seen = Seen {
+            id: (m.dev, m.ino),
+            size: 4,
+        };
+        let mut builder = tar::Builder::new(Vec::new());
+        let whole = append(
+            &mut builder,
+            &root,
+            "grows.txt",
+            Some(seen),
+            &mut Vec::new(),
+        );
+        assert!(whole.unwrap(), "as long as the walk saw it");
+        let archive = builder.into_inner().unwrap();
+        assert_eq!(packed_entries(&archive)["grows.txt"], b"0123");
+    }
+
+    fn archive_of(build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        build(&mut builder);
+        builder.into_inner().unwrap()
+    }
+
+    fn entry(b: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, path: &str, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, path, data).unwrap();
+    }
+
+    /// Archives the machine sends (a pod's, a vendor's) are read one way by every rule: a
+    /// size in an extended header, a folder with data, one path as a file and a folder are
+    /// refused by the check, as an unpack would refuse them.
+    #[test]
+    fn an_archive_meant_to_read_two_ways_is_refused() {
+        use tar::EntryType::{Directory, Regular};
+        let refused = |archive: Vec<u8>| match check(&archive, Limits::default()) {
+            Err(ArchiveError::Refused(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        let pax_size = archive_of(|b| {
+            entry(b, tar::EntryType::XHeader, "pax", b"13 size=4096\n");
+            entry(b, Regular, "a.txt", b"");
+            entry(b, Regular, "b.txt", &[0u8; 4096]);
+        });
+        assert_eq!(refused(pax_size), "\"a.txt\": its sizes disagree");
+        let folder_with_data = archive_of(|b| entry(b, Directory, "d/", &[1u8; 1024]));
+        assert_eq!(refused(folder_with_data), "\"d/\": a folder with data");
+        let both = archive_of(|b| {
+            entry(b, Directory, "a/", b"");
+            entry(b, Regular, "a", b"x");
+        });
+        assert_eq!(refused(both), "\"a\": a folder and a file");
+        let under_a_file = archive_of(|b| {
+            entry(b, Regular, "a", b"x");
+            entry(b, Regular, "a/b", b"y");
+        });
+        assert_eq!(refused(under_a_file), "\"a/b\": inside a file");
+        let file_then_folder = archive_of(|b| {
+            entry(b, Regular, "a", b"x");
+            entry(b, Directory, "a/", b"");
+        });
+        assert_eq!(refused(file_then_folder), "\"a/\": a file and a folder");
+        let twice = archive_of(|b| {
+            entry(b, Regular, "a", b"x");
+            entry(b, Regular, "a", b"y");
+        });
+        assert_eq!(refused(twice), "\"a\": appears twice");
+        // Folders named again, and files in folders named or not, are fine.
+        let fine = archive_of(|b| {
+            entry(b, Directory, "a/", b"");
+            entry(b, Directory, "a/", b"");
+            entry(b, Regular, "a/b", b"x");
+            entry(b, Regular, "c/d/e", b"y");
+            entry(b, Directory, "c/d/", b"");
+        });
+        let counts = check(&fine, Limits::default()).unwrap();
+        assert_eq!((counts.entries, counts.file_bytes), (5, 2));
+    }
+
+    /// A folder moved during the walk into one not walked yet shows a linked file's name
+    /// twice: still one name, so a file whose other name is a host file is left out.
+    #[test]
+    fn a_name_found_twice_by_a_moved_folder_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("home");
+        std::fs::create_dir_all(root.join("a/sub")).unwrap();
+        std::fs::create_dir_all(root.join("b")).unwrap();
+        std::fs::write(dir.path().join("host.key"), b"host secret").unwrap();
+        std::fs::hard_link(dir.path().join("host.key"), root.join("a/stolen")).unwrap();
+        let beneath = Beneath::open(&root).unwrap();
+        let mut files = Vec::new();
+        let left = visit(&beneath, 100, &mut Vec::new(), |found| {
+            if found.path == "a/sub" {
+                std::fs::rename(root.join("a"), root.join("b/a")).unwrap();
+            }
+            if !found.dir {
+                files.push(found.path.to_owned());
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert!(files.is_empty(), "{files:?}");
+        assert_eq!(left.hard_links, 2);
+    }
+
     #[test]
     fn a_file_linked_twice_inside_is_kept_and_one_linked_from_outside_is_not() {
         let dir = tempfile::tempdir().unwrap();
@@ -938,7 +1241,7 @@ mod tests {
         assert_eq!(entries["venv/lib.bin"], b"shared bytes");
         assert!(!entries.contains_key("stolen"), "{:?}", entries.keys());
         // The pieces hold the same entries.
-        let (pieces, _) = joined(pack_pieces_within(&root, None, 0).unwrap());
+        let (pieces, _) = joined(pack_pieces_within(&root, None, 0, Limits::default()).unwrap());
         assert_eq!(packed_entries(&pieces), entries);
     }
 
@@ -959,7 +1262,7 @@ mod tests {
         mode(&root.join("kept.txt"), 0o644);
         mode(&root.join("secret.txt"), 0o000);
         mode(&root.join("locked"), 0o000);
-        let pack = move || pack_pieces_within(&root, None, 0).unwrap();
+        let pack = move || pack_pieces_within(&root, None, 0, Limits::default()).unwrap();
         // As root, modes bind nobody: pack from a thread that is another user.
         let packed = if rustix::process::geteuid().is_root() {
             std::thread::spawn(move || {
@@ -1001,7 +1304,8 @@ mod tests {
             deep.push("d".repeat(200));
         }
         std::fs::create_dir_all(&deep).unwrap();
-        let (archive, skipped) = joined(pack_pieces_within(root, None, 0).unwrap());
+        let (archive, skipped) =
+            joined(pack_pieces_within(root, None, 0, Limits::default()).unwrap());
         let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
         assert!(reasons.contains(&"name is not UTF-8"), "{reasons:?}");
         assert!(
@@ -1019,7 +1323,12 @@ mod tests {
         std::fs::create_dir_all(root.join(".browser-profiles/b1/Cache")).unwrap();
         std::fs::write(root.join("notes/a.txt"), b"first").unwrap();
         let beneath = Beneath::open(root).unwrap();
-        let print = || Survey::take(&beneath, 0).unwrap().digest().unwrap();
+        let print = || {
+            Survey::take(&beneath, 0, Limits::default())
+                .unwrap()
+                .digest()
+                .unwrap()
+        };
         let first = print();
         assert_eq!(print(), first, "nothing changed");
         // A transient browser file is not part of a workspace.
@@ -1036,7 +1345,7 @@ mod tests {
         std::fs::create_dir(root.join("empty")).unwrap();
         assert_ne!(print(), second, "a new directory is part of the archive");
         // Just written: too recent to vouch for.
-        let survey = Survey::take(&beneath, RACY_WINDOW_NS).unwrap();
+        let survey = Survey::take(&beneath, RACY_WINDOW_NS, Limits::default()).unwrap();
         assert_eq!(survey.digest(), None);
         let size = pack(root).unwrap().len() as u64;
         let estimate = 1024 + survey.entries.iter().map(|e| e.archive_bytes).sum::<u64>();
@@ -1104,7 +1413,7 @@ mod tests {
     }
 
     fn pieces(root: &Path, since: Option<&Baseline>) -> (Workspace, Baseline) {
-        match pack_pieces_within(root, since, 0).unwrap() {
+        match pack_pieces_within(root, since, 0, Limits::default()).unwrap() {
             Packed::Pieces(workspace, baseline, _) => (workspace, baseline),
             Packed::Unchanged => panic!("unexpectedly unchanged"),
         }
@@ -1134,7 +1443,7 @@ mod tests {
         assert_eq!(cuts, lens);
         // Nothing changed: nothing read.
         assert!(matches!(
-            pack_pieces_within(root, Some(&baseline), 0).unwrap(),
+            pack_pieces_within(root, Some(&baseline), 0, Limits::default()).unwrap(),
             Packed::Unchanged
         ));
         // One file changed: its piece alone is read again.
@@ -1152,7 +1461,7 @@ mod tests {
         assert!(read[0].windows(7).any(|w| w == b"changed"));
         assert_eq!(second.pieces.len(), first.pieces.len());
         // A change too recent to vouch for leaves its piece unstamped.
-        match pack_pieces(root, Some(&baseline)).unwrap() {
+        match pack_pieces(root, Some(&baseline), Limits::default()).unwrap() {
             Packed::Pieces(w, b, _) => {
                 assert!(
                     w.pieces

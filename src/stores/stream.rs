@@ -26,8 +26,8 @@ use super::seal::{self, Binding};
 pub const BLOCK: usize = 256 << 10;
 /// Blocks queued between the reader, the cutter and the checker.
 const BLOCKS_QUEUED: usize = 8;
-/// Most bytes of long-name and extended headers kept for the entry they belong to; past it
-/// the rest is cut as it comes, for the restore rules to judge.
+/// Most bytes of long-name and extended headers an entry may have: a reader holds them whole
+/// (a path is at most 3,072 bytes), so an archive with more is refused as it arrives.
 const LEAD_MAX: usize = 1 << 20;
 
 /// A chunk cut from the stream.
@@ -89,7 +89,7 @@ impl StreamCutter {
                             Some(name.split(|b| *b == 0).next().unwrap_or(name).into());
                     }
                     if self.lead.len() > LEAD_MAX {
-                        self.break_off(emit)?;
+                        return Err(lead_too_long());
                     }
                 }
                 continue;
@@ -123,8 +123,7 @@ impl StreamCutter {
                     self.lead_name = Some((self.lead.len(), size.min(LEAD_MAX as u64) as usize));
                 }
                 if padded > LEAD_MAX as u64 {
-                    self.break_off(emit)?;
-                    continue;
+                    return Err(lead_too_long());
                 }
                 self.data_to_lead = true;
                 self.data_left = padded;
@@ -206,6 +205,13 @@ impl StreamCutter {
         let counts = std::mem::take(&mut self.counts);
         emit(Cut { bytes, counts })
     }
+}
+
+/// The refusal of an entry whose long-name and extended headers pass [`LEAD_MAX`].
+fn lead_too_long() -> StoreError {
+    StoreError::Rejected(format!(
+        "archive refused: an entry's extended headers are longer than {LEAD_MAX} bytes"
+    ))
 }
 
 /// Where a streamed save puts the chunks no kept revision holds.
@@ -430,6 +436,28 @@ mod tests {
         }
         add("z/big.bin", &data);
         b.into_inner().unwrap()
+    }
+
+    /// A long name longer than any path: a reader would hold it whole, so the stream is
+    /// refused when its header comes, before its data does.
+    #[test]
+    fn an_entry_whose_long_name_passes_the_lead_limit_is_refused_at_its_header() {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(8 << 30);
+        h.set_cksum();
+        let mut cutter = StreamCutter::default();
+        let mut emitted = 0;
+        let mut emit = |_: Cut| {
+            emitted += 1;
+            Ok(())
+        };
+        let refused = cutter.push(h.as_bytes(), &mut emit);
+        assert!(
+            matches!(&refused, Err(StoreError::Rejected(why)) if why.contains("extended headers")),
+            "{refused:?}"
+        );
+        assert_eq!(emitted, 0);
     }
 
     fn cuts(bytes: &[u8], step: usize) -> Vec<Cut> {

@@ -220,7 +220,7 @@ pub fn devtools_script(profile: &Path, action: DevToolsAction) -> String {
         DevToolsAction::Save => "save",
         DevToolsAction::Load => "load",
     };
-    format!("python3 - {profile} {action} <<'PY'\n{DEVTOOLS_PY}PY\n")
+    format!("python3 -I - {profile} {action} <<'PY'\n{DEVTOOLS_PY}PY\n")
 }
 
 /// The in-computer DevTools client (Python 3 standard library only).

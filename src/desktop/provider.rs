@@ -424,20 +424,8 @@ impl SandboxProvider for DesktopProvider {
         actions: &[Action],
         size: FrameSize,
     ) -> ProviderResult<ActOutcome> {
-        let result = self
-            .machine(machine)
-            .await?
-            .runtime
-            .act_sized(bot_id, actions, size)
-            .await?;
-        if let Some(stop) = &result.error {
-            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "desktop.act.stopped");
-        }
-        Ok(ActOutcome {
-            completed: result.completed,
-            frame: result.observation.frame,
-            stopped: result.error,
-        })
+        let m = self.machine(machine).await?;
+        Ok(m.runtime.act_sized(bot_id, actions, size).await?.into())
     }
 
     async fn exec(

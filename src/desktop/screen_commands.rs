@@ -95,6 +95,7 @@ impl CommandScreen {
             key: format!("capture:{}", self.display),
             argv: vec![
                 "python3".into(),
+                "-I".into(),
                 self.helper.to_string_lossy().into_owned(),
                 "serve".into(),
             ],

@@ -157,6 +157,7 @@ impl Terminals {
             .spawn(&SpawnSpec {
                 argv: vec![
                     "python3".into(),
+                    "-I".into(),
                     program.to_string_lossy().into_owned(),
                     socket.to_string_lossy().into_owned(),
                     session.to_string_lossy().into_owned(),

@@ -256,6 +256,20 @@ impl DesktopRuntime {
         actions: &[Action],
         size: FrameSize,
     ) -> Result<ActResult, DesktopError> {
+        let result = self.run_batch(bot_id, actions, size).await?;
+        if let Some(stop) = &result.error {
+            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "desktop.act.stopped");
+        }
+        Ok(result)
+    }
+
+    /// [`Self::act_sized`] without its log line.
+    async fn run_batch(
+        &self,
+        bot_id: &str,
+        actions: &[Action],
+        size: FrameSize,
+    ) -> Result<ActResult, DesktopError> {
         let (io, _busy, notice) = self.use_screen(bot_id).await?;
         // The group's counters are read while the batch runs.
         let notice = read_notice(notice);

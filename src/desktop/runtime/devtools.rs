@@ -97,6 +97,7 @@ impl DesktopRuntime {
             .spawn(&SpawnSpec {
                 argv: vec![
                     "python3".into(),
+                    "-I".into(),
                     program.to_string_lossy().into_owned(),
                     socket.to_owned(),
                     port.to_string(),

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use rakazo_actors::provider::{ActStop, Action, Frame, FrameSize};
+use rakazo_actors::provider::{ActOutcome, ActStop, Action, Frame, FrameSize};
 use tokio::sync::{Mutex, broadcast};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _, MapState};
 
@@ -320,6 +320,16 @@ pub struct ActResult {
     pub error: Option<ActStop>,
     /// The settled screen after the batch.
     pub observation: Observation,
+}
+
+impl From<ActResult> for ActOutcome {
+    fn from(result: ActResult) -> Self {
+        Self {
+            completed: result.completed,
+            frame: result.observation.frame,
+            stopped: result.error,
+        }
+    }
 }
 
 /// The processes and connection of one bot's screen.

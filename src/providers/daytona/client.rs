@@ -24,7 +24,7 @@ const EXEC_SLACK: Duration = Duration::from_secs(15);
 /// Between two looks while waiting for a state.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Largest file a download returns.
-const MAX_DOWNLOAD: usize = 256 << 20;
+const MAX_DOWNLOAD: u64 = 256 << 20;
 
 /// What a toolbox command came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -370,10 +370,10 @@ impl DaytonaClient {
             .ok_or_else(|| {
                 ProviderError::Failed("daytona download: not a multipart answer".into())
             })?;
-        let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
-        if body.len() > MAX_DOWNLOAD {
-            return Err(ProviderError::TooLarge(path.chars().take(200).collect()));
-        }
+        let body = crate::providers::remote::body_within(resp, MAX_DOWNLOAD)
+            .await
+            .map_err(|e| unreachable(&e))?
+            .ok_or_else(|| ProviderError::TooLarge(path.chars().take(200).collect()))?;
         let parts = multipart::decode(&body, &boundary, 4).ok_or_else(|| {
             ProviderError::Failed("daytona download: a broken multipart answer".into())
         })?;

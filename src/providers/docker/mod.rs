@@ -224,6 +224,19 @@ impl DockerProvider {
         Ok(())
     }
 
+    /// `f` on the machine's record; its failure [classified](Self::classify).
+    async fn on<T, F, Fut>(&self, machine: &ProviderRef, f: F) -> ProviderResult<T>
+    where
+        F: FnOnce(Arc<Machine>) -> Fut,
+        Fut: std::future::Future<Output = ProviderResult<T>>,
+    {
+        let m = self.machine(machine).await?;
+        match f(m).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.classify(machine, e).await),
+        }
+    }
+
     /// A failed call on a container that is no longer there (or no longer running) is
     /// `MachineGone`, whatever failed first (a broken X connection, an exec error); the stale
     /// machine is forgotten so the next call looks again.
@@ -253,6 +266,17 @@ impl DockerProvider {
             ));
         }
         Ok(PathBuf::from(&m.info.home_dir))
+    }
+
+    /// The workspace path `rel` resolved beneath the host's view of the home, and the same
+    /// place as the container names it.
+    fn in_container(home: &Path, rel: &str) -> ProviderResult<(PathBuf, PathBuf)> {
+        let resolved = files::resolve(home, rel)?;
+        let inside = resolved
+            .strip_prefix(home)
+            .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
+        let inside = Path::new(WORKSPACE).join(inside);
+        Ok((resolved, inside))
     }
 
     /// The environment of the workspace user's shells: nothing of the server's own.
@@ -425,11 +449,11 @@ impl SandboxProvider for DockerProvider {
         bot_id: &str,
         slot: u32,
     ) -> ProviderResult<ScreenInfo> {
-        let m = self.machine(machine).await?;
-        match m.runtime.open_screen(bot_id, slot).await {
-            Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let screen = m.runtime.open_screen(bot_id, slot).await?;
+            Ok(ScreenInfo { slot: screen.slot })
+        })
+        .await
     }
 
     async fn open_route(
@@ -438,16 +462,15 @@ impl SandboxProvider for DockerProvider {
         bot_id: &str,
         policy: ScreenPolicy,
     ) -> ProviderResult<ScreenRoute> {
-        let m = self.machine(machine).await?;
-        let Some(port) = m.info.gateway_port else {
-            return Err(ProviderError::Unsupported(
-                "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
-            ));
-        };
-        match m.runtime.route(bot_id, policy, Some(port)).await {
-            Ok(route) => Ok(route),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let Some(port) = m.info.gateway_port else {
+                return Err(ProviderError::Unsupported(
+                    "live screens need a published gateway (SANDBOX_DOCKER_NETWORK=bridge)".into(),
+                ));
+            };
+            Ok(m.runtime.route(bot_id, policy, Some(port)).await?)
+        })
+        .await
     }
 
     async fn connect_terminal(
@@ -456,25 +479,21 @@ impl SandboxProvider for DockerProvider {
         _bot_id: &str,
         control: Option<&ScreenRoute>,
     ) -> ProviderResult<ScreenRoute> {
-        let m = self.machine(machine).await?;
-        let (Some(port), Some(control)) = (m.info.gateway_port, control) else {
-            return Err(ProviderError::Unsupported(
-                "the terminal needs the screen gateway and a control route".into(),
-            ));
-        };
-        // The shell tool's environment, with a terminal that can draw.
-        let shell = ShellSpec {
-            cwd: WORKSPACE.into(),
-            env: Self::shell_env("xterm-256color"),
-        };
-        match m
-            .runtime
-            .terminal_route(&control.token, &shell, Some(port))
-            .await
-        {
-            Ok(route) => Ok(route),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let (Some(port), Some(control)) = (m.info.gateway_port, control) else {
+                return Err(ProviderError::Unsupported(
+                    "the terminal needs the screen gateway and a control route".into(),
+                ));
+            };
+            // The shell tool's environment, with a terminal that can draw.
+            let shell = ShellSpec {
+                cwd: WORKSPACE.into(),
+                env: Self::shell_env("xterm-256color"),
+            };
+            let route = m.runtime.terminal_route(&control.token, &shell, Some(port));
+            Ok(route.await?)
+        })
+        .await
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
@@ -497,14 +516,9 @@ impl SandboxProvider for DockerProvider {
             target.to_owned()
         } else {
             let home = Self::home(&m)?;
-            let resolved = files::resolve(&home, target)?;
-            let inside = resolved
-                .strip_prefix(&home)
-                .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
-            Path::new(WORKSPACE)
-                .join(inside)
-                .to_string_lossy()
-                .into_owned()
+            let target = target.to_owned();
+            let (_, inside) = blocking(move || Self::in_container(&home, &target)).await?;
+            inside.to_string_lossy().into_owned()
         };
         Ok(m.runtime.open_in_browser(bot_id, &target).await?)
     }
@@ -556,11 +570,10 @@ impl SandboxProvider for DockerProvider {
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
-        let m = self.machine(machine).await?;
-        match m.runtime.close_screen(bot_id).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            Ok(m.runtime.close_screen(bot_id).await?)
+        })
+        .await
     }
 
     async fn observe_sized(
@@ -569,11 +582,10 @@ impl SandboxProvider for DockerProvider {
         bot_id: &str,
         size: FrameSize,
     ) -> ProviderResult<Frame> {
-        let m = self.machine(machine).await?;
-        match m.runtime.observe_sized(bot_id, size).await {
-            Ok(o) => Ok(o.frame),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            Ok(m.runtime.observe_sized(bot_id, size).await?.frame)
+        })
+        .await
     }
 
     async fn act_sized(
@@ -583,19 +595,10 @@ impl SandboxProvider for DockerProvider {
         actions: &[Action],
         size: FrameSize,
     ) -> ProviderResult<ActOutcome> {
-        let m = self.machine(machine).await?;
-        let result = match m.runtime.act_sized(bot_id, actions, size).await {
-            Ok(r) => r,
-            Err(e) => return Err(self.classify(machine, e.into()).await),
-        };
-        if let Some(stop) = &result.error {
-            tracing::info!(bot.id = bot_id, act.completed = result.completed, act.code = stop.code.as_str(), act.error = %stop.reason, "docker.act.stopped");
-        }
-        Ok(ActOutcome {
-            completed: result.completed,
-            frame: result.observation.frame,
-            stopped: result.error,
+        self.on(machine, |m| async move {
+            Ok(m.runtime.act_sized(bot_id, actions, size).await?.into())
         })
+        .await
     }
 
     async fn exec(
@@ -607,14 +610,11 @@ impl SandboxProvider for DockerProvider {
         let home = Self::home(&m)?;
         let rel = request.cwd.clone();
         let cwd = blocking(move || {
-            let resolved = files::resolve(&home, &rel)?;
+            let (resolved, inside) = Self::in_container(&home, &rel)?;
             if !resolved.is_dir() {
                 return Err(ProviderError::NotFound(rel.chars().take(200).collect()));
             }
-            let inside = resolved
-                .strip_prefix(&home)
-                .map_err(|_| ProviderError::PathRejected("outside the workspace".into()))?;
-            Ok(Path::new(WORKSPACE).join(inside))
+            Ok(inside)
         })
         .await?;
         let body = ExecBody {

@@ -745,7 +745,7 @@ impl RemoteSandboxes for E2b {
     }
 
     async fn download(&self, s: &Session, path: &str, limit: u64) -> ProviderResult<Vec<u8>> {
-        let mut resp = self
+        let resp = self
             .envd(s, reqwest::Method::GET, &files_path(path))
             .timeout(Duration::from_secs(600))
             .send()
@@ -761,23 +761,10 @@ impl RemoteSandboxes for E2b {
                 )));
             }
         }
-        let too_large = || ProviderError::TooLarge(path.chars().take(200).collect());
-        if resp.content_length().is_some_and(|n| n > limit) {
-            return Err(too_large());
-        }
-        let mut data = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
+        crate::providers::remote::body_within(resp, limit)
             .await
             .map_err(|e| transport("envd files", &e))?
-        {
-            let chunk: bytes::Bytes = chunk;
-            data.extend_from_slice(&chunk);
-            if data.len() as u64 > limit {
-                return Err(too_large());
-            }
-        }
-        Ok(data)
+            .ok_or_else(|| ProviderError::TooLarge(path.chars().take(200).collect()))
     }
 
     /// E2B's envd keeps a process's input open (`stdin: true`, `SendInput`). Novita's is not

@@ -360,6 +360,62 @@ impl AsyncWrite for CappedWriter {
     }
 }
 
+/// Passes bytes on to `inner` until more than `max` came, then fails every write: a stream the
+/// computer sends is cut off at the most a valid one can hold, whatever it keeps sending.
+pub struct Bounded<'a> {
+    inner: &'a mut (dyn AsyncWrite + Unpin + Send),
+    left: u64,
+    /// More than `max` bytes came.
+    pub over: bool,
+}
+
+impl<'a> Bounded<'a> {
+    /// `inner`, taking at most `max` bytes.
+    pub fn new(inner: &'a mut (dyn AsyncWrite + Unpin + Send), max: u64) -> Self {
+        Self {
+            inner,
+            left: max,
+            over: false,
+        }
+    }
+}
+
+impl AsyncWrite for Bounded<'_> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if buf.len() as u64 > self.left {
+            self.over = true;
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "more than a workspace archive holds",
+            )));
+        }
+        let this = &mut *self;
+        let written = std::pin::Pin::new(&mut *this.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &written {
+            this.left -= *n as u64;
+        }
+        written
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Kills an exec's process group in the pod unless disarmed (`exec = None`): through the agent
 /// that runs it while that agent answers, else through a `pods/exec` reading its pid file.
 struct KillOnDrop {
@@ -439,6 +495,19 @@ impl CommandRunner for PodRunner {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+
+    /// A stream past its bound fails its writes from there on and says so; what came before
+    /// was passed on.
+    #[tokio::test]
+    async fn a_bounded_stream_fails_past_its_bound() {
+        let mut sink = Vec::new();
+        let mut bounded = Bounded::new(&mut sink, 10);
+        bounded.write_all(b"0123456789").await.unwrap();
+        assert!(!bounded.over);
+        assert!(bounded.write_all(b"x").await.is_err());
+        assert!(bounded.over);
+        assert_eq!(sink, b"0123456789");
+    }
 
     #[test]
     fn exit_codes_come_from_the_status() {

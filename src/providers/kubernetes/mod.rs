@@ -362,6 +362,19 @@ impl KubernetesProvider {
         }
     }
 
+    /// `f` on the machine's record; its failure [classified](Self::classify).
+    async fn on<T, F, Fut>(&self, machine: &ProviderRef, f: F) -> ProviderResult<T>
+    where
+        F: FnOnce(Arc<Machine>) -> Fut,
+        Fut: std::future::Future<Output = ProviderResult<T>>,
+    {
+        let m = self.machine(machine).await?;
+        match f(m).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.classify(machine, e).await),
+        }
+    }
+
     /// A failed call on a pod that is gone (or no longer running) is `MachineGone`; the stale
     /// machine is forgotten so that the next call looks again.
     async fn classify(&self, machine: &ProviderRef, err: ProviderError) -> ProviderError {
@@ -490,6 +503,7 @@ impl KubernetesProvider {
     ) -> ProviderResult<()> {
         let argv = vec![
             "python3".to_string(),
+            "-I".into(),
             "-c".into(),
             POD_FILES.into(),
             op.into(),
@@ -534,12 +548,17 @@ impl KubernetesProvider {
         out: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> ProviderResult<()> {
         let m = self.machine(machine).await?;
+        let max = archive::Limits::default().max_archive_bytes();
+        let mut bounded = exec::Bounded::new(out, max);
         let saved = m
             .runtime
-            .with_browser_state_saved(self.files(&m, "export", "", None, out))
+            .with_browser_state_saved(self.files(&m, "export", "", None, &mut bounded))
             .await?;
         match saved {
             Ok(()) => Ok(()),
+            Err(_) if bounded.over => Err(ProviderError::ArchiveRejected(format!(
+                "the computer sent more than {max} bytes"
+            ))),
             Err(e) => Err(self.classify(machine, e).await),
         }
     }
@@ -554,7 +573,7 @@ impl KubernetesProvider {
         // Browsers hold files of the old workspace open: a replaced workspace starts fresh.
         m.runtime.shutdown().await?;
         let script = format!(
-            "set -e\npython3 -c \"$1\" clear '' \ncd {home}\nexec tar -x --no-same-owner --no-same-permissions -f -",
+            "set -e\npython3 -I -c \"$1\" clear '' \ncd {home}\nexec tar -x --no-same-owner --no-same-permissions -f -",
             home = shell_quote(WORKSPACE)
         );
         let argv = vec![
@@ -790,11 +809,11 @@ impl SandboxProvider for KubernetesProvider {
         bot_id: &str,
         slot: u32,
     ) -> ProviderResult<ScreenInfo> {
-        let m = self.machine(machine).await?;
-        match m.runtime.open_screen(bot_id, slot).await {
-            Ok(screen) => Ok(ScreenInfo { slot: screen.slot }),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let screen = m.runtime.open_screen(bot_id, slot).await?;
+            Ok(ScreenInfo { slot: screen.slot })
+        })
+        .await
     }
 
     async fn browser(
@@ -817,11 +836,10 @@ impl SandboxProvider for KubernetesProvider {
     }
 
     async fn close_screen(&self, machine: &ProviderRef, bot_id: &str) -> ProviderResult<()> {
-        let m = self.machine(machine).await?;
-        match m.runtime.close_screen(bot_id).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            Ok(m.runtime.close_screen(bot_id).await?)
+        })
+        .await
     }
 
     async fn observe_sized(
@@ -830,11 +848,10 @@ impl SandboxProvider for KubernetesProvider {
         bot_id: &str,
         size: FrameSize,
     ) -> ProviderResult<Frame> {
-        let m = self.machine(machine).await?;
-        match m.runtime.observe_sized(bot_id, size).await {
-            Ok(o) => Ok(o.frame),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            Ok(m.runtime.observe_sized(bot_id, size).await?.frame)
+        })
+        .await
     }
 
     async fn act_sized(
@@ -844,16 +861,10 @@ impl SandboxProvider for KubernetesProvider {
         actions: &[Action],
         size: FrameSize,
     ) -> ProviderResult<ActOutcome> {
-        let m = self.machine(machine).await?;
-        let result = match m.runtime.act_sized(bot_id, actions, size).await {
-            Ok(r) => r,
-            Err(e) => return Err(self.classify(machine, e.into()).await),
-        };
-        Ok(ActOutcome {
-            completed: result.completed,
-            frame: result.observation.frame,
-            stopped: result.error,
+        self.on(machine, |m| async move {
+            Ok(m.runtime.act_sized(bot_id, actions, size).await?.into())
         })
+        .await
     }
 
     async fn open_route(
@@ -862,11 +873,11 @@ impl SandboxProvider for KubernetesProvider {
         bot_id: &str,
         policy: ScreenPolicy,
     ) -> ProviderResult<ScreenRoute> {
-        let m = self.machine(machine).await?;
-        match m.runtime.route(bot_id, policy, Some(GATEWAY_PORT)).await {
-            Ok(route) => Ok(Self::upstream(&m.ip, route)),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let route = m.runtime.route(bot_id, policy, Some(GATEWAY_PORT)).await?;
+            Ok(Self::upstream(&m.ip, route))
+        })
+        .await
     }
 
     async fn connect_terminal(
@@ -875,24 +886,22 @@ impl SandboxProvider for KubernetesProvider {
         _bot_id: &str,
         control: Option<&ScreenRoute>,
     ) -> ProviderResult<ScreenRoute> {
-        let m = self.machine(machine).await?;
-        let Some(control) = control else {
-            return Err(ProviderError::Unsupported(
-                "the terminal needs a control route".into(),
-            ));
-        };
-        let shell = ShellSpec {
-            cwd: WORKSPACE.into(),
-            env: Self::shell_env("xterm-256color"),
-        };
-        match m
-            .runtime
-            .terminal_route(&control.token, &shell, Some(GATEWAY_PORT))
-            .await
-        {
-            Ok(route) => Ok(Self::upstream(&m.ip, route)),
-            Err(e) => Err(self.classify(machine, e.into()).await),
-        }
+        self.on(machine, |m| async move {
+            let Some(control) = control else {
+                return Err(ProviderError::Unsupported(
+                    "the terminal needs a control route".into(),
+                ));
+            };
+            let shell = ShellSpec {
+                cwd: WORKSPACE.into(),
+                env: Self::shell_env("xterm-256color"),
+            };
+            let route = m
+                .runtime
+                .terminal_route(&control.token, &shell, Some(GATEWAY_PORT));
+            Ok(Self::upstream(&m.ip, route.await?))
+        })
+        .await
     }
 
     async fn close_route(&self, machine: &ProviderRef, token: &str) -> ProviderResult<()> {
@@ -925,14 +934,13 @@ impl SandboxProvider for KubernetesProvider {
         request: &ExecRequest,
     ) -> ProviderResult<ExecOutput> {
         let cwd = Self::in_workspace(&request.cwd, true)?;
-        let m = self.machine(machine).await?;
         let mut env = Self::shell_env("dumb");
         env.extend(request.env.iter().cloned());
         let script = format!("exec bash -lc {}", shell_quote(&request.command));
-        match m.exec.script(&script, &cwd, &env, request.timeout).await {
-            Ok(out) => Ok(out),
-            Err(e) => Err(self.classify(machine, e).await),
-        }
+        self.on(machine, |m| async move {
+            m.exec.script(&script, &cwd, &env, request.timeout).await
+        })
+        .await
     }
 
     async fn list_files(

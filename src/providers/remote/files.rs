@@ -88,7 +88,7 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
             })
             .await?;
         let script = format!(
-            "mkdir -p {ws} && exec python3 {p} {ws} {op} {a}",
+            "mkdir -p {ws} && exec python3 -I {p} {ws} {op} {a}",
             ws = shell_quote(self.workspace),
             p = shell_quote(&program.to_string_lossy()),
             a = shell_quote(&args.to_string()),
@@ -298,11 +298,7 @@ impl<V: RemoteSandboxes> RemoteFiles<'_, V> {
         let data = match &out {
             Ok(_) => {
                 self.vendor
-                    .download(
-                        self.session,
-                        &dest,
-                        limits.max_total_bytes.saturating_mul(2),
-                    )
+                    .download(self.session, &dest, limits.max_archive_bytes())
                     .await
             }
             Err(e) => Err(e.clone()),

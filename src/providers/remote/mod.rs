@@ -38,6 +38,25 @@ use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderResult};
 
 use crate::desktop::shell_quote;
 
+/// The body of a vendor's answer, read as it comes; `None` as soon as it passes `cap` bytes
+/// (what the machine serves is the bot's: nothing past the cap is held).
+pub async fn body_within(
+    mut resp: reqwest::Response,
+    cap: u64,
+) -> Result<Option<Vec<u8>>, reqwest::Error> {
+    if resp.content_length().is_some_and(|n| n > cap) {
+        return Ok(None);
+    }
+    let mut data = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        data.extend_from_slice(&chunk);
+        if data.len() as u64 > cap {
+            return Ok(None);
+        }
+    }
+    Ok(Some(data))
+}
+
 /// Where things live on a vendor's machine.
 #[derive(Clone, Debug)]
 pub struct Layout {

@@ -396,12 +396,7 @@ impl<V: RemoteSandboxes> SandboxProvider for RemoteProvider<V> {
     ) -> ProviderResult<ActOutcome> {
         self.on(machine, |m| async move {
             let acted = m.runtime.act_sized(bot_id, actions, size).await;
-            let result = acted.map_err(to_provider)?;
-            Ok(ActOutcome {
-                completed: result.completed,
-                frame: result.observation.frame,
-                stopped: result.error,
-            })
+            Ok(acted.map_err(to_provider)?.into())
         })
         .await
     }

@@ -88,7 +88,8 @@ pub async fn scripts_run_through_one_agent(p: &dyn SandboxProvider, m: &Provider
         "(n=0; while true; do echo tick; n=$((n+1)); echo $n > /tmp/ticker.n; mv /tmp/ticker.n /tmp/ticker; sleep 0.05; done) & echo started",
     )
     .await;
-    assert!(out.starts_with("started\n"), "{out:?}");
+    // The writer's first tick may come before or after `started`: both write to one output.
+    assert!(out.lines().any(|l| l == "started"), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
     let (_, first, _) = run(p, m, "sleep 0.5; cat /tmp/ticker").await;
     let (_, second, _) = run(p, m, "sleep 0.5; cat /tmp/ticker").await;

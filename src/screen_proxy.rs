@@ -3,7 +3,8 @@
 //! (`/internal/screen-authority`) and reports every control session to it
 //! (`/internal/control-session`), both with the internal credential, so sessions it relays
 //! reach the same timeline (and, with `RECORD_CONTROL_SESSIONS`, the same recordings) as the
-//! API's own proxy.
+//! API's own proxy. It hears no revocation: every half second it asks where its live sockets
+//! stand (`/internal/screen-standing`) and closes those no longer granted.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -35,10 +36,18 @@ pub fn build(config: &Config, api: &str, listener: TcpListener) -> Result<Server
         .map_err(|e| format!("the API URL: {e}"))?;
     let notes = HttpSessionNotes::new(api, bearer, proxy_config.authority_timeout)
         .map_err(|e| format!("the API URL: {e}"))?;
+    let authority = Arc::new(authority);
+    let gateway = GatewayActor::start_default();
+    // This process hears no revocation: it asks where its sockets stand.
+    rakazo_web_proxy::spawn_standing_sweep(
+        gateway.clone(),
+        authority.clone(),
+        rakazo_web_proxy::standing::STANDING_EVERY,
+    );
     let state = rakazo_web_proxy::ProxyState::new(
         Arc::new(Keyring::new(1, &screen_key)),
-        Arc::new(authority),
-        GatewayActor::start_default(),
+        authority,
+        gateway,
         proxy_config,
     );
     state.set_session_notes(Arc::new(notes));

@@ -331,16 +331,7 @@ async fn a_scripted_run_and_a_control_session_replay_in_order_on_a_real_desktop(
     seen.push(last);
 
     // Then a person: the bot asks, they take control, click and press keys through the proxy.
-    tool(
-        &s,
-        &run,
-        fence,
-        "request_takeover",
-        json!({ "reason": "check" }),
-    )
-    .await;
-    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
-    let url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    let (control, url) = take_control(&s, &run, fence, bot).await;
     let mut person = Rfb::connect(&s, &url).await;
     person.handshake().await;
     person.pointer(0, 100, 100).await;
@@ -508,20 +499,11 @@ async fn typed_session(s: &TestServer, proxy: &str, hold: Duration) -> (String, 
     let bot = &bots[0];
     let (run, fence) = s.start_run(bot).await;
     tool(s, &run, fence, "computer_observe", json!({})).await;
-    tool(
-        s,
-        &run,
-        fence,
-        "request_takeover",
-        json!({ "reason": "check" }),
-    )
-    .await;
     let computer = s.ok("computer.forBot", json!({ "botId": bot })).await["id"]
         .as_str()
         .unwrap()
         .to_owned();
-    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
-    let url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    let (control, url) = take_control(s, &run, fence, bot).await;
     let mut person = Rfb::connect_to(proxy, &url).await;
     person.handshake().await;
     person.pointer(1, 200, 200).await;
@@ -557,6 +539,21 @@ async fn typed_session(s: &TestServer, proxy: &str, hold: Duration) -> (String, 
     )
     .await;
     (run, computer, entry)
+}
+
+/// The bot asks for a person and one takes control: the grant and its control URL.
+async fn take_control(s: &TestServer, run: &str, fence: i64, bot: &str) -> (Value, String) {
+    tool(
+        s,
+        run,
+        fence,
+        "request_takeover",
+        json!({ "reason": "check" }),
+    )
+    .await;
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let url = control["controlUrl"]["url"].as_str().unwrap().to_owned();
+    (control, url)
 }
 
 /// Every stored row of the timeline and the recordings, as text (sealed frames as bytes).
@@ -832,4 +829,99 @@ async fn a_screen_proxy_in_its_own_process_reports_sessions_to_the_same_record()
         .filter(|e| e["kind"] == "control.session")
         .count();
     assert_eq!(sessions, 1, "{t}");
+}
+
+/// A proxy in its own process hears no revocation: it asks the API where its sockets stand.
+/// The API answers from its tables (a live control grant with its expiry, a view on the
+/// current generation, a retired one; then the ended grant), a released control grant closes
+/// the person's control socket relayed there within a second, and the endpoint answers only
+/// the internal credential.
+#[actix_rt::test]
+async fn a_screen_proxy_in_its_own_process_closes_a_released_control_socket() {
+    let s = TestServer::start(Backend::Sqlite, &[("SANDBOX_PROVIDER", "desktop")])
+        .await
+        .unwrap();
+    let proxy = ProxyProcess::start(&s);
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let (run, fence) = s.start_run(bot).await;
+    tool(&s, &run, fence, "computer_observe", json!({})).await;
+    let (control, url) = take_control(&s, &run, fence, bot).await;
+    let mut person = Rfb::connect_to(&proxy.base, &url).await;
+    person.handshake().await;
+    person.pointer(0, 10, 10).await;
+    // What the proxy asks, and what the API answers from its tables.
+    let row = {
+        use rakazo_actors::entity::screen;
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        screen::Entity::find()
+            .filter(screen::Column::BotId.eq(bot.as_str()))
+            .one(&s.app.db)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let scope = |policy: &str, generation: i64, fence: &Value| {
+        json!({ "computerId": row.computer_id, "botId": bot, "slot": row.slot,
+                "generation": generation, "policy": policy, "fence": fence,
+                "expiresAtMs": 4_102_444_800_000u64 })
+    };
+    let ask = || async {
+        let scopes = [
+            scope("control", row.generation, &control["fence"]),
+            scope("view", row.generation, &json!(0)),
+            scope("view", row.generation + 1, &json!(0)),
+        ];
+        let answer: Value = s
+            .http
+            .post(format!("{}/internal/screen-standing", s.base))
+            .bearer_auth(&s.app.internal_token.0)
+            .json(&json!({ "scopes": scopes }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        answer["standing"].clone()
+    };
+    let before = ask().await;
+    assert_eq!(before[0]["standing"], "holds", "{before}");
+    assert!(before[0]["expiresAtMs"].as_u64().is_some(), "{before}");
+    assert_eq!(before[1], json!({ "standing": "holds" }), "{before}");
+    assert_eq!(before[2], json!({ "standing": "slotRetired" }), "{before}");
+    s.ok(
+        "computer.releaseControl",
+        json!({ "botId": bot, "fence": control["fence"] }),
+    )
+    .await;
+    let released = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), person.ws.next())
+            .await
+            .expect("the released socket stayed open")
+        {
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+            Some(Ok(_)) => {}
+        }
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "closed {:?} after the release",
+        released.elapsed()
+    );
+    let after = ask().await;
+    assert_eq!(after[0], json!({ "standing": "controlEnded" }), "{after}");
+    assert_eq!(after[1], json!({ "standing": "holds" }), "{after}");
+
+    for bearer in [Some(s.operator_token.as_str()), None] {
+        let mut req = s
+            .http
+            .post(format!("{}/internal/screen-standing", s.base))
+            .json(&json!({ "scopes": [] }));
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401);
+    }
 }

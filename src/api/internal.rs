@@ -2,7 +2,8 @@
 //! authority answered over HTTP for a screen proxy that runs outside the API process (or for
 //! another API process, about a computer this one holds), `POST /internal/screen-url`, where
 //! another API process has this one issue a URL to a screen it holds, and
-//! `POST /internal/control-session`, where such a proxy reports the control sessions it relays.
+//! `POST /internal/control-session`, where such a proxy reports the control sessions it relays,
+//! and `POST /internal/screen-standing`, where it asks whether they are still granted.
 //!
 //! The proxy opens the sealed capability itself and sends its fields (an
 //! [`AuthorityRequest`]); the answer is the same as the in-process authority's: 200 with an
@@ -16,8 +17,10 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use rakazo_web_proxy::authority::AuthorityRejection;
 use rakazo_web_proxy::capability::now_ms;
+use rakazo_web_proxy::standing::MAX_SCOPES;
 use rakazo_web_proxy::{
     AuthorityError, AuthorityRequest, AuthorityResponse, RejectCause, SessionNotes, SessionReport,
+    SocketKind, SocketScope, StandingRequest, StandingResponse,
 };
 
 use crate::app::App;
@@ -104,6 +107,40 @@ pub async fn screen_authority(
             rejection(StatusCode::SERVICE_UNAVAILABLE, RejectCause::ApiError)
         }
     }
+}
+
+/// Largest `/internal/screen-standing` body: [`MAX_SCOPES`] capabilities' fields.
+const MAX_STANDING_BODY: usize = MAX_SCOPES * 512;
+
+/// `POST /internal/screen-standing`: where each socket a proxy in its own process relays
+/// stands now ([`StandingRequest`] in, [`StandingResponse`] out, in order), from the lease and
+/// screen tables as this process's own sweep reads them.
+pub async fn screen_standing(
+    app: web::Data<App>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    if !internal_caller(&app, &req) {
+        tracing::warn!(event = "screen.standing.unauthorized");
+        return rejection(StatusCode::UNAUTHORIZED, RejectCause::ApiError);
+    }
+    let Ok(body) = super::read_body(payload, MAX_STANDING_BODY).await else {
+        return rejection(StatusCode::PAYLOAD_TOO_LARGE, RejectCause::ApiError);
+    };
+    let Ok(request) = serde_json::from_slice::<StandingRequest>(&body) else {
+        return rejection(StatusCode::BAD_REQUEST, RejectCause::ApiError);
+    };
+    if request.scopes.len() > MAX_SCOPES {
+        return rejection(StatusCode::PAYLOAD_TOO_LARGE, RejectCause::ApiError);
+    }
+    let mut standing = Vec::with_capacity(request.scopes.len());
+    for scope in &request.scopes {
+        let scope = SocketScope::of(&scope.capability(), SocketKind::Screen);
+        standing.push(crate::screens::standing(&app.db, &scope).await);
+    }
+    HttpResponse::Ok()
+        .insert_header(("cache-control", "no-store"))
+        .json(StandingResponse { standing })
 }
 
 /// `POST /internal/control-session`: a control session's start or end, as a proxy in its own

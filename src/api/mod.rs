@@ -35,6 +35,10 @@ pub fn configure(app: Arc<App>) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::post().to(internal::control_session),
             )
             .route(
+                "/internal/screen-standing",
+                web::post().to(internal::screen_standing),
+            )
+            .route(
                 crate::screens::ISSUE_PATH,
                 web::post().to(internal::screen_url),
             )

@@ -10,6 +10,7 @@ mod authority;
 mod elsewhere;
 mod revoke;
 mod sessions;
+mod standing;
 
 mod freeze_rows;
 
@@ -35,6 +36,7 @@ pub use authority::ScreenAuthority;
 pub use elsewhere::{Elsewhere, HOP_HEADER, ISSUE_PATH, IssueAnswer, IssueRequest};
 pub use revoke::{GatewayRevoker, Watch, spawn_revocation_watch, sweep};
 pub use sessions::TimelineNotes;
+pub use standing::standing;
 
 /// Lifetime of a view URL.
 pub const VIEW_TTL: Duration = Duration::from_secs(15 * 60);

@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use actix::Addr;
 use async_trait::async_trait;
-use rakazo_actors::entity::screen;
 use rakazo_actors::events::{EventBus, Revocation};
-use rakazo_actors::leases::{LeaseKey, Leases};
 use rakazo_actors::provider::{SandboxProvider, ScreenPolicy};
 use rakazo_actors::screen::ScreenRevoker;
-use rakazo_web_proxy::{GatewayActor, ListScopes, Policy, RevokeControl, RevokeSlot};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use rakazo_web_proxy::{GatewayActor, ListScopes, RevokeControl, RevokeSlot, Standing};
+use sea_orm::DatabaseConnection;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::RouteBook;
@@ -209,53 +207,23 @@ pub async fn sweep(watch: &Watch) -> usize {
     let Ok(scopes) = watch.gateway.send(ListScopes).await else {
         return 0;
     };
-    let leases = Leases::new(watch.db.clone());
     let mut revoked = 0;
     for scope in scopes {
-        let rows = screen::Entity::find()
-            .filter(screen::Column::ComputerId.eq(scope.computer_id.as_str()))
-            .filter(screen::Column::BotId.eq(scope.bot_id.as_str()))
-            .all(&watch.db)
-            .await;
-        let Ok(rows) = rows else {
-            // Unknown: nothing is closed on a database error; the next sweep looks again.
-            continue;
+        let revocation = match super::standing::standing(&watch.db, &scope).await {
+            Standing::SlotRetired => Revocation::SlotRetired {
+                computer_id: scope.computer_id.clone(),
+                slot: u32::from(scope.slot),
+                generation: scope.generation as i64,
+            },
+            Standing::ControlEnded => Revocation::ControlEnded {
+                computer_id: scope.computer_id.clone(),
+                bot_id: scope.bot_id.clone(),
+                fence: scope.fence as i64,
+            },
+            Standing::Holds { .. } | Standing::Unknown => continue,
         };
-        let current = rows.iter().any(|r| {
-            matches!(r.state.as_str(), "active" | "frozen")
-                && r.slot == Some(i64::from(scope.slot))
-                && r.generation == scope.generation as i64
-        });
-        if !current {
-            revoked += 1;
-            apply(
-                watch,
-                Revocation::SlotRetired {
-                    computer_id: scope.computer_id.clone(),
-                    slot: u32::from(scope.slot),
-                    generation: scope.generation as i64,
-                },
-            );
-            continue;
-        }
-        if scope.policy == Policy::Control {
-            let key = LeaseKey::control(&scope.computer_id, &scope.bot_id);
-            let granted = match leases.live(&key).await {
-                Ok(live) => live.is_some_and(|g| g.fence == scope.fence as i64),
-                Err(_) => continue,
-            };
-            if !granted {
-                revoked += 1;
-                apply(
-                    watch,
-                    Revocation::ControlEnded {
-                        computer_id: scope.computer_id.clone(),
-                        bot_id: scope.bot_id.clone(),
-                        fence: scope.fence as i64,
-                    },
-                );
-            }
-        }
+        revoked += 1;
+        apply(watch, revocation);
     }
     if revoked > 0 {
         tracing::info!(event = "screen.swept", revoked);

@@ -13,6 +13,8 @@ use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
 use crate::capability::{Capability, Policy};
+use crate::gateway::SocketScope;
+use crate::standing::{STANDING_RPC_PATH, Standing, StandingRequest};
 
 /// Longest socket token accepted from an authority, in characters.
 pub const MAX_SOCKET_TOKEN_CHARS: usize = 128;
@@ -234,6 +236,15 @@ pub trait Authority: Send + Sync + 'static {
     async fn terminal_target(&self, _capability: &Capability) -> Result<Target, AuthorityError> {
         Err(AuthorityError::Rejected(RejectCause::NotFound))
     }
+
+    /// Where each of `scopes` stands now, in order, for a proxy whose process hears no
+    /// revocation ([`crate::standing`]). `None`: this authority's process hears them itself.
+    async fn standing(
+        &self,
+        _scopes: &[SocketScope],
+    ) -> Option<Result<Vec<Standing>, AuthorityError>> {
+        None
+    }
 }
 
 /// What a proxied connection reaches under a capability.
@@ -323,6 +334,8 @@ pub struct AuthorityRejection {
 pub struct HttpAuthority {
     client: reqwest::Client,
     endpoint: Url,
+    /// `{api}/internal/screen-standing`.
+    standing: Url,
     bearer: String,
     /// Whether requests carry [`FORWARDED_HEADER`].
     forwarded: bool,
@@ -379,9 +392,11 @@ impl HttpAuthority {
         timeout: Duration,
     ) -> Result<HttpAuthority, HttpAuthorityError> {
         let (endpoint, client) = internal_endpoint(api_base, AUTHORITY_RPC_PATH, timeout)?;
+        let (standing, _) = internal_endpoint(api_base, STANDING_RPC_PATH, timeout)?;
         Ok(HttpAuthority {
             client,
             endpoint,
+            standing,
             bearer: bearer.into(),
             forwarded: false,
         })
@@ -409,6 +424,13 @@ impl Authority for HttpAuthority {
         request.channel = Channel::Terminal;
         self.ask(request).await
     }
+
+    async fn standing(
+        &self,
+        scopes: &[SocketScope],
+    ) -> Option<Result<Vec<Standing>, AuthorityError>> {
+        Some(self.ask_standing(scopes).await)
+    }
 }
 
 impl HttpAuthority {
@@ -421,27 +443,18 @@ impl HttpAuthority {
         if self.forwarded {
             post = post.header(FORWARDED_HEADER, "1");
         }
-        let mut response = post
+        let response = post
             .send()
             .await
             .map_err(|e| AuthorityError::Unavailable(request_failure(&e)))?;
         let status = response.status();
-        let mut body = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > MAX_AUTHORITY_BODY {
-                        if status.is_success() {
-                            return Err(AuthorityError::InvalidResponse("body_too_large"));
-                        }
-                        break;
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(e) => return Err(AuthorityError::Unavailable(request_failure(&e))),
+        let body = match body_within(response, MAX_AUTHORITY_BODY).await? {
+            Some(body) => body,
+            None if status.is_success() => {
+                return Err(AuthorityError::InvalidResponse("body_too_large"));
             }
-        }
+            None => Vec::new(),
+        };
         if status != reqwest::StatusCode::OK {
             let cause = serde_json::from_slice::<AuthorityRejection>(&body)
                 .map(|r| r.reason)
@@ -458,6 +471,49 @@ impl HttpAuthority {
             &answer.socket_token,
             answer.policy,
         )?)
+    }
+}
+
+impl HttpAuthority {
+    async fn ask_standing(&self, scopes: &[SocketScope]) -> Result<Vec<Standing>, AuthorityError> {
+        let response = self
+            .client
+            .post(self.standing.clone())
+            .bearer_auth(&self.bearer)
+            .json(&StandingRequest::of(scopes))
+            .send()
+            .await
+            .map_err(|e| AuthorityError::Unavailable(request_failure(&e)))?;
+        if response.status() != reqwest::StatusCode::OK {
+            return Err(AuthorityError::Rejected(RejectCause::ApiError));
+        }
+        let body = body_within(response, MAX_STANDING_BODY)
+            .await?
+            .ok_or(AuthorityError::InvalidResponse("body_too_large"))?;
+        crate::standing::read_answer(&body, scopes.len())
+    }
+}
+
+/// Largest standing answer read, in bytes (about 60 per scope).
+const MAX_STANDING_BODY: usize = 256 * 1024;
+
+/// The body of `response` as it comes, up to `max` bytes; `None` when it is longer.
+async fn body_within(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<Option<Vec<u8>>, AuthorityError> {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > max {
+                    return Ok(None);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(Some(body)),
+            Err(e) => return Err(AuthorityError::Unavailable(request_failure(&e))),
+        }
     }
 }
 

@@ -16,6 +16,8 @@
 //! - [`rfb`]: the view-only RFB input filter (and the input counter of control sockets).
 //! - [`sessions`]: control sessions as noted when their socket closes ([`SessionNotes`]).
 //! - [`gateway`]: the [`GatewayActor`] registry of live sockets and their revocation.
+//! - [`standing`]: for a proxy in its own process, the sweep that asks the API where its
+//!   live sockets stand and closes the revoked ones.
 //!
 //! Wiring it into a server (what the composition root does):
 //! 1. Build one [`Keyring`] (current key + older keys by id) shared by the API, which seals
@@ -62,6 +64,7 @@ pub mod relay;
 pub mod rfb;
 pub mod service;
 pub mod sessions;
+pub mod standing;
 pub mod viewer;
 
 pub use authority::{
@@ -75,4 +78,5 @@ pub use gateway::{
 };
 pub use service::{ProxyConfig, ProxyState, configure};
 pub use sessions::{ControlSession, HttpSessionNotes, SessionNotes, SessionReport, SessionStart};
+pub use standing::{Standing, StandingRequest, StandingResponse, spawn_standing_sweep};
 pub use viewer::{Viewer, ViewerError};

@@ -667,6 +667,62 @@ async fn an_upstream_close_reaches_the_browser_and_ends_its_connection() {
     }
 }
 
+/// A proxy whose process hears no revocation asks its authority where its sockets stand:
+/// what no longer holds is closed, though its upstream never closes (a screen that keeps
+/// sending), and a renewed control grant keeps its socket past the capability's expiry.
+#[actix_rt::test]
+async fn the_standing_sweep_closes_what_no_longer_holds_and_extends_a_renewed_grant() {
+    let f = fixture_on(&format!("{FLOOD_PREFIX}-sock3t_for-tests"));
+    f.authority.update(|l| l.control_fence = Some(1));
+    rakazo_web_proxy::spawn_standing_sweep(
+        f.gateway.clone(),
+        Arc::new(f.authority.clone()),
+        Duration::from_millis(100),
+    );
+    let mut control = connect(f.proxy, &f.seal(Policy::Control, 1, 1))
+        .await
+        .unwrap();
+    let mut view = connect(f.proxy, &f.seal(Policy::View, 1, 0)).await.unwrap();
+    for ws in [&mut control, &mut view] {
+        assert_eq!(next_binary(ws).await, b"RFB 003.008\n");
+    }
+    // Renewed: the socket's expiry follows the grant's.
+    let renewed = now_ms() + 3_600_000;
+    f.authority
+        .update(|l| l.control_expires_at_ms = Some(renewed));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let scopes = f.gateway.send(rakazo_web_proxy::ListScopes).await.unwrap();
+        if scopes
+            .iter()
+            .any(|s| s.policy == Policy::Control && s.expires_at_ms == renewed)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not extended: {scopes:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The grant ends: the control socket closes, the view stays.
+    let ended = Instant::now();
+    f.authority.update(|l| l.control_fence = None);
+    assert_eq!(
+        closed_and_nothing_after(&mut control).await.as_deref(),
+        Some("revoked")
+    );
+    assert!(
+        ended.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        ended.elapsed()
+    );
+    assert_eq!(next_binary(&mut view).await, b"frame");
+    // The slot is reused: the view closes too.
+    f.authority.update(|l| l.generation = 2);
+    assert_eq!(
+        closed_and_nothing_after(&mut view).await.as_deref(),
+        Some("revoked")
+    );
+}
+
 /// A bot that serves its own gateway and sends a message larger than any screen server's
 /// loses the socket: the message is not held for the browser, nor passed on to it.
 #[actix_rt::test]

@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use futures_util::{SinkExt as _, StreamExt as _};
 use rakazo_web_proxy::authority::{Authority, AuthorityError, Channel, RejectCause, Target};
 use rakazo_web_proxy::capability::{Capability, Keyring, Policy, now_ms};
-use rakazo_web_proxy::gateway::GatewayActor;
+use rakazo_web_proxy::gateway::{GatewayActor, SocketScope};
 use rakazo_web_proxy::service::{ProxyConfig, ProxyState, configure};
+use rakazo_web_proxy::standing::Standing;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::{self, Message};
 
@@ -33,6 +34,8 @@ pub struct Live {
     pub fail: Option<AuthorityError>,
     /// Relay through another proxy instead: (its base URL, the capability sealed for it).
     pub through: Option<(String, String)>,
+    /// The live control lease's expiry as renewed, if it was.
+    pub control_expires_at_ms: Option<u64>,
 }
 
 /// An in-process [`Authority`] over [`Live`], the way the server implements it.
@@ -48,6 +51,7 @@ impl TestAuthority {
             control_fence: None,
             fail: None,
             through: None,
+            control_expires_at_ms: None,
         })))
     }
 
@@ -78,6 +82,32 @@ impl Authority for TestAuthority {
             )?);
         }
         Ok(Target::new(&live.upstream, &live.socket_token, c.policy)?)
+    }
+
+    async fn standing(
+        &self,
+        scopes: &[SocketScope],
+    ) -> Option<Result<Vec<Standing>, AuthorityError>> {
+        let live = self.0.lock().unwrap().clone();
+        let standing = scopes
+            .iter()
+            .map(|s| {
+                if s.generation != live.generation {
+                    Standing::SlotRetired
+                } else if s.policy == Policy::Control && live.control_fence != Some(s.fence) {
+                    Standing::ControlEnded
+                } else if s.policy == Policy::Control {
+                    Standing::Holds {
+                        expires_at_ms: live.control_expires_at_ms,
+                    }
+                } else {
+                    Standing::Holds {
+                        expires_at_ms: None,
+                    }
+                }
+            })
+            .collect();
+        Some(Ok(standing))
     }
 }
 

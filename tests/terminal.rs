@@ -225,3 +225,64 @@ async fn a_grant_ended_unseen_is_swept_after_a_gap() {
     shells[1].send("echo still-here\r").await;
     shells[1].expect("still-here\r\n", WAIT).await;
 }
+
+/// A route this process holds, reached through another process's proxy (so no socket of it
+/// is here), is closed by the sweep once its grant ended unseen; one whose grant is live stays.
+#[actix_rt::test]
+async fn the_sweep_closes_a_route_whose_grant_ended_unseen_without_a_socket_here() {
+    use rakazo::screens::{RouteBook, RouteEntry, RouteKey, Watch, sweep};
+    use rakazo_actors::entity::screen;
+    use rakazo_actors::leases::{LeaseKey, Leases};
+    use rakazo_actors::provider::{ProviderRef, ScreenPolicy, ScreenRoute};
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let bot = &bots[0];
+    let control = s.ok("computer.takeControl", json!({ "botId": bot })).await;
+    let fence = control["fence"].as_i64().unwrap();
+    let row = screen::Entity::find()
+        .filter(screen::Column::BotId.eq(bot.as_str()))
+        .one(&s.app.db)
+        .await
+        .unwrap()
+        .unwrap();
+    let key = RouteKey {
+        computer_id: row.computer_id.clone(),
+        bot_id: bot.clone(),
+        slot: row.slot.unwrap() as u32,
+        generation: row.generation,
+        policy: ScreenPolicy::Control,
+        fence,
+        channel: rakazo_web_proxy::Channel::Screen,
+    };
+    let routes = std::sync::Arc::new(RouteBook::default());
+    routes.insert(
+        key.clone(),
+        RouteEntry {
+            route: ScreenRoute {
+                upstream: "http://127.0.0.1:9".into(),
+                token: "elsewhere".into(),
+            },
+            machine: ProviderRef("gone".into()),
+        },
+    );
+    let watch = Watch {
+        db: s.app.db.clone(),
+        gateway: rakazo_web_proxy::GatewayActor::start_default(),
+        routes: routes.clone(),
+        provider: s.app.runtime().provider.clone(),
+    };
+    assert_eq!(sweep(&watch).await, 0);
+    assert!(routes.contains_key(&key), "a live grant's route stays");
+    // Released in the table only: no revocation is sent.
+    Leases::new(s.app.db.clone())
+        .release(&LeaseKey::control(&row.computer_id, bot), fence)
+        .await
+        .unwrap();
+    assert_eq!(sweep(&watch).await, 1);
+    let deadline = Instant::now() + WAIT;
+    while routes.contains_key(&key) {
+        assert!(Instant::now() < deadline, "the ended grant's route stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

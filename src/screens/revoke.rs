@@ -16,7 +16,9 @@ use async_trait::async_trait;
 use rakazo_actors::events::{EventBus, Revocation};
 use rakazo_actors::provider::{SandboxProvider, ScreenPolicy};
 use rakazo_actors::screen::ScreenRevoker;
-use rakazo_web_proxy::{GatewayActor, ListScopes, RevokeControl, RevokeSlot, Standing};
+use rakazo_web_proxy::{
+    GatewayActor, ListScopes, RevokeControl, RevokeSlot, SocketKind, SocketScope, Standing,
+};
 use sea_orm::DatabaseConnection;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -194,19 +196,65 @@ async fn close_control_routes(watch: &Watch, computer_id: &str, bot_id: &str, fe
         .map(|e| e.key().clone())
         .collect();
     for key in ended {
-        if let (Some((_, entry)), Some(p)) = (watch.routes.remove(&key), watch.provider.as_ref()) {
-            let _ = p.close_route(&entry.machine, &entry.route.token).await;
+        if let (Some((key, entry)), Some(p)) = (watch.routes.remove(&key), watch.provider.as_ref())
+            && p.close_route(&entry.machine, &entry.route.token)
+                .await
+                .is_err()
+        {
+            // Kept, so that the next sweep closes it again: nothing serves an ended grant
+            // unrecorded (no proxy reaches it, since the authority refuses the grant).
+            tracing::warn!(event = "screen.route.close_failed", channel = ?key.channel);
+            watch.routes.insert(key, entry);
         }
     }
 }
 
 /// Checks every live socket against the lease and screen tables and closes each one no
 /// longer granted: a control socket whose grant is not the live one, any socket whose screen
-/// row no longer has its slot and generation active. Answers how many scopes it revoked.
+/// row no longer has its slot and generation active. The routes this process holds are
+/// checked too: a person may reach them through another process's proxy, so a revocation
+/// this one missed finds no socket here. Answers how many scopes it revoked.
 pub async fn sweep(watch: &Watch) -> usize {
-    let Ok(scopes) = watch.gateway.send(ListScopes).await else {
+    let Ok(mut scopes) = watch.gateway.send(ListScopes).await else {
         return 0;
     };
+    for route in watch.routes.iter() {
+        let k = route.key();
+        let (Ok(slot), Ok(generation)) = (u16::try_from(k.slot), u64::try_from(k.generation))
+        else {
+            continue;
+        };
+        let scope = SocketScope {
+            computer_id: k.computer_id.clone(),
+            bot_id: k.bot_id.clone(),
+            slot,
+            generation,
+            policy: super::policy_of(k.policy),
+            fence: k.fence.max(0) as u64,
+            expires_at_ms: 0,
+            kind: SocketKind::Screen,
+        };
+        let known = |s: &SocketScope| {
+            (
+                &s.computer_id,
+                &s.bot_id,
+                s.slot,
+                s.generation,
+                s.policy,
+                s.fence,
+            ) == (
+                &scope.computer_id,
+                &scope.bot_id,
+                slot,
+                generation,
+                scope.policy,
+                scope.fence,
+            )
+        };
+        if !scopes.iter().any(known) {
+            scopes.push(scope);
+        }
+    }
     let mut revoked = 0;
     for scope in scopes {
         let revocation = match super::standing::standing(&watch.db, &scope).await {

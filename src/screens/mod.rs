@@ -23,7 +23,7 @@ use actix::Addr;
 use dashmap::DashMap;
 use rakazo_actors::computer::CurrentMachine;
 use rakazo_actors::entity::computer;
-use rakazo_actors::provider::{ProviderRef, ScreenPolicy, ScreenRoute};
+use rakazo_actors::provider::{ProviderRef, SandboxProvider, ScreenPolicy, ScreenRoute};
 use rakazo_actors::registry::Registry;
 use rakazo_actors::{DomainError, DomainResult, ErrorCode, screen};
 use rakazo_web_proxy::service::TERMINAL_TAIL;
@@ -275,8 +275,12 @@ impl Screens {
             let route = provider
                 .connect_terminal(&machine, bot_id, control.as_ref())
                 .await?;
-            self.routes
-                .insert(key.clone(), RouteEntry { route, machine });
+            self.record(
+                provider.as_ref(),
+                key.clone(),
+                RouteEntry { route, machine },
+            )
+            .await;
         }
         let token = self.seal(&key, expires_at_ms)?;
         tracing::info!(event = "screen.terminal_issued", computer.id = %c.id,
@@ -303,14 +307,32 @@ impl Screens {
         let route = provider
             .open_route(machine, &key.bot_id, key.policy)
             .await?;
-        self.routes.insert(
-            key.clone(),
-            RouteEntry {
-                route: route.clone(),
-                machine: machine.clone(),
-            },
-        );
-        Ok(route)
+        let entry = RouteEntry {
+            route,
+            machine: machine.clone(),
+        };
+        Ok(self.record(provider.as_ref(), key.clone(), entry).await)
+    }
+
+    /// Records a route just opened for `key` and answers the one that serves it: a request
+    /// beside this one may have recorded its own meanwhile, and then that one serves and the
+    /// route just opened is closed (never left running unrecorded, past every revocation).
+    async fn record(
+        &self,
+        provider: &dyn SandboxProvider,
+        key: RouteKey,
+        entry: RouteEntry,
+    ) -> ScreenRoute {
+        let (serving, surplus) = match self.routes.entry(key) {
+            dashmap::Entry::Occupied(recorded) => (recorded.get().route.clone(), Some(entry)),
+            dashmap::Entry::Vacant(vacant) => (vacant.insert(entry).route.clone(), None),
+        };
+        if let Some(surplus) = surplus {
+            let _ = provider
+                .close_route(&surplus.machine, &surplus.route.token)
+                .await;
+        }
+        serving
     }
 
     /// Opens the bot's screen and names the screen route a capability for it would reach, or

@@ -293,7 +293,7 @@ impl RemoteSandboxes for Boat {
     }
 
     async fn download(&self, s: &Session, path: &str, limit: u64) -> ProviderResult<Vec<u8>> {
-        let data = match self.client.read_file(&s.id, path).await {
+        let data = match self.client.read_file(&s.id, path, limit).await {
             Ok(d) => d,
             Err(e) => return Err(self.gone_or(&s.id, e).await),
         };

@@ -28,6 +28,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const COMMAND_SLACK: Duration = Duration::from_secs(15);
 /// Between two looks while waiting for a state.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// Largest answer read, but for a file's: a command's answer carries what the bot printed.
+const MAX_ANSWER: u64 = 64 << 20;
 
 /// A failure as the API answered it.
 #[derive(Debug)]
@@ -105,6 +107,21 @@ impl BoatClient {
         headers: &[(&str, &str)],
         timeout: Duration,
     ) -> ProviderResult<Result<T, Refusal>> {
+        self.call_within(method, path, body, headers, timeout, MAX_ANSWER)
+            .await
+    }
+
+    /// [`Self::call`], its answer read as it comes and refused past `cap` bytes
+    /// (`TooLarge`).
+    async fn call_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+        cap: u64,
+    ) -> ProviderResult<Result<T, Refusal>> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.api))
@@ -118,14 +135,16 @@ impl BoatClient {
         }
         let resp = req.send().await.map_err(|e| unreachable(&e))?;
         let status = resp.status();
+        let answer = crate::providers::remote::body_within(resp, cap)
+            .await
+            .map_err(|e| unreachable(&e))?
+            .ok_or_else(|| ProviderError::TooLarge(format!("a box answer past {cap} bytes")))?;
         if status.is_success() {
-            return resp
-                .json::<T>()
-                .await
+            return serde_json::from_slice::<T>(&answer)
                 .map(Ok)
-                .map_err(|e| ProviderError::Failed(format!("box answer: {}", e.without_url())));
+                .map_err(|e| ProviderError::Failed(format!("box answer: {e}")));
         }
-        let text = resp.text().await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&answer);
         Ok(Err(match serde_json::from_str::<ErrorEnvelope>(&text) {
             Ok(e) => Refusal {
                 status,
@@ -329,15 +348,17 @@ impl BoatClient {
         .map_err(Refusal::into_error)
     }
 
-    /// `GET /sandboxes/{id}/files?path=&encoding=base64`.
-    pub async fn read_file(&self, id: &str, path: &str) -> ProviderResult<Vec<u8>> {
+    /// `GET /sandboxes/{id}/files?path=&encoding=base64`, a file of at most `limit` bytes
+    /// (its answer is refused past what such a file takes in base64).
+    pub async fn read_file(&self, id: &str, path: &str, limit: u64) -> ProviderResult<Vec<u8>> {
         let q = format!(
             "/sandboxes/{}/files?path={}&encoding=base64",
             seg(id),
             query(path)
         );
+        let cap = limit.div_ceil(3) * 4 + 64 * 1024;
         let file: FileContent = self
-            .call(Method::GET, &q, None::<&()>, &[], CALL_TIMEOUT)
+            .call_within(Method::GET, &q, None::<&()>, &[], CALL_TIMEOUT, cap)
             .await?
             .map_err(Refusal::into_error)?;
         base64::engine::general_purpose::STANDARD

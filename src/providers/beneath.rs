@@ -420,12 +420,6 @@ fn open_walking(
     rustix::fs::openat(&held, *last, flags | OFlags::NOFOLLOW, mode)
 }
 
-/// The entries of an open directory, by name (UTF-8 names only; others cannot be named by
-/// a workspace path), each with its `stat` taken without following it.
-pub fn entries_of(dir: &OwnedFd) -> Result<Vec<(String, Stat)>, Errno> {
-    Ok(listing_of(dir)?.entries)
-}
-
 /// What [`listing_of`] finds in a directory.
 pub struct Listing {
     /// Entries with UTF-8 names, in name order, each with its `stat` (not followed).
@@ -434,7 +428,9 @@ pub struct Listing {
     pub unnamed: Vec<String>,
 }
 
-/// The entries of an open directory ([`entries_of`]) and the names it cannot give.
+/// The entries of an open directory, by name (UTF-8 names only; others cannot be named by a
+/// workspace path), each with its `stat` taken without following it, and the names it cannot
+/// give.
 pub fn listing_of(dir: &OwnedFd) -> Result<Listing, Errno> {
     Ok(listing_within(dir, usize::MAX)?.expect("no limit"))
 }
@@ -528,7 +524,24 @@ pub fn chown_tree(root: &Path, id: u32) -> std::io::Result<()> {
             Err(Errno::LOOP | Errno::NOTDIR | Errno::NOENT) => continue,
             Err(e) => return Err(e.into()),
         };
-        for (name, stat) in entries_of(&dir)? {
+        // Entry by entry as the directory gives them: the bot makes the tree, and a folder of
+        // millions of names is never held here whole.
+        let mut read = rustix::fs::Dir::read_from(&dir)?;
+        while let Some(entry) = read.read() {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if matches!(name, "." | "..") {
+                continue;
+            }
+            let name = name.to_owned();
+            let stat = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                // Removed since the listing.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
             let kind = Kind::of(&stat);
             if kind == Kind::Dir {
                 stack.push(if rel.is_empty() {

@@ -996,6 +996,25 @@ async fn dashboard_terminal_on_a_docker_computer() {
         long,
     )
     .await;
+    // The bot prints a termcap query (`ESC P + q`) holding a line: term.js would answer it
+    // with that line as typed input. The shell reads nothing (`\151` prints `i`, so only an
+    // answer could show `inj`).
+    cdp.click(&format!("{card} [data-role=terminal]")).await;
+    cdp.type_keys(
+        "t=$(tty); (sleep 1; printf '\\eP+q\\151nj\\r\\e\\\\' > $t) & read -t 4 -r got; echo \"re\"\"ad=[$got]\"\r",
+    )
+    .await;
+    cdp.wait_for(
+        "the read's end",
+        &format!("{screen_text}.includes('read=[')"),
+        long,
+    )
+    .await;
+    let shown = cdp.eval(&screen_text).await;
+    assert!(
+        shown.as_str().unwrap().contains("read=[]") && !shown.as_str().unwrap().contains("inj"),
+        "{shown}"
+    );
 
     // Releasing control ends the shell and offers "Open shell" again.
     cdp.click(&format!("{card} [data-action=release]")).await;

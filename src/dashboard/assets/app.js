@@ -245,6 +245,17 @@ class BotView {
     catch (e) { this.say(e.message, true); }
   }
 
+  /**
+   * The view goes (another space, signing out): its screen, shell and timers end with it. A
+   * control grant held is left to lapse unrenewed, or taken again when the bot is opened again.
+   */
+  close() {
+    clearInterval(this.renewTimer);
+    this.renewTimer = null;
+    this.screen.close();
+    this.dock.close();
+  }
+
   dropControl() {
     const hadUrl = !!this.controlUrl;
     this.fence = null;
@@ -329,7 +340,7 @@ async function openSpace(space) {
 }
 
 async function loadSpace() {
-  for (const v of state.bots.values()) v.screen.close();
+  for (const v of state.bots.values()) v.close();
   state.bots.clear();
   state.computers.clear();
   maintenance.clear();
@@ -383,7 +394,7 @@ function signOut(message = "") {
   const old = ws;
   ws = null;
   if (old) old.close();
-  for (const v of state.bots.values()) v.screen.close();
+  for (const v of state.bots.values()) v.close();
   state.bots.clear();
   maintenance.clear();
   $("main").hidden = true;

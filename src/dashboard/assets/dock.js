@@ -112,11 +112,13 @@ class FilesWindow {
     this.selected = entry;
     try {
       const r = await rpc("files.read", { botId: this.bot.bot.id, path: entry.path });
-      this.selected.read = r;
+      // Another file was chosen (or another folder) while this one was read: it is not shown.
+      if (this.selected !== entry) return;
+      entry.read = r;
       this.preview.replaceChildren(el("div", { class: "muted" }, `${entry.path} · ${human(r.size)}`),
         r.text !== undefined ? el("pre", { "data-role": "text" }, r.text) : el("p", { class: "muted" }, "Binary file: no preview."));
     } catch (e) {
-      this.preview.replaceChildren(el("p", { class: "error" }, e.message));
+      if (this.selected === entry) this.preview.replaceChildren(el("p", { class: "error" }, e.message));
     }
   }
 
@@ -125,8 +127,10 @@ class FilesWindow {
     if (!this.live) return this.say("Download needs a running computer: this one is stopped (browse and preview still work).", true);
     const r = this.selected.read;
     if (!r) return;
-    const blob = r.text !== undefined ? new Blob([r.text])
-      : new Blob([Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0))]);
+    // Typed as bytes: whatever the file holds, nothing reads it as a page of this origin.
+    const type = { type: "application/octet-stream" };
+    const blob = r.text !== undefined ? new Blob([r.text], type)
+      : new Blob([Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0))], type);
     const a = el("a", { href: URL.createObjectURL(blob), download: this.selected.name });
     a.click();
     setTimeout(() => URL.revokeObjectURL(a.href), 10000);
@@ -191,6 +195,8 @@ export class Dock {
   }
 
   onControl(mine) { this.files.setControl(mine); this.terminal.setControl(mine); }
+  /** The bot's view goes: no more listings, the shell closed. */
+  close() { this.files.pause(); this.terminal.close(); }
   onCommand() { if (this.files.visible) this.files.refresh(); }
   onComputerState() { if (this.files.visible) this.files.refresh(); }
 }

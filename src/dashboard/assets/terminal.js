@@ -6,6 +6,12 @@ const DATA = 1, RESIZE = 2, EXIT = 3, HELLO = 4;
 const MAX_PAYLOAD = 65536;
 const RECONNECT_MS = 1000;
 const COLS = 100, ROWS = 24;
+/**
+ * term.js answers a settings or termcap query (`ESC P $ q …`, `ESC P + q …`) with the query's
+ * own text as if it were typed: what the computer prints never comes back as the person's
+ * input, so these answers are dropped.
+ */
+const QUERY_REPLY = /\x1bP[01]?[$+]r[^\x1b]*\x1b\\/g;
 
 function frame(kind, payload) {
   const out = new Uint8Array(5 + payload.length);
@@ -119,7 +125,10 @@ export class TerminalWindow {
       if (!this.term) {
         this.term = new Terminal({ cols: COLS, rows: ROWS, cursorBlink: false, useStyle: false });
         this.term.open(this.screen);
-        this.term.on("data", (d) => this.send(frame(DATA, new TextEncoder().encode(d))));
+        this.term.on("data", (d) => {
+          const typed = d.replace(QUERY_REPLY, "");
+          if (typed) this.send(frame(DATA, new TextEncoder().encode(typed)));
+        });
       }
       const { url } = await rpc("computer.terminalUrl", { botId: this.view.bot.id });
       if (!this.mine) return;
@@ -175,6 +184,12 @@ export class TerminalWindow {
 
   send(bytes) {
     if (this.socket?.readyState === WebSocket.OPEN) this.socket.send(bytes);
+  }
+
+  /** The view goes: the shell closes and keys no longer reach it. */
+  close() {
+    this.disconnect("");
+    this.term?.blur();
   }
 
   disconnect(message) {

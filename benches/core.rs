@@ -113,6 +113,7 @@ async fn lease_bench(label: &str, url: &str, dir: &std::path::Path) {
                 .send(Release {
                     key: key.clone(),
                     fence: grant.fence,
+                    holder: None,
                 })
                 .await
                 .unwrap()

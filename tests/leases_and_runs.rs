@@ -15,6 +15,7 @@ on_both_databases!(
     refused_fences_say_what_happened,
     run_finish_always_answers_a_checkpoint_object,
     a_person_controls_a_private_screen_while_the_run_goes_on,
+    a_control_grant_is_released_or_renewed_only_by_its_holder,
 );
 
 async fn two_team_bots_drive_at_once(s: TestServer) {
@@ -181,6 +182,41 @@ async fn maintenance_reservation_excludes_new_leases(s: TestServer) {
     assert!(s.exec(&run, fence, "true").await.is_ok());
     leases.release(&key, reservation.fence).await.unwrap();
     s.start_run(&bots[1]).await;
+}
+
+/// A person who looked at a key's grant before someone else took it never releases or
+/// extends the new one: its holder is in the statement, not only in the look before it.
+async fn a_control_grant_is_released_or_renewed_only_by_its_holder(s: TestServer) {
+    use rakazo_actors::leases::{LeaseKey, Leases};
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await;
+    let leases = Leases::new(s.app.db.clone());
+    let key = LeaseKey::control(computer["id"].as_str().unwrap(), &bots[0]);
+    let grant = leases.acquire(&key, "bob", 60_000).await.unwrap();
+    for refused in [
+        leases.release_held(&key, grant.fence, Some("alice")).await,
+        leases
+            .renew_held(&key, grant.fence, Some("alice"), 600_000)
+            .await
+            .map(drop),
+    ] {
+        assert_eq!(refused.unwrap_err().code.as_str(), "LEASE_FENCED");
+    }
+    let live = leases.live(&key).await.unwrap().expect("still bob's");
+    assert_eq!(
+        (live.holder.as_str(), live.expires_at_ms),
+        ("bob", grant.expires_at_ms)
+    );
+    let renewed = leases
+        .renew_held(&key, grant.fence, Some("bob"), 600_000)
+        .await
+        .unwrap();
+    assert!(renewed.expires_at_ms > grant.expires_at_ms);
+    leases
+        .release_held(&key, grant.fence, Some("bob"))
+        .await
+        .unwrap();
+    assert!(leases.live(&key).await.unwrap().is_none());
 }
 
 async fn refused_fences_say_what_happened(s: TestServer) {

@@ -39,6 +39,8 @@ pub struct Renew {
     pub key: LeaseKey,
     /// The fence presented.
     pub fence: i64,
+    /// Only a grant this holder holds (`LEASE_FENCED` otherwise).
+    pub holder: Option<String>,
     /// New lifetime from now.
     pub ttl_ms: i64,
 }
@@ -51,6 +53,8 @@ pub struct Release {
     pub key: LeaseKey,
     /// The fence presented.
     pub fence: i64,
+    /// Only a grant this holder holds (`LEASE_FENCED` otherwise).
+    pub holder: Option<String>,
 }
 
 /// Tells the space's subscribers that a control grant ended (by release, expiry or with its
@@ -170,12 +174,17 @@ impl Handler<Renew> for LeaseActor {
     fn handle(&mut self, msg: Renew, _: &mut Context<Self>) -> Self::Result {
         let leases = self.leases.clone();
         AtomicResponse::new(Box::pin(
-            async move { leases.renew(&msg.key, msg.fence, msg.ttl_ms).await }
-                .into_actor(self)
-                .map(|res, act, _| {
-                    act.watch(&res);
-                    res
-                }),
+            async move {
+                let holder = msg.holder.as_deref();
+                leases
+                    .renew_held(&msg.key, msg.fence, holder, msg.ttl_ms)
+                    .await
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                act.watch(&res);
+                res
+            }),
         ))
     }
 }
@@ -187,24 +196,27 @@ impl Handler<Release> for LeaseActor {
         let leases = self.leases.clone();
         let (key, fence) = (msg.key.clone(), msg.fence);
         AtomicResponse::new(Box::pin(
-            async move { leases.release(&msg.key, msg.fence).await }
-                .into_actor(self)
-                .map(move |res, act, _| {
-                    // Published whichever process handed the grant out: the sockets it
-                    // guards may be held through any process.
-                    if res.is_ok() && key.kind == LeaseKind::Control {
-                        act.control.remove(&key.subject);
-                        announce_control_end(
-                            &act.rt,
-                            &act.space_id,
-                            &key.computer_id,
-                            &key.subject,
-                            fence,
-                            "released",
-                        );
-                    }
-                    res
-                }),
+            async move {
+                let holder = msg.holder.as_deref();
+                leases.release_held(&msg.key, msg.fence, holder).await
+            }
+            .into_actor(self)
+            .map(move |res, act, _| {
+                // Published whichever process handed the grant out: the sockets it
+                // guards may be held through any process.
+                if res.is_ok() && key.kind == LeaseKind::Control {
+                    act.control.remove(&key.subject);
+                    announce_control_end(
+                        &act.rt,
+                        &act.space_id,
+                        &key.computer_id,
+                        &key.subject,
+                        fence,
+                        "released",
+                    );
+                }
+                res
+            }),
         ))
     }
 }

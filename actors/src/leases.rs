@@ -338,18 +338,21 @@ impl Leases {
         &self,
         key: &LeaseKey,
         fence: i64,
+        holder: Option<&str>,
         column: lease::Column,
         value: i64,
     ) -> DomainResult<()> {
         let now = now_ms();
-        let res = lease::Entity::update_many()
+        let mut update = lease::Entity::update_many()
             .col_expr(column, Expr::value(value))
             .filter(key_filter(key))
             .filter(lease::Column::Fence.eq(fence))
             .filter(lease::Column::ReleasedAtMs.is_null())
-            .filter(lease::Column::ExpiresAtMs.gt(now))
-            .exec(&self.db)
-            .await?;
+            .filter(lease::Column::ExpiresAtMs.gt(now));
+        if let Some(holder) = holder {
+            update = update.filter(lease::Column::Holder.eq(holder));
+        }
+        let res = update.exec(&self.db).await?;
         if res.rows_affected == 0 {
             return Err(DomainError::code(ErrorCode::LeaseFenced));
         }
@@ -358,14 +361,38 @@ impl Leases {
 
     /// Extend a live grant; `LEASE_FENCED` when `fence` is not the live grant.
     pub async fn renew(&self, key: &LeaseKey, fence: i64, ttl_ms: i64) -> DomainResult<Grant> {
-        self.update_live(key, fence, lease::Column::ExpiresAtMs, now_ms() + ttl_ms)
+        self.renew_held(key, fence, None, ttl_ms).await
+    }
+
+    /// [`Self::renew`], of a grant `holder` holds when given (in the same statement: a grant
+    /// someone else took since the caller looked is never extended).
+    pub async fn renew_held(
+        &self,
+        key: &LeaseKey,
+        fence: i64,
+        holder: Option<&str>,
+        ttl_ms: i64,
+    ) -> DomainResult<Grant> {
+        let expires = now_ms() + ttl_ms;
+        self.update_live(key, fence, holder, lease::Column::ExpiresAtMs, expires)
             .await?;
         self.verify(key, fence).await
     }
 
     /// Release the grant with `fence`; `LEASE_FENCED` when it is not live.
     pub async fn release(&self, key: &LeaseKey, fence: i64) -> DomainResult<()> {
-        self.update_live(key, fence, lease::Column::ReleasedAtMs, now_ms())
+        self.release_held(key, fence, None).await
+    }
+
+    /// [`Self::release`], of a grant `holder` holds when given (in the same statement: a
+    /// grant someone else took since the caller looked is never released).
+    pub async fn release_held(
+        &self,
+        key: &LeaseKey,
+        fence: i64,
+        holder: Option<&str>,
+    ) -> DomainResult<()> {
+        self.update_live(key, fence, holder, lease::Column::ReleasedAtMs, now_ms())
             .await?;
         tracing::debug!(event = "lease.released", kind = key.kind.as_str(), fence);
         Ok(())

@@ -169,6 +169,7 @@ async fn renew(app: &App, s: &Session) -> Result<(), DomainError> {
         .send(Renew {
             key: LeaseKey::execution(&s.computer_id, &s.bot_id),
             fence: s.fence,
+            holder: None,
             ttl_ms: methods::lease_ttl_ms(app),
         })
         .await??;

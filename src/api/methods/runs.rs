@@ -198,6 +198,7 @@ pub async fn renew(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         .send(Renew {
             key,
             fence: p.fence,
+            holder: None,
             ttl_ms: lease_ttl_ms(ctx.app),
         })
         .await??;
@@ -318,6 +319,7 @@ pub async fn take_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
                 .send(Release {
                     key,
                     fence: grant.fence,
+                    holder: None,
                 })
                 .await;
             return Err(e);
@@ -435,6 +437,9 @@ pub async fn renew_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> 
         .send(Renew {
             key,
             fence: p.fence,
+            // In the statement too: a grant taken by someone else since the look above is
+            // never extended.
+            holder: Some(ctx.caller.user_id.clone()),
             ttl_ms: CONTROL_LEASE_TTL_MS,
         })
         .await??;
@@ -473,11 +478,15 @@ pub async fn release_control(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value
     if !ctx.caller.is_operator() && live.is_some_and(|g| g.holder != ctx.caller.user_id) {
         return Err(DomainError::code(ErrorCode::ControlHeld));
     }
+    // In the statement too: a grant taken by someone else since the look above is never
+    // released (an operator may release anyone's).
+    let holder = (!ctx.caller.is_operator()).then(|| ctx.caller.user_id.clone());
     handle(ctx, &c)
         .leases
         .send(Release {
             key,
             fence: p.fence,
+            holder,
         })
         .await??;
     Ok(json!({ "released": true }))

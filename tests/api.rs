@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Backend, TestServer};
 use futures_util::{SinkExt, StreamExt};
@@ -329,6 +329,51 @@ async fn checkpoints_defer_while_another_bot_works() {
     assert_eq!(
         b["checkpoint"]["saved"], 1,
         "the last finishing run saves the shared workspace"
+    );
+}
+
+/// A socket outlives no token: once its user is deleted, the socket it opened closes at the
+/// next look (`RPC_WS_RECHECK_MS`), where it kept calling and streaming before.
+#[actix_rt::test]
+async fn a_websocket_closes_once_its_token_no_longer_authenticates() {
+    let s = TestServer::start(Backend::Sqlite, &[("RPC_WS_RECHECK_MS", "1000")])
+        .await
+        .unwrap();
+    let bea = s.ok("user.create", json!({ "name": "Bea" })).await;
+    let token = bea["token"].as_str().unwrap();
+    let url = format!("{}/rpc/ws", s.base.replace("http://", "ws://"));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let call = json!({ "jsonrpc": "2.0", "id": 1, "method": "space.list" });
+    ws.send(Message::Text(call.to_string().into()))
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(answer.to_text().unwrap().contains("\"result\""), "{answer}");
+    s.ok("user.delete", json!({ "userId": bea["id"] })).await;
+    let deleted = Instant::now();
+    let reason = loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("the socket stayed open")
+        {
+            Some(Ok(Message::Close(frame))) => break frame.map(|f| f.reason.to_string()),
+            Some(Ok(_)) => {}
+            other => panic!("ended without a close frame: {other:?}"),
+        }
+    };
+    assert_eq!(reason.as_deref(), Some("the token no longer authenticates"));
+    assert!(
+        deleted.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        deleted.elapsed()
     );
 }
 

@@ -31,6 +31,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::{methods, rpc};
 use crate::app::App;
 use crate::auth::{self, Caller};
+use crate::config::Secret;
 use crate::tools::Attachments;
 
 /// Time an unauthenticated socket has to call `auth`.
@@ -66,13 +67,16 @@ pub async fn upgrade(
     req: HttpRequest,
     body: web::Payload,
 ) -> actix_web::Result<HttpResponse> {
-    let caller = match super::bearer(&req) {
-        Some(token) => Some(
-            auth::authenticate(&app.db, &token)
-                .await
-                .map_err(|_| actix_web::error::ErrorUnauthorized("invalid bearer token"))?,
+    let (caller, token) = match super::bearer(&req) {
+        Some(token) => (
+            Some(
+                auth::authenticate(&app.db, &token)
+                    .await
+                    .map_err(|_| actix_web::error::ErrorUnauthorized("invalid bearer token"))?,
+            ),
+            Some(Secret(token)),
         ),
-        None => None,
+        None => (None, None),
     };
     let binary_images = req.query_string().split('&').any(|p| p == "images=binary");
     let (response, session, stream) = actix_ws::handle(&req, body)?;
@@ -83,6 +87,7 @@ pub async fn upgrade(
     let conn = Conn {
         app: app.into_inner(),
         caller,
+        token,
         subscriptions: HashSet::new(),
         reach: HashMap::new(),
         unauthenticated_messages: 0,
@@ -97,6 +102,10 @@ pub async fn upgrade(
 struct Conn {
     app: Arc<App>,
     caller: Option<Caller>,
+    /// The token `caller` came from, looked up again every `RPC_WS_RECHECK_MS`: a token that
+    /// no longer authenticates (its user or bot deleted) closes the socket, and what a bot
+    /// token reaches (its computer mode) is read afresh.
+    token: Option<Secret>,
     /// Subscribed spaces.
     subscriptions: HashSet<String>,
     /// For a bot token: whether it reaches a computer, by id.
@@ -140,6 +149,41 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Looks the token up again: `false` when it no longer authenticates. A database error
+    /// keeps the socket (the next look decides).
+    async fn recheck(&mut self) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        match auth::authenticate(&self.app.db, &token.0).await {
+            Ok(caller) => {
+                // A space the caller no longer sees (a membership ended) sends it nothing more.
+                let mut gone = Vec::new();
+                for space_id in &self.subscriptions {
+                    let ctx = methods::Ctx {
+                        app: &self.app,
+                        caller: &caller,
+                        attachments: None,
+                    };
+                    if let Err(e) = methods::visible_space(&ctx, space_id).await
+                        && e.code != ErrorCode::Internal
+                    {
+                        gone.push(space_id.clone());
+                    }
+                }
+                for space_id in gone {
+                    self.subscriptions.remove(&space_id);
+                }
+                self.caller = Some(caller);
+                self.reach.clear();
+                true
+            }
+            Err(e) => e.code != ErrorCode::Unauthorized,
+        }
+    }
+}
+
 async fn send(session: &mut Session, value: &Value) -> bool {
     session.text(value.to_string()).await.is_ok()
 }
@@ -148,8 +192,21 @@ async fn run(mut conn: Conn, mut session: Session, mut stream: actix_ws::Aggrega
     let mut events = conn.app.runtime().events.subscribe();
     let deadline = tokio::time::sleep(AUTH_WINDOW);
     tokio::pin!(deadline);
+    let mut recheck = tokio::time::interval(conn.app.config.ws_recheck);
+    recheck.reset();
     loop {
         tokio::select! {
+            _ = recheck.tick(), if conn.caller.is_some() => {
+                if !conn.recheck().await {
+                    tracing::info!(event = "rpc.ws.token_ended");
+                    let reason = actix_ws::CloseReason {
+                        code: actix_ws::CloseCode::Policy,
+                        description: Some("the token no longer authenticates".into()),
+                    };
+                    let _ = session.close(Some(reason)).await;
+                    return;
+                }
+            }
             msg = stream.next() => {
                 let Some(Ok(msg)) = msg else { break };
                 match msg {
@@ -222,6 +279,7 @@ async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
                 conn.subscriptions.clear();
                 conn.reach.clear();
                 conn.caller = Some(c);
+                conn.token = Some(Secret(p.token.clone()));
                 answer
             }),
             Err(e) => Err(e),
@@ -249,7 +307,7 @@ async fn on_text(conn: &mut Conn, session: &mut Session, text: &[u8]) -> bool {
                         caller: &who,
                         attachments: None,
                     };
-                    match super::methods::visible_space(&ctx, &p.space_id).await {
+                    match methods::visible_space(&ctx, &p.space_id).await {
                         Ok(()) => {
                             if env.method == "subscribe" {
                                 conn.subscriptions.insert(p.space_id.clone());

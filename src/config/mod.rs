@@ -287,6 +287,8 @@ pub struct Config {
     pub run_lease_ttl: Duration,
     /// `MCP_SESSION_IDLE_MS`: an MCP session without a call for this long ends.
     pub mcp_session_idle: Duration,
+    /// `RPC_WS_RECHECK_MS`: how often an open `/rpc/ws` socket's token is looked up again.
+    pub ws_recheck: Duration,
     /// `RAKAZO_PROCESS_GONE_MS`: a silent process is gone after this long.
     pub process_gone_after: Duration,
     /// `RAKAZO_RECONCILE_INTERVAL_MS`: how often the computer reconciler passes.
@@ -573,6 +575,7 @@ impl Config {
         };
         let run_lease_ttl = at_least_a_second("RUN_LEASE_TTL_MS")?;
         let mcp_session_idle = at_least_a_second("MCP_SESSION_IDLE_MS")?;
+        let ws_recheck = at_least_a_second("RPC_WS_RECHECK_MS")?;
         let process_gone_after = at_least_a_second("RAKAZO_PROCESS_GONE_MS")?;
         let reconcile_interval = at_least_a_second("RAKAZO_RECONCILE_INTERVAL_MS")?;
         let supervisor_token = s.secret("SANDBOX_SUPERVISOR_TOKEN");
@@ -706,6 +709,7 @@ impl Config {
             ),
             run_lease_ttl,
             mcp_session_idle,
+            ws_recheck,
             process_gone_after,
             reconcile_interval,
             internal_url: s

@@ -102,6 +102,12 @@ pub const VARS: &[Var] = &[
         doc: "End an MCP session after this many milliseconds without a call: its run ends as canceled, with a checkpoint (at least 1000).",
     },
     Var {
+        name: "RPC_WS_RECHECK_MS",
+        default: "30000",
+        secret: false,
+        doc: "How often an open `/rpc/ws` socket's token is looked up again: a token that no longer authenticates (its user or bot deleted) closes the socket, and spaces the caller no longer sees stop sending events (at least 1000).",
+    },
+    Var {
         name: "RAKAZO_PROCESS_GONE_MS",
         default: "60000",
         secret: false,

@@ -15,7 +15,40 @@ on_both_databases!(
     an_edited_row_is_named_by_verify,
     appends_from_two_pools_form_one_chain,
     a_deleted_computer_s_timeline_stays_for_its_people_and_the_operator,
+    a_command_through_computer_exec_is_in_the_timeline_as_the_shell_tool,
 );
+
+/// `computer.exec` runs the `shell` tool's command: it is in the chained timeline as the
+/// bot's `shell` call, as the tool's is.
+async fn a_command_through_computer_exec_is_in_the_timeline_as_the_shell_tool(s: TestServer) {
+    let (_, bots) = s.space_with_bots(1, "private").await;
+    let computer = s.ok("computer.forBot", json!({ "botId": bots[0] })).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (run, fence) = s.start_run(&bots[0]).await;
+    let out = s
+        .ok(
+            "computer.exec",
+            json!({ "runId": run, "fence": fence, "command": "echo via-exec" }),
+        )
+        .await;
+    assert_eq!(out["stdout"], "via-exec\n", "{out}");
+    let entries = entries_at_least(&s, &computer, 2).await;
+    let shell = find(&entries, "tool.call", "shell");
+    assert_eq!(
+        (shell["actor"].as_str(), shell["actorId"].as_str()),
+        (Some("bot"), Some(bots[0].as_str()))
+    );
+    assert!(
+        shell["detail"].to_string().contains("echo via-exec"),
+        "{shell}"
+    );
+    let verified = s
+        .ok("activity.verify", json!({ "computerId": computer }))
+        .await;
+    assert_eq!(verified["intact"], true, "{verified}");
+}
 
 /// A space with a private bot, its computer, and a run with a shell command, a file write
 /// and an observation; the bot is then stopped by the person.

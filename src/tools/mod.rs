@@ -230,10 +230,38 @@ impl<'a> ToolCtx<'a> {
 /// Call one tool. Precondition failures (unknown tool, bad arguments) and tool failures both
 /// come back as `isError` results.
 pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
-    let actor = rakazo_actors::timeline::Actor::bot(&ctx.run.bot_id);
     let summary = crate::recordings::calls::summary(&arguments);
+    match as_tool_call(ctx, name, summary, dispatch(ctx, name, arguments)).await {
+        Ok(v) => v,
+        Err(e) => failed(&e),
+    }
+}
+
+/// `computer.exec`: the `shell` tool's command with its whole output, in the activity feed and
+/// the timeline as the tool's.
+pub async fn shell_recorded(
+    ctx: &ToolCtx<'_>,
+    command: String,
+    cwd: Option<String>,
+    timeout_ms: Option<u64>,
+) -> DomainResult<rakazo_actors::provider::ExecOutput> {
+    let arguments = json!({ "command": command, "cwd": cwd, "timeoutMs": timeout_ms });
+    let summary = crate::recordings::calls::summary(&arguments);
+    let work = shell_exec(ctx, command, cwd, timeout_ms);
+    as_tool_call(ctx, "shell", summary, work).await
+}
+
+/// Runs one tool's `work` as its bot, then puts it in the activity feed and the timeline
+/// (observations and action batches put themselves there with their recording).
+async fn as_tool_call<T>(
+    ctx: &ToolCtx<'_>,
+    name: &str,
+    summary: Value,
+    work: impl std::future::Future<Output = DomainResult<T>>,
+) -> DomainResult<T> {
+    let actor = rakazo_actors::timeline::Actor::bot(&ctx.run.bot_id);
     *ctx.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Vec::new());
-    let outcome = rakazo_actors::timeline::acting_as(actor, dispatch(ctx, name, arguments)).await;
+    let outcome = rakazo_actors::timeline::acting_as(actor, work).await;
     let commands = ctx
         .pending
         .lock()
@@ -241,7 +269,6 @@ pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
         .take()
         .unwrap_or_default();
     ctx.app.runtime().events.journaled().await;
-    // Observations and action batches put themselves in the timeline with their recording.
     if outcome.is_ok() && crate::recordings::calls::records_itself(name) {
         for c in commands {
             if let Err(e) = activity::record(&ctx.app.db, &ctx.app.runtime().events, c).await {
@@ -252,10 +279,7 @@ pub async fn call(ctx: &ToolCtx<'_>, name: &str, arguments: Value) -> Value {
         let error = outcome.as_ref().err();
         crate::recordings::calls::note(ctx.app, &ctx.run, name, summary, error, commands).await;
     }
-    match outcome {
-        Ok(v) => v,
-        Err(e) => failed(&e),
-    }
+    outcome
 }
 
 async fn dispatch(ctx: &ToolCtx<'_>, name: &str, a: Value) -> DomainResult<Value> {

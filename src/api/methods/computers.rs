@@ -173,7 +173,7 @@ pub async fn exec(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let p: Exec = super::params(params)?;
     let fenced = fenced_tool_run(ctx, &p.run_id, p.fence).await?;
     let tcx = crate::tools::ToolCtx::new(ctx.app, fenced, false, None);
-    let out = crate::tools::shell_exec(&tcx, p.command, Some(p.cwd), p.timeout_ms).await?;
+    let out = crate::tools::shell_recorded(&tcx, p.command, Some(p.cwd), p.timeout_ms).await?;
     Ok(serde_json::to_value(out).unwrap_or_default())
 }
 

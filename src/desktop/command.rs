@@ -272,7 +272,7 @@ pub const ALIVE_FN: &str = r#"alive() { local s; { read -r s < "/proc/$1/stat"; 
 const RELEASE_SHM_FN: &str = r#"release_shm() {
   [ $# -gt 0 ] || return 0
   for id in $(ipcs -m -p 2>/dev/null | awk -v list=" $* " 'NR>3 && $1 ~ /^[0-9]+$/ && index(list, " " $3 " ") {print $1}'); do
-    ipcrm -m "$id" 2>/dev/null || python3 -c 'import ctypes,sys; ctypes.CDLL(None).shmctl(int(sys.argv[1]), 0, None)' "$id" 2>/dev/null
+    ipcrm -m "$id" 2>/dev/null || python3 -I -c 'import ctypes,sys; ctypes.CDLL(None).shmctl(int(sys.argv[1]), 0, None)' "$id" 2>/dev/null
   done
   return 0
 }"#;

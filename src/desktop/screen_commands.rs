@@ -121,7 +121,7 @@ impl CommandScreen {
         }
         let args = request.strip_prefix("grab").unwrap_or(request);
         let script = format!(
-            "{} exec python3 {} {args}",
+            "{} exec python3 -I {} {args}",
             self.env(),
             shell_quote(&self.helper.to_string_lossy())
         );
@@ -219,7 +219,7 @@ impl CommandScreen {
         // One command: the batch in a subshell (a failed action ends only it), a mark, then the
         // helper's settled frame.
         let script = format!(
-            "({batch})\necho {FRAME_MARK}\n{} exec python3 {} {}",
+            "({batch})\necho {FRAME_MARK}\n{} exec python3 -I {} {}",
             self.env(),
             shell_quote(&self.helper.to_string_lossy()),
             settle_args(settle, react, quiet)

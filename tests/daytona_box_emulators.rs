@@ -173,6 +173,27 @@ async fn frames_come_through_an_agent_behind_the_gateway(p: &dyn SandboxProvider
     p.destroy(&m).await.unwrap();
 }
 
+/// A workspace replaced while the agent behind the gateway runs: the runtime's stop of the
+/// gateway goes around that agent (through it, the script that stops websockify would cut its
+/// own answer's way), the old agent exits with its connection, and scripts reach a new one.
+async fn a_workspace_is_replaced_under_a_listening_agent(p: &dyn SandboxProvider) {
+    let m = p.provision(&spec("replaced")).await.unwrap();
+    assert!(listening::scripts_reach_it(p, &m).await, "the first agent");
+    let find = format!("pgrep -f '{}'", listening::AGENT);
+    let first = exec_agent_checks::run(p, &m, &find).await.1;
+    p.write_file(&m, "notes/a.txt", b"kept").await.unwrap();
+    let archive = p.export_workspace(&m).await.unwrap();
+    p.import_workspace(&m, &archive).await.unwrap();
+    assert_eq!(p.read_file(&m, "notes/a.txt").await.unwrap(), b"kept");
+    assert!(listening::scripts_reach_it(p, &m).await, "a new agent");
+    let next = exec_agent_checks::run(p, &m, &find).await.1;
+    assert!(
+        !next.trim().is_empty() && !next.contains(first.trim()),
+        "the old agent {first:?} gone, a new one {next:?}"
+    );
+    p.destroy(&m).await.unwrap();
+}
+
 mod daytona {
     use super::*;
 
@@ -208,6 +229,14 @@ mod daytona {
             return;
         }
         frames_come_through_an_agent_behind_the_gateway(&*provider(), "bot-kept").await;
+    }
+
+    #[actix_rt::test]
+    async fn a_workspace_is_replaced_under_its_listening_agent() {
+        if !docker_ready() {
+            return;
+        }
+        a_workspace_is_replaced_under_a_listening_agent(&*provider()).await;
     }
 }
 

@@ -132,6 +132,11 @@ pub trait CommandRunner: Send + Sync + 'static {
         None
     }
 
+    /// Called before the machine's screen gateway stops: a runner whose scripts reach the
+    /// machine through that gateway (an exec agent listening behind it) gives that way up
+    /// first, so the scripts that stop the gateway do not go through what they stop.
+    fn gateway_stopping(&self) {}
+
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
     /// session and cookies), up to `grace` for it to exit, then SIGKILL to the whole group.
     /// Succeeds when the leader is gone (or was never there).

@@ -467,6 +467,7 @@ impl Gateway {
                 failure = Some(e);
             }
         }
+        self.runner.gateway_stopping();
         if let Some(pid) = self.websockify.lock().await.take()
             && let Err(e) = self.runner.stop(pid, STOP_GRACE).await
         {

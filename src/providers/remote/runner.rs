@@ -346,6 +346,15 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
         true
     }
 
+    /// The listening agent is reached through the gateway: it is given up (its scripts under
+    /// way end with it), and the scripts that stop the gateway go through the vendor's run
+    /// call. Its connection closes with the gateway, and the agent then exits.
+    fn gateway_stopping(&self) {
+        if !self.vendor.attaches() {
+            self.agent.end();
+        }
+    }
+
     async fn ask(
         &self,
         helper: &Helper,

@@ -1,22 +1,30 @@
 //! Operating computers on the fake provider with the runtime's clock moved forward (no real
 //! waiting): idle suspension under the maintenance claim, the takeover hold, the uptime cap
 //! and each of its exceptions on a provider declaring that it bills, `computer_runs` end
-//! reasons and the two reporting queries on Postgres, and durable update / recovery jobs
-//! (interrupted, released, never run twice, republished).
+//! reasons and the two reporting queries on Postgres, durable update / recovery jobs
+//! (interrupted, released, never run twice, republished, saving work no actor held yet), and
+//! how a checkpoint's revision is recorded.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Backend, TestServer};
+use rakazo_actors::checkpoint::NewRevision;
 use rakazo_actors::checkpoint::Reason;
 use rakazo_actors::computer::{CheckIdle, SaveWorkspace};
 use rakazo_actors::computers::Computers;
-use rakazo_actors::entity::{computer_run, maintenance_operation};
+use rakazo_actors::entity::{computer_run, home_revision, maintenance_operation};
 use rakazo_actors::maintenance::{Maintenance, OpKind};
+use rakazo_actors::maintenance_job;
 use rakazo_actors::provider::{ProviderRef, SandboxProvider};
 use rakazo_actors::reconciler::{ReconcileNow, Reconciled};
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Statement};
+use rakazo_actors::registry::Registry;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Set,
+    Statement,
+};
 use serde_json::{Value, json};
 
 const MIN: Duration = Duration::from_secs(60);
@@ -572,6 +580,107 @@ async fn an_update_checkpoints_live_work_and_replaces_the_machine_under_the_rese
     s.exec(&run, fence, "true")
         .await
         .expect("reservation released");
+}
+
+/// An update run by actors that hold no machine yet (their process restarted, or took the
+/// computer over from an owner that was killed) reconnects the machine the row names and
+/// saves its work before tearing it down: work never checkpointed is in the new machine.
+#[actix_rt::test]
+async fn an_update_saves_the_work_of_a_machine_no_actor_here_holds_yet() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let fake = s.app.fake.clone().unwrap();
+    let u = up(&s, 1, "private").await;
+    finish(&s, &u).await;
+    fake.write_file(&u.machine, "live.txt", b"never checkpointed")
+        .await
+        .unwrap();
+    let rt = s.app.runtime().clone();
+    let fresh = Registry::new(
+        rt.clone(),
+        actix::Arbiter::current(),
+        Arc::new(rakazo_actors::screen::NoRevoker),
+    );
+    let ops = Maintenance::new(s.app.db.clone(), rt.clock.clone());
+    let row = Computers::new(s.app.db.clone()).get(&u.id).await.unwrap();
+    let op = ops.enqueue(&row, OpKind::Update, "someone").await.unwrap();
+    assert!(
+        maintenance_job::run(&fresh, &op.id, "worker-b")
+            .await
+            .unwrap()
+    );
+    let done = operation(&s, &op.id).await;
+    assert_eq!(done.state, "completed", "{done:?}");
+    // (The first registry's actor still holds the old machine: the row names the new one.)
+    let row = Computers::new(s.app.db.clone()).get(&u.id).await.unwrap();
+    let machine = ProviderRef(row.provider_ref.unwrap());
+    assert_ne!(machine, u.machine, "a new machine");
+    assert!(!fake.is_running(&u.machine), "the old one is gone");
+    assert_eq!(
+        read(&s, &machine, "live.txt").await.as_deref(),
+        Some("never checkpointed"),
+        "the reconnected machine's work was saved before its teardown"
+    );
+}
+
+/// A revision is recorded with the computer's revision in one transaction, only over the
+/// revision it follows: a row an earlier version's crash left ahead of the computer's
+/// revision is replaced by the next checkpoint (it blocked every checkpoint before), and a
+/// save that another recorded first records nothing.
+#[actix_rt::test]
+async fn a_revision_is_recorded_only_over_the_one_it_follows() {
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    let fake = s.app.fake.clone().unwrap();
+    let u = up(&s, 1, "private").await;
+    finish(&s, &u).await;
+    let handle = s.app.registry.computer(&u.id, &u.space);
+    let save = async || {
+        handle
+            .computer
+            .send(SaveWorkspace(Reason::Explicit))
+            .await
+            .unwrap()
+    };
+    fake.write_file(&u.machine, "a.txt", b"one").await.unwrap();
+    save().await.unwrap();
+    let computers = Computers::new(s.app.db.clone());
+    let row = computers.get(&u.id).await.unwrap();
+    let left = |revision: i64| NewRevision {
+        computer_id: &u.id,
+        home_key: &row.home_key,
+        revision,
+        size_bytes: 1,
+        object_key: "left-by-a-crash".into(),
+        reason: "explicit".into(),
+        fingerprint: None,
+    };
+    // A save that lost the race: the computer's revision is not the one it follows.
+    let lost = left(row.revision + 2).record(&s.app.db, false).await;
+    assert_eq!(lost.unwrap_err().code.as_str(), "COMPUTER_RESERVED");
+    home_revision::ActiveModel {
+        id: Set("left".into()),
+        computer_id: Set(u.id.clone()),
+        home_key: Set(row.home_key.clone()),
+        revision: Set(row.revision + 1),
+        size_bytes: Set(1),
+        object_key: Set(Some("left".into())),
+        reason: Set("explicit".into()),
+        created_at_ms: Set(0),
+        fingerprint: Set(None),
+    }
+    .insert(&s.app.db)
+    .await
+    .unwrap();
+    fake.write_file(&u.machine, "a.txt", b"two").await.unwrap();
+    save().await.expect("the leftover row is replaced");
+    let now = computers.get(&u.id).await.unwrap();
+    assert_eq!(now.revision, row.revision + 1);
+    let kept = home_revision::Entity::find()
+        .filter(home_revision::Column::ComputerId.eq(&u.id))
+        .all(&s.app.db)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), now.revision as usize, "{kept:?}");
+    assert!(kept.iter().all(|r| r.id != "left"));
 }
 
 #[actix_rt::test]

@@ -5,6 +5,7 @@ mod common;
 
 use common::{Backend, TestServer};
 use rakazo_actors::entity::computer;
+use rakazo_actors::provider::{ProviderRef, SandboxProvider};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::json;
@@ -78,6 +79,18 @@ async fn an_older_kept_revision_can_be_restored() {
         "a run that changed nothing stores no new revision"
     );
 
+    // Work never checkpointed is saved as a revision before the restore replaces it.
+    let machine = s
+        .ok("computer.machine", json!({ "computerId": c["id"] }))
+        .await;
+    let machine = ProviderRef(machine["providerRef"].as_str().unwrap().to_owned());
+    s.app
+        .fake
+        .as_ref()
+        .unwrap()
+        .write_file(&machine, "late.txt", b"unsaved")
+        .await
+        .unwrap();
     let restored = s
         .ok(
             "computer.restoreRevision",
@@ -89,12 +102,26 @@ async fn an_older_kept_revision_can_be_restored() {
             restored["revision"].as_i64(),
             restored["restoredFrom"].as_i64()
         ),
-        (Some(5), Some(3))
+        (Some(6), Some(3))
     );
     let (run, fence) = s.start_run(&bots[0]).await;
     assert_eq!(
-        s.exec(&run, fence, "cat state.txt").await.unwrap()["stdout"],
+        s.exec(&run, fence, "cat state.txt; cat late.txt || true")
+            .await
+            .unwrap()["stdout"],
         "three\n"
+    );
+    finish(&s, &run, fence).await;
+    s.ok(
+        "computer.restoreRevision",
+        json!({ "computerId": c["id"], "revision": 5 }),
+    )
+    .await;
+    let (run, fence) = s.start_run(&bots[0]).await;
+    assert_eq!(
+        s.exec(&run, fence, "cat late.txt").await.unwrap()["stdout"],
+        "unsaved",
+        "the work the restore replaced is a revision of its own"
     );
 }
 

@@ -8,12 +8,16 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set,
+    TransactionTrait,
+};
 
 use crate::clock::{new_id, now_ms};
 use crate::computers::Computers;
-use crate::entity::home_revision;
-use crate::error::DomainResult;
+use crate::entity::{computer, home_revision};
+use crate::error::{DomainError, DomainResult, ErrorCode};
 use crate::home_store::{Saved, StoreError, StreamSaved};
 use crate::leases::{LeaseKind, Leases};
 use crate::provider::{ProviderRef, Skipped, WorkspaceExport};
@@ -114,14 +118,21 @@ impl Handler<Checkpoint> for CheckpointActor {
     }
 }
 
+/// What a restore's maintenance reservation is held as (before the process part): a run's
+/// checkpoint defers while one holds it. The restore saved the workspace first, under its
+/// reservation, after every checkpoint already asked for; a run's that comes later would save
+/// as the very revision the restore is saving.
+pub const RESTORE_HOLDER: &str = "restore-";
+
 async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> DomainResult<Outcome> {
     if let Reason::RunEnded { bot_id } = &msg.reason {
         let others_active = Leases::new(rt.db.clone())
             .live_on(computer_id)
             .await?
             .iter()
-            .any(|g| {
-                matches!(g.kind, LeaseKind::Execution | LeaseKind::Control) && g.subject != *bot_id
+            .any(|g| match g.kind {
+                LeaseKind::Execution | LeaseKind::Control => g.subject != *bot_id,
+                LeaseKind::Maintenance => g.holder.starts_with(RESTORE_HOLDER),
             });
         if others_active {
             tracing::info!(event = "checkpoint.deferred", computer.id = computer_id);
@@ -188,9 +199,8 @@ async fn checkpoint(rt: &Runtime, computer_id: &str, msg: &Checkpoint) -> Domain
         reason: msg.reason.as_str().into(),
         fingerprint,
     }
-    .insert(&rt.db)
+    .record(&rt.db, false)
     .await?;
-    computers.set_revision(computer_id, revision).await?;
     tracing::info!(
         event = "checkpoint.saved",
         computer.id = computer_id,
@@ -353,8 +363,39 @@ pub struct NewRevision<'a> {
 }
 
 impl NewRevision<'_> {
-    /// Records the revision.
-    pub async fn insert(self, db: &DatabaseConnection) -> DomainResult<()> {
+    /// Records the revision as the computer's current one (and, for a restore, as the one
+    /// every machine imports before use), in one transaction and only over the revision it
+    /// follows: a crash between the two writes leaves neither, and a save that another
+    /// recorded first (a restore and a checkpoint at once) records nothing. A row for this
+    /// revision that no computer revision names (a crash left it between the two writes, in
+    /// an earlier version) is replaced.
+    pub async fn record(self, db: &DatabaseConnection, restored: bool) -> DomainResult<()> {
+        let txn = db.begin().await?;
+        let mut update = computer::Entity::update_many()
+            .col_expr(computer::Column::Revision, Expr::value(self.revision))
+            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()));
+        if restored {
+            update = update.col_expr(
+                computer::Column::PendingRestoreRevision,
+                Expr::value(self.revision),
+            );
+        }
+        let moved = update
+            .filter(computer::Column::Id.eq(self.computer_id))
+            .filter(computer::Column::Revision.eq(self.revision - 1))
+            .exec(&txn)
+            .await?;
+        if moved.rows_affected != 1 {
+            return Err(DomainError::new(
+                ErrorCode::ComputerReserved,
+                "another save of this workspace was recorded first; try again",
+            ));
+        }
+        home_revision::Entity::delete_many()
+            .filter(home_revision::Column::ComputerId.eq(self.computer_id))
+            .filter(home_revision::Column::Revision.gte(self.revision))
+            .exec(&txn)
+            .await?;
         home_revision::ActiveModel {
             id: Set(new_id()),
             computer_id: Set(self.computer_id.into()),
@@ -366,8 +407,9 @@ impl NewRevision<'_> {
             created_at_ms: Set(now_ms()),
             fingerprint: Set(self.fingerprint),
         }
-        .insert(db)
+        .insert(&txn)
         .await?;
+        txn.commit().await?;
         Ok(())
     }
 }

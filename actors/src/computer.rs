@@ -233,6 +233,8 @@ enum Want {
     Any,
     /// The machine the row says runs, if any (adoption).
     IfRunning,
+    /// The machine the row names, reconnected and never replaced (to save its work).
+    Reconnect,
 }
 
 /// A machine this actor now holds.
@@ -285,6 +287,7 @@ impl ComputerActor {
             let got = match want {
                 Want::Any => acquire_machine(&rt, &id, adopting).await.map(Some)?,
                 Want::IfRunning => adopt_machine(&rt, &id, adopting).await?,
+                Want::Reconnect => reconnect_for_stop(&rt, &id, adopting).await?,
             };
             if got.is_some() {
                 // Before any call reaches the new machine: its screens start afresh.
@@ -571,13 +574,24 @@ impl Handler<SaveWorkspace> for ComputerActor {
     fn handle(
         &mut self,
         SaveWorkspace(reason): SaveWorkspace,
-        _: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) -> Self::Result {
-        let machine = self.machine.clone();
-        let checkpoints = self.checkpoints();
-        let (rt, id) = (self.rt.clone(), self.id.clone());
-        Box::pin(
+        // A machine the row names that no actor here holds yet (its owner was killed, or this
+        // process restarted) is reconnected first: its work is saved, never skipped (an
+        // update or a recovery tears it down next). Shutdown saves only what is held.
+        let reconnecting = self.machine.is_none() && reason != Reason::Shutdown;
+        if reconnecting {
+            self.ensure_machine(ctx, Duration::ZERO, Want::Reconnect);
+        }
+        Box::pin(actix::fut::ready(()).then(move |_, act: &mut Self, _| {
+            let machine = act.machine.clone();
+            let failed = act.last_error.clone().filter(|_| reconnecting);
+            let checkpoints = act.checkpoints();
+            let (rt, id) = (act.rt.clone(), act.id.clone());
             async move {
+                if let (None, Some(err)) = (&machine, failed) {
+                    return Err(err);
+                }
                 let Some(machine) = machine else {
                     if reason == Reason::Shutdown {
                         return Ok(None);
@@ -602,8 +616,8 @@ impl Handler<SaveWorkspace> for ComputerActor {
                     checkpoints.send(Checkpoint { reason, machine }).await??,
                 ))
             }
-            .into_actor(self),
-        )
+            .into_actor(act)
+        }))
     }
 }
 

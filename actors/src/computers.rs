@@ -247,33 +247,6 @@ impl Computers {
         Ok(())
     }
 
-    /// Record a new checkpoint revision.
-    pub async fn set_revision(&self, id: &str, revision: i64) -> DomainResult<()> {
-        computer::Entity::update_many()
-            .col_expr(computer::Column::Revision, Expr::value(revision))
-            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
-            .filter(computer::Column::Id.eq(id))
-            .exec(&self.db)
-            .await?;
-        Ok(())
-    }
-
-    /// Record a restored revision as the computer's revision and as pending: every machine
-    /// of the computer imports it before it is next used.
-    pub async fn record_restore(&self, id: &str, revision: i64) -> DomainResult<()> {
-        computer::Entity::update_many()
-            .col_expr(computer::Column::Revision, Expr::value(revision))
-            .col_expr(
-                computer::Column::PendingRestoreRevision,
-                Expr::value(revision),
-            )
-            .col_expr(computer::Column::UpdatedAtMs, Expr::value(now_ms()))
-            .filter(computer::Column::Id.eq(id))
-            .exec(&self.db)
-            .await?;
-        Ok(())
-    }
-
     /// A machine imported the pending restore `revision` (a newer pending one stays).
     pub async fn restore_applied(&self, id: &str, revision: i64) -> DomainResult<()> {
         computer::Entity::update_many()

@@ -129,7 +129,9 @@ impl Kept {
 
     /// After `revision` (with `manifest`) was saved, keeping the newest `keep`: the revisions
     /// to forget, and the chunk names every remaining revision names (`None` while one of
-    /// them cannot be read: then no chunk may go).
+    /// them cannot be read: then no chunk may go). The newest revision before `revision` is
+    /// never forgotten here: until the database records `revision` (a crash may come first),
+    /// that one is the computer's revision, and the next save forgets it.
     pub fn retention<'a>(
         &'a self,
         keep: usize,
@@ -141,7 +143,12 @@ impl Kept {
         revisions.push(revision);
         revisions.sort_unstable();
         revisions.dedup();
-        let expired = revisions[..revisions.len().saturating_sub(keep)].to_vec();
+        let recorded = revisions.iter().rev().find(|rev| **rev < revision).copied();
+        let expired: Vec<i64> = revisions[..revisions.len().saturating_sub(keep)]
+            .iter()
+            .copied()
+            .filter(|rev| Some(*rev) != recorded)
+            .collect();
         let remains = |rev: &i64| !expired.contains(rev);
         let blocked = self
             .unreadable
@@ -377,4 +384,41 @@ pub fn plan(
         )));
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(name: &str) -> Manifest {
+        Manifest {
+            format: FORMAT.into(),
+            chunks: vec![ChunkRef {
+                name: name.into(),
+                len: 1,
+                entries: 1,
+                file_bytes: 1,
+            }],
+        }
+    }
+
+    /// Keeping one revision, a save keeps the one before it too (the database still names
+    /// that one until it records the new one), and the save after forgets it.
+    #[test]
+    fn retention_never_forgets_the_revision_a_save_follows() {
+        let mut kept = Kept::default();
+        kept.add(1, Ok(Revision::Chunked(manifest("a"))));
+        kept.add(2, Ok(Revision::Chunked(manifest("b"))));
+        let new = manifest("c");
+        let (expired, named) = kept.retention(1, 3, &new);
+        assert_eq!(expired, vec![1]);
+        let named = named.unwrap();
+        assert!(named.contains("b") && named.contains("c") && !named.contains("a"));
+        // A manifest a crash left past the recorded revision is overwritten by the next save
+        // of that number: the one before it still stays.
+        let (expired, _) = kept.retention(1, 2, &new);
+        assert_eq!(expired, Vec::<i64>::new());
+        let (expired, _) = kept.retention(2, 3, &new);
+        assert_eq!(expired, vec![1]);
+    }
 }

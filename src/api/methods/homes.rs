@@ -1,9 +1,9 @@
 //! Workspace revisions: list the kept ones, restore one, delete a computer with its stored
 //! workspace.
 
-use rakazo_actors::checkpoint::NewRevision;
+use rakazo_actors::checkpoint::{NewRevision, RESTORE_HOLDER, Reason};
 use rakazo_actors::clock::new_id;
-use rakazo_actors::computer::{ApplyRestore, CurrentMachine};
+use rakazo_actors::computer::{ApplyRestore, CurrentMachine, SaveWorkspace};
 use rakazo_actors::computers::{ComputerState, Computers, EndReason};
 use rakazo_actors::entity::{computer, home_revision};
 use rakazo_actors::leases::{LeaseKey, LeaseKind, Leases};
@@ -83,13 +83,32 @@ pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
         ));
     }
     let key = LeaseKey::maintenance(&c.id);
-    let holder = processes::holder(&format!("restore-{}", new_id()));
+    let holder = processes::holder(&format!("{RESTORE_HOLDER}{}", new_id()));
     let reservation = leases
         .acquire(&key, &holder, RESTORE_RESERVATION_MS)
         .await?;
-    let outcome = restore_reserved(ctx, &c, p.revision).await;
+    let outcome = match save_before_restore(ctx, &c).await {
+        Ok(()) => restore_reserved(ctx, &c, p.revision).await,
+        Err(e) => Err(e),
+    };
     leases.release(&key, reservation.fence).await?;
     outcome
+}
+
+/// Saves the live workspace as a revision before it is replaced, through the computer's own
+/// checkpoints (in the process that holds it): what was not saved stays restorable, and a
+/// checkpoint under way ends before the restore saves (two saves of one revision number would
+/// write one manifest). A quarantined machine's work is not read: it is restored over.
+async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
+    match handle(ctx, c)
+        .computer
+        .send(SaveWorkspace(Reason::Explicit))
+        .await?
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == ErrorCode::ComputerQuarantined => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 async fn restore_reserved(
@@ -134,10 +153,9 @@ async fn restore_reserved(
         reason: format!("restore:{revision}"),
         fingerprint: None,
     }
-    .insert(ctx.db())
+    .record(ctx.db(), true)
     .await?;
     // From here the restore is the computer's state: every machine imports it before use.
-    computers.record_restore(&c.id, new_revision).await?;
     crash_point("restore.recorded");
     if let Some(copy) = copy
         && let Err(e) = rt.homes.replace_latest(&home, new_revision, copy).await

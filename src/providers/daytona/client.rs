@@ -14,6 +14,7 @@ use super::wire::{
     BulkDownload, CreateSandbox, ErrorBody, ExecuteRequest, ExecuteResponse, FileInfo, PreviewUrl,
     Sandbox, State,
 };
+use crate::providers::remote::json_within;
 
 /// Daytona's own API.
 pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
@@ -25,6 +26,10 @@ const EXEC_SLACK: Duration = Duration::from_secs(15);
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Largest file a download returns.
 const MAX_DOWNLOAD: u64 = 256 << 20;
+/// The most any other answer may hold (a command's output comes in one).
+const MAX_ANSWER: u64 = 64 << 20;
+/// The most of a refusal's body that is read (its message is kept).
+const MAX_REFUSAL: u64 = 64 << 10;
 
 /// What a toolbox command came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,7 +94,8 @@ impl DaytonaClient {
         if status.is_success() {
             return Ok(resp);
         }
-        let text = resp.text().await.unwrap_or_default();
+        let body = crate::providers::remote::body_within(resp, MAX_REFUSAL).await;
+        let text = String::from_utf8_lossy(&body.ok().flatten().unwrap_or_default()).into_owned();
         let message = serde_json::from_str::<ErrorBody>(&text)
             .map(|b| b.message)
             .unwrap_or_else(|_| text.chars().take(200).collect());
@@ -108,11 +114,9 @@ impl DaytonaClient {
         }
         let resp = req.send().await.map_err(|e| unreachable(&e))?;
         match Self::answer(resp).await {
-            Ok(resp) => resp
-                .json::<T>()
+            Ok(resp) => json_within(resp, MAX_ANSWER, "daytona answer")
                 .await
-                .map(Ok)
-                .map_err(|e| ProviderError::Failed(format!("daytona answer: {e}"))),
+                .map(Ok),
             Err(a) => Ok(Err(a)),
         }
     }
@@ -303,10 +307,8 @@ impl DaytonaClient {
             .map_err(|e| unreachable(&e))?;
         match Self::answer(resp).await {
             Ok(resp) => {
-                let out: ExecuteResponse = resp
-                    .json()
-                    .await
-                    .map_err(|e| ProviderError::Failed(format!("daytona toolbox answer: {e}")))?;
+                let out: ExecuteResponse =
+                    json_within(resp, MAX_ANSWER, "daytona toolbox answer").await?;
                 Ok(Executed::Exited {
                     exit_code: out.exit_code.unwrap_or(0),
                     output: out.result,
@@ -411,12 +413,10 @@ impl DaytonaClient {
             .send()
             .await
             .map_err(|e| unreachable(&e))?;
-        Self::answer(resp)
+        let resp = Self::answer(resp)
             .await
-            .map_err(|a| Self::toolbox_error(a, path))?
-            .json()
-            .await
-            .map_err(|e| ProviderError::Failed(format!("daytona toolbox answer: {e}")))
+            .map_err(|a| Self::toolbox_error(a, path))?;
+        json_within(resp, MAX_ANSWER, "daytona toolbox answer").await
     }
 }
 

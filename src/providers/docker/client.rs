@@ -95,7 +95,7 @@ impl SupervisorClient {
             return resp.json::<T>().await.map(Some).map_err(|e| {
                 (
                     None,
-                    ProviderError::Failed(format!("supervisor answer: {e}")),
+                    ProviderError::Failed(format!("supervisor answer: {}", e.without_url())),
                 )
             });
         }

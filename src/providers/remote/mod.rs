@@ -34,7 +34,7 @@ pub mod runner;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderResult};
+use rakazo_actors::provider::{ExecOutput, MachineSpec, ProviderError, ProviderResult};
 
 use crate::desktop::shell_quote;
 
@@ -55,6 +55,22 @@ pub async fn body_within(
         }
     }
     Ok(Some(data))
+}
+
+/// A vendor's JSON answer read within `cap` bytes: the errors say what failed, never the
+/// request's address (reqwest's own text of a body error names the URL, a vendor host).
+pub async fn json_within<T: serde::de::DeserializeOwned>(
+    resp: reqwest::Response,
+    cap: u64,
+    what: &str,
+) -> ProviderResult<T> {
+    let body = body_within(resp, cap).await.map_err(|e| {
+        let kind = if e.is_timeout() { "timeout" } else { "cut" };
+        ProviderError::Failed(format!("{what}: the answer could not be read ({kind})"))
+    })?;
+    let body =
+        body.ok_or_else(|| ProviderError::TooLarge(format!("{what}: an answer past {cap} bytes")))?;
+    serde_json::from_slice(&body).map_err(|e| ProviderError::Failed(format!("{what}: {e}")))
 }
 
 /// Where things live on a vendor's machine.

@@ -143,6 +143,44 @@ async fn docker_with_its_token_reports_the_docker_sandbox_and_an_unreachable_sup
     assert!(v["sandboxError"].as_str().unwrap().contains("supervisor"));
 }
 
+/// A database that fails while a token is looked up is the server's failure (500 on `/rpc`
+/// and `/mcp`, 503 on `/rpc/ws`), never a 401 that has clients drop a good token.
+#[actix_rt::test]
+async fn a_database_failure_during_login_is_not_an_unauthorized_token() {
+    use sea_orm::ConnectionTrait;
+    let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();
+    s.ok("space.list", json!({})).await;
+    s.app
+        .db
+        .execute_unprepared("ALTER TABLE api_tokens RENAME TO api_tokens_away")
+        .await
+        .unwrap();
+    let err = s.call("space.list", json!({})).await.unwrap_err();
+    assert_eq!((err.0, err.1.as_str()), (500, "INTERNAL"));
+    let mcp = s
+        .http
+        .post(format!("{}/mcp", s.base))
+        .bearer_auth(&s.operator_token)
+        .json(&json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status(), 500);
+    let mut ws = format!("{}/rpc/ws", s.base.replacen("http", "ws", 1))
+        .into_client_request()
+        .unwrap();
+    ws.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", s.operator_token).parse().unwrap(),
+    );
+    match tokio_tungstenite::connect_async(ws).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 503)
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
 #[actix_rt::test]
 async fn calls_need_a_valid_token_and_see_only_their_spaces() {
     let s = TestServer::start(Backend::Sqlite, &[]).await.unwrap();

@@ -193,7 +193,7 @@ pub fn body_error(err: BodyError) -> HttpResponse {
 async fn rpc_http(app: web::Data<App>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let caller = match caller(&app, &req).await {
         Ok(c) => c,
-        Err(err) => return json_status(401, rpc::error(Value::Null, &err)),
+        Err(err) => return json_status(err.code.http_status(), rpc::error(Value::Null, &err)),
     };
     let body = match read_body(payload, rpc::MAX_REQUEST_BYTES).await {
         Ok(body) => body,

@@ -69,11 +69,14 @@ pub async fn upgrade(
 ) -> actix_web::Result<HttpResponse> {
     let (caller, token) = match super::bearer(&req) {
         Some(token) => (
-            Some(
-                auth::authenticate(&app.db, &token)
-                    .await
-                    .map_err(|_| actix_web::error::ErrorUnauthorized("invalid bearer token"))?,
-            ),
+            Some(auth::authenticate(&app.db, &token).await.map_err(|e| {
+                if e.code == ErrorCode::Unauthorized {
+                    actix_web::error::ErrorUnauthorized("invalid bearer token")
+                } else {
+                    // The database failed: the token may be good, the client keeps it.
+                    actix_web::error::ErrorServiceUnavailable("try again")
+                }
+            })?),
             Some(Secret(token)),
         ),
         None => (None, None),

@@ -182,7 +182,7 @@ async fn renew(app: &App, s: &Session) -> Result<(), DomainError> {
 async fn bot_caller(app: &App, req: &HttpRequest) -> Result<(Caller, String), HttpResponse> {
     let caller = super::caller(app, req)
         .await
-        .map_err(|e| HttpResponse::Unauthorized().json(rpc::error(Value::Null, &e)))?;
+        .map_err(|e| super::json_status(e.code.http_status(), rpc::error(Value::Null, &e)))?;
     let Some(bot) = caller.bot_id().map(str::to_owned) else {
         let e = DomainError::new(
             ErrorCode::Forbidden,

@@ -42,8 +42,14 @@ static SECRETS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"\b(sk-[A-Za-z0-9_-]{16,})",
         r"\b(AKIA[0-9A-Z]{16})",
         r"\b(rkz_[A-Za-z0-9_-]{16,})",
-        // --password VALUE / --token VALUE / -p'value' style flags.
+        // --password VALUE / --token VALUE style flags.
         r"(?i)--(?:password|passwd|token|secret|api-key|apikey)[= ]('[^']*'|\x22[^\x22]*\x22|\S+)",
+        // MySQL's -pVALUE / -p'value' (its password flag takes no space).
+        r"(?i)\b(?:mysql|mysqldump|mysqladmin|mariadb|mariadb-dump)\b[^|;&\n]*?\s-p('[^']*'|\x22[^\x22]*\x22|[^\s'\x22]+)",
+        // curl's -u / --user name:password.
+        r"(?i)\bcurl\b[^|;&\n]*?\s(?:-u|--user)\s*'?[^\s:'\x22]+:('[^']*'|[^\s'\x22]+)",
+        // Header-style keys: X-API-Key: VALUE, PRIVATE-TOKEN: VALUE, X-Auth-Secret: VALUE.
+        r"(?i)\b[A-Za-z0-9-]*(?:token|key|secret|passw)[A-Za-z0-9-]*:\s*([^\s'\x22]+)",
     ]
     .iter()
     .map(|p| Regex::new(p).expect("valid secret pattern"))
@@ -254,6 +260,20 @@ mod tests {
             (
                 "mysql --password=s3cret -u root",
                 "mysql --password=[redacted] -u root",
+            ),
+            ("mysql -uroot -phunter2 db", "mysql -uroot -p[redacted] db"),
+            ("mysqldump -p'a b' db", "mysqldump -p[redacted] db"),
+            (
+                "mkdir -p /tmp/x && ssh -p2222 host",
+                "mkdir -p /tmp/x && ssh -p2222 host",
+            ),
+            (
+                "curl -u admin:s3cret https://x",
+                "curl -u admin:[redacted] https://x",
+            ),
+            (
+                "curl -H 'X-API-Key: e2b_0123' -H 'PRIVATE-TOKEN: glpat-x' https://x",
+                "curl -H 'X-API-Key: [redacted]' -H 'PRIVATE-TOKEN: [redacted]' https://x",
             ),
             ("ls -la /tmp", "ls -la /tmp"),
         ];

@@ -332,6 +332,24 @@ fn is_websocket(req: &HttpRequest) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
+/// Whether a websocket upgrade carries what the handshake needs (RFC 6455 4.2.1): a GET with
+/// `Connection: upgrade`, version 13 and a key.
+fn handshake_complete(req: &HttpRequest) -> bool {
+    let has = |name: header::HeaderName, check: &dyn Fn(&str) -> bool| {
+        req.headers()
+            .get_all(name)
+            .filter_map(|v| v.to_str().ok())
+            .any(check)
+    };
+    req.method() == actix_web::http::Method::GET
+        && has(header::CONNECTION, &|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        })
+        && has(header::SEC_WEBSOCKET_VERSION, &|v| v.trim() == "13")
+        && has(header::SEC_WEBSOCKET_KEY, &|v| !v.trim().is_empty())
+}
+
 /// The tail as a plain relative file path, or `None` when it is not one. An empty tail is the
 /// viewer page.
 fn clean_tail(tail: &str) -> Option<&str> {
@@ -405,6 +423,11 @@ async fn handle(
         _ => return refuse(Refusal::new(RefusalReason::InvalidPath, "bad_path")),
     };
     let channel = match want {
+        // A malformed upgrade is refused before the API is asked (`invalid_path` means the
+        // API was not contacted).
+        Want::Socket(_) if !handshake_complete(&req) => {
+            return refuse(Refusal::new(RefusalReason::InvalidPath, "bad_upgrade"));
+        }
         Want::Socket(channel) => channel,
         Want::File(..) => Channel::Screen,
     };

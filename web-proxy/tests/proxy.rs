@@ -235,6 +235,26 @@ async fn refusal(f: &Fixture, token: &str, tail: &str) -> (u16, String, String, 
     (status, reason, detail, body.to_string())
 }
 
+/// A malformed websocket upgrade (no `Connection: upgrade`, no key) is refused as
+/// `invalid_path` before the API is asked: with a capability the authority would reject,
+/// the answer is still the path's refusal.
+#[actix_rt::test]
+async fn a_malformed_upgrade_is_refused_before_the_authority_is_asked() {
+    let f = fixture();
+    let stale = f.seal(Policy::View, 0, 0);
+    let resp = reqwest::Client::new()
+        .get(f.url(&stale, "websockify"))
+        .header("upgrade", "websocket")
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-rakazo-screen-reason"], "invalid_path");
+    assert_eq!(resp.headers()["x-rakazo-screen-detail"], "bad_upgrade");
+    // The same capability on a whole handshake reaches the authority, which refuses it.
+    assert!(connect(f.proxy, &stale).await.is_err());
+}
+
 #[actix_rt::test]
 async fn refusals_carry_the_right_reason() {
     let f = fixture();

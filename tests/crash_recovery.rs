@@ -1,6 +1,7 @@
 //! Crash recovery through the real binary: `rakazo serve` is killed (`RAKAZO_CRASH_AT`
 //! aborts it) at each step of a restore, started again, and must come back with the old home
-//! or the restored one, no reservation stuck and no temporary files left; on the fake,
+//! or the restored one, no reservation stuck and no temporary files left (and between a
+//! delete's stored workspace and its row, with the computer left to delete again); on the fake,
 //! desktop and Docker providers (Docker needs an engine and the computer image, see `gate`).
 
 mod docker_support;
@@ -507,6 +508,67 @@ async fn a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host: H
     assert_eq!(names, ["state.txt"], "{listed}");
     assert_eq!(leftovers(data), Vec::<String>::new());
     assert_eq!(s.run(&bot, "cat state.txt; ls").await, "one\nstate.txt\n");
+    s.kill();
+}
+
+/// A crash while a computer is deleted, after its stored workspace went and before its row:
+/// the computer is still there to delete again, and the bot's next computer (same home key)
+/// finds none of the deleted one's files.
+#[actix_rt::test]
+async fn a_crash_while_deleting_leaves_a_computer_to_delete_again_never_its_home() {
+    a_deleted_home_never_comes_back(Host::new("fake")).await;
+}
+
+/// The same with the object store.
+#[actix_rt::test]
+async fn a_crash_while_deleting_on_the_object_store_never_brings_the_home_back() {
+    let Some(host) = Host::fake_on_s3().await else {
+        return;
+    };
+    a_deleted_home_never_comes_back(host).await;
+}
+
+async fn a_deleted_home_never_comes_back(host: Host) {
+    let s = host.serve(None).await;
+    let space = s.ok("space.create", json!({ "name": "Acme" })).await;
+    let bot = s
+        .ok(
+            "bot.create",
+            json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.run(&bot, "echo secret > s.txt").await;
+    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    s.ok("computer.stop", json!({ "computerId": c["id"] }))
+        .await;
+    s.kill();
+
+    let s = host.serve(Some("delete.stored_gone")).await;
+    let res = s
+        .call("computer.delete", json!({ "computerId": c["id"] }))
+        .await;
+    assert!(res.is_err(), "the delete must not answer: {res:?}");
+    assert!(s.crashed(), "the process aborted");
+
+    let s = host.serve(None).await;
+    s.ok("computer.get", json!({ "computerId": c["id"] })).await;
+    s.ok("computer.delete", json!({ "computerId": c["id"] }))
+        .await;
+    assert!(
+        s.call("computer.get", json!({ "computerId": c["id"] }))
+            .await
+            .is_err()
+    );
+    let next = s.ok("computer.forBot", json!({ "botId": bot })).await;
+    assert_ne!(next["id"], c["id"]);
+    let listed = s
+        .ok("files.list", json!({ "botId": bot, "path": "" }))
+        .await;
+    assert_eq!(listed["entries"], json!([]), "{listed}");
+    assert_eq!(s.run(&bot, "ls").await, "");
     s.kill();
 }
 

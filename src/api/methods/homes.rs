@@ -246,16 +246,24 @@ pub async fn destroy(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
             .filter(|_| same_kind)
             .map(rakazo_actors::provider::ProviderRef);
         if let Some(machine) = h.computer.send(CurrentMachine).await?.or(stored) {
-            provider.destroy(&machine).await?;
+            // Gone already: a delete that failed after it is asked again.
+            match provider.destroy(&machine).await {
+                Ok(()) | Err(rakazo_actors::provider::ProviderError::MachineGone) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
     let computers = Computers::new(ctx.db().clone());
     computers.close_runs(&c.id, EndReason::Deleted).await?;
     // Recordings still being stored land before the rows that hold them go.
     ctx.app.recorder.settled().await;
+    // The stored workspace goes before the row: a failure or a crash between leaves a
+    // computer to delete again, never a home (a latest copy a container mounts) that the
+    // next computer of this home key would find.
+    rt.homes.delete(&c.home_key, &c.storage_id).await?;
+    crash_point("delete.stored_gone");
     computers.delete(c).await?;
     ctx.app.registry.forget(&c.id);
-    rt.homes.delete(&c.home_key, &c.storage_id).await?;
     tracing::info!(event = "computer.deleted", computer.id = %c.id);
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use vars::{ENVIRONMENTS, PROVIDERS, VARS, Var, render_example};
+pub use vars::{ENVIRONMENTS, PROVIDER_ALIASES, PROVIDERS, VARS, Var, render_example};
 
 /// The built-in defaults, compiled in.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -430,6 +430,15 @@ impl Sources<'_> {
         }
     }
 
+    /// `SANDBOX_PROVIDER`, an alias given as the provider it names.
+    fn provider(&self) -> Result<String, ConfigError> {
+        let value = self.get("SANDBOX_PROVIDER").unwrap_or_default();
+        match PROVIDER_ALIASES.iter().find(|(alias, _)| *alias == value) {
+            Some((_, name)) => Ok((*name).to_owned()),
+            None => self.one_of("SANDBOX_PROVIDER", PROVIDERS),
+        }
+    }
+
     fn number(&self, var: &'static str, max: u64) -> Result<u64, ConfigError> {
         let value = self.get(var).unwrap_or_default();
         value
@@ -701,7 +710,7 @@ impl Config {
             listen,
             data_dir,
             database_url: Secret(database_url),
-            provider: s.one_of("SANDBOX_PROVIDER", PROVIDERS)?,
+            provider: s.provider()?,
             idle: Duration::from_millis(s.number("SANDBOX_IDLE_MS", 30 * DAY_MS)?),
             max_active: Duration::from_millis(s.number("COMPUTER_MAX_ACTIVE_MS", 30 * DAY_MS)?),
             maintenance_heartbeat_timeout: Duration::from_millis(
@@ -890,6 +899,14 @@ mod tests {
         );
         for name in PROVIDERS {
             assert!(err.contains(name), "{err} lacks {name}");
+        }
+    }
+
+    #[test]
+    fn boat_names_the_box_provider() {
+        for (alias, name) in [("boat", "box"), ("boat-emulator", "box-emulator")] {
+            let config = Config::load(&env(&[("SANDBOX_PROVIDER", alias)]), None).unwrap();
+            assert_eq!(config.provider, name);
         }
     }
 

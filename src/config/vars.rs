@@ -30,6 +30,10 @@ pub const PROVIDERS: &[&str] = &[
     "none",
 ];
 
+/// Other names `SANDBOX_PROVIDER` takes for a provider of [`PROVIDERS`] (the vendor's older
+/// name).
+pub const PROVIDER_ALIASES: &[(&str, &str)] = &[("boat", "box"), ("boat-emulator", "box-emulator")];
+
 /// The deployment environments `RAKAZO_ENV` accepts.
 pub const ENVIRONMENTS: &[&str] = &["production", "development", "test"];
 
@@ -69,7 +73,7 @@ pub const VARS: &[Var] = &[
         name: "SANDBOX_PROVIDER",
         default: "docker",
         secret: false,
-        doc: "Where computers run: docker, e2b, novita, daytona, box, kubernetes, their offline emulators (e2b-emulator, novita-emulator, daytona-emulator, box-emulator), desktop, fake or none.",
+        doc: "Where computers run: docker, e2b, novita, daytona, box (also named boat), kubernetes, their offline emulators (e2b-emulator, novita-emulator, daytona-emulator, box-emulator), desktop, fake or none.",
     },
     Var {
         name: "SANDBOX_IDLE_MS",

@@ -129,6 +129,14 @@ impl Grant {
     }
 }
 
+/// What a caller refused a lease of `kind` held by another is told.
+fn held_code(kind: LeaseKind) -> ErrorCode {
+    match kind {
+        LeaseKind::Control => ErrorCode::ControlHeld,
+        _ => ErrorCode::LeaseHeld,
+    }
+}
+
 fn is_live(row: &lease::Model, now: i64) -> bool {
     row.released_at_ms.is_none() && row.expires_at_ms > now
 }
@@ -260,10 +268,7 @@ impl Leases {
             if row.holder == holder {
                 return Ok(Grant::from_row(key.kind, row));
             }
-            return Err(DomainError::code(match key.kind {
-                LeaseKind::Control => ErrorCode::ControlHeld,
-                _ => ErrorCode::LeaseHeld,
-            }));
+            return Err(DomainError::code(held_code(key.kind)));
         }
         let fence = previous.map_or(1, |row| row.fence + 1);
         let row = lease::ActiveModel {
@@ -280,7 +285,7 @@ impl Leases {
         let row = match row.insert(&txn).await {
             Ok(row) => row,
             // Another process took this fence first.
-            Err(_) => return Err(DomainError::code(ErrorCode::LeaseHeld)),
+            Err(_) => return Err(DomainError::code(held_code(key.kind))),
         };
         txn.commit().await?;
         tracing::debug!(event = "lease.granted", kind = key.kind.as_str(), fence);

@@ -98,7 +98,8 @@ pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 /// Saves the live workspace as a revision before it is replaced, through the computer's own
 /// checkpoints (in the process that holds it): what was not saved stays restorable, and a
 /// checkpoint under way ends before the restore saves (two saves of one revision number would
-/// write one manifest). A quarantined machine's work is not read: it is restored over.
+/// write one manifest). A quarantined machine's work is not read, and none is reached without
+/// a provider: the restore goes on over them.
 async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
     match handle(ctx, c)
         .computer
@@ -106,7 +107,14 @@ async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult
         .await?
     {
         Ok(_) => Ok(()),
-        Err(e) if e.code == ErrorCode::ComputerQuarantined => Ok(()),
+        Err(e)
+            if matches!(
+                e.code,
+                ErrorCode::ComputerQuarantined | ErrorCode::NoProvider
+            ) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }

@@ -45,11 +45,11 @@ static SECRETS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         // --password VALUE / --token VALUE style flags.
         r"(?i)--(?:password|passwd|token|secret|api-key|apikey)[= ]('[^']*'|\x22[^\x22]*\x22|\S+)",
         // MySQL's -pVALUE / -p'value' (its password flag takes no space).
-        r"(?i)\b(?:mysql|mysqldump|mysqladmin|mariadb|mariadb-dump)\b[^|;&\n]*?\s-p('[^']*'|\x22[^\x22]*\x22|[^\s'\x22]+)",
+        r"(?i)\b(?:mysql|mysqldump|mysqladmin|mariadb|mariadb-dump)\b[^|;&\n]*?(?-i:\s-p)('[^']*'|\x22[^\x22]*\x22|[^\s'\x22]+)",
         // curl's -u / --user name:password.
-        r"(?i)\bcurl\b[^|;&\n]*?\s(?:-u|--user)\s*'?[^\s:'\x22]+:('[^']*'|[^\s'\x22]+)",
-        // Header-style keys: X-API-Key: VALUE, PRIVATE-TOKEN: VALUE, X-Auth-Secret: VALUE.
-        r"(?i)\b[A-Za-z0-9-]*(?:token|key|secret|passw)[A-Za-z0-9-]*:\s*([^\s'\x22]+)",
+        r"(?i)\bcurl\b[^|;&\n]*?\s(?:-u|--user)\s*['\x22]?[^\s:'\x22]+:('[^']*'|[^\s'\x22]+)",
+        // Header-style keys, named with a hyphen: X-API-Key: VALUE, PRIVATE-TOKEN: VALUE.
+        r"(?i)(?:^|[\s'\x22])(?:[A-Za-z0-9]+-)+[A-Za-z0-9-]*(?:token|key|secret|passw)[A-Za-z0-9-]*:\s*([^\s'\x22]+)",
     ]
     .iter()
     .map(|p| Regex::new(p).expect("valid secret pattern"))
@@ -266,6 +266,18 @@ mod tests {
             (
                 "mkdir -p /tmp/x && ssh -p2222 host",
                 "mkdir -p /tmp/x && ssh -p2222 host",
+            ),
+            (
+                "mysql -h db -P3306 -uroot -phunter2",
+                "mysql -h db -P3306 -uroot -p[redacted]",
+            ),
+            (
+                "curl -u \"admin:hunter2\" https://x",
+                "curl -u \"admin:[redacted]\" https://x",
+            ),
+            (
+                "docker run quay.io/keycloak/keycloak:24.0 http://keycloak:8080/realms",
+                "docker run quay.io/keycloak/keycloak:24.0 http://keycloak:8080/realms",
             ),
             (
                 "curl -u admin:s3cret https://x",

@@ -87,8 +87,13 @@ pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
     let reservation = leases
         .acquire(&key, &holder, RESTORE_RESERVATION_MS)
         .await?;
-    let outcome = match save_before_restore(ctx, &c).await {
-        Ok(()) => restore_reserved(ctx, &c, p.revision).await,
+    // The chosen revision is read before the live work is saved: that save's retention may
+    // forget it.
+    let outcome = match recorded_archive(ctx, &c, p.revision).await {
+        Ok(archive) => match save_before_restore(ctx, &c).await {
+            Ok(()) => restore_reserved(ctx, &c, p.revision, archive).await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     leases.release(&key, reservation.fence).await?;
@@ -98,8 +103,8 @@ pub async fn restore(ctx: &Ctx<'_>, params: Value) -> DomainResult<Value> {
 /// Saves the live workspace as a revision before it is replaced, through the computer's own
 /// checkpoints (in the process that holds it): what was not saved stays restorable, and a
 /// checkpoint under way ends before the restore saves (two saves of one revision number would
-/// write one manifest). A quarantined machine's work is not read, and none is reached without
-/// a provider: the restore goes on over them.
+/// write one manifest). A quarantined machine's work is not read, a gone one has none, and
+/// none is reached without a provider: the restore goes on over them.
 async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult<()> {
     match handle(ctx, c)
         .computer
@@ -110,7 +115,7 @@ async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult
         Err(e)
             if matches!(
                 e.code,
-                ErrorCode::ComputerQuarantined | ErrorCode::NoProvider
+                ErrorCode::ComputerQuarantined | ErrorCode::NoProvider | ErrorCode::MachineGone
             ) =>
         {
             Ok(())
@@ -119,21 +124,32 @@ async fn save_before_restore(ctx: &Ctx<'_>, c: &computer::Model) -> DomainResult
     }
 }
 
-async fn restore_reserved(
+/// The archive of `revision`, only if the database recorded it: a manifest a crash left
+/// before its row is not one.
+async fn recorded_archive(
     ctx: &Ctx<'_>,
     c: &computer::Model,
     revision: i64,
-) -> DomainResult<Value> {
-    let rt = ctx.app.runtime();
-    // Only a revision the database recorded: a manifest a crash left before its row is not one.
+) -> DomainResult<Vec<u8>> {
     home_revision::Entity::find()
         .filter(home_revision::Column::ComputerId.eq(&c.id))
         .filter(home_revision::Column::Revision.eq(revision))
         .one(ctx.db())
         .await?
         .ok_or_else(|| DomainError::not_found("revision"))?;
+    let rt = ctx.app.runtime();
     let home = rt.home_id(c).await?;
-    let archive = rt.homes.load(&home, revision).await?;
+    Ok(rt.homes.load(&home, revision).await?)
+}
+
+async fn restore_reserved(
+    ctx: &Ctx<'_>,
+    c: &computer::Model,
+    revision: i64,
+    archive: Vec<u8>,
+) -> DomainResult<Value> {
+    let rt = ctx.app.runtime();
+    let home = rt.home_id(c).await?;
     let mounted = rt
         .provider()
         .is_ok_and(|p| p.describe().capabilities.mounted_home);

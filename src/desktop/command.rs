@@ -134,8 +134,12 @@ pub trait CommandRunner: Send + Sync + 'static {
 
     /// Called before the machine's screen gateway stops: a runner whose scripts reach the
     /// machine through that gateway (an exec agent listening behind it) gives that way up
-    /// first, so the scripts that stop the gateway do not go through what they stop.
+    /// first, and until [`Self::gateway_started`], so the scripts that stop the gateway do not
+    /// go through what they stop.
     fn gateway_stopping(&self) {}
+
+    /// Called once the machine's screen gateway listens again after it was started.
+    fn gateway_started(&self) {}
 
     /// Stops the process group led by `pid`: SIGTERM to the leader (so a browser can save its
     /// session and cookies), up to `grace` for it to exit, then SIGKILL to the whole group.

@@ -196,6 +196,7 @@ impl Gateway {
                 (Readiness::Ready, pid) => {
                     *ws = Some(pid);
                     self.port.store(port, Ordering::Release);
+                    self.runner.gateway_started();
                     tracing::info!(gateway.port = port, "desktop.gateway.started");
                     return Ok(());
                 }

@@ -14,6 +14,7 @@
 //!   scripts go through it too, and through the vendor's run call before (the gateway itself
 //!   is started by them).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -75,6 +76,9 @@ pub struct RemoteRunner<V: RemoteSandboxes> {
     desktop: OnceLock<Weak<DesktopRuntime>>,
     /// The loopback forwarder to the machine's screen gateway, made on first use.
     gateway: tokio::sync::Mutex<Option<Forwarder>>,
+    /// The screen gateway is stopping or stopped: a listening agent, reached through it, is
+    /// not used.
+    gateway_down: AtomicBool,
 }
 
 impl<V: RemoteSandboxes> RemoteRunner<V> {
@@ -90,6 +94,7 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
             }),
             desktop: OnceLock::new(),
             gateway: tokio::sync::Mutex::new(None),
+            gateway_down: AtomicBool::new(false),
         }
     }
 
@@ -215,6 +220,9 @@ impl<V: RemoteSandboxes> RemoteRunner<V> {
     /// here for a script: starting one takes the screen gateway, whose own start runs scripts
     /// (see [`start_agent_soon`](Self::start_agent_soon)).
     fn running_agent(&self) -> Option<(Arc<Agent>, UnderWay<'_>)> {
+        if self.gateway_down.load(Ordering::SeqCst) {
+            return None;
+        }
         let under_way = self.under_way();
         let agent = self.agent.running()?;
         Some((agent, under_way))
@@ -347,12 +355,19 @@ impl<V: RemoteSandboxes> CommandRunner for RemoteRunner<V> {
     }
 
     /// The listening agent is reached through the gateway: it is given up (its scripts under
-    /// way end with it), and the scripts that stop the gateway go through the vendor's run
-    /// call. Its connection closes with the gateway, and the agent then exits.
+    /// way end with it), and until the gateway listens again no script goes through a
+    /// listening agent (not even one whose start was under way): the scripts that stop the
+    /// gateway go through the vendor's run call. The agent's connection closes with the
+    /// gateway, and the agent then exits; the next one started starts the gateway again.
     fn gateway_stopping(&self) {
         if !self.vendor.attaches() {
+            self.gateway_down.store(true, Ordering::SeqCst);
             self.agent.end();
         }
+    }
+
+    fn gateway_started(&self) {
+        self.gateway_down.store(false, Ordering::SeqCst);
     }
 
     async fn ask(

@@ -287,7 +287,7 @@ impl ComputerActor {
             let got = match want {
                 Want::Any => acquire_machine(&rt, &id, adopting).await.map(Some)?,
                 Want::IfRunning => adopt_machine(&rt, &id, adopting).await?,
-                Want::Reconnect => reconnect_for_stop(&rt, &id, adopting).await?,
+                Want::Reconnect => reconnect_to_save(&rt, &id, adopting).await?,
             };
             if got.is_some() {
                 // Before any call reaches the new machine: its screens start afresh.
@@ -1123,6 +1123,23 @@ async fn reconnect_for_stop(
         serde_json::json!({ "computerId": id, "state": "stopped", "reason": reason.as_str() }),
     );
     Ok(None)
+}
+
+/// The machine the row names, reconnected to save its work (never replaced); a stop the row
+/// says was under way is finished once it is held, as an adoption finishes it.
+async fn reconnect_to_save(
+    rt: &Runtime,
+    id: &str,
+    adopting: bool,
+) -> DomainResult<Option<Acquired>> {
+    let row = Computers::new(rt.db.clone()).get(id).await?;
+    let stopping = row.state == ComputerState::Stopping.as_str();
+    Ok(reconnect_for_stop(rt, id, adopting)
+        .await?
+        .map(|got| Acquired {
+            resume_stop: stopping,
+            ..got
+        }))
 }
 
 /// Reconnect through the stored providerRef (same provider kind only) or provision a

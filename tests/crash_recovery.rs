@@ -189,6 +189,25 @@ impl Serve {
         }
     }
 
+    /// A private bot in a new space whose run ran `command`, its computer stopped since.
+    async fn stopped_private_bot(&self, command: &str) -> (String, Value) {
+        let space = self.ok("space.create", json!({ "name": "Acme" })).await;
+        let bot = self
+            .ok(
+                "bot.create",
+                json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.run(&bot, command).await;
+        let c = self.ok("computer.forBot", json!({ "botId": bot })).await;
+        self.ok("computer.stop", json!({ "computerId": c["id"] }))
+            .await;
+        (bot, c)
+    }
+
     async fn ok(&self, method: &str, params: Value) -> Value {
         match self.call(method, params.clone()).await {
             Ok(v) => v,
@@ -441,20 +460,7 @@ async fn a_crash_between_a_checkpoints_cache_and_its_row_leaves_the_recorded_rev
 async fn a_checkpoint_killed_before_its_row_leaves_the_recorded_revision(host: Host) {
     let data = host.data_dir.as_path();
     let s = host.serve(None).await;
-    let space = s.ok("space.create", json!({ "name": "Acme" })).await;
-    let bot = s
-        .ok(
-            "bot.create",
-            json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    s.run(&bot, "echo one > state.txt").await;
-    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
-    s.ok("computer.stop", json!({ "computerId": c["id"] }))
-        .await;
+    let (bot, c) = s.stopped_private_bot("echo one > state.txt").await;
     let recorded = s.ok("computer.get", json!({ "computerId": c["id"] })).await["revision"]
         .as_i64()
         .unwrap();
@@ -530,20 +536,7 @@ async fn a_crash_while_deleting_on_the_object_store_never_brings_the_home_back()
 
 async fn a_deleted_home_never_comes_back(host: Host) {
     let s = host.serve(None).await;
-    let space = s.ok("space.create", json!({ "name": "Acme" })).await;
-    let bot = s
-        .ok(
-            "bot.create",
-            json!({ "spaceId": space["id"], "name": "b", "computerMode": "private" }),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    s.run(&bot, "echo secret > s.txt").await;
-    let c = s.ok("computer.forBot", json!({ "botId": bot })).await;
-    s.ok("computer.stop", json!({ "computerId": c["id"] }))
-        .await;
+    let (bot, c) = s.stopped_private_bot("echo secret > s.txt").await;
     s.kill();
 
     let s = host.serve(Some("delete.stored_gone")).await;

@@ -121,9 +121,26 @@ async fn chromium_keeps_its_sandbox_and_unlisted_calls_are_refused() {
     )
     .await
     .unwrap();
-    let probe = p.exec(&m, &cmd("python3 sandbox_probe.py")).await.unwrap();
-    assert_eq!(probe.exit_code, 0, "{probe:?}");
-    let procs: Vec<Value> = serde_json::from_str(probe.stdout.trim()).expect("probe output");
+    // A renderer that has just started has not installed its own filter yet: the probe is
+    // taken again until every renderer it finds has (or the tries run out).
+    let mut procs: Vec<Value> = Vec::new();
+    for _ in 0..20 {
+        let probe = p.exec(&m, &cmd("python3 sandbox_probe.py")).await.unwrap();
+        assert_eq!(probe.exit_code, 0, "{probe:?}");
+        procs = serde_json::from_str(probe.stdout.trim()).expect("probe output");
+        let filters = |kind: &str| {
+            procs
+                .iter()
+                .filter(|p| p["type"] == kind)
+                .map(|p| p["seccompFilters"].as_u64())
+                .collect::<Vec<_>>()
+        };
+        let (browser, renderers) = (filters("browser"), filters("renderer"));
+        if !renderers.is_empty() && renderers.iter().all(|r| browser.iter().all(|b| r > b)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let browser = procs
         .iter()
         .find(|p| p["type"] == "browser")
